@@ -1,0 +1,18 @@
+"""attnlab: a from-scratch Transformer toolkit on PyTorch.
+
+    import attnlab
+    run = attnlab.load("runs/demo")                 # model, tokenizer, config
+    print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+    attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
+                  attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
+"""
+
+from attnlab.data import DataConfig
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.run import Run, load
+from attnlab.train import TrainConfig, train
+
+__version__ = "0.1.0"
+
+__all__ = ["GPT", "AttnlabError", "DataConfig", "GPTConfig", "Run", "TrainConfig", "load", "train", "__version__"]

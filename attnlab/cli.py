@@ -1,0 +1,227 @@
+"""The `attnlab` command: a thin layer over the library.
+
+Training flags are generated from the config dataclasses (GPTConfig, TrainConfig, DataConfig,
+GenerateConfig): their fields are the flags, their metadata the help. A TOML file given with
+--config sets the same fields in [model], [train] and [data] tables; flags override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import field_type, from_dict, parse_value, read_toml
+from attnlab.data import DataConfig
+from attnlab.errors import AttnlabError
+from attnlab.generate import GenerateConfig
+from attnlab.models.gpt import PRESETS, GPTConfig
+from attnlab.train import TrainConfig
+
+SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
+NOT_FLAGS = {"model": {"vocab_size"}}  # set from the tokenizer, not by hand
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), not a usage dump."""
+
+    def error(self, message: str):
+        self.exit(2, f"attnlab: error: {message} (see: {self.prog} --help)\n")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, section: str, cls: type, title: str) -> None:
+    """One --flag per dataclass field; defaults stay None so we know what the user set."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        if f.name in NOT_FLAGS.get(section, ()):
+            continue
+        base, _ = field_type(cls, f)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kw: dict[str, Any] = {"dest": f"{section}__{f.name}", "default": None,
+                              "help": f"{f.metadata.get('help', '')} (default: {default})"}  # fmt: skip
+        if base is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
+        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def flags_of(args: argparse.Namespace, section: str) -> dict[str, Any]:
+    prefix = section + "__"
+    return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
+
+
+def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, DataConfig]:
+    """defaults < preset < TOML file < command-line flags (resume: the run's own settings)."""
+    toml = read_toml(args.config) if args.config else {}
+    unknown = set(toml) - set(SECTIONS) - {"preset"}
+    if unknown:
+        raise AttnlabError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}; use [model], [train], [data]")
+    base: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if args.resume:
+        from attnlab.checkpoint import CONFIG, check_run_dir, read_json
+
+        saved = read_json(check_run_dir(args.out) / CONFIG)
+        base = {name: dict(saved[name]) for name in SECTIONS}
+        changed = {**toml.get("model", {}), **flags_of(args, "model")}
+        if changed or args.preset:
+            raise AttnlabError("model settings cannot change when resuming (the weights have their shape)")
+    else:
+        preset = args.preset or toml.get("preset", "gpt-nano")
+        if preset not in PRESETS:
+            raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        base["model"] = dataclasses.asdict(PRESETS[preset])
+    configs = []
+    for name, cls in SECTIONS.items():
+        values = {**base[name], **toml.get(name, {})}
+        values.update({k: parse_value(cls, k, v) for k, v in flags_of(args, name).items()})
+        try:
+            configs.append(from_dict(cls, values, where=f"[{name}]"))
+        except ValueError as e:
+            raise AttnlabError(str(e)) from None
+    return tuple(configs)  # type: ignore[return-value]
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from attnlab.train import train
+
+    model, tcfg, data = build_configs(args)
+    result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
+    print(f"done: step {result['step']}, validation loss {result['val_loss']}. Try: attnlab sample {args.out}")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from attnlab.generate import stream_text
+    from attnlab.run import load
+
+    gen = from_dict(GenerateConfig, flags_of(args, "gen"))
+    run = load(args.run, device=args.device)
+    for i in range(args.num_samples):
+        if i:
+            print("\n" + "-" * 40)
+        print(gen.prompt, end="", flush=True)
+        seed = None if gen.seed is None else gen.seed + i
+        for piece in stream_text(run.model, run.tokenizer, **{**dataclasses.asdict(gen), "seed": seed}):
+            print(piece, end="", flush=True)
+        print()
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from attnlab.evaluate import evaluate
+    from attnlab.run import load
+
+    run = load(args.run, device=args.device)
+    data = args.data or run.config["data"]["data"]
+    result = evaluate(run, data, args.glob, args.split, args.max_tokens, progress=not args.json)
+    if args.json:
+        print(json.dumps({"run": str(args.run), **result}))
+    else:
+        print(f"{result['data']} ({result['split']}): {result['tokens']:,} tokens, {result['characters']:,} characters")
+        print(f"  loss            {result['loss']:.4f} nats/token")
+        print(f"  perplexity      {result['perplexity']:.3f}")
+        print(f"  bits per char   {result['bits_per_char']:.4f}")
+    return 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    from attnlab.size import estimate, format_estimate
+
+    names = list(PRESETS) if args.preset == "all" else [args.preset]
+    for name in names:
+        if name not in PRESETS:
+            raise AttnlabError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)} or all")
+    results = [estimate(PRESETS[n], n) for n in names]
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results))
+    else:
+        print("\n".join(format_estimate(e) for e in results))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from attnlab.demo import run_demo
+
+    run_demo(args.out, args.max_steps)
+    return 0
+
+
+# ---- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="attnlab", description="Build, train, sample and inspect Transformers.")
+    from attnlab import __version__
+
+    p.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="train gpt-nano on Python's standard library (~2 min on a CPU), then sample")
+    demo.add_argument("--out", default="runs/demo", help="run directory (a free name is picked if it exists)")
+    demo.add_argument("--max-steps", type=int, default=None, help="train for this many steps instead")
+    demo.set_defaults(func=cmd_demo)
+
+    train = sub.add_parser("train", help="train a model")
+    tasks = train.add_subparsers(dest="task", metavar="TASK", parser_class=Parser)
+    tasks.required = True
+    lm = tasks.add_parser("lm", help="a GPT language model on text (next-token prediction)",
+                          description="Train a GPT on a text file, a folder, or the built-in 'stdlib' corpus.")  # fmt: skip
+    lm.add_argument("--out", required=True, help="run directory to create (or continue with --resume)")
+    lm.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano)")
+    lm.add_argument("--config", default=None, metavar="FILE.toml", help="settings in [model], [train], [data] tables")
+    lm.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    lm.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_config_flags(lm, "data", DataConfig, "data")
+    add_config_flags(lm, "model", GPTConfig, "model (override the preset)")
+    add_config_flags(lm, "train", TrainConfig, "training")
+    lm.set_defaults(func=cmd_train)
+
+    sample = sub.add_parser("sample", help="generate text from a trained run")
+    sample.add_argument("run", help="run directory")
+    sample.add_argument("--num-samples", type=int, default=1, help="how many samples (default: 1)")
+    sample.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    add_config_flags(sample, "gen", GenerateConfig, "generation")
+    sample.set_defaults(func=cmd_sample)
+
+    ev = sub.add_parser("eval", help="loss, perplexity and bits per character of a run on data")
+    ev.add_argument("run", help="run directory")
+    ev.add_argument("--data", default=None, help="file, folder or stdlib (default: the run's training data)")
+    ev.add_argument("--glob", default="*", help="files of a folder to read (default: *)")
+    ev.add_argument("--split", default="val", choices=("val", "train", "all"),
+                    help="held-out part (same split as training), training part, or all (default: val)")  # fmt: skip
+    ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.set_defaults(func=cmd_eval)
+
+    size = sub.add_parser("size", help="parameters, FLOPs per token and memory of a preset")
+    size.add_argument("--preset", required=True, help=f"{', '.join(PRESETS)}, or all")
+    size.add_argument("--json", action="store_true", help="print JSON")
+    size.set_defaults(func=cmd_size)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AttnlabError as e:
+        print(f"attnlab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `attnlab sample RUN | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

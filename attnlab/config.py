@@ -1,0 +1,88 @@
+"""Typed configuration dataclasses: helpers shared by every config.
+
+Each config field carries its help text in `metadata={"help": ...}` (see `option`), so the
+command line (cli.py) and TOML files are generated from the dataclasses themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnlab.errors import AttnlabError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+
+def option(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A dataclass field with its command-line help (and allowed values)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def field_type(cls: type, f: dataclasses.Field) -> tuple[type, bool]:
+    """The field's base type (int, float, str, bool) and whether None is allowed."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        (base,) = [a for a in args if a is not type(None)]
+        return base, True
+    return hint, False
+
+
+def parse_value(cls: type, name: str, raw: Any) -> Any:
+    """Convert a value from TOML or the command line to the field's declared type."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    base, optional = field_type(cls, f)
+    if raw is None or (optional and isinstance(raw, str) and raw.lower() in ("none", "")):
+        if not optional:
+            raise AttnlabError(f"{name} cannot be empty")
+        return None
+    try:
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        value = base(raw)
+    except (TypeError, ValueError):
+        raise AttnlabError(f"{name}: expected {base.__name__}, got {raw!r}") from None
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise AttnlabError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
+    """Build a config dataclass from a dict, rejecting unknown keys with a clear message."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise AttnlabError(f"unknown option(s) in {where}: {', '.join(unknown)}")
+    return cls(**{k: parse_value(cls, k, v) for k, v in values.items()})
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file: tables [model], [train], [data]."""
+    p = Path(path)
+    if not p.is_file():
+        raise AttnlabError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise AttnlabError(f"{p}: not valid TOML ({e})") from None

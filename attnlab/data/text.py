@@ -1,0 +1,71 @@
+"""Text sources: a file, a folder of files, or a built-in corpus.
+
+Built in: `stdlib`, the source of the running Python's standard library (its tests and
+site-packages excluded), read from the interpreter's installation: no download, on every
+machine that has Python.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from attnlab.config import option
+from attnlab.errors import AttnlabError
+
+BUILTIN = ("stdlib",)
+_STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclass
+class DataConfig:
+    data: str = option("stdlib", "a text file, a folder, or a built-in corpus: stdlib")
+    glob: str = option("*", "which files of a folder to read, searched recursively (e.g. '*.py')")
+    tokenizer: str = option("char", "character-level or byte-level BPE tokens", ("char", "bpe"))
+    vocab_size: int = option(4096, "vocabulary size when training a BPE tokenizer")
+    val_fraction: float = option(0.05, "share of the corpus held out for validation")
+
+
+def stdlib_files() -> list[Path]:
+    """The .py files of this interpreter's standard library, tests excluded, sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        p
+        for p in root.rglob("*.py")
+        if not _STDLIB_SKIP.intersection(p.relative_to(root).parts[:-1]) and p.is_file()
+    ]
+    return sorted(files)
+
+
+def _is_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" not in f.read(8192)
+
+
+def resolve_sources(data: str, glob: str = "*") -> list[Path]:
+    """The files a data spec names, sorted (so every run sees the same order)."""
+    if data == "stdlib":
+        files = stdlib_files()
+        if not files:
+            raise AttnlabError("no standard library sources found in this Python installation")
+        return files
+    p = Path(data).expanduser()
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(f for f in p.rglob(glob) if f.is_file() and _is_text(f))
+        if not files:
+            raise AttnlabError(f"no text files matching {glob!r} in folder {p}")
+    else:
+        raise AttnlabError(f"data not found: {data!r} is not a file, a folder, or one of: {', '.join(BUILTIN)}")
+    if sum(f.stat().st_size for f in files) == 0:
+        raise AttnlabError(f"data is empty: {data}")
+    return files
+
+
+def read_texts(files: list[Path]) -> Iterator[str]:
+    """Each file's text; undecodable bytes become U+FFFD rather than an error."""
+    for f in files:
+        yield f.read_text(encoding="utf-8", errors="replace")

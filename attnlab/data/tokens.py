@@ -1,0 +1,146 @@
+"""Token caches: a corpus tokenized once into flat binary files, read through numpy memmaps.
+
+A cache is a folder `<cache>/tokens/<key>/` holding `train.bin`, `val.bin` (uint16 or uint32
+token ids) and `meta.json`. The key is a hash of the tokenizer and of the files' names,
+sizes and modification times, so any change gives a new cache. A cache is built in a
+temporary folder and renamed into place when complete: an interrupted build never leaves
+a folder that looks finished.
+
+Validation split: the token stream is cut into chunks and every k-th chunk (k = 1 / val
+fraction) is held out, so validation text is spread over the whole corpus and the split
+is the same on every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from attnlab.data.text import read_texts
+from attnlab.errors import AttnlabError
+from attnlab.tokenizers import Tokenizer, encode_texts
+
+CACHE_VERSION = 1
+MAX_CHUNK = 8192  # tokens
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def _fingerprint(files: list[Path], tok: Tokenizer, val_fraction: float) -> str:
+    h = hashlib.sha256(f"v{CACHE_VERSION} {val_fraction}\n".encode())
+    h.update(tok.to_json().encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:20]
+
+
+class _Splitter:
+    """Routes a stream of tokens to train or validation by chunk position."""
+
+    def __init__(self, total_bytes: int, val_fraction: float):
+        self.period = round(1 / val_fraction) if val_fraction > 0 else 0
+        # Small corpora get small chunks, so that they still have a validation part.
+        self.chunk = int(np.clip(total_bytes // max(self.period * 16, 1), 1, MAX_CHUNK))
+        self.pos = 0
+
+    def split(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.period:
+            self.pos += len(ids)
+            return ids, ids[:0]
+        chunk_idx = (self.pos + np.arange(len(ids))) // self.chunk
+        is_val = chunk_idx % self.period == self.period - 1
+        self.pos += len(ids)
+        return ids[~is_val], ids[is_val]
+
+
+def build_token_cache(
+    files: list[Path], tok: Tokenizer, val_fraction: float = 0.05, progress: bool = True
+) -> Path:
+    """Tokenize `files` into a cache folder (once; later calls return the same folder)."""
+    key = _fingerprint(files, tok, val_fraction)
+    final = cache_root() / "tokens" / key
+    if (final / "meta.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f"{key}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    dtype = token_dtype(tok.vocab_size)
+    total = sum(f.stat().st_size for f in files)
+    splitter = _Splitter(total, val_fraction)
+    counts = {"train": 0, "val": 0}
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False)
+    try:
+        with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval:
+            for group in _groups(files, 64):
+                texts = list(read_texts(group))
+                for ids in encode_texts(tok, texts):
+                    ids = np.append(ids, tok.eot_id)  # documents end with <|endoftext|>
+                    tr, va = splitter.split(ids)
+                    ftrain.write(tr.astype(dtype).tobytes())
+                    fval.write(va.astype(dtype).tobytes())
+                    counts["train"] += len(tr)
+                    counts["val"] += len(va)
+                bar.update(sum(f.stat().st_size for f in group))
+        meta = {"dtype": dtype.name, "vocab_size": tok.vocab_size, "files": len(files), "bytes": total, **counts}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process finished the same cache first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    return final
+
+
+def _groups(items: list, n: int):
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+class TokenData:
+    """The train and validation token streams of a cache, and random batches from them."""
+
+    def __init__(self, folder: Path):
+        self.meta = json.loads((folder / "meta.json").read_text())
+        dtype = np.dtype(self.meta["dtype"])
+        self.splits = {
+            name: np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r") if self.meta[name] else np.zeros(0, dtype)
+            for name in ("train", "val")
+        }
+
+    def __len__(self) -> int:
+        return len(self.splits["train"])
+
+    def check(self, block_size: int, split: str = "train") -> None:
+        n = len(self.splits[split])
+        if n < block_size + 1:
+            raise AttnlabError(
+                f"the {split} split has {n} tokens, fewer than block size {block_size} + 1: "
+                "use more data or a smaller --block-size"
+            )
+
+    def batch(self, split: str, batch_size: int, block_size: int, rng: np.random.Generator):
+        """(x, y), each (B, T) int64: random contiguous blocks and the same shifted by one."""
+        data = self.splits[split]
+        starts = rng.integers(0, len(data) - block_size, size=batch_size)
+        idx = starts[:, None] + np.arange(block_size + 1)  # (B, T+1)
+        block = torch.from_numpy(data[idx].astype(np.int64))
+        return block[:, :-1], block[:, 1:]

@@ -1,0 +1,140 @@
+"""Text generation: greedy, temperature, top-k and top-p (nucleus) sampling.
+
+Legend: T prompt + generated length, C the model's context, V vocabulary.
+
+With the key/value cache (the default) the prompt is run through the model once and each new
+token costs one position's work; without it every step re-runs the whole window. When the
+sequence outgrows the context, the window jumps forward to its last C/2 tokens and the cache
+is refilled from there: both modes follow the same rule, so their greedy outputs are identical.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from attnlab.config import option
+from attnlab.device import autocast, pick_dtype
+from attnlab.tokenizers import Tokenizer
+
+
+@dataclass
+class GenerateConfig:
+    """Generation settings: kept apart from the model's config, they belong to each call."""
+
+    prompt: str = option("", "text to continue (default: start of a document)")
+    max_new_tokens: int = option(200, "how many tokens to generate")
+    temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
+    top_k: int | None = option(None, "sample only among the k most likely tokens")
+    top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
+    seed: int | None = option(None, "random seed, for repeatable samples")
+    stop: str | None = option(None, "stop when this text is generated")
+    use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set to -inf every logit outside the top k, and outside the smallest set of tokens
+    whose probabilities add up to at least top_p. logits: (V,) or (B, V)."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Mass of the tokens ranked above each one; keep a token while that is < top_p, so
+        # the most likely token is always kept.
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop = (before >= top_p).scatter(-1, order, before >= top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+               generator: torch.Generator | None) -> int:  # fmt: skip
+    """Pick the next token from (V,) logits; temperature 0 is greedy (argmax)."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def stream(
+    model,
+    ids: list[int],
+    max_new_tokens: int = 100,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_token: int | None = None,
+    use_cache: bool = True,
+) -> Iterator[int]:
+    """Yield new token ids one by one, continuing the prompt `ids`."""
+    model.eval()
+    ctx = model.cfg.context
+    device = next(model.parameters()).device
+    dtype = pick_dtype("auto", device)
+    ids = list(ids)
+    if len(ids) > ctx:
+        warnings.warn(f"prompt of {len(ids)} tokens is longer than the context of {ctx}; keeping the last {ctx}",
+                      stacklevel=2)  # fmt: skip
+        ids = ids[-ctx:]
+    if not ids:
+        raise ValueError("generation needs at least one prompt token")
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=device).manual_seed(seed)
+    start, caches, fed = 0, None, 0  # window start; tokens of the window already in the cache
+    for _ in range(max_new_tokens):
+        if len(ids) - start > ctx:  # the window is full: jump ahead, keep the last half
+            start = len(ids) - ctx // 2
+            caches, fed = None, 0
+        if use_cache:
+            if caches is None:
+                caches = model.new_caches(ctx)
+            new = torch.tensor([ids[start + fed :]], device=device)  # (1, T_new)
+            with autocast(device, dtype):
+                logits = model(new, caches=caches, offset=fed)
+            fed = len(ids) - start
+        else:
+            window = torch.tensor([ids[start:]], device=device)  # (1, T)
+            with autocast(device, dtype):
+                logits = model(window)
+        token = next_token(logits[0, -1], temperature, top_k, top_p, gen)
+        ids.append(token)
+        yield token
+        if token == stop_token:
+            return
+
+
+def generate_text(model, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
+                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  seed: int | None = None, stop: str | None = None, use_cache: bool = True) -> str:  # fmt: skip
+    """Continue `prompt` and return prompt + continuation, cut at `stop` if it appears."""
+    return prompt + "".join(stream_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p,
+                                        seed, stop, use_cache))  # fmt: skip
+
+
+def stream_text(model, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
+                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                seed: int | None = None, stop: str | None = None, use_cache: bool = True) -> Iterator[str]:  # fmt: skip
+    """Yield the continuation's text piece by piece as tokens are produced."""
+    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
+    out: list[int] = []
+    emitted = ""
+    for token in stream(model, ids, max_new_tokens, temperature, top_k, top_p, seed, None, use_cache):
+        out.append(token)
+        text = tokenizer.decode(out)
+        if text.endswith("\ufffd"):
+            continue  # a multi-byte character is still incomplete
+        if stop and stop in text:
+            yield text[len(emitted) : text.index(stop)]
+            return
+        yield text[len(emitted) :]
+        emitted = text

@@ -1,0 +1,63 @@
+"""What every family shares: the block-stack config fields and weight initialization."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from attnlab.config import option
+from attnlab.nn import BlockConfig, LayerNorm
+
+
+@dataclass
+class TransformerConfig:
+    """The stack of blocks; families add their front end's and head's fields."""
+
+    n_layer: int = option(4, "number of Transformer blocks")
+    n_head: int = option(4, "attention heads per block")
+    d_model: int = option(128, "model width (embedding size)")
+    d_ff: int | None = option(None, "feed-forward hidden width (default 4 * d_model)")
+    d_head: int | None = option(None, "width of each head (default d_model / n_head)")
+    context: int = option(256, "longest sequence the model accepts (positions)")
+    dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
+    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
+    activation: str = option("gelu", "feed-forward activation", ("relu", "gelu", "gelu_tanh"))
+    positions: str = option("learned", "position information", ("learned", "sinusoidal", "none"))
+    bias: bool = option(True, "biases in linear layers and norms")
+    ln_eps: float = option(1e-5, "LayerNorm epsilon")
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        if self.d_head is None and self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}: set d_head")
+
+    def block_config(self, causal: bool, cross_attention: bool = False) -> BlockConfig:
+        return BlockConfig(
+            d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, d_head=self.d_head,
+            dropout=self.dropout, norm=self.norm, activation=self.activation, bias=self.bias,
+            ln_eps=self.ln_eps, causal=causal, cross_attention=cross_attention,
+        )  # fmt: skip
+
+
+def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
+    """GPT-2's initialization: N(0, 0.02) for weights, zero biases, LayerNorm at identity.
+
+    The projections that write into the residual stream (attention W_O and the feed-forward's
+    second matrix) are scaled by 1/sqrt(2 * n_layer), so the residual's variance does not
+    grow with depth.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            scale = 1 / math.sqrt(2 * n_layer) if name.endswith(("out_proj", "ff.down")) else 1.0
+            nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)

@@ -1,0 +1,134 @@
+"""GPT: a decoder-only language model.
+
+Legend: B batch, T time, C model width, V vocabulary, H heads.
+
+    tokens (B, T) -> embeddings + positions (B, T, C) -> N causal blocks -> LayerNorm
+    -> LM head (B, T, V), trained to predict token t+1 from tokens <= t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import option
+from attnlab.models.common import TransformerConfig, init_weights
+from attnlab.nn import Block, KVCache, LayerNorm, build_positions
+
+
+@dataclass
+class GPTConfig(TransformerConfig):
+    vocab_size: int = option(50257, "vocabulary size (set from the tokenizer when training)")
+    tie_weights: bool = option(True, "share the token embedding with the LM head")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> GPTConfig:
+        if name not in PRESETS:
+            raise KeyError(name)
+        return replace(PRESETS[name], **overrides)
+
+
+def _gpt2(n_layer: int, d_model: int, n_head: int) -> GPTConfig:
+    return GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, context=1024, activation="gelu_tanh")
+
+
+def _gpt3(n_layer: int, d_model: int, n_head: int, d_head: int) -> GPTConfig:
+    return GPTConfig(
+        n_layer=n_layer, n_head=n_head, d_model=d_model, d_head=d_head, context=2048, activation="gelu_tanh"
+    )
+
+
+# Named presets. The GPT-3 rows follow Table 2.1 of "Language Models are Few-Shot Learners"
+# (n_layers, d_model, n_heads, d_head; context 2048, vocabulary 50257). One row of that table
+# is inconsistent: GPT-3 XL lists 24 heads of 128 (3,072 wide, which would make 1.5B
+# parameters) for a 2,048-wide model of 1.3B; we keep 2,048 = 16 x 128, which gives 1.3B.
+PRESETS: dict[str, GPTConfig] = {
+    # The CPU demo: about 0.9M parameters, trains on a laptop in minutes (see README).
+    "gpt-nano": GPTConfig(n_layer=4, n_head=4, d_model=128, context=256, vocab_size=256),
+    "gpt-micro": GPTConfig(n_layer=6, n_head=6, d_model=384, context=256, vocab_size=256),
+    "gpt2-small": _gpt2(12, 768, 12),
+    "gpt2-medium": _gpt2(24, 1024, 16),
+    "gpt2-large": _gpt2(36, 1280, 20),
+    "gpt2-xl": _gpt2(48, 1600, 25),
+    "gpt3-small": _gpt3(12, 768, 12, 64),
+    "gpt3-medium": _gpt3(24, 1024, 16, 64),
+    "gpt3-large": _gpt3(24, 1536, 16, 96),
+    "gpt3-xl": _gpt3(24, 2048, 16, 128),
+    "gpt3-2.7b": _gpt3(32, 2560, 32, 80),
+    "gpt3-6.7b": _gpt3(32, 4096, 32, 128),
+    "gpt3-13b": _gpt3(40, 5140, 40, 128),
+    "gpt3-175b": _gpt3(96, 12288, 96, 128),
+}
+
+# The parameter counts the papers give, for `attnlab size` and the tests.
+PAPER_PARAMS = {
+    "gpt2-small": 124e6, "gpt2-medium": 355e6, "gpt2-large": 774e6, "gpt2-xl": 1558e6,
+    "gpt3-small": 125e6, "gpt3-medium": 350e6, "gpt3-large": 760e6, "gpt3-xl": 1.3e9,
+    "gpt3-2.7b": 2.7e9, "gpt3-6.7b": 6.7e9, "gpt3-13b": 13.0e9, "gpt3-175b": 175.0e9,
+}  # fmt: skip
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg.block_config(causal=True)) for _ in range(cfg.n_layer))
+        # Post-norm blocks already end in a LayerNorm; pre-norm stacks need a final one.
+        self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        init_weights(self, cfg.n_layer)
+        if cfg.tie_weights:
+            self.head.weight = self.tok.weight  # one (V, C) matrix reads and writes tokens
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok.weight.numel() + sum(p.numel() for p in self.pos.parameters())
+        return n
+
+    def new_caches(self, max_len: int | None = None) -> list[KVCache]:
+        """One empty key/value cache per block, for incremental decoding."""
+        return [KVCache(max_len or self.cfg.context) for _ in self.blocks]
+
+    def hidden(
+        self, idx: Tensor, caches: list[KVCache] | None = None, offset: int = 0, return_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Final hidden states (B, T, C) for tokens idx (B, T) at positions offset.., and the
+        attention weights of each layer (B, H, T, T') when asked for."""
+        x = self.drop(self.pos(self.tok(idx), offset))  # (B, T, C)
+        weights = []
+        for i, block in enumerate(self.blocks):
+            x, w = block(
+                x, cache=None if caches is None else caches[i], qk_transform=self.pos.qk_transform,
+                offset=offset, return_weights=return_weights,
+            )  # fmt: skip
+            if w is not None:
+                weights.append(w["self"])
+        return self.norm(x), weights
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None, offset: int = 0
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """idx (B, T) -> logits (B, T, V); with targets (B, T) also the mean cross-entropy.
+
+        Targets equal to -1 are ignored.
+        """
+        if caches is None and idx.shape[1] > self.cfg.context:
+            raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds the context of {self.cfg.context}")
+        x, _ = self.hidden(idx, caches, offset)
+        logits = self.head(x)  # (B, T, V)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention(self, idx: Tensor) -> list[Tensor]:
+        """The attention probabilities of every layer: a list of (B, H, T, T) tensors."""
+        return self.hidden(idx, return_weights=True)[1]

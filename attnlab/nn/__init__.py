@@ -1,0 +1,31 @@
+"""Building blocks shared by every attnlab model family."""
+
+from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
+from attnlab.nn.block import Block, BlockConfig
+from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.norm import LayerNorm
+from attnlab.nn.position import (
+    LearnedPositions,
+    NoPositions,
+    Positions,
+    SinusoidalPositions,
+    build_positions,
+    sinusoidal_table,
+)
+
+__all__ = [
+    "Block",
+    "BlockConfig",
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "LearnedPositions",
+    "MultiHeadAttention",
+    "NoPositions",
+    "Positions",
+    "SinusoidalPositions",
+    "attend",
+    "build_positions",
+    "causal_mask",
+    "sinusoidal_table",
+]

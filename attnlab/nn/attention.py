@@ -1,0 +1,197 @@
+"""Scaled dot-product attention, multi-head attention and the key/value cache.
+
+Legend: B batch, H heads, Tq query length, Tk key length, Dh head size, C model width.
+
+Masks are boolean and broadcast to (B, H, Tq, Tk). True means "this query may look at this
+key", the convention of `torch.nn.functional.scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# A function (q, k, offset) -> (q, k) applied inside attention by position schemes such as
+# rotary embeddings; absolute schemes leave it as None (see nn/position.py).
+QKTransform = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+
+
+def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:
+    """(Tq, Tk) boolean mask where query i may see key j iff j <= i.
+
+    Aligned bottom-right: with a cache the Tq queries are the *last* Tq positions of the Tk
+    keys, so query i sits at absolute position Tk - Tq + i.
+    """
+    q_pos = torch.arange(tq, device=device)[:, None] + (tk - tq)  # (Tq, 1)
+    k_pos = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+    return k_pos <= q_pos
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    return_weights: bool = False,
+    *,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T / sqrt(d_k)) V over the last two dimensions.
+
+    q: (..., Tq, Dh), k: (..., Tk, Dh), v: (..., Tk, Dv); mask broadcasts to (..., Tq, Tk).
+    `causal=True` adds the causal mask (bottom-right aligned, see `causal_mask`).
+
+    Two paths compute the same thing:
+    - return_weights=True: the formula written out; returns (out, weights), weights being the
+      (..., Tq, Tk) attention probabilities, for visualization and teaching.
+    - return_weights=False: the fused `scaled_dot_product_attention` kernel (flash / memory
+      efficient where available); returns (out, None).
+
+    A query row whose keys are all masked gets zero weights and a zero output, never NaN.
+    """
+    tq, tk = q.shape[-2], k.shape[-2]
+    if causal and tq == 1:
+        causal = False  # a single newest query may see every key
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    if not return_weights and mask is None:
+        # The fast path the models take: no mask tensor at all, causal handled in the kernel.
+        if not causal or tq == tk:
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale
+            )
+            return out, None
+
+    if causal:
+        cm = causal_mask(tq, tk, q.device)
+        mask = cm if mask is None else mask & cm
+    # Rows with no visible key would be softmax over all -inf = NaN. Let them see every key
+    # (so the arithmetic stays finite, also in backward) and zero them afterwards.
+    live = None
+    if mask is not None:
+        live = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        mask = mask | ~live
+
+    if not return_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return (out if live is None else out * live), None
+
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if live is not None:
+        weights = weights * live
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return dropped.to(v.dtype) @ v, weights
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, for one attention layer.
+
+    Self-attention appends the new positions' keys/values at each decoding step, so the
+    prefix is never projected again. Cross-attention (`static=True`) stores the encoder's
+    keys/values once per source and reuses them.
+    """
+
+    def __init__(self, max_len: int | None = None, static: bool = False):
+        self.max_len = max_len
+        self.static = static
+        self.k: Tensor | None = None  # (B, H, max_len, Dh) when preallocated
+        self.v: Tensor | None = None
+        self.length = 0
+
+    @property
+    def filled(self) -> bool:
+        return self.length > 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, H, T, Dh) keys/values; return all cached ones, (B, H, length, Dh)."""
+        t = k.shape[2]
+        if self.max_len is None:
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+            self.length += t
+            return self.k, self.v
+        if self.k is None:
+            b, h, _, dh = k.shape
+            self.k = k.new_empty(b, h, self.max_len, dh)
+            self.v = v.new_empty(b, h, self.max_len, v.shape[-1])
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions > max_len {self.max_len}")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, as self-attention (memory=None) or cross-attention.
+
+    Each head h has its own W_Q^h, W_K^h, W_V^h (C -> Dh); they are stored stacked, the
+    queries' in `q_proj` and the keys' and values' side by side in `kv_proj`, so that all
+    heads are computed by one matrix product. The heads' outputs are concatenated and
+    projected back to C by W_O (`out_proj`). Dh = C / H unless `d_head` is given.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        d_memory: int | None = None,
+    ):
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; set d_head")
+            d_head = d_model // n_heads
+        self.n_heads, self.d_head, self.dropout = n_heads, d_head, dropout
+        inner = n_heads * d_head
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.kv_proj = nn.Linear(d_memory or d_model, 2 * inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        qk_transform: QKTransform | None = None,
+        offset: int = 0,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, C) queries; memory: (B, S, C) keys/values source (default x).
+
+        Returns (out (B, T, C), weights (B, H, T, S) or None).
+        """
+        b, t, _ = x.shape
+        h, dh = self.n_heads, self.d_head
+        q = self.q_proj(x).view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
+        if cache is not None and cache.static and cache.filled:
+            k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
+        else:
+            src = x if memory is None else memory
+            s = src.shape[1]
+            kv = self.kv_proj(src).view(b, s, 2, h, dh)  # (B, S, 2, H, Dh)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, S, Dh)
+            if qk_transform is not None:
+                q, k = qk_transform(q, k, offset)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        p = self.dropout if self.training else 0.0
+        out, weights = attend(q, k, v, mask, return_weights, causal=causal, dropout_p=p)
+        out = out.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, H*Dh): heads concatenated
+        return self.out_proj(out), weights

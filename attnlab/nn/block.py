@@ -1,0 +1,106 @@
+"""The Transformer block every attnlab model family is built from.
+
+Legend: B batch, T time, S source (memory) length, C model width, H heads.
+
+    sublayer(x) = self-attention | cross-attention | feed-forward
+    post-norm ("Attention Is All You Need", the lectures):  x = LayerNorm(x + Dropout(sublayer(x)))
+    pre-norm  (GPT-2 and later):                            x = x + Dropout(sublayer(LayerNorm(x)))
+
+Pre-norm keeps an un-normalized residual path from input to output, which makes deep stacks
+train stably without careful warmup; post-norm is the original design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from attnlab.nn.attention import KVCache, MultiHeadAttention, QKTransform
+from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.norm import LayerNorm
+
+NORM_PLACES = ("pre", "post")
+
+
+@dataclass
+class BlockConfig:
+    d_model: int
+    n_heads: int
+    d_ff: int
+    d_head: int | None = None  # per-head width; d_model // n_heads when None
+    dropout: float = 0.0
+    norm: str = "pre"  # "pre" or "post": where LayerNorm sits relative to the residual
+    activation: str = "gelu"
+    bias: bool = True
+    ln_eps: float = 1e-5
+    causal: bool = False  # decoder self-attention: position i sees positions <= i only
+    cross_attention: bool = False  # attend to an encoder's output (encoder-decoder models)
+
+    def __post_init__(self):
+        if self.norm not in NORM_PLACES:
+            raise ValueError(f"norm must be one of {NORM_PLACES}, got {self.norm!r}")
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, and feed-forward, each with a residual."""
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.pre_norm = cfg.norm == "pre"
+        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
+        self.norm_attn = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+        if cfg.cross_attention:
+            self.cross = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
+            self.norm_cross = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.norm_ff = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _in(self, x: Tensor, norm: LayerNorm) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def _out(self, x: Tensor, y: Tensor, norm: LayerNorm) -> Tensor:
+        x = x + self.drop(y)  # the residual connection
+        return x if self.pre_norm else norm(x)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        qk_transform: QKTransform | None = None,
+        offset: int = 0,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, dict[str, Tensor] | None]:
+        """x: (B, T, C) -> (B, T, C), and the attention weights when asked for.
+
+        mask: (B|1, 1, T|1, T) self-attention mask (True = may attend), e.g. key padding;
+        the causal mask comes from the config. memory: (B, S, C) encoder output for
+        cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0].
+        """
+        a, w_self = self.attn(
+            self._in(x, self.norm_attn), mask=mask, causal=self.cfg.causal, cache=cache,
+            qk_transform=qk_transform, offset=offset, return_weights=return_weights,
+        )  # fmt: skip
+        x = self._out(x, a, self.norm_attn)
+        w_cross = None
+        if self.cfg.cross_attention:
+            if memory is None and not (cross_cache is not None and cross_cache.filled):
+                raise ValueError("this block has cross-attention: pass memory=")
+            c, w_cross = self.cross(
+                self._in(x, self.norm_cross), memory=memory, mask=memory_mask, cache=cross_cache,
+                return_weights=return_weights,
+            )  # fmt: skip
+            x = self._out(x, c, self.norm_cross)
+        x = self._out(x, self.ff(self._in(x, self.norm_ff)), self.norm_ff)
+        if not return_weights:
+            return x, None
+        weights = {"self": w_self}
+        if w_cross is not None:
+            weights["cross"] = w_cross
+        return x, weights

@@ -1,0 +1,38 @@
+"""Layer normalization.
+
+Legend: B batch, T time, C channels (model width).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm(x) = (x - mean) / sqrt(var + eps) * gamma + beta, over the last dimension.
+
+    mean and (biased) variance are taken over the C features of each position. `forward`
+    runs PyTorch's fused kernel, which computes exactly this; `forward_math` is the formula
+    written out, and the tests hold the two (and `torch.nn.LayerNorm`) equal.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # beta
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+    def forward_math(self, x: Tensor) -> Tensor:
+        mean = x.mean(dim=-1, keepdim=True)  # (B, T, 1)
+        var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (B, T, 1), biased as in the paper
+        y = (x - mean) * torch.rsqrt(var + self.eps)
+        y = y * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"

@@ -1,0 +1,95 @@
+"""Position information: the one seam every scheme plugs into.
+
+Legend: B batch, T time, C model width.
+
+A `Positions` module has two hooks:
+- `forward(x, offset)` adds absolute positions to the token embeddings (B, T, C); the
+  positions are offset, offset+1, ... (offset > 0 when decoding with a cache);
+- `qk_transform` is None for absolute schemes; schemes that act inside attention (rotary,
+  relative) set it to a function (q, k, offset) -> (q, k) that every attention layer calls.
+Models only ever call these two, so adding a scheme is one class and one `build_positions` entry.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    Returns (n_positions, d_model), as in "Attention Is All You Need", section 3.5.
+    """
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (N, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(C/2),)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (N, ceil(C/2))
+    table = torch.zeros(n_positions, d_model)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table
+
+
+class Positions(nn.Module):
+    """Base class: no position information at all (the model sees a bag of tokens)."""
+
+    qk_transform = None
+
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+
+    def check(self, t: int, offset: int) -> None:
+        if offset + t > self.max_len:
+            raise ValueError(f"positions {offset}..{offset + t - 1} exceed the context of {self.max_len}")
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x
+
+
+class NoPositions(Positions):
+    """Explicitly no positions: a block stack is then permutation-equivariant."""
+
+    def check(self, t: int, offset: int) -> None:
+        return None
+
+
+class SinusoidalPositions(Positions):
+    """Fixed sin/cos encodings added to the embeddings; nothing to learn."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__(max_len)
+        # Not saved in checkpoints: it is a function of the shape alone.
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.shape[1]
+        self.check(t, offset)
+        return x + self.table[offset : offset + t].to(x.dtype)  # (B, T, C) + (T, C)
+
+
+class LearnedPositions(Positions):
+    """A trained vector per position (GPT, BERT, ViT)."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__(max_len)
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.shape[1]
+        self.check(t, offset)
+        idx = torch.arange(offset, offset + t, device=x.device)
+        return x + self.embedding(idx)  # (B, T, C) + (T, C)
+
+
+POSITIONS = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions}
+
+
+def build_positions(kind: str, max_len: int, d_model: int) -> Positions:
+    """The position module named by a config value: 'learned', 'sinusoidal' or 'none'."""
+    if kind not in POSITIONS:
+        raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
+    if kind == "none":
+        return NoPositions(max_len)
+    return POSITIONS[kind](max_len, d_model)
+

@@ -1,0 +1,64 @@
+"""A trained run loaded back: model, tokenizer and settings, ready to use.
+
+    run = attnlab.load("runs/demo")
+    logits = run.model(idx)                      # (B, T, vocab)
+    print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_json
+from attnlab.config import from_dict
+from attnlab.device import pick_device
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tokenizers import Tokenizer, load_tokenizer
+
+# family name -> (model config class, model class); later families register here.
+FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {"gpt": (GPTConfig, GPT)}
+
+
+def build_model(family: str, model_cfg: dict[str, Any]) -> nn.Module:
+    if family not in FAMILIES:
+        raise AttnlabError(f"unknown model family {family!r} (known: {', '.join(FAMILIES)})")
+    cfg_cls, model_cls = FAMILIES[family]
+    return model_cls(from_dict(cfg_cls, model_cfg, where="model config"))
+
+
+@dataclass
+class Run:
+    path: Path
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: dict[str, Any]  # the run's config.json: family, model, train, data
+    step: int
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompt: str = "", **kwargs) -> str:
+        """Continue `prompt`; keyword arguments as in `attnlab.generate.generate_text`."""
+        from attnlab.generate import generate_text
+
+        return generate_text(self.model, self.tokenizer, prompt, **kwargs)
+
+
+def load(path: str | Path, device: str = "auto") -> Run:
+    """Load a run directory written by training (weights read from safetensors, no pickle)."""
+    p = check_run_dir(path)
+    config = read_json(p / CONFIG)
+    try:
+        model = build_model(config.get("family", "gpt"), config["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
+    meta = load_weights(model, p / WEIGHTS)
+    model.to(pick_device(device)).eval()
+    return Run(p, model, load_tokenizer(p), config, int(meta.get("step", 0)))

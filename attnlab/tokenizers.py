@@ -1,0 +1,163 @@
+"""Tokenizers: one interface for character-level and byte-level BPE vocabularies.
+
+Both keep `<|endoftext|>` as a special token that separates documents in the token stream.
+A tokenizer lives in `tokenizer.json` inside a run directory; `load_tokenizer` reads either kind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from attnlab.errors import AttnlabError
+
+EOT = "<|endoftext|>"
+UNK = "<unk>"
+
+
+class CharTokenizer:
+    """One token per character seen in training; unseen characters map to `<unk>`."""
+
+    kind = "char"
+
+    def __init__(self, chars: str):
+        self.specials = [UNK, EOT]
+        self.chars = chars
+        self.itos = self.specials + list(chars)
+        self.unk_id, self.eot_id = 0, 1
+        offset = len(self.specials)
+        # Sorted code points and their ids, for vectorized encoding with searchsorted.
+        cps = np.array([ord(c) for c in chars], dtype=np.int64)
+        order = np.argsort(cps)
+        self._cps = cps[order]
+        self._ids = (order + offset).astype(np.int64)
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+        seen = np.zeros(0, dtype=np.uint32)
+        for text in texts:  # the set of code points, in numpy: ~10x faster than a Counter
+            cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            seen = np.union1d(seen, np.unique(cps))
+        return cls("".join(map(chr, seen.tolist())))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        if len(self._cps) == 0:
+            return np.full(len(cps), self.unk_id, dtype=np.int64)
+        pos = np.searchsorted(self._cps, cps).clip(max=len(self._cps) - 1)
+        found = self._cps[pos] == cps
+        return np.where(found, self._ids[pos], self.unk_id)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = len(self.itos)
+        return "".join(self.itos[i] if 0 <= i < n else UNK for i in ids)
+
+    def n_chars(self, ids: np.ndarray) -> int:
+        """Characters the ids stand for (each token is one character or one boundary)."""
+        return int(len(ids))
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
+
+
+class BPETokenizer:
+    """Byte-level BPE, trained on the user's corpus with HuggingFace `tokenizers`.
+
+    Byte-level means any text, in any script, encodes without unknown tokens.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.eot_id = tok.token_to_id(EOT)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        if vocab_size < len(alphabet) + 1:
+            raise AttnlabError(f"--vocab-size must be at least {len(alphabet) + 1} for byte-level BPE")
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[EOT], initial_alphabet=alphabet, show_progress=False
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text).ids, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        # The Rust encoder runs the batch on every core.
+        return [np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(texts)]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def n_chars(self, ids: np.ndarray) -> int:
+        ids = np.asarray(ids)
+        n_eot = int((ids == self.eot_id).sum())
+        text = self.tok.decode(ids[ids != self.eot_id].tolist())
+        return len(text) + n_eot
+
+    def to_json(self) -> str:
+        return self.tok.to_str()
+
+
+Tokenizer = CharTokenizer | BPETokenizer
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
+    if kind == "char":
+        return CharTokenizer.train(texts)
+    if kind == "bpe":
+        return BPETokenizer.train(texts, vocab_size)
+    raise AttnlabError(f"unknown tokenizer {kind!r}: use char or bpe")
+
+
+def encode_texts(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """Encode several documents at once (in parallel where the tokenizer can)."""
+    if isinstance(tok, BPETokenizer):
+        return tok.encode_batch(texts)
+    return [tok.encode_array(t) for t in texts]
+
+
+def tokenizer_from_json(text: str) -> Tokenizer:
+    data = json.loads(text)
+    if data.get("type") == "char":
+        return CharTokenizer(data["chars"])
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return BPETokenizer(HFTokenizer.from_str(text))
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read `tokenizer.json` (either kind) from a file or a run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    try:
+        return tokenizer_from_json(p.read_text(encoding="utf-8"))
+    except Exception as e:  # any unreadable file is the same user error
+        raise AttnlabError(f"cannot read tokenizer {p}: {e}") from None

@@ -1,0 +1,246 @@
+"""Training: AdamW, warmup + cosine schedule, clipping, accumulation, checkpoints, resume.
+
+    train(out, GPTConfig(...), TrainConfig(...), DataConfig(...))
+      -> prepare the run directory, tokenizer and token cache
+      -> loop: train_step (forward/backward over micro-batches, clip, AdamW step)
+               every eval_interval: validation loss, metrics, plot, checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attnlab import checkpoint as ck
+from attnlab.config import option
+from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources
+from attnlab.device import autocast, pick_device, pick_dtype
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tokenizers import load_tokenizer, train_tokenizer
+from attnlab.viz.curves import plot_loss, read_metrics
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = option(2000, "optimizer steps to train for")
+    batch_size: int = option(32, "sequences per optimizer step (the global batch)")
+    grad_accum: int = option(1, "micro-batches per step, each of batch_size / grad_accum sequences")
+    block_size: int | None = option(None, "tokens per training sequence (default: the model's context)")
+    lr: float = option(3e-3, "peak learning rate")
+    min_lr: float | None = option(None, "learning rate at the end of the cosine decay (default lr / 10)")
+    warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
+    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.99, "AdamW beta2")
+    grad_clip: float = option(1.0, "clip the gradients' global norm to this (0 = off)")
+    eval_interval: int = option(250, "steps between validation-loss estimates and checkpoints")
+    eval_batches: int = option(20, "batches per validation-loss estimate")
+    seed: int = option(1337, "random seed (initialization, batches, dropout)")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
+
+    def __post_init__(self):
+        if self.batch_size % self.grad_accum:
+            raise AttnlabError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to min_lr at max_steps."""
+    min_lr = cfg.lr / 10 if cfg.min_lr is None else cfg.min_lr
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only: not on biases, norms or embeddings."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+@dataclass
+class Session:
+    """Everything the loop needs, prepared by `prepare`."""
+
+    run: Path
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    tokens: TokenData
+    cfg: TrainConfig
+    block_size: int
+    device: torch.device
+    dtype: torch.dtype
+    rng: np.random.Generator
+    step: int = 0
+
+
+def train_step(s: Session) -> float:
+    """One optimizer step over grad_accum micro-batches; returns the mean loss."""
+    s.model.train()
+    micro = s.cfg.batch_size // s.cfg.grad_accum
+    total = 0.0
+    for _ in range(s.cfg.grad_accum):
+        x, y = s.tokens.batch("train", micro, s.block_size, s.rng)
+        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        with autocast(s.device, s.dtype):
+            _, loss = s.model(x, y)
+        (loss / s.cfg.grad_accum).backward()
+        total += loss.item()
+    if s.cfg.grad_clip > 0:
+        nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
+    for group in s.optimizer.param_groups:
+        group["lr"] = lr_at(s.step, s.cfg)
+    s.optimizer.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    s.step += 1
+    return total / s.cfg.grad_accum
+
+
+@torch.no_grad()
+def estimate_loss(s: Session, split: str = "val") -> float:
+    """Mean loss over eval_batches random batches, drawn from a fixed seed so that every
+    estimate in a run looks at the same text (and the training RNG is left alone)."""
+    s.model.eval()
+    rng = np.random.default_rng(s.cfg.seed + 1)
+    losses = []
+    for _ in range(s.cfg.eval_batches):
+        x, y = s.tokens.batch(split, s.cfg.batch_size // s.cfg.grad_accum, s.block_size, rng)
+        with autocast(s.device, s.dtype):
+            _, loss = s.model(x.to(s.device), y.to(s.device))
+        losses.append(loss.item())
+    return sum(losses) / len(losses)
+
+
+def _prepare_dir(out: Path, resume: bool, force: bool) -> None:
+    if resume:
+        ck.check_run_dir(out)
+        return
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def prepare(out: str | Path, model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig,
+            resume: bool = False, force: bool = False, progress: bool = True) -> Session:  # fmt: skip
+    run = Path(out)
+    _prepare_dir(run, resume, force)
+    files = resolve_sources(data.data, data.glob)
+    if resume:
+        saved = ck.read_json(run / ck.CONFIG)
+        model_cfg = GPTConfig(**saved["model"])
+        tok = load_tokenizer(run)
+    else:
+        tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
+        model_cfg.vocab_size = tok.vocab_size
+    block_size = cfg.block_size or model_cfg.context
+    if block_size > model_cfg.context:
+        raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
+    tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress))
+    tokens.check(block_size)
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = GPT(model_cfg).to(device)
+    s = Session(run, model, make_optimizer(model, cfg), tokens, cfg, block_size, device,
+                pick_dtype(cfg.dtype, device), np.random.default_rng(cfg.seed))  # fmt: skip
+    if resume:
+        meta = ck.load_weights(model, run / ck.WEIGHTS)
+        s.step = int(meta.get("step", 0))
+        ck.load_train_state(run, s.optimizer, s.rng, s.step)
+        _truncate_metrics(run / "metrics.jsonl", s.step)
+    else:
+        config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+        ck.write_json(run / ck.CONFIG, config)
+        ck.write_text(run / ck.TOKENIZER, tok.to_json())
+    return s
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from, so curves do not double back."""
+    rows = [r for r in read_metrics(path) if r["step"] <= step]
+    ck.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def save_checkpoint(s: Session) -> None:
+    ck.save_weights(s.model, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
+    ck.save_train_state(s.run, s.step, s.optimizer, s.rng, extra={})
+
+
+def _log(s: Session, row: dict) -> None:
+    with open(s.run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
+    val = estimate_loss(s) if len(s.tokens.splits["val"]) > s.block_size else None
+    train = sum(recent) / len(recent) if recent else float("nan")
+    if val is not None:
+        _log(s, {"step": s.step, "val_loss": val})
+    bar.write(f"step {s.step:>6} | train loss {train:.4f} | val loss {val if val is None else round(val, 4)}")
+    plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
+    save_checkpoint(s)
+    return val
+
+
+def loop(s: Session, progress: bool = True) -> dict:
+    """Train from s.step to max_steps; on Ctrl-C save a checkpoint and stop cleanly."""
+    cfg = s.cfg
+    n_params = sum(p.numel() for p in s.model.parameters())
+    print(f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
+          f"{s.device.type} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
+          file=sys.stderr)  # fmt: skip
+    bar = tqdm(total=cfg.max_steps, initial=s.step, desc="training", unit="step", disable=not progress,
+               dynamic_ncols=True)  # fmt: skip
+    tokens_per_step = cfg.batch_size * s.block_size
+    recent: list[float] = []
+    val = None
+    try:
+        while s.step < cfg.max_steps:
+            t0 = time.perf_counter()
+            loss = train_step(s)
+            dt = time.perf_counter() - t0
+            recent = (recent + [loss])[-50:]
+            _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), "tokens_per_s": tokens_per_step / dt})
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
+            bar.update(1)
+            if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps:
+                val = _evaluate(s, bar, recent)
+    except KeyboardInterrupt:
+        bar.close()
+        save_checkpoint(s)
+        plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
+        raise AttnlabError(f"interrupted at step {s.step}; saved. Continue with: attnlab train lm --out {s.run} --resume") from None
+    bar.close()
+    return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent))}
+
+
+def train(out: str | Path, model: GPTConfig | None = None, train: TrainConfig | None = None,
+          data: DataConfig | None = None, resume: bool = False, force: bool = False,
+          progress: bool = True) -> dict:  # fmt: skip
+    """Train a GPT language model into the run directory `out`; returns final losses.
+
+    The same dataclasses the command line is generated from: GPTConfig, TrainConfig, DataConfig.
+    """
+    if resume:  # settings not given are the run's own
+        saved = ck.read_json(ck.check_run_dir(out) / ck.CONFIG)
+        train = train or TrainConfig(**saved["train"])
+        data = data or DataConfig(**saved["data"])
+    s = prepare(out, model or GPTConfig(), train or TrainConfig(), data or DataConfig(), resume, force, progress)
+    return loop(s, progress)

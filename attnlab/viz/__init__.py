@@ -1,0 +1,1 @@
+"""Pictures: training curves now; attention maps as the families land."""

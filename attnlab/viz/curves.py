@@ -1,0 +1,48 @@
+"""Training curves from a run's metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnlab.checkpoint import atomic_write
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash
+    return rows
+
+
+def plot_loss(metrics: Path, out: Path) -> None:
+    """Train loss (light, every step, and a running mean) and validation loss (points)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics)
+    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        steps, losses = zip(*train)
+        ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8)
+        k = max(1, len(losses) // 50)
+        smooth = [sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1]) for i in range(len(losses))]
+        ax.plot(steps, smooth, color="tab:blue", label="train")
+    if val:
+        ax.plot(*zip(*val), "o-", color="tab:orange", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(out, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
