@@ -1,10 +1,10 @@
 """attnlab: a from-scratch Transformer toolkit on PyTorch.
 
-    import attnlab
-    run = attnlab.load("runs/demo")                 # model, tokenizer, config
-    print(run.generate("def ", max_new_tokens=80, temperature=0.8))
-    attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
-                  attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
+import attnlab
+run = attnlab.load("runs/demo")                 # model, tokenizer, config
+print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
+              attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
 """
 
 from attnlab.data import DataConfig

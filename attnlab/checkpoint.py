@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,9 +91,7 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
     """Load weights into model; returns the file's metadata. Tied weights may be absent."""
     tensors, meta = read_safetensors(path)
     result = model.load_state_dict(tensors, strict=False)
-    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {
-        n for n, _ in model.named_parameters()
-    }
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
         raise AttnlabError(
@@ -123,8 +122,9 @@ def check_run_dir(path: str | Path) -> Path:
 # ---- training state: optimizer + every RNG, as tensors and JSON ----------------------------
 
 
-def save_train_state(run: Path, step: int, optimizer: torch.optim.Optimizer, rng: np.random.Generator,
-                     extra: dict[str, Any]) -> None:  # fmt: skip
+def save_train_state(
+    run: Path, step: int, optimizer: torch.optim.Optimizer, rng: np.random.Generator, extra: dict[str, Any]
+) -> None:
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     for pid, state in sd["state"].items():
@@ -140,8 +140,9 @@ def save_train_state(run: Path, step: int, optimizer: torch.optim.Optimizer, rng
     write_json(run / STATE_JSON, state)
 
 
-def load_train_state(run: Path, optimizer: torch.optim.Optimizer, rng: np.random.Generator,
-                     model_step: int) -> dict[str, Any]:  # fmt: skip
+def load_train_state(
+    run: Path, optimizer: torch.optim.Optimizer, rng: np.random.Generator, model_step: int
+) -> dict[str, Any]:
     """Restore optimizer and RNGs in place; return the JSON state (step, extras)."""
     state = read_json(run / STATE_JSON)
     tensors, meta = read_safetensors(run / STATE_TENSORS)

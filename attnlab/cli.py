@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from attnlab.config import field_type, from_dict, parse_value, read_toml
@@ -40,12 +39,17 @@ def add_config_flags(parser: argparse.ArgumentParser, section: str, cls: type, t
             continue
         base, _ = field_type(cls, f)
         default = f.default if f.default is not dataclasses.MISSING else None
-        kw: dict[str, Any] = {"dest": f"{section}__{f.name}", "default": None,
-                              "help": f"{f.metadata.get('help', '')} (default: {default})"}  # fmt: skip
+        kw: dict[str, Any] = {
+            "dest": f"{section}__{f.name}",
+            "default": None,
+            "help": f"{f.metadata.get('help', '')} (default: {default})",
+        }
         if base is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
+            kw["metavar"] = (
+                f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
+            )
         group.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
@@ -59,7 +63,9 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
     toml = read_toml(args.config) if args.config else {}
     unknown = set(toml) - set(SECTIONS) - {"preset"}
     if unknown:
-        raise AttnlabError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}; use [model], [train], [data]")
+        raise AttnlabError(
+            f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}; use [model], [train], [data]"
+        )
     base: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if args.resume:
         from attnlab.checkpoint import CONFIG, check_run_dir, read_json
@@ -172,8 +178,11 @@ def build_parser() -> Parser:
     train = sub.add_parser("train", help="train a model")
     tasks = train.add_subparsers(dest="task", metavar="TASK", parser_class=Parser)
     tasks.required = True
-    lm = tasks.add_parser("lm", help="a GPT language model on text (next-token prediction)",
-                          description="Train a GPT on a text file, a folder, or the built-in 'stdlib' corpus.")  # fmt: skip
+    lm = tasks.add_parser(
+        "lm",
+        help="a GPT language model on text (next-token prediction)",
+        description="Train a GPT on a text file, a folder, or the built-in 'stdlib' corpus.",
+    )
     lm.add_argument("--out", required=True, help="run directory to create (or continue with --resume)")
     lm.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano)")
     lm.add_argument("--config", default=None, metavar="FILE.toml", help="settings in [model], [train], [data] tables")
@@ -195,8 +204,12 @@ def build_parser() -> Parser:
     ev.add_argument("run", help="run directory")
     ev.add_argument("--data", default=None, help="file, folder or stdlib (default: the run's training data)")
     ev.add_argument("--glob", default="*", help="files of a folder to read (default: *)")
-    ev.add_argument("--split", default="val", choices=("val", "train", "all"),
-                    help="held-out part (same split as training), training part, or all (default: val)")  # fmt: skip
+    ev.add_argument(
+        "--split",
+        default="val",
+        choices=("val", "train", "all"),
+        help="held-out part (same split as training), training part, or all (default: val)",
+    )
     ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     ev.add_argument("--json", action="store_true", help="print one JSON object")

@@ -44,7 +44,9 @@ def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None) -> dic
         print(run.generate(prompt, max_new_tokens=160, temperature=0.8, seed=i))
     print("-" * 60)
     metrics = evaluate(run, "stdlib", max_tokens=200_000, progress=False)
-    print(f"validation: {metrics['loss']:.4f} nats/char, perplexity {metrics['perplexity']:.2f}, "
-          f"{metrics['bits_per_char']:.3f} bits/char over {metrics['tokens']:,} held-out characters")  # fmt: skip
+    print(
+        f"validation: {metrics['loss']:.4f} nats/char, perplexity {metrics['perplexity']:.2f}, "
+        f"{metrics['bits_per_char']:.3f} bits/char over {metrics['tokens']:,} held-out characters"
+    )
     print(f"run saved in {out}: loss curve {out}/loss.png. Next: attnlab sample {out} --prompt 'def '")
     return {**result, **metrics, "out": str(out)}

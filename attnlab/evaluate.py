@@ -22,8 +22,15 @@ SPLITS = ("val", "train", "all")
 
 
 @torch.no_grad()
-def evaluate(run: Run, data: str, glob: str = "*", split: str = "val", max_tokens: int | None = None,
-             batch_size: int = 16, progress: bool = True) -> dict:  # fmt: skip
+def evaluate(
+    run: Run,
+    data: str,
+    glob: str = "*",
+    split: str = "val",
+    max_tokens: int | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> dict:
     """Loss of `run` on a data source. split: the held-out part ('val', the same split as in
     training), 'train', or 'all' of it."""
     if split not in SPLITS:
@@ -58,6 +65,11 @@ def evaluate(run: Run, data: str, glob: str = "*", split: str = "val", max_token
     chars = run.tokenizer.n_chars(arr[1 : count + 1])
     nats = total / count
     return {
-        "data": data, "split": split, "tokens": count, "characters": chars,
-        "loss": nats, "perplexity": math.exp(nats), "bits_per_char": total / (chars * math.log(2)),
-    }  # fmt: skip
+        "data": data,
+        "split": split,
+        "tokens": count,
+        "characters": chars,
+        "loss": nats,
+        "perplexity": math.exp(nats),
+        "bits_per_char": total / (chars * math.log(2)),
+    }

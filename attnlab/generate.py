@@ -11,8 +11,8 @@ is refilled from there: both modes follow the same rule, so their greedy outputs
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -53,8 +53,9 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-def next_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-               generator: torch.Generator | None) -> int:  # fmt: skip
+def next_token(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> int:
     """Pick the next token from (V,) logits; temperature 0 is greedy (argmax)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
@@ -82,8 +83,9 @@ def stream(
     dtype = pick_dtype("auto", device)
     ids = list(ids)
     if len(ids) > ctx:
-        warnings.warn(f"prompt of {len(ids)} tokens is longer than the context of {ctx}; keeping the last {ctx}",
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"prompt of {len(ids)} tokens is longer than the context of {ctx}; keeping the last {ctx}", stacklevel=2
+        )
         ids = ids[-ctx:]
     if not ids:
         raise ValueError("generation needs at least one prompt token")
@@ -113,17 +115,36 @@ def stream(
             return
 
 
-def generate_text(model, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
-                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                  seed: int | None = None, stop: str | None = None, use_cache: bool = True) -> str:  # fmt: skip
+def generate_text(
+    model,
+    tokenizer: Tokenizer,
+    prompt: str = "",
+    max_new_tokens: int = 200,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | None = None,
+    use_cache: bool = True,
+) -> str:
     """Continue `prompt` and return prompt + continuation, cut at `stop` if it appears."""
-    return prompt + "".join(stream_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p,
-                                        seed, stop, use_cache))  # fmt: skip
+    return prompt + "".join(
+        stream_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, use_cache)
+    )
 
 
-def stream_text(model, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
-                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                seed: int | None = None, stop: str | None = None, use_cache: bool = True) -> Iterator[str]:  # fmt: skip
+def stream_text(
+    model,
+    tokenizer: Tokenizer,
+    prompt: str = "",
+    max_new_tokens: int = 200,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | None = None,
+    use_cache: bool = True,
+) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced."""
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     out: list[int] = []

@@ -1,8 +1,8 @@
 """A trained run loaded back: model, tokenizer and settings, ready to use.
 
-    run = attnlab.load("runs/demo")
-    logits = run.model(idx)                      # (B, T, vocab)
-    print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+run = attnlab.load("runs/demo")
+logits = run.model(idx)                      # (B, T, vocab)
+print(run.generate("def ", max_new_tokens=80, temperature=0.8))
 """
 
 from __future__ import annotations

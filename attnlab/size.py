@@ -36,8 +36,12 @@ def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
         "params": params,
         "non_embedding_params": non_emb,
         "paper_params": PAPER_PARAMS.get(preset or ""),
-        "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head, "d_attn": d_attn,
-        "context": cfg.context, "vocab_size": cfg.vocab_size,
+        "n_layer": cfg.n_layer,
+        "d_model": cfg.d_model,
+        "n_head": cfg.n_head,
+        "d_attn": d_attn,
+        "context": cfg.context,
+        "vocab_size": cfg.vocab_size,
         "flops_per_token_forward": fwd,
         "flops_per_token_train": 3 * fwd,
         # Inference in bf16: 2 bytes per weight, plus the KV cache of one full-context sequence.
@@ -46,7 +50,7 @@ def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
         # AdamW with bf16 autocast: fp32 weights (4) + fp32 grads (4) + Adam m and v (8).
         "memory_train_adamw_gb": 16 * params / GB,
         "activations_per_sequence_gb": activations / GB,
-    }  # fmt: skip
+    }
     return out
 
 
@@ -55,14 +59,18 @@ def presets_table() -> list[dict]:
 
 
 def format_estimate(e: dict) -> str:
-    paper = f" (paper: {e['paper_params'] / 1e9:.3g}B, {100 * (e['params'] / e['paper_params'] - 1):+.1f}%)" if e[
-        "paper_params"] else ""  # fmt: skip
+    paper = (
+        f" (paper: {e['paper_params'] / 1e9:.3g}B, {100 * (e['params'] / e['paper_params'] - 1):+.1f}%)"
+        if e["paper_params"]
+        else ""
+    )
     lines = [
         f"{e['preset'] or 'model'}: {e['n_layer']} layers, d_model {e['d_model']}, {e['n_head']} heads, "
         f"context {e['context']}, vocabulary {e['vocab_size']}",
         f"  parameters            {e['params']:,}{paper}",
         f"  non-embedding         {e['non_embedding_params']:,}",
-        f"  FLOPs per token       {e['flops_per_token_forward']:.3e} forward, {e['flops_per_token_train']:.3e} training",
+        f"  FLOPs per token       {e['flops_per_token_forward']:.3e} forward, "
+        f"{e['flops_per_token_train']:.3e} training",
         f"  inference, bf16       {e['memory_inference_bf16_gb']:.3f} GiB (weights + KV cache of one "
         f"{e['context']}-token sequence: {e['kv_cache_per_sequence_gb']:.3f} GiB)",
         f"  AdamW training        {e['memory_train_adamw_gb']:.3f} GiB for weights, gradients and optimizer "

@@ -7,8 +7,8 @@ A tokenizer lives in `tokenizer.json` inside a run directory; `load_tokenizer` r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

@@ -1,17 +1,20 @@
 """Training: AdamW, warmup + cosine schedule, clipping, accumulation, checkpoints, resume.
 
-    train(out, GPTConfig(...), TrainConfig(...), DataConfig(...))
-      -> prepare the run directory, tokenizer and token cache
-      -> loop: train_step (forward/backward over micro-batches, clip, AdamW step)
-               every eval_interval: validation loss, metrics, plot, checkpoint
+train(out, GPTConfig(...), TrainConfig(...), DataConfig(...))
+  -> prepare the run directory, tokenizer and token cache
+  -> loop: train_step (forward/backward over micro-batches, clip, AdamW step)
+           every eval_interval: validation loss, metrics, plot, checkpoint
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,10 +109,27 @@ def train_step(s: Session) -> float:
         nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
     for group in s.optimizer.param_groups:
         group["lr"] = lr_at(s.step, s.cfg)
-    s.optimizer.step()
-    s.optimizer.zero_grad(set_to_none=True)
-    s.step += 1
+    with deferred_interrupt():  # the update and the step count change together, or not at all
+        s.optimizer.step()
+        s.optimizer.zero_grad(set_to_none=True)
+        s.step += 1
     return total / s.cfg.grad_accum
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Hold back Ctrl-C until the block is done (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 @torch.no_grad()
@@ -133,13 +153,22 @@ def _prepare_dir(out: Path, resume: bool, force: bool) -> None:
         return
     if out.exists() and any(out.iterdir()):
         if not force:
-            raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
+            raise AttnlabError(
+                f"run directory {out} already exists: use --resume to continue it or --force to replace it"
+            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
 
-def prepare(out: str | Path, model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig,
-            resume: bool = False, force: bool = False, progress: bool = True) -> Session:  # fmt: skip
+def prepare(
+    out: str | Path,
+    model_cfg: GPTConfig,
+    cfg: TrainConfig,
+    data: DataConfig,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> Session:
     run = Path(out)
     _prepare_dir(run, resume, force)
     files = resolve_sources(data.data, data.glob)
@@ -158,8 +187,17 @@ def prepare(out: str | Path, model_cfg: GPTConfig, cfg: TrainConfig, data: DataC
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     model = GPT(model_cfg).to(device)
-    s = Session(run, model, make_optimizer(model, cfg), tokens, cfg, block_size, device,
-                pick_dtype(cfg.dtype, device), np.random.default_rng(cfg.seed))  # fmt: skip
+    s = Session(
+        run,
+        model,
+        make_optimizer(model, cfg),
+        tokens,
+        cfg,
+        block_size,
+        device,
+        pick_dtype(cfg.dtype, device),
+        np.random.default_rng(cfg.seed),
+    )
     if resume:
         meta = ck.load_weights(model, run / ck.WEIGHTS)
         s.step = int(meta.get("step", 0))
@@ -203,19 +241,25 @@ def loop(s: Session, progress: bool = True) -> dict:
     """Train from s.step to max_steps; on Ctrl-C save a checkpoint and stop cleanly."""
     cfg = s.cfg
     n_params = sum(p.numel() for p in s.model.parameters())
-    print(f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
-          f"{s.device.type} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
-          file=sys.stderr)  # fmt: skip
-    bar = tqdm(total=cfg.max_steps, initial=s.step, desc="training", unit="step", disable=not progress,
-               dynamic_ncols=True)  # fmt: skip
+    print(
+        f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
+        f"{s.device.type} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
+        file=sys.stderr,
+    )
+    bar = tqdm(
+        total=cfg.max_steps, initial=s.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True
+    )
     tokens_per_step = cfg.batch_size * s.block_size
     recent: list[float] = []
     val = None
+    # RNG states after the last completed step: if Ctrl-C lands mid-step, that step is undone.
+    snapshot = (s.rng.bit_generator.state, torch.get_rng_state())
     try:
         while s.step < cfg.max_steps:
             t0 = time.perf_counter()
             loss = train_step(s)
             dt = time.perf_counter() - t0
+            snapshot = (s.rng.bit_generator.state, torch.get_rng_state())
             recent = (recent + [loss])[-50:]
             _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), "tokens_per_s": tokens_per_step / dt})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
@@ -224,16 +268,27 @@ def loop(s: Session, progress: bool = True) -> dict:
                 val = _evaluate(s, bar, recent)
     except KeyboardInterrupt:
         bar.close()
+        s.rng.bit_generator.state, torch_state = snapshot
+        torch.set_rng_state(torch_state)
+        s.optimizer.zero_grad(set_to_none=True)
         save_checkpoint(s)
         plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
-        raise AttnlabError(f"interrupted at step {s.step}; saved. Continue with: attnlab train lm --out {s.run} --resume") from None
+        raise AttnlabError(
+            f"interrupted at step {s.step}; saved. Continue with: attnlab train lm --out {s.run} --resume"
+        ) from None
     bar.close()
     return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent))}
 
 
-def train(out: str | Path, model: GPTConfig | None = None, train: TrainConfig | None = None,
-          data: DataConfig | None = None, resume: bool = False, force: bool = False,
-          progress: bool = True) -> dict:  # fmt: skip
+def train(
+    out: str | Path,
+    model: GPTConfig | None = None,
+    train: TrainConfig | None = None,
+    data: DataConfig | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
     """Train a GPT language model into the run directory `out`; returns final losses.
 
     The same dataclasses the command line is generated from: GPTConfig, TrainConfig, DataConfig.

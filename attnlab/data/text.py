@@ -8,9 +8,9 @@ machine that has Python.
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from attnlab.config import option
 from attnlab.errors import AttnlabError
@@ -32,9 +32,7 @@ def stdlib_files() -> list[Path]:
     """The .py files of this interpreter's standard library, tests excluded, sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [
-        p
-        for p in root.rglob("*.py")
-        if not _STDLIB_SKIP.intersection(p.relative_to(root).parts[:-1]) and p.is_file()
+        p for p in root.rglob("*.py") if not _STDLIB_SKIP.intersection(p.relative_to(root).parts[:-1]) and p.is_file()
     ]
     return sorted(files)
 

@@ -67,9 +67,7 @@ class _Splitter:
         return ids[~is_val], ids[is_val]
 
 
-def build_token_cache(
-    files: list[Path], tok: Tokenizer, val_fraction: float = 0.05, progress: bool = True
-) -> Path:
+def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0.05, progress: bool = True) -> Path:
     """Tokenize `files` into a cache folder (once; later calls return the same folder)."""
     key = _fingerprint(files, tok, val_fraction)
     final = cache_root() / "tokens" / key

@@ -36,10 +36,18 @@ class TransformerConfig:
 
     def block_config(self, causal: bool, cross_attention: bool = False) -> BlockConfig:
         return BlockConfig(
-            d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, d_head=self.d_head,
-            dropout=self.dropout, norm=self.norm, activation=self.activation, bias=self.bias,
-            ln_eps=self.ln_eps, causal=causal, cross_attention=cross_attention,
-        )  # fmt: skip
+            d_model=self.d_model,
+            n_heads=self.n_head,
+            d_ff=self.d_ff,
+            d_head=self.d_head,
+            dropout=self.dropout,
+            norm=self.norm,
+            activation=self.activation,
+            bias=self.bias,
+            ln_eps=self.ln_eps,
+            causal=causal,
+            cross_attention=cross_attention,
+        )
 
 
 def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:

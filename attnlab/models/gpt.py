@@ -65,10 +65,19 @@ PRESETS: dict[str, GPTConfig] = {
 
 # The parameter counts the papers give, for `attnlab size` and the tests.
 PAPER_PARAMS = {
-    "gpt2-small": 124e6, "gpt2-medium": 355e6, "gpt2-large": 774e6, "gpt2-xl": 1558e6,
-    "gpt3-small": 125e6, "gpt3-medium": 350e6, "gpt3-large": 760e6, "gpt3-xl": 1.3e9,
-    "gpt3-2.7b": 2.7e9, "gpt3-6.7b": 6.7e9, "gpt3-13b": 13.0e9, "gpt3-175b": 175.0e9,
-}  # fmt: skip
+    "gpt2-small": 124e6,
+    "gpt2-medium": 355e6,
+    "gpt2-large": 774e6,
+    "gpt2-xl": 1558e6,
+    "gpt3-small": 125e6,
+    "gpt3-medium": 350e6,
+    "gpt3-large": 760e6,
+    "gpt3-xl": 1.3e9,
+    "gpt3-2.7b": 2.7e9,
+    "gpt3-6.7b": 6.7e9,
+    "gpt3-13b": 13.0e9,
+    "gpt3-175b": 175.0e9,
+}
 
 
 class GPT(nn.Module):
@@ -105,9 +114,12 @@ class GPT(nn.Module):
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block(
-                x, cache=None if caches is None else caches[i], qk_transform=self.pos.qk_transform,
-                offset=offset, return_weights=return_weights,
-            )  # fmt: skip
+                x,
+                cache=None if caches is None else caches[i],
+                qk_transform=self.pos.qk_transform,
+                offset=offset,
+                return_weights=return_weights,
+            )
             if w is not None:
                 weights.append(w["self"])
         return self.norm(x), weights

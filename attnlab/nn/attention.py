@@ -9,7 +9,7 @@ key", the convention of `torch.nn.functional.scaled_dot_product_attention`.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +64,7 @@ def attend(
     if not return_weights and mask is None:
         # The fast path the models take: no mask tensor at all, causal handled in the kernel.
         if not causal or tq == tk:
-            out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale
-            )
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
             return out, None
 
     if causal:

@@ -84,18 +84,26 @@ class Block(nn.Module):
         cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0].
         """
         a, w_self = self.attn(
-            self._in(x, self.norm_attn), mask=mask, causal=self.cfg.causal, cache=cache,
-            qk_transform=qk_transform, offset=offset, return_weights=return_weights,
-        )  # fmt: skip
+            self._in(x, self.norm_attn),
+            mask=mask,
+            causal=self.cfg.causal,
+            cache=cache,
+            qk_transform=qk_transform,
+            offset=offset,
+            return_weights=return_weights,
+        )
         x = self._out(x, a, self.norm_attn)
         w_cross = None
         if self.cfg.cross_attention:
             if memory is None and not (cross_cache is not None and cross_cache.filled):
                 raise ValueError("this block has cross-attention: pass memory=")
             c, w_cross = self.cross(
-                self._in(x, self.norm_cross), memory=memory, mask=memory_mask, cache=cross_cache,
+                self._in(x, self.norm_cross),
+                memory=memory,
+                mask=memory_mask,
+                cache=cross_cache,
                 return_weights=return_weights,
-            )  # fmt: skip
+            )
             x = self._out(x, c, self.norm_cross)
         x = self._out(x, self.ff(self._in(x, self.norm_ff)), self.norm_ff)
         if not return_weights:

@@ -92,4 +92,3 @@ def build_positions(kind: str, max_len: int, d_model: int) -> Positions:
     if kind == "none":
         return NoPositions(max_len)
     return POSITIONS[kind](max_len, d_model)
-

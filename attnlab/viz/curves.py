@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from attnlab.checkpoint import atomic_write
 
 
@@ -18,6 +20,14 @@ def read_metrics(path: Path) -> list[dict]:
         except ValueError:
             continue  # a line cut short by a crash
     return rows
+
+
+def running_mean(values, k: int) -> np.ndarray:
+    """Mean of each value and the k - 1 before it (fewer at the start)."""
+    c = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])  # c[i] = sum(values[:i])
+    i = np.arange(len(values))
+    n = np.minimum(i + 1, k)
+    return (c[i + 1] - c[i + 1 - n]) / n
 
 
 def plot_loss(metrics: Path, out: Path) -> None:
@@ -34,9 +44,7 @@ def plot_loss(metrics: Path, out: Path) -> None:
     if train:
         steps, losses = zip(*train)
         ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8)
-        k = max(1, len(losses) // 50)
-        smooth = [sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1]) for i in range(len(losses))]
-        ax.plot(steps, smooth, color="tab:blue", label="train")
+        ax.plot(steps, running_mean(losses, max(1, len(losses) // 50)), color="tab:blue", label="train")
     if val:
         ax.plot(*zip(*val), "o-", color="tab:orange", label="validation")
     ax.set_xlabel("step")

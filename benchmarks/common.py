@@ -1,0 +1,174 @@
+"""Helpers shared by the benchmarks: the matched HuggingFace GPT-2 peer, devices, tables.
+
+The peer is `transformers.GPT2LMHeadModel` built locally from a `GPT2Config` of the same shape
+as an attnlab `GPTConfig` (nothing is downloaded). `copy_weights_to_hf` gives it attnlab's
+weights, so both models compute the same function from the same starting point; the
+benchmarks check that their outputs agree before trusting the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from attnlab.device import DTYPES, pick_device
+from attnlab.models.gpt import GPT, GPTConfig
+
+# HF activations equal to attnlab's "gelu_tanh": "gelu_new" is GPT-2's own, written out as
+# elementwise ops; "gelu_pytorch_tanh" calls the same fused kernel attnlab does.
+HF_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def gpt2_like(cfg: GPTConfig) -> GPTConfig:
+    """cfg with GPT-2's block (pre-norm, learned positions, tanh-GELU, biases) and no dropout."""
+    return replace(
+        cfg,
+        activation="gelu_tanh",
+        dropout=0.0,
+        norm="pre",
+        positions="learned",
+        bias=True,
+        d_head=None,
+        tie_weights=True,
+    )
+
+
+def hf_config(cfg: GPTConfig, activation: str = "gelu_new") -> GPT2Config:
+    """A GPT2Config of the same shape as a GPT-2-like attnlab config, dropout off, SDPA attention."""
+    if cfg != gpt2_like(cfg):
+        raise ValueError("the HF peer matches only GPT-2-like configs: pass the config through gpt2_like()")
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.context,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.d_ff,
+        activation_function=activation,
+        layer_norm_epsilon=cfg.ln_eps,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,  # GPT-2's 50256 is outside a small vocab
+        attn_implementation="sdpa",
+    )
+
+
+@torch.no_grad()
+def copy_weights_to_hf(gpt: GPT, hf: GPT2LMHeadModel) -> None:
+    """Load attnlab's weights into the peer. HF's Conv1D stores (in, out): nn.Linear transposed."""
+    t = hf.transformer
+    t.wte.weight.copy_(gpt.tok.weight)  # tied with hf.lm_head, as gpt.head is with gpt.tok
+    t.wpe.weight.copy_(gpt.pos.embedding.weight)
+    for ours, theirs in zip(gpt.blocks, t.h, strict=True):
+        a = ours.attn
+        theirs.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.kv_proj.weight]).T)  # columns q | k | v
+        theirs.attn.c_attn.bias.copy_(torch.cat([a.q_proj.bias, a.kv_proj.bias]))
+        pairs = [(a.out_proj, theirs.attn.c_proj), (ours.ff.up, theirs.mlp.c_fc), (ours.ff.down, theirs.mlp.c_proj)]
+        for linear, conv in pairs:
+            conv.weight.copy_(linear.weight.T)
+            conv.bias.copy_(linear.bias)
+        for norm, ln in [(ours.norm_attn, theirs.ln_1), (ours.norm_ff, theirs.ln_2)]:
+            ln.weight.copy_(norm.weight)
+            ln.bias.copy_(norm.bias)
+    t.ln_f.weight.copy_(gpt.norm.weight)
+    t.ln_f.bias.copy_(gpt.norm.bias)
+
+
+def build_pair(
+    cfg: GPTConfig, device: torch.device, seed: int = 0, hf_activation: str = "gelu_new"
+) -> tuple[GPT, GPT2LMHeadModel]:
+    """attnlab's GPT (random init, seeded) and the HF peer holding the same weights."""
+    cfg = gpt2_like(cfg)
+    torch.manual_seed(seed)
+    gpt = GPT(cfg).to(device)
+    hf = GPT2LMHeadModel(hf_config(cfg, hf_activation)).to(device)
+    if hf.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"HF peer uses {hf.config._attn_implementation!r} attention, expected 'sdpa'")
+    copy_weights_to_hf(gpt, hf)
+    if num_params(gpt) != num_params(hf):
+        raise RuntimeError(f"shape mismatch: attnlab {num_params(gpt):,} vs HF {num_params(hf):,} parameters")
+    return gpt, hf
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # shared (tied) tensors counted once
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' is CUDA when available, else the CPU; anything else as attnlab's pick_device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return pick_device(name)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}: use {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that the clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release(device: torch.device) -> None:
+    """Hand cached GPU memory back between runs (call after dropping the models)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (None: leave as is)")
+    parser.add_argument(
+        "--hf-activation",
+        default="gelu_new",
+        choices=HF_ACTIVATIONS,
+        help="the peer's GELU, same math as gelu_tanh: GPT-2's own or the fused one",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed for weights and data")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+
+
+def setup(args: argparse.Namespace) -> torch.device:
+    """Apply --threads and --seed; return the device to run on."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    return resolve_device(args.device)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"{device.type} ({torch.get_num_threads()} threads)"
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Rows as an aligned text table. columns: (key, header, format spec) triples; a spec of
+    "" leaves the value as text, left-aligned; numbers are right-aligned; None is blank."""
+    cells = [["" if row.get(key) is None else format(row[key], spec) for key, _, spec in columns] for row in rows]
+    headers = [header for _, header, _ in columns]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    left = [spec == "" for _, _, spec in columns]
+
+    def line(values: list[str]) -> str:
+        padded = (v.ljust(w) if lf else v.rjust(w) for v, w, lf in zip(values, widths, left, strict=True))
+        return "  ".join(padded).rstrip()
+
+    head = line(headers)
+    return "\n".join([head, "-" * len(head)] + [line(r) for r in cells])

@@ -1,0 +1,51 @@
+"""Shared fixtures: a private token cache, small text corpora, tiny model settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.data import DataConfig
+from attnlab.models.gpt import GPTConfig
+from attnlab.train import TrainConfig
+
+TEXT = (
+    "def add(a, b):\n    return a + b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A small text file of Python-like code (about 5 KB)."""
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT * 40)
+    return path
+
+
+def tiny_model(**kw) -> GPTConfig:
+    return GPTConfig(**{"n_layer": 2, "n_head": 2, "d_model": 32, "context": 32, **kw})
+
+
+def tiny_train(**kw) -> TrainConfig:
+    base = {
+        "max_steps": 20,
+        "batch_size": 4,
+        "lr": 3e-3,
+        "warmup_steps": 5,
+        "eval_interval": 10,
+        "eval_batches": 2,
+        "device": "cpu",
+        "dtype": "float32",
+    }
+    return TrainConfig(**{**base, **kw})
+
+
+def tiny_data(path, **kw) -> DataConfig:
+    return DataConfig(data=str(path), **kw)

@@ -1,0 +1,194 @@
+"""The command line: help generated from the configs, the whole journey, and every error case
+ending in one clear line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnlab.cli import build_parser, main
+from tests.conftest import TEXT
+
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--d-model",
+    "16",
+    "--context",
+    "32",
+    "--batch-size",
+    "4",
+    "--max-steps",
+    "6",
+    "--eval-interval",
+    "3",
+    "--eval-batches",
+    "1",
+    "--device",
+    "cpu",
+]
+
+
+def run_cli(args, capsys):
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, fragment):
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "code.txt"
+    path.write_text(TEXT * 30)
+    return path
+
+
+@pytest.fixture
+def trained(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, *TINY], capsys)
+    assert code == 0, err
+    return out
+
+
+def test_help_comes_from_the_config_dataclasses():
+    helptext = build_parser()._subparsers._group_actions[0].choices["train"]
+    lm = helptext._subparsers._group_actions[0].choices["lm"].format_help()
+    for flag in [
+        "--n-layer",
+        "--d-model",
+        "--norm",
+        "--positions",
+        "--lr",
+        "--warmup-steps",
+        "--grad-accum",
+        "--block-size",
+        "--dtype",
+        "--tokenizer",
+        "--vocab-size",
+        "--config",
+        "--resume",
+        "--force",
+    ]:
+        assert flag in lm, flag
+    assert "peak learning rate" in lm  # TrainConfig.lr's metadata
+
+
+def test_train_sample_eval_resume(tmp_path, trained, text, capsys):
+    code, out, _ = run_cli(["sample", trained, "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"], capsys)
+    assert code == 0 and out.startswith("def ") and len(out) > 10
+    code, out, _ = run_cli(["eval", trained, "--data", text, "--json"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["loss"] > 0 and result["tokens"] > 0
+    assert result["perplexity"] == pytest.approx(2.718281828 ** result["loss"], rel=1e-6)
+    code, out, _ = run_cli(["eval", trained, "--data", text], capsys)
+    assert "bits per char" in out
+    code, _, err = run_cli(["train", "lm", "--out", trained, "--resume", "--max-steps", "9"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) == 9
+
+
+def test_toml_config_and_flag_precedence(tmp_path, text, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'preset = "gpt-nano"\n[model]\nn_layer = 1\nd_model = 16\nn_head = 2\ncontext = 16\n'
+        "[train]\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\neval_batches = 1\nlr = 0.5\n"
+    )
+    out = tmp_path / "run"
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, "--lr", "0.001"], capsys)
+    assert code == 0, err
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model"]["n_layer"] == 1 and saved["model"]["context"] == 16
+    assert saved["train"]["max_steps"] == 2 and saved["train"]["lr"] == 0.001  # the flag wins
+
+
+def test_size_json(capsys):
+    code, out, _ = run_cli(["size", "--preset", "gpt3-175b", "--json"], capsys)
+    e = json.loads(out)
+    assert code == 0 and abs(e["params"] / 175e9 - 1) < 0.02
+
+
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("missing_data", "data not found"),
+        ("empty_data", "empty"),
+        ("unknown_preset", "unknown preset"),
+        ("unknown_option", "unrecognized arguments"),
+        ("bad_value", "expected int"),
+        ("bad_choice", "is not one of"),
+        ("block_beyond_context", "beyond the model's context"),
+        ("existing_run", "already exists"),
+        ("resume_missing", "not found"),
+        ("sample_missing_run", "not found"),
+        ("sample_corrupt_run", "corrupt"),
+        ("eval_incomplete_run", "missing"),
+        ("bad_toml", "not valid TOML"),
+        ("size_unknown_preset", "unknown preset"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys, request):
+    out = tmp_path / "run"
+    args = {
+        "missing_data": ["train", "lm", "--data", tmp_path / "nope.txt", "--out", out],
+        "empty_data": ["train", "lm", "--data", tmp_path / "empty.txt", "--out", out],
+        "unknown_preset": ["train", "lm", "--data", text, "--out", out, "--preset", "gpt-9"],
+        "unknown_option": ["train", "lm", "--data", text, "--out", out, "--colour", "red"],
+        "bad_value": ["train", "lm", "--data", text, "--out", out, "--n-layer", "many"],
+        "bad_choice": ["train", "lm", "--data", text, "--out", out, "--norm", "middle"],
+        "block_beyond_context": ["train", "lm", "--data", text, "--out", out, *TINY, "--block-size", "64"],
+        "existing_run": ["train", "lm", "--data", text, "--out", tmp_path, *TINY],
+        "resume_missing": ["train", "lm", "--out", tmp_path / "nothing", "--resume"],
+        "sample_missing_run": ["sample", tmp_path / "nothing"],
+        "sample_corrupt_run": ["sample", out],
+        "eval_incomplete_run": ["eval", out, "--data", text],
+        "bad_toml": ["train", "lm", "--data", text, "--out", out, "--config", tmp_path / "bad.toml"],
+        "size_unknown_preset": ["size", "--preset", "gpt-9"],
+    }[case]
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "bad.toml").write_text("[model\nn_layer = ")
+    if case in ("sample_corrupt_run", "eval_incomplete_run"):
+        trained = request.getfixturevalue("trained")
+        if case == "sample_corrupt_run":
+            weights = trained / "model.safetensors"
+            weights.write_bytes(weights.read_bytes()[:100])  # truncated
+        else:
+            (trained / "tokenizer.json").unlink()
+        args[1] = trained
+    code, _, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_force_replaces_an_existing_run(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--force", *TINY], capsys)
+    assert code == 0, err
+    assert not (out / "old.txt").exists() and (out / "model.safetensors").exists()
+
+
+def test_python_api_matches_cli_run(trained):
+    import torch
+
+    import attnlab
+
+    run = attnlab.load(trained)
+    idx = torch.tensor([run.tokenizer.encode("def ")])
+    assert run.model(idx).shape == (1, 4, run.tokenizer.vocab_size)
+    text = run.generate("def ", max_new_tokens=10, temperature=0)
+    assert text.startswith("def ") and text == run.generate("def ", max_new_tokens=10, temperature=0)

@@ -1,0 +1,121 @@
+"""Tokenizers (char and BPE) and data sources, token caches and batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnlab.data import TokenData, build_token_cache, resolve_sources, stdlib_files
+from attnlab.data.tokens import cache_root
+from attnlab.errors import AttnlabError
+from attnlab.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, train_tokenizer
+
+
+def test_char_round_trip_and_unknown_characters(tmp_path):
+    tok = CharTokenizer.train(["hello world", "héllo"])
+    ids = tok.encode("hello héllo")
+    assert tok.decode(ids) == "hello héllo"
+    assert tok.vocab_size == 2 + len(set("hello worldé"))
+    # Unseen characters become <unk>, never a crash.
+    unk = tok.encode("hello ✓ zq")
+    assert unk.count(tok.unk_id) == 3
+    (tmp_path / "tokenizer.json").write_text(tok.to_json())
+    again = load_tokenizer(tmp_path)
+    assert isinstance(again, CharTokenizer) and again.encode("hello héllo") == ids
+
+
+def test_bpe_trains_round_trips_and_saves(tmp_path):
+    texts = ["def function(argument):\n    return argument * 2\n"] * 50 + ["naïve café 🙂"]
+    tok = train_tokenizer("bpe", texts, vocab_size=300)
+    assert isinstance(tok, BPETokenizer) and 257 <= tok.vocab_size <= 300
+    sample = "def function(x):\n    return naïve 🙂"
+    assert tok.decode(tok.encode(sample)) == sample
+    # Merges learned from the corpus make frequent words shorter than their bytes.
+    assert len(tok.encode("argument")) < len("argument")
+    (tmp_path / "tokenizer.json").write_text(tok.to_json())
+    again = load_tokenizer(tmp_path / "tokenizer.json")
+    assert again.encode(sample) == tok.encode(sample)
+    assert tok.n_chars(np.array(tok.encode(sample))) == len(sample)
+
+
+def test_bpe_vocab_too_small_is_a_clear_error():
+    with pytest.raises(AttnlabError, match="vocab-size"):
+        train_tokenizer("bpe", ["abc"], vocab_size=100)
+
+
+def test_corrupt_tokenizer_is_a_clear_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(AttnlabError, match="cannot read tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_stdlib_corpus_is_found_without_tests():
+    files = stdlib_files()
+    assert len(files) > 300
+    names = {f.name for f in files}
+    assert {"os.py", "dataclasses.py", "__init__.py"} <= names
+    assert not [f for f in files if "test" in f.parts or "site-packages" in f.parts]
+    size = sum(f.stat().st_size for f in files)
+    assert 5e6 < size < 40e6
+
+
+def test_folder_source_with_glob(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("print(1)\n")
+    (tmp_path / "b.txt").write_text("hello\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02")
+    assert [f.name for f in resolve_sources(str(tmp_path))] == ["x.py", "b.txt"]
+    assert [f.name for f in resolve_sources(str(tmp_path), "*.py")] == ["x.py"]
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_file", "empty_folder"])
+def test_missing_or_empty_data_is_a_clear_error(tmp_path, make):
+    path = tmp_path / "data"
+    if make == "empty_file":
+        path.write_text("")
+    elif make == "empty_folder":
+        path.mkdir()
+    with pytest.raises(AttnlabError):
+        resolve_sources(str(path))
+
+
+def test_token_cache_split_is_deterministic_and_complete(tmp_path, corpus):
+    tok = CharTokenizer.train([corpus.read_text()])
+    folder = build_token_cache([corpus], tok, val_fraction=0.1, progress=False)
+    data = TokenData(folder)
+    n_train, n_val = len(data.splits["train"]), len(data.splits["val"])
+    assert n_train + n_val == len(corpus.read_text()) + 1  # + the end-of-text token
+    assert 0.05 < n_val / (n_train + n_val) < 0.15
+    assert data.splits["train"].dtype == np.uint16
+    # Built once: the same call returns the same folder without rebuilding.
+    mtime = (folder / "train.bin").stat().st_mtime_ns
+    assert build_token_cache([corpus], tok, 0.1, progress=False) == folder
+    assert (folder / "train.bin").stat().st_mtime_ns == mtime
+    assert not list((cache_root() / "tokens").glob("*.tmp-*"))
+
+
+def test_batches_are_contiguous_blocks_shifted_by_one(corpus):
+    tok = CharTokenizer.train([corpus.read_text()])
+    data = TokenData(build_token_cache([corpus], tok, 0.1, progress=False))
+    x, y = data.batch("train", 4, 16, np.random.default_rng(0))
+    assert x.shape == y.shape == (4, 16)
+    assert (x[:, 1:] == y[:, :-1]).all()
+    windows = np.lib.stride_tricks.sliding_window_view(np.asarray(data.splits["train"]), 16)
+    for row in x.numpy():
+        assert (windows == row).all(axis=1).any()  # each row is a window of the train stream
+    with pytest.raises(AttnlabError, match="block size"):
+        data.check(10**6)
+
+
+def test_interrupted_cache_build_leaves_nothing_that_looks_complete(corpus, monkeypatch):
+    tok = CharTokenizer.train([corpus.read_text()])
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("attnlab.data.tokens.encode_texts", boom)
+    with pytest.raises(KeyboardInterrupt):
+        build_token_cache([corpus], tok, 0.1, progress=False)
+    leftovers = list((cache_root() / "tokens").glob("*"))
+    assert not [p for p in leftovers if (p / "meta.json").exists() and ".tmp" in p.name]
+    assert not [p for p in leftovers if ".tmp" in p.name]

@@ -1,0 +1,153 @@
+"""Training: learning, exact resume, accumulation, schedule, weight decay groups, atomic files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnlab
+from attnlab.checkpoint import atomic_write
+from attnlab.train import TrainConfig, lr_at, make_optimizer, prepare, train_step
+from tests.conftest import tiny_data, tiny_model, tiny_train
+
+train_mod = importlib.import_module("attnlab.train")  # the module; attnlab.train is the function
+
+
+def losses(run) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_small_model_overfits_a_short_text(tmp_path):
+    """A model with enough capacity memorizes a short text: training loss under 0.1."""
+    text = tmp_path / "short.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 3)
+    result = attnlab.train(
+        tmp_path / "run",
+        tiny_model(d_model=64, context=32),
+        tiny_train(max_steps=300, batch_size=16, lr=1e-2, warmup_steps=20, eval_interval=300),
+        tiny_data(text, val_fraction=0.0),
+        progress=False,
+    )
+    assert result["train_loss"] < 0.1, result
+
+
+def test_resume_gives_the_same_losses_as_one_run(tmp_path, corpus, monkeypatch):
+    """Interrupt a 20-step run at step 10 and resume it: the same losses, bit for bit, as 20
+    uninterrupted steps (fp32, CPU, seeded; dropout on, so the RNG states must be restored)."""
+    model, data = tiny_model(dropout=0.1), tiny_data(corpus)
+    full, half = tmp_path / "full", tmp_path / "half"
+    attnlab.train(full, model, tiny_train(max_steps=20), data, progress=False)
+
+    real_step = train_mod.train_step
+
+    def interrupted(s):  # Ctrl-C arrives in the middle of step 11, after its first micro-batch
+        if s.step == 10:
+            s.tokens.batch("train", 2, s.block_size, s.rng)
+            raise KeyboardInterrupt
+        return real_step(s)
+
+    monkeypatch.setattr(train_mod, "train_step", interrupted)
+    with pytest.raises(attnlab.AttnlabError, match="interrupted at step 10"):
+        attnlab.train(half, tiny_model(dropout=0.1), tiny_train(max_steps=20), data, progress=False)
+    monkeypatch.setattr(train_mod, "train_step", real_step)
+    attnlab.train(half, resume=True, progress=False)
+    a, b = losses(full), losses(half)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert [a[s] for s in a] == [b[s] for s in a]  # bit-for-bit
+    run_a, run_b = attnlab.load(full), attnlab.load(half)
+    idx = torch.randint(0, run_a.tokenizer.vocab_size, (1, 16))
+    assert torch.equal(run_a.model(idx), run_b.model(idx))
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path, corpus):
+    """4 micro-batches of 2 give the gradients of one batch of 8 (same sequences)."""
+    s = prepare(tmp_path / "run", tiny_model(), tiny_train(batch_size=8), tiny_data(corpus), progress=False)
+    x, y = s.tokens.batch("train", 8, s.block_size, np.random.default_rng(0))
+    s.model.zero_grad()
+    s.model(x, y)[1].backward()
+    big = [p.grad.clone() for p in s.model.parameters()]
+    s.model.zero_grad()
+    for i in range(4):
+        (s.model(x[2 * i : 2 * i + 2], y[2 * i : 2 * i + 2])[1] / 4).backward()
+    for g, p in zip(big, s.model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_train_step_with_accumulation_runs_micro_batches(tmp_path, corpus):
+    s = prepare(
+        tmp_path / "run", tiny_model(), tiny_train(batch_size=8, grad_accum=4), tiny_data(corpus), progress=False
+    )
+    before = [p.detach().clone() for p in s.model.parameters()]
+    loss = train_step(s)
+    assert math.isfinite(loss) and s.step == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.model.parameters()))
+
+
+def test_batch_size_must_divide_into_micro_batches():
+    with pytest.raises(attnlab.AttnlabError, match="divisible"):
+        TrainConfig(batch_size=10, grad_accum=4)
+
+
+def test_schedule_warmup_then_cosine():
+    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.55)  # halfway through the cosine
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 110))
+
+
+def test_weight_decay_only_on_matrices():
+    model = attnlab.GPT(tiny_model(vocab_size=20))
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"])
+    assert any(p is model.tok.weight for p in no_decay["params"])  # embeddings (and the tied head)
+    assert any(p is model.blocks[0].norm_attn.weight for p in no_decay["params"])
+    assert any(p is model.blocks[0].attn.q_proj.weight for p in decay["params"])
+    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n == model.num_params()
+
+
+def test_run_directory_contents_and_metrics(tmp_path, corpus):
+    run = tmp_path / "run"
+    result = attnlab.train(run, tiny_model(), tiny_train(), tiny_data(corpus), progress=False)
+    names = {p.name for p in run.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "train_state.json",
+        "train_state.safetensors",
+        "metrics.jsonl",
+        "loss.png",
+    } <= names
+    assert not [n for n in names if ".tmp" in n]
+    config = json.loads((run / "config.json").read_text())
+    assert config["family"] == "gpt" and config["model"]["vocab_size"] > 10
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val_loss" in r] == [10, 20]
+    assert result["val_loss"] == rows[-1]["val_loss"]
+    first, last = losses(run)[1], losses(run)[20]
+    assert last < first  # it learns
+
+
+def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "f.json"
+    target.write_text("old")
+
+    def crash(p):
+        p.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(target, crash)
+    assert target.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [target]
