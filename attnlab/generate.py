@@ -34,6 +34,7 @@ class GenerateConfig:
     seed: int | None = option(None, "random seed, for repeatable samples")
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
+    dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -75,12 +76,16 @@ def stream(
     seed: int | None = None,
     stop_token: int | None = None,
     use_cache: bool = True,
+    dtype: str = "auto",
 ) -> Iterator[int]:
-    """Yield new token ids one by one, continuing the prompt `ids`."""
+    """Yield new token ids one by one, continuing the prompt `ids`.
+
+    dtype: 'auto' (bf16 autocast where the hardware is fast at it), 'float32' or 'bfloat16'.
+    """
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
-    dtype = pick_dtype("auto", device)
+    precision = pick_dtype(dtype, device)
     ids = list(ids)
     if len(ids) > ctx:
         warnings.warn(
@@ -101,12 +106,12 @@ def stream(
             if caches is None:
                 caches = model.new_caches(ctx)
             new = torch.tensor([ids[start + fed :]], device=device)  # (1, T_new)
-            with autocast(device, dtype):
+            with autocast(device, precision):
                 logits = model(new, caches=caches, offset=fed)
             fed = len(ids) - start
         else:
             window = torch.tensor([ids[start:]], device=device)  # (1, T)
-            with autocast(device, dtype):
+            with autocast(device, precision):
                 logits = model(window)
         token = next_token(logits[0, -1], temperature, top_k, top_p, gen)
         ids.append(token)
@@ -115,22 +120,9 @@ def stream(
             return
 
 
-def generate_text(
-    model,
-    tokenizer: Tokenizer,
-    prompt: str = "",
-    max_new_tokens: int = 200,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: str | None = None,
-    use_cache: bool = True,
-) -> str:
-    """Continue `prompt` and return prompt + continuation, cut at `stop` if it appears."""
-    return prompt + "".join(
-        stream_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, use_cache)
-    )
+def generate_text(model, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
+    """Continue `prompt`; return prompt + continuation. Keyword arguments as in `stream_text`."""
+    return prompt + "".join(stream_text(model, tokenizer, prompt, **kwargs))
 
 
 def stream_text(
@@ -144,12 +136,14 @@ def stream_text(
     seed: int | None = None,
     stop: str | None = None,
     use_cache: bool = True,
+    dtype: str = "auto",
 ) -> Iterator[str]:
-    """Yield the continuation's text piece by piece as tokens are produced."""
+    """Yield the continuation's text piece by piece as tokens are produced, until
+    max_new_tokens or the `stop` text (which is not included)."""
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     out: list[int] = []
     emitted = ""
-    for token in stream(model, ids, max_new_tokens, temperature, top_k, top_p, seed, None, use_cache):
+    for token in stream(model, ids, max_new_tokens, temperature, top_k, top_p, seed, None, use_cache, dtype):
         out.append(token)
         text = tokenizer.decode(out)
         if text.endswith("\ufffd"):

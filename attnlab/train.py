@@ -45,7 +45,7 @@ class TrainConfig:
     warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
     weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
     beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.99, "AdamW beta2")
+    beta2: float = option(0.95, "AdamW beta2")
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0 = off)")
     eval_interval: int = option(250, "steps between validation-loss estimates and checkpoints")
     eval_batches: int = option(20, "batches per validation-loss estimate")
@@ -147,17 +147,20 @@ def estimate_loss(s: Session, split: str = "val") -> float:
     return sum(losses) / len(losses)
 
 
-def _prepare_dir(out: Path, resume: bool, force: bool) -> None:
+def _check_dir(out: Path, resume: bool, force: bool) -> None:
     if resume:
         ck.check_run_dir(out)
-        return
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise AttnlabError(
-                f"run directory {out} already exists: use --resume to continue it or --force to replace it"
-            )
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
+
+
+def _fresh_dir(out: Path) -> None:
+    """Called once the new run is ready to be written, so a failed start never costs an old run."""
+    if out.is_dir():
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    elif out.exists():
+        out.unlink()
+    out.mkdir(parents=True)
 
 
 def prepare(
@@ -170,7 +173,7 @@ def prepare(
     progress: bool = True,
 ) -> Session:
     run = Path(out)
-    _prepare_dir(run, resume, force)
+    _check_dir(run, resume, force)
     files = resolve_sources(data.data, data.glob)
     if resume:
         saved = ck.read_json(run / ck.CONFIG)
@@ -204,9 +207,13 @@ def prepare(
         ck.load_train_state(run, s.optimizer, s.rng, s.step)
         _truncate_metrics(run / "metrics.jsonl", s.step)
     else:
-        config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
-        ck.write_json(run / ck.CONFIG, config)
+        _fresh_dir(run)
         ck.write_text(run / ck.TOKENIZER, tok.to_json())
+    # The settings in force (a resumed run may have new training settings, e.g. more steps).
+    config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+    ck.write_json(run / ck.CONFIG, config)
+    if not resume:
+        save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
     return s
 
 

@@ -6,14 +6,13 @@ Generates --new-tokens tokens (default 512) from a short random prompt, three wa
 - HF `GPT2LMHeadModel.generate(max_new_tokens=N, min_new_tokens=N, do_sample=False,
   use_cache=True)`, SDPA attention, holding the same (random) weights as attnlab's model.
 tokens/s = N / wall time of the whole call (prompt included), median of --repeats calls, after
-one untimed short warmup call per method. The script checks that attnlab's cached and uncached outputs are identical
-(exit status 1 if not) and reports whether HF's greedy tokens match attnlab's (expected in
+one untimed short warmup call per method. The script checks that attnlab's cached and uncached
+outputs are identical (exit status 1 if not) and reports whether HF's greedy tokens match attnlab's (expected in
 float32; bf16 rounding may flip near-ties).
 
 Default shape: 6 layers, 384 wide, 6 heads, context 1024 (so prompt + 512 new tokens fit: HF's
 GPT-2 cannot go past its context), vocab 256. --dtype bfloat16 runs both under torch.autocast
-(weights stay float32); attnlab's stream() would otherwise pick its precision itself, so the
-benchmark pins it to --dtype.
+(weights stay float32); attnlab's stream() gets the same precision through its dtype argument.
 
 Run from the repository root:
 
@@ -25,12 +24,10 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from unittest import mock
+from collections.abc import Callable
 
 import torch
 from common import (
@@ -46,7 +43,6 @@ from common import (
 )
 from transformers import GPT2LMHeadModel
 
-import attnlab.generate
 from attnlab.device import autocast
 from attnlab.generate import stream
 from attnlab.models.gpt import GPT, GPTConfig
@@ -65,17 +61,10 @@ COLUMNS = [
 ]
 
 
-@contextlib.contextmanager
-def pinned_precision(dtype: torch.dtype) -> Iterator[None]:
-    """Make attnlab's stream() autocast to `dtype` rather than the one it picks for the device."""
-    with mock.patch.object(attnlab.generate, "pick_dtype", lambda name, device: dtype):
-        yield
-
-
 def attnlab_generator(model: GPT, dtype: torch.dtype, use_cache: bool) -> Generator:
     def run(prompt: list[int], n: int) -> list[int]:
-        with pinned_precision(dtype):
-            return list(stream(model, prompt, n, temperature=0.0, use_cache=use_cache))
+        name = str(dtype).removeprefix("torch.")
+        return list(stream(model, prompt, n, temperature=0.0, use_cache=use_cache, dtype=name))
 
     return run
 

@@ -192,3 +192,21 @@ def test_python_api_matches_cli_run(trained):
     assert run.model(idx).shape == (1, 4, run.tokenizer.vocab_size)
     text = run.generate("def ", max_new_tokens=10, temperature=0)
     assert text.startswith("def ") and text == run.generate("def ", max_new_tokens=10, temperature=0)
+
+
+def test_a_failed_forced_start_keeps_the_old_run(tmp_path, trained, capsys):
+    """--force replaces a run only once the new one is ready: bad data leaves the old run alone."""
+    before = (trained / "model.safetensors").read_bytes()
+    code, _, err = run_cli(["train", "lm", "--data", tmp_path / "nope.txt", "--out", trained, "--force"], capsys)
+    assert_one_line_error(code, err, "data not found")
+    assert (trained / "model.safetensors").read_bytes() == before
+
+
+def test_readme_opens_with_the_two_commands():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    first_block = readme.split("```")[1]
+    assert "make demo" in first_block and "make test" in first_block
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert "make test" in ci
