@@ -138,7 +138,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    from attnlab.size import estimate, format_estimate
+    from attnlab.size import estimate, format_estimate, format_table
 
     names = list(PRESETS) if args.preset == "all" else [args.preset]
     for name in names:
@@ -147,8 +147,10 @@ def cmd_size(args: argparse.Namespace) -> int:
     results = [estimate(PRESETS[n], n) for n in names]
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results))
+    elif len(results) > 1:
+        print(format_table(results))
     else:
-        print("\n".join(format_estimate(e) for e in results))
+        print(format_estimate(results[0]))
     return 0
 
 

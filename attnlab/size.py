@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.models.gpt import GPT, PAPER_PARAMS, PRESETS, GPTConfig
+from attnlab.models.gpt import GPT, PAPER_PARAMS, GPTConfig
 
 GB = 1024**3
 
@@ -54,8 +54,26 @@ def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
     return out
 
 
-def presets_table() -> list[dict]:
-    return [estimate(PRESETS[name], name) for name in PRESETS]
+def format_table(estimates: list[dict]) -> str:
+    """One row per model: parameters next to the paper's figure, FLOPs and memory."""
+    head = (
+        f"{'preset':<12} {'params':>16} {'paper':>8} {'diff':>6} {'train FLOPs/tok':>16} "
+        f"{'infer bf16':>11} {'AdamW':>11}"
+    )
+    rows = [head, "-" * len(head)]
+    for e in estimates:
+        paper, diff = "", ""
+        if e["paper_params"]:
+            paper, diff = _short(e["paper_params"]), f"{100 * (e['params'] / e['paper_params'] - 1):+.1f}%"
+        rows.append(
+            f"{e['preset']:<12} {e['params']:>16,} {paper:>8} {diff:>6} {e['flops_per_token_train']:>16.3e} "
+            f"{e['memory_inference_bf16_gb']:>8.2f} GiB {e['memory_train_adamw_gb']:>7.1f} GiB"
+        )
+    return "\n".join(rows)
+
+
+def _short(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def format_estimate(e: dict) -> str:

@@ -69,8 +69,8 @@ def copy_weights_to_hf(gpt: GPT, hf: GPT2LMHeadModel) -> None:
     t.wpe.weight.copy_(gpt.pos.embedding.weight)
     for ours, theirs in zip(gpt.blocks, t.h, strict=True):
         a = ours.attn
-        theirs.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.kv_proj.weight]).T)  # columns q | k | v
-        theirs.attn.c_attn.bias.copy_(torch.cat([a.q_proj.bias, a.kv_proj.bias]))
+        theirs.attn.c_attn.weight.copy_(a.qkv_proj.weight.T)  # Conv1D stores (in, out): columns q | k | v
+        theirs.attn.c_attn.bias.copy_(a.qkv_proj.bias)
         pairs = [(a.out_proj, theirs.attn.c_proj), (ours.ff.up, theirs.mlp.c_fc), (ours.ff.down, theirs.mlp.c_proj)]
         for linear, conv in pairs:
             conv.weight.copy_(linear.weight.T)

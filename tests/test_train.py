@@ -111,7 +111,7 @@ def test_weight_decay_only_on_matrices():
     assert all(p.dim() == 2 for p in decay["params"])
     assert any(p is model.tok.weight for p in no_decay["params"])  # embeddings (and the tied head)
     assert any(p is model.blocks[0].norm_attn.weight for p in no_decay["params"])
-    assert any(p is model.blocks[0].attn.q_proj.weight for p in decay["params"])
+    assert any(p is model.blocks[0].attn.qkv_proj.weight for p in decay["params"])
     n = sum(p.numel() for g in opt.param_groups for p in g["params"])
     assert n == model.num_params()
 

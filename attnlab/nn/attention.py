@@ -134,31 +134,34 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, as self-attention (memory=None) or cross-attention.
 
-    Each head h has its own W_Q^h, W_K^h, W_V^h (C -> Dh); they are stored stacked, the
-    queries' in `q_proj` and the keys' and values' side by side in `kv_proj`, so that all
-    heads are computed by one matrix product. The heads' outputs are concatenated and
-    projected back to C by W_O (`out_proj`). Dh = C / H unless `d_head` is given.
+    Each head h has its own W_Q^h, W_K^h, W_V^h (C -> Dh). All of them are stored stacked in one
+    (3 * H * Dh, C) matrix `qkv_proj`: rows [0, H*Dh) are the heads' W_Q, then W_K, then W_V.
+    Self-attention computes queries, keys and values of every head with one matrix product;
+    cross-attention takes the W_Q rows for the queries and the W_K, W_V rows for the memory.
+    The heads' outputs are concatenated and projected back to C by W_O (`out_proj`).
+    Dh = C / H unless `d_head` is given.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_head: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        d_memory: int | None = None,
-    ):
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, bias: bool = True, dropout: float = 0.0):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
                 raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; set d_head")
             d_head = d_model // n_heads
         self.n_heads, self.d_head, self.dropout = n_heads, d_head, dropout
-        inner = n_heads * d_head
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.kv_proj = nn.Linear(d_memory or d_model, 2 * inner, bias=bias)
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        self.inner = n_heads * d_head
+        self.qkv_proj = nn.Linear(d_model, 3 * self.inner, bias=bias)
+        self.out_proj = nn.Linear(self.inner, d_model, bias=bias)
+
+    def _project(self, x: Tensor, rows: slice) -> Tensor:
+        """x @ W[rows]^T + b[rows]: the chosen part of the stacked Q/K/V projection."""
+        bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[rows]
+        return F.linear(x, self.qkv_proj.weight[rows], bias)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        """(B, T, n * H * Dh) -> n tensors of (B, H, T, Dh)."""
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(
         self,
@@ -176,20 +179,20 @@ class MultiHeadAttention(nn.Module):
         Returns (out (B, T, C), weights (B, H, T, S) or None).
         """
         b, t, _ = x.shape
-        h, dh = self.n_heads, self.d_head
-        q = self.q_proj(x).view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
-        if cache is not None and cache.static and cache.filled:
-            k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
-        else:
-            src = x if memory is None else memory
-            s = src.shape[1]
-            kv = self.kv_proj(src).view(b, s, 2, h, dh)  # (B, S, 2, H, Dh)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, S, Dh)
-            if qk_transform is not None:
+        inner = self.inner
+        if memory is None and not (cache is not None and cache.static):
+            q, k, v = self._heads(self.qkv_proj(x), 3)  # self-attention: one product, (B, H, T, Dh) each
+            if qk_transform is not None:  # positions applied inside attention (e.g. rotary)
                 q, k = qk_transform(q, k, offset)
-            if cache is not None:
-                k, v = cache.update(k, v)
+        else:
+            (q,) = self._heads(self._project(x, slice(0, inner)), 1)
+            if cache is not None and cache.static and cache.filled:
+                k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
+            else:
+                k, v = self._heads(self._project(memory, slice(inner, 3 * inner)), 2)  # (B, H, S, Dh)
+        if cache is not None and not (cache.static and cache.filled):
+            k, v = cache.update(k, v)
         p = self.dropout if self.training else 0.0
         out, weights = attend(q, k, v, mask, return_weights, causal=causal, dropout_p=p)
-        out = out.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, H*Dh): heads concatenated
+        out = out.transpose(1, 2).reshape(b, t, inner)  # (B, T, H*Dh): heads concatenated
         return self.out_proj(out), weights
