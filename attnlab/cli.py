@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import warnings
 from typing import Any
 
 from attnlab.config import field_type, from_dict, parse_value, read_toml
@@ -99,7 +100,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     model, tcfg, data = build_configs(args)
     result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
-    print(f"done: step {result['step']}, validation loss {result['val_loss']}. Try: attnlab sample {args.out}")
+    val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
+    print(f"done: step {result['step']}, validation loss {val}. Try: attnlab sample {args.out}")
     return 0
 
 
@@ -225,6 +227,8 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Library warnings (e.g. a prompt cropped to the context) as one plain line.
+    warnings.formatwarning = lambda message, *args, **kwargs: f"attnlab: warning: {message}\n"
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -49,19 +49,15 @@ def evaluate(
     model, device = run.model.eval(), run.device
     dtype = pick_dtype("auto", device)
     block = run.config.get("train", {}).get("block_size") or model.cfg.context
-    starts = list(range(0, len(arr) - 1, block))
     total, count = 0.0, 0
-    for i in tqdm(range(0, len(starts), batch_size), desc="evaluating", disable=not progress, leave=False):
-        batch = [arr[s : s + block + 1].astype(np.int64) for s in starts[i : i + batch_size]]
-        full = [b for b in batch if len(b) == block + 1]
-        rest = [b for b in batch if len(b) != block + 1]  # the shorter last window
-        for group in ([np.stack(full)] if full else []) + [b[None] for b in rest]:
-            xy = torch.from_numpy(group).to(device)
-            with autocast(device, dtype):
-                logits = model(xy[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten(), reduction="sum")
-            total += loss.item()
-            count += xy[:, 1:].numel()
+    n_full = (len(arr) - 1) // block
+    n_batches = math.ceil(n_full / batch_size) + bool((len(arr) - 1) % block)
+    for xy in tqdm(windows(arr, block, batch_size), total=n_batches, desc="evaluating", disable=not progress):
+        xy = torch.from_numpy(xy).to(device)  # (B, T+1)
+        with autocast(device, dtype):
+            logits = model(xy[:, :-1])
+        total += F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten(), reduction="sum").item()
+        count += xy[:, 1:].numel()
     chars = run.tokenizer.n_chars(arr[1 : count + 1])
     nats = total / count
     return {
@@ -73,3 +69,14 @@ def evaluate(
         "perplexity": math.exp(nats),
         "bits_per_char": total / (chars * math.log(2)),
     }
+
+
+def windows(arr: np.ndarray, block: int, batch_size: int):
+    """Consecutive (B, block + 1) windows overlapping by one token, so that every token after
+    the first is a target exactly once; the last, shorter window comes alone."""
+    n_full = (len(arr) - 1) // block
+    for i in range(0, n_full, batch_size):
+        starts = np.arange(i, min(i + batch_size, n_full)) * block
+        yield arr[starts[:, None] + np.arange(block + 1)].astype(np.int64)
+    if (len(arr) - 1) % block:
+        yield arr[None, n_full * block :].astype(np.int64)

@@ -151,3 +151,15 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
         atomic_write(target, crash)
     assert target.read_text() == "old"
     assert list(tmp_path.iterdir()) == [target]
+
+
+def test_evaluation_windows_predict_every_token_once():
+    from attnlab.evaluate import windows
+
+    arr = np.arange(23)
+    chunks = list(windows(arr, block=5, batch_size=2))
+    assert [c.shape for c in chunks] == [(2, 6), (2, 6), (1, 3)]
+    targets = np.concatenate([c[:, 1:].ravel() for c in chunks])
+    assert targets.tolist() == list(range(1, 23))
+    inputs_before = [c[r, j] for c in chunks for r in range(len(c)) for j in range(c.shape[1] - 1)]
+    assert inputs_before == list(range(22))
