@@ -4,13 +4,12 @@ A run directory holds
     config.json               family, model, training and data settings (JSON)
     model.safetensors         the weights
     tokenizer.json            the tokenizer
-    train_state.safetensors   optimizer moments and RNG states (tensors only)
-    train_state.json          step, optimizer hyperparameters, numpy RNG state
+    train_state.safetensors   what resuming needs, in one file: the weights, optimizer moments,
+                              every RNG state, the step, optimizer settings (JSON metadata)
     metrics.jsonl, loss.png   what training measured
 Nothing is pickled, so loading a run never executes code from it. Every file is written
-to a temporary name and renamed into place, so a crash mid-save leaves the previous file.
-The step is stored in the weights' metadata and in both state files; resuming checks that
-they agree.
+to a temporary name, flushed to disk and renamed into place, so a crash mid-save leaves the
+previous version of the file whole.
 """
 
 from __future__ import annotations
@@ -23,14 +22,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from attnlab.errors import AttnlabError
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
-STATE_TENSORS, STATE_JSON = "train_state.safetensors", "train_state.json"
+STATE = "train_state.safetensors"
+SECTIONS = ("model", "train", "data")
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -39,6 +39,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # on disk before it takes the old file's place
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -75,29 +77,34 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors file; a missing or broken file is a user error."""
-    from safetensors import safe_open
-
     if not path.is_file():
         raise AttnlabError(f"missing {path.name} in {path.parent}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        return load_file(str(path)), meta
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
         raise AttnlabError(f"{path} is corrupt or truncated ({e})") from None
 
 
 def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
-    """Load weights into model; returns the file's metadata. Tied weights may be absent."""
+    """Load weights into model; returns the file's metadata."""
     tensors, meta = read_safetensors(path)
-    result = model.load_state_dict(tensors, strict=False)
+    load_state(model, tensors, path)
+    return meta
+
+
+def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """model.load_state_dict that reports a mismatch as one line. Tied weights may be absent."""
+    try:
+        result = model.load_state_dict(tensors, strict=False)
+    except RuntimeError as e:  # shapes that do not fit
+        raise AttnlabError(f"{path}: weights do not fit the model ({str(e).splitlines()[-1].strip()})") from None
     tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
         raise AttnlabError(
             f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"
         )
-    return meta
 
 
 def read_json(path: Path) -> Any:
@@ -107,6 +114,15 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as e:
         raise AttnlabError(f"{path} is corrupt ({e})") from None
+
+
+def read_run_config(run: Path) -> dict[str, Any]:
+    """config.json of a run, checked to have its family and its three settings tables."""
+    config = read_json(run / CONFIG)
+    if not isinstance(config, dict) or not all(isinstance(config.get(k), dict) for k in SECTIONS):
+        raise AttnlabError(f"{run / CONFIG} is corrupt: it needs model, train and data tables")
+    config.setdefault("family", "gpt")
+    return config
 
 
 def check_run_dir(path: str | Path) -> Path:
@@ -119,14 +135,16 @@ def check_run_dir(path: str | Path) -> Path:
     return p
 
 
-# ---- training state: optimizer + every RNG, as tensors and JSON ----------------------------
+# ---- training state: weights, optimizer, every RNG, step: one file ------------------------
 
 
 def save_train_state(
-    run: Path, step: int, optimizer: torch.optim.Optimizer, rng: np.random.Generator, extra: dict[str, Any]
+    path: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, rng: np.random.Generator
 ) -> None:
+    """Everything resuming needs, in one safetensors file (tensors + JSON metadata), so that
+    a crash mid-save leaves the previous state whole, never half of two."""
+    tensors = {f"model.{k}": v for k, v in clean_state_dict(model).items()}
     sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
     for pid, state in sd["state"].items():
         for k, v in state.items():
             tensors[f"opt.{pid}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).detach().cpu().contiguous()
@@ -134,32 +152,29 @@ def save_train_state(
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
-    meta = {"step": str(step)}
-    atomic_write(run / STATE_TENSORS, lambda p: save_file(tensors, str(p), metadata=meta))
-    state = {"step": step, "param_groups": sd["param_groups"], "numpy_rng": rng.bit_generator.state, **extra}
-    write_json(run / STATE_JSON, state)
+    state = {"param_groups": sd["param_groups"], "numpy_rng": rng.bit_generator.state}
+    meta = {"step": str(step), "state": json.dumps(state)}
+    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
 
 
-def load_train_state(
-    run: Path, optimizer: torch.optim.Optimizer, rng: np.random.Generator, model_step: int
-) -> dict[str, Any]:
-    """Restore optimizer and RNGs in place; return the JSON state (step, extras)."""
-    state = read_json(run / STATE_JSON)
-    tensors, meta = read_safetensors(run / STATE_TENSORS)
-    if not (int(meta.get("step", -1)) == state.get("step") == model_step):
-        raise AttnlabError(
-            f"{run}: the saved weights (step {model_step}) and training state (step {state.get('step')}) "
-            "disagree, probably from a crash mid-save; cannot resume exactly"
-        )
-    opt_state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, t in tensors.items():
-        if key.startswith("opt."):
-            _, pid, name = key.split(".", 2)
-            opt_state.setdefault(int(pid), {})[name] = t
-    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
-    torch.set_rng_state(tensors["rng.torch"])
+def load_train_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, rng: np.random.Generator) -> int:
+    """Restore weights, optimizer and RNGs in place from `save_train_state`'s file; return the step."""
+    tensors, meta = read_safetensors(path)
+    try:
+        step, state = int(meta["step"]), json.loads(meta["state"])
+        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        opt_state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, t in tensors.items():
+            if key.startswith("opt."):
+                _, pid, name = key.split(".", 2)
+                opt_state.setdefault(int(pid), {})[name] = t
+        load_state(model, weights, path)
+        optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+        torch.set_rng_state(tensors["rng.torch"])
+        rng.bit_generator.state = state["numpy_rng"]
+    except (KeyError, ValueError, TypeError) as e:
+        raise AttnlabError(f"{path} is corrupt, cannot resume ({type(e).__name__}: {e})") from None
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
-    rng.bit_generator.state = state["numpy_rng"]
-    return state
+    return step

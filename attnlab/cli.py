@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import warnings
 from typing import Any
@@ -17,12 +18,14 @@ from typing import Any
 from attnlab.config import field_type, from_dict, parse_value, read_toml
 from attnlab.data import DataConfig
 from attnlab.errors import AttnlabError
+from attnlab.evaluate import SPLITS
 from attnlab.generate import GenerateConfig
 from attnlab.models.gpt import PRESETS, GPTConfig
-from attnlab.train import TrainConfig
+from attnlab.training import TrainConfig
 
 SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
 NOT_FLAGS = {"model": {"vocab_size"}}  # set from the tokenizer, not by hand
+FIXED_ON_RESUME = ("tokenizer", "vocab_size", "val_fraction")  # a resumed run keeps its tokens and split
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,23 +62,33 @@ def flags_of(args: argparse.Namespace, section: str) -> dict[str, Any]:
     return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
 
 
+def checked(cls: type, values: dict[str, Any], where: str) -> Any:
+    """from_dict, with a config's own validation errors turned into one-line user errors."""
+    try:
+        return from_dict(cls, values, where=where)
+    except ValueError as e:
+        raise AttnlabError(f"{where}: {e}") from None
+
+
 def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, DataConfig]:
     """defaults < preset < TOML file < command-line flags (resume: the run's own settings)."""
     toml = read_toml(args.config) if args.config else {}
     unknown = set(toml) - set(SECTIONS) - {"preset"}
-    if unknown:
-        raise AttnlabError(
-            f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}; use [model], [train], [data]"
-        )
+    if unknown or not all(isinstance(toml.get(name, {}), dict) for name in SECTIONS):
+        raise AttnlabError(f"{args.config}: use the tables [model], [train], [data] (and a top-level preset)")
     base: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if args.resume:
-        from attnlab.checkpoint import CONFIG, check_run_dir, read_json
+        from attnlab.checkpoint import check_run_dir, read_run_config
 
-        saved = read_json(check_run_dir(args.out) / CONFIG)
+        saved = read_run_config(check_run_dir(args.out))
         base = {name: dict(saved[name]) for name in SECTIONS}
-        changed = {**toml.get("model", {}), **flags_of(args, "model")}
-        if changed or args.preset:
+        if toml.get("model") or flags_of(args, "model") or args.preset:
             raise AttnlabError("model settings cannot change when resuming (the weights have their shape)")
+        for k, v in {**toml.get("data", {}), **flags_of(args, "data")}.items():
+            if k in ("tokenizer", "vocab_size", "val_fraction") and parse_value(DataConfig, k, v) != base["data"].get(
+                k
+            ):
+                raise AttnlabError(f"{k} cannot change when resuming (the run's tokens and split stay as they were)")
     else:
         preset = args.preset or toml.get("preset", "gpt-nano")
         if preset not in PRESETS:
@@ -85,10 +98,7 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
     for name, cls in SECTIONS.items():
         values = {**base[name], **toml.get(name, {})}
         values.update({k: parse_value(cls, k, v) for k, v in flags_of(args, name).items()})
-        try:
-            configs.append(from_dict(cls, values, where=f"[{name}]"))
-        except ValueError as e:
-            raise AttnlabError(str(e)) from None
+        configs.append(checked(cls, values, where=f"[{name}]"))
     return tuple(configs)  # type: ignore[return-value]
 
 
@@ -96,7 +106,7 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from attnlab.train import train
+    from attnlab.training import train
 
     model, tcfg, data = build_configs(args)
     result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
@@ -109,7 +119,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from attnlab.generate import stream_text
     from attnlab.run import load
 
-    gen = from_dict(GenerateConfig, flags_of(args, "gen"))
+    gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
     run = load(args.run, device=args.device)
     for i in range(args.num_samples):
         if i:
@@ -128,7 +138,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     run = load(args.run, device=args.device)
     data = args.data or run.config["data"]["data"]
-    result = evaluate(run, data, args.glob, args.split, args.max_tokens, progress=not args.json)
+    glob = args.glob or (run.config["data"].get("glob", "*") if not args.data else "*")
+    result = evaluate(run, data, glob, args.split, args.max_tokens, progress=not args.json)
     if args.json:
         print(json.dumps({"run": str(args.run), **result}))
     else:
@@ -207,11 +218,11 @@ def build_parser() -> Parser:
     ev = sub.add_parser("eval", help="loss, perplexity and bits per character of a run on data")
     ev.add_argument("run", help="run directory")
     ev.add_argument("--data", default=None, help="file, folder or stdlib (default: the run's training data)")
-    ev.add_argument("--glob", default="*", help="files of a folder to read (default: *)")
+    ev.add_argument("--glob", default=None, help="files of a folder to read (default: the run's, or *)")
     ev.add_argument(
         "--split",
         default="val",
-        choices=("val", "train", "all"),
+        choices=SPLITS,
         help="held-out part (same split as training), training part, or all (default: val)",
     )
     ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
@@ -238,8 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # e.g. `attnlab sample RUN | head`
+    except BrokenPipeError:  # e.g. `attnlab sample RUN | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # unreadable data, unwritable run or cache directory, disk full, ...
+        print(f"attnlab: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def parse_value(cls: type, name: str, raw: Any) -> Any:
             if str(raw).lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError(raw)
+        if base is int and (isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer())):
+            raise ValueError(raw)  # never round 3.7 to 3 or read True as 1
         value = base(raw)
     except (TypeError, ValueError):
         raise AttnlabError(f"{name}: expected {base.__name__}, got {raw!r}") from None
@@ -83,6 +85,6 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise AttnlabError(f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise AttnlabError(f"{p}: not valid TOML ({e})") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attnlab.data import DataConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.train import TrainConfig
+from attnlab.training import TrainConfig
 
 # Chosen by a sweep on a 2-core CPU (README, "The demo"): for a two-minute budget, short
 # sequences, a high learning rate and many steps beat longer contexts, larger batches or
@@ -32,7 +32,7 @@ def free_dir(path: str | Path) -> Path:
 def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None) -> dict:
     from attnlab.evaluate import evaluate
     from attnlab.run import load
-    from attnlab.train import train
+    from attnlab.training import train
 
     out = free_dir(out)
     train_kw = {**DEMO_TRAIN, **({"max_steps": max_steps} if max_steps else {})}

@@ -25,6 +25,8 @@ def pick_device(name: str = "auto") -> torch.device:
         raise AttnlabError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise AttnlabError("--device cuda: no CUDA GPU is available here")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise AttnlabError(f"--device {name}: there are only {torch.cuda.device_count()} CUDA devices")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise AttnlabError("--device mps: Apple MPS is not available here")
     return device

@@ -36,6 +36,22 @@ class GenerateConfig:
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
     dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
 
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+        if self.stop:  # typed on a command line, "\n" means a newline
+            self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """Set to -inf every logit outside the top k, and outside the smallest set of tokens
@@ -82,6 +98,7 @@ def stream(
 
     dtype: 'auto' (bf16 autocast where the hardware is fast at it), 'float32' or 'bfloat16'.
     """
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
@@ -130,7 +147,7 @@ def stream_text(
     tokenizer: Tokenizer,
     prompt: str = "",
     max_new_tokens: int = 200,
-    temperature: float = 1.0,
+    temperature: float = 0.8,
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
@@ -143,7 +160,8 @@ def stream_text(
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     out: list[int] = []
     emitted = ""
-    for token in stream(model, ids, max_new_tokens, temperature, top_k, top_p, seed, None, use_cache, dtype):
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
+    for token in stream(model, ids, max_new_tokens, **sampling):
         out.append(token)
         text = tokenizer.decode(out)
         if text.endswith("\ufffd"):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_json
+from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_run_config
 from attnlab.config import from_dict
 from attnlab.device import pick_device
 from attnlab.errors import AttnlabError
@@ -54,10 +54,10 @@ class Run:
 def load(path: str | Path, device: str = "auto") -> Run:
     """Load a run directory written by training (weights read from safetensors, no pickle)."""
     p = check_run_dir(path)
-    config = read_json(p / CONFIG)
+    config = read_run_config(p)
     try:
-        model = build_model(config.get("family", "gpt"), config["model"])
-    except (KeyError, TypeError, ValueError) as e:
+        model = build_model(config["family"], config["model"])
+    except (TypeError, ValueError) as e:
         raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
     meta = load_weights(model, p / WEIGHTS)
     model.to(pick_device(device)).eval()

@@ -24,7 +24,7 @@ def count_params(cfg: GPTConfig) -> tuple[int, int]:
 
 def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
     params, non_emb = count_params(cfg)
-    d_attn = cfg.n_head * (cfg.d_head or cfg.d_model // cfg.n_head)
+    d_attn = cfg.n_head * cfg.head_width
     # Non-embedding matrices, plus the LM head's (d_model x vocab) product, plus attention.
     fwd = 2 * non_emb + 2 * cfg.d_model * cfg.vocab_size + 2 * cfg.n_layer * cfg.context * d_attn
     kv_cache = 2 * cfg.n_layer * cfg.context * d_attn * 2  # keys and values, bf16, batch 1

@@ -72,7 +72,7 @@ def model_config(name: str, vocab: int) -> GPTConfig:
     if name == "6x384":
         return GPTConfig(n_layer=6, n_head=6, d_model=384, context=256, vocab_size=vocab)
     try:
-        return GPTConfig.from_preset(name)
+        return GPTConfig.from_preset(name, vocab_size=vocab)
     except KeyError:
         raise SystemExit(f"unknown model {name!r}: use 6x384 or an attnlab preset such as gpt-nano") from None
 

@@ -7,7 +7,7 @@ import torch
 
 from attnlab.data import DataConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.train import TrainConfig
+from attnlab.training import TrainConfig
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"

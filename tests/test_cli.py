@@ -102,6 +102,32 @@ def test_train_sample_eval_resume(tmp_path, trained, text, capsys):
     assert max(r["step"] for r in rows) == 9
 
 
+def test_preset_then_toml_then_flags(tmp_path, text, capsys):
+    """defaults < preset < TOML < flags, and widths derived from d_model follow an override."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('preset = "gpt-micro"\n[model]\nn_layer = 1\ncontext = 16\n[train]\nmax_steps = 1\n'
+                   'batch_size = 2\neval_batches = 1\n')  # fmt: skip
+    out = tmp_path / "run"
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, "--d-model", "24"], capsys)
+    assert code == 0, err
+    saved = json.loads((out / "config.json").read_text())["model"]
+    assert saved["n_head"] == 6 and saved["n_layer"] == 1 and saved["d_model"] == 24  # preset, TOML, flag
+    import attnlab
+
+    assert attnlab.load(out).model.blocks[0].ff.up.out_features == 96  # 4 * 24, not gpt-micro's 1536
+
+
+def test_resume_keeps_the_runs_settings(trained, capsys):
+    before = json.loads((trained / "config.json").read_text())
+    code, _, err = run_cli(["train", "lm", "--out", trained, "--resume", "--max-steps", "7"], capsys)
+    assert code == 0, err
+    after = json.loads((trained / "config.json").read_text())
+    assert after["train"] == {**before["train"], "max_steps": 7}
+    assert after["model"] == before["model"] and after["data"] == before["data"]
+    code, _, err = run_cli(["train", "lm", "--out", trained, "--resume", "--tokenizer", "bpe"], capsys)
+    assert_one_line_error(code, err, "cannot change when resuming")
+
+
 def test_toml_config_and_flag_precedence(tmp_path, text, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(
@@ -130,6 +156,12 @@ def test_size_json(capsys):
         ("unknown_preset", "unknown preset"),
         ("unknown_option", "unrecognized arguments"),
         ("bad_value", "expected int"),
+        ("fractional_int", "expected int"),
+        ("zero_grad_accum", "at least 1"),
+        ("bad_dropout", "dropout"),
+        ("bad_top_p", "top_p"),
+        ("negative_temperature", "temperature"),
+        ("force_non_run_dir", "not an attnlab run"),
         ("bad_choice", "is not one of"),
         ("block_beyond_context", "beyond the model's context"),
         ("existing_run", "already exists"),
@@ -149,6 +181,12 @@ def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys
         "unknown_preset": ["train", "lm", "--data", text, "--out", out, "--preset", "gpt-9"],
         "unknown_option": ["train", "lm", "--data", text, "--out", out, "--colour", "red"],
         "bad_value": ["train", "lm", "--data", text, "--out", out, "--n-layer", "many"],
+        "fractional_int": ["train", "lm", "--data", text, "--out", out, "--n-layer", "3.7"],
+        "zero_grad_accum": ["train", "lm", "--data", text, "--out", out, "--grad-accum", "0"],
+        "bad_dropout": ["train", "lm", "--data", text, "--out", out, "--dropout", "2"],
+        "bad_top_p": ["sample", out, "--top-p", "0"],
+        "negative_temperature": ["sample", out, "--temperature", "-1"],
+        "force_non_run_dir": ["train", "lm", "--data", text, "--out", tmp_path, "--force", *TINY],
         "bad_choice": ["train", "lm", "--data", text, "--out", out, "--norm", "middle"],
         "block_beyond_context": ["train", "lm", "--data", text, "--out", out, *TINY, "--block-size", "64"],
         "existing_run": ["train", "lm", "--data", text, "--out", tmp_path, *TINY],
@@ -173,13 +211,12 @@ def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys
     assert_one_line_error(code, err, fragment)
 
 
-def test_force_replaces_an_existing_run(tmp_path, text, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "old.txt").write_text("x")
-    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--force", *TINY], capsys)
+def test_force_replaces_an_existing_run(tmp_path, trained, text, capsys):
+    (trained / "old.txt").write_text("x")
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", trained, "--force", *TINY], capsys)
     assert code == 0, err
-    assert not (out / "old.txt").exists() and (out / "model.safetensors").exists()
+    assert not (trained / "old.txt").exists() and (trained / "model.safetensors").exists()
+    assert (tmp_path / "code.txt").exists()  # a folder that is not a run is never replaced (see error cases)
 
 
 def test_python_api_matches_cli_run(trained):

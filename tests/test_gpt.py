@@ -87,11 +87,19 @@ def test_cached_and_uncached_greedy_generation_are_identical(positions):
     """The KV cache changes the cost, not the tokens: also past the context (window jumps)."""
     torch.manual_seed(1)
     model = GPT(tiny_model(vocab_size=25, context=16, positions=positions)).eval()
+    with torch.no_grad():  # large random weights: an untrained model would repeat one token
+        for p in model.parameters():
+            p.normal_(0, 0.5)
     prompt = [1, 2, 3, 4, 5]
     cached = list(stream(model, prompt, max_new_tokens=40, temperature=0, use_cache=True))
     uncached = list(stream(model, prompt, max_new_tokens=40, temperature=0, use_cache=False))
+    assert len(cached) == 40 and cached == uncached
+    # Greedy decoding of a random model soon repeats itself; seeded sampling does not, so it
+    # shows a cache that goes wrong at any position (the same logits give the same draws).
+    cached = list(stream(model, prompt, max_new_tokens=40, temperature=1.0, seed=3, use_cache=True))
+    uncached = list(stream(model, prompt, max_new_tokens=40, temperature=1.0, seed=3, use_cache=False))
+    assert len(set(cached)) >= 8
     assert cached == uncached
-    assert len(cached) == 40
 
 
 def test_cache_logits_match_full_forward():
@@ -140,8 +148,12 @@ def test_generate_config_fields_match_generate_text():
     assert {f.name for f in dataclasses.fields(GenerateConfig)} == params
 
 
-def test_preset_override():
-    cfg = GPTConfig.from_preset("gpt-nano", context=64)
-    assert cfg.context == 64 and cfg.n_layer == PRESETS["gpt-nano"].n_layer
+def test_preset_override_rederives_widths():
+    cfg = GPTConfig.from_preset("gpt-nano", context=32, d_model=64)
+    assert cfg.context == 32 and cfg.n_layer == PRESETS["gpt-nano"].n_layer
+    assert cfg.ff_width == 256 and cfg.head_width == 16  # 4 * d_model and d_model / n_head, not the preset's
+    assert GPT(cfg).blocks[0].ff.up.out_features == 256
+    with pytest.raises(ValueError, match="n_head"):
+        GPTConfig(n_head=0)
     with pytest.raises(KeyError):
         GPTConfig.from_preset("gpt-nope")

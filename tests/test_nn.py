@@ -577,3 +577,12 @@ def test_block_config_rejects_unknown_norm():
     """Only pre-norm and post-norm exist."""
     with pytest.raises(ValueError):
         BlockConfig(d_model=16, n_heads=4, d_ff=32, norm="sandwich")
+
+
+def test_static_cache_with_max_len_returns_only_the_source():
+    """A cross-attention cache holds exactly the source's keys/values, whatever max_len says."""
+    cache = KVCache(max_len=8, static=True)
+    k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    ck, cv = cache.update(k, v)
+    assert ck.shape == (1, 2, 6, 4) and torch.equal(ck, k) and torch.equal(cv, v)
+    assert cache.filled and cache.length == 6

@@ -64,6 +64,9 @@ def test_folder_source_with_glob(tmp_path):
     (tmp_path / "a" / "x.py").write_text("print(1)\n")
     (tmp_path / "b.txt").write_text("hello\n")
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02")
+    for hidden in (".venv/lib/site.py", ".git/HEAD", "a/__pycache__/x.py"):  # never corpus text
+        (tmp_path / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / hidden).write_text("ref: refs/heads/main\n")
     assert [f.name for f in resolve_sources(str(tmp_path))] == ["x.py", "b.txt"]
     assert [f.name for f in resolve_sources(str(tmp_path), "*.py")] == ["x.py"]
 

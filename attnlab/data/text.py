@@ -37,6 +37,11 @@ def stdlib_files() -> list[Path]:
     return sorted(files)
 
 
+def _wanted(rel: Path) -> bool:
+    """Skip hidden files and folders (.git, .venv, ...) and caches inside a data folder."""
+    return not any(part.startswith(".") or part in _STDLIB_SKIP - {"test", "tests"} for part in rel.parts)
+
+
 def _is_text(path: Path) -> bool:
     with open(path, "rb") as f:
         return b"\0" not in f.read(8192)
@@ -53,7 +58,7 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
     if p.is_file():
         files = [p]
     elif p.is_dir():
-        files = sorted(f for f in p.rglob(glob) if f.is_file() and _is_text(f))
+        files = sorted(f for f in p.rglob(glob) if _wanted(f.relative_to(p)) and f.is_file() and _is_text(f))
         if not files:
             raise AttnlabError(f"no text files matching {glob!r} in folder {p}")
     else:

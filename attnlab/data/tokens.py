@@ -28,7 +28,7 @@ from attnlab.errors import AttnlabError
 from attnlab.tokenizers import Tokenizer, encode_texts
 
 CACHE_VERSION = 1
-MAX_CHUNK = 8192  # tokens
+MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens
 
 
 def cache_root() -> Path:
@@ -53,8 +53,9 @@ class _Splitter:
 
     def __init__(self, total_bytes: int, val_fraction: float):
         self.period = round(1 / val_fraction) if val_fraction > 0 else 0
-        # Small corpora get small chunks, so that they still have a validation part.
-        self.chunk = int(np.clip(total_bytes // max(self.period * 16, 1), 1, MAX_CHUNK))
+        # Small corpora get smaller chunks (so they still have a validation part), but never
+        # so small that both splits become strings of fragments.
+        self.chunk = int(np.clip(total_bytes // max(self.period * 4, 1), MIN_CHUNK, MAX_CHUNK))
         self.pos = 0
 
     def split(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

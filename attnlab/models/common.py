@@ -29,16 +29,31 @@ class TransformerConfig:
     ln_eps: float = option(1e-5, "LayerNorm epsilon")
 
     def __post_init__(self):
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+        # d_ff and d_head stay None when derived, so overriding d_model in a preset re-derives them.
+        for name in ("n_layer", "n_head", "d_model", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("d_ff", "d_head"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.d_head is None and self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}: set d_head")
+
+    @property
+    def ff_width(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def head_width(self) -> int:
+        return self.d_head or self.d_model // self.n_head
 
     def block_config(self, causal: bool, cross_attention: bool = False) -> BlockConfig:
         return BlockConfig(
             d_model=self.d_model,
             n_heads=self.n_head,
-            d_ff=self.d_ff,
+            d_ff=self.ff_width,
             d_head=self.d_head,
             dropout=self.dropout,
             norm=self.norm,

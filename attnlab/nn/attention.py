@@ -113,6 +113,9 @@ class KVCache:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, H, T, Dh) keys/values; return all cached ones, (B, H, length, Dh)."""
         t = k.shape[2]
+        if self.static:  # the whole source at once, kept as it is
+            self.k, self.v, self.length = k, v, t
+            return k, v
         if self.max_len is None:
             self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
             self.v = v if self.v is None else torch.cat([self.v, v], dim=2)

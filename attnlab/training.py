@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab import checkpoint as ck
-from attnlab.config import option
+from attnlab.config import from_dict, option
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources
 from attnlab.device import autocast, pick_device, pick_dtype
 from attnlab.errors import AttnlabError
@@ -54,8 +54,13 @@ class TrainConfig:
     dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
 
     def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps < 0 or self.warmup_steps < 0 or self.lr <= 0:
+            raise ValueError("max_steps and warmup_steps must be >= 0 and lr > 0")
         if self.batch_size % self.grad_accum:
-            raise AttnlabError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -77,6 +82,14 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
+def apply_settings(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+    """Settings of cfg over those restored with a checkpoint (a resumed run may change them)."""
+    decay, no_decay = optimizer.param_groups
+    decay["weight_decay"], no_decay["weight_decay"] = cfg.weight_decay, 0.0
+    for group in optimizer.param_groups:
+        group["betas"] = (cfg.beta1, cfg.beta2)
+
+
 @dataclass
 class Session:
     """Everything the loop needs, prepared by `prepare`."""
@@ -91,6 +104,7 @@ class Session:
     dtype: torch.dtype
     rng: np.random.Generator
     step: int = 0
+    interrupted: bool = False  # Ctrl-C arrived while it could not be acted on
 
 
 def train_step(s: Session) -> float:
@@ -109,7 +123,7 @@ def train_step(s: Session) -> float:
         nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
     for group in s.optimizer.param_groups:
         group["lr"] = lr_at(s.step, s.cfg)
-    with deferred_interrupt():  # the update and the step count change together, or not at all
+    with deferred_interrupt(s):  # the update and the step count change together, or not at all
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=True)
         s.step += 1
@@ -117,19 +131,17 @@ def train_step(s: Session) -> float:
 
 
 @contextlib.contextmanager
-def deferred_interrupt():
-    """Hold back Ctrl-C until the block is done (main thread only; elsewhere a no-op)."""
+def deferred_interrupt(s: Session):
+    """Hold back Ctrl-C during the block: it sets s.interrupted, which the loop acts on once
+    the step is logged (main thread only; elsewhere Ctrl-C is not ours to catch)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    previous = signal.signal(signal.SIGINT, lambda *a: setattr(s, "interrupted", True))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 @torch.no_grad()
@@ -150,8 +162,13 @@ def estimate_loss(s: Session, split: str = "val") -> float:
 def _check_dir(out: Path, resume: bool, force: bool) -> None:
     if resume:
         ck.check_run_dir(out)
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        return
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
         raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
+    if not (out / ck.CONFIG).is_file():  # --force replaces runs, never other folders
+        raise AttnlabError(f"{out} is not an attnlab run directory: refusing to replace it; choose another --out")
 
 
 def _fresh_dir(out: Path) -> None:
@@ -176,12 +193,11 @@ def prepare(
     _check_dir(run, resume, force)
     files = resolve_sources(data.data, data.glob)
     if resume:
-        saved = ck.read_json(run / ck.CONFIG)
-        model_cfg = GPTConfig(**saved["model"])
+        model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
         tok = load_tokenizer(run)
     else:
         tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
-        model_cfg.vocab_size = tok.vocab_size
+        model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
     block_size = cfg.block_size or model_cfg.context
     if block_size > model_cfg.context:
         raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
@@ -202,9 +218,8 @@ def prepare(
         np.random.default_rng(cfg.seed),
     )
     if resume:
-        meta = ck.load_weights(model, run / ck.WEIGHTS)
-        s.step = int(meta.get("step", 0))
-        ck.load_train_state(run, s.optimizer, s.rng, s.step)
+        s.step = ck.load_train_state(run / ck.STATE, model, s.optimizer, s.rng)
+        apply_settings(s.optimizer, cfg)
         _truncate_metrics(run / "metrics.jsonl", s.step)
     else:
         _fresh_dir(run)
@@ -224,8 +239,8 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def save_checkpoint(s: Session) -> None:
+    ck.save_train_state(s.run / ck.STATE, s.step, s.model, s.optimizer, s.rng)
     ck.save_weights(s.model, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
-    ck.save_train_state(s.run, s.step, s.optimizer, s.rng, extra={})
 
 
 def _log(s: Session, row: dict) -> None:
@@ -244,6 +259,20 @@ def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
     return val
 
 
+def rng_snapshot(s: Session) -> dict:
+    state = {"step": s.step, "numpy": s.rng.bit_generator.state, "torch": torch.get_rng_state()}
+    if s.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(s.device)
+    return state
+
+
+def restore_rng(s: Session, state: dict) -> None:
+    s.rng.bit_generator.state = state["numpy"]
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], s.device)
+
+
 def loop(s: Session, progress: bool = True) -> dict:
     """Train from s.step to max_steps; on Ctrl-C save a checkpoint and stop cleanly."""
     cfg = s.cfg
@@ -260,23 +289,25 @@ def loop(s: Session, progress: bool = True) -> dict:
     recent: list[float] = []
     val = None
     # RNG states after the last completed step: if Ctrl-C lands mid-step, that step is undone.
-    snapshot = (s.rng.bit_generator.state, torch.get_rng_state())
+    snapshot = rng_snapshot(s)
     try:
         while s.step < cfg.max_steps:
             t0 = time.perf_counter()
             loss = train_step(s)
             dt = time.perf_counter() - t0
-            snapshot = (s.rng.bit_generator.state, torch.get_rng_state())
+            snapshot = rng_snapshot(s)
             recent = (recent + [loss])[-50:]
             _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), "tokens_per_s": tokens_per_step / dt})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
             bar.update(1)
             if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps:
                 val = _evaluate(s, bar, recent)
+            if s.interrupted:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
-        s.rng.bit_generator.state, torch_state = snapshot
-        torch.set_rng_state(torch_state)
+        if snapshot["step"] == s.step:  # interrupted before the update: forget the partial step
+            restore_rng(s, snapshot)
         s.optimizer.zero_grad(set_to_none=True)
         save_checkpoint(s)
         plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
@@ -301,8 +332,8 @@ def train(
     The same dataclasses the command line is generated from: GPTConfig, TrainConfig, DataConfig.
     """
     if resume:  # settings not given are the run's own
-        saved = ck.read_json(ck.check_run_dir(out) / ck.CONFIG)
-        train = train or TrainConfig(**saved["train"])
-        data = data or DataConfig(**saved["data"])
+        saved = ck.read_run_config(ck.check_run_dir(out))
+        train = train or from_dict(TrainConfig, saved["train"], where="train config")
+        data = data or from_dict(DataConfig, saved["data"], where="data config")
     s = prepare(out, model or GPTConfig(), train or TrainConfig(), data or DataConfig(), resume, force, progress)
     return loop(s, progress)
