@@ -57,7 +57,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def autocast(device: torch.device, dtype: torch.dtype):
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """Mixed precision: weights stay float32, matrix products run in `dtype`."""
     if dtype == torch.float32:
         return contextlib.nullcontext()

@@ -7,6 +7,7 @@ first is predicted once, from the tokens before it in its window.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ def evaluate(
     }
 
 
-def windows(arr: np.ndarray, block: int, batch_size: int):
+def windows(arr: np.ndarray, block: int, batch_size: int) -> Iterator[np.ndarray]:
     """Consecutive (B, block + 1) windows overlapping by one token, so that every token after
     the first is a target exactly once; the last, shorter window comes alone."""
     n_full = (len(arr) - 1) // block

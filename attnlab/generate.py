@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnlab.config import option
 from attnlab.device import autocast, pick_dtype
+from attnlab.models.gpt import GPT
 from attnlab.tokenizers import Tokenizer
 
 
@@ -83,7 +84,7 @@ def next_token(
 
 @torch.no_grad()
 def stream(
-    model,
+    model: GPT,
     ids: list[int],
     max_new_tokens: int = 100,
     temperature: float = 1.0,
@@ -137,13 +138,13 @@ def stream(
             return
 
 
-def generate_text(model, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
+def generate_text(model: GPT, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
     """Continue `prompt`; return prompt + continuation. Keyword arguments as in `stream_text`."""
     return prompt + "".join(stream_text(model, tokenizer, prompt, **kwargs))
 
 
 def stream_text(
-    model,
+    model: GPT,
     tokenizer: Tokenizer,
     prompt: str = "",
     max_new_tokens: int = 200,

@@ -58,6 +58,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode_array(t) for t in texts]
+
     def decode(self, ids: Iterable[int]) -> str:
         n = len(self.itos)
         return "".join(self.itos[i] if 0 <= i < n else UNK for i in ids)
@@ -134,13 +137,6 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 4096) -> 
     if kind == "bpe":
         return BPETokenizer.train(texts, vocab_size)
     raise AttnlabError(f"unknown tokenizer {kind!r}: use char or bpe")
-
-
-def encode_texts(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    """Encode several documents at once (in parallel where the tokenizer can)."""
-    if isinstance(tok, BPETokenizer):
-        return tok.encode_batch(texts)
-    return [tok.encode_array(t) for t in texts]
 
 
 def tokenizer_from_json(text: str) -> Tokenizer:

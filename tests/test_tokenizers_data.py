@@ -116,7 +116,7 @@ def test_interrupted_cache_build_leaves_nothing_that_looks_complete(corpus, monk
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("attnlab.data.tokens.encode_texts", boom)
+    monkeypatch.setattr(CharTokenizer, "encode_batch", boom)
     with pytest.raises(KeyboardInterrupt):
         build_token_cache([corpus], tok, 0.1, progress=False)
     leftovers = list((cache_root() / "tokens").glob("*"))

@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from attnlab.data.text import read_texts
 from attnlab.errors import AttnlabError
-from attnlab.tokenizers import Tokenizer, encode_texts
+from attnlab.tokenizers import Tokenizer
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # bump when the split or file format changes
 MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens
 
 
@@ -87,7 +87,7 @@ def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0
         with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval:
             for group in _groups(files, 64):
                 texts = list(read_texts(group))
-                for ids in encode_texts(tok, texts):
+                for ids in tok.encode_batch(texts):  # in parallel where the tokenizer can
                     ids = np.append(ids, tok.eot_id)  # documents end with <|endoftext|>
                     tr, va = splitter.split(ids)
                     ftrain.write(tr.astype(dtype).tobytes())
@@ -136,7 +136,9 @@ class TokenData:
                 "use more data or a smaller --block-size"
             )
 
-    def batch(self, split: str, batch_size: int, block_size: int, rng: np.random.Generator):
+    def batch(
+        self, split: str, batch_size: int, block_size: int, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each (B, T) int64: random contiguous blocks and the same shifted by one."""
         data = self.splits[split]
         starts = rng.integers(0, len(data) - block_size, size=batch_size)

@@ -161,7 +161,7 @@ class MultiHeadAttention(nn.Module):
         bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[rows]
         return F.linear(x, self.qkv_proj.weight[rows], bias)
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
+    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
         """(B, T, n * H * Dh) -> n tensors of (B, H, T, Dh)."""
         b, t, _ = x.shape
         return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
