@@ -111,7 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     model, tcfg, data = build_configs(args)
     result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
     val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
-    print(f"done: step {result['step']}, validation loss {val}. Try: attnlab sample {args.out}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process speaks
+        print(f"done: step {result['step']}, validation loss {val}. Try: attnlab sample {args.out}")
     return 0
 
 

@@ -16,18 +16,21 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from attnlab import checkpoint as ck
+from attnlab import distributed
 from attnlab.config import from_dict, option
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources
-from attnlab.device import autocast, pick_device, pick_dtype
+from attnlab.device import autocast, pick_dtype
+from attnlab.distributed import Dist
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import load_tokenizer, train_tokenizer
@@ -105,19 +108,23 @@ class Session:
     rng: np.random.Generator
     step: int = 0
     interrupted: bool = False  # Ctrl-C arrived while it could not be acted on
+    dist: Dist = field(default_factory=Dist)
 
 
 def train_step(s: Session) -> float:
     """One optimizer step over grad_accum micro-batches; returns the mean loss."""
     s.model.train()
-    micro = s.cfg.batch_size // s.cfg.grad_accum
+    micro = s.cfg.batch_size // s.cfg.grad_accum  # sequences per micro-batch, all processes together
     total = 0.0
-    for _ in range(s.cfg.grad_accum):
-        x, y = s.tokens.batch("train", micro, s.block_size, s.rng)
+    for i in range(s.cfg.grad_accum):
+        x, y = s.tokens.batch("train", micro, s.block_size, s.rng, (s.dist.rank, s.dist.world))
         x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
-        with autocast(s.device, s.dtype):
-            _, loss = s.model(x, y)
-        (loss / s.cfg.grad_accum).backward()
+        # Under DDP, gradients are averaged across processes only after the last micro-batch.
+        last = i == s.cfg.grad_accum - 1
+        with contextlib.nullcontext() if last or not s.dist.enabled else s.model.no_sync():
+            with autocast(s.device, s.dtype):
+                _, loss = s.model(x, y)
+            (loss / s.cfg.grad_accum).backward()
         total += loss.item()
     if s.cfg.grad_clip > 0:
         nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
@@ -127,7 +134,7 @@ def train_step(s: Session) -> float:
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=True)
         s.step += 1
-    return total / s.cfg.grad_accum
+    return distributed.mean(s.dist, total / s.cfg.grad_accum, s.device)
 
 
 @contextlib.contextmanager
@@ -151,12 +158,13 @@ def estimate_loss(s: Session, split: str = "val") -> float:
     s.model.eval()
     rng = np.random.default_rng(s.cfg.seed + 1)
     losses = []
+    part = (s.dist.rank, s.dist.world)
     for _ in range(s.cfg.eval_batches):
-        x, y = s.tokens.batch(split, s.cfg.batch_size // s.cfg.grad_accum, s.block_size, rng)
+        x, y = s.tokens.batch(split, s.cfg.batch_size // s.cfg.grad_accum, s.block_size, rng, part)
         with autocast(s.device, s.dtype):
             _, loss = s.model(x.to(s.device), y.to(s.device))
         losses.append(loss.item())
-    return sum(losses) / len(losses)
+    return distributed.mean(s.dist, sum(losses) / len(losses), s.device)
 
 
 def _check_dir(out: Path, resume: bool, force: bool) -> None:
@@ -189,47 +197,56 @@ def prepare(
     force: bool = False,
     progress: bool = True,
 ) -> Session:
+    """Run directory, tokenizer, token cache, model and optimizer, ready for `loop`. Under
+    torchrun, rank 0 writes every file and the other ranks read what it wrote."""
+    world = distributed.world_size()
+    if cfg.batch_size % (cfg.grad_accum * world):
+        raise AttnlabError(
+            f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on {world} processes"
+        )
+    d, device = distributed.init(cfg.device)
     run = Path(out)
     _check_dir(run, resume, force)
     files = resolve_sources(data.data, data.glob)
     if resume:
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
-        tok = load_tokenizer(run)
     else:
-        tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
-        model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
+        with distributed.main_first(d):
+            if d.main:
+                tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
+                model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
+                _fresh_dir(run)
+                ck.write_text(run / ck.TOKENIZER, tok.to_json())
+                _write_config(run, model_cfg, cfg, data)
+        model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
+    tok = load_tokenizer(run)
     block_size = cfg.block_size or model_cfg.context
     if block_size > model_cfg.context:
         raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
-    tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress))
+    with distributed.main_first(d):
+        tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
     tokens.check(block_size)
-    device = pick_device(cfg.device)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = GPT(model_cfg).to(device)
-    s = Session(
-        run,
-        model,
-        make_optimizer(model, cfg),
-        tokens,
-        cfg,
-        block_size,
-        device,
-        pick_dtype(cfg.dtype, device),
-        np.random.default_rng(cfg.seed),
-    )
+    s = Session(run, model, make_optimizer(model, cfg), tokens, cfg, block_size, device,
+                pick_dtype(cfg.dtype, device), np.random.default_rng(cfg.seed), dist=d)  # fmt: skip
     if resume:
         s.step = ck.load_train_state(run / ck.STATE, model, s.optimizer, s.rng)
         apply_settings(s.optimizer, cfg)
-        _truncate_metrics(run / "metrics.jsonl", s.step)
-    else:
-        _fresh_dir(run)
-        ck.write_text(run / ck.TOKENIZER, tok.to_json())
-    # The settings in force (a resumed run may have new training settings, e.g. more steps).
-    config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
-    ck.write_json(run / ck.CONFIG, config)
+    if d.main:
+        if resume:
+            _truncate_metrics(run / "metrics.jsonl", s.step)
+        _write_config(run, model_cfg, cfg, data)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
+    if d.enabled:  # gradients averaged over processes in backward
+        s.model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return s
+
+
+def _write_config(run: Path, model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig) -> None:
+    config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+    ck.write_json(run / ck.CONFIG, config)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -239,13 +256,17 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def save_checkpoint(s: Session) -> None:
-    ck.save_train_state(s.run / ck.STATE, s.step, s.model, s.optimizer, s.rng)
-    ck.save_weights(s.model, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
+    """Rank 0 writes (DDP keeps every copy of the weights and optimizer state identical)."""
+    if s.dist.main:
+        ck.save_train_state(s.run / ck.STATE, s.step, s.model, s.optimizer, s.rng)
+        ck.save_weights(s.model, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
+    distributed.barrier(s.dist)
 
 
 def _log(s: Session, row: dict) -> None:
-    with open(s.run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+    if s.dist.main:
+        with open(s.run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
@@ -253,8 +274,9 @@ def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
     train = sum(recent) / len(recent) if recent else float("nan")
     if val is not None:
         _log(s, {"step": s.step, "val_loss": val})
-    bar.write(f"step {s.step:>6} | train loss {train:.4f} | val loss {val if val is None else round(val, 4)}")
-    plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
+    if s.dist.main:
+        bar.write(f"step {s.step:>6} | train loss {train:.4f} | val loss {val if val is None else round(val, 4)}")
+        plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
     save_checkpoint(s)
     return val
 
@@ -277,14 +299,15 @@ def loop(s: Session, progress: bool = True) -> dict:
     """Train from s.step to max_steps; on Ctrl-C save a checkpoint and stop cleanly."""
     cfg = s.cfg
     n_params = sum(p.numel() for p in s.model.parameters())
-    print(
-        f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
-        f"{s.device.type} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
-        file=sys.stderr,
-    )
-    bar = tqdm(
-        total=cfg.max_steps, initial=s.step, desc="training", unit="step", disable=not progress, dynamic_ncols=True
-    )
+    procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
+    if s.dist.main:
+        print(
+            f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
+            f"{s.device.type}{procs} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
+            file=sys.stderr,
+        )
+    bar = tqdm(total=cfg.max_steps, initial=s.step, desc="training", unit="step",
+               disable=not (progress and s.dist.main), dynamic_ncols=True)  # fmt: skip
     tokens_per_step = cfg.batch_size * s.block_size
     recent: list[float] = []
     val = None
@@ -310,7 +333,8 @@ def loop(s: Session, progress: bool = True) -> dict:
             restore_rng(s, snapshot)
         s.optimizer.zero_grad(set_to_none=True)
         save_checkpoint(s)
-        plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
+        if s.dist.main:
+            plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
         raise AttnlabError(
             f"interrupted at step {s.step}; saved. Continue with: attnlab train lm --out {s.run} --resume"
         ) from None
@@ -336,4 +360,7 @@ def train(
         train = train or from_dict(TrainConfig, saved["train"], where="train config")
         data = data or from_dict(DataConfig, saved["data"], where="data config")
     s = prepare(out, model or GPTConfig(), train or TrainConfig(), data or DataConfig(), resume, force, progress)
-    return loop(s, progress)
+    try:
+        return loop(s, progress)
+    finally:
+        distributed.shutdown(s.dist)

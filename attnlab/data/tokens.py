@@ -137,11 +137,19 @@ class TokenData:
             )
 
     def batch(
-        self, split: str, batch_size: int, block_size: int, rng: np.random.Generator
+        self, split: str, batch_size: int, block_size: int, rng: np.random.Generator, part: tuple[int, int] = (0, 1)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each (B, T) int64: random contiguous blocks and the same shifted by one."""
+        """(x, y), each (B, T) int64: random contiguous blocks and the same shifted by one.
+
+        part=(rank, world): every process draws the same global batch from the same RNG and
+        keeps its own 1/world slice, so the processes see different sequences and the global
+        batch is the same whatever the number of processes.
+        """
         data = self.splits[split]
         starts = rng.integers(0, len(data) - block_size, size=batch_size)
-        idx = starts[:, None] + np.arange(block_size + 1)  # (B, T+1)
+        rank, world = part
+        per = batch_size // world
+        starts = starts[rank * per : (rank + 1) * per]
+        idx = starts[:, None] + np.arange(block_size + 1)  # (B / world, T+1)
         block = torch.from_numpy(data[idx].astype(np.int64))
         return block[:, :-1], block[:, 1:]
