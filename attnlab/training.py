@@ -54,6 +54,8 @@ class TrainConfig:
     eval_batches: int = option(20, "batches per validation-loss estimate")
     seed: int = option(1337, "random seed (initialization, batches, dropout)")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
+    compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
+    grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
     dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
 
     def __post_init__(self):
@@ -239,8 +241,11 @@ def prepare(
         _write_config(run, model_cfg, cfg, data)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
+    model.grad_checkpoint = cfg.grad_checkpoint
     if d.enabled:  # gradients averaged over processes in backward
         s.model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:  # checkpoints strip the wrapper's "_orig_mod." prefix (checkpoint.clean_state_dict)
+        s.model = torch.compile(s.model)
     return s
 
 

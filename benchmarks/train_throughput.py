@@ -131,13 +131,16 @@ def bench_pair(
     models = dict(zip(IMPLS, build_pair(cfg, device, args.seed, args.hf_activation), strict=True))
     rows = []
     for impl, logits_fn in IMPLS.items():
-        seconds, loss = measure(models[impl], logits_fn, batch, device, dtype, args.warmup, args.steps)
+        model = models[impl]
+        if args.compile:  # what attnlab's --compile does; compiling happens in the warmup steps
+            model = torch.compile(model)
+        seconds, loss = measure(model, logits_fn, batch, device, dtype, args.warmup, args.steps)
         tokens = args.batch_size * cfg.context
         rows.append(
             {
                 "model": name,
                 "impl": impl,
-                "dtype": dtype_name(dtype),
+                "dtype": dtype_name(dtype) + (" compiled" if args.compile else ""),
                 "device": describe(device),
                 "params": num_params(models[impl]),
                 "batch_size": args.batch_size,
@@ -148,7 +151,7 @@ def bench_pair(
                 "ratio": None,
             }
         )
-        del models[impl]  # free its memory (and its optimizer's) before the next impl runs
+        del models[impl], model  # free its memory (and its optimizer's) before the next impl runs
         release(device)
     rows[0]["ratio"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
     return rows
@@ -164,6 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16 (autocast)")
     p.add_argument("--models", default="gpt-nano,6x384", help="comma-separated: 6x384 or attnlab presets")
     p.add_argument("--vocab", type=int, default=256, help="vocabulary of the 6x384 model")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models (give --warmup 3 or more)")
     add_common_args(p)
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 1 or args.batch_size < 1:

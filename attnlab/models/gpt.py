@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.config import option
 from attnlab.models.common import TransformerConfig, init_weights
@@ -94,6 +95,9 @@ class GPT(nn.Module):
         init_weights(self, cfg.n_layer)
         if cfg.tie_weights:
             self.head.weight = self.tok.weight  # one (V, C) matrix reads and writes tokens
+        # Activation checkpointing, a training setting: keep only each block's input and
+        # recompute the block in backward.
+        self.grad_checkpoint = False
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -112,14 +116,14 @@ class GPT(nn.Module):
         attention weights of each layer (B, H, T, T') when asked for."""
         x = self.drop(self.pos(self.tok(idx), offset))  # (B, T, C)
         weights = []
+        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x, w = block(
-                x,
-                cache=None if caches is None else caches[i],
-                qk_transform=self.pos.qk_transform,
-                offset=offset,
-                return_weights=return_weights,
-            )
+            kwargs = dict(cache=None if caches is None else caches[i], qk_transform=self.pos.qk_transform,
+                          offset=offset, return_weights=return_weights)  # fmt: skip
+            if recompute:
+                x, w = checkpoint(block, x, use_reentrant=False, **kwargs)
+            else:
+                x, w = block(x, **kwargs)
             if w is not None:
                 weights.append(w["self"])
         return self.norm(x), weights
