@@ -122,3 +122,33 @@ def test_interrupted_cache_build_leaves_nothing_that_looks_complete(corpus, monk
     leftovers = list((cache_root() / "tokens").glob("*"))
     assert not [p for p in leftovers if (p / "meta.json").exists() and ".tmp" in p.name]
     assert not [p for p in leftovers if ".tmp" in p.name]
+
+
+def test_large_files_are_read_in_pieces_that_end_at_line_breaks(tmp_path):
+    from attnlab.data.text import read_pieces
+
+    path = tmp_path / "big.txt"
+    lines = [f"line {i} é\n" for i in range(5000)]
+    path.write_text("".join(lines))
+    pieces = list(read_pieces([path], piece_bytes=1000))
+    assert len(pieces) > 40 and all(len(t.encode()) <= 4000 for t, _, _ in pieces)
+    assert "".join(t for t, _, _ in pieces) == "".join(lines)  # nothing lost or doubled
+    assert all(t.endswith("\n") for t, _, last in pieces if not last and t)
+    assert sum(size for _, size, _ in pieces) == path.stat().st_size
+    assert [last for _, _, last in pieces].count(True) == 1
+
+
+def test_cache_of_a_file_read_in_pieces_equals_the_whole_text(tmp_path, corpus, monkeypatch):
+    """Reading in 200-byte pieces gives the same token stream as reading the file at once."""
+    import functools
+
+    import attnlab.data.tokens as tokens_mod
+    from attnlab.data.text import read_pieces
+
+    tok = CharTokenizer.train([corpus.read_text()])
+    whole = TokenData(build_token_cache([corpus], tok, 0.0, progress=False))
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "other-cache"))
+    monkeypatch.setattr(tokens_mod, "read_pieces", functools.partial(read_pieces, piece_bytes=200))
+    pieces = TokenData(build_token_cache([corpus], tok, 0.0, progress=False))
+    assert np.array_equal(whole.splits["train"], pieces.splits["train"])
+    assert len(whole.splits["train"]) == len(corpus.read_text()) + 1

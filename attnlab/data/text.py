@@ -68,7 +68,28 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
     return files
 
 
-def read_texts(files: list[Path]) -> Iterator[str]:
-    """Each file's text; undecodable bytes become U+FFFD rather than an error."""
+PIECE_BYTES = 4 << 20  # read large files 4 MB at a time, so memory stays small whatever their size
+
+
+def read_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[str, int, bool]]:
+    """The files' text in pieces of about piece_bytes: (text, its size in bytes, last piece of
+    its file). Pieces end at a line break where there is one, so no character or line is cut
+    in two; undecodable bytes become U+FFFD rather than an error."""
     for f in files:
-        yield f.read_text(encoding="utf-8", errors="replace")
+        with open(f, "rb") as fh:
+            pending = b""
+            while block := fh.read(piece_bytes):
+                pending += block
+                cut = pending.rfind(b"\n") + 1
+                if cut == 0 and len(pending) < 4 * piece_bytes:
+                    continue  # no line break yet: read on rather than cut a line
+                cut = cut or len(pending)
+                yield pending[:cut].decode("utf-8", errors="replace"), cut, False
+                pending = pending[cut:]
+            yield pending.decode("utf-8", errors="replace"), len(pending), True
+
+
+def read_texts(files: list[Path]) -> Iterator[str]:
+    """The text of the files, piece by piece (see read_pieces)."""
+    for text, _, _ in read_pieces(files):
+        yield text

@@ -17,18 +17,20 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from attnlab.data.text import read_texts
+from attnlab.data.text import read_pieces
 from attnlab.errors import AttnlabError
 from attnlab.tokenizers import Tokenizer
 
 CACHE_VERSION = 2  # bump when the split or file format changes
 MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens
+GROUP = 8  # text pieces (of 4 MB at most) encoded together
 
 
 def cache_root() -> Path:
@@ -85,16 +87,17 @@ def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False)
     try:
         with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval:
-            for group in _groups(files, 64):
-                texts = list(read_texts(group))
-                for ids in tok.encode_batch(texts):  # in parallel where the tokenizer can
-                    ids = np.append(ids, tok.eot_id)  # documents end with <|endoftext|>
+            for group in _groups(read_pieces(files), GROUP):
+                # Several pieces at once: the BPE encoder spreads a batch over every core.
+                for (_, size, last), ids in zip(group, tok.encode_batch([text for text, _, _ in group])):
+                    if last:
+                        ids = np.append(ids, tok.eot_id)  # documents end with <|endoftext|>
                     tr, va = splitter.split(ids)
                     ftrain.write(tr.astype(dtype).tobytes())
                     fval.write(va.astype(dtype).tobytes())
                     counts["train"] += len(tr)
                     counts["val"] += len(va)
-                bar.update(sum(f.stat().st_size for f in group))
+                    bar.update(size)
         meta = {"dtype": dtype.name, "vocab_size": tok.vocab_size, "files": len(files), "bytes": total, **counts}
         (tmp / "meta.json").write_text(json.dumps(meta))
         try:
@@ -109,9 +112,15 @@ def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0
     return final
 
 
-def _groups(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
+def _groups(items: Iterable, n: int) -> Iterator[list]:
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == n:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 class TokenData:
