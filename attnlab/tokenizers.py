@@ -22,18 +22,17 @@ class CharTokenizer:
     """One token per character seen in training; unseen characters map to `<unk>`."""
 
     kind = "char"
+    batch_pieces = 1  # encoding is one numpy lookup: batching pieces would only cost memory
 
     def __init__(self, chars: str):
         self.specials = [UNK, EOT]
         self.chars = chars
         self.itos = self.specials + list(chars)
         self.unk_id, self.eot_id = 0, 1
-        offset = len(self.specials)
-        # Sorted code points and their ids, for vectorized encoding with searchsorted.
+        # A table from code point to id (unknown: <unk>), so encoding is one vectorized lookup.
         cps = np.array([ord(c) for c in chars], dtype=np.int64)
-        order = np.argsort(cps)
-        self._cps = cps[order]
-        self._ids = (order + offset).astype(np.int64)
+        self._table = np.full(int(cps.max(initial=0)) + 2, self.unk_id, dtype=np.uint32)
+        self._table[cps] = np.arange(len(self.specials), len(self.specials) + len(chars), dtype=np.uint32)
 
     @classmethod
     def train(cls, texts: Iterable[str]) -> CharTokenizer:
@@ -48,12 +47,9 @@ class CharTokenizer:
         return len(self.itos)
 
     def encode_array(self, text: str) -> np.ndarray:
-        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        if len(self._cps) == 0:
-            return np.full(len(cps), self.unk_id, dtype=np.int64)
-        pos = np.searchsorted(self._cps, cps).clip(max=len(self._cps) - 1)
-        found = self._cps[pos] == cps
-        return np.where(found, self._ids[pos], self.unk_id)
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one code point per character
+        # Code points beyond the table all land on its last entry, which is <unk>.
+        return self._table[np.minimum(cps, len(self._table) - 1)]
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
@@ -80,6 +76,7 @@ class BPETokenizer:
     """
 
     kind = "bpe"
+    batch_pieces = 8  # the Rust encoder spreads a batch over every core
 
     def __init__(self, tok):
         self.tok = tok

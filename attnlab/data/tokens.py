@@ -30,7 +30,6 @@ from attnlab.tokenizers import Tokenizer
 
 CACHE_VERSION = 2  # bump when the split or file format changes
 MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens
-GROUP = 8  # text pieces (of 4 MB at most) encoded together
 
 
 def cache_root() -> Path:
@@ -61,13 +60,17 @@ class _Splitter:
         self.pos = 0
 
     def split(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not self.period:
-            self.pos += len(ids)
-            return ids, ids[:0]
-        chunk_idx = (self.pos + np.arange(len(ids))) // self.chunk
-        is_val = chunk_idx % self.period == self.period - 1
+        """The tokens of `ids` that fall in training chunks, and those in validation chunks."""
+        parts: tuple[list, list] = ([], [])
+        start = 0
+        while start < len(ids):  # chunk by chunk, as slices: no per-token index arrays
+            chunk = (self.pos + start) // self.chunk
+            end = min(len(ids), (chunk + 1) * self.chunk - self.pos)
+            is_val = self.period > 0 and chunk % self.period == self.period - 1
+            parts[1 if is_val else 0].append(ids[start:end])
+            start = end
         self.pos += len(ids)
-        return ids[~is_val], ids[is_val]
+        return tuple(np.concatenate(p) if p else ids[:0] for p in parts)
 
 
 def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0.05, progress: bool = True) -> Path:
@@ -87,14 +90,14 @@ def build_token_cache(files: list[Path], tok: Tokenizer, val_fraction: float = 0
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False)
     try:
         with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval:
-            for group in _groups(read_pieces(files), GROUP):
-                # Several pieces at once: the BPE encoder spreads a batch over every core.
+            for group in _groups(read_pieces(files), tok.batch_pieces):
                 for (_, size, last), ids in zip(group, tok.encode_batch([text for text, _, _ in group])):
+                    ids = ids.astype(dtype)  # 2 bytes a token from here on, not 8
                     if last:
-                        ids = np.append(ids, tok.eot_id)  # documents end with <|endoftext|>
+                        ids = np.append(ids, np.array([tok.eot_id], dtype))  # documents end with <|endoftext|>
                     tr, va = splitter.split(ids)
-                    ftrain.write(tr.astype(dtype).tobytes())
-                    fval.write(va.astype(dtype).tobytes())
+                    tr.tofile(ftrain)
+                    va.tofile(fval)
                     counts["train"] += len(tr)
                     counts["val"] += len(va)
                     bar.update(size)
