@@ -21,6 +21,7 @@ from attnlab.errors import AttnlabError
 from attnlab.evaluate import SPLITS
 from attnlab.generate import GenerateConfig
 from attnlab.models.gpt import PRESETS, GPTConfig
+from attnlab.size import ClusterConfig
 from attnlab.training import TrainConfig
 
 SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
@@ -152,19 +153,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    from attnlab.size import estimate, format_estimate, format_table
+    from attnlab.size import ClusterConfig, cluster_estimate, estimate, format_cluster, format_estimate, format_table
 
     names = list(PRESETS) if args.preset == "all" else [args.preset]
     for name in names:
         if name not in PRESETS:
             raise AttnlabError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)} or all")
+    cluster = checked(ClusterConfig, flags_of(args, "cluster"), where="cluster")
     results = [estimate(PRESETS[n], n) for n in names]
+    for e in results:
+        e["cluster"] = cluster_estimate(e, cluster)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results))
     elif len(results) > 1:
         print(format_table(results))
     else:
-        print(format_estimate(results[0]))
+        print(format_estimate(results[0]) + "\n" + format_cluster(results[0], results[0]["cluster"]))
     return 0
 
 
@@ -234,6 +238,7 @@ def build_parser() -> Parser:
     size = sub.add_parser("size", help="parameters, FLOPs per token and memory of a preset")
     size.add_argument("--preset", required=True, help=f"{', '.join(PRESETS)}, or all")
     size.add_argument("--json", action="store_true", help="print JSON")
+    add_config_flags(size, "cluster", ClusterConfig, "planning a training run")
     size.set_defaults(func=cmd_size)
     return p
 

@@ -157,3 +157,18 @@ def test_preset_override_rederives_widths():
         GPTConfig(n_head=0)
     with pytest.raises(KeyError):
         GPTConfig.from_preset("gpt-nope")
+
+
+def test_cluster_estimates():
+    """Training compute matches GPT-3's own figure; FSDP shards what DDP replicates."""
+    from attnlab.size import ClusterConfig, cluster_estimate
+
+    e = estimate(PRESETS["gpt3-175b"], "gpt3-175b")
+    c = cluster_estimate(e, ClusterConfig(devices=1024, gpu_tflops=312, mfu=0.3, tokens=300e9))
+    assert abs(c["train_flops"] / 3.14e23 - 1) < 0.03  # Table D.1 of the GPT-3 paper: 3.14e23 FLOPs
+    assert c["train_days"] == pytest.approx(c["train_flops"] / (1024 * 312e12 * 0.3) / 86400)
+    more = cluster_estimate(e, ClusterConfig(devices=2048, gpu_tflops=312, mfu=0.3, tokens=300e9))
+    assert more["train_days"] == pytest.approx(c["train_days"] / 2)
+    assert more["fsdp_memory_per_device_gb"] < c["fsdp_memory_per_device_gb"] < c["ddp_memory_per_device_gb"]
+    assert c["ddp_memory_per_device_gb"] == more["ddp_memory_per_device_gb"]  # a full replica either way
+    assert cluster_estimate(e, ClusterConfig())["train_tokens"] == 20 * e["params"]
