@@ -12,7 +12,8 @@ import torch
 import attnlab
 import attnlab.training as train_mod
 from attnlab.checkpoint import atomic_write
-from attnlab.training import TrainConfig, lr_at, make_optimizer, prepare, train_step
+from attnlab.optim import lr_at, make_optimizer
+from attnlab.training import TrainConfig, prepare, train_step
 from tests.conftest import tiny_data, tiny_model, tiny_train
 
 
