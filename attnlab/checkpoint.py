@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,17 @@ def clean_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    tensors = clean_state_dict(model)
+    write_weights(clean_state_dict(model), path, metadata)
+
+
+def write_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     atomic_write(path, lambda p: save_file(tensors, str(p), metadata=metadata or {}))
+
+
+def tied_names(model: nn.Module) -> set[str]:
+    """Names under which a parameter appears a second time (e.g. the LM head tied to the embedding)."""
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -99,8 +109,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -
         result = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shapes that do not fit
         raise AttnlabError(f"{path}: weights do not fit the model ({str(e).splitlines()[-1].strip()})") from None
-    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    missing = [k for k in result.missing_keys if k not in tied]
+    missing = [k for k in result.missing_keys if k not in tied_names(model)]
     if missing or result.unexpected_keys:
         raise AttnlabError(
             f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"
@@ -138,43 +147,49 @@ def check_run_dir(path: str | Path) -> Path:
 # ---- training state: weights, optimizer, every RNG, step: one file ------------------------
 
 
-def save_train_state(
-    path: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, rng: np.random.Generator
-) -> None:
-    """Everything resuming needs, in one safetensors file (tensors + JSON metadata), so that
-    a crash mid-save leaves the previous state whole, never half of two."""
-    tensors = {f"model.{k}": v for k, v in clean_state_dict(model).items()}
-    sd = optimizer.state_dict()
-    for pid, state in sd["state"].items():
-        for k, v in state.items():
-            tensors[f"opt.{pid}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).detach().cpu().contiguous()
+@dataclass
+class TrainState:
+    """What resuming needs. Weights and optimizer state are whole (gathered from every process
+    under FSDP) and keyed by parameter name, so any number of processes can resume them."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]  # {"state": {name: {key: tensor}}, "param_groups": [{..., "params": [name]}]}
+
+
+def save_train_state(path: Path, state: TrainState, rng: np.random.Generator) -> None:
+    """One safetensors file (tensors + JSON metadata), so that a crash mid-save leaves the
+    previous state whole, never half of two."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in state.weights.items()}
+    for name, values in state.optimizer["state"].items():
+        for k, v in values.items():
+            tensors[f"opt::{name}::{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
     tensors["rng.torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
-    state = {"param_groups": sd["param_groups"], "numpy_rng": rng.bit_generator.state}
-    meta = {"step": str(step), "state": json.dumps(state)}
+    meta_state = {"param_groups": state.optimizer["param_groups"], "numpy_rng": rng.bit_generator.state}
+    meta = {"step": str(state.step), "state": json.dumps(meta_state)}
     atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
 
 
-def load_train_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, rng: np.random.Generator) -> int:
-    """Restore weights, optimizer and RNGs in place from `save_train_state`'s file; return the step."""
+def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:
+    """Read `save_train_state`'s file and restore every RNG from it."""
     tensors, meta = read_safetensors(path)
     try:
-        step, state = int(meta["step"]), json.loads(meta["state"])
+        meta_state = json.loads(meta["state"])
         weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        opt_state: dict[int, dict[str, torch.Tensor]] = {}
+        opt: dict[str, dict[str, torch.Tensor]] = {}
         for key, t in tensors.items():
-            if key.startswith("opt."):
-                _, pid, name = key.split(".", 2)
-                opt_state.setdefault(int(pid), {})[name] = t
-        load_state(model, weights, path)
-        optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+            if key.startswith("opt::"):
+                _, name, k = key.split("::")
+                opt.setdefault(name, {})[k] = t
+        state = TrainState(int(meta["step"]), weights, {"state": opt, "param_groups": meta_state["param_groups"]})
         torch.set_rng_state(tensors["rng.torch"])
-        rng.bit_generator.state = state["numpy_rng"]
+        rng.bit_generator.state = meta_state["numpy_rng"]
     except (KeyError, ValueError, TypeError) as e:
         raise AttnlabError(f"{path} is corrupt, cannot resume ({type(e).__name__}: {e})") from None
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
-    return step
+    return state

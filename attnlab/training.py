@@ -21,6 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
@@ -54,6 +62,8 @@ class TrainConfig:
     eval_batches: int = option(20, "batches per validation-loss estimate")
     seed: int = option(1337, "random seed (initialization, batches, dropout)")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
+    parallel: str = option("ddp", "with several processes: replicate the model (ddp) or shard it (fsdp)",
+                           ("ddp", "fsdp"))  # fmt: skip
     compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
     grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
     dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
@@ -84,6 +94,7 @@ class Session:
     step: int = 0
     interrupted: bool = False  # Ctrl-C arrived while it could not be acted on
     dist: Dist = field(default_factory=Dist)
+    raw: nn.Module | None = None  # the model itself, without the DDP or compile wrappers
 
 
 def train_step(s: Session) -> float:
@@ -96,13 +107,16 @@ def train_step(s: Session) -> float:
         x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
         # Under DDP, gradients are averaged across processes only after the last micro-batch.
         last = i == s.cfg.grad_accum - 1
-        with contextlib.nullcontext() if last or not s.dist.enabled else s.model.no_sync():
+        if s.cfg.parallel == "fsdp":
+            s.raw.set_requires_gradient_sync(last)
+        ddp = s.dist.enabled and s.cfg.parallel == "ddp"
+        with s.model.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(s.device, s.dtype):
                 _, loss = s.model(x, y)
             (loss / s.cfg.grad_accum).backward()
         total += loss.item()
     if s.cfg.grad_clip > 0:
-        nn.utils.clip_grad_norm_(s.model.parameters(), s.cfg.grad_clip)
+        clip_gradients(list(s.model.parameters()), s.cfg.grad_clip)
     for group in s.optimizer.param_groups:
         group["lr"] = lr_at(s.step, s.cfg)
     with deferred_interrupt(s):  # the update and the step count change together, or not at all
@@ -110,6 +124,19 @@ def train_step(s: Session) -> float:
         s.optimizer.zero_grad(set_to_none=True)
         s.step += 1
     return distributed.mean(s.dist, total / s.cfg.grad_accum, s.device)
+
+
+def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
+    """Scale gradients so that their global norm is at most max_norm; returns that norm.
+
+    Under FSDP each process holds a shard of every gradient, and the norm must be taken over
+    all shards (the full tensor), not over this process's part.
+    """
+    norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm.item()
 
 
 @contextlib.contextmanager
@@ -203,21 +230,32 @@ def prepare(
     tokens.check(block_size)
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = GPT(model_cfg).to(device)
+    model.grad_checkpoint = cfg.grad_checkpoint
+    rng = np.random.default_rng(cfg.seed)
+    state = ck.load_train_state(run / ck.STATE, rng) if resume else None
+    if state is not None:
+        ck.load_state(model, state.weights, run / ck.STATE)  # whole weights, before any sharding
+    if cfg.parallel == "fsdp":  # each process keeps 1/world of every block's parameters
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
     s = Session(run, model, make_optimizer(model, cfg), tokens, cfg, block_size, device,
-                pick_dtype(cfg.dtype, device), np.random.default_rng(cfg.seed), dist=d)  # fmt: skip
-    if resume:
-        s.step = ck.load_train_state(run / ck.STATE, model, s.optimizer, s.rng)
+                pick_dtype(cfg.dtype, device), rng, dist=d, raw=model)  # fmt: skip
+    if state is not None:
+        if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
+            options = StateDictOptions(full_state_dict=True)
+            set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
+        s.step = state.step
     if d.main:
         if resume:
             _truncate_metrics(run / "metrics.jsonl", s.step)
         _write_config(run, model_cfg, cfg, data)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
-    model.grad_checkpoint = cfg.grad_checkpoint
-    if d.enabled:  # gradients averaged over processes in backward
+    if d.enabled and cfg.parallel == "ddp":  # gradients averaged over processes in backward
         s.model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:  # checkpoints strip the wrapper's "_orig_mod." prefix (checkpoint.clean_state_dict)
+    if cfg.compile:
         s.model = torch.compile(s.model)
     return s
 
@@ -234,10 +272,20 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def save_checkpoint(s: Session) -> None:
-    """Rank 0 writes (DDP keeps every copy of the weights and optimizer state identical)."""
+    """Whole weights and optimizer state (every process takes part in gathering them under
+    FSDP); rank 0 writes them, as a run any number of processes can load or resume."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(s.raw, options=options)
+    if s.optimizer.state:
+        optimizer = get_optimizer_state_dict(s.raw, s.optimizer, options=options)
+    else:  # before the first step; asking torch would run a zero step and shift AdamW's step count
+        names = {id(p): n for n, p in s.raw.named_parameters()}
+        groups = [{**g, "params": [names[id(p)] for p in g["params"]]} for g in s.optimizer.param_groups]
+        optimizer = {"state": {}, "param_groups": groups}
     if s.dist.main:
-        ck.save_train_state(s.run / ck.STATE, s.step, s.model, s.optimizer, s.rng)
-        ck.save_weights(s.model, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
+        weights = {k: v for k, v in weights.items() if k not in ck.tied_names(s.raw)}
+        ck.save_train_state(s.run / ck.STATE, ck.TrainState(s.step, weights, optimizer), s.rng)
+        ck.write_weights(weights, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
     distributed.barrier(s.dist)
 
 

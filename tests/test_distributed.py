@@ -22,13 +22,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str, corpus: str, accum: int) -> None:
+def _worker(rank: int, world: int, port: int, out: str, corpus: str, accum: int, parallel: str,
+            steps: int = STEPS, resume: bool = False) -> None:  # fmt: skip
     # What torchrun sets for each process.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))  # fmt: skip
     torch.set_num_threads(1)
-    attnlab.train(out, tiny_model(), tiny_train(max_steps=STEPS, batch_size=8, grad_accum=accum),
-                  tiny_data(corpus), progress=False)  # fmt: skip
+    cfg = tiny_train(max_steps=steps, batch_size=8, grad_accum=accum, parallel=parallel, eval_interval=STEPS // 2)
+    if resume:
+        attnlab.train(out, None, cfg, None, resume=True, progress=False)
+    else:
+        attnlab.train(out, tiny_model(), cfg, tiny_data(corpus), progress=False)
 
 
 def losses(run) -> list[float]:
@@ -36,13 +40,14 @@ def losses(run) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path, corpus, accum):
-    """Losses over 20 steps within 1e-5 of one process; the checkpoint loads in one process."""
+@pytest.mark.parametrize("parallel, accum", [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, corpus, parallel, accum):
+    """Losses over 20 steps within 1e-5 of one process, replicated (DDP) or sharded (FSDP);
+    the checkpoint (whole weights, even from shards) loads in one process."""
     single, double = tmp_path / "single", tmp_path / "double"
-    attnlab.train(single, tiny_model(), tiny_train(max_steps=STEPS, batch_size=8, grad_accum=accum),
-                  tiny_data(corpus), progress=False)  # fmt: skip
-    mp.spawn(_worker, args=(2, free_port(), str(double), str(corpus), accum), nprocs=2, join=True)
+    cfg = tiny_train(max_steps=STEPS, batch_size=8, grad_accum=accum, eval_interval=STEPS // 2)
+    attnlab.train(single, tiny_model(), cfg, tiny_data(corpus), progress=False)
+    mp.spawn(_worker, args=(2, free_port(), str(double), str(corpus), accum, parallel), nprocs=2, join=True)
     a, b = losses(single), losses(double)
     assert len(a) == len(b) == STEPS
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
@@ -59,3 +64,22 @@ def test_batch_must_split_over_processes(tmp_path, corpus, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(attnlab.AttnlabError, match="does not split"):
         attnlab.train(tmp_path / "r", tiny_model(), tiny_train(batch_size=8), tiny_data(corpus), progress=False)
+
+
+def test_sharded_run_resumes_sharded_and_in_one_process(tmp_path, corpus):
+    """A run trained for 10 steps and resumed to 20 has the same losses whether it is sharded
+    over two processes throughout, sharded then resumed in one process, or one process."""
+    half = STEPS // 2
+    runs = {name: tmp_path / name for name in ("single", "sharded", "mixed")}
+    cfg = {"batch_size": 8, "eval_interval": half}
+    attnlab.train(runs["single"], tiny_model(), tiny_train(max_steps=half, **cfg), tiny_data(corpus), progress=False)
+    for name in ("sharded", "mixed"):
+        mp.spawn(_worker, args=(2, free_port(), str(runs[name]), str(corpus), 1, "fsdp", half), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(runs["sharded"]), str(corpus), 1, "fsdp", STEPS, True), nprocs=2,
+             join=True)  # fmt: skip
+    for name in ("single", "mixed"):
+        attnlab.train(runs[name], None, tiny_train(max_steps=STEPS, **cfg), None, resume=True, progress=False)
+    a, b, c = (losses(runs[n]) for n in ("single", "sharded", "mixed"))
+    assert len(a) == len(b) == len(c) == STEPS
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert max(abs(x - y) for x, y in zip(a, c)) < 1e-5

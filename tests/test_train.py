@@ -213,3 +213,13 @@ def test_compiled_model_trains_like_eager(tmp_path, corpus):
     assert max(abs(a[k] - b[k]) for k in a) < 1e-4
     run = attnlab.load(compiled)  # loads into a plain GPT: names match
     assert not [k for k in run.model.state_dict() if "_orig_mod" in k]
+
+
+def test_saving_never_touches_the_optimizer_state(tmp_path, corpus):
+    """The step-0 checkpoint leaves AdamW without state, so its first update is step 1 (its
+    bias correction counts steps), and a checkpoint after training keeps the real step count."""
+    s = prepare(tmp_path / "run", tiny_model(), tiny_train(), tiny_data(corpus), progress=False)
+    assert not s.optimizer.state
+    train_step(s)
+    train_mod.save_checkpoint(s)
+    assert {float(v["step"]) for v in s.optimizer.state.values()} == {1.0}
