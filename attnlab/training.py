@@ -212,20 +212,21 @@ def prepare(
     files = resolve_sources(data.data, data.glob)
     if resume:
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
-    else:
+    block_size = cfg.block_size or model_cfg.context  # checked before any slow work
+    if block_size > model_cfg.context:
+        raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
+    if not resume:
         with distributed.main_first(d):
             if d.main:
                 tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
+                build_token_cache(files, tok, data.val_fraction, progress)  # may fail: before --force replaces
                 model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
                 _fresh_dir(run)
                 ck.write_text(run / ck.TOKENIZER, tok.to_json())
                 _write_config(run, model_cfg, cfg, data)
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
     tok = load_tokenizer(run)
-    block_size = cfg.block_size or model_cfg.context
-    if block_size > model_cfg.context:
-        raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
-    with distributed.main_first(d):
+    with distributed.main_first(d):  # (already built above for a new run: found at once)
         tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
     tokens.check(block_size)
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
@@ -247,9 +248,8 @@ def prepare(
             set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
         s.step = state.step
-    if d.main:
-        if resume:
-            _truncate_metrics(run / "metrics.jsonl", s.step)
+    if d.main and resume:
+        _truncate_metrics(run / "metrics.jsonl", s.step)
         _write_config(run, model_cfg, cfg, data)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable

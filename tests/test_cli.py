@@ -247,3 +247,15 @@ def test_readme_opens_with_the_two_commands():
     assert "make demo" in first_block and "make test" in first_block
     ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_a_forced_start_that_fails_while_tokenizing_keeps_the_old_run(tmp_path, trained, text, capsys, monkeypatch):
+    before = (trained / "model.safetensors").read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("attnlab.training.build_token_cache", disk_full)
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", trained, "--force", *TINY], capsys)
+    assert_one_line_error(code, err, "No space left")
+    assert (trained / "model.safetensors").read_bytes() == before
