@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from attnlab.errors import AttnlabError
 
@@ -56,23 +57,16 @@ def write_json(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2))
 
 
-def clean_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors, each stored once (tied weights are shared), without wrappers'
-    name prefixes (torch.compile's `_orig_mod.`, DDP's `module.`)."""
-    out, seen = {}, set()
-    for name, t in model.state_dict().items():
-        name = name.replace("_orig_mod.", "").removeprefix("module.")
-        key = (t.data_ptr(), t.shape, t.dtype) if t.numel() else None
-        if key in seen:
-            continue
-        if key is not None:
-            seen.add(key)
-        out[name] = t.detach().cpu().contiguous()
-    return out
+def model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights of a plain or FSDP-sharded model (every process must call it under
+    FSDP; rank 0 gets them), each stored once: a tied weight only under its first name."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    return {k: v for k, v in weights.items() if k not in tied_names(model)}
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    write_weights(clean_state_dict(model), path, metadata)
+    write_weights(model_weights(model), path, metadata)
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
@@ -274,16 +273,15 @@ def _truncate_metrics(path: Path, step: int) -> None:
 def save_checkpoint(s: Session) -> None:
     """Whole weights and optimizer state (every process takes part in gathering them under
     FSDP); rank 0 writes them, as a run any number of processes can load or resume."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(s.raw, options=options)
+    weights = ck.model_weights(s.raw)
     if s.optimizer.state:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optimizer = get_optimizer_state_dict(s.raw, s.optimizer, options=options)
     else:  # before the first step; asking torch would run a zero step and shift AdamW's step count
         names = {id(p): n for n, p in s.raw.named_parameters()}
         groups = [{**g, "params": [names[id(p)] for p in g["params"]]} for g in s.optimizer.param_groups]
         optimizer = {"state": {}, "param_groups": groups}
     if s.dist.main:
-        weights = {k: v for k, v in weights.items() if k not in ck.tied_names(s.raw)}
         ck.save_train_state(s.run / ck.STATE, ck.TrainState(s.step, weights, optimizer), s.rng)
         ck.write_weights(weights, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
     distributed.barrier(s.dist)
