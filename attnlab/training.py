@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from attnlab import checkpoint as ck
 from attnlab import distributed
 from attnlab.config import from_dict, option
-from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources
+from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.device import autocast, pick_dtype
 from attnlab.distributed import Dist
 from attnlab.errors import AttnlabError
@@ -217,7 +217,8 @@ def prepare(
     if not resume:
         with distributed.main_first(d):
             if d.main:
-                tok = train_tokenizer(data.tokenizer, read_texts(files), data.vocab_size)
+                texts = read_texts(files, "reading the corpus" if progress else None)
+                tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
                 build_token_cache(files, tok, data.val_fraction, progress)  # may fail: before --force replaces
                 model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
                 _fresh_dir(run)

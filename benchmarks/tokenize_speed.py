@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from attnlab.data import build_token_cache, read_texts, resolve_sources, stdlib_files
+from attnlab.data import build_token_cache, read_texts, resolve_sources, stdlib_files, workers_for
 from attnlab.tokenizers import train_tokenizer
 
 FILE_BYTES = 64 << 20
@@ -61,7 +61,7 @@ def main() -> None:
     files = resolve_sources(str(corpus))
     print(f"memory before tokenizing (Python, torch, numpy, tokenizers loaded): {peak_rss_mb():.0f} MB")
     t = time.perf_counter()
-    tok = train_tokenizer(args.tokenizer, read_texts(files), vocab_size=4096)
+    tok = train_tokenizer(args.tokenizer, read_texts(files, "reading"), vocab_size=4096, workers=workers_for(files))
     t_tok = time.perf_counter() - t
     print(f"tokenizer ({args.tokenizer}, {tok.vocab_size} tokens): {t_tok:.1f} s, {size / 1e6 / t_tok:.1f} MB/s")
     t = time.perf_counter()

@@ -43,7 +43,9 @@ def run_cli(args, capsys):
 
 def assert_one_line_error(code, err, fragment):
     assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
+    # what a terminal shows: progress bars redraw a line with \r, so only its last state counts
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
+    lines = [line for line in lines if line.strip()]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     assert fragment in lines[0], lines[0]

@@ -116,7 +116,7 @@ def test_interrupted_cache_build_leaves_nothing_that_looks_complete(corpus, monk
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(CharTokenizer, "encode_batch", boom)
+    monkeypatch.setattr(CharTokenizer, "encode_array", boom)
     with pytest.raises(KeyboardInterrupt):
         build_token_cache([corpus], tok, 0.1, progress=False)
     leftovers = list((cache_root() / "tokens").glob("*"))
@@ -152,3 +152,53 @@ def test_cache_of_a_file_read_in_pieces_equals_the_whole_text(tmp_path, corpus, 
     pieces = TokenData(build_token_cache([corpus], tok, 0.0, progress=False))
     assert np.array_equal(whole.splits["train"], pieces.splits["train"])
     assert len(whole.splits["train"]) == len(corpus.read_text()) + 1
+
+
+def test_char_tokenizer_trained_by_worker_processes_equals_one_process():
+    texts = ["plain ascii\n", "naïve café\n", "emoji 🙂 and ümlauts\n", "more ascii text\n"] * 3
+    serial, parallel = CharTokenizer.train(texts), CharTokenizer.train(texts, workers=2)
+    assert parallel.chars == serial.chars == "".join(sorted(set("".join(texts))))
+
+
+def test_ordered_map_keeps_order_and_propagates_errors():
+    from attnlab.pool import ordered_map
+
+    assert list(ordered_map(abs, range(-20, 0), workers=2)) == list(range(20, 0, -1))
+    with pytest.raises(TypeError):
+        list(ordered_map(abs, [1, "x", 3], workers=2))
+
+
+def test_ascii_and_unicode_pieces_encode_alike():
+    tok = CharTokenizer("abc é")
+    # the ASCII fast path and the code-point path must give the same ids
+    assert tok.encode("abc cab") == tok.encode("abc cabé")[:-1]
+    assert tok.encode("z\x7f") == [tok.unk_id, tok.unk_id]  # unseen ASCII is <unk> too
+
+
+def test_a_line_longer_than_pieces_is_cut_and_each_file_ends_once(tmp_path):
+    from attnlab.data.text import read_pieces
+
+    (tmp_path / "a.txt").write_text("short\n" * 30 + "no newline at end é", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("y" * 500, encoding="utf-8")  # one line of 500 bytes, pieces of 64
+    pieces = list(read_pieces([tmp_path / "a.txt", tmp_path / "b.txt"], piece_bytes=64))
+    assert "".join(t for t, _, _ in pieces) == "short\n" * 30 + "no newline at end é" + "y" * 500
+    assert max(size for _, size, _ in pieces) <= 4 * 64  # a long line waits at most 3 extra reads
+    assert [last for _, _, last in pieces].count(True) == 2
+
+
+@pytest.mark.parametrize("val_fraction, total", [(0.05, 10**6), (0.1, 1000), (0.0, 10**5), (0.5, 5000)])
+def test_split_runs_match_per_token_chunk_rule(val_fraction, total):
+    from attnlab.data.tokens import _Splitter
+
+    sp = _Splitter(total, val_fraction)
+    ids, pos = np.arange(60000), 0
+    got: dict[bool, list] = {True: [], False: []}
+    for n in [1, 7, 300, 8191, 8192, 20000, 13309]:  # pieces of any length, cut anywhere
+        for is_val, run in sp.split(ids[pos : pos + n]):
+            got[is_val].append(run)
+        pos += n
+    chunk_of = np.arange(pos) // sp.chunk
+    want_val = chunk_of % sp.period == sp.period - 1 if sp.period else np.zeros(pos, bool)
+    val = np.concatenate(got[True]) if got[True] else np.zeros(0, int)
+    assert np.array_equal(val, np.arange(pos)[want_val])
+    assert np.array_equal(np.concatenate(got[False]), np.arange(pos)[~want_val])
