@@ -1,4 +1,4 @@
-"""Tokenizers: one interface for character-level and byte-level BPE vocabularies.
+"""Tokenizers: one interface for character-level, byte-level BPE and word vocabularies.
 
 Both keep `<|endoftext|>` as a special token that separates documents in the token stream.
 A tokenizer lives in `tokenizer.json` inside a run directory; `load_tokenizer` reads either kind.
@@ -7,6 +7,8 @@ A tokenizer lives in `tokenizer.json` inside a run directory; `load_tokenizer` r
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -135,7 +137,72 @@ def _code_points(text: str) -> np.ndarray:
     return np.unique(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
 
 
-Tokenizer = CharTokenizer | BPETokenizer
+class WordTokenizer:
+    """Whole words and punctuation marks, the N most frequent, with BERT's special tokens.
+
+    The vocabulary is ordered: specials first ([PAD] is 0), then words by falling frequency,
+    so "the N most frequent words" is the id range [len(SPECIALS), N). Whitespace is not kept:
+    decoding joins tokens with spaces.
+    """
+
+    kind = "word"
+    batch_pieces = 1
+
+    def __init__(self, words: list[str], lower: bool = False):
+        self.itos = list(WORD_SPECIALS) + [w for w in words if w not in WORD_SPECIALS]
+        self.lower = lower
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(len(WORD_SPECIALS))
+        self.eot_id = self.sep_id  # documents in a token stream are separated by [SEP]
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 10000, lower: bool = False) -> WordTokenizer:
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(w for w in cls.split(text, lower) if w not in WORD_SPECIALS)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))  # ties in a fixed order
+        return cls([w for w, _ in ranked[: max(0, vocab_size - len(WORD_SPECIALS))]], lower)
+
+    @staticmethod
+    def split(text: str, lower: bool = False) -> list[str]:
+        """Words (letters, digits, underscores) and single punctuation marks; [MASK]-style specials kept whole."""
+        return [w if w in WORD_SPECIALS else (w.lower() if lower else w) for w in _WORD.findall(text)]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    @property
+    def specials(self) -> list[str]:
+        return list(WORD_SPECIALS)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(w, self.unk_id) for w in self.split(text, self.lower)]
+
+    def encode_words(self, words: list[str]) -> list[int]:
+        return [self.stoi.get(w.lower() if self.lower and w not in WORD_SPECIALS else w, self.unk_id) for w in words]
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode_array(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = len(self.itos)
+        return " ".join(self.itos[i] if 0 <= i < n else WORD_SPECIALS[1] for i in ids)
+
+    def n_chars(self, ids: np.ndarray) -> int:
+        return len(self.decode(np.asarray(ids).tolist()))
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "word", "words": self.itos[len(WORD_SPECIALS) :], "lower": self.lower})
+
+
+WORD_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_WORD = re.compile(r"\[(?:PAD|UNK|CLS|SEP|MASK)\]|\w+|[^\w\s]")
+
+Tokenizer = CharTokenizer | BPETokenizer | WordTokenizer
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 4096, workers: int = 1) -> Tokenizer:
@@ -145,13 +212,17 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 4096, wor
         return CharTokenizer.train(texts, workers)
     if kind == "bpe":
         return BPETokenizer.train(texts, vocab_size)
-    raise AttnlabError(f"unknown tokenizer {kind!r}: use char or bpe")
+    if kind == "word":
+        return WordTokenizer.train(texts, vocab_size)
+    raise AttnlabError(f"unknown tokenizer {kind!r}: use char, bpe or word")
 
 
 def tokenizer_from_json(text: str) -> Tokenizer:
     data = json.loads(text)
     if data.get("type") == "char":
         return CharTokenizer(data["chars"])
+    if data.get("type") == "word":
+        return WordTokenizer(data["words"], data.get("lower", False))
     from tokenizers import Tokenizer as HFTokenizer
 
     return BPETokenizer(HFTokenizer.from_str(text))

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from attnlab import checkpoint as ck
 from attnlab import distributed
 from attnlab.config import from_dict, option
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
+from attnlab.data.batches import Batches, Windows
 from attnlab.device import autocast, pick_dtype
 from attnlab.distributed import Dist
 from attnlab.errors import AttnlabError
@@ -84,9 +86,8 @@ class Session:
     run: Path
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    tokens: TokenData
+    data: Batches
     cfg: TrainConfig
-    block_size: int
     device: torch.device
     dtype: torch.dtype
     rng: np.random.Generator
@@ -94,6 +95,7 @@ class Session:
     interrupted: bool = False  # Ctrl-C arrived while it could not be acted on
     dist: Dist = field(default_factory=Dist)
     raw: nn.Module | None = None  # the model itself, without the DDP or compile wrappers
+    command: str = "lm"  # the `attnlab train` subcommand that continues this run
 
 
 def train_step(s: Session) -> float:
@@ -102,8 +104,8 @@ def train_step(s: Session) -> float:
     micro = s.cfg.batch_size // s.cfg.grad_accum  # sequences per micro-batch, all processes together
     total = 0.0
     for i in range(s.cfg.grad_accum):
-        x, y = s.tokens.batch("train", micro, s.block_size, s.rng, (s.dist.rank, s.dist.world))
-        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        batch = s.data.batch("train", micro, s.rng, (s.dist.rank, s.dist.world))
+        batch = [t.to(s.device, non_blocking=True) for t in batch]
         # Under DDP, gradients are averaged across processes only after the last micro-batch.
         last = i == s.cfg.grad_accum - 1
         if s.cfg.parallel == "fsdp":
@@ -111,7 +113,7 @@ def train_step(s: Session) -> float:
         ddp = s.dist.enabled and s.cfg.parallel == "ddp"
         with s.model.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(s.device, s.dtype):
-                _, loss = s.model(x, y)
+                _, loss = s.model(*batch)  # every model: forward(inputs..., labels) -> (output, loss)
             (loss / s.cfg.grad_accum).backward()
         total += loss.item()
     if s.cfg.grad_clip > 0:
@@ -161,9 +163,9 @@ def estimate_loss(s: Session, split: str = "val") -> float:
     losses = []
     part = (s.dist.rank, s.dist.world)
     for _ in range(s.cfg.eval_batches):
-        x, y = s.tokens.batch(split, s.cfg.batch_size // s.cfg.grad_accum, s.block_size, rng, part)
+        batch = s.data.batch(split, s.cfg.batch_size // s.cfg.grad_accum, rng, part)
         with autocast(s.device, s.dtype):
-            _, loss = s.model(x.to(s.device), y.to(s.device))
+            _, loss = s.model(*[t.to(s.device) for t in batch])
         losses.append(loss.item())
     return distributed.mean(s.dist, sum(losses) / len(losses), s.device)
 
@@ -223,25 +225,47 @@ def prepare(
                 model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
                 _fresh_dir(run)
                 ck.write_text(run / ck.TOKENIZER, tok.to_json())
-                _write_config(run, model_cfg, cfg, data)
+                ck.write_json(run / ck.CONFIG, _config(model_cfg, cfg, data))
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
     tok = load_tokenizer(run)
     with distributed.main_first(d):  # (already built above for a new run: found at once)
         tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
     tokens.check(block_size)
+    batches = Windows(tokens, block_size)
+    return start(run, lambda: GPT(model_cfg), batches, cfg, _config(model_cfg, cfg, data), d, device, resume)
+
+
+def _config(model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig) -> dict:
+    return {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+
+
+def start(
+    run: Path,
+    build: Callable[[], nn.Module],
+    data: Batches,
+    cfg: TrainConfig,
+    config: dict,
+    d: Dist,
+    device: torch.device,
+    resume: bool,
+    command: str = "lm",
+) -> Session:
+    """What every task shares once its data is ready: the model (built from the seed, or the
+    run's checkpoint), sharding, optimizer, the step-0 checkpoint, DDP and compile wrappers.
+    `config` is written as the run's config.json (family, model, train and the task's data)."""
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
-    model = GPT(model_cfg).to(device)
+    model = build().to(device)
     model.grad_checkpoint = cfg.grad_checkpoint
     rng = np.random.default_rng(cfg.seed)
     state = ck.load_train_state(run / ck.STATE, rng) if resume else None
     if state is not None:
         ck.load_state(model, state.weights, run / ck.STATE)  # whole weights, before any sharding
     if cfg.parallel == "fsdp":  # each process keeps 1/world of every block's parameters
-        for block in model.blocks:
+        for block in getattr(model, "blocks", []):
             fully_shard(block)
         fully_shard(model)
-    s = Session(run, model, make_optimizer(model, cfg), tokens, cfg, block_size, device,
-                pick_dtype(cfg.dtype, device), rng, dist=d, raw=model)  # fmt: skip
+    s = Session(run, model, make_optimizer(model, cfg), data, cfg, device,
+                pick_dtype(cfg.dtype, device), rng, dist=d, raw=model, command=command)  # fmt: skip
     if state is not None:
         if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
             options = StateDictOptions(full_state_dict=True)
@@ -250,7 +274,8 @@ def prepare(
         s.step = state.step
     if d.main and resume:
         _truncate_metrics(run / "metrics.jsonl", s.step)
-        _write_config(run, model_cfg, cfg, data)  # the settings in force (a resume may change some)
+    if d.main:
+        ck.write_json(run / ck.CONFIG, config)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
     if d.enabled and cfg.parallel == "ddp":  # gradients averaged over processes in backward
@@ -258,11 +283,6 @@ def prepare(
     if cfg.compile:
         s.model = torch.compile(s.model)
     return s
-
-
-def _write_config(run: Path, model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig) -> None:
-    config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
-    ck.write_json(run / ck.CONFIG, config)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -295,7 +315,7 @@ def _log(s: Session, row: dict) -> None:
 
 
 def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
-    val = estimate_loss(s) if len(s.tokens.splits["val"]) > s.block_size else None
+    val = estimate_loss(s) if s.data.has("val") else None
     train = sum(recent) / len(recent) if recent else float("nan")
     if val is not None:
         _log(s, {"step": s.step, "val_loss": val})
@@ -327,13 +347,14 @@ def loop(s: Session, progress: bool = True) -> dict:
     procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
     if s.dist.main:
         print(
-            f"model {n_params / 1e6:.2f}M parameters | {len(s.tokens) / 1e6:.1f}M training tokens | "
-            f"{s.device.type}{procs} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size} x {s.block_size}",
+            f"model {n_params / 1e6:.2f}M parameters | {s.data.describe()} | "
+            f"{s.device.type}{procs} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size}",
             file=sys.stderr,
         )
     bar = tqdm(total=cfg.max_steps, initial=s.step, desc="training", unit="step",
                disable=not (progress and s.dist.main), dynamic_ncols=True)  # fmt: skip
-    tokens_per_step = cfg.batch_size * s.block_size
+    items, unit = s.data.per_example  # tokens (or examples) in each sequence of a batch
+    items_per_step = cfg.batch_size * items
     recent: list[float] = []
     val = None
     # RNG states after the last completed step: if Ctrl-C lands mid-step, that step is undone.
@@ -345,8 +366,8 @@ def loop(s: Session, progress: bool = True) -> dict:
             dt = time.perf_counter() - t0
             snapshot = rng_snapshot(s)
             recent = (recent + [loss])[-50:]
-            _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), "tokens_per_s": tokens_per_step / dt})
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
+            _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), f"{unit}_per_s": items_per_step / dt})
+            bar.set_postfix({"loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{items_per_step / dt:,.0f}"}, refresh=False)
             bar.update(1)
             if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps:
                 val = _evaluate(s, bar, recent)
@@ -361,7 +382,7 @@ def loop(s: Session, progress: bool = True) -> dict:
         if s.dist.main:
             plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
         raise AttnlabError(
-            f"interrupted at step {s.step}; saved. Continue with: attnlab train lm --out {s.run} --resume"
+            f"interrupted at step {s.step}; saved. Continue with: attnlab train {s.command} --out {s.run} --resume"
         ) from None
     bar.close()
     return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent))}

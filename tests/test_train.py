@@ -47,7 +47,7 @@ def test_resume_gives_the_same_losses_as_one_run(tmp_path, corpus, monkeypatch):
 
     def interrupted(s):  # Ctrl-C arrives in the middle of step 11, after its first micro-batch
         if s.step == 10:
-            s.tokens.batch("train", 2, s.block_size, s.rng)
+            s.data.batch("train", 2, s.rng, (0, 1))
             torch.rand(3)  # as dropout would
             raise KeyboardInterrupt
         return real_step(s)

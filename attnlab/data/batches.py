@@ -1,0 +1,134 @@
+"""Batches for the training loop: one interface, whatever the task.
+
+Every source answers `batch(split, n, rng, part)` with a tuple of tensors that the model takes
+as `model(*batch)` and that ends with the labels, so `training.py` needs no knowledge of the
+task. part=(rank, world): all processes draw the same global batch from the same RNG and each
+keeps its own slice, so the global batch is the same whatever the number of processes.
+
+Legend: B batch, T time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnlab.data.tokens import TokenData
+
+IGNORE = -100  # a label that carries no loss (cross_entropy's ignore_index)
+PAD_ID = 0
+
+
+class Batches(Protocol):
+    per_example: tuple[int, str]  # (units in one example, unit name) for throughput: (256, "tokens")
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]: ...
+
+    def has(self, split: str) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+def _slice(rows: np.ndarray, part: tuple[int, int]) -> np.ndarray:
+    rank, world = part
+    per = len(rows) // world
+    return rows[rank * per : (rank + 1) * per]
+
+
+class Windows:
+    """Language modelling: random contiguous token blocks x (B, T) and y = x shifted by one."""
+
+    def __init__(self, tokens: TokenData, block_size: int):
+        self.tokens, self.block_size = tokens, block_size
+        self.per_example = (block_size, "tokens")
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        return self.tokens.batch(split, n, self.block_size, rng, part)
+
+    def has(self, split: str) -> bool:
+        return len(self.tokens.splits[split]) > self.block_size
+
+    def describe(self) -> str:
+        return f"{len(self.tokens) / 1e6:.1f}M training tokens"
+
+
+class Examples:
+    """Labelled sequences (classification or tagging), padded per batch to the longest.
+
+    seqs[split]: token id arrays; labels[split]: one int per sequence (classification) or an
+    int array as long as its sequence (tagging, IGNORE where a token carries no label).
+    """
+
+    def __init__(self, seqs: dict[str, list[np.ndarray]], labels: dict[str, list]):
+        self.seqs, self.labels = seqs, labels
+        lengths = [len(s) for s in seqs["train"]]
+        self.per_example = (round(float(np.mean(lengths))) if lengths else 0, "tokens")
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        rows = _slice(rng.integers(0, len(self.seqs[split]), size=n), part)
+        return self.collate(split, rows)
+
+    def collate(self, split: str, rows) -> tuple[Tensor, Tensor]:
+        """ids (B, T) padded with PAD_ID, labels (B,) or (B, T) padded with IGNORE."""
+        seqs = [self.seqs[split][i] for i in rows]
+        ids = pad([torch.as_tensor(s) for s in seqs], PAD_ID)
+        labels = [self.labels[split][i] for i in rows]
+        if np.ndim(labels[0]) == 0:
+            return ids, torch.as_tensor(labels, dtype=torch.long)
+        return ids, pad([torch.as_tensor(y) for y in labels], IGNORE)
+
+    def has(self, split: str) -> bool:
+        return len(self.seqs.get(split, [])) > 0
+
+    def describe(self) -> str:
+        return f"{len(self.seqs['train']):,} training examples"
+
+
+def pad(rows: list[Tensor], value: int) -> Tensor:
+    """(B, T_longest) int64 from rows of different lengths."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+class MaskedWindows:
+    """Masked-language modelling on token blocks (BERT's recipe): of each block, `rate` of the
+    tokens are chosen; a chosen token becomes [MASK] 80% of the time, a random token 10%, and
+    stays 10%; the loss is on chosen positions only (labels IGNORE elsewhere). Special tokens
+    (ids below `n_special`) are never chosen."""
+
+    def __init__(self, tokens: TokenData, block_size: int, mask_id: int, n_special: int, rate: float = 0.15):
+        self.windows = Windows(tokens, block_size)
+        self.mask_id, self.n_special, self.rate = mask_id, n_special, rate
+        self.vocab_size = tokens.meta["vocab_size"]
+        self.per_example = self.windows.per_example
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        x, _ = self.windows.batch(split, n, rng, part)
+        # The mask draws come from a generator seeded by the batch RNG, so runs are reproducible.
+        g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        return mask_tokens(x, self.mask_id, self.n_special, self.vocab_size, self.rate, g)
+
+    def has(self, split: str) -> bool:
+        return self.windows.has(split)
+
+    def describe(self) -> str:
+        return self.windows.describe()
+
+
+def mask_tokens(
+    ids: Tensor, mask_id: int, n_special: int, vocab_size: int, rate: float, g: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """(inputs, labels) for masked-LM from token ids (B, T); see MaskedWindows."""
+    chosen = (torch.rand(ids.shape, generator=g) < rate) & (ids >= n_special)  # (B, T)
+    labels = torch.where(chosen, ids, IGNORE)
+    roll = torch.rand(ids.shape, generator=g)
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = mask_id
+    random_ = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[random_] = torch.randint(n_special, vocab_size, ids.shape, generator=g)[random_]
+    return inputs, labels

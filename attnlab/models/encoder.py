@@ -1,0 +1,132 @@
+"""Encoder: a bidirectional Transformer (BERT-style) with a masked-LM, classification or tagging head.
+
+Legend: B batch, T time, C model width, V vocabulary, L labels, H heads.
+
+    tokens (B, T) -> embeddings + positions -> N blocks, every position sees every real one
+    -> head:  mlm       (B, T, V)  the original token at each masked position
+              classify  (B, L)     from [CLS] (position 0) or the mean over real tokens
+              tag       (B, T, L)  a label per token
+
+Padding (id 0) neither gives nor receives attention: the mask keeps pad keys out of every
+query's softmax, and pad queries attend to nothing (their output is zero), so adding padding
+never changes the outputs at real positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import option
+from attnlab.models.common import TransformerConfig, init_weights
+from attnlab.nn import Block, LayerNorm, build_positions
+from attnlab.nn.feedforward import ACTIVATIONS
+
+PAD_ID = 0
+IGNORE = -100  # label of positions that carry no loss (unmasked tokens, padding)
+HEADS = ("mlm", "classify", "tag")
+
+
+@dataclass
+class EncoderConfig(TransformerConfig):
+    vocab_size: int = option(30522, "vocabulary size (set from the tokenizer when training)")
+    head: str = option("classify", "what the model predicts", HEADS)
+    n_labels: int = option(2, "number of classes (classify, tag)")
+    pooling: str = option("cls", "sequence summary for classify: the [CLS] position or the mean", ("cls", "mean"))
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if self.n_labels < 1:
+            raise ValueError(f"n_labels must be at least 1, got {self.n_labels}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> EncoderConfig:
+        if name not in PRESETS:
+            raise KeyError(name)
+        return replace(PRESETS[name], **overrides)
+
+
+def _bert(n_layer: int, d_model: int, n_head: int) -> EncoderConfig:
+    # BERT: post-norm, GELU, 512 positions, WordPiece vocabulary of 30,522.
+    return EncoderConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, context=512, norm="post", head="mlm")
+
+
+PRESETS: dict[str, EncoderConfig] = {
+    "encoder-tiny": EncoderConfig(n_layer=2, n_head=4, d_model=64, context=128, vocab_size=4096),
+    "encoder-small": EncoderConfig(n_layer=4, n_head=4, d_model=128, context=256, vocab_size=8192),
+    "bert-base": _bert(12, 768, 12),
+    "bert-large": _bert(24, 1024, 16),
+}
+PAPER_PARAMS = {"bert-base": 110e6, "bert-large": 340e6}
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+        # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
+        self.embed_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg.block_config(causal=False)) for _ in range(cfg.n_layer))
+        self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        if cfg.head == "mlm":
+            # BERT's MLM head: a transform (dense, activation, norm), then the tied embedding + a bias.
+            self.transform = nn.Linear(cfg.d_model, cfg.d_model)
+            self.transform_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+            self.out = nn.Linear(cfg.d_model, cfg.vocab_size)
+        else:
+            self.out = nn.Linear(cfg.d_model, cfg.n_labels)
+        init_weights(self, cfg.n_layer)
+        if cfg.head == "mlm":
+            self.out.weight = self.tok.weight  # (V, C): the same matrix reads and predicts tokens
+
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        return self.tok
+
+    def hidden(self, ids: Tensor, return_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Final hidden states (B, T, C) of ids (B, T), and each layer's attention (B, H, T, T) if asked."""
+        if ids.shape[1] > self.cfg.context:
+            raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the context of {self.cfg.context}")
+        real = ids != PAD_ID  # (B, T)
+        mask = (real[:, None, :, None] & real[:, None, None, :]) if not real.all() else None  # (B, 1, T, T)
+        x = self.drop(self.embed_norm(self.pos(self.tok(ids))))  # (B, T, C)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, mask=mask, qk_transform=self.pos.qk_transform, return_weights=return_weights)
+            if w is not None:
+                weights.append(w["self"])
+        return self.norm(x), weights
+
+    def forward(self, ids: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """ids (B, T) -> logits (mlm: (B, T, V), classify: (B, L), tag: (B, T, L)); with labels
+        (classify: (B,), else (B, T), IGNORE where no loss) also the mean cross-entropy."""
+        x, _ = self.hidden(ids)
+        logits = self.head_logits(x, ids)
+        if labels is None:
+            return logits
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE)
+        return logits, loss
+
+    def head_logits(self, x: Tensor, ids: Tensor) -> Tensor:
+        if self.cfg.head == "mlm":
+            x = self.transform_norm(ACTIVATIONS[self.cfg.activation](self.transform(x)))
+            return self.out(x)  # (B, T, V)
+        if self.cfg.head == "tag":
+            return self.out(x)  # (B, T, L)
+        if self.cfg.pooling == "cls":
+            return self.out(x[:, 0])  # (B, L)
+        real = (ids != PAD_ID).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        return self.out((x * real).sum(1) / real.sum(1).clamp(min=1))  # (B, L)
+
+    @torch.no_grad()
+    def attention(self, ids: Tensor) -> list[Tensor]:
+        """The attention probabilities of every layer: a list of (B, H, T, T) tensors."""
+        return self.hidden(ids, return_weights=True)[1]
