@@ -1,0 +1,128 @@
+"""Labelled data for classification and tagging: files, or the tasks attnlab generates.
+
+Classification: CSV, TSV or JSONL with a text column and a label column (names settable).
+Tagging: CoNLL style, one `token label` per line and a blank line between sentences.
+Built in: `sentiment` (classification) and `tagging`, written by attnlab's own generators.
+
+An example is (text, label) for classification and (words, tags) for tagging. Splits come
+as files (--val, --test) or are cut deterministically from the training file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.config import option
+from attnlab.errors import AttnlabError
+
+BUILTIN_TASKS = {"sentiment": "classify", "tagging": "tag"}
+SPLIT_NAMES = ("train", "val", "test")
+
+
+@dataclass
+class LabeledDataConfig:
+    data: str = option("sentiment", "built-in task (sentiment, tagging) or a file: CSV/TSV/JSONL, or CoNLL to tag")
+    val: str | None = option(None, "validation file (default: cut from --data)")
+    test: str | None = option(None, "test file (default: cut from --data)")
+    text_column: str = option("text", "column of a CSV/TSV/JSONL file that holds the text")
+    label_column: str = option("label", "column of a CSV/TSV/JSONL file that holds the label")
+    vocab_size: int = option(10000, "words kept in the vocabulary, most frequent first")
+    max_len: int = option(128, "tokens per example; longer texts are truncated, with a warning")
+    split_fraction: float = option(0.1, "share of --data cut off for validation, and again for test, when not given")
+    seed: int = option(0, "seed of the generated tasks and of the split")
+
+
+def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
+    """{"train", "val", "test"} -> examples for task "classify" or "tag"."""
+    if cfg.data in BUILTIN_TASKS:
+        if BUILTIN_TASKS[cfg.data] != task:
+            raise AttnlabError(f"--data {cfg.data} is a {BUILTIN_TASKS[cfg.data]} task, not {task}")
+        from attnlab.data import sentiment, tagging
+
+        splits = (sentiment if cfg.data == "sentiment" else tagging).splits(cfg.seed)
+    else:
+
+        def read(path: str) -> list:
+            return read_conll(path) if task == "tag" else read_table(path, cfg.text_column, cfg.label_column)
+
+        splits = {"train": read(cfg.data)}
+        given = {"val": cfg.val, "test": cfg.test}
+        cut = _cut(splits["train"], [name for name, path in given.items() if path is None], cfg)
+        splits.update(cut)
+        splits.update({name: read(path) for name, path in given.items() if path is not None})
+    for name in SPLIT_NAMES:
+        if not splits.get(name):
+            raise AttnlabError(f"the {name} split of {cfg.data} is empty: give more data or a {name} file")
+    return splits
+
+
+def _cut(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict[str, list]:
+    """Move a seeded-random share of `examples` into each split in `names` (same result every run)."""
+    if not names:
+        return {}
+    order = list(range(len(examples)))
+    random.Random(cfg.seed).shuffle(order)
+    n = round(len(examples) * cfg.split_fraction)
+    out = {name: [examples[i] for i in order[k * n : (k + 1) * n]] for k, name in enumerate(names)}
+    rest = sorted(order[len(names) * n :])
+    examples[:] = [examples[i] for i in rest]
+    return out
+
+
+def _open(path: str | Path):
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AttnlabError(f"data file not found: {path}")
+    return open(p, encoding="utf-8", newline="")
+
+
+def read_table(path: str | Path, text_column: str, label_column: str) -> list[tuple[str, str]]:
+    """(text, label) rows of a CSV, TSV (by extension) or JSONL file."""
+    suffix = Path(path).suffix.lower()
+    with _open(path) as f:
+        if suffix in (".jsonl", ".json"):
+            rows = [_json_row(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
+        else:
+            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+    for n, row in enumerate(rows, 1):
+        missing = [c for c in (text_column, label_column) if c not in row]
+        if missing:
+            raise AttnlabError(
+                f"{path}: no column {missing[0]!r} (row {n} has: {', '.join(map(str, row))}); "
+                "set --text-column / --label-column"
+            )
+    return [(str(r[text_column]), str(r[label_column])) for r in rows]
+
+
+def _json_row(line: str, path, n: int) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        raise AttnlabError(f"{path}:{n}: not JSON ({e})") from None
+    if not isinstance(row, dict):
+        raise AttnlabError(f"{path}:{n}: each line must be a JSON object")
+    return row
+
+
+def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
+    """Sentences of a CoNLL-style file: `token label` per line (label = last field), blank line between."""
+    sentences, words, tags = [], [], []
+    with _open(path) as f:
+        for n, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                if words:
+                    sentences.append((words, tags))
+                words, tags = [], []
+                continue
+            if len(fields) < 2:
+                raise AttnlabError(f"{path}:{n}: expected 'token label', got {line.strip()!r}")
+            words.append(fields[0])
+            tags.append(fields[-1])
+    if words:
+        sentences.append((words, tags))
+    return sentences

@@ -1,0 +1,59 @@
+"""Confusion matrix and model-comparison pictures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.checkpoint import atomic_write
+
+
+def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> None:
+    """Rows: true class, columns: predicted; cells show counts, colour shows the row's share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = np.asarray(m)
+    share = m / np.maximum(m.sum(1, keepdims=True), 1)
+    size = max(4.0, 0.5 * len(labels) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            ax.text(j, i, str(m[i, j]), ha="center", va="center", color="white" if share[i, j] > 0.5 else "black")
+    fig.colorbar(im, ax=ax, label="share of the true class")
+    ax.set_title(title)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
+    """Bars of test accuracy and macro-F1 per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["model"] for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 2, 4))
+    for k, (key, label) in enumerate((("accuracy", "accuracy"), ("macro_f1", "macro-F1"))):
+        values = [r[key] for r in rows]
+        bars = ax.bar(x + (k - 0.5) * 0.38, values, 0.38, label=label)
+        ax.bar_label(bars, [f"{v:.1%}" for v in values], fontsize=8)
+    ax.set_xticks(x, names)
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("test score")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
