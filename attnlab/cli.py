@@ -212,6 +212,10 @@ def build_parser() -> Parser:
     add_config_flags(lm, "model", GPTConfig, "model (override the preset)")
     add_config_flags(lm, "train", TrainConfig, "training")
     lm.set_defaults(func=cmd_train)
+    from attnlab.cli_encoder import add_commands, add_top_commands
+
+    add_commands(sub, tasks)
+    add_top_commands(sub)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")

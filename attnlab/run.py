@@ -18,11 +18,17 @@ from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, rea
 from attnlab.config import from_dict
 from attnlab.device import pick_device
 from attnlab.errors import AttnlabError
+from attnlab.models.baselines import BASELINES
+from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import Tokenizer, load_tokenizer
 
 # family name -> (model config class, model class); later families register here.
-FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {"gpt": (GPTConfig, GPT)}
+FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
+    "gpt": (GPTConfig, GPT),
+    "encoder": (EncoderConfig, Encoder),
+    **BASELINES,  # bow, pooled, conv1d, rnn
+}
 
 
 def build_model(family: str, model_cfg: dict[str, Any]) -> nn.Module:

@@ -33,7 +33,7 @@ class LabeledDataConfig:
     vocab_size: int = option(10000, "words kept in the vocabulary, most frequent first")
     max_len: int = option(128, "tokens per example; longer texts are truncated, with a warning")
     split_fraction: float = option(0.1, "share of --data cut off for validation, and again for test, when not given")
-    seed: int = option(0, "seed of the generated tasks and of the split")
+    data_seed: int = option(0, "seed of the generated tasks and of the split")
 
 
 def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
@@ -43,7 +43,7 @@ def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
             raise AttnlabError(f"--data {cfg.data} is a {BUILTIN_TASKS[cfg.data]} task, not {task}")
         from attnlab.data import sentiment, tagging
 
-        splits = (sentiment if cfg.data == "sentiment" else tagging).splits(cfg.seed)
+        splits = (sentiment if cfg.data == "sentiment" else tagging).splits(cfg.data_seed)
     else:
 
         def read(path: str) -> list:
@@ -65,7 +65,7 @@ def _cut(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict[str, 
     if not names:
         return {}
     order = list(range(len(examples)))
-    random.Random(cfg.seed).shuffle(order)
+    random.Random(cfg.data_seed).shuffle(order)
     n = round(len(examples) * cfg.split_fraction)
     out = {name: [examples[i] for i in order[k * n : (k + 1) * n]] for k, name in enumerate(names)}
     rest = sorted(order[len(names) * n :])

@@ -26,7 +26,7 @@ _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", 
 class DataConfig:
     data: str = option("stdlib", "a text file, a folder, or a built-in corpus: stdlib")
     glob: str = option("*", "which files of a folder to read, searched recursively (e.g. '*.py')")
-    tokenizer: str = option("char", "character-level or byte-level BPE tokens", ("char", "bpe"))
+    tokenizer: str = option("char", "character-level, byte-level BPE or word tokens", ("char", "bpe", "word"))
     vocab_size: int = option(4096, "vocabulary size when training a BPE tokenizer")
     val_fraction: float = option(0.05, "share of the corpus held out for validation")
 

@@ -109,6 +109,13 @@ class Encoder(nn.Module):
         """ids (B, T) -> logits (mlm: (B, T, V), classify: (B, L), tag: (B, T, L)); with labels
         (classify: (B,), else (B, T), IGNORE where no loss) also the mean cross-entropy."""
         x, _ = self.hidden(ids)
+        if labels is not None and self.cfg.head == "mlm":
+            # Only the chosen ~15% of positions carry loss: the (C x V) head runs on those alone.
+            chosen = labels != IGNORE  # (B, T)
+            logits = self.head_logits(x[chosen], ids)  # (N, V)
+            if not chosen.any():  # nothing chosen (a tiny batch): no loss, but a graph to backpropagate
+                return logits, x.sum() * 0.0
+            return logits, F.cross_entropy(logits.float(), labels[chosen])
         logits = self.head_logits(x, ids)
         if labels is None:
             return logits

@@ -108,10 +108,12 @@ def train_labeled(
     init: str | Path | None = None,
     force: bool = False,
     progress: bool = True,
+    word_vectors: str | Path | None = None,
+    freeze_vectors: bool = False,
 ) -> dict:
     """Train a classifier (task "classify") or tagger ("tag") into run directory `out`; returns
     the final losses and the test-set scores. init: a masked-LM run whose encoder (and
-    tokenizer) to start from."""
+    tokenizer) to start from. word_vectors: a GloVe/word2vec text file for the word embedding."""
     data = data or LabeledDataConfig()
     train = train or TrainConfig(**TRAIN_DEFAULTS.get(model, {}))
     run = Path(out)
@@ -130,7 +132,13 @@ def train_labeled(
         training._fresh_dir(run)
         ck.write_text(run / ck.TOKENIZER, tok.to_json())
     distributed.barrier(d)
-    build = lambda: _build(model, cfg, init)  # noqa: E731
+
+    def build() -> nn.Module:
+        net = _build(model, cfg, init)
+        if word_vectors:
+            _load_vectors(net, word_vectors, tok, freeze_vectors, d.main)
+        return net
+
     batches = Examples({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
     s = training.start(run, build, batches, train, config, d, device, resume=False, command=task)
     t0 = time.perf_counter()
@@ -168,6 +176,18 @@ def _init_overrides(init, overrides: dict | None) -> dict:
     keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size", "context")}
     keep["context"] = base["model"]["context"]
     return {**keep, **{k: v for k, v in overrides.items() if k in ("dropout", "pooling")}}
+
+
+def _load_vectors(model: nn.Module, path, tok: WordTokenizer, freeze: bool, report: bool) -> None:
+    from attnlab.data.vectors import load_word_vectors
+
+    if getattr(model, "word_embedding", None) is None:
+        raise AttnlabError("--word-vectors: this model has no word embedding (bow reads word counts)")
+    found, missing = load_word_vectors(model.word_embedding, path, tok.itos, freeze)
+    if report:
+        words = tok.vocab_size - len(tok.specials)
+        print(f"word vectors: {found:,} of {words:,} vocabulary words found in {path}, {len(missing):,} missing"
+              + (f" (e.g. {', '.join(missing[:5])})" if missing else ""))  # fmt: skip
 
 
 def _build(name: str, cfg: Any, init) -> nn.Module:

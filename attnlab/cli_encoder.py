@@ -1,0 +1,157 @@
+"""Command-line commands of the encoder side: train mlm / classify / tag, predict, compare.
+
+Model flags are the union of the fields of every model's config (encoder and baselines); a
+flag that does not belong to the chosen --model is a one-line error. Training flags default
+to the settings tuned for each model (tasks/classify.py TRAIN_DEFAULTS), then the user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from attnlab.cli import Parser, add_config_flags, checked, flags_of
+from attnlab.config import field_type
+from attnlab.data import DataConfig
+from attnlab.data.labeled import LabeledDataConfig
+from attnlab.errors import AttnlabError
+from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
+from attnlab.models.encoder import EncoderConfig
+from attnlab.tasks.classify import MODELS, TRAIN_DEFAULTS
+from attnlab.training import TrainConfig
+
+SET_BY_DATA = {"vocab_size", "n_labels", "task", "head", "context"}
+
+
+def add_model_flags(parser: argparse.ArgumentParser, classes: list[type]) -> None:
+    """One --flag per field name over all `classes` (first one's help), as strings parsed later."""
+    group = parser.add_argument_group("model (fields of the chosen --model; see the README for which apply)")
+    seen = set()
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.name in seen or f.name in SET_BY_DATA:
+                continue
+            seen.add(f.name)
+            base, _ = field_type(cls, f)
+            kw = {"dest": f"model__{f.name}", "default": None, "help": f"{f.metadata.get('help', '')} [{cls.__name__}]"}
+            if base is bool:
+                kw["action"] = argparse.BooleanOptionalAction
+            group.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def _train_config(args: argparse.Namespace, model: str) -> TrainConfig:
+    return checked(TrainConfig, {**TRAIN_DEFAULTS.get(model, {}), **flags_of(args, "train")}, where="[train]")
+
+
+def cmd_train_labeled(args: argparse.Namespace) -> int:
+    from attnlab.tasks.classify import train_labeled
+
+    data = checked(LabeledDataConfig, flags_of(args, "data"), where="[data]")
+    overrides = flags_of(args, "model")
+    if args.preset:
+        overrides["preset"] = args.preset
+    result = train_labeled(args.out, args.task, args.model, overrides, _train_config(args, args.model), data,
+                           init=args.init, force=args.force, word_vectors=args.word_vectors,
+                           freeze_vectors=args.freeze_vectors)  # fmt: skip
+    if os.environ.get("RANK", "0") == "0":
+        t = result["test"]
+        print(f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} "
+              f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
+              f'Try: attnlab predict {args.out} "some text"')  # fmt: skip
+    return 0
+
+
+def cmd_train_mlm(args: argparse.Namespace) -> int:
+    from attnlab.tasks.mlm import MLM_DATA, MLM_TRAIN, train_mlm
+
+    preset = args.preset or "encoder-small"
+    if preset not in ENCODER_PRESETS:
+        raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(ENCODER_PRESETS)}")
+    model = checked(EncoderConfig, {**dataclasses.asdict(ENCODER_PRESETS[preset]), **flags_of(args, "model")},
+                    where="[model]")  # fmt: skip
+    train = checked(TrainConfig, {**MLM_TRAIN, **flags_of(args, "train")}, where="[train]")
+    data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
+    result = train_mlm(args.out, model, train, data, force=args.force)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"done: step {result['step']}, validation loss {result['val_loss']:.4f}. "
+              f'Try: attnlab predict {args.out} "def __init__([MASK], name):"')  # fmt: skip
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from attnlab.predict import predict
+    from attnlab.run import load
+
+    result = predict(load(args.run, device=args.device), args.text, args.top_k)
+    if args.json:
+        print(json.dumps(result))
+    elif result["kind"] == "classify":
+        print(f"{result['label']}  ({result['probability']:.3f})")
+    elif result["kind"] == "tag":
+        for t in result["tokens"]:
+            print(f"{t['token']:<20} {t['tag']:<10} {t['probability']:.3f}")
+    else:
+        for m in result["masks"]:
+            cands = "  ".join(f"{c['token']} ({c['probability']:.2f})" for c in m["candidates"])
+            print(f"[MASK] at token {m['position']}: {cands}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from attnlab.compare import compare, format_table
+
+    rows = compare(args.task, args.models.split(","), Path(args.out), force=args.force)
+    print(format_table(rows))
+    print(f"chart: {Path(args.out) / 'compare.png'}")
+    return 0
+
+
+def add_commands(sub, tasks) -> None:
+    """Add `train mlm|classify|tag`, `predict` and `compare` to the parser's subcommands."""
+    for task, what in (("classify", "a label per text"), ("tag", "a label per token")):
+        desc = f"Train a model that predicts {what}, then score it on the test split."
+        p = tasks.add_parser(task, help=f"{what}: the encoder or a baseline, on a file or a generated task",
+                             description=desc)  # fmt: skip
+        p.add_argument("--out", required=True, help="run directory to create")
+        p.add_argument("--model", default="encoder", choices=list(MODELS), help="which model (default: encoder)")
+        p.add_argument("--preset", default=None, help=f"encoder preset: {', '.join(ENCODER_PRESETS)}")
+        p.add_argument("--init", default=None, metavar="RUN", help="start the encoder from a masked-LM run")
+        p.add_argument("--word-vectors", default=None, metavar="FILE", help="GloVe or word2vec text file")
+        p.add_argument("--freeze-vectors", action="store_true", help="keep the loaded word vectors fixed")
+        p.add_argument("--force", action="store_true", help="replace --out if it exists")
+        add_config_flags(p, "data", LabeledDataConfig, "data")
+        add_model_flags(p, [cls for cls, _ in MODELS.values()])
+        add_config_flags(p, "train", TrainConfig, "training (defaults tuned per --model)")
+        p.set_defaults(func=cmd_train_labeled, task=task)
+    desc = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
+    mlm = tasks.add_parser("mlm", help="an encoder by masked-language modelling (BERT's pretraining)",
+                           description=desc)  # fmt: skip
+    mlm.add_argument("--out", required=True, help="run directory to create")
+    mlm.add_argument("--preset", default=None, help=f"{', '.join(ENCODER_PRESETS)} (default: encoder-small)")
+    mlm.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_config_flags(mlm, "data", DataConfig, "data (default: stdlib, word tokens)")
+    add_config_flags(mlm, "model", EncoderConfig, "model (override the preset)")
+    add_config_flags(mlm, "train", TrainConfig, "training")
+    mlm.set_defaults(func=cmd_train_mlm)
+
+
+def add_top_commands(sub) -> None:
+    pr = sub.add_parser("predict", help="a classifier's label, a tagger's tags, or a masked-LM's [MASK] candidates")
+    pr.add_argument("run", help="run directory (classify, tag or mlm)")
+    pr.add_argument("text", help='text to read; for a masked-LM run put [MASK] in it: "import [MASK]"')
+    pr.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default: 5)")
+    pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.set_defaults(func=cmd_predict)
+    cmp = sub.add_parser("compare", help="train several models on one task with one budget; table and bar chart")
+    cmp.add_argument("--task", default="sentiment", choices=("sentiment", "tagging"), help="generated task")
+    cmp.add_argument("--models", default="encoder,bow,pooled,conv1d,rnn", help="comma-separated models")
+    cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")
+    cmp.add_argument("--force", action="store_true", help="replace earlier runs in --out")
+    cmp.set_defaults(func=cmd_compare)
+
+
+__all__ = ["Parser", "add_commands", "add_top_commands"]
