@@ -139,9 +139,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
+    if run.config["family"] != "gpt":
+        return _eval_labeled(run, args)
+    if args.split == "test":
+        raise AttnlabError("a language model's data has a train and a val split: use --split val, train or all")
     data = args.data or run.config["data"]["data"]
     glob = args.glob or (run.config["data"].get("glob", "*") if not args.data else "*")
-    result = evaluate(run, data, glob, args.split, args.max_tokens, progress=not args.json)
+    result = evaluate(run, data, glob, args.split or "val", args.max_tokens, progress=not args.json)
     if args.json:
         print(json.dumps({"run": str(args.run), **result}))
     else:
@@ -149,6 +153,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"  loss            {result['loss']:.4f} nats/token")
         print(f"  perplexity      {result['perplexity']:.3f}")
         print(f"  bits per char   {result['bits_per_char']:.4f}")
+    return 0
+
+
+def _eval_labeled(run, args: argparse.Namespace) -> int:
+    from attnlab.tasks.classify import evaluate_labeled
+
+    if run.config.get("task", {}).get("kind") not in ("classify", "tag"):
+        raise AttnlabError(f'{args.run} is a masked-LM run: try attnlab predict {args.run} "... [MASK] ..."')
+    result = evaluate_labeled(run, args.data, args.split or "test")
+    if args.json:
+        print(json.dumps({"run": str(args.run), **result}))
+        return 0
+    print(f"{result['data']} ({result['split']}): {result['examples']:,} examples")
+    print(f"  accuracy  {result['accuracy']:.4f}\n  macro-F1  {result['macro_f1']:.4f}")
+    for name, c in result["per_class"].items():
+        print(f"  {name:<12} precision {c['precision']:.3f}  recall {c['recall']:.3f}  support {c['support']}")
     return 0
 
 
@@ -224,15 +244,16 @@ def build_parser() -> Parser:
     add_config_flags(sample, "gen", GenerateConfig, "generation")
     sample.set_defaults(func=cmd_sample)
 
-    ev = sub.add_parser("eval", help="loss, perplexity and bits per character of a run on data")
+    ev = sub.add_parser("eval", help="a language model's loss and bits per character, a classifier's accuracy")
     ev.add_argument("run", help="run directory")
     ev.add_argument("--data", default=None, help="file, folder or stdlib (default: the run's training data)")
     ev.add_argument("--glob", default=None, help="files of a folder to read (default: the run's, or *)")
     ev.add_argument(
         "--split",
-        default="val",
-        choices=SPLITS,
-        help="held-out part (same split as training), training part, or all (default: val)",
+        default=None,
+        choices=(*SPLITS, "test"),
+        help="held-out part (same split as training), training part, or all (default: val; "
+        "classifiers and taggers: test)",
     )
     ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")

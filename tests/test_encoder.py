@@ -150,6 +150,10 @@ def test_classify_file_predict_and_eval_files(tmp_path, capsys):
     assert (run / "confusion.png").stat().st_size > 1000
     code, out, _ = run_cli(["predict", run, "the food was bad", "--json"], capsys)
     assert json.loads(out)["label"] == "neg"
+    (tmp_path / "other.csv").write_text("text,label\nthe food was good,pos\nthe food was bad,pos\n")
+    code, out, _ = run_cli(["eval", run, "--data", tmp_path / "other.csv", "--json"], capsys)
+    result = json.loads(out)
+    assert (result["examples"], result["accuracy"], result["confusion"]) == (2, 0.5, [[0, 0], [1, 1]])
 
 
 def test_unknown_label_and_wrong_flag_are_one_line_errors(tmp_path, capsys):

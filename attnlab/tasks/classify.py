@@ -22,7 +22,7 @@ from attnlab import checkpoint as ck
 from attnlab import distributed, training
 from attnlab.config import from_dict
 from attnlab.data.batches import IGNORE, Examples
-from attnlab.data.labeled import LabeledDataConfig, load_splits
+from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.errors import AttnlabError
 from attnlab.metrics import confusion, scores
 from attnlab.models.baselines import BASELINES
@@ -221,6 +221,22 @@ def predict_batches(model: nn.Module, batches: Examples, split: str, device, bat
 def score(model: nn.Module, batches: Examples, split: str, labels: list[str], device) -> dict:
     gold, pred = predict_batches(model, batches, split, device)
     return scores(confusion(gold, pred, len(labels)), labels)
+
+
+def evaluate_labeled(run, data: str | None = None, split: str = "test") -> dict:
+    """Scores of a trained classifier or tagger `run` (attnlab.load) on a split of its data or of `data`
+    (a built-in task or a file, read whole when given)."""
+    kind, labels = run.config["task"]["kind"], run.config["task"]["labels"]
+    cfg = from_dict(LabeledDataConfig, run.config["data"], where="data config")
+    if data is not None:  # a file given here is the split to score, whole
+        cfg = dataclasses.replace(cfg, data=data, val=data, test=data)
+        split = split if data in BUILTIN_TASKS else "test"
+    if split not in SPLIT_NAMES:
+        raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
+    examples = load_splits(cfg, kind)[split]
+    ids, ys = encode(run.tokenizer, examples, kind, {y: i for i, y in enumerate(labels)}, cfg.max_len, split)
+    result = score(run.model, Examples({split: ids, "train": ids}, {split: ys, "train": ys}), split, labels, run.device)
+    return {"data": cfg.data, "split": split, "examples": len(examples), **result}
 
 
 def _confusion_png(run: Path, result: dict, title: str) -> None:
