@@ -42,7 +42,7 @@ from attnlab.distributed import Dist
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.optim import apply_settings, lr_at, make_optimizer
-from attnlab.tokenizers import load_tokenizer, train_tokenizer
+from attnlab.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.viz.curves import plot_loss, read_metrics
 
 
@@ -213,26 +213,48 @@ def prepare(
     files = resolve_sources(data.data, data.glob)
     if resume:
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
-    block_size = cfg.block_size or model_cfg.context  # checked before any slow work
-    if block_size > model_cfg.context:
-        raise AttnlabError(f"block size {block_size} is beyond the model's context of {model_cfg.context}")
+    block_size = checked_block_size(cfg, model_cfg.context)  # before any slow work
     if not resume:
-        with distributed.main_first(d):
-            if d.main:
-                texts = read_texts(files, "reading the corpus" if progress else None)
-                tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
-                build_token_cache(files, tok, data.val_fraction, progress)  # may fail: before --force replaces
-                model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
-                _fresh_dir(run)
-                ck.write_text(run / ck.TOKENIZER, tok.to_json())
-                ck.write_json(run / ck.CONFIG, _config(model_cfg, cfg, data))
+        new_run(
+            run, files, data, d, progress, lambda tok: _config(replace(model_cfg, vocab_size=tok.vocab_size), cfg, data)
+        )
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
-    tok = load_tokenizer(run)
-    with distributed.main_first(d):  # (already built above for a new run: found at once)
-        tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
+    _, tokens = run_tokens(run, files, data, d, progress)
     tokens.check(block_size)
     batches = Windows(tokens, block_size)
     return start(run, lambda: GPT(model_cfg), batches, cfg, _config(model_cfg, cfg, data), d, device, resume)
+
+
+def checked_block_size(cfg: TrainConfig, context: int) -> int:
+    """Tokens per training sequence: --block-size, or the model's whole context (never beyond it)."""
+    block_size = cfg.block_size or context
+    if block_size > context:
+        raise AttnlabError(f"block size {block_size} is beyond the model's context of {context}")
+    return block_size
+
+
+def new_run(
+    run: Path, files: list[Path], data: DataConfig, d: Dist, progress: bool, config_for: Callable[[Tokenizer], dict]
+) -> None:
+    """Start a run directory on a corpus: train the tokenizer and build the token cache (both may
+    fail, so before --force replaces an old run), then write tokenizer.json and config.json
+    (config_for(tokenizer)). Rank 0 does the work; the other processes wait for it."""
+    with distributed.main_first(d):
+        if d.main:
+            texts = read_texts(files, "reading the corpus" if progress else None)
+            tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
+            build_token_cache(files, tok, data.val_fraction, progress)
+            _fresh_dir(run)
+            ck.write_text(run / ck.TOKENIZER, tok.to_json())
+            ck.write_json(run / ck.CONFIG, config_for(tok))
+
+
+def run_tokens(run: Path, files: list[Path], data: DataConfig, d: Dist, progress: bool) -> tuple[Tokenizer, TokenData]:
+    """The run's tokenizer, and the token cache of `files` under it (built by rank 0 if missing;
+    for a run that new_run just started, found at once)."""
+    tok = load_tokenizer(run)
+    with distributed.main_first(d):
+        return tok, TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
 
 
 def _config(model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig) -> dict:

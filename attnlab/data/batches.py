@@ -64,7 +64,7 @@ class Examples:
 
     def __init__(self, seqs: dict[str, list[np.ndarray]], labels: dict[str, list]):
         self.seqs, self.labels = seqs, labels
-        lengths = [len(s) for s in seqs["train"]]
+        lengths = [len(s) for s in seqs.get("train", [])]
         self.per_example = (round(float(np.mean(lengths))) if lengths else 0, "tokens")
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -84,7 +84,7 @@ class Examples:
         return len(self.seqs.get(split, [])) > 0
 
     def describe(self) -> str:
-        return f"{len(self.seqs['train']):,} training examples"
+        return f"{len(self.seqs.get('train', [])):,} training examples"
 
 
 def pad(rows: list[Tensor], value: int) -> Tensor:

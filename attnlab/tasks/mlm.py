@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from attnlab import checkpoint as ck
 from attnlab import distributed, training
-from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources
+from attnlab.data import DataConfig, resolve_sources
 from attnlab.data.batches import MaskedWindows
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import Encoder, EncoderConfig
-from attnlab.tokenizers import WORD_SPECIALS, WordTokenizer, load_tokenizer
+from attnlab.tokenizers import WORD_SPECIALS
 from attnlab.training import TrainConfig
 
 # An encoder-small on the standard library's words, in a few minutes on a laptop CPU.
@@ -39,29 +38,25 @@ def train_mlm(
     model = replace(model or EncoderConfig.from_preset("encoder-small"), head="mlm")
     if data.tokenizer != "word":
         raise AttnlabError("masked-LM training needs the word tokenizer (it has [MASK]): use --tokenizer word")
-    block = train.block_size or model.context
-    if block > model.context:
-        raise AttnlabError(f"block size {block} is beyond the model's context of {model.context}")
+    block = training.checked_block_size(train, model.context)
     d, device = distributed.init(train.device)
     run = Path(out)
     training._check_dir(run, False, force)
     files = resolve_sources(data.data, data.glob)
-    with distributed.main_first(d):
-        if d.main:
-            tok = WordTokenizer.train(read_texts(files, "reading the corpus" if progress else None), data.vocab_size)
-            build_token_cache(files, tok, data.val_fraction, progress)  # may fail: before --force replaces
-            training._fresh_dir(run)
-            ck.write_text(run / ck.TOKENIZER, tok.to_json())
-    tok = load_tokenizer(run)
-    with distributed.main_first(d):
-        tokens = TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
+    training.new_run(run, files, data, d, progress, lambda tok: _config(replace(model, vocab_size=tok.vocab_size),
+                                                                        train, data))  # fmt: skip
+    tok, tokens = training.run_tokens(run, files, data, d, progress)
     tokens.check(block)
     model = replace(model, vocab_size=tok.vocab_size)
     batches = MaskedWindows(tokens, block, tok.mask_id, n_special=len(WORD_SPECIALS))
-    config = {"family": "encoder", "model": asdict(model), "train": asdict(train), "data": asdict(data),
-              "task": {"kind": "mlm"}}  # fmt: skip
+    config = _config(model, train, data)
     s = training.start(run, lambda: Encoder(model), batches, train, config, d, device, resume=False, command="mlm")
     try:
         return training.loop(s, progress)
     finally:
         distributed.shutdown(d)
+
+
+def _config(model: EncoderConfig, train: TrainConfig, data: DataConfig) -> dict:
+    return {"family": "encoder", "model": asdict(model), "train": asdict(train), "data": asdict(data),
+            "task": {"kind": "mlm"}}  # fmt: skip
