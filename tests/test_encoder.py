@@ -182,7 +182,7 @@ def test_tagging_with_rnn_and_long_texts_are_truncated_with_a_warning(tmp_path, 
 def test_mlm_pretraining_then_finetuning_with_init(tmp_path, corpus, capsys):
     mlm = tmp_path / "mlm"
     code, out, _ = run_cli(["train", "mlm", "--data", corpus, "--out", mlm, "--preset", "encoder-tiny",
-                            "--block-size", "16", "--batch-size", "8", *FAST], capsys)  # fmt: skip
+                            "--context", "48", "--block-size", "16", "--batch-size", "8", *FAST], capsys)  # fmt: skip
     assert code == 0 and "validation loss" in out
     losses = [json.loads(line) for line in (mlm / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in losses if "val_loss" in r]
@@ -190,11 +190,13 @@ def test_mlm_pretraining_then_finetuning_with_init(tmp_path, corpus, capsys):
     code, out, _ = run_cli(["predict", mlm, "def [MASK](self):", "--json"], capsys)
     assert len(json.loads(out)["masks"][0]["candidates"]) == 5
     (tmp_path / "c.csv").write_text("text,label\n" + "self . x,a\ndef add,b\n" * 20)
-    code, out, _ = run_cli(["train", "classify", "--data", tmp_path / "c.csv", "--init", mlm,
-                            "--out", tmp_path / "ft", *FAST], capsys)  # fmt: skip
+    args = ["train", "classify", "--data", tmp_path / "c.csv", "--init", mlm, *FAST]
+    code, _, err = run_cli([*args, "--out", tmp_path / "long"], capsys)  # --max-len 128 > the pretrained 48
+    assert code == 2 and "beyond the pretrained encoder's context of 48" in err
+    code, out, _ = run_cli([*args, "--out", tmp_path / "ft", "--max-len", "48"], capsys)
     assert code == 0
     ft = Encoder(EncoderConfig(**json.loads((tmp_path / "ft" / "config.json").read_text())["model"]))
-    assert ft.cfg.d_model == 64 and ft.cfg.head == "classify"
+    assert (ft.cfg.d_model, ft.cfg.context, ft.cfg.head) == (64, 48, "classify")
 
 
 def test_word_vectors_flag_loads_rows(tmp_path, capsys):

@@ -48,7 +48,10 @@ def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: 
     if name not in MODELS:
         raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     overrides = dict(overrides)
-    sizes: dict[str, Any] = {"vocab_size": vocab_size, "n_labels": n_labels, "context": max(max_len, 1)}
+    context = overrides.pop("context", None) or max(max_len, 1)  # a pretrained encoder keeps its own
+    if max_len > context:
+        raise AttnlabError(f"--max-len {max_len} is beyond the pretrained encoder's context of {context}")
+    sizes: dict[str, Any] = {"vocab_size": vocab_size, "n_labels": n_labels, "context": context}
     if name == "encoder":
         preset = overrides.pop("preset", None) or "encoder-tiny"
         if preset not in ENCODER_PRESETS:
@@ -173,8 +176,7 @@ def _init_overrides(init, overrides: dict | None) -> dict:
     base = ck.read_run_config(ck.check_run_dir(init))
     if base.get("family") != "encoder":
         raise AttnlabError(f"--init {init} is not an encoder run (family {base.get('family')!r})")
-    keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size", "context")}
-    keep["context"] = base["model"]["context"]
+    keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size")}
     return {**keep, **{k: v for k, v in overrides.items() if k in ("dropout", "pooling")}}
 
 
@@ -235,7 +237,7 @@ def evaluate_labeled(run, data: str | None = None, split: str = "test") -> dict:
         raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
     examples = load_splits(cfg, kind)[split]
     ids, ys = encode(run.tokenizer, examples, kind, {y: i for i, y in enumerate(labels)}, cfg.max_len, split)
-    result = score(run.model, Examples({split: ids, "train": ids}, {split: ys, "train": ys}), split, labels, run.device)
+    result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
     return {"data": cfg.data, "split": split, "examples": len(examples), **result}
 
 
