@@ -36,26 +36,38 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"attnlab: error: {message} (see: {self.prog} --help)\n")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, section: str, cls: type, title: str) -> None:
-    """One --flag per dataclass field; defaults stay None so we know what the user set."""
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    section: str,
+    cls: type | tuple[type, ...],
+    title: str,
+    skip: set[str] = frozenset(),
+) -> None:
+    """One --flag per dataclass field; defaults stay None so we know what the user set. Given
+    several classes, one flag per field name, its help naming the class it comes from."""
     group = parser.add_argument_group(title)
-    for f in dataclasses.fields(cls):
-        if f.name in NOT_FLAGS.get(section, ()):
-            continue
-        base, _ = field_type(cls, f)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kw: dict[str, Any] = {
-            "dest": f"{section}__{f.name}",
-            "default": None,
-            "help": f"{f.metadata.get('help', '')} (default: {default})",
-        }
-        if base is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["metavar"] = (
-                f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
-            )
-        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    seen = set(skip) | NOT_FLAGS.get(section, set())
+    for c in classes:
+        for f in dataclasses.fields(c):
+            if f.name not in seen:
+                seen.add(f.name)
+                _add_flag(group, section, c, f, f" [{c.__name__}]" if len(classes) > 1 else "")
+
+
+def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str) -> None:
+    base, _ = field_type(cls, f)
+    default = f.default if f.default is not dataclasses.MISSING else None
+    kw: dict[str, Any] = {
+        "dest": f"{section}__{f.name}",
+        "default": None,
+        "help": f"{f.metadata.get('help', '')} (default: {default}){where}",
+    }
+    if base is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
+    group.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
 def flags_of(args: argparse.Namespace, section: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 from attnlab.cli import Parser, add_config_flags, checked, flags_of
-from attnlab.config import field_type
 from attnlab.data import DataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.errors import AttnlabError
@@ -24,22 +23,6 @@ from attnlab.tasks.classify import MODELS, TRAIN_DEFAULTS
 from attnlab.training import TrainConfig
 
 SET_BY_DATA = {"vocab_size", "n_labels", "task", "head", "context"}
-
-
-def add_model_flags(parser: argparse.ArgumentParser, classes: list[type]) -> None:
-    """One --flag per field name over all `classes` (first one's help), as strings parsed later."""
-    group = parser.add_argument_group("model (fields of the chosen --model; see the README for which apply)")
-    seen = set()
-    for cls in classes:
-        for f in dataclasses.fields(cls):
-            if f.name in seen or f.name in SET_BY_DATA:
-                continue
-            seen.add(f.name)
-            base, _ = field_type(cls, f)
-            kw = {"dest": f"model__{f.name}", "default": None, "help": f"{f.metadata.get('help', '')} [{cls.__name__}]"}
-            if base is bool:
-                kw["action"] = argparse.BooleanOptionalAction
-            group.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
 def _train_config(args: argparse.Namespace, model: str) -> TrainConfig:
@@ -123,7 +106,9 @@ def add_commands(sub, tasks) -> None:
         p.add_argument("--freeze-vectors", action="store_true", help="keep the loaded word vectors fixed")
         p.add_argument("--force", action="store_true", help="replace --out if it exists")
         add_config_flags(p, "data", LabeledDataConfig, "data")
-        add_model_flags(p, [cls for cls, _ in MODELS.values()])
+        model_classes = tuple(cls for cls, _ in MODELS.values())
+        title = "model (fields of the chosen --model; the class each belongs to in brackets)"
+        add_config_flags(p, "model", model_classes, title, SET_BY_DATA)
         add_config_flags(p, "train", TrainConfig, "training (defaults tuned per --model)")
         p.set_defaults(func=cmd_train_labeled, task=task)
     desc = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
