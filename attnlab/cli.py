@@ -42,9 +42,11 @@ def add_config_flags(
     cls: type | tuple[type, ...],
     title: str,
     skip: set[str] = frozenset(),
+    defaults: dict[str, Any] | None = None,
 ) -> None:
     """One --flag per dataclass field; defaults stay None so we know what the user set. Given
-    several classes, one flag per field name, its help naming the class it comes from."""
+    several classes, one flag per field name, its help naming the class it comes from. `defaults`:
+    the values the command uses in place of the fields' own (a preset, tuned settings), for --help."""
     group = parser.add_argument_group(title)
     classes = cls if isinstance(cls, tuple) else (cls,)
     seen = set(skip) | NOT_FLAGS.get(section, set())
@@ -52,12 +54,13 @@ def add_config_flags(
         for f in dataclasses.fields(c):
             if f.name not in seen:
                 seen.add(f.name)
-                _add_flag(group, section, c, f, f" [{c.__name__}]" if len(classes) > 1 else "")
+                _add_flag(group, section, c, f, f" [{c.__name__}]" if len(classes) > 1 else "", defaults or {})
 
 
-def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str) -> None:
+def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str, defaults: dict) -> None:
     base, _ = field_type(cls, f)
     default = f.default if f.default is not dataclasses.MISSING else None
+    default = defaults.get(f.name, default)
     kw: dict[str, Any] = {
         "dest": f"{section}__{f.name}",
         "default": None,
@@ -151,6 +154,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
+    if run.config.get("task", {}).get("kind") == "translate":
+        from attnlab.cli_translate import eval_translation
+
+        return eval_translation(run, args)
     if run.config["family"] != "gpt":
         return _eval_labeled(run, args)
     if args.split == "test":
@@ -248,6 +255,9 @@ def build_parser() -> Parser:
 
     add_commands(sub, tasks)
     add_top_commands(sub)
+    from attnlab import cli_translate
+
+    cli_translate.add_commands(sub, tasks)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")
@@ -268,6 +278,7 @@ def build_parser() -> Parser:
         "classifiers and taggers: test)",
     )
     ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ev.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)

@@ -16,6 +16,7 @@ from pathlib import Path
 from attnlab.cli import Parser, add_config_flags, checked, flags_of
 from attnlab.data import DataConfig
 from attnlab.data.labeled import LabeledDataConfig
+from attnlab.data.parallel import GENERATED
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import EncoderConfig
@@ -68,7 +69,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from attnlab.predict import predict
     from attnlab.run import load
 
-    result = predict(load(args.run, device=args.device), args.text, args.top_k)
+    run = load(args.run, device=args.device)
+    if run.config.get("task", {}).get("kind") == "translate":
+        from attnlab.cli_translate import print_translation
+
+        return print_translation(run, args)
+    result = predict(run, args.text, args.top_k)
     if args.json:
         print(json.dumps(result))
     elif result["kind"] == "classify":
@@ -86,7 +92,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnlab.compare import compare, format_table
 
-    rows = compare(args.task, args.models.split(","), Path(args.out), force=args.force)
+    default = "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"
+    rows = compare(args.task, (args.models or default).split(","), Path(args.out), force=args.force)
     print(format_table(rows))
     print(f"chart: {Path(args.out) / 'compare.png'}")
     return 0
@@ -108,8 +115,10 @@ def add_commands(sub, tasks) -> None:
         add_config_flags(p, "data", LabeledDataConfig, "data")
         model_classes = tuple(cls for cls, _ in MODELS.values())
         title = "model (fields of the chosen --model; the class each belongs to in brackets)"
-        add_config_flags(p, "model", model_classes, title, SET_BY_DATA)
-        add_config_flags(p, "train", TrainConfig, "training (defaults tuned per --model)")
+        preset = dataclasses.asdict(ENCODER_PRESETS["encoder-tiny"])
+        add_config_flags(p, "model", model_classes, title, SET_BY_DATA, defaults=preset)
+        add_config_flags(p, "train", TrainConfig, "training (tuned per --model; defaults shown: the encoder's)",
+                         defaults=TRAIN_DEFAULTS["encoder"])  # fmt: skip
         p.set_defaults(func=cmd_train_labeled, task=task)
     desc = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
     mlm = tasks.add_parser("mlm", help="an encoder by masked-language modelling (BERT's pretraining)",
@@ -117,23 +126,35 @@ def add_commands(sub, tasks) -> None:
     mlm.add_argument("--out", required=True, help="run directory to create")
     mlm.add_argument("--preset", default=None, help=f"{', '.join(ENCODER_PRESETS)} (default: encoder-small)")
     mlm.add_argument("--force", action="store_true", help="replace --out if it exists")
-    add_config_flags(mlm, "data", DataConfig, "data (default: stdlib, word tokens)")
-    add_config_flags(mlm, "model", EncoderConfig, "model (override the preset)")
-    add_config_flags(mlm, "train", TrainConfig, "training")
+    from attnlab.tasks.mlm import MLM_DATA, MLM_TRAIN
+
+    add_config_flags(mlm, "data", DataConfig, "data", defaults=MLM_DATA)
+    preset = dataclasses.asdict(ENCODER_PRESETS["encoder-small"])
+    add_config_flags(mlm, "model", EncoderConfig, "model (override the preset)", defaults=preset)
+    add_config_flags(mlm, "train", TrainConfig, "training", defaults=MLM_TRAIN)
     mlm.set_defaults(func=cmd_train_mlm)
 
 
 def add_top_commands(sub) -> None:
-    pr = sub.add_parser("predict", help="a classifier's label, a tagger's tags, or a masked-LM's [MASK] candidates")
-    pr.add_argument("run", help="run directory (classify, tag or mlm)")
+    pr = sub.add_parser("predict", help="a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, "
+                        "a translation")  # fmt: skip
+    pr.add_argument("run", help="run directory (classify, tag, mlm or translate)")
     pr.add_argument("text", help='text to read; for a masked-LM run put [MASK] in it: "import [MASK]"')
     pr.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default: 5)")
+    pr.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
+    pr.add_argument("--attention", default=None, metavar="FILE.png", help="translation runs: draw the alignment")
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=cmd_predict)
     cmp = sub.add_parser("compare", help="train several models on one task with one budget; table and bar chart")
-    cmp.add_argument("--task", default="sentiment", choices=("sentiment", "tagging"), help="generated task")
-    cmp.add_argument("--models", default="encoder,bow,pooled,conv1d,rnn", help="comma-separated models")
+    cmp.add_argument(
+        "--task",
+        default="sentiment",
+        choices=("sentiment", "tagging", *GENERATED),
+        help="generated task: sentiment, tagging, or a translation task (default: sentiment)",
+    )
+    cmp.add_argument("--models", default=None, help="comma-separated models (default: encoder,bow,pooled,conv1d,rnn; "
+                     "translation: transformer,rnn-attention,rnn)")  # fmt: skip
     cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")
     cmp.add_argument("--force", action="store_true", help="replace earlier runs in --out")
     cmp.set_defaults(func=cmd_compare)

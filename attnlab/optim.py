@@ -13,10 +13,18 @@ if TYPE_CHECKING:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr, then cosine decay to min_lr at max_steps."""
+    """Linear warmup to cfg.lr, then cosine decay to min_lr at max_steps, or (schedule
+    "inverse_sqrt") decay as 1/sqrt(step).
+
+    The paper's schedule, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), is this
+    inverse_sqrt one with its peak lr = (d_model * warmup)^-0.5 reached at step = warmup
+    (7.0e-4 for d_model 512, 4000 warmup steps).
+    """
     min_lr = cfg.lr / 10 if cfg.min_lr is None else cfg.min_lr
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "inverse_sqrt":
+        return cfg.lr * math.sqrt(max(1, cfg.warmup_steps) / (step + 1))
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
 

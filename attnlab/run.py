@@ -21,6 +21,8 @@ from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
+from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.tokenizers import Tokenizer, load_tokenizer
 
 # family name -> (model config class, model class); later families register here.
@@ -28,6 +30,8 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "gpt": (GPTConfig, GPT),
     "encoder": (EncoderConfig, Encoder),
     **BASELINES,  # bow, pooled, conv1d, rnn
+    "seq2seq": (Seq2SeqConfig, Seq2Seq),  # the encoder-decoder Transformer
+    "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
 }
 
 

@@ -55,6 +55,8 @@ class TrainConfig:
     lr: float = option(3e-3, "peak learning rate")
     min_lr: float | None = option(None, "learning rate at the end of the cosine decay (default lr / 10)")
     warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
+    schedule: str = option("cosine", "after warmup: cosine decay to min_lr, or the Transformer paper's "
+                           "inverse square root of the step", ("cosine", "inverse_sqrt"))  # fmt: skip
     weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
     beta1: float = option(0.9, "AdamW beta1")
     beta2: float = option(0.95, "AdamW beta2")
@@ -75,6 +77,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_steps < 0 or self.warmup_steps < 0 or self.lr <= 0:
             raise ValueError("max_steps and warmup_steps must be >= 0 and lr > 0")
+        if self.schedule not in ("cosine", "inverse_sqrt"):
+            raise ValueError(f"schedule must be cosine or inverse_sqrt, got {self.schedule!r}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
 

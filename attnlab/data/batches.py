@@ -20,6 +20,8 @@ from attnlab.data.tokens import TokenData
 
 IGNORE = -100  # a label that carries no loss (cross_entropy's ignore_index)
 PAD_ID = 0
+# Sequence-to-sequence ids: a tokenizer's id t becomes t + N_SPECIAL, below it these three.
+BOS_ID, EOS_ID, N_SPECIAL = 1, 2, 3
 
 
 class Batches(Protocol):
@@ -85,6 +87,36 @@ class Examples:
 
     def describe(self) -> str:
         return f"{len(self.seqs.get('train', [])):,} training examples"
+
+
+class Pairs:
+    """Translation: source and target id arrays (specials already shifted in, no BOS/EOS).
+
+    A batch is (src (B, S), tgt_in (B, T), labels (B, T)), padded per batch to the longest:
+    tgt_in = BOS + target (teacher forcing), labels = target + EOS, IGNORE on padding.
+    """
+
+    def __init__(self, src: dict[str, list[np.ndarray]], tgt: dict[str, list[np.ndarray]]):
+        self.src, self.tgt = src, tgt
+        lengths = [len(t) + 1 for t in tgt.get("train", [])]
+        self.per_example = (round(float(np.mean(lengths))) if lengths else 0, "tokens")  # target side
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
+        return self.collate(split, _slice(rng.integers(0, len(self.src[split]), size=n), part))
+
+    def collate(self, split: str, rows) -> tuple[Tensor, Tensor, Tensor]:
+        src = pad([torch.as_tensor(self.src[split][i]) for i in rows], PAD_ID)  # (B, S)
+        tgt = [torch.as_tensor(self.tgt[split][i]) for i in rows]
+        bos, eos = torch.tensor([BOS_ID]), torch.tensor([EOS_ID])
+        tgt_in = pad([torch.cat([bos, t]) for t in tgt], PAD_ID)  # (B, T)
+        labels = pad([torch.cat([t, eos]) for t in tgt], IGNORE)  # (B, T)
+        return src, tgt_in, labels
+
+    def has(self, split: str) -> bool:
+        return len(self.src.get(split, [])) > 0
+
+    def describe(self) -> str:
+        return f"{len(self.src.get('train', [])):,} training pairs"
 
 
 def pad(rows: list[Tensor], value: int) -> Tensor:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.models.common import TransformerConfig, init_weights
 from attnlab.nn import Block, LayerNorm, build_positions
+from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
 
 PAD_ID = 0
@@ -95,8 +96,7 @@ class Encoder(nn.Module):
         """Final hidden states (B, T, C) of ids (B, T), and each layer's attention (B, H, T, T) if asked."""
         if ids.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the context of {self.cfg.context}")
-        real = ids != PAD_ID  # (B, T)
-        mask = (real[:, None, :, None] & real[:, None, None, :]) if not real.all() else None  # (B, 1, T, T)
+        mask = padding_mask(ids != PAD_ID)  # (B, 1, T, T) or None
         x = self.drop(self.embed_norm(self.pos(self.tok(ids))))  # (B, T, C)
         weights = []
         for block in self.blocks:

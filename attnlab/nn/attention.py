@@ -31,6 +31,18 @@ def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> T
     return k_pos <= q_pos
 
 
+def padding_mask(real: Tensor, queries: bool = True) -> Tensor | None:
+    """Attention mask from real (non-padding) positions (B, T): None when nothing is padded.
+
+    queries=True: (B, 1, T, T), padding neither gives nor receives attention (self-attention);
+    queries=False: (B, 1, 1, T), only the keys are masked (cross-attention over a padded source).
+    """
+    if bool(real.all()):
+        return None
+    keys = real[:, None, None, :]  # (B, 1, 1, T)
+    return keys & real[:, None, :, None] if queries else keys
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -132,6 +144,11 @@ class KVCache:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def select(self, rows: Tensor) -> None:
+        """Keep batch rows `rows` (in that order): beam search reorders hypotheses this way."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
 
 
 class MultiHeadAttention(nn.Module):

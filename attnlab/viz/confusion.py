@@ -35,8 +35,11 @@ def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = ""
     plt.close(fig)
 
 
-def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
-    """Bars of test accuracy and macro-F1 per model."""
+CLASSIFY_BARS = (("accuracy", "accuracy", 1.0), ("macro_f1", "macro-F1", 1.0))
+
+
+def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLASSIFY_BARS) -> None:
+    """Bars of test scores per model; bars: (key, label, scale) per score, value / scale drawn in [0, 1]."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,10 +48,11 @@ def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
     names = [r["model"] for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 2, 4))
-    for k, (key, label) in enumerate((("accuracy", "accuracy"), ("macro_f1", "macro-F1"))):
-        values = [r[key] for r in rows]
-        bars = ax.bar(x + (k - 0.5) * 0.38, values, 0.38, label=label)
-        ax.bar_label(bars, [f"{v:.1%}" for v in values], fontsize=8)
+    width = 0.76 / len(bars)
+    for k, (key, label, scale) in enumerate(bars):
+        values = [r[key] / scale for r in rows]
+        drawn = ax.bar(x + (k - (len(bars) - 1) / 2) * width, values, width, label=label)
+        ax.bar_label(drawn, [f"{v:.1%}" for v in values], fontsize=8)
     ax.set_xticks(x, names)
     ax.set_ylim(0, 1.08)
     ax.set_ylabel("test score")

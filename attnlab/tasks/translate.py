@@ -1,0 +1,258 @@
+"""Translation: the encoder-decoder Transformer or an RNN encoder-decoder, through the shared loop.
+
+train_translate("runs/numbers", "transformer", data=ParallelDataConfig(data="numbers"))
+  -> a tokenizer per side (or one shared), trained on the training pairs
+  -> pairs encoded with BOS/EOS/PAD ids below the tokenizers' ids (data/batches.py Pairs)
+  -> training.start + training.loop, as for every task
+  -> the test split decoded greedily: exact match, BLEU and chrF (sacrebleu) in eval.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlab import checkpoint as ck
+from attnlab import distributed, training
+from attnlab.config import from_dict
+from attnlab.data.batches import N_SPECIAL, Pairs
+from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
+from attnlab.decode import beam_search, greedy
+from attnlab.errors import AttnlabError
+from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
+from attnlab.models.seq2seq import PRESETS, Seq2Seq, Seq2SeqConfig
+from attnlab.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.training import TrainConfig
+
+TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share tokenizer.json
+# command-line model name -> (family in config.json, config class, model class, fixed settings)
+MODELS: dict[str, tuple[str, type, type[nn.Module], dict]] = {
+    "transformer": ("seq2seq", Seq2SeqConfig, Seq2Seq, {}),
+    "rnn-attention": ("rnn-seq2seq", RNNSeq2SeqConfig, RNNSeq2Seq, {"attention": True}),
+    "rnn": ("rnn-seq2seq", RNNSeq2SeqConfig, RNNSeq2Seq, {"attention": False}),
+}
+# Settings that learn the built-in tasks in a few minutes on a laptop CPU.
+TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "transformer": dict(
+        max_steps=3000, batch_size=64, lr=1e-3, warmup_steps=200, weight_decay=0.01, eval_interval=500, beta2=0.98
+    ),  # fmt: skip
+    "rnn-attention": dict(
+        max_steps=3000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=500
+    ),  # fmt: skip
+}
+TRAIN_DEFAULTS["rnn"] = dict(TRAIN_DEFAULTS["rnn-attention"])
+
+
+def model_config(name: str, src_vocab: int, tgt_vocab: int, max_len: int, overrides: dict) -> Any:
+    """The model's config: its defaults (the Transformer: a preset), the user's overrides, the data's sizes."""
+    if name not in MODELS:
+        raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    family, cls, _, fixed = MODELS[name]
+    overrides = dict(overrides)
+    base: dict[str, Any] = {}
+    sizes: dict[str, Any] = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed}
+    if family == "seq2seq":
+        preset = overrides.pop("preset", None) or "transformer-tiny"
+        if preset not in PRESETS:
+            raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        base = dataclasses.asdict(PRESETS[preset])
+        sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
+        base["share_embeddings"] = overrides.get("share_embeddings", False) and src_vocab == tgt_vocab
+    elif "preset" in overrides:
+        raise AttnlabError("--preset names a Transformer size: it does not apply to the RNNs")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise AttnlabError(f"--{unknown[0].replace('_', '-')} does not apply to --model {name}")
+    try:
+        return from_dict(cls, {**base, **overrides, **sizes}, where=f"{name} model config")
+    except ValueError as e:
+        raise AttnlabError(f"{name} model config: {e}") from None
+
+
+def train_tokenizers(pairs: list[tuple[str, str]], kind: str, vocab_size: int, shared: bool):
+    """(source tokenizer, target tokenizer) trained on the training pairs; one object when shared."""
+    if shared:
+        tok = train_tokenizer(kind, [s for pair in pairs for s in pair], vocab_size)
+        return tok, tok
+    return (train_tokenizer(kind, [s for s, _ in pairs], vocab_size),
+            train_tokenizer(kind, [t for _, t in pairs], vocab_size))  # fmt: skip
+
+
+def to_ids(tok: Tokenizer, text: str) -> np.ndarray:
+    """Model ids of a text: the tokenizer's ids shifted above PAD, BOS and EOS."""
+    return tok.encode_array(text).astype(np.int64) + N_SPECIAL
+
+
+def to_text(tok: Tokenizer, ids: list[int]) -> str:
+    return tok.decode([i - N_SPECIAL for i in ids if i >= N_SPECIAL])
+
+
+def encode_pairs(src_tok, tgt_tok, pairs: list[tuple[str, str]], max_len: int, split: str):
+    """Source and target id arrays; sides longer than max_len tokens are cut (one warning per split)."""
+    src, tgt, cut = [], [], 0
+    for s, t in pairs:
+        a, b = to_ids(src_tok, s), to_ids(tgt_tok, t)
+        cut += len(a) > max_len or len(b) > max_len
+        src.append(a[:max_len])
+        tgt.append(b[:max_len])
+    if cut:
+        warnings.warn(f"{cut} {split} pairs longer than {max_len} tokens were truncated (raise --max-len)",
+                      stacklevel=2)  # fmt: skip
+    return src, tgt
+
+
+def train_translate(
+    out: str | Path,
+    model: str = "transformer",
+    model_overrides: dict | None = None,
+    train: TrainConfig | None = None,
+    data: ParallelDataConfig | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Train a translation model into run directory `out`; returns the losses and the test scores."""
+    data = data or ParallelDataConfig()
+    train = train or TrainConfig(**TRAIN_DEFAULTS.get(model, {}))
+    run = Path(out)
+    d, device = distributed.init(train.device)
+    training._check_dir(run, False, force)
+    splits = load_pairs(data)
+    src_tok, tgt_tok = train_tokenizers(splits["train"], tokenizer_kind(data), data.vocab_size, data.shared_vocab)
+    cfg = model_config(model, src_tok.vocab_size + N_SPECIAL, tgt_tok.vocab_size + N_SPECIAL, data.max_len,
+                       dict(model_overrides or {}))  # fmt: skip
+    encoded = {name: encode_pairs(src_tok, tgt_tok, p, data.max_len, name) for name, p in splits.items()}
+    family = MODELS[model][0]
+    # Decoding stops at EOS or after this many tokens: twice the longest training target, which an
+    # untrained model (that never says EOS) reaches quickly instead of running to max_len.
+    max_out = min(data.max_len, 2 * max(len(t) for t in encoded["train"][1]) + 10)
+    task = {"kind": "translate", "model": model, "max_out": max_out}
+    config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
+              "data": dataclasses.asdict(data), "task": task}  # fmt: skip
+    if d.main:
+        training._fresh_dir(run)
+        ck.write_text(run / ck.TOKENIZER, src_tok.to_json())
+        if tgt_tok is not src_tok:
+            ck.write_text(run / TARGET_TOKENIZER, tgt_tok.to_json())
+    distributed.barrier(d)
+    batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
+    s = training.start(run, lambda: MODELS[model][2](cfg), batches, train, config, d, device, resume=False,
+                       command="translate")  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        result = training.loop(s, progress)
+        result["train_seconds"] = time.perf_counter() - t0
+        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
+        hyps = translate_ids(s.raw, encoded["test"][0], max_out, device=device)
+        result["test"] = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in splits["test"]])
+        if d.main:
+            ck.write_json(run / "eval.json", {"split": "test", "decoding": "greedy", **result["test"]})
+    finally:
+        distributed.shutdown(d)
+    return result
+
+
+@torch.no_grad()
+def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
+                  batch_size: int = 256, device=None) -> list[list[int]]:  # fmt: skip
+    """Decoded target ids for each source, in batches (greedy when beam is 1)."""
+    from attnlab.data.batches import PAD_ID, pad
+
+    model.eval()
+    device = device or next(model.parameters()).device
+    out: list[list[int]] = []
+    for start in range(0, len(sources), batch_size):
+        src = pad([torch.as_tensor(s) for s in sources[start : start + batch_size]], PAD_ID).to(device)
+        out += greedy(model, src, max_len) if beam == 1 else beam_search(model, src, beam, max_len)
+    return out
+
+
+def scores(hypotheses: list[str], references: list[str]) -> dict:
+    """Exact match, and corpus BLEU and chrF from sacrebleu (the field's reference implementation)."""
+    import sacrebleu
+
+    exact = float(np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)]))
+    return {"examples": len(references), "exact_match": exact,
+            "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}  # fmt: skip
+
+
+def target_tokenizer(run) -> Tokenizer:
+    path = run.path / TARGET_TOKENIZER
+    return load_tokenizer(path) if path.is_file() else run.tokenizer
+
+
+def translate(run, texts: list[str], beam: int = 1) -> list[str]:
+    """Translations of raw texts by a trained run (attnlab.load)."""
+    limit = run.config["data"]["max_len"]
+    ids = [to_ids(run.tokenizer, t) for t in texts]
+    if any(len(i) > limit for i in ids):
+        warnings.warn(f"a text longer than {limit} tokens was truncated", stacklevel=2)
+    hyps = translate_ids(run.model, [i[:limit] for i in ids], run.config["task"]["max_out"], beam)
+    return [to_text(target_tokenizer(run), h) for h in hyps]
+
+
+def evaluate_translation(run, data: str | None = None, split: str = "test", beam: int = 1) -> dict:
+    """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on a file `data`."""
+    cfg = from_dict(ParallelDataConfig, run.config["data"], where="data config")
+    if data is not None:
+        cfg = dataclasses.replace(cfg, data=data, target=None, val=data, test=data)
+    pairs = load_pairs(cfg)[split]
+    tgt_tok = target_tokenizer(run)
+    src, tgt = encode_pairs(run.tokenizer, tgt_tok, pairs, cfg.max_len, split)
+    hyps = translate_ids(run.model, src, run.config["task"]["max_out"], beam)
+    result = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])
+    loss = _loss(run.model, Pairs({split: src}, {split: tgt}), split)
+    return {"data": cfg.data, "split": split, "beam": beam, **result, "loss": loss}
+
+
+@torch.no_grad()
+def _loss(model: nn.Module, batches: Pairs, split: str, batch_size: int = 256) -> float:
+    """Mean cross-entropy per target token (EOS included), teacher forced, without smoothing."""
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    n = len(batches.src[split])
+    for start in range(0, n, batch_size):
+        src, tgt_in, labels = (t.to(device) for t in batches.collate(split, range(start, min(n, start + batch_size))))
+        _, loss = model(src, tgt_in, labels)
+        k = int((labels != -100).sum())
+        total, count = total + float(loss) * k, count + k
+    return total / max(count, 1)
+
+
+def pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
+    """Each model id as readable text, for picture axes."""
+    out = []
+    for i in ids:
+        piece = tok.decode([i - N_SPECIAL]) if i >= N_SPECIAL else {1: "<s>", 2: "</s>"}.get(i, "<pad>")
+        out.append(piece.strip() or piece.replace(" ", "·"))
+    return out
+
+
+def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
+    """Translate `text` and draw where each produced token looked in the source; returns the translation."""
+    from attnlab.data.batches import BOS_ID, EOS_ID
+    from attnlab.viz.alignment import plot_alignment
+
+    limit = run.config["data"]["max_len"]
+    src = to_ids(run.tokenizer, text)[:limit]
+    (hyp,) = translate_ids(run.model, [src], run.config["task"]["max_out"], beam)
+    tgt_tok = target_tokenizer(run)
+    dev = run.device
+    tgt_in = torch.tensor([[BOS_ID, *hyp]], device=dev)
+    try:
+        w = run.model.alignment(torch.as_tensor(src, device=dev)[None], tgt_in)[0]  # (L, H, T, S)
+    except ValueError as e:  # the plain RNN has no attention to draw
+        raise AttnlabError(f"{run.path}: {e}") from None
+    translation = to_text(tgt_tok, hyp)
+    title = f"{run.config['task'].get('model', run.config['family'])}: {text!r} -> {translation!r}"
+    plot_alignment(w.float().cpu().numpy(), pieces(run.tokenizer, src.tolist()),
+                   pieces(tgt_tok, [*hyp, EOS_ID]), Path(path), title)  # fmt: skip
+    return translation

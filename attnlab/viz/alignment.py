@@ -1,0 +1,45 @@
+"""Alignment pictures: where each target token looked in the source.
+
+For a Transformer, the cross-attention of every decoder layer and head (and each layer's mean
+over heads); for the RNN with Bahdanau attention, its single alignment matrix, as in figure 3
+of Bahdanau et al. (2015). Target tokens run down, source tokens across.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.checkpoint import atomic_write
+
+
+def plot_alignment(weights: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str = "") -> None:
+    """weights (L, H, T, S): one panel per layer and head, plus a mean-over-heads column when H > 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w = np.asarray(weights, dtype=float)
+    n_layer, n_head, t, s = w.shape
+    panels = [[(w[i, h], f"layer {i + 1} head {h + 1}") for h in range(n_head)] for i in range(n_layer)]
+    if n_head > 1:
+        for i in range(n_layer):
+            panels[i].append((w[i].mean(0), f"layer {i + 1}: mean of heads"))
+    if n_layer * n_head == 1:
+        panels = [[(w[0, 0], "alignment")]]
+    rows, cols = len(panels), len(panels[0])
+    cell = max(2.6, 0.32 * max(s, t) + 1.2)
+    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols, cell * rows), squeeze=False)
+    for i, row in enumerate(panels):
+        for j, (m, name) in enumerate(row):
+            ax = axes[i][j]
+            ax.imshow(m, cmap="Greys", vmin=0, vmax=1, aspect="auto")
+            ax.set_xticks(range(s), src, rotation=90, fontsize=7)
+            ax.set_yticks(range(t), tgt, fontsize=7)
+            ax.set_title(name, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
