@@ -84,7 +84,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"{t['token']:<20} {t['tag']:<10} {t['probability']:.3f}")
     else:
         for m in result["masks"]:
-            cands = "  ".join(f"{c['token']} ({c['probability']:.2f})" for c in m["candidates"])
+            shown = ("\\n" if c["token"] == "\n" else c["token"] for c in m["candidates"])  # a line break, visibly
+            cands = "  ".join(f"{t} ({c['probability']:.2f})" for t, c in zip(shown, m["candidates"]))
             print(f"[MASK] at token {m['position']}: {cands}")
     return 0
 

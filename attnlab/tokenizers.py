@@ -141,8 +141,8 @@ class WordTokenizer:
     """Whole words and punctuation marks, the N most frequent, with BERT's special tokens.
 
     The vocabulary is ordered: specials first ([PAD] is 0), then words by falling frequency,
-    so "the N most frequent words" is the id range [len(SPECIALS), N). Whitespace is not kept:
-    decoding joins tokens with spaces.
+    so "the N most frequent words" is the id range [len(SPECIALS), N). A line break is a token;
+    other whitespace is not kept: decoding joins tokens with spaces.
     """
 
     kind = "word"
@@ -165,8 +165,10 @@ class WordTokenizer:
 
     @staticmethod
     def split(text: str, lower: bool = False) -> list[str]:
-        """Words (letters, digits, underscores) and single punctuation marks; [MASK]-style specials kept whole."""
-        return [w if w in WORD_SPECIALS else (w.lower() if lower else w) for w in _WORD.findall(text)]
+        """Words (letters, digits, underscores), single punctuation marks and line breaks ("\\n", blank
+        lines folded in); [MASK]-style specials kept whole."""
+        words = (NEWLINE if w[0] == NEWLINE else w for w in _WORD.findall(text))
+        return [w if w in WORD_SPECIALS else (w.lower() if lower else w) for w in words]
 
     @property
     def vocab_size(self) -> int:
@@ -200,7 +202,9 @@ class WordTokenizer:
 
 
 WORD_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-_WORD = re.compile(r"\[(?:PAD|UNK|CLS|SEP|MASK)\]|\w+|[^\w\s]")
+# A line break (and any blank lines after it) is one token: in code it ends a statement.
+_WORD = re.compile(r"\[(?:PAD|UNK|CLS|SEP|MASK)\]|\w+|[^\w\s]|\n(?:[^\S\n]*\n)*")
+NEWLINE = "\n"
 
 Tokenizer = CharTokenizer | BPETokenizer | WordTokenizer
 

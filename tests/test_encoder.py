@@ -98,6 +98,23 @@ def test_word_tokenizer_keeps_specials_and_frequency_order(tmp_path):
     assert load_tokenizer(tmp_path).itos == tok.itos
 
 
+def test_word_tokenizer_keeps_line_breaks_as_one_token():
+    # In code a line break ends a statement: one token, blank lines and indentation folded in.
+    assert WordTokenizer.split("import os\n\n   \nx = [MASK]\n") == ["import", "os", "\n", "x", "=", "[MASK]", "\n"]
+    tok = WordTokenizer.train(["a\nb\n"], vocab_size=10)
+    assert tok.decode(tok.encode("a\n\nb")) == "a \n b"
+
+
+def test_help_shows_the_defaults_each_command_uses():
+    from attnlab.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    mlm = " ".join(train._subparsers._group_actions[0].choices["mlm"].format_help().split())
+    assert "word tokens (default: word)" in mlm and "(default: 4000)" in mlm and "(default: 8192)" in mlm
+    tr = " ".join(train._subparsers._group_actions[0].choices["translate"].format_help().split())
+    assert "model width (embedding size) (default: 64)" in tr  # transformer-tiny's, not the class default
+
+
 def test_tables_and_conll_are_read_and_bad_columns_are_clear(tmp_path):
     (tmp_path / "a.csv").write_text('text,label\n"good, really",pos\nbad,neg\n')
     (tmp_path / "a.tsv").write_text("body\tlabel\ngood\tpos\n")

@@ -51,7 +51,7 @@ def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
 
         splits = {"train": read(cfg.data)}
         given = {"val": cfg.val, "test": cfg.test}
-        cut = _cut(splits["train"], [name for name, path in given.items() if path is None], cfg)
+        cut = cut_splits(splits["train"], [name for name, path in given.items() if path is None], cfg)
         splits.update(cut)
         splits.update({name: read(path) for name, path in given.items() if path is not None})
     for name in SPLIT_NAMES:
@@ -60,7 +60,7 @@ def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
     return splits
 
 
-def _cut(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict[str, list]:
+def cut_splits(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict[str, list]:
     """Move a seeded-random share of `examples` into each split in `names` (same result every run)."""
     if not names:
         return {}
@@ -73,7 +73,8 @@ def _cut(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict[str, 
     return out
 
 
-def _open(path: str | Path):
+def open_data(path: str | Path):
+    """A UTF-8 data file, or one line saying it is missing."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise AttnlabError(f"data file not found: {path}")
@@ -83,7 +84,7 @@ def _open(path: str | Path):
 def read_table(path: str | Path, text_column: str, label_column: str) -> list[tuple[str, str]]:
     """(text, label) rows of a CSV, TSV (by extension) or JSONL file."""
     suffix = Path(path).suffix.lower()
-    with _open(path) as f:
+    with open_data(path) as f:
         if suffix in (".jsonl", ".json"):
             rows = [_json_row(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
         else:
@@ -111,7 +112,7 @@ def _json_row(line: str, path, n: int) -> dict:
 def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
     """Sentences of a CoNLL-style file: `token label` per line (label = last field), blank line between."""
     sentences, words, tags = [], [], []
-    with _open(path) as f:
+    with open_data(path) as f:
         for n, line in enumerate(f, 1):
             fields = line.split()
             if not fields:

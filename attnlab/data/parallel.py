@@ -25,7 +25,7 @@ from pathlib import Path
 
 from attnlab.config import option
 from attnlab.data import dates, numbers
-from attnlab.data.labeled import _cut, _open
+from attnlab.data.labeled import cut_splits, open_data
 from attnlab.errors import AttnlabError
 
 GENERATED = ("numbers", "dates", "copy", "reverse")
@@ -79,7 +79,9 @@ def load_pairs(cfg: ParallelDataConfig) -> dict[str, list[Pair]]:
         splits = generate(cfg.data, cfg.data_seed, (cfg.n_train, VAL_SIZE, TEST_SIZE))
     else:
         splits = {"train": read_pairs(cfg.data, cfg.target)}
-        splits.update(_cut(splits["train"], [name for name in ("val", "test") if getattr(cfg, name) is None], cfg))
+        splits.update(
+            cut_splits(splits["train"], [name for name in ("val", "test") if getattr(cfg, name) is None], cfg)
+        )
     for name in ("val", "test"):
         if getattr(cfg, name) is not None:  # a given file replaces the cut or generated split
             splits[name] = _read_spec(getattr(cfg, name))
@@ -161,7 +163,7 @@ def _pair(source: str, target: str, where: str) -> Pair:
 def read_tsv(path: str | Path) -> list[Pair]:
     """(source, target) pairs of a file with `source<TAB>target` on each line; blank lines skipped."""
     pairs = []
-    with _open(path) as f:
+    with open_data(path) as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -174,7 +176,7 @@ def read_tsv(path: str | Path) -> list[Pair]:
 
 
 def _lines(path: str | Path) -> list[str]:
-    with _open(path) as f:
+    with open_data(path) as f:
         return [line.rstrip("\r\n") for line in f]
 
 

@@ -20,7 +20,7 @@ from attnlab.tokenizers import WORD_SPECIALS
 from attnlab.training import TrainConfig
 
 # An encoder-small on the standard library's words, in a few minutes on a laptop CPU.
-MLM_TRAIN = dict(max_steps=1500, batch_size=32, block_size=64, lr=1e-3, warmup_steps=100, eval_interval=250)
+MLM_TRAIN = dict(max_steps=4000, batch_size=32, block_size=64, lr=2e-3, warmup_steps=200, eval_interval=500)
 MLM_DATA = dict(data="stdlib", tokenizer="word", vocab_size=8192)
 
 
