@@ -12,7 +12,9 @@ Beam search keeps the `beam` best partial translations of each source by total l
 A hypothesis that emits EOS is finished; its score is divided by the length penalty of GNMT
 (Wu et al., 2016), lp = ((5 + length) / 6) ** alpha, so longer translations are not punished
 just for having more factors below one. A source is done when it has `beam` finished
-hypotheses (or at max_len); the best finished one wins.
+hypotheses that no live one can still beat (or at max_len); the best finished one wins.
+Stopping at the first `beam` finished ones instead would let short, improbable hypotheses
+that end early crowd out the likely one still being written.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def beam_search(
             kept = _advance(a, src_i, k, v, top_scores[a].tolist(), top_idx[a].tolist(), seqs, finished, step, alpha)
             for j, (_, _, _, seq) in enumerate(kept):
                 seqs[src_i][j] = seq
-            if len(finished[src_i]) >= k or step == max_len or not kept:
+            if step == max_len or not kept or _done(finished[src_i], k, kept[0][0], max_len, alpha):
                 continue
             for j, (score, beam_i, tok, _) in enumerate(kept):
                 new_scores[len(still), j] = score
@@ -106,11 +108,21 @@ def _advance(a, src_i, k, v, top_scores, top_idx, seqs, finished, step, alpha):
         beam_i, tok = divmod(flat, v)
         seq = seqs[src_i][beam_i]
         if tok == EOS_ID:
-            if len(finished[src_i]) < k:
-                finished[src_i].append((score / length_penalty(step, alpha), seq))
+            done = finished[src_i]
+            done.append((score / length_penalty(step, alpha), seq))
+            if len(done) > k:  # keep the k best
+                done.remove(min(done, key=lambda f: f[0]))
         else:
             kept.append((score, beam_i, tok, seq + [tok]))
     return kept
+
+
+def _done(finished: list, k: int, best_live: float, max_len: int, alpha: float) -> bool:
+    """No live hypothesis can still beat the k finished ones: a live score only falls as it grows,
+    and its length penalty is at most that of max_len."""
+    if len(finished) < k:
+        return False
+    return min(f[0] for f in finished) >= best_live / length_penalty(max_len if alpha > 0 else 1, alpha)
 
 
 def _best(finished: list[tuple[float, list[int]]], live: list[list[int]], alpha: float) -> list[int]:

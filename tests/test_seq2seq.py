@@ -125,30 +125,46 @@ def _logprob(m: Seq2Seq, src: torch.Tensor, ys: list[int]) -> float:
     return float(torch.log_softmax(logits, -1)[torch.arange(len(full)), torch.tensor(full)].sum())
 
 
+class Toy(nn.Module):
+    """A hand-built decoder: the next-token distribution depends only on the last token."""
+
+    def __init__(self, table: dict[int, dict[int, float]], vocab: int = 8):
+        super().__init__()
+        self.table, self.vocab = table, vocab
+
+    def start(self, src):
+        return _ToyState()
+
+    def step(self, tokens, state):
+        rows = []
+        for t in tokens.tolist():
+            p = torch.full((self.vocab,), 1e-9)
+            for tok, q in self.table.get(t, {EOS_ID: 1.0}).items():  # unknown: end here
+                p[tok] = q
+            rows.append(p.log())
+        return torch.stack(rows), state
+
+
+class _ToyState:
+    def select(self, rows):
+        return self
+
+
 def test_beam_search_finds_the_better_sequence_greedy_misses():
-    """A hand-built model: greedy takes 'a' (0.6) then must pay 0.1; beam keeps 'b' (0.4) then 1.0."""
-
-    class Toy(nn.Module):
-        def start(self, src):
-            return _ToyState(torch.zeros(src.shape[0], dtype=torch.long))
-
-        def step(self, tokens, state):
-            probs = {0: [0.0, 0.0, 0.0, 0.6, 0.4], 3: [0.0, 0.0, 0.1, 0.0, 0.9], 4: [0.0, 0.0, 1.0, 0.0, 0.0]}
-            nxt = [probs[0] if int(t) == BOS_ID else probs[int(t)] if int(t) in probs else probs[4] for t in tokens]
-            state.n += 1
-            return torch.tensor(nxt).clamp_min(1e-9).log(), state
-
-    class _ToyState:
-        def __init__(self, n):
-            self.n = n
-
-        def select(self, rows):
-            self.n = self.n[rows]
-            return self
-
+    # Greedy takes 3 (0.6), after which every ending is at most 0.6 * 0.5; beam keeps 4 (0.4), which ends at once.
+    toy = Toy({BOS_ID: {3: 0.6, 4: 0.4}, 3: {EOS_ID: 0.1, 5: 0.5, 6: 0.4}, 4: {EOS_ID: 1.0}})
     src = torch.ones(1, 3, dtype=torch.long)
-    assert greedy(Toy(), src, 1) == [[3]]
-    assert beam_search(Toy(), src, beam=2, max_len=5, alpha=0.0) == [[4]]  # P(b, EOS) = 0.4 > 0.6 * 0.1
+    assert greedy(toy, src, 1) == [[3]]
+    assert beam_search(toy, src, beam=2, max_len=5, alpha=0.0) == [[4]]
+
+
+def test_beam_search_waits_for_the_likely_hypothesis_that_ends_late():
+    # 4 and 5 end at once (0.2 each) and improbable ones end next; 3 6 7 (0.6) ends last but wins.
+    toy = Toy({BOS_ID: {3: 0.6, 4: 0.2, 5: 0.2}, 4: {EOS_ID: 1.0}, 5: {EOS_ID: 1.0}, 3: {6: 1.0}, 6: {7: 1.0},
+               7: {EOS_ID: 1.0}})  # fmt: skip
+    src = torch.ones(2, 3, dtype=torch.long)
+    assert beam_search(toy, src, beam=3, max_len=8, alpha=0.0) == [[3, 6, 7]] * 2
+    assert beam_search(toy, src, beam=3, max_len=8, alpha=0.6) == [[3, 6, 7]] * 2
 
 
 def test_length_penalty_is_gnmt():

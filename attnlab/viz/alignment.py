@@ -7,6 +7,7 @@ of Bahdanau et al. (2015). Target tokens run down, source tokens across.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ def plot_alignment(weights: np.ndarray, src: list[str], tgt: list[str], path: Pa
             ax.set_xticks(range(s), src, rotation=90, fontsize=7)
             ax.set_yticks(range(t), tgt, fontsize=7)
             ax.set_title(name, fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle("\n".join(textwrap.wrap(title, int(11 * cell * cols))), fontsize=10)  # fits a narrow figure
     fig.tight_layout()
     atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)

@@ -52,9 +52,9 @@ def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLAS
     for k, (key, label, scale) in enumerate(bars):
         values = [r[key] / scale for r in rows]
         drawn = ax.bar(x + (k - (len(bars) - 1) / 2) * width, values, width, label=label)
-        ax.bar_label(drawn, [f"{v:.1%}" for v in values], fontsize=8)
+        ax.bar_label(drawn, [f"{v:.2%}" for v in values], fontsize=7, rotation=90 if len(bars) > 2 else 0, padding=2)
     ax.set_xticks(x, names)
-    ax.set_ylim(0, 1.08)
+    ax.set_ylim(0, 1.25 if len(bars) > 2 else 1.08)
     ax.set_ylabel("test score")
     ax.set_title(title)
     ax.legend(loc="lower right")
