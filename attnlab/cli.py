@@ -73,6 +73,19 @@ def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str, 
     group.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
+def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The --model flags the user set, with --preset among them when given."""
+    overrides = flags_of(args, "model")
+    if args.preset:
+        overrides["preset"] = args.preset
+    return overrides
+
+
+def speaks() -> bool:
+    """Under torchrun, one process prints results."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def flags_of(args: argparse.Namespace, section: str) -> dict[str, Any]:
     prefix = section + "__"
     return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
@@ -127,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     model, tcfg, data = build_configs(args)
     result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
     val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process speaks
+    if speaks():
         print(f"done: step {result['step']}, validation loss {val}. Try: attnlab sample {args.out}")
     return 0
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
-from attnlab.cli import Parser, add_config_flags, checked, flags_of
+from attnlab.cli import Parser, add_config_flags, checked, flags_of, model_overrides, speaks
 from attnlab.data import DataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED
@@ -34,13 +33,11 @@ def cmd_train_labeled(args: argparse.Namespace) -> int:
     from attnlab.tasks.classify import train_labeled
 
     data = checked(LabeledDataConfig, flags_of(args, "data"), where="[data]")
-    overrides = flags_of(args, "model")
-    if args.preset:
-        overrides["preset"] = args.preset
+    overrides = model_overrides(args)
     result = train_labeled(args.out, args.task, args.model, overrides, _train_config(args, args.model), data,
                            init=args.init, force=args.force, word_vectors=args.word_vectors,
                            freeze_vectors=args.freeze_vectors)  # fmt: skip
-    if os.environ.get("RANK", "0") == "0":
+    if speaks():
         t = result["test"]
         print(f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} "
               f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
@@ -59,7 +56,7 @@ def cmd_train_mlm(args: argparse.Namespace) -> int:
     train = checked(TrainConfig, {**MLM_TRAIN, **flags_of(args, "train")}, where="[train]")
     data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
     result = train_mlm(args.out, model, train, data, force=args.force)
-    if os.environ.get("RANK", "0") == "0":
+    if speaks():
         print(f"done: step {result['step']}, validation loss {result['val_loss']:.4f}. "
               f'Try: attnlab predict {args.out} "def __init__([MASK], name):"')  # fmt: skip
     return 0

@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 
-from attnlab.cli import add_config_flags, checked, flags_of
+from attnlab.cli import add_config_flags, checked, flags_of, model_overrides, speaks
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.models.rnn import RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
@@ -27,11 +26,9 @@ def cmd_train_translate(args: argparse.Namespace) -> int:
 
     data = checked(ParallelDataConfig, flags_of(args, "data"), where="[data]")
     train = checked(TrainConfig, {**TRAIN_DEFAULTS[args.model], **flags_of(args, "train")}, where="[train]")
-    overrides = flags_of(args, "model")
-    if args.preset:
-        overrides["preset"] = args.preset
+    overrides = model_overrides(args)
     result = train_translate(args.out, args.model, overrides, train, data, force=args.force)
-    if os.environ.get("RANK", "0") == "0":
+    if speaks():
         t = result["test"]
         print(f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f} "
               f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "

@@ -30,14 +30,7 @@ CASES = [(name, {}) for name in ("bow", "pooled", "conv1d")] + [("rnn", v) for v
 TASK_CASES = [(n, kw, task) for n, kw in CASES for task in ("classify", "tag") if (n, task) != ("bow", "tag")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: extra threads only add synchronization, which on a busy machine
-    costs 10-30x (measured: 150 Adam steps of the bag of words take 0.7 s on one thread, 20 s on two)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 
 def case_id(case) -> str:

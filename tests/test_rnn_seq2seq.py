@@ -19,13 +19,7 @@ TINY = dict(src_vocab=V, tgt_vocab=V, d_emb=16, d_hidden=24, d_attn=12)
 VARIANTS = [(cell, attention) for cell in ("gru", "lstm") for attention in (True, False)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: extra threads only add synchronization (see tests/test_baselines.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 
 def tiny(**kw) -> RNNSeq2Seq:

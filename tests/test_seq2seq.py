@@ -14,13 +14,7 @@ from attnlab.models.seq2seq import PAPER_PARAMS, PRESETS, Seq2Seq, Seq2SeqConfig
 from attnlab.optim import lr_at
 from attnlab.training import TrainConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 
 def tiny(norm: str = "post", **kw) -> Seq2Seq:

@@ -6,7 +6,6 @@ import functools
 import json
 
 import pytest
-import torch
 
 from attnlab.cli import main
 from attnlab.data.parallel import ParallelDataConfig
@@ -16,12 +15,7 @@ FAST = ["--n-train", "400", "--max-steps", "40", "--batch-size", "32", "--eval-i
         "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 
 def run_cli(args, capsys):
