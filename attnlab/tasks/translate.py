@@ -22,7 +22,7 @@ from torch import nn
 from attnlab import checkpoint as ck
 from attnlab import distributed, training
 from attnlab.config import from_dict
-from attnlab.data.batches import N_SPECIAL, Pairs
+from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
 from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
 from attnlab.decode import beam_search, greedy
 from attnlab.errors import AttnlabError
@@ -162,8 +162,6 @@ def train_translate(
 def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
                   batch_size: int = 256, device=None) -> list[list[int]]:  # fmt: skip
     """Decoded target ids for each source, in batches (greedy when beam is 1)."""
-    from attnlab.data.batches import PAD_ID, pad
-
     model.eval()
     device = device or next(model.parameters()).device
     out: list[list[int]] = []
@@ -222,7 +220,7 @@ def _loss(model: nn.Module, batches: Pairs, split: str, batch_size: int = 256) -
     for start in range(0, n, batch_size):
         src, tgt_in, labels = (t.to(device) for t in batches.collate(split, range(start, min(n, start + batch_size))))
         _, loss = model(src, tgt_in, labels)
-        k = int((labels != -100).sum())
+        k = int((labels != IGNORE).sum())
         total, count = total + float(loss) * k, count + k
     return total / max(count, 1)
 
@@ -231,14 +229,13 @@ def pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
     """Each model id as readable text, for picture axes."""
     out = []
     for i in ids:
-        piece = tok.decode([i - N_SPECIAL]) if i >= N_SPECIAL else {1: "<s>", 2: "</s>"}.get(i, "<pad>")
+        piece = tok.decode([i - N_SPECIAL]) if i >= N_SPECIAL else {BOS_ID: "<s>", EOS_ID: "</s>"}.get(i, "<pad>")
         out.append(piece.strip() or piece.replace(" ", "·"))
     return out
 
 
 def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
     """Translate `text` and draw where each produced token looked in the source; returns the translation."""
-    from attnlab.data.batches import BOS_ID, EOS_ID
     from attnlab.viz.alignment import plot_alignment
 
     limit = run.config["data"]["max_len"]
