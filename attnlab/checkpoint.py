@@ -133,9 +133,14 @@ def check_run_dir(path: str | Path) -> Path:
     if not p.is_dir():
         raise AttnlabError(f"run directory not found: {p}")
     for name in (CONFIG, WEIGHTS, TOKENIZER):
-        if not (p / name).is_file():
+        if not (p / name).is_file() and not (name == TOKENIZER and reads_pixels(p)):
             raise AttnlabError(f"{p} is not a complete run: {name} is missing")
     return p
+
+
+def reads_pixels(run: Path) -> bool:
+    """Image runs read pixels, not tokens: they have no tokenizer."""
+    return read_run_config(run).get("task", {}).get("kind") == "image"
 
 
 # ---- training state: weights, optimizer, every RNG, step: one file ------------------------

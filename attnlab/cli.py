@@ -167,10 +167,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
-    if run.config.get("task", {}).get("kind") == "translate":
+    kind = run.config.get("task", {}).get("kind")
+    if kind == "translate":
         from attnlab.cli_translate import eval_translation
 
         return eval_translation(run, args)
+    if kind == "image":
+        from attnlab.cli_image import eval_image
+
+        return eval_image(run, args)
     if run.config["family"] != "gpt":
         return _eval_labeled(run, args)
     if args.split == "test":
@@ -271,6 +276,9 @@ def build_parser() -> Parser:
     from attnlab import cli_translate
 
     cli_translate.add_commands(sub, tasks)
+    from attnlab import cli_image
+
+    cli_image.add_commands(tasks)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")
@@ -279,9 +287,11 @@ def build_parser() -> Parser:
     add_config_flags(sample, "gen", GenerateConfig, "generation")
     sample.set_defaults(func=cmd_sample)
 
-    ev = sub.add_parser("eval", help="a language model's loss and bits per character, a classifier's accuracy")
+    ev = sub.add_parser("eval", help="a language model's loss and bits per character, a classifier's accuracy, "
+                        "a translation's BLEU")  # fmt: skip
     ev.add_argument("run", help="run directory")
-    ev.add_argument("--data", default=None, help="file, folder or stdlib (default: the run's training data)")
+    ev.add_argument("--data", default=None, help="file, folder or stdlib; image runs: digits, a folder of class "
+                    "sub-folders or a .npz, scored whole (default: the run's own data)")  # fmt: skip
     ev.add_argument("--glob", default=None, help="files of a folder to read (default: the run's, or *)")
     ev.add_argument(
         "--split",
@@ -291,6 +301,12 @@ def build_parser() -> Parser:
         "classifiers and taggers: test)",
     )
     ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ev.add_argument(
+        "--confusion",
+        default=None,
+        metavar="FILE.png",
+        help="image runs: where to draw the confusion matrix (default: RUN/eval_confusion.png)",
+    )
     ev.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     ev.add_argument("--json", action="store_true", help="print one JSON object")

@@ -67,11 +67,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
-    if run.config.get("task", {}).get("kind") == "translate":
+    kind = run.config.get("task", {}).get("kind")
+    if kind == "translate":
         from attnlab.cli_translate import print_translation
 
         return print_translation(run, args)
-    result = predict(run, args.text, args.top_k)
+    if kind == "image":
+        from attnlab.cli_image import print_image_prediction
+
+        return print_image_prediction(run, args)
+    result = predict(run, args.text, args.top_k or 5)
     if args.json:
         print(json.dumps(result))
     elif result["kind"] == "classify":
@@ -90,7 +95,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnlab.compare import compare, format_table
 
-    default = "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"
+    default = {"digits": "vit,mlp"}.get(args.task) or (
+        "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"
+    )
     rows = compare(args.task, (args.models or default).split(","), Path(args.out), force=args.force)
     print(format_table(rows))
     print(f"chart: {Path(args.out) / 'compare.png'}")
@@ -135,12 +142,15 @@ def add_commands(sub, tasks) -> None:
 
 def add_top_commands(sub) -> None:
     pr = sub.add_parser("predict", help="a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, "
-                        "a translation")  # fmt: skip
-    pr.add_argument("run", help="run directory (classify, tag, mlm or translate)")
-    pr.add_argument("text", help='text to read; for a masked-LM run put [MASK] in it: "import [MASK]"')
-    pr.add_argument("--top-k", type=int, default=5, help="candidates per [MASK] (default: 5)")
+                        "a translation, an image's class")  # fmt: skip
+    pr.add_argument("run", help="run directory (classify, tag, mlm, translate or image)")
+    pr.add_argument("text", help='text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); '
+                    "for an image run, an image file")  # fmt: skip
+    pr.add_argument("--top-k", type=int, default=None, help="candidates per [MASK] (default: 5), classes shown "
+                    "for an image (default: 3)")  # fmt: skip
     pr.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
-    pr.add_argument("--attention", default=None, metavar="FILE.png", help="translation runs: draw the alignment")
+    pr.add_argument("--attention", default=None, metavar="FILE.png", help="translation runs: draw the alignment; "
+                    "ViT runs: draw [CLS]'s attention to each patch over the image")  # fmt: skip
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=cmd_predict)
@@ -148,11 +158,11 @@ def add_top_commands(sub) -> None:
     cmp.add_argument(
         "--task",
         default="sentiment",
-        choices=("sentiment", "tagging", *GENERATED),
-        help="generated task: sentiment, tagging, or a translation task (default: sentiment)",
+        choices=("sentiment", "tagging", *GENERATED, "digits"),
+        help="generated task: sentiment, tagging, a translation task, or the digits images (default: sentiment)",
     )
     cmp.add_argument("--models", default=None, help="comma-separated models (default: encoder,bow,pooled,conv1d,rnn; "
-                     "translation: transformer,rnn-attention,rnn)")  # fmt: skip
+                     "translation: transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
     cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")
     cmp.add_argument("--force", action="store_true", help="replace earlier runs in --out")
     cmp.set_defaults(func=cmd_compare)

@@ -18,6 +18,8 @@ from attnlab.tasks.classify import MODELS, train_labeled
 def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True) -> list[dict]:
     if task in GENERATED:
         return _compare_translation(task, models, out, force, progress)
+    if task == "digits":
+        return _compare_images(task, models, out, force, progress)
     if task not in BUILTIN_TASKS:
         raise AttnlabError(f"unknown task {task!r}; choose from {', '.join((*BUILTIN_TASKS, *GENERATED))}")
     unknown = [m for m in models if m not in MODELS]
@@ -60,6 +62,28 @@ def _compare_translation(task: str, models: list[str], out: Path, force: bool, p
 
     bars = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
     plot_comparison(rows, out / "compare.png", f"{task}: test scores (greedy), same data and budget", bars)
+    return rows
+
+
+def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
+    from attnlab.data.images import ImageDataConfig
+    from attnlab.tasks.image import MODELS as IMAGE_MODELS
+    from attnlab.tasks.image import train_image
+
+    unknown = [m for m in models if m not in IMAGE_MODELS]
+    if unknown:
+        raise AttnlabError(f"unknown model {unknown[0]!r} for {task}; choose from {', '.join(IMAGE_MODELS)}")
+    rows = []
+    for name in models:
+        if progress:
+            print(f"== {name}")
+        r = train_image(out / name, name, data=ImageDataConfig(data=task), force=force, progress=progress)
+        rows.append({"model": name, "accuracy": r["test"]["accuracy"], "macro_f1": r["test"]["macro_f1"],
+                     "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
+    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
+    from attnlab.viz.confusion import plot_comparison
+
+    plot_comparison(rows, out / "compare.png", f"{task}: test scores, same data split")
     return rows
 
 

@@ -14,15 +14,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_run_config
+from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_run_config, reads_pixels
 from attnlab.config import from_dict
 from attnlab.device import pick_device
 from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.mlp import ImageMLP, MLPConfig
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tokenizers import Tokenizer, load_tokenizer
 
 # family name -> (model config class, model class); later families register here.
@@ -32,6 +34,8 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     **BASELINES,  # bow, pooled, conv1d, rnn
     "seq2seq": (Seq2SeqConfig, Seq2Seq),  # the encoder-decoder Transformer
     "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
+    "vit": (ViTConfig, ViT),  # images as sequences of patches
+    "mlp": (MLPConfig, ImageMLP),  # the image baseline on flattened pixels
 }
 
 
@@ -46,7 +50,7 @@ def build_model(family: str, model_cfg: dict[str, Any]) -> nn.Module:
 class Run:
     path: Path
     model: nn.Module
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None for image runs, which read pixels
     config: dict[str, Any]  # the run's config.json: family, model, train, data
     step: int
 
@@ -71,4 +75,5 @@ def load(path: str | Path, device: str = "auto") -> Run:
         raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
     meta = load_weights(model, p / WEIGHTS)
     model.to(pick_device(device)).eval()
-    return Run(p, model, load_tokenizer(p), config, int(meta.get("step", 0)))
+    tok = None if reads_pixels(p) else load_tokenizer(p)
+    return Run(p, model, tok, config, int(meta.get("step", 0)))

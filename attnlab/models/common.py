@@ -1,11 +1,12 @@
-"""What every family shares: the block-stack config fields and weight initialization."""
+"""What every family shares: the block-stack config fields, weight initialization, pooling."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.nn import BlockConfig, LayerNorm
@@ -84,3 +85,26 @@ def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
             nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+
+def pool(x: Tensor, how: str, real: Tensor | None = None) -> Tensor:
+    """One vector per sequence for a classification head: x (B, T, C) -> (B, C), either the
+    first position ([CLS], which attended to the whole sequence) or the mean over real tokens
+    (real (B, T) bool; every position when None)."""
+    if how == "cls":
+        return x[:, 0]
+    if real is None:
+        return x.mean(1)
+    w = real.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+    return (x * w).sum(1) / w.sum(1).clamp(min=1)
+
+
+def check_images(images: Tensor, channels: int, size: tuple[int, int]) -> None:
+    """Image models take (B, C, H, W) of the size they were built for; say so plainly otherwise."""
+    want = (channels, *size)
+    if images.dim() != 4 or tuple(images.shape[1:]) != want:
+        got = "x".join(map(str, images.shape[1:])) if images.dim() == 4 else f"a {images.dim()}-D tensor"
+        shape = "x".join(map(str, want))
+        raise ValueError(f"this model takes images of {shape} (channels x height x width), got {got}")
+    if not torch.is_floating_point(images):
+        raise ValueError(f"images must be floating point (values in [0, 1]), got {images.dtype}")

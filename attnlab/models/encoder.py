@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import TransformerConfig, init_weights
+from attnlab.models.common import TransformerConfig, init_weights, pool
 from attnlab.nn import Block, LayerNorm, build_positions
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
@@ -128,10 +128,7 @@ class Encoder(nn.Module):
             return self.out(x)  # (B, T, V)
         if self.cfg.head == "tag":
             return self.out(x)  # (B, T, L)
-        if self.cfg.pooling == "cls":
-            return self.out(x[:, 0])  # (B, L)
-        real = (ids != PAD_ID).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-        return self.out((x * real).sum(1) / real.sum(1).clamp(min=1))  # (B, L)
+        return self.out(pool(x, self.cfg.pooling, ids != PAD_ID))  # (B, L)
 
     @torch.no_grad()
     def attention(self, ids: Tensor) -> list[Tensor]:

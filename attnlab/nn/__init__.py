@@ -5,11 +5,13 @@ from attnlab.nn.block import Block, BlockConfig
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.norm import LayerNorm
 from attnlab.nn.position import (
+    GridPositions,
     LearnedPositions,
     NoPositions,
     Positions,
     SinusoidalPositions,
     build_positions,
+    sinusoidal_2d_table,
     sinusoidal_table,
 )
 
@@ -17,6 +19,7 @@ __all__ = [
     "Block",
     "BlockConfig",
     "FeedForward",
+    "GridPositions",
     "KVCache",
     "LayerNorm",
     "LearnedPositions",
@@ -27,5 +30,6 @@ __all__ = [
     "attend",
     "build_positions",
     "causal_mask",
+    "sinusoidal_2d_table",
     "sinusoidal_table",
 ]

@@ -54,18 +54,25 @@ class NoPositions(Positions):
         return None
 
 
-class SinusoidalPositions(Positions):
-    """Fixed sin/cos encodings added to the embeddings; nothing to learn."""
+class FixedPositions(Positions):
+    """A fixed table of vectors (T, C) added to the embeddings; nothing to learn."""
 
-    def __init__(self, max_len: int, d_model: int):
-        super().__init__(max_len)
+    def __init__(self, table: Tensor):
+        super().__init__(table.shape[0])
         # Not saved in checkpoints: it is a function of the shape alone.
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         t = x.shape[1]
         self.check(t, offset)
         return x + self.table[offset : offset + t].to(x.dtype)  # (B, T, C) + (T, C)
+
+
+class SinusoidalPositions(FixedPositions):
+    """The paper's sin/cos encodings of the position in the sequence."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__(sinusoidal_table(max_len, d_model))
 
 
 class LearnedPositions(Positions):
@@ -80,6 +87,25 @@ class LearnedPositions(Positions):
         self.check(t, offset)
         idx = torch.arange(offset, offset + t, device=x.device)
         return x + self.embedding(idx)  # (B, T, C) + (T, C)
+
+
+def sinusoidal_2d_table(rows: int, cols: int, d_model: int) -> Tensor:
+    """Positions on a grid (image patches), row-major: the first half of the width encodes the
+    row with the 1-D sin/cos table, the second half the column. Returns (rows * cols, d_model)."""
+    if d_model % 4:
+        raise ValueError(f"2-D sinusoidal positions need a width divisible by 4, got {d_model}")
+    half = d_model // 2
+    by_row = sinusoidal_table(rows, half)[:, None, :].expand(rows, cols, half)  # (rows, cols, C/2)
+    by_col = sinusoidal_table(cols, half)[None, :, :].expand(rows, cols, half)  # (rows, cols, C/2)
+    return torch.cat([by_row, by_col], dim=-1).reshape(rows * cols, d_model)
+
+
+class GridPositions(FixedPositions):
+    """2-D sin/cos encodings for a grid of patches, after `lead` tokens that have no place on
+    the grid (ViT's [CLS]) and get a zero vector."""
+
+    def __init__(self, rows: int, cols: int, d_model: int, lead: int = 1):
+        super().__init__(torch.cat([torch.zeros(lead, d_model), sinusoidal_2d_table(rows, cols, d_model)]))
 
 
 POSITIONS = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions}

@@ -28,6 +28,7 @@ from attnlab.metrics import confusion, scores
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tokenizers import WordTokenizer, load_tokenizer
 from attnlab.training import TrainConfig
 
@@ -53,21 +54,11 @@ def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: 
         raise AttnlabError(f"--max-len {max_len} is beyond the pretrained encoder's context of {context}")
     sizes: dict[str, Any] = {"vocab_size": vocab_size, "n_labels": n_labels, "context": context}
     if name == "encoder":
-        preset = overrides.pop("preset", None) or "encoder-tiny"
-        if preset not in ENCODER_PRESETS:
-            raise AttnlabError(f"unknown encoder preset {preset!r}; choose from {', '.join(ENCODER_PRESETS)}")
-        base = dataclasses.asdict(ENCODER_PRESETS[preset])
+        base = preset_fields(ENCODER_PRESETS, overrides.pop("preset", None), "encoder-tiny", "encoder")
         sizes["head"] = task
     else:
         base, sizes["task"] = {}, task
-    allowed = {f.name for f in dataclasses.fields(MODELS[name][0])}
-    unknown = sorted(set(overrides) - allowed)
-    if unknown:
-        raise AttnlabError(f"--{unknown[0].replace('_', '-')} does not apply to --model {name}")
-    try:
-        return from_dict(MODELS[name][0], {**base, **overrides, **sizes}, where=f"{name} model config")
-    except ValueError as e:
-        raise AttnlabError(f"{name} model config: {e}") from None
+    return build_config(name, MODELS[name][0], base, overrides, sizes)
 
 
 def encode(tok: WordTokenizer, examples: list, task: str, label_ids: dict[str, int], max_len: int, split: str):

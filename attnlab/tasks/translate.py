@@ -28,6 +28,7 @@ from attnlab.decode import beam_search, greedy
 from attnlab.errors import AttnlabError
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2Seq, Seq2SeqConfig
+from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.training import TrainConfig
 
@@ -59,21 +60,12 @@ def model_config(name: str, src_vocab: int, tgt_vocab: int, max_len: int, overri
     base: dict[str, Any] = {}
     sizes: dict[str, Any] = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed}
     if family == "seq2seq":
-        preset = overrides.pop("preset", None) or "transformer-tiny"
-        if preset not in PRESETS:
-            raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-        base = dataclasses.asdict(PRESETS[preset])
+        base = preset_fields(PRESETS, overrides.pop("preset", None), "transformer-tiny")
         sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
         base["share_embeddings"] = overrides.get("share_embeddings", False) and src_vocab == tgt_vocab
     elif "preset" in overrides:
         raise AttnlabError("--preset names a Transformer size: it does not apply to the RNNs")
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise AttnlabError(f"--{unknown[0].replace('_', '-')} does not apply to --model {name}")
-    try:
-        return from_dict(cls, {**base, **overrides, **sizes}, where=f"{name} model config")
-    except ValueError as e:
-        raise AttnlabError(f"{name} model config: {e}") from None
+    return build_config(name, cls, base, overrides, sizes)
 
 
 def train_tokenizers(pairs: list[tuple[str, str]], kind: str, vocab_size: int, shared: bool):

@@ -1,0 +1,29 @@
+"""What every task's model_config shares: a preset as the base, then the user's flags, then the
+sizes the data decides, each step with a one-line error a user can act on."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from attnlab.config import from_dict
+from attnlab.errors import AttnlabError
+
+
+def preset_fields(presets: dict[str, Any], name: str | None, default: str, what: str = "") -> dict[str, Any]:
+    """The fields of preset `name` (or `default` when None), as a dict to override."""
+    name = name or default
+    if name not in presets:
+        raise AttnlabError(f"unknown {what + ' ' if what else ''}preset {name!r}; choose from {', '.join(presets)}")
+    return dataclasses.asdict(presets[name])
+
+
+def build_config(model: str, cls: type, base: dict, overrides: dict, sizes: dict) -> Any:
+    """cls from base < overrides (the user's flags, which must all be fields of cls) < sizes."""
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise AttnlabError(f"--{unknown[0].replace('_', '-')} does not apply to --model {model}")
+    try:
+        return from_dict(cls, {**base, **overrides, **sizes}, where=f"{model} model config")
+    except ValueError as e:
+        raise AttnlabError(f"{model} model config: {e}") from None

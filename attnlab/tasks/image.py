@@ -1,0 +1,233 @@
+"""Image classification: a Vision Transformer or the MLP baseline, through the shared training loop.
+
+train_image("runs/digits", "vit", data=ImageDataConfig(data="digits"))
+  -> images cut into train/val/test (or a given test set), the model sized to them
+  -> training.start + training.loop, as for every task
+  -> test scores in eval.json, confusion.png, predictions.png (a grid of test images) and,
+     for the ViT, attention.png ([CLS]'s attention to the patches of one test image)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlab import checkpoint as ck
+from attnlab import distributed, training
+from attnlab.config import from_dict
+from attnlab.data.images import (
+    IMAGE_SPLITS,
+    ImageDataConfig,
+    Images,
+    ImageSet,
+    load_images,
+    load_source,
+    read_image,
+)
+from attnlab.errors import AttnlabError
+from attnlab.metrics import confusion, scores
+from attnlab.models.mlp import ImageMLP, MLPConfig
+from attnlab.models.vit import PRESETS as VIT_PRESETS
+from attnlab.models.vit import ViT, ViTConfig
+from attnlab.tasks.common import build_config, preset_fields
+from attnlab.training import TrainConfig
+
+MODELS: dict[str, tuple[type, type[nn.Module]]] = {"vit": (ViTConfig, ViT), "mlp": (MLPConfig, ImageMLP)}
+CPU_PRESETS = ("vit-nano", "vit-micro")  # their patch size follows the data; the paper's keep theirs
+# The CPU presets' patch size follows the image: patches of at least 4 x 4 pixels (on 8 x 8 digits,
+# 4 patches reach 98% where 16 patches of 2 x 2 reach 96%: a 2 x 2 patch is too little to embed
+# alone), and at most 8 x 8 of them, so attention stays cheap.
+MIN_PATCH, MAX_PATCHES = 4, 64
+# Settings that train each model well on `digits` within a few minutes on a laptop CPU.
+_TRAIN = dict(batch_size=64, warmup_steps=100, beta2=0.99, eval_interval=250, eval_batches=5)
+TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": dict(_TRAIN, max_steps=3000, lr=2e-3, weight_decay=0.05),
+    "mlp": dict(_TRAIN, max_steps=1500, lr=1e-3, weight_decay=0.01),
+}
+
+
+def model_config(name: str, images: ImageSet, overrides: dict) -> Any:
+    """The model's config: its defaults (the ViT: a preset), the user's overrides, and the image
+    size, channels and classes of the data."""
+    if name not in MODELS:
+        raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    overrides = dict(overrides)
+    h, w = images.size
+    sizes = {"image_size": h, "image_width": None if w == h else w, "channels": images.channels,
+             "n_labels": len(images.classes)}  # fmt: skip
+    base: dict[str, Any] = {}
+    if name == "vit":
+        preset = overrides.pop("preset", None) or "vit-nano"
+        base = preset_fields(VIT_PRESETS, preset, "vit-nano", "ViT")
+        if preset in CPU_PRESETS and "patch_size" not in overrides:
+            base["patch_size"] = patch_for(h, w)
+    return build_config(name, MODELS[name][0], base, overrides, sizes)
+
+
+def patch_for(h: int, w: int) -> int:
+    """The CPU presets' patch side: the smallest of at least MIN_PATCH pixels that cuts both sides
+    into 4 to MAX_PATCHES patches (8 x 8 digits: 4, 28 x 28: 4, 224 x 224: 28); for images too
+    small for that, the smallest that gives 2 to MAX_PATCHES."""
+    common = math.gcd(h, w)
+    sides = [p for p in range(1, common + 1) if common % p == 0 and 2 <= (h // p) * (w // p) <= MAX_PATCHES]
+    preferred = [p for p in sides if p >= MIN_PATCH and (h // p) * (w // p) >= 4]
+    if preferred or sides:
+        return (preferred or sides)[0]
+    raise AttnlabError(f"no patch size divides {h}x{w} images into at most {MAX_PATCHES} patches: "
+                       "set --patch-size, or --image-size to resize them")  # fmt: skip
+
+
+def train_image(
+    out: str | Path,
+    model: str = "vit",
+    model_overrides: dict | None = None,
+    train: TrainConfig | None = None,
+    data: ImageDataConfig | None = None,
+    force: bool = False,
+    progress: bool = True,
+    resume: bool = False,
+) -> dict:
+    """Train an image classifier into run directory `out` (or continue it: resume); returns the
+    final losses and the test-set scores."""
+    run = Path(out)
+    if resume:  # the run's own settings, so the data is cut and the model built as before
+        saved = ck.read_run_config(ck.check_run_dir(run))
+        model, model_overrides = saved["family"], saved["model"]
+        train = train or from_dict(TrainConfig, saved["train"], where="train config")
+        data = from_dict(ImageDataConfig, saved["data"], where="data config")
+    if model not in MODELS:
+        raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+    data = data or ImageDataConfig()
+    train = train or TrainConfig(**TRAIN_DEFAULTS[model])
+    d, device = distributed.init(train.device)
+    training._check_dir(run, resume, force)
+    images = load_images(data)
+    cfg = model_config(model, images, model_overrides or {})
+    task = {"kind": "image", "labels": images.classes, "size": list(images.size), "channels": images.channels}
+    config = {"family": model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
+              "data": dataclasses.asdict(data), "task": task}  # fmt: skip
+    if d.main and not resume:
+        training._fresh_dir(run)
+    distributed.barrier(d)
+    batches = Images(images, data.augment)
+    s = training.start(run, lambda: MODELS[model][1](cfg), batches, train, config, d, device, resume, command="image")
+    t0 = time.perf_counter()
+    try:
+        result = training.loop(s, progress)
+        result["train_seconds"] = time.perf_counter() - t0
+        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
+        gold, probs = predict_split(s.raw, images, "test", device)
+        result["test"] = scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)
+        if d.main:
+            ck.write_json(run / "eval.json", {"split": "test", "examples": len(gold), **result["test"]})
+            pictures(run, s.raw, images, gold, probs, f"{model} on {data.data}")
+    finally:
+        distributed.shutdown(d)
+    return result
+
+
+@torch.no_grad()
+def predict_split(model: nn.Module, images: ImageSet, split: str, device, batch_size: int = 256):
+    """(gold labels (N,), class probabilities (N, K)) over a whole split, unaugmented."""
+    model.eval()
+    x, y = images.splits[split]
+    probs = [model(torch.from_numpy(x[i : i + batch_size]).to(device)).float().softmax(-1).cpu()
+             for i in range(0, len(x), batch_size)]  # fmt: skip
+    return y, torch.cat(probs).numpy() if probs else np.zeros((0, len(images.classes)), dtype=np.float32)
+
+
+def pictures(run: Path, model: nn.Module, images: ImageSet, gold: np.ndarray, probs: np.ndarray, title: str) -> None:
+    """confusion.png and predictions.png of the test split; for a ViT also attention.png."""
+    from attnlab.viz.confusion import plot_confusion
+    from attnlab.viz.patches import plot_prediction_grid
+
+    classes = images.classes
+    pred = probs.argmax(1)
+    plot_confusion(confusion(gold, pred, len(classes)), classes, run / "confusion.png", f"{title}: test")
+    x = images.splits["test"][0]
+    named = [classes[i] for i in gold], [classes[i] for i in pred]
+    plot_prediction_grid(x, *named, run / "predictions.png", f"{title}: test images", probs.max(1))
+    if isinstance(model, ViT) and len(x):
+        attention_picture(model, x[0], run / "attention.png", f"test image 0 (true {named[0][0]})", classes)
+
+
+# ---- a trained run on new images ---------------------------------------------------------------
+
+
+def _task(run) -> dict:
+    task = run.config.get("task", {})
+    if task.get("kind") != "image":
+        raise AttnlabError(f"{run.path} is not an image run (it reads {task.get('kind') or 'text'})")
+    return task
+
+
+def load_image(run, path: str | Path) -> np.ndarray:
+    """One image file as the run's model reads it: (C, H, W) in [0, 1] at the run's size and channels."""
+    task = _task(run)
+    return read_image(path, tuple(task["size"]), task["channels"])
+
+
+@torch.no_grad()
+def predict_image(run, path: str | Path, top: int = 3) -> dict:
+    """The label of the image at `path` and the `top` most probable classes."""
+    labels = _task(run)["labels"]
+    x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
+    run.model.eval()
+    probs = run.model(x).float().softmax(-1)[0].cpu()  # (K,)
+    p, best = probs.topk(min(top, len(labels)))
+    ranked = [{"label": labels[int(i)], "probability": float(q)} for q, i in zip(p, best)]
+    return {"kind": "image", "image": str(path), "label": ranked[0]["label"],
+            "probability": ranked[0]["probability"], "top": ranked}  # fmt: skip
+
+
+def attention_picture(model: ViT, image: np.ndarray, path: Path, title: str, labels: list[str]) -> str:
+    """Draw [CLS]'s attention to each patch (per layer and head, and the rollout) over `image`
+    (C, H, W); returns the predicted label."""
+    from attnlab.viz.patches import plot_patch_attention
+
+    model.eval()
+    x = torch.from_numpy(np.ascontiguousarray(image))[None].to(next(model.parameters()).device)
+    with torch.no_grad():
+        label = labels[int(model(x).argmax(-1))]
+    weights = [w[0].float().cpu().numpy() for w in model.attention(x)]  # L x (H, T, T)
+    plot_patch_attention(image, weights, model.cfg.grid, path, f"{title}: predicted {label}")
+    return label
+
+
+def image_attention(run, path: str | Path, out: str | Path) -> str:
+    """attention_picture for an image file and a ViT run; returns the predicted label."""
+    if not isinstance(run.model, ViT):
+        raise AttnlabError(f"{run.path} is a {run.config['family']} model: it has no attention to draw")
+    image = load_image(run, path)
+    return attention_picture(run.model, image, Path(out), Path(path).name, _task(run)["labels"])
+
+
+def evaluate_image(run, data: str | None = None, split: str = "test", plot: str | Path | None = None) -> dict:
+    """Scores of an image run on a split of its own data, or on all of `data` (a folder or .npz,
+    read at the run's size and channels, labels matched by class name); plot: confusion PNG."""
+    task = _task(run)
+    cfg = from_dict(ImageDataConfig, run.config["data"], where="data config")
+    if split not in IMAGE_SPLITS:
+        raise AttnlabError(f"unknown split {split!r}: use {', '.join(IMAGE_SPLITS)}")
+    labels, size, channels = task["labels"], tuple(task["size"]), task["channels"]
+    if data is not None and data != cfg.data:  # a new source is scored whole, as the test split
+        images = ImageSet({"test": load_source(data, labels, size, channels)}, labels)
+        name, split = data, "test"
+    else:
+        images = load_images(cfg, labels, size, channels)
+        name = cfg.test if split == "test" and cfg.test else cfg.data
+    gold, probs = predict_split(run.model, images, split, run.device)
+    result = scores(confusion(gold, probs.argmax(1), len(labels)), labels)
+    if plot:
+        from attnlab.viz.confusion import plot_confusion
+
+        title = f"{run.path.name} on {Path(name).name} ({split}): accuracy {result['accuracy']:.2%}"
+        plot_confusion(np.array(result["confusion"]), labels, Path(plot), title)
+    return {"data": name, "split": split, "examples": len(gold), **result}

@@ -1,0 +1,215 @@
+"""Vision Transformer pictures: where [CLS] looked among the patches, and a grid of predictions.
+
+Shapes: L layers, H heads, T = 1 + gh * gw tokens ([CLS] first), gh x gw patch grid, C channels, N images.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.checkpoint import atomic_write
+
+MAX_LABELLED = 16  # grids up to 4 x 4 get each patch's weight written on it
+CELL = 1.8  # inches per panel: an 8x8 digit still shows its pixels and its patch blocks
+HEAT = dict(cmap="viridis", alpha=0.5, interpolation="nearest")  # see-through, one flat block per patch
+
+
+def _numpy(x) -> np.ndarray:
+    """A float array from an array or a torch tensor (which may need grad or live on a GPU)."""
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def _stack(weights) -> np.ndarray:
+    """L arrays (H, T, T), one (L, H, T, T) array, or one layer's (H, T, T): an (L, H, T, T) array."""
+    w = np.stack([_numpy(x) for x in weights]) if isinstance(weights, (list, tuple)) else _numpy(weights)
+    if w.ndim == 3:
+        w = w[None]  # one layer
+    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"attention weights should be L arrays of shape (H, T, T); got shape {w.shape}")
+    return w
+
+
+def attention_rollout(weights: list[np.ndarray] | np.ndarray, residual: float = 0.5) -> np.ndarray:
+    """Abnar & Zuidema (2020): how much each token's output draws on each input token, through all layers.
+
+    One layer's heads are averaged; the residual connection passes each token on unchanged, so a share
+    `residual` of the identity is mixed in; rows are renormalized and the layers multiplied, later ones
+    on the left. Returns (T, T) with rows summing to 1; row 0 is [CLS]'s view of the image.
+    """
+    w = _stack(weights)
+    eye = np.eye(w.shape[-1])
+    rollout = eye
+    for layer in w:
+        a = residual * eye + (1 - residual) * layer.mean(0)  # (T, T)
+        a = a / a.sum(-1, keepdims=True)
+        rollout = a @ rollout
+    return rollout
+
+
+def _check_grid(t: int, grid: tuple[int, int]) -> tuple[int, int]:
+    gh, gw = grid
+    if t != 1 + gh * gw:
+        raise ValueError(f"attention over {t} tokens does not fit a {gh}x{gw} patch grid plus [CLS]; check grid")
+    return gh, gw
+
+
+def cls_maps(weights, grid: tuple[int, int]) -> np.ndarray:
+    """[CLS]'s attention to each patch, per layer and head, laid out as the patches lie: (L, H, gh, gw)."""
+    w = _stack(weights)
+    gh, gw = _check_grid(w.shape[-1], grid)
+    return w[:, :, 0, 1:].reshape(w.shape[0], w.shape[1], gh, gw)  # patch k at (k // gw, k % gw)
+
+
+Panel = tuple[np.ndarray | None, str]  # a (gh, gw) heat map (None: the image alone) and its title
+
+
+def patch_panels(weights, grid: tuple[int, int], residual: float = 0.5) -> list[list[Panel]]:
+    """The rows plot_patch_attention draws, apart from drawing, so they can be checked.
+
+    One row per layer (each head, then the mean of the heads); a last row with the image alone, the
+    rollout and the last layer's mean, so the rollout can be set against the last layer it grew from.
+    """
+    w = _stack(weights)
+    maps = cls_maps(w, grid)  # (L, H, gh, gw)
+    n_layer, n_head = maps.shape[:2]
+    rows = []
+    for i in range(n_layer):
+        row = [(maps[i, h], f"layer {i + 1} head {h + 1}") for h in range(n_head)]
+        rows.append(row + [(maps[i].mean(0), f"layer {i + 1}: mean of heads")])
+    rollout = attention_rollout(w, residual)[0, 1:].reshape(grid)  # (gh, gw)
+    rows.append([(None, "image"), (rollout, "rollout"), (maps[-1].mean(0), f"layer {n_layer}: mean of heads")])
+    return rows
+
+
+def _show_image(ax, image: np.ndarray) -> tuple[int, int]:
+    """Draw (C, H, W) in [0, 1] pixel for pixel, in grey for one channel; return (H, W)."""
+    image = np.clip(_numpy(image), 0, 1)
+    if image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"an image should be (C, H, W) with C = 1 or 3; got shape {image.shape}")
+    h, w = image.shape[1:]
+    shown = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)  # (H, W) or (H, W, 3)
+    ax.imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest", extent=(0, w, h, 0))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return h, w
+
+
+def _overlay(ax, heat: np.ndarray, size: tuple[int, int], vmax: float) -> None:
+    """Lay a (gh, gw) map over the image so block (r, c) covers exactly the pixels of patch (r, c).
+
+    Patches are P x P with P = H // gh; pixels past gh * P (which a ViT drops) stay uncovered. Every
+    panel shares one scale (0 to the largest weight in the figure), so heads can be compared; with
+    few patches each block also shows its weight, which colour alone conveys poorly.
+    """
+    h, w = size
+    gh, gw = heat.shape
+    ph, pw = h // gh, w // gw
+    ax.imshow(heat, vmin=0, vmax=max(vmax, 1e-12), extent=(0, gw * pw, gh * ph, 0), **HEAT)
+    if gh * gw <= MAX_LABELLED:
+        for (r, c), value in np.ndenumerate(heat):
+            ax.text((c + 0.5) * pw, (r + 0.5) * ph, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white", bbox=dict(boxstyle="round,pad=0.15", fc="black", alpha=0.5, lw=0))  # fmt: skip
+    ax.set_xlim(0, w)
+    ax.set_ylim(h, 0)
+
+
+def _title(fig, title: str, cols: int) -> None:
+    fig.suptitle("\n".join(textwrap.wrap(title, int(11 * CELL * cols))), fontsize=10)  # fits a narrow figure
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def plot_patch_attention(image: np.ndarray, weights, grid: tuple[int, int], path: Path, title: str = "") -> None:
+    """One PNG of where [CLS] looked: image (C, H, W) in [0, 1], weights L arrays (H, T, T) for this image.
+
+    A row per layer (each head and their mean), then the image alone, the rollout and the last layer's
+    mean, each map a see-through block per patch over the image.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = patch_panels(weights, grid)
+    vmax = max(float(heat.max()) for row in rows for heat, _ in row if heat is not None)
+    cols = max(len(r) for r in rows)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(CELL * cols, CELL * len(rows)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)  # shown again when a panel lands on it
+    for i, row in enumerate(rows):
+        for j, (heat, name) in enumerate(row):
+            ax = axes[i][j]
+            ax.set_visible(True)
+            size = _show_image(ax, image)
+            if heat is not None:
+                _overlay(ax, heat, size, vmax)
+            ax.set_title(name, fontsize=8)
+    _title(fig, title, cols)
+    note = "colour: the share of [CLS]'s attention on each patch (the rest is on [CLS] itself), one scale for all"
+    fig.text(0.5, 0.002, note, ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    _save(fig, path)
+
+
+def grid_title(true, pred, title: str = "") -> str:
+    """The overall title with how many of these predictions are right, e.g. "digits — 38/40 right"."""
+    if len(true) != len(pred):
+        raise ValueError(f"{len(true)} true labels but {len(pred)} predictions; pass one of each per image")
+    right = sum(str(t) == str(p) for t, p in zip(true, pred))
+    count = f"{right}/{len(true)} right"
+    return f"{title} — {count}" if title else count
+
+
+def _label(t, p, prob: float | None) -> str:
+    return f"pred {p} (true {t})" if prob is None else f"pred {p} {prob:.0%} (true {t})"
+
+
+def plot_prediction_grid(
+    images: np.ndarray,
+    true: list[str] | np.ndarray,
+    pred: list[str] | np.ndarray,
+    path: Path,
+    title: str = "",
+    probs: np.ndarray | None = None,
+    max_images: int = 40,
+) -> None:
+    """Test images (N, C, H, W) in [0, 1], each titled with its prediction, green when right, red when wrong.
+
+    probs: (N,) the probability of each prediction, or (N, K) class probabilities whose max is shown.
+    Draws the first max_images, 8 per row; the overall title counts the right ones among those drawn.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = min(len(images), max_images)
+    if n == 0:
+        raise ValueError("no images to draw; pass at least one image and max_images >= 1")
+    true, pred = list(true)[:n], list(pred)[:n]
+    shown = None if probs is None else _numpy(probs)[:n]
+    if shown is not None and shown.ndim == 2:
+        shown = shown.max(1)  # the predicted class is the most probable one
+    cols = min(8, n)
+    rows = -(-n // cols)  # ceil
+    fig, axes = plt.subplots(rows, cols, figsize=(CELL * cols, CELL * rows), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.set_visible(False)
+            continue
+        _show_image(ax, images[k])
+        colour = "green" if str(true[k]) == str(pred[k]) else "red"
+        ax.set_title(_label(true[k], pred[k], None if shown is None else shown[k]), fontsize=8, color=colour)
+    _title(fig, grid_title(true, pred, title), cols)
+    fig.tight_layout()
+    _save(fig, path)
