@@ -151,6 +151,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
     run = load(args.run, device=args.device)
+    if run.config["family"] != "gpt":
+        what = run.config.get("task", {}).get("kind") or run.config["family"]
+        raise AttnlabError(f"{args.run} is not a language model run (it is {what}): attnlab sample needs a gpt run")
     for i in range(args.num_samples):
         if i:
             print("\n" + "-" * 40)
@@ -276,9 +279,10 @@ def build_parser() -> Parser:
     from attnlab import cli_translate
 
     cli_translate.add_commands(sub, tasks)
-    from attnlab import cli_image
+    from attnlab import cli_image, cli_inspect
 
     cli_image.add_commands(tasks)
+    cli_inspect.add_commands(sub)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")

@@ -76,6 +76,11 @@ def test_predict_reads_a_colour_image_of_another_size_as_the_model_needs(digits_
     assert code == 0 and "top:" in out
 
 
+def test_sample_refuses_an_image_run_in_one_line(digits_run, capsys):
+    code, _, err = run_cli(["sample", digits_run], capsys)
+    assert code == 2 and "not a language model run (it is image)" in err and len(err.strip().splitlines()) == 1
+
+
 def test_predict_an_unreadable_image_is_one_line(digits_run, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     bad.write_text("not an image")

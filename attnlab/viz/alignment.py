@@ -15,8 +15,19 @@ import numpy as np
 from attnlab.checkpoint import atomic_write
 
 
-def plot_alignment(weights: np.ndarray, src: list[str], tgt: list[str], path: Path, title: str = "") -> None:
-    """weights (L, H, T, S): one panel per layer and head, plus a mean-over-heads column when H > 1."""
+def plot_alignment(
+    weights: np.ndarray,
+    src: list[str],
+    tgt: list[str],
+    path: Path,
+    title: str = "",
+    first_layer: int = 1,
+    heads: list[int] | None = None,
+) -> None:
+    """weights (L, H, T, S): one panel per layer and head, plus a mean-over-heads column when H > 1.
+    Any attention matrix reads the same way: queries (tgt) down, keys (src) across; a causal
+    mask's zeros leave the upper triangle blank. first_layer and heads: the numbers shown in the
+    titles when weights is a selection (e.g. layer 3 alone)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,12 +35,15 @@ def plot_alignment(weights: np.ndarray, src: list[str], tgt: list[str], path: Pa
 
     w = np.asarray(weights, dtype=float)
     n_layer, n_head, t, s = w.shape
-    panels = [[(w[i, h], f"layer {i + 1} head {h + 1}") for h in range(n_head)] for i in range(n_layer)]
+    chosen = heads is not None  # a head the user picked, rather than a one-head model (the RNN)
+    heads = heads or list(range(1, n_head + 1))
+    layer = [first_layer + i for i in range(n_layer)]
+    panels = [[(w[i, h], f"layer {layer[i]} head {heads[h]}") for h in range(n_head)] for i in range(n_layer)]
     if n_head > 1:
         for i in range(n_layer):
-            panels[i].append((w[i].mean(0), f"layer {i + 1}: mean of heads"))
+            panels[i].append((w[i].mean(0), f"layer {layer[i]}: mean of heads"))
     if n_layer * n_head == 1:
-        panels = [[(w[0, 0], "alignment")]]
+        panels = [[(w[0, 0], f"layer {first_layer} head {heads[0]}" if chosen else "alignment")]]
     rows, cols = len(panels), len(panels[0])
     cell = max(2.6, 0.32 * max(s, t) + 1.2)
     fig, axes = plt.subplots(rows, cols, figsize=(cell * cols, cell * rows), squeeze=False)
