@@ -57,7 +57,8 @@ def cmd_train_mlm(args: argparse.Namespace) -> int:
     data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
     result = train_mlm(args.out, model, train, data, force=args.force)
     if speaks():
-        print(f"done: step {result['step']}, validation loss {result['val_loss']:.4f}. "
+        val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"  # no validation split
+        print(f"done: step {result['step']}, validation loss {val}. "
               f'Try: attnlab predict {args.out} "def __init__([MASK], name):"')  # fmt: skip
     return 0
 

@@ -1,4 +1,4 @@
-"""Commands that look inside a run: attention (PNG or HTML) and plot (curves, positions, embeddings)."""
+"""Commands that look inside a run: attention (PNG or HTML), plot (curves, positions, embeddings), serve."""
 
 from __future__ import annotations
 
@@ -26,8 +26,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from attnlab.errors import AttnlabError
+
+    try:  # imported here: the web stack is needed by this command alone
+        from attnlab.serve import serve
+    except ImportError as e:
+        raise AttnlabError(
+            f"attnlab serve needs fastapi, uvicorn and python-multipart ({e}): pip install -e ."
+        ) from None
+    serve(args.runs, host=args.host, port=args.port, device=args.device)
+    return 0
+
+
 def add_commands(sub) -> None:
-    """Add `attention` and `plot` to the parser's subcommands."""
+    """Add `attention`, `plot` and `serve` to the parser's subcommands."""
     from attnlab.viz.inspect_plots import WHAT
 
     desc = ("Draw what each head attends to for one input: a .png heatmap (queries down, keys across; "
@@ -55,3 +68,15 @@ def add_commands(sub) -> None:
     pl.add_argument("--out", required=True, metavar="FILE.png", help="picture to write")
     pl.add_argument("--tokens", type=int, default=60, help="embeddings: how many tokens to label (default: 60)")
     pl.set_defaults(func=cmd_plot)
+
+    desc = ("A local web page over trained runs: each run's config, size and loss curve; type an input "
+            "and get the output of its task (streamed text with temperature / top-k / top-p for a GPT, "
+            "labels, tags, [MASK] fills, translations, an uploaded image's class); and the attention of "
+            "that input in the head view and the model view. JSON API under /api (see /openapi.json).")  # fmt: skip
+    srv = sub.add_parser("serve", help="a local web explorer over trained runs: generate, predict, attention",
+                         description=desc)  # fmt: skip
+    srv.add_argument("runs", nargs="+", metavar="RUN", help="run directories to serve")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    srv.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
+    srv.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    srv.set_defaults(func=cmd_serve)

@@ -1,0 +1,143 @@
+"""The explorer and the exported attention page in a real browser: Debian's chromium, driven by
+Playwright. Skipped where either is missing (`apt-get install chromium`, `pip install playwright`;
+never `playwright install`, which downloads browsers).
+
+Screenshots of the served page's head view and model view go to $ATTNLAB_SCREENSHOTS (default: the
+test's temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab import load
+from attnlab.attention_views import views
+from attnlab.cli import main
+from attnlab.generate import generate_text
+from attnlab.serve import create_app, running
+from attnlab.viz.html import AttentionView, write_attention_html
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.is_file():
+    pytest.skip(f"no {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+# Quiet flags: without the background-networking ones Chromium keeps calling home, to no avail here.
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]  # fmt: skip
+GPT = ["--preset", "gpt-nano", "--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32",
+       "--tokenizer", "char", "--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1",
+       "--device", "cpu"]  # fmt: skip
+PERCENT = re.compile(r"^\d+(\.\d)?%$")
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
+    with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        assert main(["train", "lm", "--data", str(root / "corpus.txt"), "--out", str(root / "lm"), *GPT]) == 0
+    return root / "lm"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    folder = Path(os.environ.get("ATTNLAB_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def watch(page) -> list[str]:
+    """The page's console errors and uncaught exceptions, as they come."""
+    errors: list[str] = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return errors
+
+
+def test_the_explorer_streams_text_and_shows_its_attention(gpt_run, browser, shots):
+    expect = playwright.expect
+    prompt = "def add("
+    run = load(gpt_run, "cpu")
+    expected = generate_text(run.model, run.tokenizer, prompt, max_new_tokens=20, temperature=0.8, seed=3)
+    with running(create_app([gpt_run])) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors, elsewhere = watch(page), []
+        page.on("request", lambda r: r.url.startswith((url, "blob:", "data:")) or elsewhere.append(r.url))
+        page.goto(url)
+        page.select_option("#run", "lm")
+        expect(page.locator("#run-summary")).to_contain_text("gpt, lm")
+        expect(page.locator("#curve polyline.train")).to_have_count(1)  # the loss curve, from the metrics
+        page.fill("#prompt", prompt)
+        page.fill("#max-tokens", "20")
+        page.fill("#seed", "3")  # the page's temperature 0.8, top-k and top-p off: generate_text's call above
+        page.click("#go")
+        expect(page.locator("#status")).to_contain_text("20 tokens in", timeout=15_000)
+        assert page.text_content("#output .generated") == expected[len(prompt) :]
+
+        page.click("#attention-go")
+        queries = page.locator(".token.query")
+        expect(queries).to_have_count(len(views(run, expected)[0].queries))  # prompt and continuation
+        labels = page.locator(".token.key .weight-label")
+        assert labels.first.text_content() == ""
+        page.hover(".token.query[data-index='5']")
+        expect(labels.first).to_have_text(PERCENT)  # query 5 sees key 0: a causal model's earlier token
+        page.screenshot(path=str(shots / "serve-head-view.png"), full_page=True)
+
+        page.click(".thumb[data-layer='1'][data-head='1']")
+        enlarged = page.locator("#enlarged")
+        expect(enlarged).to_be_visible()
+        assert enlarged.get_attribute("data-layer") == "1" and enlarged.get_attribute("data-head") == "1"
+        page.screenshot(path=str(shots / "serve-model-view.png"))
+        page.close()
+    assert not errors, errors
+    assert not elsewhere, elsewhere  # nothing fetched from anywhere but the server
+
+
+def test_the_exported_page_works_with_no_network(browser, tmp_path):
+    expect = playwright.expect
+    rng = np.random.default_rng(0)
+    src, tgt = ["le", "chat", "</s>"], ["the", "cat"]
+    weights = lambda tq, tk: (w := rng.random((2, 3, tq, tk))) / w.sum(-1, keepdims=True)
+    views = [AttentionView("encoder self-attention", src, src, weights(3, 3)),
+             AttentionView("cross-attention", tgt, src, weights(2, 3))]  # fmt: skip
+    write_attention_html(views, tmp_path / "attention.html", "offline")
+    context = browser.new_context(offline=True)
+    blocked: list[str] = []
+
+    def only_files(route):
+        if route.request.url.startswith("file:"):
+            return route.continue_()
+        blocked.append(route.request.url)
+        return route.abort()
+
+    context.route("**/*", only_files)
+    page = context.new_page()
+    errors = watch(page)
+    page.goto((tmp_path / "attention.html").as_uri())
+    expect(page.locator(".token.query")).to_have_count(3)
+    expect(page.locator(".thumb")).to_have_count(6)  # 2 layers x 3 heads
+    page.hover(".token.query[data-index='1']")
+    expect(page.locator(".token.key .weight-label").first).to_have_text(PERCENT)
+    page.select_option("#view", "1")
+    expect(page.locator(".token.query")).to_have_count(2)
+    page.click(".thumb[data-layer='0'][data-head='2']")
+    expect(page.locator("#enlarged")).to_be_visible()
+    context.close()
+    assert not errors, errors
+    assert not blocked, blocked
