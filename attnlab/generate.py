@@ -162,13 +162,26 @@ def stream_text(
     out: list[int] = []
     emitted = ""
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
+    text = ""  # the continuation so far, up to its last complete character
     for token in stream(model, ids, max_new_tokens, **sampling):
         out.append(token)
-        text = tokenizer.decode(out)
-        if text.endswith("\ufffd"):
+        decoded = tokenizer.decode(out)
+        if decoded.endswith("\ufffd"):
             continue  # a multi-byte character is still incomplete
+        text = decoded
         if stop and stop in text:
             yield text[len(emitted) : text.index(stop)]
             return
+        safe = len(text) - _held_back(text, stop)  # a tail that may be the start of `stop` waits
+        yield text[len(emitted) : safe]
+        emitted = text[:safe]
+    if len(text) > len(emitted):  # the end came while a possible start of `stop` was held back
         yield text[len(emitted) :]
-        emitted = text
+
+
+def _held_back(text: str, stop: str | None) -> int:
+    """Length of the longest end of `text` that is a proper start of `stop` (0 if none)."""
+    for k in range(min(len(stop or "") - 1, len(text)), 0, -1):
+        if stop.startswith(text[-k:]):
+            return k
+    return 0
