@@ -279,10 +279,11 @@ def build_parser() -> Parser:
     from attnlab import cli_translate
 
     cli_translate.add_commands(sub, tasks)
-    from attnlab import cli_image, cli_inspect
+    from attnlab import cli_convert, cli_image, cli_inspect
 
     cli_image.add_commands(tasks)
     cli_inspect.add_commands(sub)
+    cli_convert.add_commands(sub)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")

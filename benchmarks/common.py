@@ -16,6 +16,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from attnlab.device import DTYPES, pick_device
+from attnlab.hf.gpt2 import weights_to_hf
 from attnlab.models.gpt import GPT, GPTConfig
 
 # HF activations equal to attnlab's "gelu_tanh": "gelu_new" is GPT-2's own, written out as
@@ -63,23 +64,11 @@ def hf_config(cfg: GPTConfig, activation: str = "gelu_new") -> GPT2Config:
 
 @torch.no_grad()
 def copy_weights_to_hf(gpt: GPT, hf: GPT2LMHeadModel) -> None:
-    """Load attnlab's weights into the peer. HF's Conv1D stores (in, out): nn.Linear transposed."""
-    t = hf.transformer
-    t.wte.weight.copy_(gpt.tok.weight)  # tied with hf.lm_head, as gpt.head is with gpt.tok
-    t.wpe.weight.copy_(gpt.pos.embedding.weight)
-    for ours, theirs in zip(gpt.blocks, t.h, strict=True):
-        a = ours.attn
-        theirs.attn.c_attn.weight.copy_(a.qkv_proj.weight.T)  # Conv1D stores (in, out): columns q | k | v
-        theirs.attn.c_attn.bias.copy_(a.qkv_proj.bias)
-        pairs = [(a.out_proj, theirs.attn.c_proj), (ours.ff.up, theirs.mlp.c_fc), (ours.ff.down, theirs.mlp.c_proj)]
-        for linear, conv in pairs:
-            conv.weight.copy_(linear.weight.T)
-            conv.bias.copy_(linear.bias)
-        for norm, ln in [(ours.norm_attn, theirs.ln_1), (ours.norm_ff, theirs.ln_2)]:
-            ln.weight.copy_(norm.weight)
-            ln.bias.copy_(norm.bias)
-    t.ln_f.weight.copy_(gpt.norm.weight)
-    t.ln_f.bias.copy_(gpt.norm.bias)
+    """Load attnlab's weights into the peer, through the same mapping `attnlab export --to hf` uses."""
+    result = hf.load_state_dict(weights_to_hf(gpt.state_dict(), gpt.cfg), strict=False)
+    # The only tensor left out is the LM head, tied to wte (as gpt.head is to gpt.tok).
+    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
+        raise RuntimeError(f"weights do not fit the HF peer: {result}")
 
 
 def build_pair(

@@ -1,0 +1,163 @@
+"""HuggingFace checkpoints in and out: a local HuggingFace directory -> an attnlab run, and back.
+
+convert_from_hf("gpt2-dir", "runs/gpt2")
+  -> read config.json, the weights and tokenizer.json (attnlab.hf.io; nothing is downloaded)
+  -> the family module for config.json's architecture maps the config and renames the weights
+  -> the weights are loaded into the attnlab model (strictly) to prove they fit
+  -> a run directory every attnlab command reads: config.json, model.safetensors, tokenizer.json
+export_hf("runs/demo", "demo-hf")
+  -> a directory transformers' from_pretrained loads (GPT runs, as GPT2LMHeadModel)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from attnlab import checkpoint as ck
+from attnlab import training
+from attnlab.config import from_dict
+from attnlab.data import DataConfig
+from attnlab.data.images import ImageDataConfig
+from attnlab.data.labeled import LabeledDataConfig
+from attnlab.errors import AttnlabError
+from attnlab.hf import gpt2, module_for
+from attnlab.hf.io import read_hf_dir, write_hf_dir
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.run import FAMILIES
+from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
+
+# The data settings a converted run starts with (what `attnlab eval` and fine-tuning read).
+DATA_CONFIGS = {"gpt": DataConfig, "encoder": LabeledDataConfig, "vit": ImageDataConfig}
+
+# Families that export, and the module that maps them.
+EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2}
+
+
+def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """Write the HuggingFace model in directory `src` as an attnlab run in `out`; returns a
+    summary: family, architecture, parameters, run. An existing `out` is replaced only with
+    force, and only if it is an attnlab run."""
+    src, out = Path(src), Path(out)
+    _check_out(src, out, force)
+    hf, tensors, tokenizer_json = read_hf_dir(src)
+    arch = _architecture(hf, src)
+    module = module_for(arch)
+    family, cfg, task = module.config_from_hf(hf)
+    model = FAMILIES[family][1](cfg)
+    weights = module.weights_from_hf(tensors, cfg)
+    pixels = _pixel_normalization(src, module, cfg)
+    if pixels is not None:  # HF feeds (x - mean) / std; attnlab feeds [0, 1]: fold it into the weights
+        weights = module.fold_pixel_normalization(weights, *pixels)
+    model.load_state_dict(weights, strict=True)  # every tensor, every shape
+    tok = _tokenizer(tokenizer_json, src, family, cfg, task)
+    config = {"family": family, "model": asdict(cfg), "train": asdict(training.TrainConfig()),
+              "data": asdict(_data_config(family, tok))}  # fmt: skip
+    if task is not None:
+        config["task"] = task
+    config["source"] = {"hf": str(src), "architecture": arch}
+    training._fresh_dir(out)  # only now: a failed conversion never costs an old run
+    ck.write_json(out / ck.CONFIG, config)
+    ck.save_weights(model, out / ck.WEIGHTS, {"step": "0"})
+    if tokenizer_json is not None:
+        ck.write_text(out / ck.TOKENIZER, tokenizer_json)
+    return {"family": family, "architecture": arch, "parameters": _num_params(model), "run": str(out)}
+
+
+def _pixel_normalization(src: Path, module, cfg) -> tuple[list[float], list[float]] | None:
+    """The (mean, std) an image model's preprocessor_config.json normalizes with, if any."""
+    path = src / "preprocessor_config.json"
+    if not hasattr(module, "pixels_from_hf") or not path.is_file():
+        return None
+    return module.pixels_from_hf(ck.read_json(path), cfg.channels)
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> dict[str, Any]:
+    """Write run `run_dir` as a HuggingFace directory `out_dir` (config.json, model.safetensors,
+    tokenizer.json) that transformers' from_pretrained loads. A non-empty `out_dir` is replaced
+    only with force, and only if it is a HuggingFace model directory."""
+    run, out = ck.check_run_dir(run_dir), Path(out_dir)
+    config = ck.read_run_config(run)
+    family = config["family"]
+    if family not in EXPORTERS:
+        raise AttnlabError(f"{run} is a {family} run: export to hf supports gpt (and encoder later)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not force:
+            raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
+        if not (out / ck.CONFIG).is_file():
+            raise AttnlabError(f"{out} is not a HuggingFace model directory: refusing to replace it")
+    module = EXPORTERS[family]
+    cfg = from_dict(GPTConfig, config["model"], where="model config")
+    hf_config = module.config_to_hf(cfg)  # before any reading: says at once what GPT-2 cannot express
+    model = GPT(cfg)
+    ck.load_weights(model, run / ck.WEIGHTS)
+    tok = load_tokenizer(run)
+    tokenizer_json, note = None, f"not exported: HuggingFace has no {tok.kind} tokenizer format"
+    if tok.kind == "bpe":  # already HuggingFace's tokenizer.json
+        tokenizer_json, note = (run / ck.TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
+        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
+    write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
+    return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),
+            "out": str(out), "tokenizer": note}  # fmt: skip
+
+
+def _check_out(src: Path, out: Path, force: bool) -> None:
+    """Refuse an existing `out` unless force; never replace what is not an attnlab run (checked by
+    its config.json's sections: a HuggingFace directory has a config.json too), nor the source."""
+    if out.resolve() == src.resolve() or out.resolve() in src.resolve().parents:
+        raise AttnlabError(f"--out {out} would replace the model being converted: choose another directory")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
+    if not (out.is_dir() and _is_run(out)):
+        raise AttnlabError(f"{out} is not an attnlab run directory: refusing to replace it; choose another --out")
+
+
+def _is_run(d: Path) -> bool:
+    try:
+        ck.read_run_config(d)  # needs a config.json with model, train and data tables
+    except AttnlabError:
+        return False
+    return True
+
+
+def _architecture(hf: dict[str, Any], src: Path) -> str:
+    archs = hf.get("architectures")
+    if not archs or not isinstance(archs, list):
+        raise AttnlabError(f'{src / ck.CONFIG} names no architecture (its "architectures" list is missing)')
+    return archs[0]
+
+
+def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: dict | None) -> Tokenizer | None:
+    """The checkpoint's tokenizer, checked to fit the model; image models read pixels and need none."""
+    if (task or {}).get("kind") == "image":
+        return None
+    if text is None:
+        raise AttnlabError(
+            f"{src}: tokenizer.json is missing; a {family} run needs it (save it beside the model with "
+            "tokenizer.save_pretrained)"
+        )
+    try:
+        tok = tokenizer_from_json(text)
+    except Exception as e:  # any unreadable tokenizer is the same user error
+        raise AttnlabError(f"cannot read {src / ck.TOKENIZER}: {e}") from None
+    vocab = getattr(cfg, "vocab_size", None)
+    if vocab is not None and tok.vocab_size > vocab:
+        raise AttnlabError(f"{src}: tokenizer.json has {tok.vocab_size} tokens, more than the model's {vocab}")
+    return tok
+
+
+def _data_config(family: str, tok: Tokenizer | None) -> Any:
+    data = DATA_CONFIGS.get(family, DataConfig)()
+    if isinstance(data, DataConfig) and tok is not None:
+        data = replace(data, tokenizer=tok.kind, vocab_size=tok.vocab_size)
+    return data
+
+
+def _num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied weight once

@@ -1,0 +1,93 @@
+"""HuggingFace-format checkpoints: one module per family maps configs and weights both ways.
+
+Each family module (gpt2.py, vit.py, ...) exposes
+    ARCHITECTURES                       the config.json "architectures" values it reads
+    config_from_hf(hf) -> (family, attnlab model config, task dict or None)
+    weights_from_hf(tensors, cfg) -> attnlab state dict (exactly model.state_dict()'s keys)
+and, where export is supported,
+    config_to_hf(cfg) -> config.json dict;  weights_to_hf(state, cfg) -> HuggingFace tensors.
+`module_for(architecture)` finds the module; `map_weights` is the renaming and shape checking
+every family's weights_from_hf shares.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from attnlab.errors import AttnlabError
+
+# The family modules, by name under attnlab.hf; one that is not there (yet) is skipped.
+FAMILY_MODULES = ("gpt2", "vit")
+
+# (attnlab name, HuggingFace name, transposed): one tensor of a mapping, read in either direction.
+Pair = tuple[str, str, bool]
+
+
+def family_modules() -> list[ModuleType]:
+    modules = []
+    for name in FAMILY_MODULES:
+        try:
+            modules.append(importlib.import_module(f"{__name__}.{name}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":  # the module exists but an import inside it failed
+                raise
+    return modules
+
+
+def architectures() -> dict[str, ModuleType]:
+    """Every HuggingFace architecture attnlab reads -> the module that maps it."""
+    return {arch: m for m in family_modules() for arch in m.ARCHITECTURES}
+
+
+def module_for(architecture: str) -> ModuleType:
+    known = architectures()
+    if architecture not in known:
+        raise AttnlabError(
+            f"HuggingFace architecture {architecture!r} is not supported: attnlab converts {', '.join(known)}"
+        )
+    return known[architecture]
+
+
+def expected_shapes(model_cls: type[nn.Module], cfg) -> dict[str, torch.Size]:
+    """The state-dict shapes of model_cls(cfg), without allocating it (built on the meta device)."""
+    with torch.device("meta"):
+        model = model_cls(cfg)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def map_weights(
+    tensors: dict[str, torch.Tensor],
+    pairs: Iterable[Pair],
+    expected: dict[str, torch.Size],
+    ignore: Iterable[str] = (),
+) -> dict[str, torch.Tensor]:
+    """HuggingFace tensors -> attnlab's state dict, renamed (and transposed) as `pairs` say.
+
+    Every tensor is checked against the shape the config implies; a missing tensor, a shape that
+    does not fit, or a tensor no pair reads (except those named in `ignore`) is a one-line error,
+    since converting it silently would give a different model.
+    """
+    out, used = {}, set(ignore)
+    for ours, theirs, transposed in pairs:
+        if theirs not in tensors:
+            raise AttnlabError(f"the checkpoint has no tensor {theirs} (attnlab's {ours} is read from it)")
+        t = tensors[theirs].T if transposed else tensors[theirs]
+        if t.shape != expected[ours]:
+            want = tuple(expected[ours])[::-1] if transposed else tuple(expected[ours])
+            raise AttnlabError(
+                f"tensor {theirs} has shape {tuple(tensors[theirs].shape)} but config.json implies {want}"
+            )
+        out[ours] = t
+        used.add(theirs)
+    unread = sorted(set(tensors) - used)
+    if unread:
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        raise AttnlabError(f"the checkpoint has tensors attnlab's model has no place for: {unread[:3]}{more}")
+    if set(out) != set(expected):  # a gap in the family's mapping table, not in the user's files
+        raise RuntimeError(f"mapping misses {sorted(set(expected) - set(out))[:3]}")
+    return out

@@ -1,0 +1,154 @@
+"""GPT-2 (transformers' GPT2LMHeadModel) <-> attnlab's GPT: configs and weights, both ways.
+
+Legend: C model width (n_embd), V vocabulary, F feed-forward width (n_inner).
+
+GPT-2 is attnlab's GPT with pre-norm blocks, learned positions, biases and tanh-GELU, so the
+mapping is a renaming, with one twist: HuggingFace's Conv1D stores its weight as (in, out),
+the transpose of nn.Linear's (out, in). c_attn's columns are q | k | v, stacked as the rows of
+attnlab's qkv_proj; the LM head is tied to the token embedding (wte) unless the config says not.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.hf import Pair, expected_shapes, map_weights
+from attnlab.models.gpt import GPT, GPTConfig
+
+ARCHITECTURES = ("GPT2LMHeadModel",)
+
+# HuggingFace activation_function -> attnlab's. gelu_new is GPT-2's tanh GELU written out in
+# elementwise ops; gelu_pytorch_tanh is the fused kernel attnlab calls: the same function.
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+# Options whose non-default value changes the attention math in ways attnlab's GPT does not have.
+UNSUPPORTED = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention")
+
+# One block: attnlab name -> (HuggingFace name, stored transposed: Conv1D (in, out)).
+BLOCK = {
+    "norm_attn.weight": ("ln_1.weight", False),
+    "norm_attn.bias": ("ln_1.bias", False),
+    "attn.qkv_proj.weight": ("attn.c_attn.weight", True),  # (3C, C) <-> (C, 3C), q | k | v
+    "attn.qkv_proj.bias": ("attn.c_attn.bias", False),
+    "attn.out_proj.weight": ("attn.c_proj.weight", True),
+    "attn.out_proj.bias": ("attn.c_proj.bias", False),
+    "norm_ff.weight": ("ln_2.weight", False),
+    "norm_ff.bias": ("ln_2.bias", False),
+    "ff.up.weight": ("mlp.c_fc.weight", True),  # (F, C) <-> (C, F)
+    "ff.up.bias": ("mlp.c_fc.bias", False),
+    "ff.down.weight": ("mlp.c_proj.weight", True),  # (C, F) <-> (F, C)
+    "ff.down.bias": ("mlp.c_proj.bias", False),
+}
+
+# Buffers that older checkpoints saved with the weights: the causal mask and its fill value.
+BUFFERS = re.compile(r"(^|\.)h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+def pairs(cfg: GPTConfig, prefix: str = "transformer.") -> list[Pair]:
+    """Every tensor of the model: (attnlab name, HuggingFace name, transposed)."""
+    top = [("tok.weight", "wte.weight"), ("pos.embedding.weight", "wpe.weight")]
+    out = [(ours, prefix + theirs, False) for ours, theirs in top]
+    for i in range(cfg.n_layer):
+        out += [(f"blocks.{i}.{ours}", f"{prefix}h.{i}.{theirs}", t) for ours, (theirs, t) in BLOCK.items()]
+    out += [("norm.weight", f"{prefix}ln_f.weight", False), ("norm.bias", f"{prefix}ln_f.bias", False)]
+    head = f"{prefix}wte.weight" if cfg.tie_weights else "lm_head.weight"  # tied: read the embedding twice
+    return out + [("head.weight", head, False)]
+
+
+def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
+    """GPT2Config's keys -> GPTConfig. Keys absent from config.json take GPT2Config's defaults
+    (transformers leaves some out when they are default)."""
+    for key in UNSUPPORTED:
+        if hf.get(key):
+            raise AttnlabError(f"config.json sets {key}: attnlab's GPT has no such option")
+    if not hf.get("scale_attn_weights", True):
+        raise AttnlabError("config.json sets scale_attn_weights false: attnlab's GPT always scales by 1/sqrt(Dh)")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in ACTIVATIONS:
+        raise AttnlabError(f"activation_function {act!r} is not supported: attnlab reads {', '.join(ACTIVATIONS)}")
+    try:
+        cfg = GPTConfig(
+            n_layer=hf.get("n_layer", 12),
+            n_head=hf.get("n_head", 12),
+            d_model=hf.get("n_embd", 768),
+            d_ff=hf.get("n_inner"),  # None: 4 * n_embd, in both
+            context=hf.get("n_positions", hf.get("n_ctx", 1024)),
+            dropout=hf.get("resid_pdrop", 0.1),  # attnlab has one rate for attention, residuals and embeddings
+            norm="pre",
+            activation=ACTIVATIONS[act],
+            positions="learned",
+            bias=True,
+            ln_eps=hf.get("layer_norm_epsilon", 1e-5),
+            vocab_size=hf.get("vocab_size", 50257),
+            tie_weights=hf.get("tie_word_embeddings", True),
+        )
+    except (TypeError, ValueError) as e:
+        raise AttnlabError(f"config.json does not describe a GPT attnlab can build ({e})") from None
+    return "gpt", cfg, None
+
+
+def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """HuggingFace names (with or without the "transformer." prefix) -> attnlab's GPT state dict."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+    ignore = {k for k in tensors if BUFFERS.search(k)}
+    if cfg.tie_weights:
+        ignore.add("lm_head.weight")  # some checkpoints store the tied copy too; from_pretrained drops it
+    return map_weights(tensors, pairs(cfg, prefix), expected_shapes(GPT, cfg), ignore)
+
+
+def check_exportable(cfg: GPTConfig) -> None:
+    """GPT-2's block is fixed: say which of the run's choices it cannot express."""
+    problems = []
+    if cfg.norm != "pre":
+        problems.append(f"norm {cfg.norm!r} (GPT-2 is pre-norm)")
+    if cfg.positions != "learned":
+        problems.append(f"positions {cfg.positions!r} (GPT-2's are learned)")
+    if not cfg.bias:
+        problems.append("no biases (GPT-2 has them)")
+    if cfg.head_width * cfg.n_head != cfg.d_model:
+        problems.append(f"d_head {cfg.d_head} (GPT-2's is d_model / n_head)")
+    if problems:
+        raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
+
+
+def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    """GPTConfig -> a config.json that transformers' AutoConfig reads as a GPT2Config."""
+    check_exportable(cfg)
+    return {
+        "architectures": list(ARCHITECTURES),
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.context,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": cfg.d_ff,
+        "activation_function": EXPORT_ACTIVATIONS[cfg.activation],
+        "layer_norm_epsilon": cfg.ln_eps,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "tie_word_embeddings": cfg.tie_weights,
+        "bos_token_id": None,  # GPT-2's 50256 would lie outside a small vocabulary; export sets the run's
+        "eos_token_id": None,
+        "dtype": "float32",
+    }
+
+
+def weights_to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """attnlab's GPT state dict -> HuggingFace names and layouts. A tied LM head is left out:
+    transformers stores it once, as the embedding, and ties it again when loading."""
+    check_exportable(cfg)
+    out = {}
+    for ours, theirs, transposed in pairs(cfg):
+        if ours == "head.weight" and cfg.tie_weights:
+            continue
+        if ours not in state:
+            raise AttnlabError(f"the run's weights have no tensor {ours}")
+        out[theirs] = state[ours].T if transposed else state[ours]
+    return out

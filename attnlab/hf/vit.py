@@ -1,0 +1,298 @@
+"""HuggingFace ViT (ViTForImageClassification, ViTModel) <-> attnlab's ViT (models/vit.py).
+
+Legend: D model width, C channels, P patch side, N patches, T = 1 + N tokens, I = heads * head
+size, F feed-forward width, L labels.
+
+The two models compute the same function: pre-norm blocks with exact GELU, attention scaled
+by 1/sqrt(head size), [CLS] read after the final LayerNorm. Only names and two shapes differ:
+
+    HuggingFace (Hub checkpoint names)                       attnlab
+    vit.embeddings.cls_token                 (1, 1, D)   ->  cls                       (1, 1, D)
+    vit.embeddings.position_embeddings       (1, T, D)   ->  pos.embedding.weight      (T, D)
+    vit.embeddings.patch_embeddings.projection (D, C, P, P) -> patches.proj            (D, C, P, P)
+    vit.encoder.layer.i.attention.attention.query|key|value  (I, D) each
+                                                         ->  blocks.i.attn.qkv_proj    (3I, D), rows q|k|v
+    vit.encoder.layer.i.attention.output.dense           ->  blocks.i.attn.out_proj
+    vit.encoder.layer.i.intermediate.dense   (F, D)      ->  blocks.i.ff.up
+    vit.encoder.layer.i.output.dense         (D, F)      ->  blocks.i.ff.down
+    vit.encoder.layer.i.layernorm_before|after           ->  blocks.i.norm_attn|norm_ff
+    vit.layernorm                                        ->  norm
+    classifier                               (L, D)      ->  out
+
+ViTModel has no "vit." prefix and no classifier; its pooler (a tanh layer that
+ViTForImageClassification does not use) is dropped. transformers 5 renames the modules in
+memory (layers.i.attention.q_proj, mlp.fc1, ...) and writes the Hub names back when saving;
+both spellings are read here, the Hub's are written.
+
+HuggingFace's image processor normalizes pixels ((x - mean) / std) before the model sees them,
+while attnlab feeds images in [0, 1]: `fold_pixel_normalization` moves that affine map into the
+patch projection, exactly, since the patch projection is linear.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import AttnlabError
+from attnlab.hf import expected_shapes
+from attnlab.models.vit import ViT, ViTConfig
+
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+# HuggingFace's hidden_act -> ours. gelu_new and gelu_pytorch_tanh are both the tanh approximation.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+# transformers' ViTConfig defaults, for the keys a config.json may leave out.
+HF_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-12,
+    "image_size": 224,
+    "patch_size": 16,
+    "num_channels": 3,
+    "qkv_bias": True,
+}
+# Per block: ours -> (Hub name, transformers-5 in-memory name), under encoder.layer.i. / layers.i.
+LAYER = {
+    "attn.out_proj": ("attention.output.dense", "attention.o_proj"),
+    "ff.up": ("intermediate.dense", "mlp.fc1"),
+    "ff.down": ("output.dense", "mlp.fc2"),
+    "norm_attn": ("layernorm_before", "layernorm_before"),
+    "norm_ff": ("layernorm_after", "layernorm_after"),
+}
+QKV = (("attention.attention.query", "attention.q_proj"), ("attention.attention.key", "attention.k_proj"),
+       ("attention.attention.value", "attention.v_proj"))  # fmt: skip
+IGNORED = ("pooler.", "embeddings.mask_token")  # ViTModel's pooler; the masked-image-modeling token
+
+
+def _pair(value: Any, name: str) -> tuple[int, int]:
+    """image_size / patch_size: an int or a (height, width) pair."""
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return value[0], value[1]
+    raise AttnlabError(f"config.json: {name} must be an integer or [height, width], got {value!r}")
+
+
+def _architecture(hf: dict) -> str:
+    """The first ViT architecture config.json names; a config without any is a classifier."""
+    named = [a for a in hf.get("architectures") or [] if a in ARCHITECTURES]
+    if hf.get("architectures") and not named:
+        raise AttnlabError(f"config.json names {hf['architectures']}, not one of {', '.join(ARCHITECTURES)}")
+    return named[0] if named else "ViTForImageClassification"
+
+
+def _labels(hf: dict) -> list[str]:
+    """Class names in index order from id2label (keys are strings in config.json), else LABEL_i."""
+    id2label = hf.get("id2label")
+    if not id2label:
+        return [f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
+    by_index = {int(k): str(v) for k, v in id2label.items()}
+    if sorted(by_index) != list(range(len(by_index))):
+        raise AttnlabError(f"config.json: id2label must number the classes 0 to n-1, got {sorted(by_index)}")
+    return [by_index[i] for i in range(len(by_index))]
+
+
+def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
+    """("vit", our config, the run's task) from the dict of a HuggingFace ViT config.json.
+
+    qkv_bias=False is read as zero query/key/value biases (our bias flag covers every linear and
+    norm). ViTModel has no classifier: the head gets id2label's classes (HuggingFace's default
+    is two) and the task says "head": "untrained". Dropout is 0: a converted model is for
+    inference; fine-tuning sets its own.
+    """
+    hf = {**HF_DEFAULTS, **hf}
+    architecture = _architecture(hf)
+    if hf["hidden_act"] not in ACTIVATIONS:
+        raise AttnlabError(
+            f"ViT hidden_act {hf['hidden_act']!r} is not supported; attnlab reads {', '.join(ACTIVATIONS)}"
+        )
+    h, w = _pair(hf["image_size"], "image_size")
+    p, pw = _pair(hf["patch_size"], "patch_size")
+    if p != pw:
+        raise AttnlabError(f"config.json: patches of {p}x{pw} pixels; attnlab's ViT cuts square patches only")
+    labels = _labels(hf)
+    if not labels:
+        raise AttnlabError("config.json: num_labels is 0 (a classifier without classes); give id2label")
+    d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim")  # transformers 5 reads it when present; d_model / heads otherwise
+    try:
+        cfg = ViTConfig(
+            n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, d_ff=hf["intermediate_size"],
+            d_head=head_dim if head_dim and head_dim * n_head != d_model else None,
+            dropout=0.0, norm="pre", activation=ACTIVATIONS[hf["hidden_act"]], positions="learned", bias=True,
+            ln_eps=hf["layer_norm_eps"], image_size=h, image_width=None if w == h else w,
+            channels=hf["num_channels"], patch_size=p, n_labels=len(labels), pooling="cls",
+            patch_embed="conv", label_smoothing=0.0,
+        )  # fmt: skip
+    except ValueError as e:
+        raise AttnlabError(f"config.json describes a ViT attnlab cannot build: {e}") from None
+    task = {"kind": "image", "labels": labels, "size": [h, w], "channels": hf["num_channels"]}
+    if architecture == "ViTModel":
+        task["head"] = "untrained"
+    return "vit", cfg, task
+
+
+class _Reader:
+    """HF tensors by name with the "vit." prefix taken off; says which were used."""
+
+    def __init__(self, tensors: dict[str, Tensor]):
+        self.original = {k.removeprefix("vit."): k for k in tensors}
+        self.prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""  # for messages
+        self.tensors = {k.removeprefix("vit."): v for k, v in tensors.items()}
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def take(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        if name not in self.tensors:
+            where = self.prefix if not name.startswith("classifier.") else ""
+            raise AttnlabError(f"the HuggingFace checkpoint has no tensor {where}{name} (expected shape {list(shape)})")
+        t = self.tensors[name]
+        if tuple(t.shape) != shape:
+            raise AttnlabError(f"HuggingFace tensor {self.original[name]} has shape {list(t.shape)}, "
+                               f"expected {list(shape)} from config.json")  # fmt: skip
+        self.used.add(name)
+        return t
+
+    def leftover(self) -> list[str]:
+        return [self.original[k] for k in self.tensors if k not in self.used and not k.startswith(IGNORED)]
+
+
+def weights_from_hf(tensors: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """Our state dict (every key of ViT(cfg).state_dict()) from a HuggingFace ViT's tensors, Hub
+    or transformers-5 names, with or without the "vit." prefix. ViTModel has no classifier: its
+    head is zero, as ViT initializes it (every class equally likely; the task says "untrained").
+    A missing tensor, a shape that does not fit the config, or a tensor this mapping does not
+    know is an AttnlabError naming it."""
+    shapes = {name: tuple(shape) for name, shape in expected_shapes(ViT, cfg).items()}
+    src = _Reader(tensors)
+    ours: dict[str, Tensor] = {
+        "cls": src.take("embeddings.cls_token", shapes["cls"]),
+        "pos.embedding.weight": src.take("embeddings.position_embeddings", (1, *shapes["pos.embedding.weight"]))[0],
+        "norm.weight": src.take("layernorm.weight", shapes["norm.weight"]),
+        "norm.bias": src.take("layernorm.bias", shapes["norm.bias"]),
+    }
+    has_head = src.has("classifier.weight") or src.has("classifier.bias")  # ViTModel has none
+    for kind in ("weight", "bias"):
+        name = f"patches.proj.{kind}"
+        ours[name] = src.take(f"embeddings.patch_embeddings.projection.{kind}", shapes[name])
+        name = f"out.{kind}"
+        ours[name] = src.take(f"classifier.{kind}", shapes[name]) if has_head else ours["cls"].new_zeros(shapes[name])
+    hub = not src.has("layers.0.layernorm_before.weight")  # else transformers 5's in-memory names
+    for i in range(cfg.n_layer):
+        prefix, at = (f"encoder.layer.{i}.", 0) if hub else (f"layers.{i}.", 1)
+        for mine, names in LAYER.items():
+            for kind in ("weight", "bias"):
+                name = f"blocks.{i}.{mine}.{kind}"
+                ours[name] = src.take(f"{prefix}{names[at]}.{kind}", shapes[name])
+        ours.update(_qkv(src, prefix, at, shapes, f"blocks.{i}.attn.qkv_proj"))
+    if extra := src.leftover():
+        raise AttnlabError(f"the HuggingFace checkpoint has tensors a {cfg.n_layer}-layer ViT does not use: "
+                           f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")  # fmt: skip
+    return {k: v.contiguous() for k, v in ours.items()}
+
+
+def _qkv(src: _Reader, prefix: str, at: int, shapes: dict, name: str) -> dict[str, Tensor]:
+    """Query, key and value stacked into one (3I, D) matrix, rows q|k|v (nn/attention.py)."""
+    inner = shapes[f"{name}.weight"][0] // 3
+    weight = torch.cat([src.take(f"{prefix}{n[at]}.weight", (inner, shapes[f"{name}.weight"][1])) for n in QKV])
+    biases = [f"{prefix}{n[at]}.bias" for n in QKV]
+    if not any(src.has(b) for b in biases):  # qkv_bias=False: no bias is a zero bias
+        return {f"{name}.weight": weight, f"{name}.bias": weight.new_zeros(3 * inner)}
+    return {f"{name}.weight": weight, f"{name}.bias": torch.cat([src.take(b, (inner,)) for b in biases])}
+
+
+def pixels_from_hf(processor: dict, channels: int) -> tuple[list[float], list[float]] | None:
+    """(mean, std) on attnlab's [0, 1] scale from a preprocessor_config.json dict, or None when
+    the processor does not normalize. HuggingFace's pixels are (x * rescale - mean) / std with
+    x in 0..255, that is (x01 - mean / k) / (std / k) with k = 255 * rescale."""
+    if not processor.get("do_normalize", True):
+        return None
+    k = 255 * processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else 255.0
+    mean, std = (processor.get(key, 0.5) for key in ("image_mean", "image_std"))  # 0.5: HF's ViT default
+    mean, std = ([v] * channels if isinstance(v, float | int) else list(v) for v in (mean, std))
+    if len(mean) != channels or len(std) != channels:
+        raise AttnlabError(f"preprocessor_config.json: image_mean/image_std need {channels} values, "
+                           f"got {len(mean)} and {len(std)}")  # fmt: skip
+    return [m / k for m in mean], [s / k for s in std]
+
+
+def fold_pixel_normalization(weights: dict[str, Tensor], mean: list[float], std: list[float]) -> dict[str, Tensor]:
+    """Our weights that take [0, 1] pixels, from weights that take (x - mean) / std per channel.
+
+    The patch projection is linear: W * ((x - m) / s) + b = (W / s) * x + (b - sum (W / s) m),
+    summed over channels and the patch's pixels.
+    """
+    w, b = weights["patches.proj.weight"], weights["patches.proj.bias"]  # (D, C, P, P), (D,)
+    m = torch.tensor(mean, dtype=torch.float64)[None, :, None, None]  # (1, C, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64)[None, :, None, None]
+    scaled = w.double() / s  # (D, C, P, P)
+    shift = (scaled * m).sum(dim=(1, 2, 3))  # (D,)
+    folded = {"patches.proj.weight": scaled.to(w.dtype), "patches.proj.bias": (b.double() - shift).to(b.dtype)}
+    return {**weights, **folded}
+
+
+def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
+    """A config.json for transformers' ViTForImageClassification with the same function."""
+    unsupported = {"norm": (cfg.norm, "pre"), "positions": (cfg.positions, "learned"),
+                   "pooling": (cfg.pooling, "cls"), "bias": (cfg.bias, True)}  # fmt: skip
+    for field, (value, wanted) in unsupported.items():
+        if value != wanted:
+            raise AttnlabError(f"HuggingFace's ViT needs {field}={wanted}; this run has {field}={value}")
+    labels = labels or [f"LABEL_{i}" for i in range(cfg.n_labels)]
+    if len(labels) != cfg.n_labels:
+        raise AttnlabError(f"{len(labels)} labels for a head of {cfg.n_labels} classes")
+    h, w = cfg.size
+    hf = {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit",
+        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.ff_width, "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
+        "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
+        "layer_norm_eps": cfg.ln_eps, "image_size": h if h == w else [h, w], "patch_size": cfg.patch_size,
+        "num_channels": cfg.channels, "qkv_bias": True,
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }  # fmt: skip
+    if cfg.head_width * cfg.n_head != cfg.d_model:
+        hf["head_dim"] = cfg.head_width  # read by transformers 5
+    return hf
+
+
+def processor_to_hf(cfg: ViTConfig) -> dict:
+    """A preprocessor_config.json for an exported run: resize, scale to [0, 1], no normalization,
+    which is what attnlab's ViT was trained on (its images are read in [0, 1])."""
+    h, w = cfg.size
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
+            "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False,
+            "image_mean": [0.5] * cfg.channels, "image_std": [0.5] * cfg.channels}  # fmt: skip
+
+
+def weights_to_hf(state: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """Hub-named tensors of ViTForImageClassification from our state dict (the inverse map)."""
+    inner = cfg.head_width * cfg.n_head
+    hf = {
+        "vit.embeddings.cls_token": state["cls"],
+        "vit.embeddings.position_embeddings": state["pos.embedding.weight"][None],  # (1, T, D)
+        "vit.layernorm.weight": state["norm.weight"],
+        "vit.layernorm.bias": state["norm.bias"],
+    }
+    for kind in ("weight", "bias"):
+        hf[f"vit.embeddings.patch_embeddings.projection.{kind}"] = state[f"patches.proj.{kind}"]
+        hf[f"classifier.{kind}"] = state[f"out.{kind}"]
+    for i in range(cfg.n_layer):
+        prefix = f"vit.encoder.layer.{i}."
+        for mine, (name, _) in LAYER.items():
+            for kind in ("weight", "bias"):
+                hf[f"{prefix}{name}.{kind}"] = state[f"blocks.{i}.{mine}.{kind}"]
+        for kind in ("weight", "bias"):
+            stacked = state[f"blocks.{i}.attn.qkv_proj.{kind}"]  # (3I, D) or (3I,)
+            for j, (name, _) in enumerate(QKV):
+                hf[f"{prefix}{name}.{kind}"] = stacked[j * inner : (j + 1) * inner]
+    return {k: v.detach().contiguous() for k, v in hf.items()}
