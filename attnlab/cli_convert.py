@@ -11,9 +11,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from attnlab.convert import convert_from_hf
 
     summary = convert_from_hf(args.from_hf, args.out, force=args.force)
+    try_next = "sample" if summary["family"] == "gpt" else "predict"  # images: predict RUN image.png
     print(json.dumps(summary) if args.json else
           f"{args.out}: {summary['family']} run from {summary['architecture']} "
-          f"({summary['parameters']:,} parameters). Try: attnlab predict|sample|attention {args.out} ...")  # fmt: skip
+          f"({summary['parameters']:,} parameters). Try: attnlab {try_next} {args.out} ...")  # fmt: skip
     return 0
 
 
