@@ -68,12 +68,13 @@ def _gpt(run, text: str) -> AttentionView:
 
 
 def _encoder(run, text: str, kind: str | None) -> AttentionView:
+    from attnlab.predict import frame
+
     tok = run.tokenizer
     words = tok.split(text, tok.lower)
-    ids = ([tok.cls_id] if kind == "classify" else []) + tok.encode_words(words)
-    ids = ids[: run.model.cfg.context]
-    if not ids:
+    if not words:
         raise AttnlabError("the text has no words")
+    ids, _ = frame(tok, tok.encode_words(words), kind or "mlm", run.model.cfg.context)  # as predict reads it
     weights = _numpy(run.model.attention(torch.tensor([ids], device=run.device)))
     labels = [tok.itos[i] for i in ids]
     return AttentionView("self-attention", labels, labels, weights)

@@ -6,7 +6,8 @@ convert_from_hf("gpt2-dir", "runs/gpt2")
   -> the weights are loaded into the attnlab model (strictly) to prove they fit
   -> a run directory every attnlab command reads: config.json, model.safetensors, tokenizer.json
 export_hf("runs/demo", "demo-hf")
-  -> a directory transformers' from_pretrained loads (GPT runs, as GPT2LMHeadModel)
+  -> a directory transformers' from_pretrained loads (GPT runs as GPT2LMHeadModel; encoder runs
+     as BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification, by head)
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from attnlab.data import DataConfig
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.errors import AttnlabError
-from attnlab.hf import gpt2, module_for
+from attnlab.hf import bert, gpt2, module_for
 from attnlab.hf.io import read_hf_dir, write_hf_dir
-from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import FAMILIES
 from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 
@@ -35,7 +35,7 @@ from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 DATA_CONFIGS = {"gpt": DataConfig, "encoder": LabeledDataConfig, "vit": ImageDataConfig}
 
 # Families that export, and the module that maps them.
-EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2}
+EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2, "encoder": bert}
 
 
 def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
@@ -84,22 +84,27 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     config = ck.read_run_config(run)
     family = config["family"]
     if family not in EXPORTERS:
-        raise AttnlabError(f"{run} is a {family} run: export to hf supports gpt (and encoder later)")
+        raise AttnlabError(f"{run} is a {family} run: export to hf supports {' and '.join(EXPORTERS)} runs")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
         if not (out / ck.CONFIG).is_file():
             raise AttnlabError(f"{out} is not a HuggingFace model directory: refusing to replace it")
     module = EXPORTERS[family]
-    cfg = from_dict(GPTConfig, config["model"], where="model config")
-    hf_config = module.config_to_hf(cfg)  # before any reading: says at once what GPT-2 cannot express
-    model = GPT(cfg)
+    config_cls, model_cls = FAMILIES[family]
+    cfg = from_dict(config_cls, config["model"], where="model config")
+    if family == "encoder":  # before any reading: says at once what the HF architecture cannot express
+        hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))
+    else:
+        hf_config = module.config_to_hf(cfg)
+    model = model_cls(cfg)
     ck.load_weights(model, run / ck.WEIGHTS)
     tok = load_tokenizer(run)
     tokenizer_json, note = None, f"not exported: HuggingFace has no {tok.kind} tokenizer format"
-    if tok.kind == "bpe":  # already HuggingFace's tokenizer.json
+    if tok.kind in ("bpe", "wordpiece"):  # already HuggingFace's tokenizer.json
         tokenizer_json, note = (run / ck.TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
-        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
+        if family == "gpt":
+            hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
     return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),
             "out": str(out), "tokenizer": note}  # fmt: skip

@@ -201,12 +201,62 @@ class WordTokenizer:
         return json.dumps({"type": "word", "words": self.itos[len(WORD_SPECIALS) :], "lower": self.lower})
 
 
+class WordPieceTokenizer:
+    """A HuggingFace WordPiece tokenizer.json (BERT's), used as it is: its normalizer and
+    pre-tokenizer decide the pieces. A converted BERT read its inputs as [CLS] pieces [SEP], so
+    `wraps` tells the readers (predict, attention) to frame them the same way."""
+
+    kind = "wordpiece"
+    batch_pieces = 8
+    wraps = True
+    lower = False  # the tokenizer's own normalizer lowercases, if the model was uncased
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.itos = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+        ids = [tok.token_to_id(name) for name in WORD_SPECIALS]
+        if None in ids:
+            missing = WORD_SPECIALS[ids.index(None)]
+            raise AttnlabError(f"this WordPiece tokenizer has no {missing} token, which BERT's inputs need")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.eot_id = self.sep_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def split(self, text: str, lower: bool = False) -> list[str]:
+        """The text's word pieces ("playing" -> "play", "##ing"); [MASK] stays whole."""
+        return self.tok.encode(text, add_special_tokens=False).tokens
+
+    def encode_words(self, words: list[str]) -> list[int]:
+        return [self.unk_id if (i := self.tok.token_to_id(w)) is None else i for w in words]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def n_chars(self, ids: np.ndarray) -> int:
+        return len(self.decode(np.asarray(ids).tolist()))
+
+    def to_json(self) -> str:
+        return self.tok.to_str()
+
+
 WORD_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # A line break (and any blank lines after it) is one token: in code it ends a statement.
 _WORD = re.compile(r"\[(?:PAD|UNK|CLS|SEP|MASK)\]|\w+|[^\w\s]|\n(?:[^\S\n]*\n)*")
 NEWLINE = "\n"
 
-Tokenizer = CharTokenizer | BPETokenizer | WordTokenizer
+Tokenizer = CharTokenizer | BPETokenizer | WordTokenizer | WordPieceTokenizer
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int = 4096, workers: int = 1) -> Tokenizer:
@@ -229,6 +279,8 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         return WordTokenizer(data["words"], data.get("lower", False))
     from tokenizers import Tokenizer as HFTokenizer
 
+    if (data.get("model") or {}).get("type") == "WordPiece":  # a converted BERT's own tokenizer
+        return WordPieceTokenizer(HFTokenizer.from_str(text))
     return BPETokenizer(HFTokenizer.from_str(text))
 
 

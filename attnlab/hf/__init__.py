@@ -22,7 +22,7 @@ from torch import nn
 from attnlab.errors import AttnlabError
 
 # The family modules, by name under attnlab.hf; one that is not there (yet) is skipped.
-FAMILY_MODULES = ("gpt2", "vit")
+FAMILY_MODULES = ("gpt2", "vit", "bert")
 
 # (attnlab name, HuggingFace name, transposed): one tensor of a mapping, read in either direction.
 Pair = tuple[str, str, bool]

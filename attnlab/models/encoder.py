@@ -37,6 +37,8 @@ class EncoderConfig(TransformerConfig):
     head: str = option("classify", "what the model predicts", HEADS)
     n_labels: int = option(2, "number of classes (classify, tag)")
     pooling: str = option("cls", "sequence summary for classify: the [CLS] position or the mean", ("cls", "mean"))
+    type_vocab_size: int = option(0, "token types (segments) as in BERT; every token is type 0; 0 = none")
+    pooler: bool = option(False, "BERT's pooler: dense + tanh on the pooled vector before the classify head")
 
     def __post_init__(self):
         super().__post_init__()
@@ -44,6 +46,10 @@ class EncoderConfig(TransformerConfig):
             raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
         if self.n_labels < 1:
             raise ValueError(f"n_labels must be at least 1, got {self.n_labels}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be 0 or more, got {self.type_vocab_size}")
+        if self.pooler and self.head != "classify":
+            raise ValueError(f"pooler applies to head classify only, not {self.head!r}")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> EncoderConfig:
@@ -72,6 +78,8 @@ class Encoder(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+        # BERT's segment embeddings; attnlab has one segment, so only row 0 is ever added.
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
         self.embed_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
@@ -83,6 +91,8 @@ class Encoder(nn.Module):
             self.transform_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
             self.out = nn.Linear(cfg.d_model, cfg.vocab_size)
         else:
+            # BERT's pooler (dense + tanh on [CLS]) sits between the encoder and the classifier.
+            self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
             self.out = nn.Linear(cfg.d_model, cfg.n_labels)
         init_weights(self, cfg.n_layer)
         if cfg.head == "mlm":
@@ -97,7 +107,10 @@ class Encoder(nn.Module):
         if ids.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the context of {self.cfg.context}")
         mask = padding_mask(ids != PAD_ID)  # (B, 1, T, T) or None
-        x = self.drop(self.embed_norm(self.pos(self.tok(ids))))  # (B, T, C)
+        x = self.tok(ids)  # (B, T, C)
+        if self.token_type is not None:
+            x = x + self.token_type.weight[0]  # segment 0 for every token
+        x = self.drop(self.embed_norm(self.pos(x)))  # (B, T, C)
         weights = []
         for block in self.blocks:
             x, w = block(x, mask=mask, qk_transform=self.pos.qk_transform, return_weights=return_weights)
@@ -128,7 +141,10 @@ class Encoder(nn.Module):
             return self.out(x)  # (B, T, V)
         if self.cfg.head == "tag":
             return self.out(x)  # (B, T, L)
-        return self.out(pool(x, self.cfg.pooling, ids != PAD_ID))  # (B, L)
+        pooled = pool(x, self.cfg.pooling, ids != PAD_ID)  # (B, C)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.out(pooled)  # (B, L)
 
     @torch.no_grad()
     def attention(self, ids: Tensor) -> list[Tensor]:
