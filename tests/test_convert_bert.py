@@ -328,3 +328,41 @@ def test_mlm_on_a_converted_bert_fills_mask(tmp_path, capsys):
     assert main(["predict", str(tmp_path / "run"), "abc [MASK] d", "--json"]) == 0
     masks = json.loads(capsys.readouterr().out)["masks"]
     assert len(masks) == 1 and masks[0]["position"] == 4 and len(masks[0]["candidates"]) == 5  # after [CLS] a ##b ##c
+
+
+@pytest.mark.parametrize("task", ["classify", "tag"])
+def test_a_converted_bert_fine_tunes_with_init(task, tmp_path, capsys):
+    """train classify|tag --init on a converted BERT: its WordPiece tokenizer frames the data as
+    [CLS] pieces [SEP] (tags on first pieces), its body weights are the start, and predict reads it."""
+    from attnlab.cli import main
+    from attnlab.convert import convert_from_hf
+    from attnlab.run import load
+
+    hf_model("BertForMaskedLM", **CONFIGS["2x32"]).save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(wordpiece_json(120))
+    convert_from_hf(tmp_path / "hf", tmp_path / "bert")
+    data = "sentiment" if task == "classify" else "tagging"
+    fast = ["--max-len", "64", "--max-steps", "3", "--batch-size", "8", "--eval-interval", "3", "--eval-batches", "1"]
+    args = [
+        "train",
+        task,
+        "--data",
+        data,
+        "--init",
+        tmp_path / "bert",
+        "--out",
+        tmp_path / "ft",
+        *fast,
+        "--device",
+        "cpu",
+    ]
+    assert main([str(a) for a in args]) == 0
+    run = load(tmp_path / "ft", device="cpu")
+    assert run.tokenizer.kind == "wordpiece" and run.config["model"]["type_vocab_size"] == 2
+    bert = load(tmp_path / "bert", device="cpu")
+    moved = (run.model.tok.weight - bert.model.tok.weight).abs().max().item()
+    assert 0 < moved < 0.05, moved  # started from the converted weights, then a few small steps
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "ft"), "the food was good", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == task

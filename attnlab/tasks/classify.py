@@ -29,7 +29,7 @@ from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tokenizers import WordTokenizer, load_tokenizer
+from attnlab.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
 from attnlab.training import TrainConfig
 
 # model name -> (config class, model class); the run's config.json names its family with these.
@@ -62,15 +62,17 @@ def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: 
 
 
 def encode(tok: WordTokenizer, examples: list, task: str, label_ids: dict[str, int], max_len: int, split: str):
-    """Token ids and label ids of examples; texts longer than max_len are cut (one warning per split)."""
+    """Token ids and label ids of examples; texts longer than max_len are cut (one warning per split).
+    A converted BERT's WordPiece tokenizer frames every input as [CLS] pieces [SEP], as BERT was
+    trained, and a tagged word's label sits on its first piece (the others carry none)."""
+    wraps = getattr(tok, "wraps", False)
     seqs, labels, cut = [], [], 0
     for text, label in examples:
         if task == "classify":
-            ids = [tok.cls_id] + tok.encode(text)
+            ids = [tok.cls_id] + tok.encode(text) + [tok.sep_id] * wraps
             y = _label_id(label_ids, label, split)
         else:
-            ids = tok.encode_words(text)
-            y = np.array([_label_id(label_ids, t, split) for t in label], dtype=np.int64)
+            ids, y = _tagged(tok, text, [_label_id(label_ids, t, split) for t in label])
         cut += len(ids) > max_len
         seqs.append(np.array(ids[:max_len] or [tok.unk_id], dtype=np.int64))
         labels.append(y if task == "classify" else y[:max_len])
@@ -79,6 +81,19 @@ def encode(tok: WordTokenizer, examples: list, task: str, label_ids: dict[str, i
             f"{cut} {split} examples longer than {max_len} tokens were truncated (raise --max-len)", stacklevel=2
         )
     return seqs, labels
+
+
+def _tagged(tok, words: list[str], tags: list[int]) -> tuple[list[int], np.ndarray]:
+    """(ids, labels) of a tagged sentence: one id per word (attnlab's word tokenizer), or the
+    words' pieces framed by [CLS] ... [SEP] with each tag on its word's first piece (WordPiece)."""
+    if not getattr(tok, "wraps", False):
+        return tok.encode_words(words), np.array(tags, dtype=np.int64)
+    ids, y = [tok.cls_id], [IGNORE]
+    for word, tag in zip(words, tags):
+        pieces = tok.encode_words(tok.split(word)) or [tok.unk_id]
+        ids += pieces
+        y += [tag] + [IGNORE] * (len(pieces) - 1)
+    return ids + [tok.sep_id], np.array(y + [IGNORE], dtype=np.int64)
 
 
 def _label_id(label_ids: dict[str, int], label: str, split: str) -> int:
@@ -117,7 +132,8 @@ def train_labeled(
     labels = label_set(splits["train"], task)
     label_ids = {y: i for i, y in enumerate(labels)}
     tok = _tokenizer(init, splits["train"], task, data.vocab_size, model)
-    cfg = model_config(model, task, tok.vocab_size, len(labels), data.max_len, _init_overrides(init, model_overrides))
+    overrides = _init_overrides(init, model_overrides, task)
+    cfg = model_config(model, task, tok.vocab_size, len(labels), data.max_len, overrides)
     encoded = {name: encode(tok, ex, task, label_ids, data.max_len, name) for name, ex in splits.items()}
     task_info = {"kind": task, "labels": labels, "init": str(init or "")}
     config = {"family": model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
@@ -152,15 +168,16 @@ def train_labeled(
 def _tokenizer(init, train: list, task: str, vocab_size: int, model: str) -> WordTokenizer:
     if init:
         tok = load_tokenizer(ck.check_run_dir(init))
-        if not isinstance(tok, WordTokenizer):
-            raise AttnlabError(f"--init {init}: its tokenizer is not a word tokenizer")
+        if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):  # attnlab's MLM runs, converted BERTs
+            raise AttnlabError(f"--init {init}: its tokenizer is not a word or WordPiece tokenizer")
         return tok
     texts = (t if task == "classify" else " ".join(t) for t, _ in train)
     return WordTokenizer.train(texts, vocab_size)
 
 
-def _init_overrides(init, overrides: dict | None) -> dict:
-    """With --init, the architecture is the pretrained run's; only dropout and pooling may change."""
+def _init_overrides(init, overrides: dict | None, task: str = "classify") -> dict:
+    """With --init, the architecture is the pretrained run's; only dropout and pooling may change.
+    BERT's pooler (a converted classifier's) serves classification only: a tagger leaves it out."""
     overrides = dict(overrides or {})
     if not init:
         return overrides
@@ -168,6 +185,8 @@ def _init_overrides(init, overrides: dict | None) -> dict:
     if base.get("family") != "encoder":
         raise AttnlabError(f"--init {init} is not an encoder run (family {base.get('family')!r})")
     keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size")}
+    if task != "classify":
+        keep["pooler"] = False
     return {**keep, **{k: v for k, v in overrides.items() if k in ("dropout", "pooling")}}
 
 
