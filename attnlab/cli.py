@@ -118,6 +118,8 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
                 k
             ):
                 raise AttnlabError(f"{k} cannot change when resuming (the run's tokens and split stay as they were)")
+    elif args.init:
+        base["model"] = init_base(args, toml)
     else:
         preset = args.preset or toml.get("preset", "gpt-nano")
         if preset not in PRESETS:
@@ -131,6 +133,22 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
     return tuple(configs)  # type: ignore[return-value]
 
 
+def init_base(args: argparse.Namespace, toml: dict[str, Any]) -> dict[str, Any]:
+    """With --init the model and tokenizer are the init run's: only dropout may be set."""
+    from attnlab.training import init_model
+
+    model = {**toml.get("model", {}), **flags_of(args, "model")}
+    data = {**toml.get("data", {}), **flags_of(args, "data")}
+    clash = [k for k in model if k != "dropout"] + [k for k in data if k in ("tokenizer", "vocab_size")]
+    clash += ["preset"] if args.preset or "preset" in toml else []
+    if clash:
+        flags = ", ".join("--" + k.replace("_", "-") for k in clash)
+        raise AttnlabError(
+            f"--init takes the model and tokenizer of {args.init}: drop {flags} (only --dropout may change)"
+        )
+    return dataclasses.asdict(init_model(args.init))
+
+
 # ---- commands ------------------------------------------------------------------------------
 
 
@@ -138,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from attnlab.training import train
 
     model, tcfg, data = build_configs(args)
-    result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force)
+    result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force, init=args.init)
     val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
     if speaks():
         print(f"done: step {result['step']}, validation loss {val}. Try: attnlab sample {args.out}")
@@ -268,6 +286,8 @@ def build_parser() -> Parser:
     lm.add_argument("--config", default=None, metavar="FILE.toml", help="settings in [model], [train], [data] tables")
     lm.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     lm.add_argument("--force", action="store_true", help="replace --out if it exists")
+    lm.add_argument("--init", default=None, metavar="RUN", help="start from this GPT run's weights and tokenizer "
+                    "(e.g. one converted from HuggingFace); fine-tunes on --data")  # fmt: skip
     add_config_flags(lm, "data", DataConfig, "data")
     add_config_flags(lm, "model", GPTConfig, "model (override the preset)")
     add_config_flags(lm, "train", TrainConfig, "training")

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -197,36 +198,76 @@ def _fresh_dir(out: Path) -> None:
 
 def prepare(
     out: str | Path,
-    model_cfg: GPTConfig,
+    model_cfg: GPTConfig | None,
     cfg: TrainConfig,
     data: DataConfig,
     resume: bool = False,
     force: bool = False,
     progress: bool = True,
+    init: str | Path | None = None,
 ) -> Session:
     """Run directory, tokenizer, token cache, model and optimizer, ready for `loop`. Under
-    torchrun, rank 0 writes every file and the other ranks read what it wrote."""
+    torchrun, rank 0 writes every file and the other ranks read what it wrote. `init`: a GPT
+    run to fine-tune, whose model config, weights and tokenizer the new run starts from."""
     world = distributed.world_size()
     if cfg.batch_size % (cfg.grad_accum * world):
         raise AttnlabError(
             f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on {world} processes"
         )
+    if init is not None and resume:
+        raise AttnlabError("--init starts a new run and --resume continues one: give only one of them")
     d, device = distributed.init(cfg.device)
     run = Path(out)
     _check_dir(run, resume, force)
     files = resolve_sources(data.data, data.glob)
+    tok = None
     if resume:
-        model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
+        saved = ck.read_run_config(run)
+        model_cfg, init = from_dict(GPTConfig, saved["model"], where="model config"), saved.get("init")
+    elif init is not None:  # fine-tuning: the init run's model, and the tokens it learned
+        model_cfg, tok = init_model(init, model_cfg), load_tokenizer(init)
+        data = replace(data, tokenizer=tok.kind, vocab_size=tok.vocab_size)
+        if tok.vocab_size > model_cfg.vocab_size:
+            raise AttnlabError(
+                f"--init {init}: its tokenizer has {tok.vocab_size} tokens, its model {model_cfg.vocab_size}"
+            )
+    model_cfg = model_cfg or GPTConfig()
     block_size = checked_block_size(cfg, model_cfg.context)  # before any slow work
     if not resume:
-        new_run(
-            run, files, data, d, progress, lambda tok: _config(replace(model_cfg, vocab_size=tok.vocab_size), cfg, data)
-        )
+        # A fine-tuned model keeps its vocab_size (a checkpoint's may exceed its tokenizer's).
+        sized = (lambda t: model_cfg) if tok is not None else (lambda t: replace(model_cfg, vocab_size=t.vocab_size))
+        new_run(run, files, data, d, progress, lambda t: _config(sized(t), cfg, data, init), tok)
         model_cfg = from_dict(GPTConfig, ck.read_run_config(run)["model"], where="model config")
     _, tokens = run_tokens(run, files, data, d, progress)
     tokens.check(block_size)
     batches = Windows(tokens, block_size)
-    return start(run, lambda: GPT(model_cfg), batches, cfg, _config(model_cfg, cfg, data), d, device, resume)
+    weights = Path(init) / ck.WEIGHTS if init is not None and not resume else None  # a resume has its own
+    build = partial(_build, model_cfg, weights)
+    return start(run, build, batches, cfg, _config(model_cfg, cfg, data, init), d, device, resume)
+
+
+def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
+    """A GPT initialized from the seed, or (fine-tuning) loaded from `weights`."""
+    model = GPT(model_cfg)
+    if weights is not None:
+        ck.load_weights(model, weights)
+    return model
+
+
+def init_model(init: str | Path, model_cfg: GPTConfig | None = None) -> GPTConfig:
+    """The model config of the GPT run `init`, with model_cfg's dropout; any other difference
+    (but vocab_size, which the tokenizer sets) is an error: the weights have their shape."""
+    config = ck.read_run_config(ck.check_run_dir(init))
+    if config["family"] != "gpt":
+        what = config.get("task", {}).get("kind") or config["family"]
+        raise AttnlabError(f"--init {init} is a {what} run: fine-tuning a language model needs a gpt run")
+    base = from_dict(GPTConfig, config["model"], where=f"{Path(init) / ck.CONFIG} model")
+    if model_cfg is None:
+        return base
+    changed = [k for k, v in asdict(model_cfg).items() if k not in ("dropout", "vocab_size") and v != getattr(base, k)]
+    if changed:
+        raise AttnlabError(f"the model of --init {init} is fixed (only dropout can change), not {', '.join(changed)}")
+    return replace(base, dropout=model_cfg.dropout)
 
 
 def checked_block_size(cfg: TrainConfig, context: int) -> int:
@@ -238,15 +279,23 @@ def checked_block_size(cfg: TrainConfig, context: int) -> int:
 
 
 def new_run(
-    run: Path, files: list[Path], data: DataConfig, d: Dist, progress: bool, config_for: Callable[[Tokenizer], dict]
+    run: Path,
+    files: list[Path],
+    data: DataConfig,
+    d: Dist,
+    progress: bool,
+    config_for: Callable[[Tokenizer], dict],
+    tok: Tokenizer | None = None,
 ) -> None:
-    """Start a run directory on a corpus: train the tokenizer and build the token cache (both may
-    fail, so before --force replaces an old run), then write tokenizer.json and config.json
-    (config_for(tokenizer)). Rank 0 does the work; the other processes wait for it."""
+    """Start a run directory on a corpus: train the tokenizer (unless given one: fine-tuning keeps
+    its model's) and build the token cache (both may fail, so before --force replaces an old run),
+    then write tokenizer.json and config.json (config_for(tokenizer)). Rank 0 does the work; the
+    other processes wait for it."""
     with distributed.main_first(d):
         if d.main:
-            texts = read_texts(files, "reading the corpus" if progress else None)
-            tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
+            if tok is None:
+                texts = read_texts(files, "reading the corpus" if progress else None)
+                tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
             build_token_cache(files, tok, data.val_fraction, progress)
             _fresh_dir(run)
             ck.write_text(run / ck.TOKENIZER, tok.to_json())
@@ -261,8 +310,9 @@ def run_tokens(run: Path, files: list[Path], data: DataConfig, d: Dist, progress
         return tok, TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
 
 
-def _config(model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig) -> dict:
-    return {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+def _config(model_cfg: GPTConfig, cfg: TrainConfig, data: DataConfig, init: str | Path | None = None) -> dict:
+    config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(cfg), "data": asdict(data)}
+    return {**config, "init": str(init)} if init is not None else config  # the run it was fine-tuned from
 
 
 def start(
@@ -422,16 +472,19 @@ def train(
     resume: bool = False,
     force: bool = False,
     progress: bool = True,
+    init: str | Path | None = None,
 ) -> dict:
     """Train a GPT language model into the run directory `out`; returns final losses.
 
     The same dataclasses the command line is generated from: GPTConfig, TrainConfig, DataConfig.
+    `init`: fine-tune the GPT run there (its model config, weights and tokenizer; `model`, if
+    given, may differ from its config in dropout only).
     """
     if resume:  # settings not given are the run's own
         saved = ck.read_run_config(ck.check_run_dir(out))
         train = train or from_dict(TrainConfig, saved["train"], where="train config")
         data = data or from_dict(DataConfig, saved["data"], where="data config")
-    s = prepare(out, model or GPTConfig(), train or TrainConfig(), data or DataConfig(), resume, force, progress)
+    s = prepare(out, model, train or TrainConfig(), data or DataConfig(), resume, force, progress, init)
     try:
         return loop(s, progress)
     finally:
