@@ -367,3 +367,20 @@ def test_a_converted_bert_fine_tunes_with_init(task, tmp_path, capsys):
     assert main(["predict", str(tmp_path / "ft"), "the food was good", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kind"] == task
+
+
+def test_eval_reads_a_converted_bert_within_its_context(tmp_path, capsys):
+    """The default --max-len (128) is beyond this BERT's 64 positions: eval reads at most 64."""
+    from attnlab.cli import main
+    from attnlab.convert import convert_from_hf
+
+    hf = hf_model("BertForSequenceClassification", **CONFIGS["2x32"])
+    hf.config.id2label = {0: "negative", 1: "positive"}
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(wordpiece_json(120))
+    convert_from_hf(tmp_path / "hf", tmp_path / "run")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="longer than 64 tokens"):
+        assert main(["eval", str(tmp_path / "run"), "--data", "sentiment", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["examples"] == 2000 and 0 <= result["accuracy"] <= 1

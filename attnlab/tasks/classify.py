@@ -246,7 +246,8 @@ def evaluate_labeled(run, data: str | None = None, split: str = "test") -> dict:
     if split not in SPLIT_NAMES:
         raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
     examples = load_splits(cfg, kind)[split]
-    ids, ys = encode(run.tokenizer, examples, kind, {y: i for i, y in enumerate(labels)}, cfg.max_len, split)
+    max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
+    ids, ys = encode(run.tokenizer, examples, kind, {y: i for i, y in enumerate(labels)}, max_len, split)
     result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
     return {"data": cfg.data, "split": split, "examples": len(examples), **result}
 
