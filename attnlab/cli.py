@@ -313,7 +313,7 @@ def build_parser() -> Parser:
     sample.set_defaults(func=cmd_sample)
 
     ev = sub.add_parser("eval", help="a language model's loss and bits per character, a classifier's accuracy, "
-                        "a translation's BLEU")  # fmt: skip
+                        "a translation's BLEU, an image model's accuracy")  # fmt: skip
     ev.add_argument("run", help="run directory")
     ev.add_argument("--data", default=None, help="file, folder or stdlib; image runs: digits, a folder of class "
                     "sub-folders or a .npz, scored whole (default: the run's own data)")  # fmt: skip

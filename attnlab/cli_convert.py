@@ -36,7 +36,7 @@ def add_commands(sub) -> None:
     """Add `convert` and `export` to the parser's subcommands."""
     desc = ("Read a local HuggingFace model directory (config.json, model.safetensors or pytorch_model.bin, "
             "tokenizer.json) and write an attnlab run that every command works on. Nothing is downloaded.")  # fmt: skip
-    cv = sub.add_parser("convert", help="a local HuggingFace checkpoint (GPT-2, ViT) -> an attnlab run",
+    cv = sub.add_parser("convert", help="a local HuggingFace checkpoint (GPT-2, BERT, ViT) -> an attnlab run",
                         description=desc)  # fmt: skip
     cv.add_argument("--from-hf", required=True, metavar="DIR", help="HuggingFace-format model directory")
     cv.add_argument("--out", required=True, metavar="RUN", help="run directory to create")
@@ -45,8 +45,8 @@ def add_commands(sub) -> None:
     cv.set_defaults(func=cmd_convert)
 
     desc = ("Write a run in another format: --to hf, a directory that transformers' from_pretrained loads "
-            "(GPT runs); --to onnx, a file with dynamic batch and length, checked with onnxruntime "
-            "(GPT runs).")  # fmt: skip
+            "(GPT runs as GPT-2, encoder runs as BERT); --to onnx, a file with dynamic batch and length, "
+            "checked with onnxruntime (GPT runs).")  # fmt: skip
     ex = sub.add_parser("export", help="a run -> a HuggingFace directory or an ONNX file", description=desc)
     ex.add_argument("run", help="run directory")
     ex.add_argument("--to", required=True, choices=("hf", "onnx"), help="target format")
