@@ -24,6 +24,9 @@ from attnlab.errors import AttnlabError
 # The family modules, by name under attnlab.hf; one that is not there (yet) is skipped.
 FAMILY_MODULES = ("gpt2", "vit", "bert")
 
+# HuggingFace's activation names (hidden_act, activation_function) -> attnlab's; the same in every family.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
 # (attnlab name, HuggingFace name, transposed): one tensor of a mapping, read in either direction.
 Pair = tuple[str, str, bool]
 
@@ -51,6 +54,49 @@ def module_for(architecture: str) -> ModuleType:
             f"HuggingFace architecture {architecture!r} is not supported: attnlab converts {', '.join(known)}"
         )
     return known[architecture]
+
+
+def architecture_of(hf: dict, supported: tuple[str, ...], default: str) -> str:
+    """The first of `supported` that config.json's "architectures" names; `default` when it names none."""
+    named = [a for a in hf.get("architectures") or [] if a in supported]
+    if hf.get("architectures") and not named:
+        raise AttnlabError(f"config.json names {hf['architectures']}, not one of {', '.join(supported)}")
+    return named[0] if named else default
+
+
+def labels_from_hf(hf: dict) -> list[str]:
+    """Label names in index order from id2label (keys are strings in config.json), else LABEL_i."""
+    id2label = hf.get("id2label")
+    if not id2label:
+        return [f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
+    by_index = {int(k): str(v) for k, v in id2label.items()}
+    if sorted(by_index) != list(range(len(by_index))):
+        raise AttnlabError(f"config.json: id2label must number the labels 0 to n-1, got {sorted(by_index)}")
+    return [by_index[i] for i in range(len(by_index))]
+
+
+def labels_to_hf(labels: list[str] | None, n_labels: int) -> dict[str, dict]:
+    """config.json's id2label and label2id for a head of n_labels classes (LABEL_i without names)."""
+    labels = labels or [f"LABEL_{i}" for i in range(n_labels)]
+    if len(labels) != n_labels:
+        raise AttnlabError(f"{len(labels)} labels for a head of {n_labels} classes")
+    return {"id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)}}  # fmt: skip
+
+
+def layout_problems(cfg, norm: str, name: str) -> list[str]:
+    """What a run chose that the HuggingFace block `name` (with its fixed `norm` place, learned
+    positions, biases and d_model / n_head wide heads) cannot express; empty when it fits."""
+    problems = []
+    if cfg.norm != norm:
+        problems.append(f"norm {cfg.norm!r} ({name} is {norm}-norm)")
+    if cfg.positions != "learned":
+        problems.append(f"positions {cfg.positions!r} ({name}'s are learned)")
+    if not cfg.bias:
+        problems.append(f"no biases ({name} has them)")
+    if cfg.head_width * cfg.n_head != cfg.d_model:
+        problems.append(f"d_head {cfg.d_head} ({name}'s is d_model / n_head)")
+    return problems
 
 
 def expected_shapes(model_cls: type[nn.Module], cfg) -> dict[str, torch.Size]:

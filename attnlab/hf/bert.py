@@ -38,7 +38,16 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import Pair, expected_shapes, map_weights
+from attnlab.hf import (
+    ACTIVATIONS,
+    Pair,
+    architecture_of,
+    expected_shapes,
+    labels_from_hf,
+    labels_to_hf,
+    layout_problems,
+    map_weights,
+)
 from attnlab.models.encoder import Encoder, EncoderConfig
 
 # architecture -> our head; BertForPreTraining's next-sentence head is dropped, its MLM kept.
@@ -46,7 +55,6 @@ HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequence
          "BertForTokenClassification": "tag", "BertModel": "classify"}  # fmt: skip
 ARCHITECTURES = tuple(HEADS)
 EXPORT = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification", "tag": "BertForTokenClassification"}
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 # transformers' BertConfig defaults, for the keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
@@ -66,30 +74,12 @@ QKV = ("attention.self.query", "attention.self.key", "attention.self.value")
 STACKED = "attention.self.query|key|value"  # the name map_weights sees for the three stacked
 
 
-def _architecture(hf: dict) -> str:
-    named = [a for a in hf.get("architectures") or [] if a in ARCHITECTURES]
-    if hf.get("architectures") and not named:
-        raise AttnlabError(f"config.json names {hf['architectures']}, not one of {', '.join(ARCHITECTURES)}")
-    return named[0] if named else "BertModel"
-
-
-def _labels(hf: dict) -> list[str]:
-    """Label names in index order from id2label (keys are strings in config.json), else LABEL_i."""
-    id2label = hf.get("id2label")
-    if not id2label:
-        return [f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
-    by_index = {int(k): str(v) for k, v in id2label.items()}
-    if sorted(by_index) != list(range(len(by_index))):
-        raise AttnlabError(f"config.json: id2label must number the labels 0 to n-1, got {sorted(by_index)}")
-    return [by_index[i] for i in range(len(by_index))]
-
-
 def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
     """("encoder", our config, the run's task) from the dict of a HuggingFace BERT config.json.
 
     Dropout is 0: a converted model is for inference; fine-tuning sets its own."""
     hf = {**HF_DEFAULTS, **hf}
-    architecture = _architecture(hf)
+    architecture = architecture_of(hf, ARCHITECTURES, "BertModel")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise AttnlabError("config.json describes a BERT decoder (is_decoder / add_cross_attention): not supported")
     if hf["position_embedding_type"] != "absolute":
@@ -99,7 +89,7 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
             f"BERT hidden_act {hf['hidden_act']!r} is not supported; attnlab reads {', '.join(ACTIVATIONS)}"
         )
     head = HEADS[architecture]
-    labels = _labels(hf) if head != "mlm" else []
+    labels = labels_from_hf(hf) if head != "mlm" else []
     if head != "mlm" and not labels:
         raise AttnlabError("config.json: num_labels is 0 (a classifier without labels); give id2label")
     try:
@@ -200,15 +190,7 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
 
 def check_exportable(cfg: EncoderConfig) -> None:
     """BERT's layout is fixed: say which of the run's choices it cannot express."""
-    problems = []
-    if cfg.norm != "post":
-        problems.append(f"norm {cfg.norm!r} (BERT is post-norm)")
-    if cfg.positions != "learned":
-        problems.append(f"positions {cfg.positions!r} (BERT's are learned)")
-    if not cfg.bias:
-        problems.append("no biases (BERT has them)")
-    if cfg.head_width * cfg.n_head != cfg.d_model:
-        problems.append(f"d_head {cfg.d_head} (BERT's is d_model / n_head)")
+    problems = layout_problems(cfg, "post", "BERT")
     if cfg.head == "classify" and (cfg.pooling != "cls" or not cfg.pooler):
         problems.append("a classify head without pooler=true on [CLS] (BertForSequenceClassification has one)")
     if problems:
@@ -228,11 +210,7 @@ def config_to_hf(cfg: EncoderConfig, labels: list[str] | None = None) -> dict[st
         "layer_norm_eps": cfg.ln_eps, "pad_token_id": 0, "tie_word_embeddings": True, "dtype": "float32",
     }  # fmt: skip
     if cfg.head != "mlm":
-        labels = labels or [f"LABEL_{i}" for i in range(cfg.n_labels)]
-        if len(labels) != cfg.n_labels:
-            raise AttnlabError(f"{len(labels)} labels for a head of {cfg.n_labels} classes")
-        hf["id2label"] = {str(i): label for i, label in enumerate(labels)}
-        hf["label2id"] = {label: i for i, label in enumerate(labels)}
+        hf.update(labels_to_hf(labels, cfg.n_labels))
     return hf
 
 

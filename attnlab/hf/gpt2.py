@@ -16,14 +16,13 @@ from typing import Any
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import Pair, expected_shapes, map_weights
+from attnlab.hf import ACTIVATIONS, Pair, expected_shapes, layout_problems, map_weights
 from attnlab.models.gpt import GPT, GPTConfig
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 
 # HuggingFace activation_function -> attnlab's. gelu_new is GPT-2's tanh GELU written out in
 # elementwise ops; gelu_pytorch_tanh is the fused kernel attnlab calls: the same function.
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 # Options whose non-default value changes the attention math in ways attnlab's GPT does not have.
@@ -103,15 +102,7 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
 
 def check_exportable(cfg: GPTConfig) -> None:
     """GPT-2's block is fixed: say which of the run's choices it cannot express."""
-    problems = []
-    if cfg.norm != "pre":
-        problems.append(f"norm {cfg.norm!r} (GPT-2 is pre-norm)")
-    if cfg.positions != "learned":
-        problems.append(f"positions {cfg.positions!r} (GPT-2's are learned)")
-    if not cfg.bias:
-        problems.append("no biases (GPT-2 has them)")
-    if cfg.head_width * cfg.n_head != cfg.d_model:
-        problems.append(f"d_head {cfg.d_head} (GPT-2's is d_model / n_head)")
+    problems = layout_problems(cfg, "pre", "GPT-2")
     if problems:
         raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
 

@@ -37,12 +37,11 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import expected_shapes
+from attnlab.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
 from attnlab.models.vit import ViT, ViTConfig
 
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # HuggingFace's hidden_act -> ours. gelu_new and gelu_pytorch_tanh are both the tanh approximation.
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 # transformers' ViTConfig defaults, for the keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
@@ -79,25 +78,6 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     raise AttnlabError(f"config.json: {name} must be an integer or [height, width], got {value!r}")
 
 
-def _architecture(hf: dict) -> str:
-    """The first ViT architecture config.json names; a config without any is a classifier."""
-    named = [a for a in hf.get("architectures") or [] if a in ARCHITECTURES]
-    if hf.get("architectures") and not named:
-        raise AttnlabError(f"config.json names {hf['architectures']}, not one of {', '.join(ARCHITECTURES)}")
-    return named[0] if named else "ViTForImageClassification"
-
-
-def _labels(hf: dict) -> list[str]:
-    """Class names in index order from id2label (keys are strings in config.json), else LABEL_i."""
-    id2label = hf.get("id2label")
-    if not id2label:
-        return [f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
-    by_index = {int(k): str(v) for k, v in id2label.items()}
-    if sorted(by_index) != list(range(len(by_index))):
-        raise AttnlabError(f"config.json: id2label must number the classes 0 to n-1, got {sorted(by_index)}")
-    return [by_index[i] for i in range(len(by_index))]
-
-
 def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     """("vit", our config, the run's task) from the dict of a HuggingFace ViT config.json.
 
@@ -107,7 +87,7 @@ def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     inference; fine-tuning sets its own.
     """
     hf = {**HF_DEFAULTS, **hf}
-    architecture = _architecture(hf)
+    architecture = architecture_of(hf, ARCHITECTURES, "ViTForImageClassification")
     if hf["hidden_act"] not in ACTIVATIONS:
         raise AttnlabError(
             f"ViT hidden_act {hf['hidden_act']!r} is not supported; attnlab reads {', '.join(ACTIVATIONS)}"
@@ -116,7 +96,7 @@ def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     p, pw = _pair(hf["patch_size"], "patch_size")
     if p != pw:
         raise AttnlabError(f"config.json: patches of {p}x{pw} pixels; attnlab's ViT cuts square patches only")
-    labels = _labels(hf)
+    labels = labels_from_hf(hf)
     if not labels:
         raise AttnlabError("config.json: num_labels is 0 (a classifier without classes); give id2label")
     d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
@@ -246,9 +226,6 @@ def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
     for field, (value, wanted) in unsupported.items():
         if value != wanted:
             raise AttnlabError(f"HuggingFace's ViT needs {field}={wanted}; this run has {field}={value}")
-    labels = labels or [f"LABEL_{i}" for i in range(cfg.n_labels)]
-    if len(labels) != cfg.n_labels:
-        raise AttnlabError(f"{len(labels)} labels for a head of {cfg.n_labels} classes")
     h, w = cfg.size
     hf = {
         "architectures": ["ViTForImageClassification"], "model_type": "vit",
@@ -257,8 +234,7 @@ def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
         "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
         "layer_norm_eps": cfg.ln_eps, "image_size": h if h == w else [h, w], "patch_size": cfg.patch_size,
         "num_channels": cfg.channels, "qkv_bias": True,
-        "id2label": {str(i): label for i, label in enumerate(labels)},
-        "label2id": {label: i for i, label in enumerate(labels)},
+        **labels_to_hf(labels, cfg.n_labels),
     }  # fmt: skip
     if cfg.head_width * cfg.n_head != cfg.d_model:
         hf["head_dim"] = cfg.head_width  # read by transformers 5
