@@ -6,6 +6,7 @@ macro-F1, parameters and training time; writes compare.json and a bar chart comp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab import checkpoint as ck
@@ -22,47 +23,32 @@ def compare(task: str, models: list[str], out: Path, force: bool = False, progre
         return _compare_images(task, models, out, force, progress)
     if task not in BUILTIN_TASKS:
         raise AttnlabError(f"unknown task {task!r}; choose from {', '.join((*BUILTIN_TASKS, *GENERATED))}")
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        raise AttnlabError(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    _check_models(models, MODELS, "")
     kind = BUILTIN_TASKS[task]
     if kind == "tag" and "bow" in models:
         raise AttnlabError("bow gives one label per text: it cannot tag; leave it out of --models")
-    rows = []
-    for name in models:
-        if progress:
-            print(f"== {name}")
-        r = train_labeled(out / name, kind, name, data=LabeledDataConfig(data=task), force=force, progress=progress)
-        t = r["test"]
-        rows.append({"model": name, "accuracy": t["accuracy"], "macro_f1": t["macro_f1"],
-                     "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
-    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
-    from attnlab.viz.confusion import plot_comparison
+    data = LabeledDataConfig(data=task)
 
-    plot_comparison(rows, out / "compare.png", f"{task}: test scores, same data and budget")
-    return rows
+    def one(name: str) -> dict:
+        return train_labeled(out / name, kind, name, data=data, force=force, progress=progress)
+
+    rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
+    return _report(task, rows, out, f"{task}: test scores, same data and budget")
 
 
 def _compare_translation(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
     from attnlab.tasks.translate import MODELS as SEQ2SEQ
     from attnlab.tasks.translate import train_translate
 
-    unknown = [m for m in models if m not in SEQ2SEQ]
-    if unknown:
-        raise AttnlabError(f"unknown model {unknown[0]!r} for {task}; choose from {', '.join(SEQ2SEQ)}")
-    rows = []
-    for name in models:
-        if progress:
-            print(f"== {name}")
-        r = train_translate(out / name, name, data=ParallelDataConfig(data=task), force=force, progress=progress)
-        rows.append({"model": name, **{k: r["test"][k] for k in ("exact_match", "bleu", "chrf")},
-                     "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
-    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
-    from attnlab.viz.confusion import plot_comparison
+    _check_models(models, SEQ2SEQ, f" for {task}")
+    data = ParallelDataConfig(data=task)
 
+    def one(name: str) -> dict:
+        return train_translate(out / name, name, data=data, force=force, progress=progress)
+
+    rows = _train_each(models, one, ("exact_match", "bleu", "chrf"), progress)
     bars = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
-    plot_comparison(rows, out / "compare.png", f"{task}: test scores (greedy), same data and budget", bars)
-    return rows
+    return _report(task, rows, out, f"{task}: test scores (greedy), same data and budget", bars)
 
 
 def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
@@ -70,20 +56,40 @@ def _compare_images(task: str, models: list[str], out: Path, force: bool, progre
     from attnlab.tasks.image import MODELS as IMAGE_MODELS
     from attnlab.tasks.image import train_image
 
-    unknown = [m for m in models if m not in IMAGE_MODELS]
+    _check_models(models, IMAGE_MODELS, f" for {task}")
+    data = ImageDataConfig(data=task)
+
+    def one(name: str) -> dict:
+        return train_image(out / name, name, data=data, force=force, progress=progress)
+
+    rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
+    return _report(task, rows, out, f"{task}: test scores, same data split")
+
+
+def _check_models(models: list[str], known, where: str) -> None:
+    unknown = [m for m in models if m not in known]
     if unknown:
-        raise AttnlabError(f"unknown model {unknown[0]!r} for {task}; choose from {', '.join(IMAGE_MODELS)}")
+        raise AttnlabError(f"unknown model {unknown[0]!r}{where}; choose from {', '.join(known)}")
+
+
+def _train_each(models: list[str], train: Callable[[str], dict], scores: tuple, progress: bool) -> list[dict]:
+    """One row per model: its test `scores`, parameters and training time."""
     rows = []
     for name in models:
         if progress:
             print(f"== {name}")
-        r = train_image(out / name, name, data=ImageDataConfig(data=task), force=force, progress=progress)
-        rows.append({"model": name, "accuracy": r["test"]["accuracy"], "macro_f1": r["test"]["macro_f1"],
+        r = train(name)
+        rows.append({"model": name, **{k: r["test"][k] for k in scores},
                      "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
-    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
-    from attnlab.viz.confusion import plot_comparison
+    return rows
 
-    plot_comparison(rows, out / "compare.png", f"{task}: test scores, same data split")
+
+def _report(task: str, rows: list[dict], out: Path, title: str, bars: tuple | None = None) -> list[dict]:
+    """compare.json and the bar chart compare.png of the rows."""
+    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
+    from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
+
+    plot_comparison(rows, out / "compare.png", title, bars or CLASSIFY_BARS)
     return rows
 
 
