@@ -73,6 +73,28 @@ def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str, 
     group.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
+def add_model_choice_flags(
+    parser: argparse.ArgumentParser,
+    classes: tuple[type, ...],
+    skip: set[str],
+    preset: dict[str, Any],
+    train_defaults: dict[str, Any],
+    default_model: str,
+) -> None:
+    """The model and training flags of a command that trains one of several models: one flag per
+    field of any model's config (its help naming the class), with the default model's preset and
+    tuned training settings shown as defaults."""
+    title = "model (fields of the chosen --model; the class each belongs to in brackets)"
+    add_config_flags(parser, "model", classes, title, skip, defaults=preset)
+    title = f"training (tuned per --model; defaults shown: the {default_model}'s)"
+    add_config_flags(parser, "train", TrainConfig, title, defaults=train_defaults)
+
+
+def train_config(args: argparse.Namespace, tuned: dict[str, Any]) -> TrainConfig:
+    """The training settings: those tuned for the task and model, then the user's flags."""
+    return checked(TrainConfig, {**tuned, **flags_of(args, "train")}, where="[train]")
+
+
 def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The --model flags the user set, with --preset among them when given."""
     overrides = flags_of(args, "model")

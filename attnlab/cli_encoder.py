@@ -12,7 +12,16 @@ import dataclasses
 import json
 from pathlib import Path
 
-from attnlab.cli import Parser, add_config_flags, checked, flags_of, model_overrides, speaks
+from attnlab.cli import (
+    Parser,
+    add_config_flags,
+    add_model_choice_flags,
+    checked,
+    flags_of,
+    model_overrides,
+    speaks,
+    train_config,
+)
 from attnlab.data import DataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED
@@ -25,16 +34,12 @@ from attnlab.training import TrainConfig
 SET_BY_DATA = {"vocab_size", "n_labels", "task", "head", "context"}
 
 
-def _train_config(args: argparse.Namespace, model: str) -> TrainConfig:
-    return checked(TrainConfig, {**TRAIN_DEFAULTS.get(model, {}), **flags_of(args, "train")}, where="[train]")
-
-
 def cmd_train_labeled(args: argparse.Namespace) -> int:
     from attnlab.tasks.classify import train_labeled
 
     data = checked(LabeledDataConfig, flags_of(args, "data"), where="[data]")
-    overrides = model_overrides(args)
-    result = train_labeled(args.out, args.task, args.model, overrides, _train_config(args, args.model), data,
+    overrides, train = model_overrides(args), train_config(args, TRAIN_DEFAULTS.get(args.model, {}))
+    result = train_labeled(args.out, args.task, args.model, overrides, train, data,
                            init=args.init, force=args.force, word_vectors=args.word_vectors,
                            freeze_vectors=args.freeze_vectors)  # fmt: skip
     if speaks():
@@ -53,7 +58,7 @@ def cmd_train_mlm(args: argparse.Namespace) -> int:
         raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(ENCODER_PRESETS)}")
     model = checked(EncoderConfig, {**dataclasses.asdict(ENCODER_PRESETS[preset]), **flags_of(args, "model")},
                     where="[model]")  # fmt: skip
-    train = checked(TrainConfig, {**MLM_TRAIN, **flags_of(args, "train")}, where="[train]")
+    train = train_config(args, MLM_TRAIN)
     data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
     result = train_mlm(args.out, model, train, data, force=args.force)
     if speaks():
@@ -120,11 +125,8 @@ def add_commands(sub, tasks) -> None:
         p.add_argument("--force", action="store_true", help="replace --out if it exists")
         add_config_flags(p, "data", LabeledDataConfig, "data")
         model_classes = tuple(cls for cls, _ in MODELS.values())
-        title = "model (fields of the chosen --model; the class each belongs to in brackets)"
         preset = dataclasses.asdict(ENCODER_PRESETS["encoder-tiny"])
-        add_config_flags(p, "model", model_classes, title, SET_BY_DATA, defaults=preset)
-        add_config_flags(p, "train", TrainConfig, "training (tuned per --model; defaults shown: the encoder's)",
-                         defaults=TRAIN_DEFAULTS["encoder"])  # fmt: skip
+        add_model_choice_flags(p, model_classes, SET_BY_DATA, preset, TRAIN_DEFAULTS["encoder"], "encoder")
         p.set_defaults(func=cmd_train_labeled, task=task)
     desc = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
     mlm = tasks.add_parser("mlm", help="an encoder by masked-language modelling (BERT's pretraining)",

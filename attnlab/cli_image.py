@@ -12,12 +12,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from attnlab.cli import add_config_flags, checked, flags_of, model_overrides, speaks
+from attnlab.cli import (
+    add_config_flags,
+    add_model_choice_flags,
+    checked,
+    flags_of,
+    model_overrides,
+    speaks,
+    train_config,
+)
 from attnlab.data.images import ImageDataConfig
 from attnlab.errors import AttnlabError
 from attnlab.models.mlp import MLPConfig
 from attnlab.models.vit import PRESETS, ViTConfig
-from attnlab.training import TrainConfig
 
 SET_BY_DATA = {"image_size", "image_width", "channels", "n_labels", "context"}
 
@@ -34,7 +41,7 @@ def cmd_train_image(args: argparse.Namespace) -> int:
             from attnlab.checkpoint import check_run_dir, read_run_config
 
             base = read_run_config(check_run_dir(args.out))["train"]
-        train = checked(TrainConfig, {**base, **flags_of(args, "train")}, where="[train]")
+        train = train_config(args, base)
     data = checked(ImageDataConfig, flags_of(args, "data"), where="[data]")
     result = train_image(args.out, args.model, model_overrides(args), train, data, force=args.force,
                          resume=args.resume)  # fmt: skip
@@ -94,9 +101,6 @@ def add_commands(tasks) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     add_config_flags(p, "data", ImageDataConfig, "data")
-    title = "model (fields of the chosen --model; the class each belongs to in brackets)"
     preset = dataclasses.asdict(PRESETS["vit-nano"])
-    add_config_flags(p, "model", (ViTConfig, MLPConfig), title, SET_BY_DATA, defaults=preset)
-    add_config_flags(p, "train", TrainConfig, "training (tuned per --model; defaults shown: the ViT's)",
-                     defaults=TRAIN_DEFAULTS["vit"])  # fmt: skip
+    add_model_choice_flags(p, (ViTConfig, MLPConfig), SET_BY_DATA, preset, TRAIN_DEFAULTS["vit"], "ViT")
     p.set_defaults(func=cmd_train_image)

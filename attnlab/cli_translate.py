@@ -11,11 +11,18 @@ import argparse
 import dataclasses
 import json
 
-from attnlab.cli import add_config_flags, checked, flags_of, model_overrides, speaks
+from attnlab.cli import (
+    add_config_flags,
+    add_model_choice_flags,
+    checked,
+    flags_of,
+    model_overrides,
+    speaks,
+    train_config,
+)
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.models.rnn import RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
-from attnlab.training import TrainConfig
 
 SET_BY_DATA = {"src_vocab", "tgt_vocab", "attention"}
 MODEL_NAMES = ("transformer", "rnn-attention", "rnn")
@@ -25,7 +32,7 @@ def cmd_train_translate(args: argparse.Namespace) -> int:
     from attnlab.tasks.translate import TRAIN_DEFAULTS, train_translate
 
     data = checked(ParallelDataConfig, flags_of(args, "data"), where="[data]")
-    train = checked(TrainConfig, {**TRAIN_DEFAULTS[args.model], **flags_of(args, "train")}, where="[train]")
+    train = train_config(args, TRAIN_DEFAULTS[args.model])
     overrides = model_overrides(args)
     result = train_translate(args.out, args.model, overrides, train, data, force=args.force)
     if speaks():
@@ -87,13 +94,11 @@ def add_commands(sub, tasks) -> None:
                    help=f"Transformer preset: {', '.join(PRESETS)} (default: transformer-tiny)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     add_config_flags(p, "data", ParallelDataConfig, "data")
-    title = "model (fields of the chosen --model; the class each belongs to in brackets)"
     from attnlab.tasks.translate import TRAIN_DEFAULTS
 
     preset = dataclasses.asdict(PRESETS["transformer-tiny"])
-    add_config_flags(p, "model", (Seq2SeqConfig, RNNSeq2SeqConfig), title, SET_BY_DATA, defaults=preset)
-    add_config_flags(p, "train", TrainConfig, "training (tuned per --model; defaults shown: the transformer's)",
-                     defaults=TRAIN_DEFAULTS["transformer"])  # fmt: skip
+    classes = (Seq2SeqConfig, RNNSeq2SeqConfig)
+    add_model_choice_flags(p, classes, SET_BY_DATA, preset, TRAIN_DEFAULTS["transformer"], "transformer")
     p.set_defaults(func=cmd_train_translate)
 
     tr = sub.add_parser("translate", help="translate a text with a translation run (same as predict)")
