@@ -40,6 +40,38 @@ def corpus(tmp_path):
     return path
 
 
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    """Run `attnlab ARGS` in-process: (exit code, stdout, stderr); argparse's own errors give 2."""
+    from attnlab.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
+    """Move every parameter off its initial value (LayerNorm gains != 1, biases != 0), so that a
+    comparison of two implementations sees every weight; eval mode."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model.eval()
+
+
+def random_hf_model(config_name: str, kind: str, seed: int = 0, **config) -> torch.nn.Module:
+    """A HuggingFace `kind` model built locally from transformers.`config_name`(**config), perturbed,
+    on the eager attention path (the one that returns attention probabilities)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    hf_cfg = getattr(transformers, config_name)(**config)
+    hf_cfg._attn_implementation = "eager"
+    return perturb(getattr(transformers, kind)(hf_cfg))
+
+
 def tiny_model(**kw) -> GPTConfig:
     return GPTConfig(**{"n_layer": 2, "n_head": 2, "d_model": 32, "context": 32, **kw})
 

@@ -10,6 +10,7 @@ from attnlab.attention_views import select, views, write_attention
 from attnlab.cli import main
 from attnlab.errors import AttnlabError
 from attnlab.nn import attend
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -17,12 +18,6 @@ GPT = ["--preset", "gpt-nano", "--n-layer", "2", "--d-model", "32", "--n-head", 
        "--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
        "--tokenizer", "char"]  # fmt: skip
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from attnlab.cli import build_parser, main
-from tests.conftest import TEXT
+from attnlab.cli import build_parser
+from tests.conftest import TEXT, run_cli
 
 TINY = [
     "--n-layer",
@@ -30,15 +30,6 @@ TINY = [
     "--device",
     "cpu",
 ]
-
-
-def run_cli(args, capsys):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(code, err, fragment):

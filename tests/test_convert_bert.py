@@ -19,6 +19,7 @@ from attnlab.hf import module_for
 from attnlab.hf.bert import config_from_hf, config_to_hf, weights_from_hf, weights_to_hf
 from attnlab.hf.io import write_hf_dir
 from attnlab.models.encoder import Encoder, EncoderConfig
+from tests.conftest import random_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,14 +40,7 @@ LENGTHS = (12, 9, 5, 2)  # a padded batch: rows of 12, 9, 5 and 2 real tokens
 
 
 def hf_model(kind: str, seed: int = 0, **config) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    hf_cfg = transformers.BertConfig(**config)
-    hf_cfg._attn_implementation = "eager"  # the path that returns attention probabilities
-    model = getattr(transformers, kind)(hf_cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # off the trivial init: LayerNorm gains != 1, biases != 0
-            p.add_(0.1 * torch.randn_like(p))
-    return model
+    return random_hf_model("BertConfig", kind, seed, **config)
 
 
 def padded_ids(vocab: int, lengths=LENGTHS, seed: int = 1) -> torch.Tensor:

@@ -27,6 +27,7 @@ from attnlab.hf.vit import (
     weights_to_hf,
 )
 from attnlab.models.vit import ViT, ViTConfig
+from tests.conftest import perturb, random_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,14 +46,7 @@ CONFIGS = {
 
 
 def hf_model(kind: str = "ViTForImageClassification", seed: int = 0, **config) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    hf_cfg = transformers.ViTConfig(**config)
-    hf_cfg._attn_implementation = "eager"  # the path that returns attention probabilities
-    model = getattr(transformers, kind)(hf_cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # off the trivial init: LayerNorm gains != 1, biases != 0
-            p.add_(0.1 * torch.randn_like(p))
-    return model
+    return random_hf_model("ViTConfig", kind, seed, **config)
 
 
 def images_for(hf_cfg, batch: int = 4) -> torch.Tensor:
@@ -187,10 +181,7 @@ def test_exported_vit_loads_in_transformers_with_the_same_logits(tmp_path):
     torch.manual_seed(0)
     cfg = ViTConfig(n_layer=2, n_head=2, d_model=16, d_ff=40, image_size=12, image_width=8, channels=3,
                     patch_size=4, n_labels=3, activation="gelu_tanh", ln_eps=1e-6)  # fmt: skip
-    model = ViT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    model = perturb(ViT(cfg))
     labels = ["a", "b", "c"]
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(cfg, labels)))
     save_file(weights_to_hf(model.state_dict(), cfg), str(tmp_path / "model.safetensors"))

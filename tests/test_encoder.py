@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.cli import main
 from attnlab.data.batches import IGNORE, mask_tokens
 from attnlab.data.labeled import LabeledDataConfig, load_splits, read_conll, read_table
 from attnlab.errors import AttnlabError
@@ -16,6 +15,7 @@ from attnlab.metrics import confusion, scores
 from attnlab.models.encoder import PAPER_PARAMS, PRESETS, Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import WordTokenizer, load_tokenizer
+from tests.conftest import run_cli
 
 TINY = dict(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)
 
@@ -147,12 +147,6 @@ def test_metrics_from_a_confusion_matrix():
 
 
 FAST = ["--max-steps", "60", "--eval-interval", "30", "--eval-batches", "2", "--device", "cpu"]
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_classify_file_predict_and_eval_files(tmp_path, capsys):

@@ -11,16 +11,11 @@ from PIL import Image
 from attnlab.cli import main
 from attnlab.errors import AttnlabError
 from attnlab.tasks.image import patch_for
+from tests.conftest import run_cli
 
 FAST = ["--max-steps", "30", "--batch-size", "32", "--eval-interval", "30", "--eval-batches", "1", "--device", "cpu"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,13 @@ import pytest
 from attnlab.cli import main
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.tasks.translate import scores
+from tests.conftest import run_cli
 
 FAST = ["--n-train", "400", "--max-steps", "40", "--batch-size", "32", "--eval-interval", "40",
         "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
