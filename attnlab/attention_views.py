@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnlab.checkpoint import reads_pixels
 from attnlab.errors import AttnlabError
 from attnlab.viz.html import AttentionView
 
@@ -141,7 +142,7 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
     out = Path(out)
     if out.suffix.lower() not in (".png", ".html"):
         raise AttnlabError(f"--out {out}: write a .png picture or a .html page")
-    if run.config.get("task", {}).get("kind") == "image":
+    if reads_pixels(run.config):
         if out.suffix.lower() != ".png":
             raise AttnlabError("image runs draw [CLS]'s attention over the image: use --out FILE.png")
         from attnlab.tasks.image import image_attention

@@ -133,14 +133,14 @@ def check_run_dir(path: str | Path) -> Path:
     if not p.is_dir():
         raise AttnlabError(f"run directory not found: {p}")
     for name in (CONFIG, WEIGHTS, TOKENIZER):
-        if not (p / name).is_file() and not (name == TOKENIZER and reads_pixels(p)):
+        if not (p / name).is_file() and not (name == TOKENIZER and reads_pixels(read_run_config(p))):
             raise AttnlabError(f"{p} is not a complete run: {name} is missing")
     return p
 
 
-def reads_pixels(run: Path) -> bool:
-    """Image runs read pixels, not tokens: they have no tokenizer."""
-    return read_run_config(run).get("task", {}).get("kind") == "image"
+def reads_pixels(config: dict[str, Any]) -> bool:
+    """Whether a run's config.json describes an image run: it reads pixels, not tokens, and has no tokenizer."""
+    return config.get("task", {}).get("kind") == "image"
 
 
 # ---- training state: weights, optimizer, every RNG, step: one file ------------------------

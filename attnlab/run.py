@@ -75,5 +75,5 @@ def load(path: str | Path, device: str = "auto") -> Run:
         raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
     meta = load_weights(model, p / WEIGHTS)
     model.to(pick_device(device)).eval()
-    tok = None if reads_pixels(p) else load_tokenizer(p)
+    tok = None if reads_pixels(config) else load_tokenizer(p)
     return Run(p, model, tok, config, int(meta.get("step", 0)))
