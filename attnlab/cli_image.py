@@ -34,15 +34,13 @@ def cmd_train_image(args: argparse.Namespace) -> int:
 
     if args.resume and (flags_of(args, "model") or flags_of(args, "data") or args.preset):
         raise AttnlabError("model and data settings cannot change when resuming (the weights and split are fixed)")
-    train = None
-    if not args.resume or flags_of(args, "train"):
-        base = TRAIN_DEFAULTS[args.model]
-        if args.resume:
-            from attnlab.checkpoint import check_run_dir, read_run_config
+    if args.resume:  # the run's own training settings, with the flags given now on top
+        from attnlab.checkpoint import check_run_dir, read_run_config
 
-            base = read_run_config(check_run_dir(args.out))["train"]
-        train = train_config(args, base)
-    data = checked(ImageDataConfig, flags_of(args, "data"), where="[data]")
+        train, data = train_config(args, read_run_config(check_run_dir(args.out))["train"]), None
+    else:
+        train = train_config(args, TRAIN_DEFAULTS[args.model])
+        data = checked(ImageDataConfig, flags_of(args, "data"), where="[data]")
     result = train_image(args.out, args.model, model_overrides(args), train, data, force=args.force,
                          resume=args.resume)  # fmt: skip
     if speaks():
