@@ -252,10 +252,12 @@ def cls_attention(run: Run, path: Path) -> dict | None:
     None for the MLP, which has none."""
     if not hasattr(run.model, "attention"):
         return None
+    from attnlab.viz.patches import cls_maps
+
     x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
-    rows, cols = run.model.cfg.grid
-    weights = [w[0, :, 0, 1:].float().cpu().reshape(-1, rows, cols) for w in run.model.attention(x)]  # (H, r, c)
-    return {"grid": [rows, cols], "weights": torch.stack(weights).tolist()}
+    grid = run.model.cfg.grid
+    weights = cls_maps([w[0] for w in run.model.attention(x)], grid)  # (L, H, rows, cols)
+    return {"grid": list(grid), "weights": weights.tolist()}
 
 
 def finite(row: dict) -> dict:
