@@ -83,23 +83,14 @@ def _encoder(run, text: str, kind: str | None) -> AttentionView:
 
 def _translation(run, text: str) -> list[AttentionView]:
     from attnlab.data.batches import BOS_ID, EOS_ID
-    from attnlab.tasks.translate import pieces, target_tokenizer, to_ids, translate_ids
+    from attnlab.tasks.translate import cross_attention, decode_one, pieces, target_tokenizer
 
-    src = to_ids(run.tokenizer, text)[: run.config["data"]["max_len"]]
-    if len(src) == 0:
-        raise AttnlabError("the text has no tokens")
-    (hyp,) = translate_ids(run.model, [src], run.config["task"]["max_out"], 1)
-    src_t = torch.as_tensor(src, device=run.device)[None]  # (1, S)
-    tgt_in = torch.tensor([[BOS_ID, *hyp]], device=run.device)  # (1, T): what each output step read
-    source = pieces(run.tokenizer, src.tolist())
+    src, tgt_in, hyp = decode_one(run, text)
+    source = pieces(run.tokenizer, src[0].tolist())
     target = pieces(target_tokenizer(run), [*hyp, EOS_ID])  # what each step produced
     if run.config["family"] == "rnn-seq2seq":
-        try:
-            w = run.model.alignment(src_t, tgt_in)[0].float().cpu().numpy()  # (1, 1, T, S)
-        except ValueError as e:  # the plain RNN has none
-            raise AttnlabError(f"{run.path}: {e}") from None
-        return [AttentionView(TRANSLATION_VIEWS["cross"], target, source, w)]
-    maps = run.model.attention(src_t, tgt_in)
+        return [AttentionView(TRANSLATION_VIEWS["cross"], target, source, cross_attention(run, src, tgt_in))]
+    maps = run.model.attention(src, tgt_in)
     inputs = pieces(target_tokenizer(run), [BOS_ID, *hyp])  # decoder self-attention reads its inputs
     return [
         AttentionView(TRANSLATION_VIEWS["encoder"], source, source, _numpy(maps["encoder"])),

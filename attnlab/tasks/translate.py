@@ -226,22 +226,33 @@ def pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
     return out
 
 
+def decode_one(run, text: str, beam: int = 1) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Translate one text for a look at its attention: (source ids (1, S), the decoder's inputs
+    (1, T) = BOS + translation, the translation's ids)."""
+    src = to_ids(run.tokenizer, text)[: run.config["data"]["max_len"]]
+    if len(src) == 0:
+        raise AttnlabError("the text has no tokens")
+    (hyp,) = translate_ids(run.model, [src], run.config["task"]["max_out"], beam)
+    src_t = torch.as_tensor(src, device=run.device)[None]  # (1, S)
+    return src_t, torch.tensor([[BOS_ID, *hyp]], device=run.device), hyp  # (1, T): what each step read
+
+
+def cross_attention(run, src: torch.Tensor, tgt_in: torch.Tensor) -> np.ndarray:
+    """Where each output step looked in the source: (L, H, T, S) (the RNN's: L = H = 1)."""
+    try:
+        return run.model.alignment(src, tgt_in)[0].float().cpu().numpy()
+    except ValueError as e:  # the plain RNN has no attention to draw
+        raise AttnlabError(f"{run.path}: {e}") from None
+
+
 def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
     """Translate `text` and draw where each produced token looked in the source; returns the translation."""
     from attnlab.viz.alignment import plot_alignment
 
-    limit = run.config["data"]["max_len"]
-    src = to_ids(run.tokenizer, text)[:limit]
-    (hyp,) = translate_ids(run.model, [src], run.config["task"]["max_out"], beam)
+    src, tgt_in, hyp = decode_one(run, text, beam)
+    w = cross_attention(run, src, tgt_in)
     tgt_tok = target_tokenizer(run)
-    dev = run.device
-    tgt_in = torch.tensor([[BOS_ID, *hyp]], device=dev)
-    try:
-        w = run.model.alignment(torch.as_tensor(src, device=dev)[None], tgt_in)[0]  # (L, H, T, S)
-    except ValueError as e:  # the plain RNN has no attention to draw
-        raise AttnlabError(f"{run.path}: {e}") from None
     translation = to_text(tgt_tok, hyp)
     title = f"{run.config['task'].get('model', run.config['family'])}: {text!r} -> {translation!r}"
-    plot_alignment(w.float().cpu().numpy(), pieces(run.tokenizer, src.tolist()),
-                   pieces(tgt_tok, [*hyp, EOS_ID]), Path(path), title)  # fmt: skip
+    plot_alignment(w, pieces(run.tokenizer, src[0].tolist()), pieces(tgt_tok, [*hyp, EOS_ID]), Path(path), title)
     return translation
