@@ -11,7 +11,7 @@ from attnlab.data import DataConfig
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import Run, load
-from attnlab.training import TrainConfig, train
+from attnlab.engine.loop import TrainConfig, train
 
 __version__ = "0.1.0"
 

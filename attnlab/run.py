@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import CONFIG, WEIGHTS, check_run_dir, load_weights, read_run_config, reads_pixels
+from attnlab.engine.rundir import CONFIG, WEIGHTS, check_run_dir, load_weights, read_run_config, reads_pixels
 from attnlab.config import from_dict
-from attnlab.device import pick_device
+from attnlab.engine.device import pick_device
 from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import Encoder, EncoderConfig
@@ -25,7 +25,7 @@ from attnlab.models.mlp import ImageMLP, MLPConfig
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 
 # family name -> (model config class, model class); later families register here.
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
@@ -59,8 +59,8 @@ class Run:
         return next(self.model.parameters()).device
 
     def generate(self, prompt: str = "", **kwargs) -> str:
-        """Continue `prompt`; keyword arguments as in `attnlab.generate.generate_text`."""
-        from attnlab.generate import generate_text
+        """Continue `prompt`; keyword arguments as in `attnlab.decoding.sampling.generate_text`."""
+        from attnlab.decoding.sampling import generate_text
 
         return generate_text(self.model, self.tokenizer, prompt, **kwargs)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from attnlab.data import build_token_cache, read_texts, resolve_sources, stdlib_files, workers_for
-from attnlab.tokenizers import train_tokenizer
+from attnlab.data.tokenizers import train_tokenizer
 
 FILE_BYTES = 64 << 20
 

@@ -45,7 +45,7 @@ from common import (
 )
 from torch import Tensor, nn
 
-from attnlab.device import autocast
+from attnlab.engine.device import autocast
 from attnlab.models.gpt import GPTConfig
 
 LogitsFn = Callable[[nn.Module, Tensor], Tensor]  # (model, ids (B, T)) -> logits (B, T, V)

@@ -7,7 +7,7 @@ import torch
 
 from attnlab.data import DataConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.training import TrainConfig
+from attnlab.engine.loop import TrainConfig
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
@@ -42,7 +42,7 @@ def corpus(tmp_path):
 
 def run_cli(args, capsys) -> tuple[int, str, str]:
     """Run `attnlab ARGS` in-process: (exit code, stdout, stderr); argparse's own errors give 2."""
-    from attnlab.cli import main
+    from attnlab.cli.main import main
 
     try:
         code = main([str(a) for a in args])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attnlab import load
-from attnlab.attention_views import select, views, write_attention
-from attnlab.cli import main
+from attnlab.viz.views import select, views, write_attention
+from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.nn import attend
 from tests.conftest import run_cli

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from attnlab import load
-from attnlab.attention_views import views
-from attnlab.cli import main
-from attnlab.generate import generate_text
-from attnlab.serve import create_app, running
+from attnlab.viz.views import views
+from attnlab.cli.main import main
+from attnlab.decoding.sampling import generate_text
+from attnlab.serve.app import create_app, running
 from attnlab.viz.html import AttentionView, write_attention_html
 
 CHROMIUM = Path("/usr/bin/chromium")

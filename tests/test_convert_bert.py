@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import module_for
-from attnlab.hf.bert import config_from_hf, config_to_hf, weights_from_hf, weights_to_hf
-from attnlab.hf.io import write_hf_dir
+from attnlab.interop.hf import module_for
+from attnlab.interop.hf.bert import config_from_hf, config_to_hf, weights_from_hf, weights_to_hf
+from attnlab.interop.hf.io import write_hf_dir
 from attnlab.models.encoder import Encoder, EncoderConfig
 from tests.conftest import random_hf_model
 
@@ -133,7 +133,7 @@ def test_padding_does_not_change_real_positions():
 def test_labels_come_from_id2label_and_architecture_is_found():
     labels = {"0": "neg", "1": "neu", "2": "pos"}
     hf = {**CONFIGS["2x32"], "architectures": ["BertForSequenceClassification"], "id2label": labels}
-    assert module_for("BertForSequenceClassification").__name__ == "attnlab.hf.bert"
+    assert module_for("BertForSequenceClassification").__name__ == "attnlab.interop.hf.bert"
     _, cfg, task = config_from_hf(hf)
     assert task == {"kind": "classify", "labels": ["neg", "neu", "pos"]} and cfg.n_labels == 3
     with pytest.raises(AttnlabError, match="position_embedding_type 'relative_key'"):
@@ -241,7 +241,7 @@ def wordpiece_json(vocab_size: int) -> str:
 
 @pytest.mark.parametrize("arch", ["BertForSequenceClassification", "BertForMaskedLM", "BertModel"])
 def test_a_bert_directory_converts_to_a_run_and_exports_back(arch, tmp_path):
-    from attnlab.convert import convert_from_hf, export_hf
+    from attnlab.interop.convert import convert_from_hf, export_hf
     from attnlab.run import load
 
     hf = hf_model(arch, **CONFIGS["2x32"])
@@ -285,9 +285,9 @@ def test_a_bert_directory_converts_to_a_run_and_exports_back(arch, tmp_path):
 def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, capsys):
     """The converted run reads "[CLS] pieces [SEP]" as BERT does: predict's probabilities equal
     HuggingFace's on the same framed ids, and the attention picture shows that framing."""
-    from attnlab.cli import main
-    from attnlab.convert import convert_from_hf
-    from attnlab.tokenizers import tokenizer_from_json
+    from attnlab.cli.main import main
+    from attnlab.interop.convert import convert_from_hf
+    from attnlab.data.tokenizers import tokenizer_from_json
 
     hf = hf_model("BertForSequenceClassification", **CONFIGS["2x32"])
     hf.save_pretrained(tmp_path / "hf")
@@ -304,7 +304,7 @@ def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, c
     assert diff < 1e-5, diff
     html = tmp_path / "a.html"
     assert main(["attention", str(tmp_path / "run"), "abc def", "--out", str(html)]) == 0
-    from attnlab.attention_views import views
+    from attnlab.viz.views import views
     from attnlab.run import load
 
     (view,) = views(load(tmp_path / "run", device="cpu"), "abc def")
@@ -312,8 +312,8 @@ def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, c
 
 
 def test_mlm_on_a_converted_bert_fills_mask(tmp_path, capsys):
-    from attnlab.cli import main
-    from attnlab.convert import convert_from_hf
+    from attnlab.cli.main import main
+    from attnlab.interop.convert import convert_from_hf
 
     hf_model("BertForMaskedLM", **CONFIGS["2x32"]).save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.json").write_text(wordpiece_json(120))
@@ -328,8 +328,8 @@ def test_mlm_on_a_converted_bert_fills_mask(tmp_path, capsys):
 def test_a_converted_bert_fine_tunes_with_init(task, tmp_path, capsys):
     """train classify|tag --init on a converted BERT: its WordPiece tokenizer frames the data as
     [CLS] pieces [SEP] (tags on first pieces), its body weights are the start, and predict reads it."""
-    from attnlab.cli import main
-    from attnlab.convert import convert_from_hf
+    from attnlab.cli.main import main
+    from attnlab.interop.convert import convert_from_hf
     from attnlab.run import load
 
     hf_model("BertForMaskedLM", **CONFIGS["2x32"]).save_pretrained(tmp_path / "hf")
@@ -365,8 +365,8 @@ def test_a_converted_bert_fine_tunes_with_init(task, tmp_path, capsys):
 
 def test_eval_reads_a_converted_bert_within_its_context(tmp_path, capsys):
     """The default --max-len (128) is beyond this BERT's 64 positions: eval reads at most 64."""
-    from attnlab.cli import main
-    from attnlab.convert import convert_from_hf
+    from attnlab.cli.main import main
+    from attnlab.interop.convert import convert_from_hf
 
     hf = hf_model("BertForSequenceClassification", **CONFIGS["2x32"])
     hf.config.id2label = {0: "negative", 1: "positive"}

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import attnlab
-from attnlab.cli import main
-from attnlab.convert import convert_from_hf, export_hf
+from attnlab.cli.main import main
+from attnlab.interop.convert import convert_from_hf, export_hf
 from attnlab.errors import AttnlabError
-from attnlab.generate import stream
-from attnlab.tokenizers import BPETokenizer
+from attnlab.decoding.sampling import stream
+from attnlab.data.tokenizers import BPETokenizer
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.data.images import read_image
 from attnlab.errors import AttnlabError
-from attnlab.hf.vit import (
+from attnlab.interop.hf.vit import (
     config_from_hf,
     config_to_hf,
     fold_pixel_normalization,
@@ -217,7 +217,7 @@ def test_convert_a_vit_directory_with_its_preprocessor_then_predict(tmp_path, ca
     """attnlab convert on a saved ViTForImageClassification with a normalizing processor: the run
     reads [0, 1] pixels and gives HF's logits on the processor's (x - 0.5) / 0.5."""
     from attnlab import load
-    from attnlab.cli import main
+    from attnlab.cli.main import main
 
     hf = hf_model(**CONFIGS["gray-8"])
     hf.config.id2label = {0: "zero", 1: "one", 2: "two"}

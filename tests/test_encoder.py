@@ -11,10 +11,10 @@ import torch
 from attnlab.data.batches import IGNORE, mask_tokens
 from attnlab.data.labeled import LabeledDataConfig, load_splits, read_conll, read_table
 from attnlab.errors import AttnlabError
-from attnlab.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores
 from attnlab.models.encoder import PAPER_PARAMS, PRESETS, Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.tokenizers import WordTokenizer, load_tokenizer
+from attnlab.data.tokenizers import WordTokenizer, load_tokenizer
 from tests.conftest import run_cli
 
 TINY = dict(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)
@@ -106,7 +106,7 @@ def test_word_tokenizer_keeps_line_breaks_as_one_token():
 
 
 def test_help_shows_the_defaults_each_command_uses():
-    from attnlab.cli import build_parser
+    from attnlab.cli.main import build_parser
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     mlm = " ".join(train._subparsers._group_actions[0].choices["mlm"].format_help().split())
@@ -225,7 +225,7 @@ def test_word_vectors_flag_loads_rows(tmp_path, capsys):
 
 
 def test_compare_prints_a_table_and_writes_a_chart(tmp_path, capsys, monkeypatch):
-    import attnlab.tasks.classify as classify
+    import attnlab.tasks.labeled as classify
 
     for name in ("pooled", "conv1d"):  # a short budget: this checks the command, not the scores
         monkeypatch.setitem(classify.TRAIN_DEFAULTS, name, dict(max_steps=30, batch_size=32, eval_interval=30,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import attnlab.generate as generate
-from attnlab.tokenizers import CharTokenizer
+import attnlab.decoding.sampling as generate
+from attnlab.data.tokenizers import CharTokenizer
 
 
 @pytest.fixture

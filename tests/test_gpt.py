@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from attnlab.checkpoint import load_weights, save_weights
-from attnlab.generate import filter_logits, stream
+from attnlab.engine.rundir import load_weights, save_weights
+from attnlab.decoding.sampling import filter_logits, stream
 from attnlab.models.gpt import GPT, PAPER_PARAMS, PRESETS, GPTConfig
-from attnlab.size import count_params, estimate
+from attnlab.models.size import count_params, estimate
 from tests.conftest import tiny_model
 
 
@@ -142,7 +142,7 @@ def test_generate_config_fields_match_generate_text():
     import dataclasses
     import inspect
 
-    from attnlab.generate import GenerateConfig, stream_text
+    from attnlab.decoding.sampling import GenerateConfig, stream_text
 
     params = set(inspect.signature(stream_text).parameters) - {"model", "tokenizer"}
     assert {f.name for f in dataclasses.fields(GenerateConfig)} == params
@@ -161,7 +161,7 @@ def test_preset_override_rederives_widths():
 
 def test_cluster_estimates():
     """Training compute matches GPT-3's own figure; FSDP shards what DDP replicates."""
-    from attnlab.size import ClusterConfig, cluster_estimate
+    from attnlab.models.size import ClusterConfig, cluster_estimate
 
     e = estimate(PRESETS["gpt3-175b"], "gpt3-175b")
     c = cluster_estimate(e, ClusterConfig(devices=1024, gpu_tflops=312, mfu=0.3, tokens=300e9))

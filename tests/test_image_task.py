@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnlab.cli import main
+from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.tasks.image import patch_for
 from tests.conftest import run_cli

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from attnlab import checkpoint as ck
+from attnlab.engine import rundir as ck
 from attnlab.errors import AttnlabError
-from attnlab.training import train
+from attnlab.engine.loop import train
 from tests.conftest import tiny_data, tiny_model, tiny_train
 from tests.test_cli import assert_one_line_error, run_cli
 
@@ -118,7 +118,7 @@ def test_resume_of_a_fine_tuned_run(base, corpus, tmp_path, capsys):
 def test_init_from_a_converted_huggingface_gpt2(tmp_path, corpus, capsys):
     """A converted GPT-2 whose embedding has padding rows beyond its tokenizer keeps them."""
     pytest.importorskip("transformers")
-    from attnlab.convert import convert_from_hf
+    from attnlab.interop.convert import convert_from_hf
     from tests.test_convert_gpt2 import save_hf
 
     save_hf(tmp_path / "hf", "n_inner")

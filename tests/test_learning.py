@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.demo import run_demo
+from attnlab.cli.demo import run_demo
 from attnlab.tasks.image import train_image
 
 

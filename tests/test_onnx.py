@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.cli import main
+from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from tests.conftest import TEXT
 
@@ -21,7 +21,7 @@ ort = pytest.importorskip(
 pytest.importorskip("onnx", reason="onnx is not installed (pip install onnx onnxruntime onnxscript)")
 pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install onnx onnxruntime onnxscript)")
 
-from attnlab.export_onnx import export_onnx  # noqa: E402
+from attnlab.interop.onnx import export_onnx  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,7 +104,7 @@ def test_missing_package_says_what_to_install(gpt_run, tmp_path, monkeypatch):
 
 
 def test_failed_check_keeps_the_previous_file(gpt_run, tmp_path, monkeypatch):
-    import attnlab.export_onnx as mod
+    import attnlab.interop.onnx as mod
 
     def fail(*args, **kwargs):
         raise AttnlabError("ONNX check failed: simulated")

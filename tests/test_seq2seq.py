@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, Pairs
-from attnlab.decode import beam_search, greedy, length_penalty
+from attnlab.decoding.beam import beam_search, greedy, length_penalty
 from attnlab.models.seq2seq import PAPER_PARAMS, PRESETS, Seq2Seq, Seq2SeqConfig
-from attnlab.optim import lr_at
-from attnlab.training import TrainConfig
+from attnlab.engine.optim import lr_at
+from attnlab.engine.loop import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

@@ -19,14 +19,14 @@ import torch
 from fastapi.testclient import TestClient
 from PIL import Image
 
-import attnlab.serve
+import attnlab.serve.app
 from attnlab import load
-from attnlab.attention_views import views
-from attnlab.cli import main
+from attnlab.viz.views import views
+from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
-from attnlab.generate import generate_text
-from attnlab.predict import predict
-from attnlab.serve import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
+from attnlab.decoding.sampling import generate_text
+from attnlab.tasks.text_predict import predict
+from attnlab.serve.app import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
@@ -183,7 +183,7 @@ def test_an_error_midway_is_the_last_line_and_before_the_first_piece_a_status(cl
         yield "a"
         raise RuntimeError("the model fell over\nwith a second line")
 
-    monkeypatch.setattr(attnlab.serve, "stream_text", failing)
+    monkeypatch.setattr(attnlab.serve.app, "stream_text", failing)
     response = client.post("/api/generate", json={"run": "lm", "seed": 1})
     assert response.status_code == 200
     assert lines(response) == [{"text": "a"}, {"error": "the model fell over"}]
@@ -192,7 +192,7 @@ def test_an_error_midway_is_the_last_line_and_before_the_first_piece_a_status(cl
         raise AttnlabError("no tokens to start from")
         yield  # a generator, as stream_text is
 
-    monkeypatch.setattr(attnlab.serve, "stream_text", refusing)
+    monkeypatch.setattr(attnlab.serve.app, "stream_text", refusing)
     expect_error(client.post("/api/generate", json={"run": "lm"}), 400, "no tokens to start from")
 
 
@@ -272,7 +272,7 @@ def test_predict_image_errors(client, monkeypatch):
     expect_error(upload(run="classify"), 400, "classifier run", "/api/predict")
     expect_error(upload(run="nope"), 404, "unknown run")
     expect_error(client.post("/api/predict_image", data={"run": "image"}), 422, "image: Field required")
-    monkeypatch.setattr(attnlab.serve, "MAX_IMAGE_BYTES", 100)
+    monkeypatch.setattr(attnlab.serve.app, "MAX_IMAGE_BYTES", 100)
     expect_error(upload(), 413, "over")
 
 
@@ -294,7 +294,7 @@ def test_an_unexpected_error_is_a_500_and_the_server_goes_on(client, monkeypatch
     def broken(*args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(attnlab.serve, "predict", broken)
+    monkeypatch.setattr(attnlab.serve.app, "predict", broken)
     expect_error(client.post("/api/predict", json={"run": "classify", "text": "x"}), 500, "RuntimeError: a bug")
     monkeypatch.undo()
     assert client.post("/api/predict", json={"run": "classify", "text": "x"}).status_code == 200

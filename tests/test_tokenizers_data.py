@@ -8,7 +8,7 @@ import pytest
 from attnlab.data import TokenData, build_token_cache, resolve_sources, stdlib_files
 from attnlab.data.tokens import cache_root
 from attnlab.errors import AttnlabError
-from attnlab.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, train_tokenizer
+from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, train_tokenizer
 
 
 def test_char_round_trip_and_unknown_characters(tmp_path):
@@ -161,7 +161,7 @@ def test_char_tokenizer_trained_by_worker_processes_equals_one_process():
 
 
 def test_ordered_map_keeps_order_and_propagates_errors():
-    from attnlab.pool import ordered_map
+    from attnlab.data.pool import ordered_map
 
     assert list(ordered_map(abs, range(-20, 0), workers=2)) == list(range(20, 0, -1))
     with pytest.raises(TypeError):

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import attnlab
-import attnlab.training as train_mod
-from attnlab.checkpoint import atomic_write
-from attnlab.optim import lr_at, make_optimizer
-from attnlab.training import TrainConfig, prepare, train_step
+import attnlab.engine.loop as train_mod
+from attnlab.engine.rundir import atomic_write
+from attnlab.engine.optim import lr_at, make_optimizer
+from attnlab.engine.loop import TrainConfig, prepare, train_step
 from tests.conftest import tiny_data, tiny_model, tiny_train
 
 
@@ -177,7 +177,7 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
 
 
 def test_evaluation_windows_predict_every_token_once():
-    from attnlab.evaluate import windows
+    from attnlab.tasks.lm import windows
 
     arr = np.arange(23)
     chunks = list(windows(arr, block=5, batch_size=2))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attnlab.cli import main
+from attnlab.cli.main import main
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.tasks.translate import scores
 from tests.conftest import run_cli
@@ -93,7 +93,7 @@ def test_flags_of_another_model_and_bad_files_are_one_line_errors(tmp_path, caps
 
 
 def test_compare_translation_table_and_chart(tmp_path, capsys, monkeypatch):
-    import attnlab.compare as cmp
+    import attnlab.tasks.compare as cmp
     import attnlab.tasks.translate as tr
 
     budget = dict(max_steps=20, batch_size=16, eval_interval=20, eval_batches=1, device="cpu")

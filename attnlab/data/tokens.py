@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 
 from attnlab.data.text import read_pieces
 from attnlab.errors import AttnlabError
-from attnlab.pool import cpu_count
-from attnlab.tokenizers import Tokenizer
+from attnlab.data.pool import cpu_count
+from attnlab.data.tokenizers import Tokenizer
 
 CACHE_VERSION = 2  # bump when the split or file format changes
 MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens

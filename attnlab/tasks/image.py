@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ck
-from attnlab import distributed, training
+from attnlab.engine import rundir as ck
+from attnlab.engine import distributed
+from attnlab.engine import loop as training
 from attnlab.config import from_dict
 from attnlab.data.images import (
     IMAGE_SPLITS,
@@ -32,12 +33,12 @@ from attnlab.data.images import (
     read_image,
 )
 from attnlab.errors import AttnlabError
-from attnlab.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores
 from attnlab.models.mlp import ImageMLP, MLPConfig
 from attnlab.models.vit import PRESETS as VIT_PRESETS
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.training import TrainConfig
+from attnlab.engine.loop import TrainConfig
 
 MODELS: dict[str, tuple[type, type[nn.Module]]] = {"vit": (ViTConfig, ViT), "mlp": (MLPConfig, ImageMLP)}
 CPU_PRESETS = ("vit-nano", "vit-micro")  # their patch size follows the data; the paper's keep theirs

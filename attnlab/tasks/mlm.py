@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from attnlab import distributed, training
+from attnlab.engine import distributed
+from attnlab.engine import loop as training
 from attnlab.data import DataConfig, resolve_sources
 from attnlab.data.batches import MaskedWindows
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import Encoder, EncoderConfig
-from attnlab.tokenizers import WORD_SPECIALS
-from attnlab.training import TrainConfig
+from attnlab.data.tokenizers import WORD_SPECIALS
+from attnlab.engine.loop import TrainConfig
 
 # An encoder-small on the standard library's words, in a few minutes on a laptop CPU.
 MLM_TRAIN = dict(max_steps=4000, batch_size=32, block_size=64, lr=2e-3, warmup_steps=200, eval_interval=500)

@@ -19,18 +19,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ck
-from attnlab import distributed, training
+from attnlab.engine import rundir as ck
+from attnlab.engine import distributed
+from attnlab.engine import loop as training
 from attnlab.config import from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
 from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
-from attnlab.decode import beam_search, greedy
+from attnlab.decoding.beam import beam_search, greedy
 from attnlab.errors import AttnlabError
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2Seq, Seq2SeqConfig
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
-from attnlab.training import TrainConfig
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.engine.loop import TrainConfig
 
 TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share tokenizer.json
 # command-line model name -> (family in config.json, config class, model class, fixed settings)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 
 
 def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 
 
 def read_metrics(path: Path) -> list[dict]:

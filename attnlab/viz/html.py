@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 
 DECIMALS = 4  # weights in the page: 0.01% is finer than any line width or colour step can show
 

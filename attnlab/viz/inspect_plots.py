@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 from attnlab.data.batches import N_SPECIAL
 from attnlab.errors import AttnlabError
 from attnlab.nn.position import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 
 MAX_LABELLED = 16  # grids up to 4 x 4 get each patch's weight written on it
 CELL = 1.8  # inches per panel: an 8x8 digit still shows its pixels and its patch blocks

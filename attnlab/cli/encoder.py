@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from attnlab.cli import (
+from attnlab.cli.main import (
     Parser,
     add_config_flags,
     add_model_choice_flags,
@@ -28,14 +28,14 @@ from attnlab.data.parallel import GENERATED
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import EncoderConfig
-from attnlab.tasks.classify import MODELS, TRAIN_DEFAULTS
-from attnlab.training import TrainConfig
+from attnlab.tasks.labeled import MODELS, TRAIN_DEFAULTS
+from attnlab.engine.loop import TrainConfig
 
 SET_BY_DATA = {"vocab_size", "n_labels", "task", "head", "context"}
 
 
 def cmd_train_labeled(args: argparse.Namespace) -> int:
-    from attnlab.tasks.classify import train_labeled
+    from attnlab.tasks.labeled import train_labeled
 
     data = checked(LabeledDataConfig, flags_of(args, "data"), where="[data]")
     overrides, train = model_overrides(args), train_config(args, TRAIN_DEFAULTS.get(args.model, {}))
@@ -69,17 +69,17 @@ def cmd_train_mlm(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from attnlab.predict import predict
+    from attnlab.tasks.text_predict import predict
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
     kind = run.config.get("task", {}).get("kind")
     if kind == "translate":
-        from attnlab.cli_translate import print_translation
+        from attnlab.cli.translate import print_translation
 
         return print_translation(run, args)
     if kind == "image":
-        from attnlab.cli_image import print_image_prediction
+        from attnlab.cli.image import print_image_prediction
 
         return print_image_prediction(run, args)
     result = predict(run, args.text, args.top_k or 5)
@@ -99,7 +99,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnlab.compare import compare, format_table
+    from attnlab.tasks.compare import compare, format_table
 
     default = {"digits": "vit,mlp"}.get(args.task) or (
         "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"

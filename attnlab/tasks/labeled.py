@@ -18,19 +18,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ck
-from attnlab import distributed, training
+from attnlab.engine import rundir as ck
+from attnlab.engine import distributed
+from attnlab.engine import loop as training
 from attnlab.config import from_dict
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.errors import AttnlabError
-from attnlab.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
-from attnlab.training import TrainConfig
+from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
+from attnlab.engine.loop import TrainConfig
 
 # model name -> (config class, model class); the run's config.json names its family with these.
 MODELS: dict[str, tuple[type, type[nn.Module]]] = {"encoder": (EncoderConfig, Encoder), **BASELINES}

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnlab import checkpoint as ck
+from attnlab.engine import rundir as ck
 from attnlab.errors import AttnlabError
 
 SAFE_INDEX = "model.safetensors.index.json"

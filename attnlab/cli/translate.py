@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import json
 
-from attnlab.cli import (
+from attnlab.cli.main import (
     add_config_flags,
     add_model_choice_flags,
     checked,

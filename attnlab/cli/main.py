@@ -18,11 +18,11 @@ from typing import Any
 from attnlab.config import field_type, from_dict, parse_value, read_toml
 from attnlab.data import DataConfig
 from attnlab.errors import AttnlabError
-from attnlab.evaluate import SPLITS
-from attnlab.generate import GenerateConfig
+from attnlab.tasks.lm import SPLITS
+from attnlab.decoding.sampling import GenerateConfig
 from attnlab.models.gpt import PRESETS, GPTConfig
-from attnlab.size import ClusterConfig
-from attnlab.training import TrainConfig
+from attnlab.models.size import ClusterConfig
+from attnlab.engine.loop import TrainConfig
 
 SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
 NOT_FLAGS = {"model": {"vocab_size"}}  # set from the tokenizer, not by hand
@@ -129,7 +129,7 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
         raise AttnlabError(f"{args.config}: use the tables [model], [train], [data] (and a top-level preset)")
     base: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if args.resume:
-        from attnlab.checkpoint import check_run_dir, read_run_config
+        from attnlab.engine.rundir import check_run_dir, read_run_config
 
         saved = read_run_config(check_run_dir(args.out))
         base = {name: dict(saved[name]) for name in SECTIONS}
@@ -157,7 +157,7 @@ def build_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, Dat
 
 def init_base(args: argparse.Namespace, toml: dict[str, Any]) -> dict[str, Any]:
     """With --init the model and tokenizer are the init run's: only dropout may be set."""
-    from attnlab.training import init_model
+    from attnlab.engine.loop import init_model
 
     model = {**toml.get("model", {}), **flags_of(args, "model")}
     data = {**toml.get("data", {}), **flags_of(args, "data")}
@@ -175,7 +175,7 @@ def init_base(args: argparse.Namespace, toml: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from attnlab.training import train
+    from attnlab.engine.loop import train
 
     model, tcfg, data = build_configs(args)
     result = train(args.out, model, tcfg, data, resume=args.resume, force=args.force, init=args.init)
@@ -186,7 +186,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from attnlab.generate import stream_text
+    from attnlab.decoding.sampling import stream_text
     from attnlab.run import load
 
     gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
@@ -206,17 +206,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from attnlab.evaluate import evaluate
+    from attnlab.tasks.lm import evaluate
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
     kind = run.config.get("task", {}).get("kind")
     if kind == "translate":
-        from attnlab.cli_translate import eval_translation
+        from attnlab.cli.translate import eval_translation
 
         return eval_translation(run, args)
     if kind == "image":
-        from attnlab.cli_image import eval_image
+        from attnlab.cli.image import eval_image
 
         return eval_image(run, args)
     if run.config["family"] != "gpt":
@@ -237,7 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_labeled(run, args: argparse.Namespace) -> int:
-    from attnlab.tasks.classify import evaluate_labeled
+    from attnlab.tasks.labeled import evaluate_labeled
 
     if run.config.get("task", {}).get("kind") not in ("classify", "tag"):
         raise AttnlabError(f'{args.run} is a masked-LM run: try attnlab predict {args.run} "... [MASK] ..."')
@@ -253,7 +253,7 @@ def _eval_labeled(run, args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    from attnlab.size import ClusterConfig, cluster_estimate, estimate, format_cluster, format_estimate, format_table
+    from attnlab.models.size import ClusterConfig, cluster_estimate, estimate, format_cluster, format_estimate, format_table
 
     names = list(PRESETS) if args.preset == "all" else [args.preset]
     for name in names:
@@ -273,7 +273,7 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from attnlab.demo import run_demo
+    from attnlab.cli.demo import run_demo
 
     run_demo(args.out, args.max_steps)
     return 0
@@ -314,14 +314,16 @@ def build_parser() -> Parser:
     add_config_flags(lm, "model", GPTConfig, "model (override the preset)")
     add_config_flags(lm, "train", TrainConfig, "training")
     lm.set_defaults(func=cmd_train)
-    from attnlab.cli_encoder import add_commands, add_top_commands
+    from attnlab.cli.encoder import add_commands, add_top_commands
 
     add_commands(sub, tasks)
     add_top_commands(sub)
-    from attnlab import cli_translate
+    from attnlab.cli import translate as cli_translate
 
     cli_translate.add_commands(sub, tasks)
-    from attnlab import cli_convert, cli_image, cli_inspect
+    from attnlab.cli import convert as cli_convert
+    from attnlab.cli import image as cli_image
+    from attnlab.cli import inspect as cli_inspect
 
     cli_image.add_commands(tasks)
     cli_inspect.add_commands(sub)

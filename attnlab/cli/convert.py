@@ -8,7 +8,7 @@ import json
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from attnlab.convert import convert_from_hf
+    from attnlab.interop.convert import convert_from_hf
 
     summary = convert_from_hf(args.from_hf, args.out, force=args.force)
     try_next = "sample" if summary["family"] == "gpt" else "predict"  # images: predict RUN image.png
@@ -20,11 +20,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.to == "hf":
-        from attnlab.convert import export_hf
+        from attnlab.interop.convert import export_hf
 
         summary = export_hf(args.run, args.out, force=args.force)
     else:
-        from attnlab.export_onnx import export_onnx
+        from attnlab.interop.onnx import export_onnx
         from attnlab.run import load
 
         summary = export_onnx(load(args.run, device="cpu"), args.out)

@@ -21,7 +21,7 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 
-# The family modules, by name under attnlab.hf; one that is not there (yet) is skipped.
+# The family modules, by name under attnlab.interop.hf; one that is not there (yet) is skipped.
 FAMILY_MODULES = ("gpt2", "vit", "bert")
 
 # HuggingFace's activation names (hidden_act, activation_function) -> attnlab's; the same in every family.

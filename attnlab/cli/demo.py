@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attnlab.data import DataConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.training import TrainConfig
+from attnlab.engine.loop import TrainConfig
 
 # Chosen by a sweep on a 2-core CPU (README, "The demo"): for a two-minute budget, short
 # sequences, a high learning rate and many steps beat longer contexts, larger batches or
@@ -30,9 +30,9 @@ def free_dir(path: str | Path) -> Path:
 
 
 def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None) -> dict:
-    from attnlab.evaluate import evaluate
+    from attnlab.tasks.lm import evaluate
     from attnlab.run import load
-    from attnlab.training import train
+    from attnlab.engine.loop import train
 
     out = free_dir(out)
     train_kw = {**DEMO_TRAIN, **({"max_steps": max_steps} if max_steps else {})}

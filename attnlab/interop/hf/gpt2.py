@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import ACTIVATIONS, Pair, expected_shapes, layout_problems, map_weights
+from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, layout_problems, map_weights
 from attnlab.models.gpt import GPT, GPTConfig
 
 ARCHITECTURES = ("GPT2LMHeadModel",)

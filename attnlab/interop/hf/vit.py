@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
+from attnlab.interop.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
 from attnlab.models.vit import ViT, ViTConfig
 
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")

@@ -33,17 +33,17 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from attnlab import checkpoint as ck
-from attnlab import distributed
+from attnlab.engine import rundir as ck
+from attnlab.engine import distributed
 from attnlab.config import from_dict, option
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Batches, Windows
-from attnlab.device import autocast, pick_dtype
-from attnlab.distributed import Dist
+from attnlab.engine.device import autocast, pick_dtype
+from attnlab.engine.distributed import Dist
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.optim import apply_settings, lr_at, make_optimizer
-from attnlab.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.viz.curves import plot_loss, read_metrics
 
 

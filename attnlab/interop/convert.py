@@ -1,7 +1,7 @@
 """HuggingFace checkpoints in and out: a local HuggingFace directory -> an attnlab run, and back.
 
 convert_from_hf("gpt2-dir", "runs/gpt2")
-  -> read config.json, the weights and tokenizer.json (attnlab.hf.io; nothing is downloaded)
+  -> read config.json, the weights and tokenizer.json (attnlab.interop.hf.io; nothing is downloaded)
   -> the family module for config.json's architecture maps the config and renames the weights
   -> the weights are loaded into the attnlab model (strictly) to prove they fit
   -> a run directory every attnlab command reads: config.json, model.safetensors, tokenizer.json
@@ -19,17 +19,17 @@ from typing import Any
 
 from torch import nn
 
-from attnlab import checkpoint as ck
-from attnlab import training
+from attnlab.engine import rundir as ck
+from attnlab.engine import loop as training
 from attnlab.config import from_dict
 from attnlab.data import DataConfig
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.errors import AttnlabError
-from attnlab.hf import bert, gpt2, module_for
-from attnlab.hf.io import read_hf_dir, write_hf_dir
+from attnlab.interop.hf import bert, gpt2, module_for
+from attnlab.interop.hf.io import read_hf_dir, write_hf_dir
 from attnlab.run import FAMILIES
-from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 
 # The data settings a converted run starts with (what `attnlab eval` and fine-tuning read).
 DATA_CONFIGS = {"gpt": DataConfig, "encoder": LabeledDataConfig, "vit": ImageDataConfig}

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from attnlab.training import TrainConfig
+    from attnlab.engine.loop import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from attnlab.device import pick_device
+from attnlab.engine.device import pick_device
 from attnlab.errors import AttnlabError
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.checkpoint import reads_pixels
+from attnlab.engine.rundir import reads_pixels
 from attnlab.errors import AttnlabError
 from attnlab.viz.html import AttentionView
 
@@ -69,7 +69,7 @@ def _gpt(run, text: str) -> AttentionView:
 
 
 def _encoder(run, text: str, kind: str | None) -> AttentionView:
-    from attnlab.predict import frame
+    from attnlab.tasks.text_predict import frame
 
     tok = run.tokenizer
     words = tok.split(text, tok.lower)

@@ -11,7 +11,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.run import Run
-from attnlab.tokenizers import WordPieceTokenizer, WordTokenizer
+from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer
 
 
 def frame(tok, pieces: list[int], kind: str, context: int) -> tuple[list[int], int]:

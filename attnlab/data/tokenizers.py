@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
-from attnlab.pool import ordered_map
+from attnlab.data.pool import ordered_map
 
 EOT = "<|endoftext|>"
 UNK = "<unk>"

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.hf import (
+from attnlab.interop.hf import (
     ACTIVATIONS,
     Pair,
     architecture_of,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.checkpoint import atomic_write
+from attnlab.engine.rundir import atomic_write
 from attnlab.errors import AttnlabError
 from attnlab.run import Run, load
 

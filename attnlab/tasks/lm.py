@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from attnlab.data import TokenData, build_token_cache, resolve_sources
-from attnlab.device import autocast, pick_dtype
+from attnlab.engine.device import autocast, pick_dtype
 from attnlab.errors import AttnlabError
 from attnlab.run import Run
 

@@ -53,12 +53,12 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab import __version__
-from attnlab.attention_views import views
+from attnlab.viz.views import views
 from attnlab.errors import AttnlabError
-from attnlab.generate import stream_text
-from attnlab.predict import predict
+from attnlab.decoding.sampling import stream_text
+from attnlab.tasks.text_predict import predict
 from attnlab.run import Run, load
-from attnlab.serve_page import page
+from attnlab.serve.page import page
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.tasks.translate import translate
 from attnlab.viz.curves import read_metrics

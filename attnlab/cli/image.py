@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from attnlab.cli import (
+from attnlab.cli.main import (
     add_config_flags,
     add_model_choice_flags,
     checked,
@@ -35,7 +35,7 @@ def cmd_train_image(args: argparse.Namespace) -> int:
     if args.resume and (flags_of(args, "model") or flags_of(args, "data") or args.preset):
         raise AttnlabError("model and data settings cannot change when resuming (the weights and split are fixed)")
     if args.resume:  # the run's own training settings, with the flags given now on top
-        from attnlab.checkpoint import check_run_dir, read_run_config
+        from attnlab.engine.rundir import check_run_dir, read_run_config
 
         train, data = train_config(args, read_run_config(check_run_dir(args.out))["train"]), None
     else:

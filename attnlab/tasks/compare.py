@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from attnlab import checkpoint as ck
+from attnlab.engine import rundir as ck
 from attnlab.data.labeled import BUILTIN_TASKS, LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
 from attnlab.errors import AttnlabError
-from attnlab.tasks.classify import MODELS, train_labeled
+from attnlab.tasks.labeled import MODELS, train_labeled
 
 
 def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True) -> list[dict]:

@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from attnlab.attention_views import write_attention
+    from attnlab.viz.views import write_attention
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
@@ -30,7 +30,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from attnlab.errors import AttnlabError
 
     try:  # imported here: the web stack is needed by this command alone
-        from attnlab.serve import serve
+        from attnlab.serve.app import serve
     except ImportError as e:
         raise AttnlabError(
             f"attnlab serve needs fastapi, uvicorn and python-multipart ({e}): pip install -e ."
