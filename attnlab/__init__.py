@@ -8,10 +8,11 @@ attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
 """
 
 from attnlab.data import DataConfig
+from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import Run, load
-from attnlab.engine.loop import TrainConfig, train
+from attnlab.tasks import train
 
 __version__ = "0.1.0"
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attnlab.data import DataConfig
+from attnlab.engine.config import TrainConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.engine.loop import TrainConfig
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"

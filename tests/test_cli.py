@@ -248,7 +248,7 @@ def test_a_forced_start_that_fails_while_tokenizing_keeps_the_old_run(tmp_path, 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("attnlab.engine.loop.build_token_cache", disk_full)
+    monkeypatch.setattr("attnlab.tasks.lm.build_token_cache", disk_full)
     code, _, err = run_cli(["train", "lm", "--data", text, "--out", trained, "--force", *TINY], capsys)
     assert_one_line_error(code, err, "No space left")
     assert (trained / "model.safetensors").read_bytes() == before

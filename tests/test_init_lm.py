@@ -10,7 +10,7 @@ import torch
 
 from attnlab.engine import rundir as ck
 from attnlab.errors import AttnlabError
-from attnlab.engine.loop import train
+from attnlab.tasks import train
 from tests.conftest import tiny_data, tiny_model, tiny_train
 from tests.test_cli import assert_one_line_error, run_cli
 

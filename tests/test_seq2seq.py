@@ -10,9 +10,9 @@ from torch import nn
 
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, Pairs
 from attnlab.decoding.beam import beam_search, greedy, length_penalty
-from attnlab.models.seq2seq import PAPER_PARAMS, PRESETS, Seq2Seq, Seq2SeqConfig
+from attnlab.engine.config import TrainConfig
 from attnlab.engine.optim import lr_at
-from attnlab.engine.loop import TrainConfig
+from attnlab.models.seq2seq import PAPER_PARAMS, PRESETS, Seq2Seq, Seq2SeqConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

@@ -11,9 +11,11 @@ import torch
 
 import attnlab
 import attnlab.engine.loop as train_mod
-from attnlab.engine.rundir import atomic_write
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.loop import train_step
 from attnlab.engine.optim import lr_at, make_optimizer
-from attnlab.engine.loop import TrainConfig, prepare, train_step
+from attnlab.engine.rundir import atomic_write
+from attnlab.tasks.lm import prepare
 from tests.conftest import tiny_data, tiny_model, tiny_train
 
 
@@ -177,7 +179,7 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
 
 
 def test_evaluation_windows_predict_every_token_once():
-    from attnlab.tasks.lm import windows
+    from attnlab.tasks.lm_eval import windows
 
     arr = np.arange(23)
     chunks = list(windows(arr, block=5, batch_size=2))

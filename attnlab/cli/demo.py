@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnlab.data import DataConfig
+from attnlab.engine.config import TrainConfig
 from attnlab.models.gpt import GPTConfig
-from attnlab.engine.loop import TrainConfig
 
 # Chosen by a sweep on a 2-core CPU (README, "The demo"): for a two-minute budget, short
 # sequences, a high learning rate and many steps beat longer contexts, larger batches or
@@ -30,9 +30,9 @@ def free_dir(path: str | Path) -> Path:
 
 
 def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None) -> dict:
-    from attnlab.tasks.lm import evaluate
     from attnlab.run import load
-    from attnlab.engine.loop import train
+    from attnlab.tasks import train
+    from attnlab.tasks.lm_eval import evaluate
 
     out = free_dir(out)
     train_kw = {**DEMO_TRAIN, **({"max_steps": max_steps} if max_steps else {})}

@@ -6,8 +6,8 @@ import argparse
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from attnlab.viz.views import write_attention
     from attnlab.run import load
+    from attnlab.viz.views import write_attention
 
     run = load(args.run, device=args.device)
     print(write_attention(run, args.input, args.out, args.layer, args.head, args.view))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from attnlab.engine.loop import TrainConfig
+    from attnlab.engine.config import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

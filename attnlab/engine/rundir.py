@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,15 +133,52 @@ def check_run_dir(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_dir():
         raise AttnlabError(f"run directory not found: {p}")
-    for name in (CONFIG, WEIGHTS, TOKENIZER):
-        if not (p / name).is_file() and not (name == TOKENIZER and reads_pixels(read_run_config(p))):
+    for name in (CONFIG, WEIGHTS):
+        if not (p / name).is_file():
             raise AttnlabError(f"{p} is not a complete run: {name} is missing")
     return p
 
 
-def reads_pixels(config: dict[str, Any]) -> bool:
-    """Whether a run's config.json describes an image run: it reads pixels, not tokens, and has no tokenizer."""
-    return config.get("task", {}).get("kind") == "image"
+def check_dir(out: Path, resume: bool, force: bool) -> None:
+    """Before a run starts: --resume needs a run in `out`; a new run needs `out` free, or --force
+    and an attnlab run there (never another folder)."""
+    if resume:
+        check_run_dir(out)
+        return
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
+    if not (out / CONFIG).is_file():  # --force replaces runs, never other folders
+        raise AttnlabError(f"{out} is not an attnlab run directory: refusing to replace it; choose another --out")
+
+
+def fresh_dir(out: Path) -> None:
+    """Called once the new run is ready to be written, so a failed start never costs an old run."""
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+    out.mkdir(parents=True)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of metrics.jsonl (none if it is missing); a line cut short by a crash is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from, so curves do not double back."""
+    rows = [r for r in read_metrics(path) if r["step"] <= step]
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 # ---- training state: weights, optimizer, every RNG, step: one file ------------------------

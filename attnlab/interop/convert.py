@@ -19,20 +19,16 @@ from typing import Any
 
 from torch import nn
 
-from attnlab.engine import rundir as ck
-from attnlab.engine import loop as training
 from attnlab.config import from_dict
 from attnlab.data import DataConfig
-from attnlab.data.images import ImageDataConfig
-from attnlab.data.labeled import LabeledDataConfig
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import bert, gpt2, module_for
 from attnlab.interop.hf.io import read_hf_dir, write_hf_dir
-from attnlab.run import FAMILIES
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
-
-# The data settings a converted run starts with (what `attnlab eval` and fine-tuning read).
-DATA_CONFIGS = {"gpt": DataConfig, "encoder": LabeledDataConfig, "vit": ImageDataConfig}
+from attnlab.models import build_model, family_classes
+from attnlab.tasks import Task, task_of
 
 # Families that export, and the module that maps them.
 EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2, "encoder": bert}
@@ -48,19 +44,20 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     arch = _architecture(hf, src)
     module = module_for(arch)
     family, cfg, task = module.config_from_hf(hf)
-    model = FAMILIES[family][1](cfg)
+    model = build_model(family, cfg)
+    kind = task_of({"family": family, "model": asdict(cfg), **({"task": task} if task else {})})
     weights = module.weights_from_hf(tensors, cfg)
     pixels = _pixel_normalization(src, module, cfg)
     if pixels is not None:  # HF feeds (x - mean) / std; attnlab feeds [0, 1]: fold it into the weights
         weights = module.fold_pixel_normalization(weights, *pixels)
     model.load_state_dict(weights, strict=True)  # every tensor, every shape
-    tok = _tokenizer(tokenizer_json, src, family, cfg, task)
-    config = {"family": family, "model": asdict(cfg), "train": asdict(training.TrainConfig()),
-              "data": asdict(_data_config(family, tok))}  # fmt: skip
+    tok = _tokenizer(tokenizer_json, src, family, cfg, kind)
+    config = {"family": family, "model": asdict(cfg), "train": asdict(TrainConfig()),
+              "data": asdict(_data_config(kind, tok))}  # fmt: skip
     if task is not None:
         config["task"] = task
     config["source"] = {"hf": str(src), "architecture": arch}
-    training._fresh_dir(out)  # only now: a failed conversion never costs an old run
+    ck.fresh_dir(out)  # only now: a failed conversion never costs an old run
     ck.write_json(out / ck.CONFIG, config)
     ck.save_weights(model, out / ck.WEIGHTS, {"step": "0"})
     if tokenizer_json is not None:
@@ -91,7 +88,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
         if not (out / ck.CONFIG).is_file():
             raise AttnlabError(f"{out} is not a HuggingFace model directory: refusing to replace it")
     module = EXPORTERS[family]
-    config_cls, model_cls = FAMILIES[family]
+    config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
     if family == "encoder":  # before any reading: says at once what the HF architecture cannot express
         hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))
@@ -138,9 +135,9 @@ def _architecture(hf: dict[str, Any], src: Path) -> str:
     return archs[0]
 
 
-def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: dict | None) -> Tokenizer | None:
+def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: Task) -> Tokenizer | None:
     """The checkpoint's tokenizer, checked to fit the model; image models read pixels and need none."""
-    if (task or {}).get("kind") == "image":
+    if not task.tokenized:
         return None
     if text is None:
         raise AttnlabError(
@@ -157,8 +154,9 @@ def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: dict | 
     return tok
 
 
-def _data_config(family: str, tok: Tokenizer | None) -> Any:
-    data = DATA_CONFIGS.get(family, DataConfig)()
+def _data_config(task: Task, tok: Tokenizer | None) -> Any:
+    """The data settings a converted run starts with (what `attnlab eval` and fine-tuning read)."""
+    data = task.default_data()
     if isinstance(data, DataConfig) and tok is not None:
         data = replace(data, tokenizer=tok.kind, vocab_size=tok.vocab_size)
     return data

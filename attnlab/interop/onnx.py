@@ -59,9 +59,8 @@ def export_onnx(run: Run | str | Path, path: str | Path, opset: int | None = Non
     """
     if not isinstance(run, Run):
         run = load(run, device="cpu")
-    family = run.config.get("family")
-    if family != "gpt":
-        raise AttnlabError(f"ONNX export supports gpt runs; {run.path} is a {family} run")
+    if not run.task.generates:
+        raise AttnlabError(f"ONNX export supports gpt runs; {run.path} is a {run.config['family']} run")
     try:
         import onnx
         import onnxruntime

@@ -1,5 +1,48 @@
-"""Model families: a front end, a stack of `nn.Block`s, and a head."""
+"""Model families: a front end, the shared stack of blocks (nn/), and a head.
 
+FAMILIES maps the family name stored in a run's config.json to its (config class, model class).
+A new family is one file here plus one line below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from attnlab.config import from_dict
+from attnlab.errors import AttnlabError
+from attnlab.models.baselines import BASELINES
+from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.models.mlp import ImageMLP, MLPConfig
+from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
+from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from attnlab.models.vit import ViT, ViTConfig
 
-__all__ = ["GPT", "GPTConfig", "PRESETS"]
+FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
+    "gpt": (GPTConfig, GPT),
+    "encoder": (EncoderConfig, Encoder),
+    **BASELINES,  # bow, pooled, conv1d, rnn
+    "seq2seq": (Seq2SeqConfig, Seq2Seq),  # the encoder-decoder Transformer
+    "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
+    "vit": (ViTConfig, ViT),  # images as sequences of patches
+    "mlp": (MLPConfig, ImageMLP),  # the image baseline on flattened pixels
+}
+
+
+def family_classes(family: str) -> tuple[type, type[nn.Module]]:
+    if family not in FAMILIES:
+        raise AttnlabError(f"unknown model family {family!r} (known: {', '.join(FAMILIES)})")
+    return FAMILIES[family]
+
+
+def build_model(family: str, model_cfg: dict[str, Any] | Any) -> nn.Module:
+    """The model of `family` from its config (a dataclass, or a dict as in config.json)."""
+    cfg_cls, model_cls = family_classes(family)
+    if isinstance(model_cfg, dict):
+        model_cfg = from_dict(cfg_cls, model_cfg, where="model config")
+    return model_cls(model_cfg)
+
+
+__all__ = ["FAMILIES", "GPT", "PRESETS", "GPTConfig", "build_model", "family_classes"]

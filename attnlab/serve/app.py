@@ -53,25 +53,19 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab import __version__
-from attnlab.viz.views import views
-from attnlab.errors import AttnlabError
 from attnlab.decoding.sampling import stream_text
-from attnlab.tasks.text_predict import predict
+from attnlab.errors import AttnlabError
 from attnlab.run import Run, load
 from attnlab.serve.page import page
 from attnlab.tasks.image import load_image, predict_image
-from attnlab.tasks.translate import translate
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
+from attnlab.viz.views import views
 
 MAX_INPUT_CHARS = 2_000  # a prompt or a text; runs read at most their context anyway
 MAX_NEW_TOKENS = 500
 MAX_IMAGE_BYTES = 10_000_000
 NDJSON = "application/x-ndjson"
-# Each kind of run: what to call it, and the endpoint that runs its task.
-NOUNS = {"lm": "a language-model", "classify": "a classifier", "tag": "a tagger", "mlm": "a masked-LM",
-         "translate": "a translation", "image": "an image"}  # fmt: skip
-ENDPOINTS = {"lm": "/api/generate", "image": "/api/predict_image"}  # the others: /api/predict
 
 
 @dataclass
@@ -80,19 +74,16 @@ class Served:
 
     name: str
     run: Run
-    kind: str  # lm, classify, tag, mlm, translate or image
     parameters: int
+
+    @property
+    def kind(self) -> str:
+        return self.run.task.name  # lm, classify, tag, mlm, translate or image
 
     def summary(self) -> dict:
         family = self.run.config["family"]
         return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
                 "parameters": self.parameters, "step": self.run.step, "config": self.run.config}  # fmt: skip
-
-
-def task_kind(config: dict) -> str:
-    if config["family"] == "gpt":
-        return "lm"
-    return config.get("task", {}).get("kind") or config["model"].get("head", "mlm")
 
 
 def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
@@ -116,7 +107,7 @@ def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
         name, k = resolved.name or "run", 2
         while name in served:
             name, k = f"{resolved.name}-{k}", k + 1
-        served[name] = Served(name, run, task_kind(run.config), sum(p.numel() for p in run.model.parameters()))
+        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()))
     return served
 
 
@@ -158,14 +149,15 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
     add_error_handlers(app)
     html = page(MAX_INPUT_CHARS, MAX_NEW_TOKENS)
 
-    def find(name: str, kinds: tuple[str, ...] | None = None, instead: str = "") -> Served:
-        """The run called `name`, of one of `kinds` if given (else a 400 that says what to do `instead`)."""
+    def find(name: str, endpoint: str | None = None, instead: str = "") -> Served:
+        """The run called `name`, whose task answers at `endpoint` if given (else a 400 that says what to
+        do `instead`: by default, the endpoint its task answers at)."""
         if name not in served:
             raise HTTPException(404, f"unknown run {name!r}; serving: {', '.join(served)}")
         s = served[name]
-        if kinds is not None and s.kind not in kinds:
-            instead = instead or f"use {ENDPOINTS.get(s.kind, '/api/predict')}"
-            raise AttnlabError(f"{name} is {NOUNS.get(s.kind, 'a ' + s.kind)} run: {instead}")
+        task = s.run.task
+        if endpoint is not None and task.endpoint != endpoint and not (endpoint == "/api/attention" and task.tokenized):
+            raise AttnlabError(f"{name} is {task.noun} run: {instead or f'use {task.endpoint}'}")
         return s
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -188,7 +180,7 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
     @app.post("/api/generate", summary="stream a GPT's continuation (NDJSON)", response_class=StreamingResponse,
               responses={200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}})  # fmt: skip
     def generate(req: GenerateRequest) -> StreamingResponse:
-        s = find(req.run, ("lm",))
+        s = find(req.run, "/api/generate")
         seed = secrets.randbelow(2**53) if req.seed is None else req.seed  # 2**53: exact as a JavaScript number
         t0 = time.perf_counter()
         pieces = stream_text(s.run.model, s.run.tokenizer, req.prompt, req.max_new_tokens, req.temperature,
@@ -199,16 +191,12 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
 
     @app.post("/api/predict", summary="a classifier's label, a tagger's tags, a masked LM's fills, a translation")
     def predict_text(req: PredictRequest) -> dict:
-        s = find(req.run, ("classify", "tag", "mlm", "translate"))
-        if s.kind != "translate":
-            return predict(s.run, req.text, req.top_k)
-        if not req.text.strip():
-            raise AttnlabError("the text is empty")
-        return {"kind": "translate", "translation": translate(s.run, [req.text], req.beam)[0]}
+        s = find(req.run, "/api/predict")
+        return predict(s.run, req.text, {"top_k": req.top_k, "beam": req.beam})
 
     @app.post("/api/predict_image", summary="an image run's label for an uploaded image, and its attention")
     def predict_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> dict:
-        s = find(run, ("image",))
+        s = find(run, "/api/predict_image")
         data = image.file.read(MAX_IMAGE_BYTES + 1)
         if len(data) > MAX_IMAGE_BYTES:
             raise HTTPException(413, f"the image is over {MAX_IMAGE_BYTES // 1_000_000} MB")
@@ -224,11 +212,15 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
 
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
     def attention(req: TextRequest) -> dict:
-        s = find(req.run, ("lm", "classify", "tag", "mlm", "translate"),
-                 "send the image to /api/predict_image, whose answer has [CLS]'s attention")  # fmt: skip
+        s = find(req.run, "/api/attention", "send the image to /api/predict_image, whose answer has [CLS]'s attention")
         return views_json(views(s.run, req.text))
 
     return app
+
+
+def predict(run: Run, text: str, options: dict) -> dict:
+    """What the run's task answers for a text: a label, tags, [MASK] fills or a translation."""
+    return run.task.predict(run, text, options)
 
 
 def ndjson(first: str | None, pieces: Iterator[str], seed: int, t0: float) -> Iterator[str]:

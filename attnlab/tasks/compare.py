@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from attnlab.engine import rundir as ck
 from attnlab.data.labeled import BUILTIN_TASKS, LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
+from attnlab.engine import rundir as ck
+from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
-from attnlab.tasks.labeled import MODELS, train_labeled
+from attnlab.tasks import TASKS
 
 
 def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True) -> list[dict]:
@@ -23,28 +24,19 @@ def compare(task: str, models: list[str], out: Path, force: bool = False, progre
         return _compare_images(task, models, out, force, progress)
     if task not in BUILTIN_TASKS:
         raise AttnlabError(f"unknown task {task!r}; choose from {', '.join((*BUILTIN_TASKS, *GENERATED))}")
-    _check_models(models, MODELS, "")
-    kind = BUILTIN_TASKS[task]
-    if kind == "tag" and "bow" in models:
+    labeled = TASKS[BUILTIN_TASKS[task]]
+    _check_models(models, labeled.models, "")
+    if labeled.name == "tag" and "bow" in models:
         raise AttnlabError("bow gives one label per text: it cannot tag; leave it out of --models")
-    data = LabeledDataConfig(data=task)
-
-    def one(name: str) -> dict:
-        return train_labeled(out / name, kind, name, data=data, force=force, progress=progress)
+    one = _trainer(labeled, LabeledDataConfig(data=task), out, force, progress)
 
     rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
     return _report(task, rows, out, f"{task}: test scores, same data and budget")
 
 
 def _compare_translation(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
-    from attnlab.tasks.translate import MODELS as SEQ2SEQ
-    from attnlab.tasks.translate import train_translate
-
-    _check_models(models, SEQ2SEQ, f" for {task}")
-    data = ParallelDataConfig(data=task)
-
-    def one(name: str) -> dict:
-        return train_translate(out / name, name, data=data, force=force, progress=progress)
+    _check_models(models, TASKS["translate"].models, f" for {task}")
+    one = _trainer(TASKS["translate"], ParallelDataConfig(data=task), out, force, progress)
 
     rows = _train_each(models, one, ("exact_match", "bleu", "chrf"), progress)
     bars = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
@@ -53,17 +45,21 @@ def _compare_translation(task: str, models: list[str], out: Path, force: bool, p
 
 def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
     from attnlab.data.images import ImageDataConfig
-    from attnlab.tasks.image import MODELS as IMAGE_MODELS
-    from attnlab.tasks.image import train_image
 
-    _check_models(models, IMAGE_MODELS, f" for {task}")
-    data = ImageDataConfig(data=task)
-
-    def one(name: str) -> dict:
-        return train_image(out / name, name, data=data, force=force, progress=progress)
+    _check_models(models, TASKS["image"].models, f" for {task}")
+    one = _trainer(TASKS["image"], ImageDataConfig(data=task), out, force, progress)
 
     rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
     return _report(task, rows, out, f"{task}: test scores, same data split")
+
+
+def _trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[[str], dict]:
+    """Train one model of `task` on `data` into out/NAME, with the task's tuned settings."""
+
+    def one(name: str) -> dict:
+        return run(task, TrainRequest(out / name, name, data=data, force=force, progress=progress))
+
+    return one
 
 
 def _check_models(models: list[str], known, where: str) -> None:

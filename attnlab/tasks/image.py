@@ -9,9 +9,9 @@ train_image("runs/digits", "vit", data=ImageDataConfig(data="digits"))
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.engine import rundir as ck
-from attnlab.engine import distributed
-from attnlab.engine import loop as training
-from attnlab.config import from_dict
+from attnlab.config import add_config_flags, from_dict
 from attnlab.data.images import (
     IMAGE_SPLITS,
     ImageDataConfig,
@@ -32,15 +29,20 @@ from attnlab.data.images import (
     load_source,
     read_image,
 )
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.distributed import Dist
+from attnlab.engine.loop import Session
+from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
-from attnlab.tasks.metrics import confusion, scores
-from attnlab.models.mlp import ImageMLP, MLPConfig
+from attnlab.models import build_model
+from attnlab.models.mlp import MLPConfig
 from attnlab.models.vit import PRESETS as VIT_PRESETS
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.engine.loop import TrainConfig
+from attnlab.tasks.metrics import confusion, scores
 
-MODELS: dict[str, tuple[type, type[nn.Module]]] = {"vit": (ViTConfig, ViT), "mlp": (MLPConfig, ImageMLP)}
 CPU_PRESETS = ("vit-nano", "vit-micro")  # their patch size follows the data; the paper's keep theirs
 # The CPU presets' patch size follows the image: patches of at least 4 x 4 pixels (on 8 x 8 digits,
 # 4 patches reach 98% where 16 patches of 2 x 2 reach 96%: a 2 x 2 patch is too little to embed
@@ -57,8 +59,6 @@ TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
 def model_config(name: str, images: ImageSet, overrides: dict) -> Any:
     """The model's config: its defaults (the ViT: a preset), the user's overrides, and the image
     size, channels and classes of the data."""
-    if name not in MODELS:
-        raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     overrides = dict(overrides)
     h, w = images.size
     sizes = {"image_size": h, "image_width": None if w == h else w, "channels": images.channels,
@@ -69,7 +69,7 @@ def model_config(name: str, images: ImageSet, overrides: dict) -> Any:
         base = preset_fields(VIT_PRESETS, preset, "vit-nano", "ViT")
         if preset in CPU_PRESETS and "patch_size" not in overrides:
             base["patch_size"] = patch_for(h, w)
-    return build_config(name, MODELS[name][0], base, overrides, sizes)
+    return build_config(name, ImageClassification.models[name].config, base, overrides, sizes)
 
 
 def patch_for(h: int, w: int) -> int:
@@ -85,6 +85,107 @@ def patch_for(h: int, w: int) -> int:
                        "set --patch-size, or --image-size to resize them")  # fmt: skip
 
 
+class ImageClassification(Task):
+    name = "image"
+    help = "images: a Vision Transformer or an MLP on the pixels"
+    description = ("Train an image classifier on digits (built in), a folder with one sub-folder per class, "
+                   "or a .npz; then score its test split and draw confusion.png, predictions.png and, "
+                   "for the ViT, attention.png.")  # fmt: skip
+    models = {"vit": ModelChoice("vit", ViTConfig), "mlp": ModelChoice("mlp", MLPConfig)}
+    default_model = "vit"
+    data_config = ImageDataConfig
+    tokenized = False
+    noun = "an image"
+    endpoint = "/api/predict_image"
+    set_by_data = frozenset({"image_size", "image_width", "channels", "n_labels", "context"})
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(TRAIN_DEFAULTS[model])
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        if req.saved is not None:  # the classes, size and channels the run was built for
+            task = req.saved["task"]
+            images = load_images(req.data, task["labels"], tuple(task["size"]), task["channels"])
+        else:
+            images = load_images(req.data)
+        overrides = dict(req.model_config)
+        if req.init is not None and not req.resume:
+            from attnlab.tasks.translate import init_fields
+
+            overrides = {**init_fields(req.init, self), **{k: v for k, v in overrides.items() if k == "dropout"}}
+        cfg = model_config(req.model, images, overrides)
+        task = {"kind": self.name, "labels": images.classes, "size": list(images.size), "channels": images.channels}
+        config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
+                  "data": dataclasses.asdict(req.data), "task": task}  # fmt: skip
+        if req.init is not None:
+            config["init"] = str(req.init)
+
+        def build() -> nn.Module:
+            net = build_model(req.model, cfg)
+            if req.init is not None and not req.resume:
+                load_body(net, req.init, ("out.",))  # a new head: the classes may differ
+            return net
+
+        return Prepared(Images(images, req.data.augment), build, config, state=images)
+
+    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+        images = prepared.state
+        gold, probs = predict_split(s.raw, images, "test", s.device)
+        test = scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)
+        if s.dist.main:
+            ck.write_json(s.run / "eval.json", {"split": "test", "examples": len(gold), **test})
+            pictures(s.run, s.raw, images, gold, probs, f"{req.model} on {req.data.data}")
+        return {"test": test}
+
+    def result_line(self, result: dict[str, Any], out: str) -> str:
+        t = result["test"]
+        return (f"test: accuracy {t['accuracy']:.2%}, macro-F1 {t['macro_f1']:.4f} "
+                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s); pictures in {out}. "
+                f"Try: attnlab predict {out} IMAGE.png --attention overlay.png")  # fmt: skip
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        result = predict_image(run, text, options.get("top_k") or 3)
+        if options.get("attention"):
+            image_attention(run, text, options["attention"])
+            result["attention"] = options["attention"]
+        return result
+
+    def show_prediction(self, result: dict[str, Any]) -> str:
+        lines = [f"{result['label']}  ({result['probability']:.3f})",
+                 "  top: " + "  ".join(f"{r['label']} {r['probability']:.3f}" for r in result["top"])]  # fmt: skip
+        if result.get("attention"):
+            lines.append(f"attention: {result['attention']}")
+        return "\n".join(lines)
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        plot = options.get("confusion") or str(Path(run.path) / "eval_confusion.png")
+        return {**evaluate_image(run, data, split or "test", plot), "confusion_png": plot}
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        from attnlab.tasks.labeled import show_scores
+
+        return show_scores(r, "images") + f"\nconfusion matrix: {r['confusion_png']}"
+
+    def views(self, run, text: str) -> list:
+        raise AttnlabError(f"{run.path} is an image run: give an image file (its [CLS] attention over the patches)")
+
+    def picture(self, run, source: str, out: Path) -> str:
+        label = image_attention(run, source, out)
+        return f"{out}: [CLS] attention over the patches of {Path(source).name} (predicted {label})"
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", default="vit", choices=list(self.models), help="vit or mlp (default: vit)")
+        parser.add_argument("--preset", default=None, help=f"ViT preset: {', '.join(VIT_PRESETS)} (default: vit-nano; "
+                            "the small presets pick a patch size that fits the images)")  # fmt: skip
+        add_config_flags(parser, "data", ImageDataConfig, "data")
+        add_model_choice_flags(parser, self, dataclasses.asdict(VIT_PRESETS["vit-nano"]), "ViT")
+
+
+MODELS = ImageClassification.models  # model name -> ModelChoice
+
+
 def train_image(
     out: str | Path,
     model: str = "vit",
@@ -94,44 +195,15 @@ def train_image(
     force: bool = False,
     progress: bool = True,
     resume: bool = False,
+    init: str | Path | None = None,
 ) -> dict:
     """Train an image classifier into run directory `out` (or continue it: resume); returns the
     final losses and the test-set scores."""
-    run = Path(out)
-    if resume:  # the run's own settings, so the data is cut and the model built as before
-        saved = ck.read_run_config(ck.check_run_dir(run))
-        model, model_overrides = saved["family"], saved["model"]
-        train = train or from_dict(TrainConfig, saved["train"], where="train config")
-        data = from_dict(ImageDataConfig, saved["data"], where="data config")
-    if model not in MODELS:
-        raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
-    data = data or ImageDataConfig()
-    train = train or TrainConfig(**TRAIN_DEFAULTS[model])
-    d, device = distributed.init(train.device)
-    training._check_dir(run, resume, force)
-    images = load_images(data)
-    cfg = model_config(model, images, model_overrides or {})
-    task = {"kind": "image", "labels": images.classes, "size": list(images.size), "channels": images.channels}
-    config = {"family": model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
-              "data": dataclasses.asdict(data), "task": task}  # fmt: skip
-    if d.main and not resume:
-        training._fresh_dir(run)
-    distributed.barrier(d)
-    batches = Images(images, data.augment)
-    s = training.start(run, lambda: MODELS[model][1](cfg), batches, train, config, d, device, resume, command="image")
-    t0 = time.perf_counter()
-    try:
-        result = training.loop(s, progress)
-        result["train_seconds"] = time.perf_counter() - t0
-        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
-        gold, probs = predict_split(s.raw, images, "test", device)
-        result["test"] = scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)
-        if d.main:
-            ck.write_json(run / "eval.json", {"split": "test", "examples": len(gold), **result["test"]})
-            pictures(run, s.raw, images, gold, probs, f"{model} on {data.data}")
-    finally:
-        distributed.shutdown(d)
-    return result
+    from attnlab.tasks import TASKS
+
+    req = TrainRequest(out, None if resume else model, dict(model_overrides or {}), train, data, resume=resume,
+                       force=force, init=init, progress=progress)  # fmt: skip
+    return run(TASKS["image"], req)
 
 
 @torch.no_grad()
@@ -163,10 +235,9 @@ def pictures(run: Path, model: nn.Module, images: ImageSet, gold: np.ndarray, pr
 
 
 def _task(run) -> dict:
-    task = run.config.get("task", {})
-    if task.get("kind") != "image":
-        raise AttnlabError(f"{run.path} is not an image run (it reads {task.get('kind') or 'text'})")
-    return task
+    if run.task.tokenized:
+        raise AttnlabError(f"{run.path} is not an image run (it reads {run.task.name} text)")
+    return run.config["task"]
 
 
 def load_image(run, path: str | Path) -> np.ndarray:

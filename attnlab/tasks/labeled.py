@@ -1,15 +1,14 @@
-"""Sequence classification and token tagging, with the encoder or any baseline, through the shared loop.
+"""Sequence classification and token tagging, with the encoder or any baseline, through the shared engine.
 
-train_labeled("runs/sent", "classify", "encoder", data=LabeledDataConfig(data="sentiment"))
-  -> word tokenizer (or the --init run's), examples encoded as [CLS] + words (classify) or words (tag)
-  -> training.start + training.loop, as for every task
-  -> test-set scores in eval.json and a confusion matrix in confusion.png
+setup:   word tokenizer (or the --init run's)
+prepare: examples encoded as [CLS] + words (classify) or words (tag), the model sized to the data
+finish:  test-set scores in eval.json and a confusion matrix in confusion.png
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.engine import rundir as ck
-from attnlab.engine import distributed
-from attnlab.engine import loop as training
-from attnlab.config import from_dict
+from attnlab.config import add_config_flags, from_dict
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
+from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.distributed import Dist
+from attnlab.engine.loop import Session
+from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
-from attnlab.tasks.metrics import confusion, scores
+from attnlab.models import build_model
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
-from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.models.encoder import EncoderConfig
+from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
-from attnlab.engine.loop import TrainConfig
+from attnlab.tasks.metrics import confusion, scores
+from attnlab.tasks.text_predict import probabilities, words_and_ids
 
-# model name -> (config class, model class); the run's config.json names its family with these.
-MODELS: dict[str, tuple[type, type[nn.Module]]] = {"encoder": (EncoderConfig, Encoder), **BASELINES}
+# model name (= family in config.json) -> its config class
+MODEL_CLASSES: dict[str, tuple[type, Any]] = {"encoder": (EncoderConfig, None), **BASELINES}
 # Settings that train each model well on the built-in tasks in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "encoder": dict(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=250),
@@ -47,8 +50,6 @@ for _name in BASELINES:
 def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: int, overrides: dict) -> Any:
     """The model's config: its defaults (the encoder: a preset), the user's overrides, and the sizes
     that come from the data."""
-    if name not in MODELS:
-        raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     overrides = dict(overrides)
     context = overrides.pop("context", None) or max(max_len, 1)  # a pretrained encoder keeps its own
     if max_len > context:
@@ -59,7 +60,7 @@ def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: 
         sizes["head"] = task
     else:
         base, sizes["task"] = {}, task
-    return build_config(name, MODELS[name][0], base, overrides, sizes)
+    return build_config(name, MODEL_CLASSES[name][0], base, overrides, sizes)
 
 
 def encode(tok: WordTokenizer, examples: list, task: str, label_ids: dict[str, int], max_len: int, split: str):
@@ -108,6 +109,144 @@ def label_set(train: list, task: str) -> list[str]:
     return sorted(found)
 
 
+class Labeled(Task):
+    """classify (a label per text) and tag (a label per token): one class, two registry entries."""
+
+    models = {name: ModelChoice(name, cls) for name, (cls, _) in MODEL_CLASSES.items()}
+    default_model = "encoder"
+    data_config = LabeledDataConfig
+    set_by_data = frozenset({"vocab_size", "n_labels", "task", "head", "context"})
+    init_help = "start the encoder from a masked-LM run (or a converted BERT)"
+
+    def __init__(self, name: str, what: str, noun: str):
+        self.name, self.noun = name, noun
+        self.help = f"{what}: the encoder or a baseline, on a file or a generated task"
+        self.description = f"Train a model that predicts {what}, then score it on the test split."
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(TRAIN_DEFAULTS.get(model, {}))
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        splits = load_splits(req.data, self.name)
+        return {ck.TOKENIZER: _tokenizer(req.init, splits["train"], self.name, req.data.vocab_size).to_json()}
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        splits = load_splits(req.data, self.name)
+        labels = label_set(splits["train"], self.name)
+        label_ids = {y: i for i, y in enumerate(labels)}
+        tok = load_tokenizer(Path(req.out))
+        overrides = req.model_config if req.resume else _init_overrides(req.init, req.model_config, self.name)
+        cfg = model_config(req.model, self.name, tok.vocab_size, len(labels), req.data.max_len, overrides)
+        encoded = {name: encode(tok, ex, self.name, label_ids, req.data.max_len, name) for name, ex in splits.items()}
+        vectors, freeze = req.options.get("word_vectors"), req.options.get("freeze_vectors", False)
+        if req.saved is not None:  # a frozen embedding stays out of the optimizer, as it was
+            freeze = req.saved["task"].get("freeze_vectors", False)
+        task_info = {"kind": self.name, "labels": labels, "init": str(req.init or ""), "freeze_vectors": freeze}
+        config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
+                  "data": dataclasses.asdict(req.data), "task": task_info}  # fmt: skip
+        if req.init:
+            config["init"] = str(req.init)  # the run it started from, as every task records it
+
+        def build() -> nn.Module:
+            net = build_model(req.model, cfg)
+            if req.init and not req.resume:
+                if req.model != "encoder":
+                    raise AttnlabError("--init starts an encoder from a masked-LM run: use --model encoder")
+                load_body(net, req.init, ("out.", "transform"))
+            if vectors and not req.resume:
+                _load_vectors(net, vectors, tok, freeze, d.main)
+            elif freeze:
+                net.word_embedding.weight.requires_grad_(False)
+            return net
+
+        batches = Examples({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
+        return Prepared(batches, build, config, state=labels)
+
+    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+        test = score(s.raw, prepared.batches, "test", prepared.state, s.device)
+        if s.dist.main:
+            ck.write_json(s.run / "eval.json", {"split": "test", **test})
+            _confusion_png(s.run, test, f"{req.model} on {req.data.data}: test")
+        return {"test": test}
+
+    def result_line(self, result: dict[str, Any], out: str) -> str:
+        t = result["test"]
+        return (f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} "
+                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
+                f'Try: attnlab predict {out} "some text"')  # fmt: skip
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        words, ids, first = words_and_ids(run, text, cls_first=self.name == "classify")
+        probs = probabilities(run, ids)  # classify (L,), tag (T, L)
+        labels = run.config["task"]["labels"]
+        if self.name == "classify":
+            best = int(probs.argmax())
+            return {"kind": self.name, "label": labels[best], "probability": float(probs[best]),
+                    "probabilities": dict(zip(labels, probs.tolist()))}  # fmt: skip
+        p, best = probs[first : first + len(words)].max(-1)  # the words' own positions
+        return {"kind": self.name, "tokens": [{"token": w, "tag": labels[int(b)], "probability": float(q)}
+                                              for w, b, q in zip(words, best, p)]}  # fmt: skip
+
+    def show_prediction(self, result: dict[str, Any]) -> str:
+        if self.name == "classify":
+            return f"{result['label']}  ({result['probability']:.3f})"
+        return "\n".join(f"{t['token']:<20} {t['tag']:<10} {t['probability']:.3f}" for t in result["tokens"])
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """Scores on a split of the run's data or of `data` (a built-in task or a file, read whole)."""
+        split = split or "test"
+        labels = run.config["task"]["labels"]
+        cfg = from_dict(LabeledDataConfig, run.config["data"], where="data config")
+        if data is not None:  # a file given here is the split to score, whole
+            cfg = dataclasses.replace(cfg, data=data, val=data, test=data)
+            split = split if data in BUILTIN_TASKS else "test"
+        if split not in SPLIT_NAMES:
+            raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
+        examples = load_splits(cfg, self.name)[split]
+        max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
+        ids, ys = encode(run.tokenizer, examples, self.name, {y: i for i, y in enumerate(labels)}, max_len, split)
+        result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
+        return {"data": cfg.data, "split": split, "examples": len(examples), **result}
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        return show_scores(r, "examples")
+
+    def views(self, run, text: str) -> list:
+        from attnlab.viz.views import self_attention_view
+
+        if run.config["family"] != "encoder":
+            return super().views(run, text)
+        _, ids, _ = words_and_ids(run, text, cls_first=self.name == "classify")
+        return [self_attention_view(run, ids)]
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--model", default="encoder", choices=list(self.models), help="which model (default: encoder)"
+        )
+        parser.add_argument("--preset", default=None, help=f"encoder preset: {', '.join(ENCODER_PRESETS)}")
+        parser.add_argument("--word-vectors", default=None, metavar="FILE", help="GloVe or word2vec text file")
+        parser.add_argument("--freeze-vectors", action="store_true", help="keep the loaded word vectors fixed")
+        add_config_flags(parser, "data", LabeledDataConfig, "data")
+        preset = dataclasses.asdict(ENCODER_PRESETS["encoder-tiny"])
+        add_model_choice_flags(parser, self, preset, "encoder")
+
+    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
+        req = super().request(args, train, saved)
+        req.options = {"word_vectors": args.word_vectors, "freeze_vectors": args.freeze_vectors}
+        return req
+
+
+def show_scores(r: dict[str, Any], unit: str) -> str:
+    """Accuracy, macro-F1 and each class's precision and recall, as eval prints them."""
+    lines = [f"{r['data']} ({r['split']}): {r['examples']:,} {unit}",
+             f"  accuracy  {r['accuracy']:.4f}\n  macro-F1  {r['macro_f1']:.4f}"]  # fmt: skip
+    for name, c in r["per_class"].items():
+        lines.append(f"  {name:<12} precision {c['precision']:.3f}  recall {c['recall']:.3f}  support {c['support']}")
+    return "\n".join(lines)
+
+
 def train_labeled(
     out: str | Path,
     task: str,
@@ -120,53 +259,20 @@ def train_labeled(
     progress: bool = True,
     word_vectors: str | Path | None = None,
     freeze_vectors: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Train a classifier (task "classify") or tagger ("tag") into run directory `out`; returns
     the final losses and the test-set scores. init: a masked-LM run whose encoder (and
     tokenizer) to start from. word_vectors: a GloVe/word2vec text file for the word embedding."""
-    data = data or LabeledDataConfig()
-    train = train or TrainConfig(**TRAIN_DEFAULTS.get(model, {}))
-    run = Path(out)
-    d, device = distributed.init(train.device)
-    training._check_dir(run, False, force)
-    splits = load_splits(data, task)
-    labels = label_set(splits["train"], task)
-    label_ids = {y: i for i, y in enumerate(labels)}
-    tok = _tokenizer(init, splits["train"], task, data.vocab_size, model)
-    overrides = _init_overrides(init, model_overrides, task)
-    cfg = model_config(model, task, tok.vocab_size, len(labels), data.max_len, overrides)
-    encoded = {name: encode(tok, ex, task, label_ids, data.max_len, name) for name, ex in splits.items()}
-    task_info = {"kind": task, "labels": labels, "init": str(init or "")}
-    config = {"family": model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
-              "data": dataclasses.asdict(data), "task": task_info}  # fmt: skip
-    if d.main:
-        training._fresh_dir(run)
-        ck.write_text(run / ck.TOKENIZER, tok.to_json())
-    distributed.barrier(d)
+    from attnlab.tasks import TASKS
 
-    def build() -> nn.Module:
-        net = _build(model, cfg, init)
-        if word_vectors:
-            _load_vectors(net, word_vectors, tok, freeze_vectors, d.main)
-        return net
-
-    batches = Examples({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
-    s = training.start(run, build, batches, train, config, d, device, resume=False, command=task)
-    t0 = time.perf_counter()
-    try:
-        result = training.loop(s, progress)
-        result["train_seconds"] = time.perf_counter() - t0
-        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
-        result["test"] = score(s.raw, batches, "test", labels, device)
-        if d.main:
-            ck.write_json(run / "eval.json", {"split": "test", **result["test"]})
-            _confusion_png(run, result["test"], f"{model} on {data.data}: test")
-    finally:
-        distributed.shutdown(d)
-    return result
+    options = {"word_vectors": word_vectors, "freeze_vectors": freeze_vectors}
+    req = TrainRequest(out, model, dict(model_overrides or {}), train, data, resume=resume, force=force, init=init,
+                       progress=progress, options=options)  # fmt: skip
+    return run(TASKS[task], req)
 
 
-def _tokenizer(init, train: list, task: str, vocab_size: int, model: str) -> WordTokenizer:
+def _tokenizer(init, train: list, task: str, vocab_size: int) -> WordTokenizer:
     if init:
         tok = load_tokenizer(ck.check_run_dir(init))
         if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):  # attnlab's MLM runs, converted BERTs
@@ -203,19 +309,6 @@ def _load_vectors(model: nn.Module, path, tok: WordTokenizer, freeze: bool, repo
               + (f" (e.g. {', '.join(missing[:5])})" if missing else ""))  # fmt: skip
 
 
-def _build(name: str, cfg: Any, init) -> nn.Module:
-    model = MODELS[name][1](cfg)
-    if init:
-        if name != "encoder":
-            raise AttnlabError("--init starts an encoder from a masked-LM run: use --model encoder")
-        tensors, _ = ck.read_safetensors(Path(init) / ck.WEIGHTS)
-        body = {k: v for k, v in tensors.items() if not k.startswith(("out.", "transform"))}
-        missing, _ = model.load_state_dict(body, strict=False)
-        if any(not k.startswith("out.") for k in missing):
-            raise AttnlabError(f"--init {init}: weights do not fit this encoder (missing {missing[0]})")
-    return model
-
-
 @torch.no_grad()
 def predict_batches(model: nn.Module, batches: Examples, split: str, device, batch_size: int = 256):
     """(gold, predicted) label ids over a whole split, padding excluded for tagging."""
@@ -234,23 +327,6 @@ def predict_batches(model: nn.Module, batches: Examples, split: str, device, bat
 def score(model: nn.Module, batches: Examples, split: str, labels: list[str], device) -> dict:
     gold, pred = predict_batches(model, batches, split, device)
     return scores(confusion(gold, pred, len(labels)), labels)
-
-
-def evaluate_labeled(run, data: str | None = None, split: str = "test") -> dict:
-    """Scores of a trained classifier or tagger `run` (attnlab.load) on a split of its data or of `data`
-    (a built-in task or a file, read whole when given)."""
-    kind, labels = run.config["task"]["kind"], run.config["task"]["labels"]
-    cfg = from_dict(LabeledDataConfig, run.config["data"], where="data config")
-    if data is not None:  # a file given here is the split to score, whole
-        cfg = dataclasses.replace(cfg, data=data, val=data, test=data)
-        split = split if data in BUILTIN_TASKS else "test"
-    if split not in SPLIT_NAMES:
-        raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
-    examples = load_splits(cfg, kind)[split]
-    max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
-    ids, ys = encode(run.tokenizer, examples, kind, {y: i for i, y in enumerate(labels)}, max_len, split)
-    result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
-    return {"data": cfg.data, "split": split, "examples": len(examples), **result}
 
 
 def _confusion_png(run: Path, result: dict, title: str) -> None:

@@ -1,83 +1,246 @@
-"""Evaluation: loss in nats per token, perplexity, and bits per character.
+"""Language modelling: a GPT learns to predict each next token of a corpus.
 
-The text is cut into consecutive windows of the model's block size; every token after the
-first is predicted once, from the tokens before it in its window.
+setup:   the tokenizer trained on the corpus (or the --init run's), the token cache
+prepare: random windows of block_size tokens, y = x shifted by one; GPTConfig sized to the tokenizer
+a run:   attnlab sample continues text; eval gives nats/token, perplexity and bits per character
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import argparse
+import dataclasses
+from dataclasses import asdict, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
-
-from attnlab.data import TokenData, build_token_cache, resolve_sources
-from attnlab.engine.device import autocast, pick_dtype
+from attnlab.config import add_config_flags, checked, flags_of, parse_value, read_toml
+from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
+from attnlab.data.batches import Windows
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.engine import distributed
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.distributed import Dist
+from attnlab.engine.loop import Session
+from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
-from attnlab.run import Run
+from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.tasks.base import ModelChoice, Task
+from attnlab.tasks.lm_eval import SPLITS, evaluate
 
-SPLITS = ("val", "train", "all")
+SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
+FIXED_ON_RESUME = ("tokenizer", "vocab_size", "val_fraction")  # a resumed run keeps its tokens and split
 
 
-@torch.no_grad()
-def evaluate(
-    run: Run,
-    data: str,
-    glob: str = "*",
-    split: str = "val",
-    max_tokens: int | None = None,
-    batch_size: int = 16,
+def checked_block_size(cfg: TrainConfig, context: int) -> int:
+    """Tokens per training sequence: --block-size, or the model's whole context (never beyond it)."""
+    block_size = cfg.block_size or context
+    if block_size > context:
+        raise AttnlabError(f"block size {block_size} is beyond the model's context of {context}")
+    return block_size
+
+
+def corpus_tokenizer(data: DataConfig, progress: bool, tok: Tokenizer | None = None) -> Tokenizer:
+    """Setup of a corpus task (lm, mlm): the tokenizer trained on the corpus unless given, and the
+    token cache of the corpus under it (both may fail, so they come before --force replaces a run)."""
+    files = resolve_sources(data.data, data.glob)
+    if tok is None:
+        texts = read_texts(files, "reading the corpus" if progress else None)
+        tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
+    build_token_cache(files, tok, data.val_fraction, progress)
+    return tok
+
+
+def corpus_tokens(run: Path, data: DataConfig, d: Dist, progress: bool) -> tuple[Tokenizer, TokenData]:
+    """The run's tokenizer and the token cache of its corpus (built by rank 0 if missing; for a run
+    that setup just started, found at once)."""
+    tok = load_tokenizer(run)
+    files = resolve_sources(data.data, data.glob)
+    with distributed.main_first(d):
+        return tok, TokenData(build_token_cache(files, tok, data.val_fraction, progress and d.main))
+
+
+def init_model(init: str | Path, model_cfg: GPTConfig | None = None) -> GPTConfig:
+    """The model config of the GPT run `init`, with model_cfg's dropout; any other difference
+    (but vocab_size, which the tokenizer sets) is an error: the weights have their shape."""
+    from attnlab.tasks import task_of
+
+    config = ck.read_run_config(ck.check_run_dir(init))
+    if not task_of(config).generates:
+        raise AttnlabError(
+            f"--init {init} is a {task_of(config).name} run: fine-tuning a language model needs a gpt run"
+        )
+    base = checked(GPTConfig, config["model"], where=f"{Path(init) / ck.CONFIG} model")
+    if model_cfg is None:
+        return base
+    changed = [k for k, v in asdict(model_cfg).items() if k not in ("dropout", "vocab_size") and v != getattr(base, k)]
+    if changed:
+        raise AttnlabError(f"the model of --init {init} is fixed (only dropout can change), not {', '.join(changed)}")
+    return replace(base, dropout=model_cfg.dropout)
+
+
+def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
+    """A GPT initialized from the seed, or (fine-tuning) loaded from `weights`."""
+    model = GPT(model_cfg)
+    if weights is not None:
+        ck.load_weights(model, weights)
+    return model
+
+
+class LanguageModel(Task):
+    name = "lm"
+    help = "a GPT language model on text (next-token prediction)"
+    description = "Train a GPT on a text file, a folder, or the built-in 'stdlib' corpus."
+    models = {"gpt": ModelChoice("gpt", GPTConfig)}
+    default_model = "gpt"
+    data_config = DataConfig
+    generates = True
+    noun = "a language-model"
+    endpoint = "/api/generate"
+    init_help = (
+        "start from this GPT run's weights and tokenizer (e.g. one converted from HuggingFace); fine-tunes on --data"
+    )
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return {}
+
+    def _model(self, req: TrainRequest) -> GPTConfig:
+        """The GPT's config: the run's own (resume), the --init run's, or a preset / the defaults with
+        the given fields (vocab_size follows the tokenizer in prepare)."""
+        fields = dict(req.model_config)
+        preset = fields.pop("preset", None)
+        if preset is not None and preset not in PRESETS:
+            raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        base = asdict(PRESETS[preset]) if preset else {}
+        cfg = checked(GPTConfig, {**base, **fields}, where="[model]")
+        if req.init is not None and not req.resume:
+            return init_model(req.init, cfg if fields or preset else None)
+        return cfg
+
+    def _data(self, req: TrainRequest) -> tuple[DataConfig, Tokenizer | None]:
+        """The data config, and the --init run's tokenizer when fine-tuning (whose kind and size it takes)."""
+        if req.init is None or req.resume:
+            return req.data, None
+        tok = load_tokenizer(req.init)
+        return replace(req.data, tokenizer=tok.kind, vocab_size=tok.vocab_size), tok
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        model_cfg = self._model(req)
+        checked_block_size(req.train, model_cfg.context)  # before any slow work
+        data, tok = self._data(req)
+        if tok is not None and tok.vocab_size > model_cfg.vocab_size:
+            raise AttnlabError(
+                f"--init {req.init}: its tokenizer has {tok.vocab_size} tokens, its model {model_cfg.vocab_size}"
+            )
+        return {ck.TOKENIZER: corpus_tokenizer(data, req.progress, tok).to_json()}
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        data, _ = self._data(req)
+        model_cfg = self._model(req)
+        tok, tokens = corpus_tokens(Path(req.out), data, d, req.progress)
+        if req.init is None and not req.resume:  # a fine-tuned model keeps its vocab_size (may exceed its tokenizer's)
+            model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
+        block_size = checked_block_size(req.train, model_cfg.context)
+        tokens.check(block_size)
+        weights = Path(req.init) / ck.WEIGHTS if req.init is not None and not req.resume else None
+        config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(req.train), "data": asdict(data)}
+        if req.init is not None:
+            config["init"] = str(req.init)  # the run it was fine-tuned from
+        return Prepared(Windows(tokens, block_size), partial(_build, model_cfg, weights), config)
+
+    def result_line(self, result: dict[str, Any], out: str) -> str:
+        return super().result_line(result, out) + f" Try: attnlab sample {out}"
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        raise AttnlabError(f"{run.path} is a {run.config['family']} language model: use attnlab sample")
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        if split == "test":
+            raise AttnlabError("a language model's data has a train and a val split: use --split val, train or all")
+        glob = options.get("glob") or (run.config["data"].get("glob", "*") if not data else "*")
+        return evaluate(run, data or run.config["data"]["data"], glob, split or "val", options.get("max_tokens"),
+                        progress=options.get("progress", True))  # fmt: skip
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        return (f"{r['data']} ({r['split']}): {r['tokens']:,} tokens, {r['characters']:,} characters\n"
+                f"  loss            {r['loss']:.4f} nats/token\n  perplexity      {r['perplexity']:.3f}\n"
+                f"  bits per char   {r['bits_per_char']:.4f}")  # fmt: skip
+
+    def views(self, run, text: str) -> list:
+        from attnlab.viz.views import self_attention_view
+
+        ids = run.tokenizer.encode(text)[-run.model.cfg.context :]  # the last window, as generation reads it
+        return [self_attention_view(run, ids)]
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano)")
+        parser.add_argument("--config", default=None, metavar="FILE.toml",
+                            help="settings in [model], [train], [data] tables")  # fmt: skip
+        add_config_flags(parser, "data", DataConfig, "data")
+        add_config_flags(parser, "model", GPTConfig, "model (override the preset)")
+        add_config_flags(parser, "train", TrainConfig, "training")
+
+    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
+        """defaults < preset < TOML file < command-line flags (resume: the run's own settings)."""
+        toml = read_toml(args.config) if args.config else {}
+        unknown = set(toml) - set(SECTIONS) - {"preset"}
+        if unknown or not all(isinstance(toml.get(name, {}), dict) for name in SECTIONS):
+            raise AttnlabError(f"{args.config}: use the tables [model], [train], [data] (and a top-level preset)")
+        flags = {name: {**toml.get(name, {}), **flags_of(args, name)} for name in SECTIONS}
+        if saved is not None:
+            if flags["model"] or args.preset:
+                raise AttnlabError("model settings cannot change when resuming (the weights have their shape)")
+            for k, v in flags["data"].items():
+                if k in FIXED_ON_RESUME and parse_value(DataConfig, k, v) != saved["data"].get(k):
+                    raise AttnlabError(
+                        f"{k} cannot change when resuming (the run's tokens and split stay as they were)"
+                    )
+            data = checked(DataConfig, {**saved["data"], **flags["data"]}, where="[data]")
+            model: dict[str, Any] = {}
+        elif args.init:
+            clash = [k for k in flags["model"] if k != "dropout"]
+            clash += [k for k in flags["data"] if k in ("tokenizer", "vocab_size")]
+            clash += ["preset"] if args.preset or "preset" in toml else []
+            if clash:
+                names = ", ".join("--" + k.replace("_", "-") for k in clash)
+                raise AttnlabError(
+                    f"--init takes the model and tokenizer of {args.init}: drop {names} (only --dropout may change)"
+                )
+            model = {**dataclasses.asdict(init_model(args.init)), **flags["model"]}
+            data = checked(DataConfig, flags["data"], where="[data]")
+        else:
+            model = {"preset": args.preset or toml.get("preset", "gpt-nano"), **flags["model"]}
+            data = checked(DataConfig, flags["data"], where="[data]")
+        train = checked(TrainConfig, {**dataclasses.asdict(train), **toml.get("train", {}), **flags_of(args, "train")},
+                        where="[train]")  # fmt: skip
+        return TrainRequest(args.out, "gpt", model, train, data, resume=args.resume, force=args.force, init=args.init)
+
+
+def prepare(
+    out: str | Path,
+    model: GPTConfig | None = None,
+    train: TrainConfig | None = None,
+    data: DataConfig | None = None,
+    resume: bool = False,
+    force: bool = False,
     progress: bool = True,
-) -> dict:
-    """Loss of `run` on a data source. split: the held-out part ('val', the same split as in
-    training), 'train', or 'all' of it."""
-    if split not in SPLITS:
-        raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLITS)}")
-    files = resolve_sources(data, glob)
-    val_fraction = run.config.get("data", {}).get("val_fraction", 0.05)
-    tokens = TokenData(build_token_cache(files, run.tokenizer, val_fraction, progress))
-    if split == "all":
-        arr = np.concatenate([tokens.splits["train"], tokens.splits["val"]])
-    else:
-        arr = np.asarray(tokens.splits[split])
-    if max_tokens:
-        arr = arr[: max_tokens + 1]
-    if len(arr) < 2:
-        raise AttnlabError(f"the {split} split of {data} has too few tokens to evaluate")
-    model, device = run.model.eval(), run.device
-    dtype = pick_dtype("auto", device)
-    block = run.config.get("train", {}).get("block_size") or model.cfg.context
-    total, count = 0.0, 0
-    n_full = (len(arr) - 1) // block
-    n_batches = math.ceil(n_full / batch_size) + bool((len(arr) - 1) % block)
-    for xy in tqdm(windows(arr, block, batch_size), total=n_batches, desc="evaluating", disable=not progress):
-        xy = torch.from_numpy(xy).to(device)  # (B, T+1)
-        with autocast(device, dtype):
-            logits = model(xy[:, :-1])
-        total += F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten(), reduction="sum").item()
-        count += xy[:, 1:].numel()
-    chars = run.tokenizer.n_chars(arr[1 : count + 1])
-    nats = total / count
-    return {
-        "data": data,
-        "split": split,
-        "tokens": count,
-        "characters": chars,
-        "loss": nats,
-        "perplexity": math.exp(nats),
-        "bits_per_char": total / (chars * math.log(2)),
-    }
+    init: str | Path | None = None,
+) -> Session:
+    """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model, optimizer)."""
+    fields = asdict(model) if model is not None else {}
+    req = TrainRequest(out, "gpt", fields, train, data, resume=resume, force=force, init=init, progress=progress)
+    return open_session(LanguageModel(), req)[0]
 
 
-def windows(arr: np.ndarray, block: int, batch_size: int) -> Iterator[np.ndarray]:
-    """Consecutive (B, block + 1) windows overlapping by one token, so that every token after
-    the first is a target exactly once; the last, shorter window comes alone."""
-    n_full = (len(arr) - 1) // block
-    for i in range(0, n_full, batch_size):
-        starts = np.arange(i, min(i + batch_size, n_full)) * block
-        yield arr[starts[:, None] + np.arange(block + 1)].astype(np.int64)
-    if (len(arr) - 1) % block:
-        yield arr[None, n_full * block :].astype(np.int64)
+__all__ = [
+    "SPLITS",
+    "LanguageModel",
+    "checked_block_size",
+    "corpus_tokenizer",
+    "corpus_tokens",
+    "init_model",
+    "prepare",
+]

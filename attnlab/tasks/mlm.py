@@ -1,28 +1,151 @@
 """Masked-language pretraining of the encoder (BERT's objective) on any corpus the lm task reads.
 
-train_mlm("runs/mlm", data=DataConfig(data="stdlib", tokenizer="word"))
-  -> word tokenizer with [PAD] [UNK] [CLS] [SEP] [MASK], token cache (shared with lm)
-  -> blocks of tokens, 15% chosen: 80% [MASK], 10% random, 10% kept; loss on the chosen only
-  -> training.start + training.loop, as for every task
+setup:   word tokenizer with [PAD] [UNK] [CLS] [SEP] [MASK], token cache (shared with lm)
+prepare: blocks of tokens, 15% chosen: 80% [MASK], 10% random, 10% kept; loss on the chosen only
+a run:   attnlab predict RUN "import [MASK]" lists the candidates for each [MASK]
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
-from attnlab.engine import distributed
-from attnlab.engine import loop as training
-from attnlab.data import DataConfig, resolve_sources
+from attnlab.config import add_config_flags, checked, flags_of
+from attnlab.data import DataConfig
 from attnlab.data.batches import MaskedWindows
-from attnlab.errors import AttnlabError
-from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.data.tokenizers import WORD_SPECIALS
-from attnlab.engine.loop import TrainConfig
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.distributed import Dist
+from attnlab.engine.train import Prepared, TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.models.encoder import PRESETS, Encoder, EncoderConfig
+from attnlab.tasks.base import ModelChoice, Task, load_body
+from attnlab.tasks.lm import checked_block_size, corpus_tokenizer, corpus_tokens
+from attnlab.tasks.text_predict import probabilities, words_and_ids
 
 # An encoder-small on the standard library's words, in a few minutes on a laptop CPU.
 MLM_TRAIN = dict(max_steps=4000, batch_size=32, block_size=64, lr=2e-3, warmup_steps=200, eval_interval=500)
 MLM_DATA = dict(data="stdlib", tokenizer="word", vocab_size=8192)
+DEFAULT_PRESET = "encoder-small"
+
+
+class MaskedLM(Task):
+    name = "mlm"
+    help = "an encoder by masked-language modelling (BERT's pretraining)"
+    description = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
+    models = {"encoder": ModelChoice("encoder", EncoderConfig, (("head", "mlm"),))}
+    default_model = "encoder"
+    data_config = DataConfig
+    noun = "a masked-LM"
+    init_help = "continue pretraining from this encoder run's weights and tokenizer (e.g. a converted BERT)"
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(MLM_TRAIN)
+
+    def default_data(self) -> DataConfig:
+        return DataConfig(**MLM_DATA)
+
+    def _model(self, req: TrainRequest) -> EncoderConfig:
+        """A preset (encoder-small) with the given fields; the --init run's encoder to continue from."""
+        fields = dict(req.model_config)
+        if req.init is not None and not req.resume:
+            fields = {**init_encoder(req.init), **{k: v for k, v in fields.items() if k == "dropout"}}
+        preset = fields.pop("preset", None) or DEFAULT_PRESET
+        if preset not in PRESETS:
+            raise AttnlabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        return checked(EncoderConfig, {**asdict(PRESETS[preset]), **fields, "head": "mlm"}, where="[model]")
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        if req.data.tokenizer != "word":
+            raise AttnlabError("masked-LM training needs the word tokenizer (it has [MASK]): use --tokenizer word")
+        checked_block_size(req.train, self._model(req).context)  # before any slow work
+        from attnlab.data.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(req.init) if req.init is not None else None
+        return {ck.TOKENIZER: corpus_tokenizer(req.data, req.progress, tok).to_json()}
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        tok, tokens = corpus_tokens(Path(req.out), req.data, d, req.progress)
+        model = self._model(req)
+        if req.init is None:
+            model = replace(model, vocab_size=tok.vocab_size)
+        block = checked_block_size(req.train, model.context)
+        tokens.check(block)
+        batches = MaskedWindows(tokens, block, tok.mask_id, n_special=len(WORD_SPECIALS))
+        config = {"family": "encoder", "model": asdict(model), "train": asdict(req.train), "data": asdict(req.data),
+                  "task": {"kind": self.name}}  # fmt: skip
+        if req.init is not None:
+            config["init"] = str(req.init)
+
+        def build() -> Encoder:
+            net = Encoder(model)
+            if req.init is not None and not req.resume:  # the encoder's body; its head may be another task's
+                load_body(net, req.init, ("out.", "transform", "pooler"))
+            return net
+
+        return Prepared(batches, build, config)
+
+    def result_line(self, result: dict[str, Any], out: str) -> str:
+        return super().result_line(result, out) + f' Try: attnlab predict {out} "def __init__([MASK], name):"'
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        tok = run.tokenizer
+        words, ids, _ = words_and_ids(run, text, cls_first=False)
+        masks = [i for i, t in enumerate(ids) if t == tok.mask_id]
+        if not masks:
+            raise AttnlabError("a masked-LM run fills [MASK]: put [MASK] in the text")
+        probs = probabilities(run, ids)  # (T, V)
+        out = []
+        for i in masks:
+            p, top = probs[i].topk(options.get("top_k") or 5)
+            out.append({"position": i, "candidates": [{"token": tok.itos[int(t)], "probability": float(q)}
+                                                      for t, q in zip(top, p)]})  # fmt: skip
+        return {"kind": self.name, "tokens": words, "masks": out}
+
+    def show_prediction(self, result: dict[str, Any]) -> str:
+        lines = []
+        for m in result["masks"]:
+            shown = ("\\n" if c["token"] == "\n" else c["token"] for c in m["candidates"])  # a line break, visibly
+            cands = "  ".join(f"{t} ({c['probability']:.2f})" for t, c in zip(shown, m["candidates"]))
+            lines.append(f"[MASK] at token {m['position']}: {cands}")
+        return "\n".join(lines)
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        raise AttnlabError(f'{run.path} is a masked-LM run: try attnlab predict {run.path} "... [MASK] ..."')
+
+    def views(self, run, text: str) -> list:
+        from attnlab.viz.views import self_attention_view
+
+        _, ids, _ = words_and_ids(run, text, cls_first=False)
+        return [self_attention_view(run, ids)]
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--preset", default=None, help=f"{', '.join(PRESETS)} (default: {DEFAULT_PRESET})")
+        add_config_flags(parser, "data", DataConfig, "data", defaults=MLM_DATA)
+        preset = asdict(PRESETS[DEFAULT_PRESET])
+        add_config_flags(parser, "model", EncoderConfig, "model (override the preset)", defaults=preset)
+        add_config_flags(parser, "train", TrainConfig, "training", defaults=MLM_TRAIN)
+
+    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
+        req = super().request(args, train, saved)
+        if saved is None:
+            req.data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
+        return req
+
+
+def init_encoder(init: str | Path) -> dict[str, Any]:
+    """The model fields of an encoder run (attnlab's masked LM, or a converted BERT) to start from."""
+    from attnlab.tasks import task_of
+
+    config = ck.read_run_config(ck.check_run_dir(init))
+    if config["family"] != "encoder":
+        raise AttnlabError(f"--init {init} is a {task_of(config).name} run, not an encoder run")
+    return dict(config["model"])
 
 
 def train_mlm(
@@ -34,30 +157,7 @@ def train_mlm(
     progress: bool = True,
 ) -> dict:
     """Pretrain an encoder with masked-language modelling into run directory `out`; returns final losses."""
-    data = data or DataConfig(**MLM_DATA)
-    train = train or TrainConfig(**MLM_TRAIN)
-    model = replace(model or EncoderConfig.from_preset("encoder-small"), head="mlm")
-    if data.tokenizer != "word":
-        raise AttnlabError("masked-LM training needs the word tokenizer (it has [MASK]): use --tokenizer word")
-    block = training.checked_block_size(train, model.context)
-    d, device = distributed.init(train.device)
-    run = Path(out)
-    training._check_dir(run, False, force)
-    files = resolve_sources(data.data, data.glob)
-    training.new_run(run, files, data, d, progress, lambda tok: _config(replace(model, vocab_size=tok.vocab_size),
-                                                                        train, data))  # fmt: skip
-    tok, tokens = training.run_tokens(run, files, data, d, progress)
-    tokens.check(block)
-    model = replace(model, vocab_size=tok.vocab_size)
-    batches = MaskedWindows(tokens, block, tok.mask_id, n_special=len(WORD_SPECIALS))
-    config = _config(model, train, data)
-    s = training.start(run, lambda: Encoder(model), batches, train, config, d, device, resume=False, command="mlm")
-    try:
-        return training.loop(s, progress)
-    finally:
-        distributed.shutdown(d)
+    from attnlab.engine.train import run
 
-
-def _config(model: EncoderConfig, train: TrainConfig, data: DataConfig) -> dict:
-    return {"family": "encoder", "model": asdict(model), "train": asdict(train), "data": asdict(data),
-            "task": {"kind": "mlm"}}  # fmt: skip
+    fields = asdict(model) if model is not None else {}
+    return run(MaskedLM(), TrainRequest(out, "encoder", fields, train, data, force=force, progress=progress))

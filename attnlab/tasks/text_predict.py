@@ -1,63 +1,50 @@
-"""Predictions of a trained encoder or baseline run on raw text.
-
-classify: the label and its probability (and every label's)
-tag:      each token with its tag and probability
-mlm:      the top candidates for each [MASK]
+"""What every encoder-side task does with a raw text: frame its word ids as the model was trained to
+read them, and run the model once. Each task (labeled.py, mlm.py) reads its own answer from the output.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from attnlab.errors import AttnlabError
-from attnlab.run import Run
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer
+from attnlab.errors import AttnlabError
 
 
-def frame(tok, pieces: list[int], kind: str, context: int) -> tuple[list[int], int]:
+def frame(tok, pieces: list[int], cls_first: bool, context: int) -> tuple[list[int], int]:
     """The ids an encoder reads for these word ids, and where the first word sits: attnlab's own
-    runs put [CLS] before a classifier's input; a converted BERT reads [CLS] ... [SEP] for every
-    head, as it was trained. Texts longer than the context are cut (with a warning)."""
+    runs put [CLS] before a classifier's input (cls_first); a converted BERT reads [CLS] ... [SEP]
+    for every head, as it was trained. Texts longer than the context are cut (with a warning)."""
     wraps = getattr(tok, "wraps", False)
-    first = 1 if wraps or kind == "classify" else 0
+    first = 1 if wraps or cls_first else 0
     room = context - first - wraps
     if len(pieces) > room:
-        import warnings
-
         warnings.warn(f"the text has {len(pieces)} tokens; only the first {room} are read", stacklevel=3)
     ids = [tok.cls_id] * first + pieces[:room] + [tok.sep_id] * wraps
     return ids, first
 
 
-@torch.no_grad()
-def predict(run: Run, text: str, top_k: int = 5) -> dict:
+def words_and_ids(run, text: str, cls_first: bool) -> tuple[list[str], list[int], int]:
+    """(the words read, the framed ids, where the first word sits) of `text` for an encoder run."""
     tok = run.tokenizer
     if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):
         raise AttnlabError(f"{run.path} is a {run.config.get('family')} language model: use attnlab sample")
-    kind = run.config.get("task", {}).get("kind") or run.config["model"].get("head", "mlm")
     words = tok.split(text, tok.lower)
-    ids, first = frame(tok, tok.encode_words(words), kind, run.model.cfg.context)
+    ids, first = frame(tok, tok.encode_words(words), cls_first, run.model.cfg.context)
     words = words[: len(ids) - first - getattr(tok, "wraps", False)]
     if not words:
         raise AttnlabError("the text has no words")
-    x = torch.tensor([ids], device=run.device)
-    probs = run.model(x).float().softmax(-1)[0]  # classify (L,), tag (T, L), mlm (T, V)
-    if kind == "classify":
-        labels = run.config["task"]["labels"]
-        best = int(probs.argmax())
-        return {"kind": kind, "label": labels[best], "probability": float(probs[best]),
-                "probabilities": dict(zip(labels, probs.tolist()))}  # fmt: skip
-    if kind == "tag":
-        labels = run.config["task"]["labels"]
-        p, best = probs[first : first + len(words)].max(-1)  # the words' own positions
-        return {"kind": kind, "tokens": [{"token": w, "tag": labels[int(b)], "probability": float(q)}
-                                         for w, b, q in zip(words, best, p)]}  # fmt: skip
-    masks = [i for i, t in enumerate(ids) if t == tok.mask_id]
-    if not masks:
-        raise AttnlabError("a masked-LM run fills [MASK]: put [MASK] in the text")
-    out = []
-    for i in masks:
-        p, top = probs[i].topk(top_k)
-        out.append({"position": i, "candidates": [{"token": tok.itos[int(t)], "probability": float(q)}
-                                                  for t, q in zip(top, p)]})  # fmt: skip
-    return {"kind": "mlm", "tokens": words, "masks": out}
+    return words, ids, first
+
+
+@torch.no_grad()
+def probabilities(run, ids: list[int]) -> torch.Tensor:
+    """The model's output probabilities on one framed input: classify (L,), tag (T, L), mlm (T, V)."""
+    run.model.eval()
+    return run.model(torch.tensor([ids], device=run.device)).float().softmax(-1)[0]
+
+
+def predict(run, text: str, top_k: int = 5) -> dict:
+    """What the run's task predicts for `text` (a classifier's label, a tagger's tags, [MASK] fills)."""
+    return run.task.predict(run, text, {"top_k": top_k})

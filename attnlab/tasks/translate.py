@@ -9,8 +9,8 @@ train_translate("runs/numbers", "transformer", data=ParallelDataConfig(data="num
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,27 +19,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.engine import rundir as ck
-from attnlab.engine import distributed
-from attnlab.engine import loop as training
-from attnlab.config import from_dict
+from attnlab.config import add_config_flags, from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
 from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
-from attnlab.decoding.beam import beam_search, greedy
-from attnlab.errors import AttnlabError
-from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
-from attnlab.models.seq2seq import PRESETS, Seq2Seq, Seq2SeqConfig
-from attnlab.tasks.common import build_config, preset_fields
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
-from attnlab.engine.loop import TrainConfig
+from attnlab.decoding.beam import beam_search, greedy
+from attnlab.engine import rundir as ck
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.distributed import Dist
+from attnlab.engine.loop import Session
+from attnlab.engine.train import Prepared, TrainRequest, run
+from attnlab.errors import AttnlabError
+from attnlab.models import build_model
+from attnlab.models.rnn import RNNSeq2SeqConfig
+from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
+from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
+from attnlab.tasks.common import build_config, preset_fields
 
 TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share tokenizer.json
-# command-line model name -> (family in config.json, config class, model class, fixed settings)
-MODELS: dict[str, tuple[str, type, type[nn.Module], dict]] = {
-    "transformer": ("seq2seq", Seq2SeqConfig, Seq2Seq, {}),
-    "rnn-attention": ("rnn-seq2seq", RNNSeq2SeqConfig, RNNSeq2Seq, {"attention": True}),
-    "rnn": ("rnn-seq2seq", RNNSeq2SeqConfig, RNNSeq2Seq, {"attention": False}),
-}
 # Settings that learn the built-in tasks in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "transformer": dict(
@@ -54,9 +51,8 @@ TRAIN_DEFAULTS["rnn"] = dict(TRAIN_DEFAULTS["rnn-attention"])
 
 def model_config(name: str, src_vocab: int, tgt_vocab: int, max_len: int, overrides: dict) -> Any:
     """The model's config: its defaults (the Transformer: a preset), the user's overrides, the data's sizes."""
-    if name not in MODELS:
-        raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-    family, cls, _, fixed = MODELS[name]
+    choice = Translation.models[name]
+    family, cls, fixed = choice.family, choice.config, dict(choice.fixed)
     overrides = dict(overrides)
     base: dict[str, Any] = {}
     sizes: dict[str, Any] = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed}
@@ -101,6 +97,140 @@ def encode_pairs(src_tok, tgt_tok, pairs: list[tuple[str, str]], max_len: int, s
     return src, tgt
 
 
+class Translation(Task):
+    name = "translate"
+    help = "source -> target: the Transformer or an RNN encoder-decoder"
+    description = ("Train an encoder-decoder on sentence pairs (a built-in task or a TSV/two files), then "
+                   "decode its test split: exact match, BLEU, chrF.")  # fmt: skip
+    models = {
+        "transformer": ModelChoice("seq2seq", Seq2SeqConfig),
+        "rnn-attention": ModelChoice("rnn-seq2seq", RNNSeq2SeqConfig, (("attention", True),)),
+        "rnn": ModelChoice("rnn-seq2seq", RNNSeq2SeqConfig, (("attention", False),)),
+    }
+    default_model = "transformer"
+    data_config = ParallelDataConfig
+    noun = "a translation"
+    set_by_data = frozenset({"src_vocab", "tgt_vocab", "attention"})
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(TRAIN_DEFAULTS.get(model, {}))
+
+    def model_of(self, config: dict[str, Any]) -> str:
+        return config["task"]["model"]
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        if req.init is not None:  # fine-tuning keeps the init run's vocabularies
+            src = Path(req.init) / ck.TOKENIZER
+            files = {ck.TOKENIZER: src.read_text(encoding="utf-8")}
+            if (Path(req.init) / TARGET_TOKENIZER).is_file():
+                files[TARGET_TOKENIZER] = (Path(req.init) / TARGET_TOKENIZER).read_text(encoding="utf-8")
+            return files
+        splits = load_pairs(req.data)
+        src_tok, tgt_tok = train_tokenizers(splits["train"], tokenizer_kind(req.data), req.data.vocab_size,
+                                            req.data.shared_vocab)  # fmt: skip
+        files = {ck.TOKENIZER: src_tok.to_json()}
+        if tgt_tok is not src_tok:
+            files[TARGET_TOKENIZER] = tgt_tok.to_json()
+        return files
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        out, data = Path(req.out), req.data
+        splits = load_pairs(data)
+        src_tok = load_tokenizer(out)
+        tgt_tok = load_tokenizer(out / TARGET_TOKENIZER) if (out / TARGET_TOKENIZER).is_file() else src_tok
+        overrides = dict(req.model_config)
+        if req.init is not None and not req.resume:
+            overrides = {**init_fields(req.init, self), **{k: v for k, v in overrides.items() if k == "dropout"}}
+        cfg = model_config(req.model, src_tok.vocab_size + N_SPECIAL, tgt_tok.vocab_size + N_SPECIAL, data.max_len,
+                           overrides)  # fmt: skip
+        encoded = {name: encode_pairs(src_tok, tgt_tok, p, data.max_len, name) for name, p in splits.items()}
+        # Decoding stops at EOS or after this many tokens: twice the longest training target, which an
+        # untrained model (that never says EOS) reaches quickly instead of running to max_len.
+        max_out = min(data.max_len, 2 * max(len(t) for t in encoded["train"][1]) + 10)
+        task = {"kind": self.name, "model": req.model, "max_out": max_out}
+        family = self.models[req.model].family
+        config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
+                  "data": dataclasses.asdict(data), "task": task}  # fmt: skip
+        if req.init is not None:
+            config["init"] = str(req.init)
+
+        def build() -> nn.Module:
+            net = build_model(family, cfg)
+            if req.init is not None and not req.resume:
+                ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
+            return net
+
+        batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
+        return Prepared(batches, build, config, state=(encoded["test"][0], splits["test"], tgt_tok, max_out))
+
+    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+        sources, pairs, tgt_tok, max_out = prepared.state
+        hyps = translate_ids(s.raw, sources, max_out, device=s.device)
+        test = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])
+        if s.dist.main:
+            ck.write_json(s.run / "eval.json", {"split": "test", "decoding": "greedy", **test})
+        return {"test": test}
+
+    def result_line(self, result: dict[str, Any], out: str) -> str:
+        t = result["test"]
+        return (f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f} "
+                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
+                f'Try: attnlab translate {out} "some text" --beam 4')  # fmt: skip
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        if not text.strip():
+            raise AttnlabError("the text is empty")
+        beam, picture = options.get("beam") or 1, options.get("attention")
+        if picture:
+            return {"kind": self.name, "translation": alignment_picture(run, text, picture, beam),
+                    "attention": str(picture)}  # fmt: skip
+        return {"kind": self.name, "translation": translate(run, [text], beam)[0]}
+
+    def show_prediction(self, result: dict[str, Any]) -> str:
+        picture = result.get("attention")
+        return result["translation"] + (f"\nalignment: {picture}" if picture else "")
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        return evaluate_translation(run, data, split or "test", options.get("beam") or 1)
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        return (f"{r['data']} ({r['split']}): {r['examples']:,} pairs, {decoding}\n"
+                f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
+                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
+
+    def views(self, run, text: str) -> list:
+        return translation_views(run, text)
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--model",
+            default="transformer",
+            choices=list(self.models),
+            help="transformer, rnn-attention (Bahdanau) or rnn (no attention) (default: transformer)",
+        )
+        parser.add_argument(
+            "--preset", default=None, help=f"Transformer preset: {', '.join(PRESETS)} (default: transformer-tiny)"
+        )
+        add_config_flags(parser, "data", ParallelDataConfig, "data")
+        add_model_choice_flags(parser, self, dataclasses.asdict(PRESETS["transformer-tiny"]), "transformer")
+
+
+MODELS = Translation.models  # model name -> ModelChoice
+
+
+def init_fields(init: str | Path, task: Task) -> dict[str, Any]:
+    """The model fields of a run of the same task, to fine-tune from."""
+    from attnlab.tasks import task_of
+
+    config = ck.read_run_config(ck.check_run_dir(init))
+    if task_of(config) is not task:
+        raise AttnlabError(f"--init {init} is a {task_of(config).name} run: it needs a {task.name} run")
+    return dict(config["model"])
+
+
 def train_translate(
     out: str | Path,
     model: str = "transformer",
@@ -109,46 +239,15 @@ def train_translate(
     data: ParallelDataConfig | None = None,
     force: bool = False,
     progress: bool = True,
+    resume: bool = False,
+    init: str | Path | None = None,
 ) -> dict:
     """Train a translation model into run directory `out`; returns the losses and the test scores."""
-    data = data or ParallelDataConfig()
-    train = train or TrainConfig(**TRAIN_DEFAULTS.get(model, {}))
-    run = Path(out)
-    d, device = distributed.init(train.device)
-    training._check_dir(run, False, force)
-    splits = load_pairs(data)
-    src_tok, tgt_tok = train_tokenizers(splits["train"], tokenizer_kind(data), data.vocab_size, data.shared_vocab)
-    cfg = model_config(model, src_tok.vocab_size + N_SPECIAL, tgt_tok.vocab_size + N_SPECIAL, data.max_len,
-                       dict(model_overrides or {}))  # fmt: skip
-    encoded = {name: encode_pairs(src_tok, tgt_tok, p, data.max_len, name) for name, p in splits.items()}
-    family = MODELS[model][0]
-    # Decoding stops at EOS or after this many tokens: twice the longest training target, which an
-    # untrained model (that never says EOS) reaches quickly instead of running to max_len.
-    max_out = min(data.max_len, 2 * max(len(t) for t in encoded["train"][1]) + 10)
-    task = {"kind": "translate", "model": model, "max_out": max_out}
-    config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(train),
-              "data": dataclasses.asdict(data), "task": task}  # fmt: skip
-    if d.main:
-        training._fresh_dir(run)
-        ck.write_text(run / ck.TOKENIZER, src_tok.to_json())
-        if tgt_tok is not src_tok:
-            ck.write_text(run / TARGET_TOKENIZER, tgt_tok.to_json())
-    distributed.barrier(d)
-    batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
-    s = training.start(run, lambda: MODELS[model][2](cfg), batches, train, config, d, device, resume=False,
-                       command="translate")  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        result = training.loop(s, progress)
-        result["train_seconds"] = time.perf_counter() - t0
-        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
-        hyps = translate_ids(s.raw, encoded["test"][0], max_out, device=device)
-        result["test"] = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in splits["test"]])
-        if d.main:
-            ck.write_json(run / "eval.json", {"split": "test", "decoding": "greedy", **result["test"]})
-    finally:
-        distributed.shutdown(d)
-    return result
+    from attnlab.tasks import TASKS
+
+    req = TrainRequest(out, model, dict(model_overrides or {}), train, data, resume=resume, force=force, init=init,
+                       progress=progress)  # fmt: skip
+    return run(TASKS["translate"], req)
 
 
 @torch.no_grad()
@@ -257,3 +356,23 @@ def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
     title = f"{run.config['task'].get('model', run.config['family'])}: {text!r} -> {translation!r}"
     plot_alignment(w, pieces(run.tokenizer, src[0].tolist()), pieces(tgt_tok, [*hyp, EOS_ID]), Path(path), title)
     return translation
+
+
+def translation_views(run, text: str) -> list:
+    """Encoder, decoder and cross-attention on the run's own greedy translation of `text` (the RNN:
+    its Bahdanau alignment alone)."""
+    from attnlab.viz.html import AttentionView
+    from attnlab.viz.views import TRANSLATION_VIEWS, numpy_weights
+
+    src, tgt_in, hyp = decode_one(run, text)
+    source = pieces(run.tokenizer, src[0].tolist())
+    target = pieces(target_tokenizer(run), [*hyp, EOS_ID])  # what each step produced
+    if not hasattr(run.model, "attention"):  # the RNN: one alignment, no self-attention
+        return [AttentionView(TRANSLATION_VIEWS["cross"], target, source, cross_attention(run, src, tgt_in))]
+    maps = run.model.attention(src, tgt_in)
+    inputs = pieces(target_tokenizer(run), [BOS_ID, *hyp])  # decoder self-attention reads its inputs
+    return [
+        AttentionView(TRANSLATION_VIEWS["encoder"], source, source, numpy_weights(maps["encoder"])),
+        AttentionView(TRANSLATION_VIEWS["decoder"], target, inputs, numpy_weights(maps["decoder"])),
+        AttentionView(TRANSLATION_VIEWS["cross"], target, source, numpy_weights(maps["cross"])),
+    ]

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
-
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a crash
-    return rows
+from attnlab.engine.rundir import atomic_write, read_metrics
 
 
 def running_mean(values, k: int) -> np.ndarray:

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.engine.rundir import reads_pixels
 from attnlab.errors import AttnlabError
 from attnlab.viz.html import AttentionView
 
@@ -28,7 +27,7 @@ TRANSLATION_VIEWS = {
 }
 
 
-def _numpy(weights: list[torch.Tensor]) -> np.ndarray:
+def numpy_weights(weights: list[torch.Tensor]) -> np.ndarray:
     """A list of L (1, H, Tq, Tk) tensors -> (L, H, Tq, Tk) float array."""
     return torch.stack([w[0] for w in weights]).float().cpu().numpy()
 
@@ -43,60 +42,21 @@ def token_labels(tok, ids: list[int]) -> list[str]:
 
 
 @torch.no_grad()
-def views(run, text: str) -> list[AttentionView]:
-    """Every attention of `run` (attnlab.load) on `text`; see the module docstring."""
-    kind = run.config.get("task", {}).get("kind")
-    family = run.config["family"]
-    run.model.eval()
-    if kind == "image":
-        raise AttnlabError(f"{run.path} is an image run: give an image file (its [CLS] attention over the patches)")
-    if family == "gpt":
-        return [_gpt(run, text)]
-    if family == "encoder":
-        return [_encoder(run, text, kind)]
-    if family in ("seq2seq", "rnn-seq2seq"):
-        return _translation(run, text)
-    raise AttnlabError(f"{run.path} is a {family} model: it has no attention to show")
-
-
-def _gpt(run, text: str) -> AttentionView:
-    ids = run.tokenizer.encode(text)[-run.model.cfg.context :]  # the last window, as generation reads it
+def self_attention_view(run, ids: list[int], labels: list[str] | None = None) -> AttentionView:
+    """The self-attention of a one-stack model (GPT, encoder) on token ids, labelled by `labels`
+    (default: each id's text)."""
     if not ids:
         raise AttnlabError("the text has no tokens")
-    weights = _numpy(run.model.attention(torch.tensor([ids], device=run.device)))
-    labels = token_labels(run.tokenizer, ids)
+    run.model.eval()
+    weights = numpy_weights(run.model.attention(torch.tensor([ids], device=run.device)))
+    labels = labels or token_labels(run.tokenizer, ids)
     return AttentionView("self-attention", labels, labels, weights)
 
 
-def _encoder(run, text: str, kind: str | None) -> AttentionView:
-    from attnlab.tasks.text_predict import frame
-
-    tok = run.tokenizer
-    words = tok.split(text, tok.lower)
-    if not words:
-        raise AttnlabError("the text has no words")
-    ids, _ = frame(tok, tok.encode_words(words), kind or "mlm", run.model.cfg.context)  # as predict reads it
-    weights = _numpy(run.model.attention(torch.tensor([ids], device=run.device)))
-    labels = [tok.itos[i] for i in ids]
-    return AttentionView("self-attention", labels, labels, weights)
-
-
-def _translation(run, text: str) -> list[AttentionView]:
-    from attnlab.data.batches import BOS_ID, EOS_ID
-    from attnlab.tasks.translate import cross_attention, decode_one, pieces, target_tokenizer
-
-    src, tgt_in, hyp = decode_one(run, text)
-    source = pieces(run.tokenizer, src[0].tolist())
-    target = pieces(target_tokenizer(run), [*hyp, EOS_ID])  # what each step produced
-    if run.config["family"] == "rnn-seq2seq":
-        return [AttentionView(TRANSLATION_VIEWS["cross"], target, source, cross_attention(run, src, tgt_in))]
-    maps = run.model.attention(src, tgt_in)
-    inputs = pieces(target_tokenizer(run), [BOS_ID, *hyp])  # decoder self-attention reads its inputs
-    return [
-        AttentionView(TRANSLATION_VIEWS["encoder"], source, source, _numpy(maps["encoder"])),
-        AttentionView(TRANSLATION_VIEWS["decoder"], target, inputs, _numpy(maps["decoder"])),
-        AttentionView(TRANSLATION_VIEWS["cross"], target, source, _numpy(maps["cross"])),
-    ]
+def views(run, text: str) -> list[AttentionView]:
+    """Every attention of `run` (attnlab.load) on `text`: its task knows which (see the docstring)."""
+    run.model.eval()
+    return run.task.views(run, text)
 
 
 def pick(found: list[AttentionView], view: str | None) -> AttentionView:
@@ -133,13 +93,10 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
     out = Path(out)
     if out.suffix.lower() not in (".png", ".html"):
         raise AttnlabError(f"--out {out}: write a .png picture or a .html page")
-    if reads_pixels(run.config):
+    if not run.task.tokenized:  # an image run: [CLS] over the patches, drawn by its task
         if out.suffix.lower() != ".png":
             raise AttnlabError("image runs draw [CLS]'s attention over the image: use --out FILE.png")
-        from attnlab.tasks.image import image_attention
-
-        label = image_attention(run, text, out)
-        return f"{out}: [CLS] attention over the patches of {Path(text).name} (predicted {label})"
+        return run.task.picture(run, text, out)
     found = views(run, text)
     if out.suffix.lower() == ".html":
         from attnlab.viz.html import write_attention_html

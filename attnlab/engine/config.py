@@ -1,0 +1,46 @@
+"""The training settings every task shares: steps, batch, optimizer, schedule, precision, parallelism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnlab.config import option
+
+SCHEDULES = ("cosine", "inverse_sqrt")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = option(2000, "optimizer steps to train for")
+    batch_size: int = option(32, "sequences per optimizer step (the global batch)")
+    grad_accum: int = option(1, "micro-batches per step, each of batch_size / grad_accum sequences")
+    block_size: int | None = option(None, "tokens per training sequence (default: the model's context)")
+    lr: float = option(3e-3, "peak learning rate")
+    min_lr: float | None = option(None, "learning rate at the end of the cosine decay (default lr / 10)")
+    warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
+    schedule: str = option("cosine", "after warmup: cosine decay to min_lr, or the Transformer paper's "
+                           "inverse square root of the step", SCHEDULES)  # fmt: skip
+    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.95, "AdamW beta2")
+    grad_clip: float = option(1.0, "clip the gradients' global norm to this (0 = off)")
+    eval_interval: int = option(250, "steps between validation-loss estimates and checkpoints")
+    eval_batches: int = option(20, "batches per validation-loss estimate")
+    seed: int = option(1337, "random seed (initialization, batches, dropout)")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
+    parallel: str = option("ddp", "with several processes: replicate the model (ddp) or shard it (fsdp)",
+                           ("ddp", "fsdp"))  # fmt: skip
+    compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
+    grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
+    dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
+
+    def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps < 0 or self.warmup_steps < 0 or self.lr <= 0:
+            raise ValueError("max_steps and warmup_steps must be >= 0 and lr > 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be cosine or inverse_sqrt, got {self.schedule!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
