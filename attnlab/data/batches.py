@@ -34,7 +34,8 @@ class Batches(Protocol):
     def describe(self) -> str: ...
 
 
-def _slice(rows: np.ndarray, part: tuple[int, int]) -> np.ndarray:
+def rank_slice(rows: np.ndarray, part: tuple[int, int]) -> np.ndarray:
+    """This process's share of the global batch's rows: part = (rank, world)."""
     rank, world = part
     per = len(rows) // world
     return rows[rank * per : (rank + 1) * per]
@@ -70,7 +71,7 @@ class Examples:
         self.per_example = (round(float(np.mean(lengths))) if lengths else 0, "tokens")
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        rows = _slice(rng.integers(0, len(self.seqs[split]), size=n), part)
+        rows = rank_slice(rng.integers(0, len(self.seqs[split]), size=n), part)
         return self.collate(split, rows)
 
     def collate(self, split: str, rows) -> tuple[Tensor, Tensor]:
@@ -102,7 +103,7 @@ class Pairs:
         self.per_example = (round(float(np.mean(lengths))) if lengths else 0, "tokens")  # target side
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
-        return self.collate(split, _slice(rng.integers(0, len(self.src[split]), size=n), part))
+        return self.collate(split, rank_slice(rng.integers(0, len(self.src[split]), size=n), part))
 
     def collate(self, split: str, rows) -> tuple[Tensor, Tensor, Tensor]:
         src = pad([torch.as_tensor(self.src[split][i]) for i in rows], PAD_ID)  # (B, S)

@@ -22,7 +22,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from attnlab.config import option
-from attnlab.data.batches import _slice
+from attnlab.data.batches import rank_slice
 from attnlab.errors import AttnlabError
 
 BUILTIN_IMAGES = ("digits",)
@@ -292,12 +292,12 @@ class Images:
         self.images, self.augment = images, augment
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        rows = _slice(rng.integers(0, len(self.images.splits[split][1]), size=n), part)
+        rows = rank_slice(rng.integers(0, len(self.images.splits[split][1]), size=n), part)
         x, y = self.collate(split, rows)
         if split == "train" and self.augment > 0:
             # Shifts are drawn for the whole global batch and sliced like the rows, so a process
             # shifts its images exactly as a single process would.
-            shifts = _slice(rng.integers(-self.augment, self.augment + 1, size=(n, 2)), part)
+            shifts = rank_slice(rng.integers(-self.augment, self.augment + 1, size=(n, 2)), part)
             x = shift(x, shifts, self.augment)
         return x, y
 
