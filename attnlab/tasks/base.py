@@ -73,14 +73,38 @@ class Task:
         """Every process, new and resumed runs: batches, the model builder and config.json."""
         raise NotImplementedError
 
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
+        """After training: the scores of the test split, or None for a task that has none."""
+        return None
+
+    def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
+        """Pictures of the test split in the run directory (rank 0)."""
+
     def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
-        """After training: the test split's scores (eval.json, pictures); {} when there is none."""
-        return {}
+        """After training: the test scores into eval.json, and the task's pictures of them."""
+        test = self.test_scores(s, prepared, req)
+        if test is None:
+            return {}
+        if s.dist.main:
+            ck.write_json(s.run / "eval.json", {"split": "test", **test})
+            self.draw_test(s, prepared, req, test)
+        return {"test": test}
+
+    def test_line(self, test: dict[str, Any]) -> str:
+        """The test scores in one line."""
+        return ""
+
+    def next_step(self, out: str) -> str:
+        """What to try with the trained run, with the punctuation that leads to it."""
+        return "."
 
     def result_line(self, result: dict[str, Any], out: str) -> str:
         """What `attnlab train` prints when done."""
+        if "test" in result:
+            return (f"{self.test_line(result['test'])} ({result['parameters']:,} parameters, "
+                    f"{result['train_seconds']:.0f} s){self.next_step(out)}")  # fmt: skip
         val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
-        return f"done: step {result['step']}, validation loss {val}."
+        return f"done: step {result['step']}, validation loss {val}{self.next_step(out)}"
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:

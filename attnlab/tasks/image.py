@@ -2,7 +2,7 @@
 
 train_image("runs/digits", "vit", data=ImageDataConfig(data="digits"))
   -> images cut into train/val/test (or a given test set), the model sized to them
-  -> training.start + training.loop, as for every task
+  -> the shared engine (engine/train.py), as for every task
   -> test scores in eval.json, confusion.png, predictions.png (a grid of test images) and,
      for the ViT, attention.png ([CLS]'s attention to the patches of one test image)
 """
@@ -29,8 +29,6 @@ from attnlab.data.images import (
     load_source,
     read_image,
 )
-from attnlab.engine import rundir as ck
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest, run
@@ -128,20 +126,20 @@ class ImageClassification(Task):
 
         return Prepared(Images(images, req.data.augment), build, config, state=images)
 
-    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         images = prepared.state
         gold, probs = predict_split(s.raw, images, "test", s.device)
-        test = scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)
-        if s.dist.main:
-            ck.write_json(s.run / "eval.json", {"split": "test", "examples": len(gold), **test})
-            pictures(s.run, s.raw, images, gold, probs, f"{req.model} on {req.data.data}")
-        return {"test": test}
+        prepared.state = images, gold, probs  # for draw_test
+        return {"examples": len(gold), **scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)}
 
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        t = result["test"]
-        return (f"test: accuracy {t['accuracy']:.2%}, macro-F1 {t['macro_f1']:.4f} "
-                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s); pictures in {out}. "
-                f"Try: attnlab predict {out} IMAGE.png --attention overlay.png")  # fmt: skip
+    def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
+        pictures(s.run, s.raw, *prepared.state, f"{req.model} on {req.data.data}")
+
+    def test_line(self, t: dict[str, Any]) -> str:
+        return f"test: accuracy {t['accuracy']:.2%}, macro-F1 {t['macro_f1']:.4f}"
+
+    def next_step(self, out: str) -> str:
+        return f"; pictures in {out}. Try: attnlab predict {out} IMAGE.png --attention overlay.png"
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -186,24 +184,14 @@ class ImageClassification(Task):
 MODELS = ImageClassification.models  # model name -> ModelChoice
 
 
-def train_image(
-    out: str | Path,
-    model: str = "vit",
-    model_overrides: dict | None = None,
-    train: TrainConfig | None = None,
-    data: ImageDataConfig | None = None,
-    force: bool = False,
-    progress: bool = True,
-    resume: bool = False,
-    init: str | Path | None = None,
-) -> dict:
-    """Train an image classifier into run directory `out` (or continue it: resume); returns the
-    final losses and the test-set scores."""
+def train_image(out: str | Path, model: str = "vit", model_overrides: dict | None = None, **request: Any) -> dict:
+    """Train an image classifier into run directory `out` (or continue it: resume=True); returns
+    the final losses and the test-set scores. `request`: the other TrainRequest fields (train,
+    data, force, init, progress)."""
     from attnlab.tasks import TASKS
 
-    req = TrainRequest(out, None if resume else model, dict(model_overrides or {}), train, data, resume=resume,
-                       force=force, init=init, progress=progress)  # fmt: skip
-    return run(TASKS["image"], req)
+    name = None if request.get("resume") else model
+    return run(TASKS["image"], TrainRequest(out, name, dict(model_overrides or {}), **request))
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
-from attnlab.engine.train import Prepared, TrainRequest, run
+from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
 from attnlab.models.baselines import BASELINES
@@ -162,18 +162,17 @@ class Labeled(Task):
         batches = Examples({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
         return Prepared(batches, build, config, state=labels)
 
-    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
-        test = score(s.raw, prepared.batches, "test", prepared.state, s.device)
-        if s.dist.main:
-            ck.write_json(s.run / "eval.json", {"split": "test", **test})
-            _confusion_png(s.run, test, f"{req.model} on {req.data.data}: test")
-        return {"test": test}
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+        return score(s.raw, prepared.batches, "test", prepared.state, s.device)
 
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        t = result["test"]
-        return (f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} "
-                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
-                f'Try: attnlab predict {out} "some text"')  # fmt: skip
+    def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
+        _confusion_png(s.run, test, f"{req.model} on {req.data.data}: test")
+
+    def test_line(self, t: dict[str, Any]) -> str:
+        return f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f}"
+
+    def next_step(self, out: str) -> str:
+        return f'. Try: attnlab predict {out} "some text"'
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -245,31 +244,6 @@ def show_scores(r: dict[str, Any], unit: str) -> str:
     for name, c in r["per_class"].items():
         lines.append(f"  {name:<12} precision {c['precision']:.3f}  recall {c['recall']:.3f}  support {c['support']}")
     return "\n".join(lines)
-
-
-def train_labeled(
-    out: str | Path,
-    task: str,
-    model: str = "encoder",
-    model_overrides: dict | None = None,
-    train: TrainConfig | None = None,
-    data: LabeledDataConfig | None = None,
-    init: str | Path | None = None,
-    force: bool = False,
-    progress: bool = True,
-    word_vectors: str | Path | None = None,
-    freeze_vectors: bool = False,
-    resume: bool = False,
-) -> dict:
-    """Train a classifier (task "classify") or tagger ("tag") into run directory `out`; returns
-    the final losses and the test-set scores. init: a masked-LM run whose encoder (and
-    tokenizer) to start from. word_vectors: a GloVe/word2vec text file for the word embedding."""
-    from attnlab.tasks import TASKS
-
-    options = {"word_vectors": word_vectors, "freeze_vectors": freeze_vectors}
-    req = TrainRequest(out, model, dict(model_overrides or {}), train, data, resume=resume, force=force, init=init,
-                       progress=progress, options=options)  # fmt: skip
-    return run(TASKS[task], req)
 
 
 def _tokenizer(init, train: list, task: str, vocab_size: int) -> WordTokenizer:

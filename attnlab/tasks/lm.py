@@ -149,8 +149,8 @@ class LanguageModel(Task):
             config["init"] = str(req.init)  # the run it was fine-tuned from
         return Prepared(Windows(tokens, block_size), partial(_build, model_cfg, weights), config)
 
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        return super().result_line(result, out) + f" Try: attnlab sample {out}"
+    def next_step(self, out: str) -> str:
+        return f". Try: attnlab sample {out}"
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -219,19 +219,11 @@ class LanguageModel(Task):
         return TrainRequest(args.out, "gpt", model, train, data, resume=args.resume, force=args.force, init=args.init)
 
 
-def prepare(
-    out: str | Path,
-    model: GPTConfig | None = None,
-    train: TrainConfig | None = None,
-    data: DataConfig | None = None,
-    resume: bool = False,
-    force: bool = False,
-    progress: bool = True,
-    init: str | Path | None = None,
-) -> Session:
-    """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model, optimizer)."""
-    fields = asdict(model) if model is not None else {}
-    req = TrainRequest(out, "gpt", fields, train, data, resume=resume, force=force, init=init, progress=progress)
+def prepare(out: str | Path, model: GPTConfig | None = None, train: TrainConfig | None = None,
+            data: DataConfig | None = None, **request: Any) -> Session:  # fmt: skip
+    """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model,
+    optimizer); `request`: the other TrainRequest fields (resume, force, init, progress)."""
+    req = TrainRequest(out, "gpt", asdict(model) if model is not None else {}, train, data, **request)
     return open_session(LanguageModel(), req)[0]
 
 

@@ -88,8 +88,8 @@ class MaskedLM(Task):
 
         return Prepared(batches, build, config)
 
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        return super().result_line(result, out) + f' Try: attnlab predict {out} "def __init__([MASK], name):"'
+    def next_step(self, out: str) -> str:
+        return f'. Try: attnlab predict {out} "def __init__([MASK], name):"'
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -146,18 +146,3 @@ def init_encoder(init: str | Path) -> dict[str, Any]:
     if config["family"] != "encoder":
         raise AttnlabError(f"--init {init} is a {task_of(config).name} run, not an encoder run")
     return dict(config["model"])
-
-
-def train_mlm(
-    out: str | Path,
-    model: EncoderConfig | None = None,
-    train: TrainConfig | None = None,
-    data: DataConfig | None = None,
-    force: bool = False,
-    progress: bool = True,
-) -> dict:
-    """Pretrain an encoder with masked-language modelling into run directory `out`; returns final losses."""
-    from attnlab.engine.train import run
-
-    fields = asdict(model) if model is not None else {}
-    return run(MaskedLM(), TrainRequest(out, "encoder", fields, train, data, force=force, progress=progress))

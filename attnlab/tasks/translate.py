@@ -1,9 +1,9 @@
 """Translation: the encoder-decoder Transformer or an RNN encoder-decoder, through the shared loop.
 
-train_translate("runs/numbers", "transformer", data=ParallelDataConfig(data="numbers"))
+attnlab.train("runs/numbers", Seq2SeqConfig(), data=ParallelDataConfig(data="numbers"), task="translate")
   -> a tokenizer per side (or one shared), trained on the training pairs
   -> pairs encoded with BOS/EOS/PAD ids below the tokenizers' ids (data/batches.py Pairs)
-  -> training.start + training.loop, as for every task
+  -> the shared engine (engine/train.py), as for every task
   -> the test split decoded greedily: exact match, BLEU and chrF (sacrebleu) in eval.json
 """
 
@@ -25,10 +25,9 @@ from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.decoding.beam import beam_search, greedy
 from attnlab.engine import rundir as ck
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
-from attnlab.engine.train import Prepared, TrainRequest, run
+from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
 from attnlab.models.rnn import RNNSeq2SeqConfig
@@ -163,19 +162,16 @@ class Translation(Task):
         batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
         return Prepared(batches, build, config, state=(encoded["test"][0], splits["test"], tgt_tok, max_out))
 
-    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         sources, pairs, tgt_tok, max_out = prepared.state
         hyps = translate_ids(s.raw, sources, max_out, device=s.device)
-        test = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])
-        if s.dist.main:
-            ck.write_json(s.run / "eval.json", {"split": "test", "decoding": "greedy", **test})
-        return {"test": test}
+        return {"decoding": "greedy", **scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])}
 
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        t = result["test"]
-        return (f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f} "
-                f"({result['parameters']:,} parameters, {result['train_seconds']:.0f} s). "
-                f'Try: attnlab translate {out} "some text" --beam 4')  # fmt: skip
+    def test_line(self, t: dict[str, Any]) -> str:
+        return f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+
+    def next_step(self, out: str) -> str:
+        return f'. Try: attnlab translate {out} "some text" --beam 4'
 
     # ---- a trained run ------------------------------------------------------------------------
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -229,25 +225,6 @@ def init_fields(init: str | Path, task: Task) -> dict[str, Any]:
     if task_of(config) is not task:
         raise AttnlabError(f"--init {init} is a {task_of(config).name} run: it needs a {task.name} run")
     return dict(config["model"])
-
-
-def train_translate(
-    out: str | Path,
-    model: str = "transformer",
-    model_overrides: dict | None = None,
-    train: TrainConfig | None = None,
-    data: ParallelDataConfig | None = None,
-    force: bool = False,
-    progress: bool = True,
-    resume: bool = False,
-    init: str | Path | None = None,
-) -> dict:
-    """Train a translation model into run directory `out`; returns the losses and the test scores."""
-    from attnlab.tasks import TASKS
-
-    req = TrainRequest(out, model, dict(model_overrides or {}), train, data, resume=resume, force=force, init=init,
-                       progress=progress)  # fmt: skip
-    return run(TASKS["translate"], req)
 
 
 @torch.no_grad()
