@@ -126,4 +126,5 @@ def test_every_task_trains_under_torchrun(tmp_path, task):
     # a batch: two processes average per-process means, so they agree closely, not to the last digit.
     tolerance = 1e-5 if task == "classify" else 5e-3
     assert max(abs(x - y) for x, y in zip(a, b)) < tolerance, (a, b)
-    assert json.loads((single / "eval.json").read_text()).keys() == json.loads((double / "eval.json").read_text()).keys()
+    scored = [json.loads((run / "eval.json").read_text()) for run in (single, double)]
+    assert scored[0].keys() == scored[1].keys()
