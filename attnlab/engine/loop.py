@@ -42,6 +42,7 @@ from attnlab.engine.device import autocast, pick_dtype
 from attnlab.engine.distributed import Dist
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
 from attnlab.errors import AttnlabError
+from attnlab.nn.stack import set_grad_checkpoint
 from attnlab.viz.curves import plot_loss
 
 
@@ -152,7 +153,7 @@ def start(
     `config` is written as the run's config.json (family, model, train and the task's data)."""
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = build().to(device)
-    model.grad_checkpoint = cfg.grad_checkpoint
+    set_grad_checkpoint(model, cfg.grad_checkpoint)  # every Stack of every family honours it
     rng = np.random.default_rng(cfg.seed)
     state = ck.load_train_state(run / ck.STATE, rng) if resume else None
     if state is not None:

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.nn import BlockConfig, LayerNorm
+from attnlab.nn import ACTIVATIONS, FEEDFORWARDS, NORMS, POSITIONS, BlockConfig
+
+
+class Presets:
+    """`Config.from_preset(name, **overrides)` for a family config whose module defines PRESETS."""
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides):
+        presets = sys.modules[cls.__module__].PRESETS
+        if name not in presets:
+            raise KeyError(name)
+        return replace(presets[name], **overrides)
 
 
 @dataclass
@@ -24,8 +36,10 @@ class TransformerConfig:
     context: int = option(256, "longest sequence the model accepts (positions)")
     dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
     norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
-    activation: str = option("gelu", "feed-forward activation", ("relu", "gelu", "gelu_tanh"))
-    positions: str = option("learned", "position information", ("learned", "sinusoidal", "none"))
+    activation: str = option("gelu", "feed-forward activation", tuple(ACTIVATIONS))
+    positions: str = option("learned", "position information", tuple(POSITIONS))
+    feedforward: str = option("mlp", "the feed-forward of each block", tuple(FEEDFORWARDS))
+    norm_kind: str = option("layernorm", "the normalization of each block", tuple(NORMS))
     bias: bool = option(True, "biases in linear layers and norms")
     ln_eps: float = option(1e-5, "LayerNorm epsilon")
 
@@ -63,28 +77,30 @@ class TransformerConfig:
             ln_eps=self.ln_eps,
             causal=causal,
             cross_attention=cross_attention,
+            feedforward=self.feedforward,
+            norm_kind=self.norm_kind,
         )
 
 
 def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
-    """GPT-2's initialization: N(0, 0.02) for weights, zero biases, LayerNorm at identity.
+    """GPT-2's initialization: N(0, 0.02) for weights, zero biases, norms at identity.
 
-    The projections that write into the residual stream (attention W_O and the feed-forward's
-    second matrix) are scaled by 1/sqrt(2 * n_layer), so the residual's variance does not
-    grow with depth.
+    Each module says its role: projections that write into the residual stream (attention W_O,
+    the feed-forward's second matrix) carry `init_role = "residual_out"` and are scaled by
+    1/sqrt(2 * n_layer), so the residual's variance does not grow with depth; norms carry
+    `init_role = "norm"` and reset themselves to the identity.
     """
-    for name, module in model.named_modules():
+    for module in model.modules():
+        role = getattr(module, "init_role", None)
         if isinstance(module, nn.Linear):
-            scale = 1 / math.sqrt(2 * n_layer) if name.endswith(("out_proj", "ff.down")) else 1.0
+            scale = 1 / math.sqrt(2 * n_layer) if role == "residual_out" else 1.0
             nn.init.normal_(module.weight, mean=0.0, std=std * scale)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, LayerNorm):
-            nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+        elif role == "norm":
+            module.reset_parameters()
 
 
 def pool(x: Tensor, how: str, real: Tensor | None = None) -> Tensor:

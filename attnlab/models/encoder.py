@@ -14,15 +14,15 @@ never changes the outputs at real positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import TransformerConfig, init_weights, pool
-from attnlab.nn import Block, LayerNorm, build_positions
+from attnlab.models.common import Presets, TransformerConfig, init_weights, pool
+from attnlab.nn import LayerNorm, Stack, build_positions
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
 
@@ -32,7 +32,7 @@ HEADS = ("mlm", "classify", "tag")
 
 
 @dataclass
-class EncoderConfig(TransformerConfig):
+class EncoderConfig(TransformerConfig, Presets):
     vocab_size: int = option(30522, "vocabulary size (set from the tokenizer when training)")
     head: str = option("classify", "what the model predicts", HEADS)
     n_labels: int = option(2, "number of classes (classify, tag)")
@@ -50,12 +50,6 @@ class EncoderConfig(TransformerConfig):
             raise ValueError(f"type_vocab_size must be 0 or more, got {self.type_vocab_size}")
         if self.pooler and self.head != "classify":
             raise ValueError(f"pooler applies to head classify only, not {self.head!r}")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> EncoderConfig:
-        if name not in PRESETS:
-            raise KeyError(name)
-        return replace(PRESETS[name], **overrides)
 
 
 def _bert(n_layer: int, d_model: int, n_head: int) -> EncoderConfig:
@@ -83,8 +77,8 @@ class Encoder(nn.Module):
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
         self.embed_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.block_config(causal=False)) for _ in range(cfg.n_layer))
-        self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
+        self.norm = self.blocks.final_norm()
         if cfg.head == "mlm":
             # BERT's MLM head: a transform (dense, activation, norm), then the tied embedding + a bias.
             self.transform = nn.Linear(cfg.d_model, cfg.d_model)
@@ -111,12 +105,8 @@ class Encoder(nn.Module):
         if self.token_type is not None:
             x = x + self.token_type.weight[0]  # segment 0 for every token
         x = self.drop(self.embed_norm(self.pos(x)))  # (B, T, C)
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, mask=mask, qk_transform=self.pos.qk_transform, return_weights=return_weights)
-            if w is not None:
-                weights.append(w["self"])
-        return self.norm(x), weights
+        x, weights = self.blocks(x, self.pos, mask=mask, return_weights=return_weights)
+        return self.norm(x), weights["self"]
 
     def forward(self, ids: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """ids (B, T) -> logits (mlm: (B, T, V), classify: (B, L), tag: (B, T, L)); with labels

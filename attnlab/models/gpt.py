@@ -8,28 +8,21 @@ Legend: B batch, T time, C model width, V vocabulary, H heads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from attnlab.config import option
-from attnlab.models.common import TransformerConfig, init_weights
-from attnlab.nn import Block, KVCache, LayerNorm, build_positions
+from attnlab.models.common import Presets, TransformerConfig, init_weights
+from attnlab.nn import KVCache, Stack, build_positions
 
 
 @dataclass
-class GPTConfig(TransformerConfig):
+class GPTConfig(TransformerConfig, Presets):
     vocab_size: int = option(50257, "vocabulary size (set from the tokenizer when training)")
     tie_weights: bool = option(True, "share the token embedding with the LM head")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> GPTConfig:
-        if name not in PRESETS:
-            raise KeyError(name)
-        return replace(PRESETS[name], **overrides)
 
 
 def _gpt2(n_layer: int, d_model: int, n_head: int) -> GPTConfig:
@@ -88,16 +81,12 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.block_config(causal=True)) for _ in range(cfg.n_layer))
-        # Post-norm blocks already end in a LayerNorm; pre-norm stacks need a final one.
-        self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.blocks = Stack(cfg.block_config(causal=True), cfg.n_layer)
+        self.norm = self.blocks.final_norm()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg.n_layer)
         if cfg.tie_weights:
             self.head.weight = self.tok.weight  # one (V, C) matrix reads and writes tokens
-        # Activation checkpointing, a training setting: keep only each block's input and
-        # recompute the block in backward.
-        self.grad_checkpoint = False
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -107,7 +96,7 @@ class GPT(nn.Module):
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
         """One empty key/value cache per block, for incremental decoding."""
-        return [KVCache(max_len or self.cfg.context) for _ in self.blocks]
+        return self.blocks.new_caches(max_len or self.cfg.context)
 
     def hidden(
         self, idx: Tensor, caches: list[KVCache] | None = None, offset: int = 0, return_weights: bool = False
@@ -115,18 +104,8 @@ class GPT(nn.Module):
         """Final hidden states (B, T, C) for tokens idx (B, T) at positions offset.., and the
         attention weights of each layer (B, H, T, T') when asked for."""
         x = self.drop(self.pos(self.tok(idx), offset))  # (B, T, C)
-        weights = []
-        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
-            kwargs = dict(cache=None if caches is None else caches[i], qk_transform=self.pos.qk_transform,
-                          offset=offset, return_weights=return_weights)  # fmt: skip
-            if recompute:
-                x, w = checkpoint(block, x, use_reentrant=False, **kwargs)
-            else:
-                x, w = block(x, **kwargs)
-            if w is not None:
-                weights.append(w["self"])
-        return self.norm(x), weights
+        x, weights = self.blocks(x, self.pos, caches=caches, offset=offset, return_weights=return_weights)
+        return self.norm(x), weights["self"]
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None, offset: int = 0

@@ -21,7 +21,7 @@ each decoder block's self-attention keys/values cached, so no prefix is processe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,13 +29,13 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.batches import IGNORE, PAD_ID
-from attnlab.models.common import TransformerConfig, init_weights
-from attnlab.nn import Block, KVCache, LayerNorm, build_positions
+from attnlab.models.common import Presets, TransformerConfig, init_weights
+from attnlab.nn import Stack, build_positions
 from attnlab.nn.attention import padding_mask
 
 
 @dataclass
-class Seq2SeqConfig(TransformerConfig):
+class Seq2SeqConfig(TransformerConfig, Presets):
     # The paper's choices as defaults: post-norm, ReLU, sinusoidal positions, dropout 0.1.
     norm: str = option("post", "LayerNorm after each residual (post, the paper) or before each sublayer (pre)",
                        ("pre", "post"))  # fmt: skip
@@ -62,12 +62,6 @@ class Seq2SeqConfig(TransformerConfig):
     def dec_layers(self) -> int:
         return self.n_dec_layer or self.n_layer
 
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> Seq2SeqConfig:
-        if name not in PRESETS:
-            raise KeyError(name)
-        return replace(PRESETS[name], **overrides)
-
 
 def _paper(d_model: int, n_head: int, d_ff: int, dropout: float) -> Seq2SeqConfig:
     # Table 3 of the paper: N=6, a shared 37,000-token BPE vocabulary, tied embeddings.
@@ -87,10 +81,10 @@ PAPER_PARAMS = {"transformer-base": 65e6, "transformer-big": 213e6}
 class Seq2SeqState:
     """What decoding carries from step to step: the memory and every decoder block's caches."""
 
-    def __init__(self, memory: Tensor, memory_mask: Tensor | None, n_layer: int):
+    def __init__(self, memory: Tensor, memory_mask: Tensor | None, decoder: Stack):
         self.memory, self.memory_mask = memory, memory_mask  # (B, S, C), (B, 1, 1, S) or None
-        self.caches = [KVCache() for _ in range(n_layer)]  # self-attention, grows by one per step
-        self.cross = [KVCache(static=True) for _ in range(n_layer)]  # the memory's keys/values, once
+        self.caches = decoder.new_caches()  # self-attention, grows by one per step
+        self.cross = decoder.new_caches(static=True)  # the memory's keys/values, once
         self.offset = 0  # target tokens fed so far
 
     def select(self, rows: Tensor) -> Seq2SeqState:
@@ -112,12 +106,9 @@ class Seq2Seq(nn.Module):
         self.src_pos = build_positions(cfg.positions, cfg.context, c)
         self.tgt_pos = build_positions(cfg.positions, cfg.context, c)
         self.drop = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(Block(cfg.block_config(causal=False)) for _ in range(cfg.n_layer))
-        dec = cfg.block_config(causal=True, cross_attention=True)
-        self.decoder = nn.ModuleList(Block(dec) for _ in range(cfg.dec_layers))
-        # Pre-norm stacks end un-normalized, so they get a final norm each; post-norm ones already end in one.
-        final = (lambda: LayerNorm(c, cfg.ln_eps, cfg.bias)) if cfg.norm == "pre" else nn.Identity
-        self.enc_norm, self.dec_norm = final(), final()
+        self.encoder = Stack(cfg.block_config(causal=False), cfg.n_layer)
+        self.decoder = Stack(cfg.block_config(causal=True, cross_attention=True), cfg.dec_layers)
+        self.enc_norm, self.dec_norm = self.encoder.final_norm(), self.decoder.final_norm()
         self.out = nn.Linear(c, cfg.tgt_vocab, bias=False)
         init_weights(self, cfg.n_layer + cfg.dec_layers)
         if cfg.tie_output:
@@ -139,11 +130,9 @@ class Seq2Seq(nn.Module):
             raise ValueError(f"source of {src.shape[1]} tokens exceeds the context of {self.cfg.context}")
         real = src != PAD_ID  # (B, S)
         mask = padding_mask(real)
-        x, weights = self._embed(self.src_tok, self.src_pos, src), []
-        for block in self.encoder:
-            x, w = block(x, mask=mask, return_weights=return_weights)
-            weights += [w["self"]] if w else []
-        return self.enc_norm(x), padding_mask(real, queries=False), weights
+        x = self._embed(self.src_tok, self.src_pos, src)
+        x, weights = self.encoder(x, self.src_pos, mask=mask, return_weights=return_weights)
+        return self.enc_norm(x), padding_mask(real, queries=False), weights["self"]
 
     def decode(
         self, tgt_in: Tensor, memory: Tensor, memory_mask: Tensor | None, return_weights: bool = False
@@ -152,11 +141,8 @@ class Seq2Seq(nn.Module):
         if tgt_in.shape[1] > self.cfg.context:
             raise ValueError(f"target of {tgt_in.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self._embed(self.tgt_tok, self.tgt_pos, tgt_in)
-        weights: dict[str, list[Tensor]] = {"self": [], "cross": []}
-        for block in self.decoder:
-            x, w = block(x, memory=memory, memory_mask=memory_mask, return_weights=return_weights)
-            for k in w or {}:
-                weights[k].append(w[k])
+        x, weights = self.decoder(x, self.tgt_pos, memory=memory, memory_mask=memory_mask,
+                                  return_weights=return_weights)  # fmt: skip
         return self.dec_norm(x), weights
 
     def forward(self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
@@ -173,15 +159,14 @@ class Seq2Seq(nn.Module):
     def start(self, src: Tensor) -> Seq2SeqState:
         """Encode the sources once; the state `step` continues from."""
         memory, memory_mask, _ = self.encode(src)
-        return Seq2SeqState(memory, memory_mask, len(self.decoder))
+        return Seq2SeqState(memory, memory_mask, self.decoder)
 
     def step(self, tokens: Tensor, state: Seq2SeqState) -> tuple[Tensor, Seq2SeqState]:
         """tokens (B,): each row's latest target token -> logits (B, V) for the next one."""
         x = self._embed(self.tgt_tok, self.tgt_pos, tokens[:, None], state.offset)  # (B, 1, C)
         first = state.offset == 0  # the memory's keys/values are projected on the first step only
-        for block, cache, cross in zip(self.decoder, state.caches, state.cross):
-            x, _ = block(x, memory=state.memory if first else None, memory_mask=state.memory_mask,
-                         cache=cache, cross_cache=cross, offset=state.offset)  # fmt: skip
+        x, _ = self.decoder(x, self.tgt_pos, memory=state.memory if first else None, memory_mask=state.memory_mask,
+                            caches=state.caches, cross_caches=state.cross, offset=state.offset)  # fmt: skip
         state.offset += 1
         return self.out(self.dec_norm(x))[:, 0], state
 

@@ -15,21 +15,21 @@ the first is how the idea is taught, and a test holds them equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import TransformerConfig, check_images, init_weights, pool
-from attnlab.nn import Block, GridPositions, LayerNorm, build_positions
+from attnlab.models.common import Presets, TransformerConfig, check_images, init_weights, pool
+from attnlab.nn import Stack, build_positions
 
 PATCH_PATHS = ("conv", "linear")
 
 
 @dataclass
-class ViTConfig(TransformerConfig):
+class ViTConfig(TransformerConfig, Presets):
     image_size: int = option(224, "image height in pixels (set from the data when training)")
     image_width: int | None = option(None, "image width in pixels (default: square, as image_size)")
     channels: int = option(3, "colour channels: 1 gray, 3 RGB (set from the data when training)")
@@ -72,12 +72,6 @@ class ViTConfig(TransformerConfig):
     @property
     def n_patches(self) -> int:
         return self.grid[0] * self.grid[1]
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides) -> ViTConfig:
-        if name not in PRESETS:
-            raise KeyError(name)
-        return replace(PRESETS[name], **overrides)
 
 
 def _paper(n_layer: int, d_model: int, n_head: int, patch: int, d_ff: int) -> ViTConfig:
@@ -134,13 +128,10 @@ class ViT(nn.Module):
         self.cfg = cfg
         self.patches = PatchEmbedding(cfg.channels, cfg.patch_size, cfg.d_model, cfg.patch_embed)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))  # learned [CLS] token
-        if cfg.positions == "sinusoidal":
-            self.pos = GridPositions(*cfg.grid, cfg.d_model, lead=1)
-        else:
-            self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model, grid=cfg.grid)  # sinusoidal: 2-D
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.block_config(causal=False)) for _ in range(cfg.n_layer))
-        self.norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
+        self.norm = self.blocks.final_norm()
         self.out = nn.Linear(cfg.d_model, cfg.n_labels)
         init_weights(self, cfg.n_layer)
         nn.init.normal_(self.cls, std=0.02)
@@ -153,12 +144,8 @@ class ViT(nn.Module):
         x = self.patches(images)  # (B, N, D)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)  # (B, T, D)
         x = self.drop(self.pos(x))
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, return_weights=return_weights)  # no mask: every patch sees every patch
-            if w is not None:
-                weights.append(w["self"])
-        return self.norm(x), weights
+        x, weights = self.blocks(x, self.pos, return_weights=return_weights)  # no mask: every patch sees every patch
+        return self.norm(x), weights["self"]
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """images (B, C, H, W) in [0, 1] -> logits (B, L); with labels (B,) also the cross-entropy."""

@@ -2,9 +2,10 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
 from attnlab.nn.block import Block, BlockConfig
-from attnlab.nn.feedforward import FeedForward
-from attnlab.nn.norm import LayerNorm
+from attnlab.nn.feedforward import ACTIVATIONS, FEEDFORWARDS, FeedForward, build_feedforward
+from attnlab.nn.norm import NORMS, LayerNorm, build_norm
 from attnlab.nn.position import (
+    POSITIONS,
     GridPositions,
     LearnedPositions,
     NoPositions,
@@ -14,8 +15,17 @@ from attnlab.nn.position import (
     sinusoidal_2d_table,
     sinusoidal_table,
 )
+from attnlab.nn.stack import Stack, set_grad_checkpoint
 
 __all__ = [
+    "ACTIVATIONS",
+    "FEEDFORWARDS",
+    "NORMS",
+    "POSITIONS",
+    "Stack",
+    "build_feedforward",
+    "build_norm",
+    "set_grad_checkpoint",
     "Block",
     "BlockConfig",
     "FeedForward",

@@ -3,7 +3,9 @@
 Legend: B batch, H heads, Tq query length, Tk key length, Dh head size, C model width.
 
 Masks are boolean and broadcast to (B, H, Tq, Tk). True means "this query may look at this
-key", the convention of `torch.nn.functional.scaled_dot_product_attention`.
+key", the convention of `torch.nn.functional.scaled_dot_product_attention`. A bias is a float
+tensor added to the scores before the softmax (ALiBi's distance penalties, relative-position
+biases), broadcast the same way.
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ def attend(
     mask: Tensor | None = None,
     return_weights: bool = False,
     *,
+    bias: Tensor | None = None,
     causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(Q K^T / sqrt(d_k)) V over the last two dimensions.
+    """softmax(Q K^T / sqrt(d_k) + bias) V over the last two dimensions.
 
-    q: (..., Tq, Dh), k: (..., Tk, Dh), v: (..., Tk, Dv); mask broadcasts to (..., Tq, Tk).
-    `causal=True` adds the causal mask (bottom-right aligned, see `causal_mask`).
+    q: (..., Tq, Dh), k: (..., Tk, Dh), v: (..., Tk, Dv); mask (boolean) and bias (float) broadcast
+    to (..., Tq, Tk). `causal=True` adds the causal mask (bottom-right aligned, see `causal_mask`).
 
     Two paths compute the same thing:
     - return_weights=True: the formula written out; returns (out, weights), weights being the
@@ -73,7 +76,7 @@ def attend(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
-    if not return_weights and mask is None:
+    if not return_weights and mask is None and bias is None:
         # The fast path the models take: no mask tensor at all, causal handled in the kernel.
         if not causal or tq == tk:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
@@ -90,10 +93,15 @@ def attend(
         mask = mask | ~live
 
     if not return_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        # The kernel takes one attn_mask: boolean, or a float one added to the scores. A bias and a
+        # mask together become one float mask, -inf where the boolean mask says no.
+        attn_mask = mask if bias is None else _masked_bias(bias.to(q.dtype), mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
         return (out if live is None else out * live), None
 
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -101,6 +109,14 @@ def attend(
         weights = weights * live
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped.to(v.dtype) @ v, weights
+
+
+def _masked_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
+    """The additive bias with -inf where `mask` (boolean, True = may attend) forbids a key; the
+    result has the broadcast shape of both."""
+    if mask is None:
+        return bias
+    return torch.where(mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=bias.device))
 
 
 class KVCache:
@@ -172,6 +188,7 @@ class MultiHeadAttention(nn.Module):
         self.inner = n_heads * d_head
         self.qkv_proj = nn.Linear(d_model, 3 * self.inner, bias=bias)
         self.out_proj = nn.Linear(self.inner, d_model, bias=bias)
+        self.out_proj.init_role = "residual_out"  # writes into the residual stream: scaled at init
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
         """x @ W[rows]^T + b[rows]: the chosen part of the stacked Q/K/V projection."""
@@ -193,8 +210,10 @@ class MultiHeadAttention(nn.Module):
         qk_transform: QKTransform | None = None,
         offset: int = 0,
         return_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, C) queries; memory: (B, S, C) keys/values source (default x).
+        """x: (B, T, C) queries; memory: (B, S, C) keys/values source (default x); bias: added to
+        the scores, broadcast to (B, H, T, S).
 
         Returns (out (B, T, C), weights (B, H, T, S) or None).
         """
@@ -213,6 +232,6 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and not (cache.static and cache.filled):
             k, v = cache.update(k, v)
         p = self.dropout if self.training else 0.0
-        out, weights = attend(q, k, v, mask, return_weights, causal=causal, dropout_p=p)
+        out, weights = attend(q, k, v, mask, return_weights, bias=bias, causal=causal, dropout_p=p)
         out = out.transpose(1, 2).reshape(b, t, inner)  # (B, T, H*Dh): heads concatenated
         return self.out_proj(out), weights

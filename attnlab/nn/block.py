@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, QKTransform
-from attnlab.nn.feedforward import FeedForward
-from attnlab.nn.norm import LayerNorm
+from attnlab.nn.feedforward import build_feedforward
+from attnlab.nn.norm import build_norm
 
 NORM_PLACES = ("pre", "post")
 
@@ -36,6 +36,8 @@ class BlockConfig:
     ln_eps: float = 1e-5
     causal: bool = False  # decoder self-attention: position i sees positions <= i only
     cross_attention: bool = False  # attend to an encoder's output (encoder-decoder models)
+    feedforward: str = "mlp"  # a key of nn.feedforward.FEEDFORWARDS
+    norm_kind: str = "layernorm"  # a key of nn.norm.NORMS
 
     def __post_init__(self):
         if self.norm not in NORM_PLACES:
@@ -49,19 +51,20 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
+        norm = lambda: build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
-        self.norm_attn = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+        self.norm_attn = norm()
         if cfg.cross_attention:
             self.cross = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
-            self.norm_cross = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
-        self.norm_ff = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+            self.norm_cross = norm()
+        self.ff = build_feedforward(cfg.feedforward, cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.norm_ff = norm()
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _in(self, x: Tensor, norm: LayerNorm) -> Tensor:
+    def _in(self, x: Tensor, norm: nn.Module) -> Tensor:
         return norm(x) if self.pre_norm else x
 
-    def _out(self, x: Tensor, y: Tensor, norm: LayerNorm) -> Tensor:
+    def _out(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
         x = x + self.drop(y)  # the residual connection
         return x if self.pre_norm else norm(x)
 
@@ -76,12 +79,14 @@ class Block(nn.Module):
         qk_transform: QKTransform | None = None,
         offset: int = 0,
         return_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
         """x: (B, T, C) -> (B, T, C), and the attention weights when asked for.
 
         mask: (B|1, 1, T|1, T) self-attention mask (True = may attend), e.g. key padding;
         the causal mask comes from the config. memory: (B, S, C) encoder output for
         cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0].
+        bias: added to the self-attention scores, (1|B, H|1, T, T') (ALiBi, relative positions).
         """
         a, w_self = self.attn(
             self._in(x, self.norm_attn),
@@ -91,6 +96,7 @@ class Block(nn.Module):
             qk_transform=qk_transform,
             offset=offset,
             return_weights=return_weights,
+            bias=bias,
         )
         x = self._out(x, a, self.norm_attn)
         w_cross = None

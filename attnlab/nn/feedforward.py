@@ -25,6 +25,18 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.up = nn.Linear(d_model, d_ff, bias=bias)  # W1: (C -> F)
         self.down = nn.Linear(d_ff, d_model, bias=bias)  # W2: (F -> C)
+        self.down.init_role = "residual_out"  # writes into the residual stream: scaled at init
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C)
         return self.down(ACTIVATIONS[self.activation](self.up(x)))
+
+
+# Feed-forwards by config name: a new one (a gated feed-forward, a mixture of experts) is a class
+# taking (d_model, d_ff, activation, bias) and one line here.
+FEEDFORWARDS: dict[str, type[nn.Module]] = {"mlp": FeedForward}
+
+
+def build_feedforward(kind: str, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True) -> nn.Module:
+    if kind not in FEEDFORWARDS:
+        raise ValueError(f"unknown feed-forward {kind!r}; choose from {sorted(FEEDFORWARDS)}")
+    return FEEDFORWARDS[kind](d_model, d_ff, activation, bias)

@@ -18,11 +18,18 @@ class LayerNorm(nn.Module):
     written out, and the tests hold the two (and `torch.nn.LayerNorm`) equal.
     """
 
+    init_role = "norm"  # models/common.init_weights resets it to the identity
+
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))  # gamma
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # beta
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
@@ -36,3 +43,13 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
+
+
+# Norms by config name: a new one (e.g. RMSNorm) is a class taking (d_model, eps, bias) and one line here.
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm}
+
+
+def build_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm {kind!r}; choose from {sorted(NORMS)}")
+    return NORMS[kind](d_model, eps, bias)

@@ -2,12 +2,14 @@
 
 Legend: B batch, T time, C model width.
 
-A `Positions` module has two hooks:
+A `Positions` module has three hooks, and every family's Stack calls all three:
 - `forward(x, offset)` adds absolute positions to the token embeddings (B, T, C); the
   positions are offset, offset+1, ... (offset > 0 when decoding with a cache);
-- `qk_transform` is None for absolute schemes; schemes that act inside attention (rotary,
-  relative) set it to a function (q, k, offset) -> (q, k) that every attention layer calls.
-Models only ever call these two, so adding a scheme is one class and one `build_positions` entry.
+- `qk_transform` is None for absolute schemes; schemes that act on queries and keys inside
+  attention (rotary) set it to a function (q, k, offset) -> (q, k) that every attention layer calls;
+- `score_bias(tq, tk, offset)` is None for them too; schemes that add to the attention scores
+  (ALiBi, relative-position biases) return a float (1|B, H|1, Tq, Tk) bias there.
+So adding a scheme is one class and one `POSITIONS` entry.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ class Positions(nn.Module):
     def __init__(self, max_len: int):
         super().__init__()
         self.max_len = max_len
+
+    def score_bias(self, tq: int, tk: int, offset: int = 0) -> Tensor | None:
+        """An additive bias on the attention scores of Tq queries (at positions offset..) over Tk keys."""
+        return None
 
     def check(self, t: int, offset: int) -> None:
         if offset + t > self.max_len:
@@ -111,10 +117,13 @@ class GridPositions(FixedPositions):
 POSITIONS = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions}
 
 
-def build_positions(kind: str, max_len: int, d_model: int) -> Positions:
-    """The position module named by a config value: 'learned', 'sinusoidal' or 'none'."""
+def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int] | None = None) -> Positions:
+    """The position module named by a config value (a key of POSITIONS). `grid`: the (rows, cols)
+    of image patches after one [CLS] token, where sinusoidal positions are the 2-D table."""
     if kind not in POSITIONS:
         raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
     if kind == "none":
         return NoPositions(max_len)
+    if kind == "sinusoidal" and grid is not None:
+        return GridPositions(*grid, d_model, lead=1)
     return POSITIONS[kind](max_len, d_model)
