@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from attnlab import load
-from attnlab.viz.views import views
 from attnlab.cli.main import main
 from attnlab.decoding.sampling import generate_text
 from attnlab.serve.app import create_app, running
 from attnlab.viz.html import AttentionView, write_attention_html
+from attnlab.viz.views import views
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.is_file():

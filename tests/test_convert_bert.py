@@ -286,8 +286,8 @@ def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, c
     """The converted run reads "[CLS] pieces [SEP]" as BERT does: predict's probabilities equal
     HuggingFace's on the same framed ids, and the attention picture shows that framing."""
     from attnlab.cli.main import main
-    from attnlab.interop.convert import convert_from_hf
     from attnlab.data.tokenizers import tokenizer_from_json
+    from attnlab.interop.convert import convert_from_hf
 
     hf = hf_model("BertForSequenceClassification", **CONFIGS["2x32"])
     hf.save_pretrained(tmp_path / "hf")
@@ -304,8 +304,8 @@ def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, c
     assert diff < 1e-5, diff
     html = tmp_path / "a.html"
     assert main(["attention", str(tmp_path / "run"), "abc def", "--out", str(html)]) == 0
-    from attnlab.viz.views import views
     from attnlab.run import load
+    from attnlab.viz.views import views
 
     (view,) = views(load(tmp_path / "run", device="cpu"), "abc def")
     assert view.queries == ["[CLS]", "a", "##b", "##c", "d", "##e", "##f", "[SEP]"]

@@ -19,10 +19,10 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import attnlab
 from attnlab.cli.main import main
-from attnlab.interop.convert import convert_from_hf, export_hf
-from attnlab.errors import AttnlabError
-from attnlab.decoding.sampling import stream
 from attnlab.data.tokenizers import BPETokenizer
+from attnlab.decoding.sampling import stream
+from attnlab.errors import AttnlabError
+from attnlab.interop.convert import convert_from_hf, export_hf
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,11 +10,11 @@ import torch
 
 from attnlab.data.batches import IGNORE, mask_tokens
 from attnlab.data.labeled import LabeledDataConfig, load_splits, read_conll, read_table
+from attnlab.data.tokenizers import WordTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.tasks.metrics import confusion, scores
 from attnlab.models.encoder import PAPER_PARAMS, PRESETS, Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.data.tokenizers import WordTokenizer, load_tokenizer
+from attnlab.tasks.metrics import confusion, scores
 from tests.conftest import run_cli
 
 TINY = dict(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)

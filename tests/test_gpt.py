@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from attnlab.engine.rundir import load_weights, save_weights
 from attnlab.decoding.sampling import filter_logits, stream
+from attnlab.engine.rundir import load_weights, save_weights
 from attnlab.models.gpt import GPT, PAPER_PARAMS, PRESETS, GPTConfig
 from attnlab.models.size import count_params, estimate
 from tests.conftest import tiny_model

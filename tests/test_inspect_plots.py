@@ -10,6 +10,7 @@ import torch
 
 import attnlab
 from attnlab.cli.main import main
+from attnlab.data.tokenizers import CharTokenizer, WordTokenizer
 from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BagOfWords, BagOfWordsConfig, Pooled, PooledConfig
 from attnlab.models.gpt import GPT
@@ -17,7 +18,6 @@ from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.nn import sinusoidal_2d_table, sinusoidal_table
 from attnlab.run import Run
-from attnlab.data.tokenizers import CharTokenizer, WordTokenizer
 from attnlab.viz.inspect_plots import (
     WHAT,
     embedding_pca,

@@ -21,15 +21,15 @@ from PIL import Image
 
 import attnlab.serve.app
 from attnlab import load
-from attnlab.viz.views import views
 from attnlab.cli.main import main
-from attnlab.errors import AttnlabError
 from attnlab.decoding.sampling import generate_text
-from attnlab.tasks.text_predict import predict
+from attnlab.errors import AttnlabError
 from attnlab.serve.app import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
 from attnlab.tasks.image import load_image, predict_image
+from attnlab.tasks.text_predict import predict
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
+from attnlab.viz.views import views
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.errors import AttnlabError
 from attnlab.data.pool import ordered_map
+from attnlab.errors import AttnlabError
 
 EOT = "<|endoftext|>"
 UNK = "<unk>"

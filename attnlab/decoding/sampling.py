@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from attnlab.config import option
+from attnlab.data.tokenizers import Tokenizer
 from attnlab.engine.device import autocast, pick_dtype
 from attnlab.models.gpt import GPT
-from attnlab.data.tokenizers import Tokenizer
 
 
 @dataclass

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
 from attnlab.data.batches import N_SPECIAL
+from attnlab.engine.rundir import atomic_write
 from attnlab.errors import AttnlabError
 from attnlab.nn.position import (
     FixedPositions,
