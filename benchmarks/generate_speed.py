@@ -43,8 +43,8 @@ from common import (
 )
 from transformers import GPT2LMHeadModel
 
-from attnlab.engine.device import autocast
 from attnlab.decoding.sampling import stream
+from attnlab.engine.device import autocast
 from attnlab.models.gpt import GPT, GPTConfig
 
 Generator = Callable[[list[int], int], list[int]]  # (prompt ids, new tokens) -> new token ids

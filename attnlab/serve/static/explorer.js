@@ -1,0 +1,244 @@
+(() => {
+const TASKS = {
+  lm: ["Generate", "Type a prompt: the model continues it as it samples. Empty: a new document."],
+  classify: ["Classify", "Type a text: each label's probability."],
+  tag: ["Tag", "Type a text: a tag for each word."],
+  mlm: ["Fill in", "Type a text with [MASK] in it: the likeliest words for each."],
+  translate: ["Translate", "Type a source text."],
+  image: ["Classify an image", "Choose an image file: its label, and [CLS]'s attention over its patches."],
+};
+let runs = [];
+const current = () => runs.find((r) => r.name === $("run").value);
+
+// ---- talking to the server: every error body is {"error": "one line"} ----
+async function api(path, options) {
+  const response = await fetch(path, options);
+  if (response.ok) return response;
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    message = (await response.json()).error || message;
+  } catch (e) {} // not JSON: keep the status line
+  throw new Error(message);
+}
+const post = (path, body) =>
+  api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+
+function status(id, text, error = false) {
+  $(id).textContent = text;
+  $(id).classList.toggle("error", error);
+}
+
+// An input's number, or undefined when empty (JSON.stringify then leaves the field out: its default).
+function number(id) {
+  const text = $(id).value.trim();
+  return text === "" ? undefined : Number(text);
+}
+
+// ---- the run: summary, settings, loss curve ----
+async function chooseRun() {
+  const r = current(), [title, hint] = TASKS[r.kind] || [r.kind, ""];
+  $("run-summary").textContent =
+    `${r.family}, ${r.kind}, ${r.parameters.toLocaleString("en")} parameters, step ${r.step}`;
+  $("config").textContent = JSON.stringify(r.config, null, 2);
+  $("task-title").textContent = $("go").textContent = title;
+  $("task-hint").textContent = hint;
+  $("sampling").hidden = r.kind !== "lm";
+  $("text-input").hidden = r.kind === "image";
+  $("image-input").hidden = r.kind !== "image";
+  $("attention-go").disabled = r.kind === "image";
+  $("attention-hint").textContent = r.kind === "image"
+    ? "Image runs: [CLS]'s attention over the patches comes with each prediction above."
+    : "Of the text above (for a GPT, with what it generated): every layer and head.";
+  $("attention-views").hidden = true;
+  $("enlarged").hidden = true;
+  $("output").replaceChildren();
+  status("status", "");
+  status("attention-status", "");
+  const rows = await (await api(`/api/runs/${encodeURIComponent(r.name)}/metrics`)).json();
+  if (current() === r) drawCurve(rows); // unless another run was chosen meanwhile
+}
+
+function svg(tag, attributes, text) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attributes)) el.setAttribute(name, value);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// Train loss as a line, validation loss as dots, on shared axes.
+function drawCurve(rows) {
+  const W = 560, H = 220, left = 52, right = 12, top = 12, bottom = 30;
+  const points = (key) => rows.filter((r) => Number.isFinite(r[key])).map((r) => [r.step, r[key]]);
+  const train = points("loss"), val = points("val_loss"), all = train.concat(val);
+  if (!all.length) {
+    return fill($("curve"), [svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no metrics")]);
+  }
+  const extent = (k) => all.reduce(([lo, hi], p) => [Math.min(lo, p[k]), Math.max(hi, p[k])], [Infinity, -Infinity]);
+  const [x0, x1] = extent(0), [y0, y1] = extent(1);
+  // Enough digits that the two ends of the y axis differ (2.3026 and 2.3019, not 2.30 twice).
+  const digits = Math.min(6, Math.max(3, 2 + Math.ceil(Math.log10(Math.abs(y1) / (y1 - y0 || 1)))));
+  const X = (s) => left + ((W - left - right) * (s - x0)) / (x1 - x0 || 1);
+  const Y = (v) => H - bottom - ((H - top - bottom) * (v - y0)) / (y1 - y0 || 1);
+  const every = Math.max(1, Math.floor(train.length / 2000)); // a long run: 2,000 points draw the same line
+  const line = train.filter((_, i) => i % every === 0).map(([s, v]) => `${X(s).toFixed(1)},${Y(v).toFixed(1)}`);
+  const parts = [
+    svg("rect", { class: "frame", x: left, y: top, width: W - left - right, height: H - top - bottom }),
+    svg("polyline", { class: "train", points: line.join(" ") }),
+    ...val.map(([s, v]) => svg("circle", { class: "val", cx: X(s), cy: Y(v), r: 3 })),
+    svg("text", { x: left - 4, y: top + 10, "text-anchor": "end" }, y1.toPrecision(digits)),
+    svg("text", { x: left - 4, y: H - bottom, "text-anchor": "end" }, y0.toPrecision(digits)),
+    svg("text", { x: left, y: H - 10 }, `step ${x0}`),
+    svg("text", { x: W - right, y: H - 10, "text-anchor": "end" }, `${x1}`),
+    svg("text", { x: W / 2, y: H - 10, "text-anchor": "middle" }, "loss: train (line), validation (dots)"),
+  ];
+  fill($("curve"), parts);
+}
+
+// ---- the task ----
+// Bars for [[label, probability], ...].
+function bars(pairs) {
+  return pairs.map(([label, p]) => {
+    const row = element("div", "probability-row"), bar = element("div", "probability-bar");
+    bar.style.width = `${100 * p}%`;
+    const track = element("div");
+    track.append(bar);
+    row.append(element("span", "", label), track, element("span", "", percent(p)));
+    return row;
+  });
+}
+
+const RENDER = {
+  classify: (o) => [element("p", "answer", `${o.label} (${percent(o.probability)})`),
+    ...bars(Object.entries(o.probabilities).sort((a, b) => b[1] - a[1]))],
+  tag: (o) => o.tokens.map((t) => {
+    const box = element("span", "tagged");
+    box.title = percent(t.probability);
+    box.append(element("span", "word", t.token), element("span", "tag", t.tag));
+    return box;
+  }),
+  mlm: (o) => o.masks.flatMap((m) => [element("p", "answer", `[MASK] at token ${m.position + 1}`),
+    ...bars(m.candidates.map((c) => [c.token, c.probability]))]),
+  translate: (o) => [element("p", "answer text", o.translation)],
+};
+
+// Read NDJSON as it arrives, calling each(object) per line.
+async function readLines(response, each) {
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    buffer += decoder.decode(value || new Uint8Array(), { stream: !done });
+    let end;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, end);
+      buffer = buffer.slice(end + 1);
+      if (line.trim()) each(JSON.parse(line));
+    }
+    if (done) return;
+  }
+}
+
+async function generate(r) {
+  const prompt = $("prompt").value;
+  const body = { run: r.name, prompt, max_new_tokens: number("max-tokens"), temperature: number("temperature"),
+    top_k: number("top-k"), top_p: number("top-p"), seed: number("seed") };
+  const response = await post("/api/generate", body);
+  const generated = element("span", "text generated");
+  fill($("output"), [element("span", "text prompt-text", prompt), generated]);
+  $("output").dataset.prompt = prompt;
+  await readLines(response, (line) => {
+    if (line.error) throw new Error(line.error);
+    if (line.text !== undefined) generated.append(line.text);
+    if (line.done) {
+      const rate = line.seconds > 0 ? ` (${(line.tokens / line.seconds).toFixed(1)} tokens/s)` : "";
+      status("status", `${line.tokens} tokens in ${line.seconds.toFixed(2)} s${rate}, seed ${line.seed}`);
+    }
+  });
+}
+
+async function predictImage(r) {
+  const file = $("image").files[0];
+  if (!file) throw new Error("choose an image file first");
+  const form = new FormData();
+  form.append("run", r.name);
+  form.append("image", file);
+  const out = await (await api("/api/predict_image", { method: "POST", body: form })).json();
+  const picture = element("img", "upload");
+  picture.src = URL.createObjectURL(file); // the user's own file, read locally
+  picture.alt = file.name;
+  const figures = element("div", "cls-attention");
+  figures.append(figure(picture, file.name));
+  if (out.attention) figures.append(...patchMaps(out.attention));
+  fill($("output"), [element("p", "answer", `${out.label} (${percent(out.probability)})`),
+    ...bars(out.top.map((t) => [t.label, t.probability])), figures]);
+}
+
+function figure(content, caption) {
+  const box = element("figure");
+  box.append(content, element("figcaption", "caption", caption));
+  return box;
+}
+
+// [CLS]'s attention over the patches: one map per layer, the mean of its heads, darkest at its maximum.
+function patchMaps({ grid: [rows, cols], weights }) {
+  return weights.map((heads, l) => {
+    const mean = range(rows).map((i) => range(cols).map((j) => heads.reduce((s, h) => s + h[i][j], 0) / heads.length));
+    const most = Math.max(...mean.flat()) || 1;
+    const canvas = element("canvas", "patch-map");
+    paint(canvas, mean.map((row) => row.map((w) => w / most)));
+    return figure(canvas, `[CLS], layer ${l + 1}`);
+  });
+}
+
+async function run() {
+  const r = current();
+  if (!r) return;
+  $("go").disabled = true;
+  status("status", r.kind === "lm" ? "generating..." : "working...");
+  try {
+    if (r.kind === "lm") return await generate(r); // its last line writes the status
+    if (r.kind === "image") await predictImage(r);
+    else {
+      const response = await post("/api/predict", { run: r.name, text: $("prompt").value });
+      fill($("output"), RENDER[r.kind](await response.json()));
+    }
+    status("status", "");
+  } catch (e) {
+    status("status", e.message, true);
+  } finally {
+    $("go").disabled = false;
+  }
+}
+
+// ---- attention: the exported page's views, fed from the server ----
+async function attention() {
+  const r = current(), prompt = $("prompt").value, generated = $("output").querySelector(".generated");
+  const sameText = generated && $("output").dataset.prompt === prompt;
+  status("attention-status", "computing...");
+  try {
+    const text = prompt + (sameText ? generated.textContent : "");
+    const data = await (await post("/api/attention", { run: r.name, text })).json();
+    $("attention-views").hidden = false;
+    showAttention(data);
+    status("attention-status", "");
+  } catch (e) {
+    status("attention-status", e.message, true);
+  }
+}
+
+async function start() {
+  try {
+    runs = await (await api("/api/runs")).json();
+    for (const r of runs) option($("run"), r.name, `${r.name} (${r.kind})`);
+    await chooseRun();
+  } catch (e) {
+    status("status", e.message, true);
+  }
+}
+
+$("run").addEventListener("change", () => chooseRun().catch((e) => status("status", e.message, true)));
+$("go").addEventListener("click", run);
+$("prompt").addEventListener("keydown", (e) => e.key === "Enter" && (e.ctrlKey || e.metaKey) && run());
+$("attention-go").addEventListener("click", attention);
+start();
+})();

@@ -1,0 +1,228 @@
+"use strict";
+let DATA = { views: [] }; // {views: [{name, queries, keys, weights}]}, as views_json writes it; see showAttention
+const ROW = 22; // px per token row: lines are placed by row index, so nothing needs measuring
+const CELL = 14; // px per cell of the enlarged heatmap, shared with its axis labels so they line up
+const GAP = 220; // px between the query and the key columns, where the lines go
+const MIN_LINE = 0.005; // lines under 0.5% are invisible anyway; skipping them keeps long sequences fast
+const SVG_NS = document.getElementById("lines").namespaceURI; // the parser set it: no URL in the page
+const $ = (id) => document.getElementById(id);
+document.documentElement.style.setProperty("--row", `${ROW}px`); // one source for the CSS as well
+document.documentElement.style.setProperty("--cell", `${CELL}px`);
+
+// head: "all" or a head index; focus: the hovered token, {side: "query" | "key", index}, or null
+const state = { view: 0, layer: 0, head: "all", focus: null };
+const view = () => DATA.views[state.view];
+const nHeads = () => view().weights[0].length;
+const range = (n) => [...Array(n).keys()];
+const shownHeads = () => (state.head === "all" ? range(nHeads()) : [state.head]);
+const colour = (h) => `hsl(${Math.round((360 * h) / nHeads())}, 70%, 42%)`;
+const percent = (w) => `${(100 * w).toFixed(w < 0.1 ? 1 : 0)}%`;
+// Newlines and tabs are spelled out so that a token stays on its one row.
+const shown = (token) => token.replace(/\n/g, "\\n").replace(/\t/g, "\\t");
+
+// The weight of query i on key j in the chosen layer: one head's, or the mean over all heads.
+function weight(i, j) {
+  const W = view().weights[state.layer], heads = shownHeads();
+  return heads.reduce((sum, h) => sum + W[h][i][j], 0) / heads.length;
+}
+
+// Children go in through a fragment, not spread arguments, which engines cap in number.
+function fill(parent, children) {
+  const fragment = document.createDocumentFragment();
+  for (const child of children) fragment.append(child);
+  parent.replaceChildren(fragment);
+}
+
+// Token text is only ever set as textContent or an attribute, never parsed as HTML.
+function element(tag, className, text) {
+  const el = document.createElement(tag);
+  if (className) el.className = className;
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+function option(select, value, label) {
+  const o = element("option", "", label);
+  o.value = value;
+  select.append(o);
+}
+
+// ---- head view ----
+function tokenRow(side, index, token) {
+  const row = element("div", `token ${side}`);
+  row.dataset.index = index;
+  row.title = token;
+  const text = element("span", "text", shown(token)), label = element("span", "weight-label");
+  if (side === "query") row.append(text, label); // the label faces the lines
+  else row.append(label, text);
+  row.addEventListener("mouseenter", () => setFocus({ side, index }));
+  row.addEventListener("mouseleave", () => setFocus(null));
+  return row;
+}
+
+function buildTokens() {
+  const v = view(), svg = $("lines");
+  fill($("queries"), v.queries.map((t, i) => tokenRow("query", i, t)));
+  fill($("keys"), v.keys.map((t, j) => tokenRow("key", j, t)));
+  svg.setAttribute("width", GAP);
+  svg.setAttribute("height", Math.max(v.queries.length, v.keys.length, 1) * ROW);
+}
+
+// One line per (head, query, key) of the chosen layer; with a focused token, only its lines.
+function drawLines() {
+  const v = view(), W = v.weights[state.layer], f = state.focus;
+  const queries = f && f.side === "query" ? [f.index] : range(v.queries.length);
+  const keys = f && f.side === "key" ? [f.index] : range(v.keys.length);
+  const lines = [];
+  for (const h of shownHeads())
+    for (const i of queries)
+      for (const j of keys) {
+        const w = W[h][i][j];
+        if (w < MIN_LINE) continue;
+        const line = document.createElementNS(SVG_NS, "line");
+        const attributes = { x1: 0, y1: (i + 0.5) * ROW, x2: GAP, y2: (j + 0.5) * ROW, stroke: colour(h) };
+        attributes["stroke-width"] = 0.5 + 3 * w;
+        attributes["stroke-opacity"] = 0.1 + 0.9 * w;
+        for (const [name, value] of Object.entries(attributes)) line.setAttribute(name, value);
+        line.setAttribute("class", "line");
+        Object.assign(line.dataset, { query: i, key: j, head: h });
+        lines.push(line);
+      }
+  fill($("lines"), lines);
+}
+
+// With a focused token, every token of the other column shows its weight with it.
+function writeLabels() {
+  for (const label of document.querySelectorAll(".weight-label")) label.textContent = "";
+  for (const row of document.querySelectorAll(".token.active")) row.classList.remove("active");
+  const f = state.focus;
+  if (!f) return;
+  document.querySelector(`.token.${f.side}[data-index="${f.index}"]`).classList.add("active");
+  for (const row of document.querySelectorAll(`.token.${f.side === "query" ? "key" : "query"}`)) {
+    const other = Number(row.dataset.index);
+    const w = f.side === "query" ? weight(f.index, other) : weight(other, f.index);
+    row.querySelector(".weight-label").textContent = percent(w);
+  }
+}
+
+function setFocus(focus) {
+  state.focus = focus;
+  drawLines();
+  writeLabels();
+}
+
+// ---- model view ----
+// One canvas pixel per cell, white to deep blue; CSS scales it up without smoothing.
+function paint(canvas, m) {
+  const rows = m.length, cols = rows ? m[0].length : 0;
+  canvas.width = Math.max(cols, 1);
+  canvas.height = Math.max(rows, 1);
+  const context = canvas.getContext("2d"), image = context.createImageData(canvas.width, canvas.height);
+  for (let i = 0; i < rows; i++)
+    for (let j = 0; j < cols; j++) {
+      const w = Math.min(1, Math.max(0, m[i][j]));
+      image.data.set([255 * (1 - w), 255 * (1 - 0.8 * w), 255 * (1 - 0.3 * w), 255], 4 * (i * cols + j));
+    }
+  context.putImageData(image, 0, 0);
+}
+
+function buildThumbs() {
+  const grid = $("thumbs"), cells = [element("span")];
+  grid.style.gridTemplateColumns = `auto repeat(${nHeads()}, max-content)`;
+  for (const h of range(nHeads())) cells.push(element("span", "caption", `head ${h + 1}`));
+  view().weights.forEach((layer, l) => {
+    cells.push(element("span", "caption", `layer ${l + 1}`));
+    layer.forEach((m, h) => {
+      const thumb = element("canvas", "thumb");
+      Object.assign(thumb.dataset, { layer: l, head: h });
+      thumb.title = `layer ${l + 1}, head ${h + 1}`;
+      paint(thumb, m);
+      thumb.addEventListener("click", () => {
+        choose(l, h);
+        enlarge(l, h);
+      });
+      cells.push(thumb);
+    });
+  });
+  fill(grid, cells);
+}
+
+// Token labels along one axis of the enlarged heatmap, one CELL per token.
+function axis(side, tokens) {
+  const div = element("div", `axis ${side}`);
+  fill(div, tokens.map((t, k) => {
+    const label = element("span", "label", shown(t));
+    label.title = t;
+    label.dataset.index = k;
+    return label;
+  }));
+  return div;
+}
+
+function enlarge(l, h) {
+  const v = view(), m = v.weights[l][h], box = $("enlarged"), value = $("enlarged-value");
+  Object.assign(box.dataset, { layer: l, head: h });
+  $("enlarged-title").textContent = `${v.name}: layer ${l + 1}, head ${h + 1}`;
+  value.textContent = "";
+  const heatmap = element("canvas", "heatmap");
+  paint(heatmap, m);
+  heatmap.style.width = `${v.keys.length * CELL}px`;
+  heatmap.style.height = `${v.queries.length * CELL}px`;
+  // The cell under the mouse, from its position: one listener instead of Tq x Tk elements.
+  heatmap.addEventListener("mousemove", (e) => {
+    const i = Math.floor(e.offsetY / CELL), j = Math.floor(e.offsetX / CELL);
+    if (i < 0 || j < 0 || i >= v.queries.length || j >= v.keys.length) return;
+    value.textContent = `${shown(v.queries[i])} \u2192 ${shown(v.keys[j])}: ${percent(m[i][j])}`;
+    heatmap.title = value.textContent;
+  });
+  fill($("enlarged-body"), [element("span"), axis("key", v.keys), axis("query", v.queries), heatmap]);
+  box.hidden = false;
+}
+
+// ---- controls ----
+function redraw() {
+  drawLines();
+  writeLabels();
+  for (const t of document.querySelectorAll(".thumb")) {
+    const sameHead = state.head === "all" || Number(t.dataset.head) === state.head;
+    t.classList.toggle("selected", Number(t.dataset.layer) === state.layer && sameHead);
+  }
+}
+
+function choose(layer, head) {
+  Object.assign(state, { layer, head });
+  $("layer").value = layer;
+  $("head").value = head;
+  redraw();
+}
+
+function showView(index) {
+  Object.assign(state, { view: index, focus: null });
+  $("enlarged").hidden = true;
+  $("layer").replaceChildren();
+  $("head").replaceChildren();
+  view().weights.forEach((_, l) => option($("layer"), l, `layer ${l + 1}`));
+  option($("head"), "all", "all heads");
+  for (const h of range(nHeads())) option($("head"), h, `head ${h + 1}`);
+  buildTokens();
+  buildThumbs();
+  choose(0, "all"); // views may differ in layers and heads: start each at its first layer
+}
+
+// Show new attention data (views_json's); the controls' listeners below are set up once.
+function showAttention(data) {
+  DATA = data;
+  $("view").replaceChildren();
+  DATA.views.forEach((v, k) => option($("view"), k, v.name));
+  $("view-control").hidden = DATA.views.length < 2; // one view needs no choice
+  showView(0);
+}
+
+$("view").addEventListener("change", (e) => showView(Number(e.target.value)));
+$("layer").addEventListener("change", (e) => choose(Number(e.target.value), state.head));
+$("head").addEventListener("change", (e) => {
+  const value = e.target.value; // a select's value is a string: "all" or a head's index
+  choose(state.layer, value === "all" ? "all" : Number(value));
+});
+$("enlarged-close").addEventListener("click", () => ($("enlarged").hidden = true));
+document.addEventListener("keydown", (e) => e.key === "Escape" && ($("enlarged").hidden = true));
