@@ -88,6 +88,10 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok.weight  # one (V, C) matrix reads and writes tokens
 
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        return self.tok
+
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:

@@ -127,6 +127,13 @@ class RNNState:
 class RNNSeq2Seq(nn.Module):
     """Encoder-decoder translation model; see the module docstring for the equations."""
 
+    token_shift = N_SPECIAL  # model id = tokenizer id + token_shift (PAD, BOS, EOS below)
+
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        """The source side's token embedding."""
+        return self.src_embed
+
     def __init__(self, cfg: RNNSeq2SeqConfig):
         super().__init__()
         self.cfg = cfg

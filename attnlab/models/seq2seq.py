@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.data.batches import IGNORE, PAD_ID
+from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Presets, TransformerConfig, init_weights
 from attnlab.nn import Stack, build_positions
 from attnlab.nn.attention import padding_mask
@@ -118,6 +118,14 @@ class Seq2Seq(nn.Module):
     def blocks(self) -> nn.ModuleList:
         """Every block, for FSDP sharding and gradient checkpointing."""
         return nn.ModuleList([*self.encoder, *self.decoder])
+
+    # Token ids sit above PAD, BOS and EOS: model id = tokenizer id + token_shift.
+    token_shift = N_SPECIAL
+
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        """The source side's token embedding."""
+        return self.src_tok
 
     def _embed(self, tok: nn.Embedding, pos: nn.Module, ids: Tensor, offset: int = 0) -> Tensor:
         # Section 3.4: the embeddings are multiplied by sqrt(d_model) before positions are added.

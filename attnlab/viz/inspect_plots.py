@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.batches import N_SPECIAL
 from attnlab.engine.rundir import atomic_write
 from attnlab.errors import AttnlabError
 from attnlab.nn.position import (
@@ -34,10 +33,6 @@ from attnlab.viz.curves import plot_loss, read_metrics
 WHAT = ("loss", "lr", "positions", "embeddings")
 DIVERGING = "RdBu_r"  # blue below 0, white at 0, red above: the sign of a value reads at a glance
 
-# Where each family keeps its token embedding, and how far its ids sit above the tokenizer's:
-# the encoder-decoders (seq2seq, rnn-seq2seq) put PAD, BOS and EOS below them (data/batches.py).
-# `word_embedding` covers the encoder and the baselines (None for the bag of words).
-TOKEN_EMBEDDINGS = (("word_embedding", 0), ("tok", 0), ("src_tok", N_SPECIAL), ("src_embed", N_SPECIAL))
 # Where the position module lives: `pos` in the GPT, encoder and ViT; the encoder-decoder has one
 # per side (`src_pos`, `tgt_pos`) and its encoder's is drawn.
 POSITION_MODULES = (("pos", ""), ("src_pos", "encoder "))
@@ -226,12 +221,13 @@ def _draw_embeddings(run, out: Path, max_tokens: int) -> str:
 
 
 def _token_embedding(model):
-    """(the token embedding's weight (V, D), model id - tokenizer id), or None if it has none."""
-    for attr, shift in TOKEN_EMBEDDINGS:
-        emb = getattr(model, attr, None)
-        if emb is not None and hasattr(emb, "weight"):
-            return emb.weight, shift
-    return None
+    """(the token embedding's weight (V, D), model id - tokenizer id), or None if it has none.
+    Every text family names its (source) token embedding `word_embedding` (None for the bag of
+    words); the encoder-decoders put PAD, BOS and EOS below the tokenizer's ids (`token_shift`)."""
+    emb = getattr(model, "word_embedding", None)
+    if emb is None or not hasattr(emb, "weight"):
+        return None
+    return emb.weight, getattr(model, "token_shift", 0)
 
 
 def token_labels(tokenizer, n_rows: int, shift: int, max_tokens: int) -> list[str]:
