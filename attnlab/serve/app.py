@@ -149,15 +149,14 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
     add_error_handlers(app)
     html = page(MAX_INPUT_CHARS, MAX_NEW_TOKENS)
 
-    def find(name: str, endpoint: str | None = None, instead: str = "") -> Served:
-        """The run called `name`, whose task answers at `endpoint` if given (else a 400 that says what to
-        do `instead`: by default, the endpoint its task answers at)."""
+    def find(name: str, endpoint: str | None = None) -> Served:
+        """The run called `name`; with `endpoint`, one whose task answers there (else a 400 naming the
+        endpoint that does)."""
         if name not in served:
             raise HTTPException(404, f"unknown run {name!r}; serving: {', '.join(served)}")
         s = served[name]
-        task = s.run.task
-        if endpoint is not None and task.endpoint != endpoint and not (endpoint == "/api/attention" and task.tokenized):
-            raise AttnlabError(f"{name} is {task.noun} run: {instead or f'use {task.endpoint}'}")
+        if endpoint is not None and s.run.task.endpoint != endpoint:
+            raise AttnlabError(f"{name} is {s.run.task.noun} run: use {s.run.task.endpoint}")
         return s
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -212,7 +211,10 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
 
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
     def attention(req: TextRequest) -> dict:
-        s = find(req.run, "/api/attention", "send the image to /api/predict_image, whose answer has [CLS]'s attention")
+        s = find(req.run)
+        if not s.run.task.tokenized:  # an image: its attention comes with its prediction
+            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: send the image to {s.run.task.endpoint}, "
+                               "whose answer has [CLS]'s attention")  # fmt: skip
         return views_json(views(s.run, req.text))
 
     return app

@@ -102,9 +102,6 @@ class LanguageModel(Task):
         "start from this GPT run's weights and tokenizer (e.g. one converted from HuggingFace); fine-tunes on --data"
     )
 
-    def train_defaults(self, model: str) -> dict[str, Any]:
-        return {}
-
     def _model(self, req: TrainRequest) -> GPTConfig:
         """The GPT's config: the run's own (resume), the --init run's, or a preset / the defaults with
         the given fields (vocab_size follows the tokenizer in prepare)."""
