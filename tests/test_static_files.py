@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -34,6 +35,9 @@ def test_token_text_cannot_leave_the_data_tag():
     text = render_attention_html(VIEWS, "t")
     data = text.split('<script type="application/json" id="attention-data">')[1].split("</script>")[0]
     assert "</script>" not in data and "\\u003c/script>" in data
+    back = json.loads(data)["views"][0]  # what the page's JSON.parse reads: the tokens as they were
+    assert back["queries"] == VIEWS[0].queries and back["keys"] == VIEWS[0].keys
+    assert np.allclose(back["weights"], VIEWS[0].weights, atol=1e-4)
     assert text.count("<script") == 2  # the data tag and the one script
 
 
