@@ -1,5 +1,6 @@
-"""The shared Stack and the pluggable parts: attention with an additive bias, norm and feed-forward
-registries, init roles, position hooks and activation checkpointing in every family."""
+"""The shared Stack in every family: parameter names and initial weights kept (init roles), the
+positions' hooks inside attention, a score bias with and without a cache, activation checkpointing.
+The parts themselves (attention's bias, the norm and feed-forward registries): tests/test_nn_parts.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.nn import FEEDFORWARDS, NORMS, POSITIONS, Block, BlockConfig, LayerNorm, Stack, attend, set_grad_checkpoint
-from attnlab.nn.position import Positions
+from attnlab.nn import (
+    POSITIONS,
+    BlockConfig,
+    GridPositions,
+    LayerNorm,
+    Positions,
+    SinusoidalPositions,
+    Stack,
+    build_positions,
+    set_grad_checkpoint,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,57 +53,6 @@ def attention_of(model: nn.Module, family: str) -> list[torch.Tensor]:
     return model.attention(*x)["encoder"] if family == "seq2seq" else model.attention(*x)
 
 
-# ---- attend with an additive bias -----------------------------------------------------------------
-
-
-def loop_attention(q, k, v, bias, mask):
-    """softmax(q.k / sqrt(d) + bias) v, one query and one key at a time (masked keys skipped)."""
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                scores = [float(q[b, h, i] @ k[b, h, j]) / math.sqrt(q.shape[-1]) + float(bias[b, h, i, j])
-                          for j in range(k.shape[2])]  # fmt: skip
-                keep = [j for j in range(k.shape[2]) if mask is None or mask[b, 0, i, j]]
-                if not keep:
-                    continue
-                top = max(scores[j] for j in keep)
-                w = {j: math.exp(scores[j] - top) for j in keep}
-                z = sum(w.values())
-                out[b, h, i] = sum(w[j] / z * v[b, h, j] for j in keep)
-    return out
-
-
-@pytest.mark.parametrize("masked", [False, True])
-def test_attend_adds_a_bias_to_the_scores_in_both_paths(masked):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
-    bias = torch.randn(2, 3, 5, 5)
-    mask = torch.rand(2, 1, 5, 5) > 0.3 if masked else None
-    if masked:
-        mask[0, 0, 2] = False  # a query that may see nothing: zeros, never NaN
-    math_out, weights = attend(q, k, v, mask, return_weights=True, bias=bias)
-    fused, _ = attend(q, k, v, mask, bias=bias)
-    torch.testing.assert_close(math_out, loop_attention(q, k, v, bias, mask), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fused, math_out, atol=1e-5, rtol=1e-5)
-    assert torch.isfinite(fused).all()
-    if masked:
-        assert torch.equal(fused[0, :, 2], torch.zeros_like(fused[0, :, 2])) and weights[0, :, 2].sum() == 0
-
-
-def test_a_bias_broadcast_over_the_batch_works_with_the_causal_mask():
-    torch.manual_seed(1)
-    q, k, v = (torch.randn(2, 2, 4, 8) for _ in range(3))
-    distance = torch.arange(4)[None, :] - torch.arange(4)[:, None]  # (Tq, Tk): j - i
-    bias = (-0.5 * distance.abs().float())[None, None]  # (1, 1, Tq, Tk), ALiBi-like
-    a, w = attend(q, k, v, return_weights=True, bias=bias, causal=True)
-    b, _ = attend(q, k, v, bias=bias, causal=True)
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    assert torch.equal(w.triu(1), torch.zeros_like(w))  # still causal
-    _, plain = attend(q, k, v, return_weights=True, causal=True)
-    assert not torch.allclose(w, plain)  # and the bias changed the weights
-
-
 # ---- the Stack keeps every family's names and initial weights ---------------------------------------
 
 
@@ -116,6 +75,12 @@ def test_every_family_keeps_its_parameter_names():
         | {f"decoder.{i}.{n}" for i in range(2) for n in block | cross}
         | {"src_tok.weight", "tgt_tok.weight", "out.weight"}  # post-norm: no final norms
     )
+    bert = FAMILIES["encoder"](norm="post", head="mlm", type_vocab_size=2).state_dict()
+    assert set(bert) == blocks | {"tok.weight", "pos.embedding.weight", "token_type.weight", "embed_norm.weight",
+                                  "embed_norm.bias", "transform.weight", "transform.bias", "transform_norm.weight",
+                                  "transform_norm.bias", "out.weight", "out.bias"}  # fmt: skip
+    pre = set(FAMILIES["seq2seq"](norm="pre", share_embeddings=True).state_dict())
+    assert pre == names["seq2seq"] | {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
     assert isinstance(FAMILIES["gpt"]().blocks, Stack) and len(FAMILIES["seq2seq"]().blocks) == 4
 
 
@@ -145,61 +110,6 @@ def test_init_roles_give_the_weights_name_matching_gave(family, monkeypatch):
     assert all(torch.equal(by_role[k], by_name[k]) for k in by_role)
 
 
-# ---- parts from the registries -------------------------------------------------------------------
-
-
-class ScaleNorm(nn.Module):
-    """A toy norm: x / ||x|| * g, one learned gain."""
-
-    init_role = "norm"
-
-    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
-        super().__init__()
-        self.eps, self.g = eps, nn.Parameter(torch.ones(1))
-
-    def reset_parameters(self) -> None:
-        nn.init.constant_(self.g, math.sqrt(1.0))
-
-    def forward(self, x):
-        return x / x.norm(dim=-1, keepdim=True).clamp(min=self.eps) * self.g
-
-
-class Doubled(nn.Module):
-    """A toy feed-forward: two position-wise maps added."""
-
-    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True):
-        super().__init__()
-        self.a, self.b = nn.Linear(d_model, d_model, bias=bias), nn.Linear(d_model, d_model, bias=bias)
-        self.b.init_role = "residual_out"
-
-    def forward(self, x):
-        return self.a(x) + self.b(x)
-
-
-def test_a_norm_and_a_feedforward_registered_outside_plug_into_every_block(monkeypatch):
-    monkeypatch.setitem(NORMS, "scale", ScaleNorm)
-    monkeypatch.setitem(FEEDFORWARDS, "doubled", Doubled)
-    block = Block(BlockConfig(d_model=8, n_heads=2, d_ff=32, feedforward="doubled", norm_kind="scale"))
-    assert isinstance(block.ff, Doubled) and isinstance(block.norm_attn, ScaleNorm)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=8, context=8, vocab_size=11, feedforward="doubled",
-                          norm_kind="scale"))  # fmt: skip
-    assert isinstance(model.norm, ScaleNorm) and isinstance(model.blocks[1].ff, Doubled)
-    # init roles reach the new parts: the residual output scaled, the norm reset
-    assert model.blocks[0].ff.b.weight.std() < model.blocks[0].ff.a.weight.std()
-    logits, loss = model(torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))
-    loss.backward()
-    assert model.blocks[0].ff.a.weight.grad is not None and model.norm.g.grad is not None
-
-
-def test_allowed_values_come_from_the_registries():
-    from dataclasses import fields
-
-    choices = {f.name: f.metadata.get("choices") for f in fields(GPTConfig)}
-    assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "none")
-    assert choices["activation"] == ("relu", "gelu", "gelu_tanh")
-    assert choices["feedforward"] == tuple(FEEDFORWARDS) and choices["norm_kind"] == tuple(NORMS)
-
-
 # ---- positions' hooks and checkpointing reach every family ---------------------------------------
 
 
@@ -216,7 +126,7 @@ class OnlySelf(Positions):
         return q, k
 
     def score_bias(self, tq, tk, offset=0):
-        same = torch.arange(tq)[:, None] + offset == torch.arange(tk)[None, :]
+        same = torch.arange(tq)[:, None] + (tk - tq) == torch.arange(tk)[None, :]  # keys end at the last query
         return torch.where(same, 0.0, -1e4)[None, None]  # (1, 1, Tq, Tk)
 
 
@@ -232,8 +142,9 @@ def test_positions_inside_attention_reach_every_family(family, monkeypatch):
     assert pos.calls >= 2  # once per layer at least
 
 
+@pytest.mark.parametrize("how", ["function", "attribute"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_activation_checkpointing_reaches_every_family(family):
+def test_activation_checkpointing_reaches_every_family(family, how):
     torch.manual_seed(0)
     model = FAMILIES[family]().train()
     calls = []
@@ -247,9 +158,61 @@ def test_activation_checkpointing_reaches_every_family(family):
     loss().backward()
     plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
-    set_grad_checkpoint(model, True)
+    if how == "function":
+        set_grad_checkpoint(model, True)
+    else:
+        model.grad_checkpoint = True  # what the training engine may set on any model
+    stacks = [m for m in model.modules() if isinstance(m, Stack)]
+    assert model.grad_checkpoint and all(s.grad_checkpoint for s in stacks)
     n = len(calls)
     loss().backward()
     assert len(calls) - n == 2 * n  # the first block ran again in backward
     again = [p.grad for p in model.parameters() if p.grad is not None]
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, again))
+
+
+class Distance(Positions):
+    """Toy ALiBi: a penalty growing with the distance between query and key, nothing added to x."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__(max_len)
+
+    def score_bias(self, tq, tk, offset=0):
+        q = torch.arange(tq)[:, None] + offset  # (Tq, 1) absolute positions
+        k = torch.arange(tk)[None, :] + offset + tq - tk  # (1, Tk): the last Tk positions
+        return -0.5 * (q - k).abs().float()[None, None]  # (1, 1, Tq, Tk)
+
+
+def test_a_score_bias_decodes_the_same_with_and_without_a_cache(monkeypatch):
+    monkeypatch.setitem(POSITIONS, "distance", Distance)
+    torch.manual_seed(0)
+    model = FAMILIES["gpt"](positions="distance").eval()
+    ids = torch.randint(0, 11, (2, 7))
+    with torch.no_grad():
+        full = model(ids)  # (B, T, V)
+        caches = model.new_caches()
+        steps = [model(ids[:, :3], caches=caches)]  # a prompt of 3, then one token at a time
+        steps += [model(ids[:, t : t + 1], caches=caches, offset=t) for t in range(3, 7)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+        # without a cache the keys are the queries' own: only distances count, not the offset
+        torch.testing.assert_close(model(ids[:, 3:], offset=3), model(ids[:, 3:]), atol=1e-6, rtol=0)
+
+
+def test_a_stack_adds_a_bias_argument_to_the_positions_bias():
+    torch.manual_seed(0)
+    stack = Stack(BlockConfig(d_model=8, n_heads=2, d_ff=16, causal=True), 2).eval()
+    x = torch.randn(2, 5, 8)
+    bias = Distance(5, 8).score_bias(5, 5)
+    by_positions, _ = stack(x, Distance(5, 8))
+    by_argument, _ = stack(x, bias=bias)
+    torch.testing.assert_close(by_argument, by_positions, atol=0, rtol=0)
+    _, w = stack(x, bias=bias, return_weights=True)
+    doubled, _ = stack(x, Distance(5, 8), bias=bias)
+    torch.testing.assert_close(doubled, stack(x, bias=2 * bias)[0], atol=1e-6, rtol=0)
+    assert len(w["self"]) == 2 and w["cross"] == []
+
+
+def test_vit_builds_its_grid_positions_through_the_registry():
+    model = FAMILIES["vit"](positions="sinusoidal")
+    assert isinstance(model.pos, GridPositions) and model.pos.table.shape == (1 + 4, 16)
+    assert isinstance(build_positions("sinusoidal", 5, 16), SinusoidalPositions)

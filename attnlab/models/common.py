@@ -10,7 +10,16 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.nn import ACTIVATIONS, FEEDFORWARDS, NORMS, POSITIONS, BlockConfig
+from attnlab.nn import (
+    ACTIVATIONS,
+    FEEDFORWARDS,
+    NORM_PLACES,
+    NORMS,
+    POSITIONS,
+    BlockConfig,
+    Stack,
+    set_grad_checkpoint,
+)
 
 
 class Presets:
@@ -35,7 +44,7 @@ class TransformerConfig:
     d_head: int | None = option(None, "width of each head (default d_model / n_head)")
     context: int = option(256, "longest sequence the model accepts (positions)")
     dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
-    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
+    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", NORM_PLACES)
     activation: str = option("gelu", "feed-forward activation", tuple(ACTIVATIONS))
     positions: str = option("learned", "position information", tuple(POSITIONS))
     feedforward: str = option("mlp", "the feed-forward of each block", tuple(FEEDFORWARDS))
@@ -80,6 +89,20 @@ class TransformerConfig:
             feedforward=self.feedforward,
             norm_kind=self.norm_kind,
         )
+
+
+class Checkpointing:
+    """Mixed into every family: `model.grad_checkpoint = True` turns activation checkpointing on in
+    each of its Stacks (as `set_grad_checkpoint(model, True)` does), so the training engine can set
+    it on any model without knowing where its blocks are."""
+
+    @property
+    def grad_checkpoint(self) -> bool:
+        return any(m.grad_checkpoint for m in self.modules() if isinstance(m, Stack))
+
+    @grad_checkpoint.setter
+    def grad_checkpoint(self, on: bool) -> None:
+        set_grad_checkpoint(self, on)
 
 
 def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:

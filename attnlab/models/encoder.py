@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Presets, TransformerConfig, init_weights, pool
-from attnlab.nn import LayerNorm, Stack, build_positions
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool
+from attnlab.nn import LayerNorm, Stack, build_norm, build_positions
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
 
@@ -66,7 +66,7 @@ PRESETS: dict[str, EncoderConfig] = {
 PAPER_PARAMS = {"bert-base": 110e6, "bert-large": 340e6}
 
 
-class Encoder(nn.Module):
+class Encoder(Checkpointing, nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cfg = cfg
@@ -75,7 +75,9 @@ class Encoder(nn.Module):
         # BERT's segment embeddings; attnlab has one segment, so only row 0 is ever added.
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
-        self.embed_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
+        self.embed_norm = (
+            build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
+        )
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
         self.norm = self.blocks.final_norm()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Presets, TransformerConfig, init_weights
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights
 from attnlab.nn import KVCache, Stack, build_positions
 
 
@@ -74,7 +74,7 @@ PAPER_PARAMS = {
 }
 
 
-class GPT(nn.Module):
+class GPT(Checkpointing, nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg

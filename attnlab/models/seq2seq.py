@@ -10,10 +10,10 @@ L layers, H heads.
         feed-forward
     -> linear to V (tied to the target embedding, as in the paper)
 
-Both stacks are the `nn/block.py` blocks every attnlab family uses. Padding (id 0) in the
+Both stacks are the `nn/stack.py` Stack every attnlab family uses. Padding (id 0) in the
 source never gives attention, in the encoder or to the decoder's cross-attention.
 
-Decoding (attnlab/decode.py) calls `start` once per source (the memory, and the cross-attention
+Decoding (attnlab/decoding/) calls `start` once per source (the memory, and the cross-attention
 keys/values computed on the first step and kept) and `step` once per new target token, with
 each decoder block's self-attention keys/values cached, so no prefix is processed twice.
 """
@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
-from attnlab.models.common import Presets, TransformerConfig, init_weights
-from attnlab.nn import Stack, build_positions
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights
+from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack, build_positions
 from attnlab.nn.attention import padding_mask
 
 
@@ -38,9 +38,9 @@ from attnlab.nn.attention import padding_mask
 class Seq2SeqConfig(TransformerConfig, Presets):
     # The paper's choices as defaults: post-norm, ReLU, sinusoidal positions, dropout 0.1.
     norm: str = option("post", "LayerNorm after each residual (post, the paper) or before each sublayer (pre)",
-                       ("pre", "post"))  # fmt: skip
-    activation: str = option("relu", "feed-forward activation", ("relu", "gelu", "gelu_tanh"))
-    positions: str = option("sinusoidal", "position information", ("learned", "sinusoidal", "none"))
+                       NORM_PLACES)  # fmt: skip
+    activation: str = option("relu", "feed-forward activation", tuple(ACTIVATIONS))
+    positions: str = option("sinusoidal", "position information", tuple(POSITIONS))
     dropout: float = option(0.1, "dropout probability on attention, residuals and embeddings")
     n_dec_layer: int | None = option(None, "decoder blocks (default: n_layer)")
     src_vocab: int = option(37000, "source vocabulary (set from the tokenizer when training)")
@@ -96,7 +96,7 @@ class Seq2SeqState:
         return self
 
 
-class Seq2Seq(nn.Module):
+class Seq2Seq(Checkpointing, nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         self.cfg = cfg

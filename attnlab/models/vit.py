@@ -5,7 +5,7 @@ D model width, L labels.
 
     image (B, C, H, W) -> cut into N patches of P x P, each flattened to C*P*P numbers
     -> linear projection to D (the patch "token embeddings")
-    -> [CLS] + patches, plus positions -> the shared encoder blocks (nn/block.py, no mask)
+    -> [CLS] + patches, plus positions -> the shared Stack of blocks (nn/stack.py, no mask)
     -> final LayerNorm -> the encoder's classification head on [CLS] (or the mean) -> (B, L)
 
 Cutting, flattening and one shared linear map is exactly a convolution with kernel P and
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Presets, TransformerConfig, check_images, init_weights, pool
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, check_images, init_weights, pool
 from attnlab.nn import Stack, build_positions
 
 PATCH_PATHS = ("conv", "linear")
@@ -122,7 +122,7 @@ class PatchEmbedding(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
 
 
-class ViT(nn.Module):
+class ViT(Checkpointing, nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg

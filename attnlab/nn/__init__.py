@@ -1,7 +1,7 @@
 """Building blocks shared by every attnlab model family."""
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
-from attnlab.nn.block import Block, BlockConfig
+from attnlab.nn.block import NORM_PLACES, Block, BlockConfig
 from attnlab.nn.feedforward import ACTIVATIONS, FEEDFORWARDS, FeedForward, build_feedforward
 from attnlab.nn.norm import NORMS, LayerNorm, build_norm
 from attnlab.nn.position import (
@@ -21,6 +21,7 @@ __all__ = [
     "ACTIVATIONS",
     "FEEDFORWARDS",
     "NORMS",
+    "NORM_PLACES",
     "POSITIONS",
     "Stack",
     "build_feedforward",

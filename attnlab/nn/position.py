@@ -9,7 +9,7 @@ A `Positions` module has three hooks, and every family's Stack calls all three:
   attention (rotary) set it to a function (q, k, offset) -> (q, k) that every attention layer calls;
 - `score_bias(tq, tk, offset)` is None for them too; schemes that add to the attention scores
   (ALiBi, relative-position biases) return a float (1|B, H|1, Tq, Tk) bias there.
-So adding a scheme is one class and one `POSITIONS` entry.
+So adding a scheme is one class taking (max_len, d_model) and one `POSITIONS` entry.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ class Positions(nn.Module):
 
     qk_transform = None
 
-    def __init__(self, max_len: int):
+    def __init__(self, max_len: int, d_model: int | None = None):
         super().__init__()
         self.max_len = max_len
 
     def score_bias(self, tq: int, tk: int, offset: int = 0) -> Tensor | None:
-        """An additive bias on the attention scores of Tq queries (at positions offset..) over Tk keys."""
+        """An additive bias on the attention scores of Tq queries at positions offset..offset+Tq-1
+        over Tk keys, the last Tk positions up to the newest query (offset+Tq-Tk..offset+Tq-1):
+        with a cache the keys are every position so far, without one the queries' own."""
         return None
 
     def check(self, t: int, offset: int) -> None:
@@ -114,7 +116,12 @@ class GridPositions(FixedPositions):
         super().__init__(torch.cat([torch.zeros(lead, d_model), sinusoidal_2d_table(rows, cols, d_model)]))
 
 
-POSITIONS = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions, "none": NoPositions}
+# Position schemes by config name, in the order `--help` lists them.
+POSITIONS: dict[str, type[Positions]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "none": NoPositions,
+}
 
 
 def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int] | None = None) -> Positions:
@@ -122,8 +129,6 @@ def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int]
     of image patches after one [CLS] token, where sinusoidal positions are the 2-D table."""
     if kind not in POSITIONS:
         raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
-    if kind == "none":
-        return NoPositions(max_len)
     if kind == "sinusoidal" and grid is not None:
-        return GridPositions(*grid, d_model, lead=1)
+        return GridPositions(*grid, d_model, lead=1)  # the 1-D table would ignore the grid's rows
     return POSITIONS[kind](max_len, d_model)

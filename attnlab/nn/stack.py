@@ -59,14 +59,18 @@ class Stack(nn.ModuleList):
         cross_caches: list[KVCache] | None = None,
         offset: int = 0,
         return_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """x (B, T, C) -> (B, T, C) before the final norm, and {"self": [L x (B, H, T, T')],
         "cross": [...]} when return_weights. positions: the scheme whose hooks act inside
-        attention; mask (B|1, 1, T|1, T'); memory (B, S, C) for cross-attention with memory_mask."""
+        attention; mask (B|1, 1, T|1, T'); memory (B, S, C) for cross-attention with memory_mask;
+        bias: added to every self-attention's scores, (1|B, H|1, T, T'), with the positions' own."""
+        t = x.shape[1]
+        tk = t if caches is None else offset + t  # with caches the keys are every position so far
         qk_transform = None if positions is None else positions.qk_transform
-        # Keys are every position seen so far: with a cache, offset + T of them.
-        bias = None if positions is None else positions.score_bias(x.shape[1], offset + x.shape[1], offset)
-        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled()
+        bias = _add(bias, None if positions is None else positions.score_bias(t, tk, offset))
+        # A recomputed block would append its keys/values to a cache twice: caches mean decoding anyway.
+        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled() and caches is None
         weights: dict[str, list[Tensor]] = {"self": [], "cross": []}
         for i, block in enumerate(self):
             kwargs = dict(mask=mask, memory=memory, memory_mask=memory_mask,
@@ -81,6 +85,13 @@ class Stack(nn.ModuleList):
             for k, v in (w or {}).items():
                 weights[k].append(v)
         return x, weights
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """The sum of two optional score biases (None: nothing to add)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return a + b
 
 
 def set_grad_checkpoint(model: nn.Module, on: bool) -> None:
