@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of PyTorch this project is tested with; override e.g. TORCH="torch" for the newest.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-slow lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
+
+# The learning-quality checks (the demo's loss, the ViT on digits): about 4.5 minutes on 2 cores.
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m slow
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
