@@ -24,9 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.config import option
-
-PAD_ID = 0
-IGNORE = -100  # label of positions that do not count in the loss
+from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
 
 
 @dataclass

@@ -18,6 +18,7 @@ from attnlab.nn import (
     POSITIONS,
     BlockConfig,
     Stack,
+    build_positions,
     set_grad_checkpoint,
 )
 
@@ -103,6 +104,16 @@ class Checkpointing:
     @grad_checkpoint.setter
     def grad_checkpoint(self, on: bool) -> None:
         set_grad_checkpoint(self, on)
+
+
+def text_body(model: nn.Module, cfg: TransformerConfig, vocab_size: int, causal: bool) -> None:
+    """What every token-in Transformer has, set on `model` under the names its checkpoints use: the
+    token embedding `tok`, the positions `pos`, dropout `drop`, the Stack `blocks` and its final `norm`."""
+    model.tok = nn.Embedding(vocab_size, cfg.d_model)
+    model.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+    model.drop = nn.Dropout(cfg.dropout)
+    model.blocks = Stack(cfg.block_config(causal=causal), cfg.n_layer)
+    model.norm = model.blocks.final_norm()
 
 
 def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:

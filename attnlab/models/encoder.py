@@ -21,13 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool
-from attnlab.nn import LayerNorm, Stack, build_norm, build_positions
+from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool, text_body
+from attnlab.nn import LayerNorm, build_norm
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
 
-PAD_ID = 0
-IGNORE = -100  # label of positions that carry no loss (unmasked tokens, padding)
 HEADS = ("mlm", "classify", "tag")
 
 
@@ -70,17 +69,13 @@ class Encoder(Checkpointing, nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+        text_body(self, cfg, cfg.vocab_size, causal=False)  # tok, pos, drop, blocks, norm
         # BERT's segment embeddings; attnlab has one segment, so only row 0 is ever added.
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
         self.embed_norm = (
             build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
         )
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
-        self.norm = self.blocks.final_norm()
         if cfg.head == "mlm":
             # BERT's MLM head: a transform (dense, activation, norm), then the tied embedding + a bias.
             self.transform = nn.Linear(cfg.d_model, cfg.d_model)

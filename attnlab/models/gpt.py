@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights
-from attnlab.nn import KVCache, Stack, build_positions
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
+from attnlab.nn import KVCache
 
 
 @dataclass
@@ -78,11 +78,7 @@ class GPT(Checkpointing, nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = Stack(cfg.block_config(causal=True), cfg.n_layer)
-        self.norm = self.blocks.final_norm()
+        text_body(self, cfg, cfg.vocab_size, causal=True)  # tok, pos, drop, blocks (causal), norm
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg.n_layer)
         if cfg.tie_weights:
