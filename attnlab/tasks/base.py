@@ -64,6 +64,18 @@ class Task:
         """The model name (one of self.models) of a saved run's config.json."""
         return next(name for name, m in self.models.items() if m.family == config["family"])
 
+    def model_fields(self, req: TrainRequest) -> dict[str, Any]:
+        """The model-config fields to build from: the request's, or for a new run with --init the init
+        run's own (a run of this task), of which only dropout may be changed."""
+        if req.init is None or req.resume:
+            return dict(req.model_config)
+        from attnlab.tasks import task_of
+
+        config = ck.read_run_config(ck.check_run_dir(req.init))
+        if task_of(config) is not self:
+            raise AttnlabError(f"--init {req.init} is a {task_of(config).name} run: it needs a {self.name} run")
+        return {**config["model"], **{k: v for k, v in req.model_config.items() if k == "dropout"}}
+
     def setup(self, req: TrainRequest) -> dict[str, str]:
         """Rank 0, new runs only: slow work that may fail (tokenizers, caches), before the run
         directory is replaced; returns the files to write into it (name -> text)."""

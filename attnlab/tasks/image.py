@@ -106,12 +106,7 @@ class ImageClassification(Task):
             images = load_images(req.data, task["labels"], tuple(task["size"]), task["channels"])
         else:
             images = load_images(req.data)
-        overrides = dict(req.model_config)
-        if req.init is not None and not req.resume:
-            from attnlab.tasks.translate import init_fields
-
-            overrides = {**init_fields(req.init, self), **{k: v for k, v in overrides.items() if k == "dropout"}}
-        cfg = model_config(req.model, images, overrides)
+        cfg = model_config(req.model, images, self.model_fields(req))
         task = {"kind": self.name, "labels": images.classes, "size": list(images.size), "channels": images.channels}
         config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
                   "data": dataclasses.asdict(req.data), "task": task}  # fmt: skip
@@ -190,8 +185,7 @@ def train_image(out: str | Path, model: str = "vit", model_overrides: dict | Non
     data, force, init, progress)."""
     from attnlab.tasks import TASKS
 
-    name = None if request.get("resume") else model
-    return run(TASKS["image"], TrainRequest(out, name, dict(model_overrides or {}), **request))
+    return run(TASKS["image"], TrainRequest(out, model, dict(model_overrides or {}), **request))
 
 
 @torch.no_grad()

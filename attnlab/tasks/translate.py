@@ -137,11 +137,8 @@ class Translation(Task):
         splits = load_pairs(data)
         src_tok = load_tokenizer(out)
         tgt_tok = load_tokenizer(out / TARGET_TOKENIZER) if (out / TARGET_TOKENIZER).is_file() else src_tok
-        overrides = dict(req.model_config)
-        if req.init is not None and not req.resume:
-            overrides = {**init_fields(req.init, self), **{k: v for k, v in overrides.items() if k == "dropout"}}
         cfg = model_config(req.model, src_tok.vocab_size + N_SPECIAL, tgt_tok.vocab_size + N_SPECIAL, data.max_len,
-                           overrides)  # fmt: skip
+                           self.model_fields(req))  # fmt: skip
         encoded = {name: encode_pairs(src_tok, tgt_tok, p, data.max_len, name) for name, p in splits.items()}
         # Decoding stops at EOS or after this many tokens: twice the longest training target, which an
         # untrained model (that never says EOS) reaches quickly instead of running to max_len.
@@ -215,16 +212,6 @@ class Translation(Task):
 
 
 MODELS = Translation.models  # model name -> ModelChoice
-
-
-def init_fields(init: str | Path, task: Task) -> dict[str, Any]:
-    """The model fields of a run of the same task, to fine-tune from."""
-    from attnlab.tasks import task_of
-
-    config = ck.read_run_config(ck.check_run_dir(init))
-    if task_of(config) is not task:
-        raise AttnlabError(f"--init {init} is a {task_of(config).name} run: it needs a {task.name} run")
-    return dict(config["model"])
 
 
 @torch.no_grad()
