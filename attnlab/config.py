@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -59,12 +60,22 @@ def parse_value(cls: type, name: str, raw: Any) -> Any:
         if base is int and (isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer())):
             raise ValueError(raw)  # never round 3.7 to 3 or read True as 1
         value = base(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise AttnlabError(f"{name}: expected {base.__name__}, got {raw!r}") from None
+    if base is float and not math.isfinite(value):  # NaN passes every range check, inf trains to NaN
+        raise AttnlabError(f"{name}: must be a finite number, got {raw!r}")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise AttnlabError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
     return value
+
+
+def check_fraction(cfg: Any, *names: str, high: float = 1.0) -> None:
+    """Each named field a share in [0, high): written as `not (...)` so that NaN fails too."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not 0 <= value < high:
+            raise ValueError(f"{name} must be in [0, {high:g}), got {value}")
 
 
 def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:

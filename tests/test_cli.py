@@ -158,6 +158,7 @@ def test_size_json(capsys):
         ("bad_choice", "is not one of"),
         ("block_beyond_context", "beyond the model's context"),
         ("existing_run", "already exists"),
+        ("existing_non_run", "not an attnlab run"),
         ("resume_missing", "not found"),
         ("sample_missing_run", "not found"),
         ("sample_corrupt_run", "corrupt"),
@@ -182,7 +183,8 @@ def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys
         "force_non_run_dir": ["train", "lm", "--data", text, "--out", tmp_path, "--force", *TINY],
         "bad_choice": ["train", "lm", "--data", text, "--out", out, "--norm", "middle"],
         "block_beyond_context": ["train", "lm", "--data", text, "--out", out, *TINY, "--block-size", "64"],
-        "existing_run": ["train", "lm", "--data", text, "--out", tmp_path, *TINY],
+        "existing_run": ["train", "lm", "--data", text, "--out", "TRAINED", *TINY],
+        "existing_non_run": ["train", "lm", "--data", text, "--out", tmp_path, *TINY],
         "resume_missing": ["train", "lm", "--out", tmp_path / "nothing", "--resume"],
         "sample_missing_run": ["sample", tmp_path / "nothing"],
         "sample_corrupt_run": ["sample", out],
@@ -200,6 +202,8 @@ def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys
         else:
             (trained / "tokenizer.json").unlink()
         args[1] = trained
+    if "TRAINED" in args:
+        args[args.index("TRAINED")] = request.getfixturevalue("trained")
     code, _, err = run_cli(args, capsys)
     assert_one_line_error(code, err, fragment)
 

@@ -267,7 +267,7 @@ def test_existing_out_is_refused(good_dir, tmp_path):
         convert_from_hf(good_dir, tmp_path / "run")
     convert_from_hf(good_dir, tmp_path / "run", force=True)  # a run may be replaced
     shutil.copytree(good_dir, tmp_path / "other")
-    with pytest.raises(AttnlabError, match="not an attnlab run directory"):  # a HF folder may not
+    with pytest.raises(AttnlabError, match="not an attnlab run"):  # a HF folder may not
         convert_from_hf(good_dir, tmp_path / "other", force=True)
     assert (tmp_path / "other" / "model.safetensors").is_file()
     with pytest.raises(AttnlabError, match="would replace the model being converted"):

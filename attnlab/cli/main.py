@@ -43,11 +43,11 @@ def speaks() -> bool:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Any task: its settings (tuned, or the run's own when resuming) < the flags, then the engine."""
-    from attnlab.engine.rundir import check_run_dir, read_run_config
+    from attnlab.engine.rundir import check_resumable, read_run_config
     from attnlab.engine.train import run
 
     task: Task = args.task_obj
-    saved = read_run_config(check_run_dir(args.out)) if args.resume else None
+    saved = read_run_config(check_resumable(args.out)) if args.resume else None
     tuned = saved["train"] if saved else task.train_defaults(getattr(args, "model", None) or task.default_model)
     train = checked(TrainConfig, {**tuned, **flags_of(args, "train")}, where="[train]")
     result = run(task, task.request(args, train, saved))

@@ -21,7 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from attnlab.config import option
+from attnlab.config import check_fraction, option
 from attnlab.data.batches import rank_slice
 from attnlab.errors import AttnlabError
 
@@ -48,9 +48,7 @@ class ImageDataConfig:
     data_seed: int = option(0, "seed of the train/val/test cut")
 
     def __post_init__(self):
-        for name in ("val_fraction", "test_fraction"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_fraction(self, "val_fraction", "test_fraction")
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError("val_fraction + test_fraction must be below 1: some images must be left to train on")
         if self.augment < 0:

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.config import option
+from attnlab.config import check_fraction, option
 from attnlab.errors import AttnlabError
 
 BUILTIN_TASKS = {"sentiment": "classify", "tagging": "tag"}
@@ -34,6 +34,12 @@ class LabeledDataConfig:
     max_len: int = option(128, "tokens per example; longer texts are truncated, with a warning")
     split_fraction: float = option(0.1, "share of --data cut off for validation, and again for test, when not given")
     data_seed: int = option(0, "seed of the generated tasks and of the split")
+
+    def __post_init__(self):
+        check_fraction(self, "split_fraction", high=0.5)
+        for name in ("vocab_size", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:

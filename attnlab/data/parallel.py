@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.config import option
+from attnlab.config import check_fraction, option
 from attnlab.data import dates, numbers
 from attnlab.data.labeled import cut_splits, open_data
 from attnlab.errors import AttnlabError
@@ -62,8 +62,7 @@ class ParallelDataConfig:
         for name in ("vocab_size", "max_len", "n_train"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.split_fraction < 0.5:
-            raise ValueError(f"split_fraction must be in [0, 0.5), got {self.split_fraction}")
+        check_fraction(self, "split_fraction", high=0.5)
 
 
 def tokenizer_kind(cfg: ParallelDataConfig) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from attnlab.config import option
+from attnlab.config import check_fraction, option
 from attnlab.errors import AttnlabError
 
 BUILTIN = ("stdlib",)
@@ -29,6 +29,11 @@ class DataConfig:
     tokenizer: str = option("char", "character-level, byte-level BPE or word tokens", ("char", "bpe", "word"))
     vocab_size: int = option(4096, "vocabulary size when training a BPE tokenizer")
     val_fraction: float = option(0.05, "share of the corpus held out for validation")
+
+    def __post_init__(self):
+        check_fraction(self, "val_fraction")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be at least 1, got {self.vocab_size}")
 
 
 def stdlib_files() -> list[Path]:

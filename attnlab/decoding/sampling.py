@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,11 +47,11 @@ class GenerateConfig:
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not (0 <= temperature < math.inf):  # NaN fails this too
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
+    if top_p is not None and not (0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 from attnlab.config import option
 
 SCHEDULES = ("cosine", "inverse_sqrt")
@@ -38,8 +40,18 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps < 0 or self.warmup_steps < 0 or self.lr <= 0:
-            raise ValueError("max_steps and warmup_steps must be >= 0 and lr > 0")
+        if self.max_steps < 0 or self.warmup_steps < 0:
+            raise ValueError("max_steps and warmup_steps must be >= 0")
+        # Written as `not (...)`: NaN fails every comparison, so `lr <= 0` would let it through.
+        if not (0 < self.lr < math.inf):
+            raise ValueError(f"lr must be a finite number above 0, got {self.lr}")
+        for name in ("min_lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value < math.inf):
+                raise ValueError(f"{name} must be a finite number, 0 or more, got {value}")
+        for name in ("beta1", "beta2"):
+            if not (0 <= getattr(self, name) < 1):
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be cosine or inverse_sqrt, got {self.schedule!r}")
         if self.batch_size % self.grad_accum:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import signal
 import sys
 import threading
@@ -63,6 +64,11 @@ class Session:
     dist: Dist = field(default_factory=Dist)
     raw: nn.Module | None = None  # the model itself, without the DDP or compile wrappers
     command: str = "lm"  # the `attnlab train` subcommand that continues this run
+    saved_step: int | None = None  # the step of the checkpoint on disk
+
+
+class Diverged(AttnlabError):
+    """The loss or the gradients stopped being finite numbers: the step is not taken."""
 
 
 def train_step(s: Session) -> float:
@@ -83,19 +89,30 @@ def train_step(s: Session) -> float:
                 _, loss = s.model(*batch)  # every model: forward(inputs..., labels) -> (output, loss)
             (loss / s.cfg.grad_accum).backward()
         total += loss.item()
-    if s.cfg.grad_clip > 0:
-        clip_gradients(list(s.model.parameters()), s.cfg.grad_clip)
+    mean = distributed.mean(s.dist, total / s.cfg.grad_accum, s.device)  # the same on every process
+    norm = clip_gradients(list(s.model.parameters()), s.cfg.grad_clip)
+    if not (math.isfinite(mean) and math.isfinite(norm)):  # never let NaN into the weights
+        s.optimizer.zero_grad(set_to_none=True)
+        raise Diverged(diverged_message(s, mean, norm))
     for group in s.optimizer.param_groups:
         group["lr"] = lr_at(s.step, s.cfg)
     with deferred_interrupt(s):  # the update and the step count change together, or not at all
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=True)
         s.step += 1
-    return distributed.mean(s.dist, total / s.cfg.grad_accum, s.device)
+    return mean
+
+
+def diverged_message(s: Session, loss: float, norm: float) -> str:
+    kept = f"{s.run} keeps its checkpoint from step {s.saved_step}" if s.saved_step is not None else "nothing saved"
+    lower = f"{s.cfg.lr / 10:.3g}"
+    return (f"step {s.step + 1}: the training loss is {loss:g} (gradient norm {norm:g}): stopped before that update; "
+            f"{kept}. Is the learning rate too high? Continue with a lower one: "
+            f"attnlab train {s.command} --out {s.run} --resume --lr {lower}")  # fmt: skip
 
 
 def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
-    """Scale gradients so that their global norm is at most max_norm; returns that norm.
+    """Scale gradients so that their global norm is at most max_norm (0: leave them); returns that norm.
 
     Under FSDP each process holds a shard of every gradient, and the norm must be taken over
     all shards (the full tensor), not over this process's part.
@@ -103,7 +120,8 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
     norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
-    nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    if max_norm > 0:
+        nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm.item()
 
 
@@ -169,7 +187,7 @@ def start(
             options = StateDictOptions(full_state_dict=True)
             set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
-        s.step = state.step
+        s.step = s.saved_step = state.step
     if d.main and resume:
         ck.truncate_metrics(run / "metrics.jsonl", s.step)
     if d.main:
@@ -197,6 +215,7 @@ def save_checkpoint(s: Session) -> None:
     if s.dist.main:
         ck.save_train_state(s.run / ck.STATE, ck.TrainState(s.step, weights, optimizer), s.rng)
         ck.write_weights(weights, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
+    s.saved_step = s.step
     distributed.barrier(s.dist)
 
 
@@ -262,9 +281,13 @@ def loop(s: Session, progress: bool = True) -> dict:
             bar.set_postfix({"loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{items_per_step / dt:,.0f}"}, refresh=False)
             bar.update(1)
             if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps:
-                val = _evaluate(s, bar, recent)
+                with deferred_interrupt(s):  # Ctrl-C here waits for the validation row and the checkpoint
+                    val = _evaluate(s, bar, recent)
             if s.interrupted:
                 raise KeyboardInterrupt
+    except Diverged:
+        bar.close()
+        raise
     except KeyboardInterrupt:
         bar.close()
         if snapshot["step"] == s.step:  # interrupted before the update: forget the partial step

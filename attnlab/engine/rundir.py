@@ -1,6 +1,8 @@
 """Run directories: saving and loading models, tokenizers and training state, safely.
 
 A run directory holds
+    attnlab.json              the run marker, written first: only a folder that has it (or a run
+                              made before markers existed) is ever replaced by --force
     config.json               family, model, training and data settings (JSON)
     model.safetensors         the weights
     tokenizer.json            the tokenizer
@@ -14,6 +16,7 @@ previous version of the file whole.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -33,6 +36,7 @@ from attnlab.errors import AttnlabError
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
 STATE = "train_state.safetensors"
+MARKER = "attnlab.json"  # {"attnlab": "run", "format": 1, "version": ...}
 SECTIONS = ("model", "train", "data")
 
 
@@ -45,9 +49,32 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())  # on disk before it takes the old file's place
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:
+        if not disk_full(e):
+            raise
+        size = tmp.stat().st_size if tmp.exists() else 0
+        raise AttnlabError(disk_full_message(path, size)) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def disk_full(e: BaseException) -> bool:
+    """An OSError for a full disk or quota, or safetensors' wrapping of one (it keeps only the text)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "No space left on device" in str(e) or "Disk quota exceeded" in str(e)
+
+
+def disk_full_message(path: Path, written: int) -> str:
+    free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+    keep = f"the previous {path.name} is intact" if path.exists() else f"{path.name} was not written"
+    return (f"disk full writing {path} ({mb(written)} written when space ran out, {mb(free)} free on that disk); "
+            f"{keep}: free some space and run the command again")  # fmt: skip
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def write_text(path: Path, text: str) -> None:
@@ -99,7 +126,12 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
 
 
 def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """model.load_state_dict that reports a mismatch as one line. Tied weights may be absent."""
+    """model.load_state_dict that reports a mismatch, or a weight that is not a finite number, as one
+    line. Tied weights may be absent."""
+    bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {bad}): this run diverged; "
+                           "train it again, with a lower --lr")  # fmt: skip
     try:
         result = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shapes that do not fit
@@ -130,36 +162,107 @@ def read_run_config(run: Path) -> dict[str, Any]:
 
 
 def check_run_dir(path: str | Path) -> Path:
+    """A run that loads: its config and weights are there."""
     p = Path(path)
     if not p.is_dir():
         raise AttnlabError(f"run directory not found: {p}")
+    if unstarted(p):
+        raise AttnlabError(f"{p} is a run whose start did not finish (no weights yet): start it again with the "
+                           "command that made it")  # fmt: skip
     for name in (CONFIG, WEIGHTS):
         if not (p / name).is_file():
             raise AttnlabError(f"{p} is not a complete run: {name} is missing")
     return p
 
 
+def check_resumable(path: str | Path) -> Path:
+    """A run that --resume continues: its config and training state are there (the weights are in
+    the state; a kill between writing the two leaves a run that still resumes)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise AttnlabError(f"run directory not found: {p}")
+    if unstarted(p):
+        raise AttnlabError(f"{p} has no checkpoint yet (its start did not finish): run the same command without "
+                           "--resume to start it again")  # fmt: skip
+    if not (p / CONFIG).is_file():
+        raise AttnlabError(f"{p} is not a complete run: {CONFIG} is missing")
+    if not (p / STATE).is_file():
+        raise AttnlabError(f"{p} has no training state ({STATE}), so it cannot be resumed; start a new run from "
+                           f"its weights with --init {p}")  # fmt: skip
+    return p
+
+
+def is_marked(d: Path) -> bool:
+    """The folder carries attnlab's run marker."""
+    try:
+        marker = json.loads((d / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("attnlab") == "run"
+
+
+def is_run(d: Path) -> bool:
+    """An attnlab run folder: marked, or made before markers (a config.json with attnlab's tables)."""
+    if not d.is_dir():
+        return False
+    if is_marked(d):
+        return True
+    try:
+        read_run_config(d)
+    except AttnlabError:
+        return False
+    return True
+
+
+def unstarted(d: Path) -> bool:
+    """A run attnlab began and never checkpointed (killed or failed in its first seconds)."""
+    return is_marked(d) and not (d / WEIGHTS).exists() and not (d / STATE).exists()
+
+
 def check_dir(out: Path, resume: bool, force: bool) -> None:
-    """Before a run starts: --resume needs a run in `out`; a new run needs `out` free, or --force
-    and an attnlab run there (never another folder)."""
+    """Before a run starts: --resume needs a run in `out`; a new run needs `out` free (or holding
+    a start of ours that never checkpointed), or --force and an attnlab run there. Anything else
+    in `out` is the user's and is never replaced."""
     if resume:
-        check_run_dir(out)
+        check_resumable(out)
+        for tmp in out.glob(".*.tmp-*"):  # left by a kill in the middle of a save
+            tmp.unlink(missing_ok=True)
         return
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and unstarted(out)):
         return
+    if not is_run(out):
+        raise AttnlabError(f"{out} exists and is not an attnlab run ({describe(out)}): refusing to "
+                           f"{'replace' if force else 'write into'} it; choose another --out")  # fmt: skip
     if not force:
         raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
-    if not (out / CONFIG).is_file():  # --force replaces runs, never other folders
-        raise AttnlabError(f"{out} is not an attnlab run directory: refusing to replace it; choose another --out")
+
+
+def describe(p: Path) -> str:
+    """What a folder holds, in a few words: "it holds config.json, src and 3 more"."""
+    if not p.is_dir():
+        return "it is a file"
+    names = sorted(x.name for x in p.iterdir())
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"it holds {', '.join(names[:3])}{more}"
 
 
 def fresh_dir(out: Path) -> None:
-    """Called once the new run is ready to be written, so a failed start never costs an old run."""
+    """Called once the new run is ready to be written (after check_dir said `out` may be replaced),
+    so a failed start never costs an old run. The marker comes first."""
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():
         out.unlink()
     out.mkdir(parents=True)
+    from attnlab import __version__
+
+    write_json(out / MARKER, {"attnlab": "run", "format": 1, "version": __version__})
+
+
+def discard_unstarted(out: Path) -> None:
+    """After a failed start: remove what it wrote, if it never reached its first checkpoint."""
+    if out.is_dir() and unstarted(out):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -66,7 +66,7 @@ def completed(task: Task, req: TrainRequest) -> TrainRequest:
     if req.resume:
         if req.init is not None:
             raise AttnlabError("--init starts a new run and --resume continues one: give only one of them")
-        saved = ck.read_run_config(ck.check_run_dir(req.out))
+        saved = ck.read_run_config(ck.check_resumable(req.out))
         train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
         data = req.data or from_dict(task.data_config, saved["data"], where="data config")
         return replace(req, model=task.model_of(saved), model_config=dict(saved["model"]), train=train, data=data,
@@ -101,6 +101,8 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
                   command=task.name)  # fmt: skip
     except BaseException:
+        if not req.resume and d.main:  # a start that failed before its first checkpoint leaves nothing
+            ck.discard_unstarted(out)
         distributed.shutdown(d)
         raise
     return s, prepared, req

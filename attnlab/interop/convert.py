@@ -12,6 +12,7 @@ export_hf("runs/demo", "demo-hf")
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
@@ -85,8 +86,9 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
-        if not (out / ck.CONFIG).is_file():
-            raise AttnlabError(f"{out} is not a HuggingFace model directory: refusing to replace it")
+        if not is_hf_dir(out):  # another project's config.json is not ours to overwrite
+            raise AttnlabError(f"{out} is not a HuggingFace model directory ({ck.describe(out)}): refusing to "
+                               "replace it; choose another directory")  # fmt: skip
     module = EXPORTERS[family]
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
@@ -116,16 +118,19 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
         return
     if not force:
         raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
-    if not (out.is_dir() and _is_run(out)):
-        raise AttnlabError(f"{out} is not an attnlab run directory: refusing to replace it; choose another --out")
+    if not ck.is_run(out):
+        raise AttnlabError(f"{out} is not an attnlab run ({ck.describe(out)}): refusing to replace it; "
+                           "choose another --out")  # fmt: skip
 
 
-def _is_run(d: Path) -> bool:
+def is_hf_dir(d: Path) -> bool:
+    """A HuggingFace model folder: a config.json naming a model type, and weights beside it."""
     try:
-        ck.read_run_config(d)  # needs a config.json with model, train and data tables
-    except AttnlabError:
+        hf = json.loads((d / ck.CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return False
-    return True
+    weights = any((d / name).is_file() for name in (ck.WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin"))
+    return isinstance(hf, dict) and ("model_type" in hf or "architectures" in hf) and weights
 
 
 def _architecture(hf: dict[str, Any], src: Path) -> str:

@@ -59,8 +59,19 @@ def _read_shards(d: Path, index: str, read) -> dict[str, torch.Tensor]:
         raise AttnlabError(f"{d / index} is corrupt: it has no weight_map")
     tensors = {}
     for shard in sorted(set(weight_map.values())):
-        tensors.update(read(d / shard))
+        tensors.update(read(shard_path(d, index, shard)))
     return tensors
+
+
+def shard_path(d: Path, index: str, shard: Any) -> Path:
+    """A shard named by the index, which must be a file inside the model folder: an index may come
+    from anywhere, and "../../etc/passwd" is not a weight file of this model."""
+    if not isinstance(shard, str) or not shard:
+        raise AttnlabError(f"{d / index} is corrupt: its weight_map names {shard!r} as a file")
+    path = (d / shard).resolve()
+    if not path.is_relative_to(d.resolve()):
+        raise AttnlabError(f"{d / index} names {shard!r}, which lies outside {d}: refusing to read it")
+    return path
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
