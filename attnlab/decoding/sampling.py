@@ -10,9 +10,9 @@ is refilled from there: both modes follow the same rule, so their greedy outputs
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator
-import math
 from dataclasses import dataclass
 
 import torch
