@@ -33,6 +33,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"attnlab: error: {message} (see: {self.prog} --help)\n")
 
 
+def at_least_1(text: str) -> int:
+    """argparse type of counts (--beam, --num-samples, ...): a whole number, 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def speaks() -> bool:
     """Under torchrun, one process prints results."""
     return os.environ.get("RANK", "0") == "0"
@@ -166,9 +177,9 @@ def add_run_commands(sub) -> None:
     pr.add_argument("run", help="run directory (classify, tag, mlm, translate or image)")
     pr.add_argument("text", help='text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); '
                     "for an image run, an image file")  # fmt: skip
-    pr.add_argument("--top-k", type=int, default=None, help="candidates per [MASK] (default: 5), classes shown "
+    pr.add_argument("--top-k", type=at_least_1, default=None, help="candidates per [MASK] (default: 5), classes shown "
                     "for an image (default: 3)")  # fmt: skip
-    pr.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
+    pr.add_argument("--beam", type=at_least_1, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
     pr.add_argument("--attention", default=None, metavar="FILE.png", help="translation runs: draw the alignment; "
                     "ViT runs: draw [CLS]'s attention to each patch over the image")  # fmt: skip
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
@@ -190,7 +201,7 @@ def add_run_commands(sub) -> None:
     tr = sub.add_parser("translate", help="translate a text with a translation run (same as predict)")
     tr.add_argument("run", help="run directory (attnlab train translate)")
     tr.add_argument("text", help="source text")
-    tr.add_argument("--beam", type=int, default=1, help="beam width; 1 is greedy decoding (default: 1)")
+    tr.add_argument("--beam", type=at_least_1, default=1, help="beam width; 1 is greedy decoding (default: 1)")
     tr.add_argument("--attention", default=None, metavar="FILE.png", help="also draw the alignment (cross-attention)")
     tr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -219,7 +230,7 @@ def build_parser() -> Parser:
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")
-    sample.add_argument("--num-samples", type=int, default=1, help="how many samples (default: 1)")
+    sample.add_argument("--num-samples", type=at_least_1, default=1, help="how many samples (default: 1)")
     sample.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     add_config_flags(sample, "gen", GenerateConfig, "generation")
     sample.set_defaults(func=cmd_sample)
@@ -237,14 +248,14 @@ def build_parser() -> Parser:
         help="held-out part (same split as training), training part, or all (default: val; "
         "classifiers and taggers: test)",
     )
-    ev.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ev.add_argument("--max-tokens", type=at_least_1, default=None, help="evaluate at most this many tokens")
     ev.add_argument(
         "--confusion",
         default=None,
         metavar="FILE.png",
         help="image runs: where to draw the confusion matrix (default: RUN/eval_confusion.png)",
     )
-    ev.add_argument("--beam", type=int, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
+    ev.add_argument("--beam", type=at_least_1, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)

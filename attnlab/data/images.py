@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnlab.config import check_fraction, option
 from attnlab.data.batches import rank_slice
+from attnlab.engine.memory import check_fits
 from attnlab.errors import AttnlabError
 
 BUILTIN_IMAGES = ("digits",)
@@ -222,6 +223,7 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, channels: 
     (H, W) its own or `size`, resized bilinearly."""
     try:
         with Image.open(path) as img:
+            check_pixels(img.size, path)  # from the header: a 13000x13000 PNG can be a 500 KB file
             img.load()  # decode now, so a corrupt file fails here and not in the middle of training
             gray = Image.getmodebase(img.mode) == "L"  # 1, L, LA, I, F, I;16; a palette (P) counts as colour
             img = img.convert("L" if (channels or (1 if gray else 3)) == 1 else "RGB")
@@ -230,6 +232,16 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, channels: 
         raise AttnlabError(f"cannot read image {path}: {reason or getattr(e, 'strerror', None) or e}") from None
     x = np.asarray(img, dtype=np.float32) / 255
     return np.ascontiguousarray(_resize(x[None] if x.ndim == 2 else x.transpose(2, 0, 1), size))  # (C, H, W)
+
+
+MAX_PIXELS = 25_000_000  # 5000x5000: a 12-megapixel photo reads, a decompression bomb does not
+
+
+def check_pixels(size: tuple[int, int], path) -> None:
+    w, h = size
+    if w * h > MAX_PIXELS:
+        raise AttnlabError(f"image {path} is {w}x{h} pixels, over the limit of {MAX_PIXELS / 1e6:.0f} million: "
+                           "scale it down first")  # fmt: skip
 
 
 def _resize(x: np.ndarray, size) -> np.ndarray:
@@ -256,6 +268,9 @@ def _fit(images, size, channels, quiet: bool = False) -> np.ndarray:
     size = tuple(size) if size is not None else Counter(x.shape[1:] for x in images).most_common(1)[0][0]
     if channels is None:
         channels = 3 if 2 * sum(x.shape[0] == 3 for x in images) > len(images) else 1
+    # float32 pixels of every image at the new size, checked before the first is resized
+    check_fits(4 * len(images) * channels * size[0] * size[1], f"holding {len(images):,} images at {size[0]}x{size[1]}",
+               "choose a smaller --image-size")  # fmt: skip
     resized = sum(x.shape[1:] != size for x in images)
     converted = sum(x.shape[0] != channels for x in images)
     if resized and not quiet:

@@ -11,12 +11,15 @@ as files (--val, --test) or are cut deterministically from the training file.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.config import check_fraction, option
+from attnlab.data.text import read_text
 from attnlab.errors import AttnlabError
 
 BUILTIN_TASKS = {"sentiment": "classify", "tagging": "tag"}
@@ -79,12 +82,12 @@ def cut_splits(examples: list, names: list[str], cfg: LabeledDataConfig) -> dict
     return out
 
 
-def open_data(path: str | Path):
-    """A UTF-8 data file, or one line saying it is missing."""
+def open_data(path: str | Path) -> io.StringIO:
+    """A UTF-8 data file (bytes that are not UTF-8 counted in a warning), or one line saying it is missing."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise AttnlabError(f"data file not found: {path}")
-    return open(p, encoding="utf-8", newline="")
+    return io.StringIO(read_text(p), newline="")
 
 
 def read_table(path: str | Path, text_column: str, label_column: str) -> list[tuple[str, str]]:
@@ -102,7 +105,12 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> list[tu
                 f"{path}: no column {missing[0]!r} (row {n} has: {', '.join(map(str, row))}); "
                 "set --text-column / --label-column"
             )
-    return [(str(r[text_column]), str(r[label_column])) for r in rows]
+    pairs = [(str(r[text_column] or ""), str(r[label_column] or "")) for r in rows]
+    kept = [(text, label) for text, label in pairs if text.strip() and label.strip()]
+    if len(kept) < len(pairs):
+        warnings.warn(f"{path}: {len(pairs) - len(kept):,} of {len(pairs):,} rows have an empty text or label "
+                      "and were dropped", stacklevel=2)  # fmt: skip
+    return kept
 
 
 def _json_row(line: str, path, n: int) -> dict:

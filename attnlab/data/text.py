@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sysconfig
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
         return files
     p = Path(data).expanduser()
     if p.is_file():
+        if not _is_text(p):  # a folder skips such files; one named on its own is a mistake
+            raise AttnlabError(f"{p} is not a text file (it holds NUL bytes): give a text file or a folder")
         files = [p]
     elif p.is_dir():
         files = sorted(f for f in p.rglob(glob) if _wanted(f.relative_to(p)) and f.is_file() and _is_text(f))
@@ -89,13 +92,47 @@ def _trim_heap() -> None:
         pass
 
 
+def decode(data: bytes | memoryview, bad: list[int]) -> str:
+    """UTF-8 text; bytes that are not UTF-8 become U+FFFD and are counted in bad[0]."""
+    try:
+        return str(data, "utf-8")
+    except UnicodeDecodeError:
+        text = str(data, "utf-8", errors="replace")
+        bad[0] += len(data) - len(str(data, "utf-8", errors="ignore").encode("utf-8"))
+        return text
+
+
+def warn_undecodable(path: Path, bad: int, sample: bytes) -> None:
+    """One line: how many bytes of `path` were not UTF-8, and the encoding they look like."""
+    if not bad:
+        return
+    try:
+        sample.decode("cp1252")
+        guess = "Latin-1 / Windows-1252"
+    except UnicodeDecodeError:
+        guess = "an unknown encoding"
+    warnings.warn(f"{path}: {bad:,} bytes are not UTF-8 and were read as U+FFFD; the file looks like {guess}: "
+                  f"convert it, e.g. iconv -f cp1252 -t utf-8", stacklevel=3)  # fmt: skip
+
+
+def read_text(path: Path) -> str:
+    """A whole (small) text file as UTF-8, with the warning of read_pieces for bytes that are not."""
+    data, bad = Path(path).read_bytes(), [0]
+    text = decode(data, bad)
+    warn_undecodable(path, bad[0], data[:65536])
+    return text
+
+
 def read_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[str, int, bool]]:
     """The files' text in pieces of about piece_bytes: (text, its size in bytes, last piece of
     its file). Pieces end at a line break where there is one, so no character or line is cut
-    in two; undecodable bytes become U+FFFD rather than an error."""
+    in two; undecodable bytes become U+FFFD rather than an error, with one warning per file."""
     for f in files:
+        bad = [0]
         with open(f, "rb") as fh:
             pending = b""
+            head = fh.read(65536)  # what the encoding is guessed from
+            fh.seek(0)
             while block := fh.read(piece_bytes):
                 if len(block) == piece_bytes:  # a large file: give back what the last piece used
                     _trim_heap()
@@ -105,9 +142,11 @@ def read_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> Iterator[t
                     continue  # no line break yet: read on rather than cut a line
                 cut = cut or len(block)
                 piece = b"".join((pending, memoryview(block)[:cut]))  # one copy, not three
-                yield piece.decode("utf-8", errors="replace"), len(piece), False
+                yield decode(piece, bad), len(piece), False
                 pending = block[cut:]
-            yield pending.decode("utf-8", errors="replace"), len(pending), True
+            last = decode(pending, bad)
+            warn_undecodable(f, bad[0], head)
+            yield last, len(pending), True
 
 
 def read_texts(files: list[Path], progress: str | None = None) -> Iterator[str]:

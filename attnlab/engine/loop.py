@@ -41,6 +41,7 @@ from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.device import autocast, pick_dtype
 from attnlab.engine.distributed import Dist
+from attnlab.engine.memory import check_training_fits
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.stack import set_grad_checkpoint
@@ -169,6 +170,8 @@ def start(
     """What every task shares once its data is ready: the model (built from the seed, or the
     run's checkpoint), sharding, optimizer, the step-0 checkpoint, DDP and compile wrappers.
     `config` is written as the run's config.json (family, model, train and the task's data)."""
+    tokens, _ = data.per_example
+    check_training_fits(build, cfg.batch_size // cfg.grad_accum, tokens, device)  # one line, not an allocator error
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = build().to(device)
     set_grad_checkpoint(model, cfg.grad_checkpoint)  # every Stack of every family honours it

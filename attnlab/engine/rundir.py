@@ -265,16 +265,26 @@ def discard_unstarted(out: Path) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The rows of metrics.jsonl (none if it is missing); a line cut short by a crash is skipped."""
+def read_metrics(path: Path, max_rows: int | None = None) -> list[dict]:
+    """The rows of metrics.jsonl (none if it is missing), read line by line; a line cut short by a
+    crash is skipped. With max_rows, a long run's training rows are thinned to about that many
+    (every k-th), and every validation row is kept."""
     if not path.is_file():
         return []
+    every = 1
+    if max_rows is not None:
+        with open(path, "rb") as f:
+            lines = sum(1 for _ in f)
+        every = max(1, -(-lines // max_rows))
     rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and (n % every == 0 or "loss" not in row):
+                rows.append(row)
     return rows
 
 

@@ -1,8 +1,9 @@
 """The local web explorer: `attnlab serve RUN [RUN ...]`, a page and a JSON API over trained runs.
 
 API (FastAPI; request schemas at /openapi.json). Every error is JSON {"error": "one line"}:
-400 a user error (wrong task for the run, text with no tokens, unreadable image), 404 an unknown
-run, 413 an image over MAX_IMAGE_BYTES, 422 a request off its schema (bad JSON, a text over
+400 a user error (wrong task for the run, text with no tokens, unreadable image or one over
+MAX_PIXELS, checked from its header), 404 an unknown run, 413 a body over MAX_BODY_BYTES (an image
+over MAX_IMAGE_BYTES), refused before it is read, 422 a request off its schema (bad JSON, a text over
 MAX_INPUT_CHARS characters, max_new_tokens over MAX_NEW_TOKENS), 500 anything else (logged; the
 server keeps serving).
 
@@ -65,6 +66,8 @@ from attnlab.viz.views import views
 MAX_INPUT_CHARS = 2_000  # a prompt or a text; runs read at most their context anyway
 MAX_NEW_TOKENS = 500
 MAX_IMAGE_BYTES = 10_000_000
+MAX_BODY_BYTES = 1_000_000  # a JSON request; the longest valid one is a few KB
+MAX_CURVE_ROWS = 5_000  # a loss curve's points: a long run's rows are thinned to about this many
 NDJSON = "application/x-ndjson"
 
 
@@ -147,6 +150,7 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
                   "see attention. Every error is {\"error\": \"one line\"}.")  # fmt: skip
     app.state.runs = list(served)  # the names
     add_error_handlers(app)
+    app.add_middleware(BodyLimit)
     html = page(MAX_INPUT_CHARS, MAX_NEW_TOKENS)
 
     def find(name: str, endpoint: str | None = None) -> Served:
@@ -174,7 +178,7 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
     @app.get("/api/runs/{name}/metrics", summary="a run's training metrics, for its loss curve")
     def metrics(name: str) -> list[dict]:
         s = find(name)
-        return [finite(row) for row in read_metrics(s.run.path / "metrics.jsonl")]
+        return [finite(row) for row in read_metrics(s.run.path / "metrics.jsonl", max_rows=MAX_CURVE_ROWS)]
 
     @app.post("/api/generate", summary="stream a GPT's continuation (NDJSON)", response_class=StreamingResponse,
               responses={200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}})  # fmt: skip
@@ -202,11 +206,13 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
         with tempfile.TemporaryDirectory() as tmp:  # the library reads image files
             path = Path(tmp) / "upload"
             path.write_bytes(data)
+            del data
             try:
-                out = predict_image(s.run, path, top=3)
+                pixels = load_image(s.run, path)  # decoded once, for the label and the attention
             except AttnlabError as e:  # name the user's file, not ours
                 raise AttnlabError(str(e).replace(str(path), image.filename or "the upload")) from None
-            out["attention"] = cls_attention(s.run, path)
+        out = predict_image(s.run, pixels, top=3, name=image.filename)
+        out["attention"] = cls_attention(s.run, pixels)
         return {**out, "image": image.filename}
 
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
@@ -241,14 +247,14 @@ def ndjson(first: str | None, pieces: Iterator[str], seed: int, t0: float) -> It
 
 
 @torch.no_grad()
-def cls_attention(run: Run, path: Path) -> dict | None:
+def cls_attention(run: Run, pixels) -> dict | None:
     """[CLS]'s attention over the patches of a ViT, {grid: [rows, cols], weights (L, H, rows, cols)};
     None for the MLP, which has none."""
     if not hasattr(run.model, "attention"):
         return None
     from attnlab.viz.patches import cls_maps
 
-    x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
+    x = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
     grid = run.model.cfg.grid
     weights = cls_maps([w[0] for w in run.model.attention(x)], grid)  # (L, H, rows, cols)
     return {"grid": list(grid), "weights": weights.tolist()}
@@ -257,6 +263,35 @@ def cls_attention(run: Run, path: Path) -> dict | None:
 def finite(row: dict) -> dict:
     """JSON has no NaN or infinity: a diverged loss is sent as null."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+class BodyLimit:
+    """Refuse a request body over its limit before reading it (by its Content-Length), or as soon
+    as a body sent without one passes the limit: a 200 MB body never sits in memory."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        upload = scope["path"] == "/api/predict_image"
+        limit = MAX_IMAGE_BYTES + 100_000 if upload else MAX_BODY_BYTES  # the form's other fields
+        what = f"{limit / 1e6:g} MB" if upload else f"{limit / 1e3:g} KB"
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > limit:
+            return await _error(413, f"the request body is over {what}")(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise StarletteHTTPException(413, f"the request body is over {what}")
+            return message
+
+        return await self.app(scope, limited, send)
 
 
 # ---- errors: one JSON shape for all -----------------------------------------------------------

@@ -229,16 +229,19 @@ def load_image(run, path: str | Path) -> np.ndarray:
 
 
 @torch.no_grad()
-def predict_image(run, path: str | Path, top: int = 3) -> dict:
-    """The label of the image at `path` and the `top` most probable classes."""
+def predict_image(run, image: str | Path | np.ndarray, top: int = 3, name: str | None = None) -> dict:
+    """The label of an image (a file, or pixels (C, H, W) that load_image read) and the `top` most
+    probable classes."""
     labels = _task(run)["labels"]
-    x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
+    pixels = load_image(run, image) if not isinstance(image, np.ndarray) else image
+    x = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
     run.model.eval()
     probs = run.model(x).float().softmax(-1)[0].cpu()  # (K,)
     p, best = probs.topk(min(top, len(labels)))
     ranked = [{"label": labels[int(i)], "probability": float(q)} for q, i in zip(p, best)]
-    return {"kind": "image", "image": str(path), "label": ranked[0]["label"],
-            "probability": ranked[0]["probability"], "top": ranked}  # fmt: skip
+    shown = name if name is not None or isinstance(image, np.ndarray) else str(image)
+    return {"kind": "image", "image": shown,
+            "label": ranked[0]["label"], "probability": ranked[0]["probability"], "top": ranked}  # fmt: skip
 
 
 def attention_picture(model: ViT, image: np.ndarray, path: Path, title: str, labels: list[str]) -> str:

@@ -106,6 +106,9 @@ def _label_id(label_ids: dict[str, int], label: str, split: str) -> int:
 
 def label_set(train: list, task: str) -> list[str]:
     found = {y for _, y in train} if task == "classify" else {t for _, tags in train for t in tags}
+    if len(found) < 2:  # accuracy would be 1.0 and mean nothing
+        only = f"only {next(iter(found))!r}" if found else "none"
+        raise AttnlabError(f"the training data has one label ({only}): a {task} model needs at least two")
     return sorted(found)
 
 
@@ -128,6 +131,7 @@ class Labeled(Task):
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)
+        label_set(splits["train"], self.name)  # before anything is written: one label is an error
         return {ck.TOKENIZER: _tokenizer(req.init, splits["train"], self.name, req.data.vocab_size).to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
