@@ -4,6 +4,8 @@ the library and the command line; and every task that trains resumes exactly."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,7 +151,7 @@ def case(name: str, tmp_path):
     """(task, model, model fields, data) of a small run of each task, with dropout on."""
     if name == "mlm":
         corpus = tmp_path / "corpus.txt"
-        corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    pass\n" * 60)
+        corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    pass\n" * 200)  # a val split too
         data = DataConfig(data=str(corpus), tokenizer="word", vocab_size=64)
         fields = dict(n_layer=1, n_head=2, d_model=16, context=32, dropout=0.1)
         return "mlm", "encoder", fields, data
@@ -164,8 +166,9 @@ def case(name: str, tmp_path):
 
 @pytest.mark.parametrize("name", ["classify", "tag", "mlm", "translate", "image"])
 def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
-    """Interrupt a 12-step run in the middle of step 8 and resume it: the same losses and weights,
-    bit for bit, as 12 uninterrupted steps (float32 on the CPU; dropout on, so every RNG must return)."""
+    """Interrupt a 12-step run twice, by a real Ctrl-C during the validation pass of step 6 and in
+    the middle of step 8, resuming each time: the same losses, validation rows and weights, bit for
+    bit, as 12 uninterrupted steps (float32 on the CPU; dropout on, so every RNG must return)."""
     task, model, fields, data = case(name, tmp_path)
     block = {"block_size": 16} if task == "mlm" else {}
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -174,7 +177,16 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
         return TrainRequest(out, model, dict(fields), TrainConfig(**TINY, **block), data, progress=False, **kw)
 
     run_task(TASKS[task], request(full))
-    real_step = loop_mod.train_step
+    real_step, real_estimate = loop_mod.train_step, loop_mod.estimate_loss
+
+    def ctrl_c_in_validation(s, *args):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the validation pass runs
+        return real_estimate(s, *args)
+
+    monkeypatch.setattr(loop_mod, "estimate_loss", ctrl_c_in_validation)
+    with pytest.raises(attnlab.AttnlabError, match=f"interrupted at step 6.*attnlab train {task} "):
+        run_task(TASKS[task], request(cut))
+    monkeypatch.setattr(loop_mod, "estimate_loss", real_estimate)
 
     def interrupted(s):
         if s.step == 7:  # Ctrl-C after the first micro-batch of step 8 was drawn
@@ -184,17 +196,22 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
         return real_step(s)
 
     monkeypatch.setattr(loop_mod, "train_step", interrupted)
-    with pytest.raises(attnlab.AttnlabError, match=f"interrupted at step 7.*attnlab train {task} "):
-        run_task(TASKS[task], request(cut))
+    with pytest.raises(attnlab.AttnlabError, match="interrupted at step 7"):
+        run_task(TASKS[task], TrainRequest(cut, resume=True, progress=False))
     monkeypatch.setattr(loop_mod, "train_step", real_step)
     result = run_task(TASKS[task], TrainRequest(cut, resume=True, progress=False))
     a, b = losses(full), losses(cut)
     assert sorted(a) == sorted(b) == list(range(1, 13))
     assert [a[k] for k in a] == [b[k] for k in a]  # bit for bit
+    assert validation_rows(full) == validation_rows(cut) and [r["step"] for r in validation_rows(cut)] == [6, 12]
     wa, wb = attnlab.load(full).model.state_dict(), attnlab.load(cut).model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     if "test" in result:  # the resumed run is scored as the uninterrupted one was
         assert json.loads((full / "eval.json").read_text()) == json.loads((cut / "eval.json").read_text())
+
+
+def validation_rows(run) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r]
 
 
 @pytest.mark.parametrize("name", ["classify", "translate", "image", "mlm"])

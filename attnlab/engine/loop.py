@@ -44,6 +44,7 @@ from attnlab.engine.distributed import Dist
 from attnlab.engine.memory import check_training_fits
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
 from attnlab.errors import AttnlabError
+from attnlab.models import build_model
 from attnlab.nn.stack import set_grad_checkpoint
 from attnlab.viz.curves import plot_loss
 
@@ -171,7 +172,9 @@ def start(
     run's checkpoint), sharding, optimizer, the step-0 checkpoint, DDP and compile wrappers.
     `config` is written as the run's config.json (family, model, train and the task's data)."""
     tokens, _ = data.per_example
-    check_training_fits(build, cfg.batch_size // cfg.grad_accum, tokens, device)  # one line, not an allocator error
+    # One line, not an allocator error; from the config (`build` may also read an --init run's weights).
+    check_training_fits(lambda: build_model(config["family"], config["model"]), cfg.batch_size // cfg.grad_accum,
+                        tokens, device)  # fmt: skip
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = build().to(device)
     set_grad_checkpoint(model, cfg.grad_checkpoint)  # every Stack of every family honours it

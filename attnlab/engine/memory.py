@@ -9,6 +9,7 @@ cannot fit in the whole memory of the device, so they never stop a run that woul
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -44,7 +45,8 @@ def check_fits(need: int, what: str, advice: str, device: torch.device | str = "
 def meta_model(build: Callable[[], nn.Module]) -> nn.Module | None:
     """The model built on PyTorch's meta device: shapes, no memory (None if a family cannot)."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return build()
     except Exception:  # e.g. a family that fills a table with numpy: no estimate, no refusal
         return None

@@ -186,6 +186,8 @@ def check_resumable(path: str | Path) -> Path:
                            "--resume to start it again")  # fmt: skip
     if not (p / CONFIG).is_file():
         raise AttnlabError(f"{p} is not a complete run: {CONFIG} is missing")
+    if not is_run(p):
+        raise AttnlabError(f"{p} is not an attnlab run ({describe(p)}): nothing to resume")
     if not (p / STATE).is_file():
         raise AttnlabError(f"{p} has no training state ({STATE}), so it cannot be resumed; start a new run from "
                            f"its weights with --init {p}")  # fmt: skip
