@@ -1,0 +1,407 @@
+"""Bad inputs, tried as a hostile but realistic user would: each gives one line, exit code 2 (a 4xx
+from the server), no traceback, and leaves every folder outside its --out as it was.
+
+The table covers files, numbers, configs, run folders, CSV/TSV/JSONL/CoNLL, images, HuggingFace
+folders and API requests; a property-based layer (hypothesis) throws random values at the config
+parsers and random bodies at the API. A sentinel folder (a web project with its own config.json)
+and four trained runs are checksummed before and after every case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+from attnlab.config import checked
+from attnlab.errors import AttnlabError
+from tests.conftest import TEXT, run_cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+LM = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
+      "--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+SMALL = ["--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
+
+
+def train(args: list, capsys) -> None:
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    """The world every case runs in: data files, a sentinel folder and four small trained runs."""
+    import _pytest.capture
+
+    root = tmp_path_factory.mktemp("bad")
+    corpus = root / "code.txt"
+    corpus.write_text(TEXT * 30)
+    table = root / "reviews.csv"
+    table.write_text(
+        "text,label\n" + "".join(f"a fine film number {i},{'pos' if i % 2 else 'neg'}\n" for i in range(80))
+    )
+    sentinel = root / "project"  # someone's web project: has a config.json, is not a run
+    (sentinel / "src").mkdir(parents=True)
+    (sentinel / "config.json").write_text('{"name": "app"}')
+    (sentinel / "src" / "main.js").write_text("console.log('hi')\n")
+    capsys = _pytest.capture.CaptureFixture(_pytest.capture.SysCapture, None, _ispytest=True)
+    capsys._start()
+    try:
+        train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM], capsys)
+        train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL], capsys)
+        train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", "--n-layer", "1",
+               "--d-model", "16", "--n-head", "2", "--batch-size", "8", *SMALL], capsys)  # fmt: skip
+        train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL], capsys)
+    finally:
+        capsys.close()
+    runs = {name: root / name for name in ("lm", "cls", "tr", "img")}
+    return SimpleNamespace(root=root, corpus=corpus, table=table, sentinel=sentinel, guarded=[sentinel, *runs.values()],
+                           **runs)  # fmt: skip
+
+
+def checksum(folders: list[Path]) -> str:
+    h = hashlib.sha256()
+    for folder in folders:
+        for p in sorted(folder.rglob("*")):
+            h.update(str(p.relative_to(folder.parent)).encode())
+            if p.is_file():
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def assert_one_line_error(code, err: str, fragment: str) -> None:
+    assert "Traceback" not in err, err
+    assert code == 2, err
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]  # a progress bar's last state
+    lines = [line for line in lines if line.strip() and not line.startswith("attnlab: warning:")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("attnlab: error:"), lines[0]
+    assert fragment in lines[0], lines[0]
+
+
+# ---- helpers that make a bad input ------------------------------------------------------------
+
+
+def copy_run(w, name: str, tmp: Path) -> Path:
+    run = tmp / f"{name}-copy"
+    shutil.copytree(getattr(w, name), run)
+    return run
+
+
+def spoiled(change: Callable[[Path], None]) -> Callable:
+    """A copy of the lm run, changed by `change`."""
+
+    def make(w, tmp):
+        run = copy_run(w, "lm", tmp)
+        change(run)
+        return run
+
+    return make
+
+
+def nan_weights(run: Path) -> None:
+    weights = load_file(run / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, run / "model.safetensors")
+
+
+def write(tmp: Path, name: str, content: str | bytes) -> Path:
+    p = tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return p
+
+
+def png(tmp: Path, size: tuple[int, int], mode: str = "1") -> Path:
+    path = tmp / f"big-{size[0]}x{size[1]}.png"
+    Image.new(mode, size).save(path)
+    return path
+
+
+def hf_dir(tmp: Path, index: dict | None = None) -> Path:
+    d = tmp / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    if index is not None:
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d
+
+
+# ---- the table: (name, arguments from (world, tmp folder), what the one line says) -------------
+
+
+@dataclass
+class Case:
+    name: str
+    args: Callable[[SimpleNamespace, Path], list]
+    says: str
+
+
+def lm(*extra) -> Callable:
+    return lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "run", *LM, *extra]
+
+
+def cls(data: Callable, *extra) -> Callable:
+    return lambda w, tmp: ["train", "classify", "--data", data(w, tmp), "--model", "bow", "--out", tmp / "run",
+                           *SMALL, *extra]  # fmt: skip
+
+
+def toml(text: str) -> Callable:
+    return lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "run", *LM, "--config",
+                           write(tmp, "c.toml", text)]  # fmt: skip
+
+
+CASES = [
+    # data files
+    Case("missing_data", lambda w, tmp: ["train", "lm", "--data", tmp / "nope.txt", "--out", tmp / "r"], "not found"),
+    Case("empty_data", lambda w, tmp: ["train", "lm", "--data", write(tmp, "e.txt", ""), "--out", tmp / "r"], "empty"),
+    Case(
+        "binary_data",
+        lambda w, tmp: ["train", "lm", "--data", write(tmp, "x.bin", b"\0\1\2" * 100), "--out", tmp / "r"],
+        "not a text file",
+    ),  # fmt: skip
+    Case(
+        "folder_without_text",
+        lambda w, tmp: ["train", "lm", "--data", write(tmp, "d/x.bin", b"\0").parent, "--out", tmp / "r"],
+        "no text files",
+    ),  # fmt: skip
+    Case(
+        "glob_matches_nothing",
+        lambda w, tmp: ["train", "lm", "--data", w.root, "--glob", "*.rs", "--out", tmp / "r"],
+        "no text files",
+    ),  # fmt: skip
+    # numbers
+    Case("lr_nan", lm("--lr", "nan"), "finite"),
+    Case("lr_inf", lm("--lr", "inf"), "finite"),
+    Case("lr_negative", lm("--lr", "-1"), "lr must be"),
+    Case("lr_zero", lm("--lr", "0"), "lr must be"),
+    Case("lr_word", lm("--lr", "fast"), "expected float"),
+    Case("weight_decay_nan", lm("--weight-decay", "nan"), "finite"),
+    Case("weight_decay_negative", lm("--weight-decay", "-0.1"), "weight_decay"),
+    Case("grad_clip_nan", lm("--grad-clip", "nan"), "finite"),
+    Case("grad_clip_negative", lm("--grad-clip", "-1"), "grad_clip"),
+    Case("beta1_above_1", lm("--beta1", "1.5"), "beta1"),
+    Case("beta2_nan", lm("--beta2", "NaN"), "finite"),
+    Case("min_lr_inf", lm("--min-lr=-inf"), "finite"),
+    Case("val_fraction_nan", lm("--val-fraction", "nan"), "finite"),
+    Case("val_fraction_1", lm("--val-fraction", "1"), "val_fraction"),
+    Case("dropout_nan", lm("--dropout", "nan"), "finite"),
+    Case("dropout_1", lm("--dropout", "1"), "dropout"),
+    Case("batch_size_0", lm("--batch-size", "0"), "at least 1"),
+    Case("max_steps_negative", lm("--max-steps", "-1"), "max_steps"),
+    Case("warmup_negative", lm("--warmup-steps", "-5"), "warmup_steps"),
+    Case("eval_interval_0", lm("--eval-interval", "0"), "at least 1"),
+    Case("n_layer_0", lm("--n-layer", "0"), "at least 1"),
+    Case("n_layer_fraction", lm("--n-layer", "2.5"), "expected int"),
+    Case("d_model_word", lm("--d-model", "wide"), "expected int"),
+    Case("grad_accum_split", lm("--batch-size", "5", "--grad-accum", "2"), "divisible"),
+    Case("dtype_unknown", lm("--dtype", "float8"), "is not one of"),
+    Case("huge_context", lm("--context", "100000000", "--block-size", "32"), "needs ~"),
+    Case("block_beyond_data", lm("--context", "100000", "--block-size", "100000"), "fewer than block size"),
+    Case("vocab_size_0", lm("--tokenizer", "bpe", "--vocab-size", "0"), "vocab_size"),
+    # config files
+    Case("config_missing", lm("--config", "/nonexistent/c.toml"), "not found"),
+    Case("toml_syntax", toml("[model\nn_layer = "), "not valid TOML"),
+    Case("toml_nan", toml("[train]\nlr = nan\n"), "finite"),
+    Case("toml_inf", toml("[train]\nweight_decay = inf\n"), "finite"),
+    Case("toml_unknown_key", toml("[train]\nlearning_rate = 0.1\n"), "unknown option"),
+    Case("toml_wrong_type", toml("[model]\ndropout = 'none'\n"), "expected float"),
+    Case("toml_bool_for_int", toml("[train]\nwarmup_steps = true\n"), "expected int"),
+    # run folders
+    Case(
+        "out_is_foreign",
+        lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel, *LM],
+        "not an attnlab run",
+    ),  # fmt: skip
+    Case(
+        "force_on_foreign",
+        lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel, "--force", *LM],
+        "refusing to replace",
+    ),  # fmt: skip
+    Case(
+        "force_on_foreign_subfolder",
+        lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel / "src", "--force", *LM],
+        "not an attnlab run",
+    ),  # fmt: skip
+    Case(
+        "out_is_a_file",
+        lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel / "config.json", "--force", *LM],
+        "not an attnlab run",
+    ),  # fmt: skip
+    Case("existing_run", lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.lm, *LM], "already exists"),
+    Case("resume_missing", lambda w, tmp: ["train", "lm", "--out", tmp / "none", "--resume"], "not found"),
+    Case("resume_foreign", lambda w, tmp: ["train", "lm", "--out", w.sentinel, "--resume"], "not an attnlab run"),
+    Case(
+        "resume_unstarted",
+        lambda w, tmp: ["train", "lm", "--out", write(tmp, "u/attnlab.json", '{"attnlab": "run"}').parent, "--resume"],
+        "without --resume",
+    ),  # fmt: skip
+    Case("resume_with_init", lambda w, tmp: ["train", "lm", "--out", w.lm, "--resume", "--init", w.lm], "only one"),
+    Case("resume_lr_nan", lambda w, tmp: ["train", "lm", "--out", w.lm, "--resume", "--lr", "nan"], "finite"),
+    Case(
+        "init_missing",
+        lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "r", "--init", tmp / "none"],
+        "not found",
+    ),  # fmt: skip
+    Case("sample_missing", lambda w, tmp: ["sample", tmp / "none"], "not found"),
+    Case("sample_foreign", lambda w, tmp: ["sample", w.sentinel], "missing"),
+    Case(
+        "sample_truncated_weights",
+        lambda w, tmp: [
+            "sample",
+            spoiled(lambda r: (r / "model.safetensors").write_bytes((r / "model.safetensors").read_bytes()[:100]))(
+                w, tmp
+            ),
+        ],
+        "corrupt",
+    ),  # fmt: skip
+    Case("sample_nan_weights", lambda w, tmp: ["sample", spoiled(nan_weights)(w, tmp)], "NaN"),
+    Case(
+        "sample_corrupt_config",
+        lambda w, tmp: ["sample", spoiled(lambda r: (r / "config.json").write_text("{"))(w, tmp)],
+        "corrupt",
+    ),  # fmt: skip
+    Case(
+        "sample_config_not_tables",
+        lambda w, tmp: ["sample", spoiled(lambda r: (r / "config.json").write_text("[1, 2]"))(w, tmp)],
+        "corrupt",
+    ),  # fmt: skip
+    Case(
+        "sample_no_tokenizer",
+        lambda w, tmp: ["sample", spoiled(lambda r: (r / "tokenizer.json").unlink())(w, tmp)],
+        "tokenizer",
+    ),  # fmt: skip
+    Case("sample_temperature_nan", lambda w, tmp: ["sample", w.lm, "--temperature", "nan"], "finite"),
+    Case("sample_temperature_negative", lambda w, tmp: ["sample", w.lm, "--temperature", "-1"], "temperature"),
+    Case("sample_top_p_2", lambda w, tmp: ["sample", w.lm, "--top-p", "2"], "top_p"),
+    Case("sample_top_k_0", lambda w, tmp: ["sample", w.lm, "--top-k", "0"], "top_k"),
+    Case("sample_zero_samples", lambda w, tmp: ["sample", w.lm, "--num-samples", "0"], "at least 1"),
+    Case("sample_negative_length", lambda w, tmp: ["sample", w.lm, "--max-new-tokens", "-1"], "max_new_tokens"),
+    Case("sample_a_classifier", lambda w, tmp: ["sample", w.cls], "not a language model"),
+    Case("eval_missing_data", lambda w, tmp: ["eval", w.lm, "--data", tmp / "none.txt"], "not found"),
+    Case("eval_zero_tokens", lambda w, tmp: ["eval", w.lm, "--max-tokens", "0"], "at least 1"),
+    Case("predict_on_lm", lambda w, tmp: ["predict", w.lm, "hello"], "sample"),
+    # CSV / TSV / JSONL / CoNLL
+    Case("csv_missing_column", cls(lambda w, tmp: write(tmp, "t.csv", "review,stars\ngood,5\n")), "no column"),
+    Case(
+        "csv_one_class", cls(lambda w, tmp: write(tmp, "t.csv", "text,label\n" + "nice film,pos\n" * 40)), "one label"
+    ),  # fmt: skip
+    Case("csv_only_commas", cls(lambda w, tmp: write(tmp, "t.csv", "text,label\n" + ",\n" * 40)), "empty"),
+    Case(
+        "jsonl_not_json", cls(lambda w, tmp: write(tmp, "t.jsonl", '{"text": "a", "label": "b"}\n{oops\n')), "not JSON"
+    ),  # fmt: skip
+    Case("jsonl_not_object", cls(lambda w, tmp: write(tmp, "t.jsonl", "[1, 2]\n")), "JSON object"),
+    Case("tsv_missing", cls(lambda w, tmp: tmp / "none.tsv"), "not found"),
+    Case("split_fraction_nan", cls(lambda w, tmp: w.table, "--split-fraction", "nan"), "finite"),
+    Case("max_len_0", cls(lambda w, tmp: w.table, "--max-len", "0"), "max_len"),
+    Case(
+        "conll_one_field",
+        lambda w, tmp: ["train", "tag", "--data", write(tmp, "t.conll", "word\n"), "--out", tmp / "r", *SMALL],
+        "expected 'token label'",
+    ),  # fmt: skip
+    # translation
+    Case("translate_empty", lambda w, tmp: ["translate", w.tr, ""], "empty"),
+    Case("translate_blank", lambda w, tmp: ["predict", w.tr, "   "], "empty"),
+    Case("translate_beam_0", lambda w, tmp: ["translate", w.tr, "abc", "--beam", "0"], "at least 1"),
+    Case("translate_beam_word", lambda w, tmp: ["translate", w.tr, "abc", "--beam", "wide"], "whole number"),
+    Case(
+        "translate_missing_data",
+        lambda w, tmp: ["train", "translate", "--data", tmp / "none.tsv", "--out", tmp / "r"],
+        "not found",
+    ),  # fmt: skip
+    Case(
+        "translate_split_nan",
+        lambda w, tmp: ["train", "translate", "--split-fraction", "nan", "--out", tmp / "r"],
+        "finite",
+    ),  # fmt: skip
+    # images
+    Case("image_not_an_image", lambda w, tmp: ["predict", w.img, write(tmp, "x.png", "not a png")], "cannot read"),
+    Case("image_missing", lambda w, tmp: ["predict", w.img, tmp / "none.png"], "cannot read"),
+    Case("image_too_many_pixels", lambda w, tmp: ["predict", w.img, png(tmp, (6000, 6000))], "over the limit"),
+    Case("image_size_huge", lambda w, tmp: ["train", "image", "--image-size", "100000", "--out", tmp / "r"], "needs ~"),
+    Case("image_size_0", lambda w, tmp: ["train", "image", "--image-size", "0", "--out", tmp / "r"], "image_size"),
+    Case(
+        "image_folder_missing",
+        lambda w, tmp: ["train", "image", "--data", tmp / "none", "--out", tmp / "r"],
+        "not found",
+    ),  # fmt: skip
+    Case(
+        "image_npz_objects",
+        lambda w, tmp: ["train", "image", "--data", npz_of_objects(tmp), "--out", tmp / "r"],
+        "cannot read",
+    ),  # fmt: skip
+    Case(
+        "image_val_fraction_inf",
+        lambda w, tmp: ["train", "image", "--val-fraction", "inf", "--out", tmp / "r"],
+        "finite",
+    ),  # fmt: skip
+    # HuggingFace folders
+    Case(
+        "convert_no_config",
+        lambda w, tmp: ["convert", "--from-hf", write(tmp, "hf/x.txt", "").parent, "--out", tmp / "r"],
+        "no config.json",
+    ),  # fmt: skip
+    Case(
+        "convert_shard_outside",
+        lambda w, tmp: [
+            "convert",
+            "--from-hf",
+            hf_dir(tmp, {"weight_map": {"wte.weight": "../../../../etc/hostname"}}),
+            "--out",
+            tmp / "r",
+        ],
+        "outside",
+    ),  # fmt: skip
+    Case(
+        "convert_index_without_map",
+        lambda w, tmp: ["convert", "--from-hf", hf_dir(tmp, {"files": []}), "--out", tmp / "r"],
+        "weight_map",
+    ),  # fmt: skip
+    Case(
+        "convert_over_foreign",
+        lambda w, tmp: ["convert", "--from-hf", hf_dir(tmp, {}), "--out", w.sentinel, "--force"],
+        "not an attnlab run",
+    ),  # fmt: skip
+    Case(
+        "export_over_foreign",
+        lambda w, tmp: ["export", "--to", "hf", w.lm, w.sentinel, "--force"],
+        "not a HuggingFace model directory",
+    ),  # fmt: skip
+    Case("export_missing_run", lambda w, tmp: ["export", "--to", "hf", tmp / "none", tmp / "out"], "not found"),
+    Case("size_unknown_preset", lambda w, tmp: ["size", "--preset", "gpt-9"], "unknown preset"),
+]
+
+
+def npz_of_objects(tmp: Path) -> Path:
+    path = tmp / "objects.npz"
+    np.savez(path, images=np.array([{"a": 1}], dtype=object), labels=np.array([1]))
+    return path
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 60 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, w, tmp_path, capsys):
+    args = case.args(w, tmp_path)
+    before = checksum(w.guarded)
+    code, _, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, case.says)
+    assert checksum(w.guarded) == before  # nothing outside --out changed: not the sentinel, not the runs
+    assert not (tmp_path / "run").exists() and not (tmp_path / "r").exists()  # a failed start leaves no folder
