@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -33,7 +34,8 @@ from tests.conftest import TEXT, run_cli
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 LM = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-      "--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+      "--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu",
+      "--dtype", "float32"]  # fmt: skip
 SMALL = ["--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
 
 
@@ -174,17 +176,17 @@ CASES = [
         "binary_data",
         lambda w, tmp: ["train", "lm", "--data", write(tmp, "x.bin", b"\0\1\2" * 100), "--out", tmp / "r"],
         "not a text file",
-    ),  # fmt: skip
+    ),
     Case(
         "folder_without_text",
         lambda w, tmp: ["train", "lm", "--data", write(tmp, "d/x.bin", b"\0").parent, "--out", tmp / "r"],
         "no text files",
-    ),  # fmt: skip
+    ),
     Case(
         "glob_matches_nothing",
         lambda w, tmp: ["train", "lm", "--data", w.root, "--glob", "*.rs", "--out", tmp / "r"],
         "no text files",
-    ),  # fmt: skip
+    ),
     # numbers
     Case("lr_nan", lm("--lr", "nan"), "finite"),
     Case("lr_inf", lm("--lr", "inf"), "finite"),
@@ -227,22 +229,22 @@ CASES = [
         "out_is_foreign",
         lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel, *LM],
         "not an attnlab run",
-    ),  # fmt: skip
+    ),
     Case(
         "force_on_foreign",
         lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel, "--force", *LM],
         "refusing to replace",
-    ),  # fmt: skip
+    ),
     Case(
         "force_on_foreign_subfolder",
         lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel / "src", "--force", *LM],
         "not an attnlab run",
-    ),  # fmt: skip
+    ),
     Case(
         "out_is_a_file",
         lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.sentinel / "config.json", "--force", *LM],
         "not an attnlab run",
-    ),  # fmt: skip
+    ),
     Case("existing_run", lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", w.lm, *LM], "already exists"),
     Case("resume_missing", lambda w, tmp: ["train", "lm", "--out", tmp / "none", "--resume"], "not found"),
     Case("resume_foreign", lambda w, tmp: ["train", "lm", "--out", w.sentinel, "--resume"], "not an attnlab run"),
@@ -250,14 +252,14 @@ CASES = [
         "resume_unstarted",
         lambda w, tmp: ["train", "lm", "--out", write(tmp, "u/attnlab.json", '{"attnlab": "run"}').parent, "--resume"],
         "without --resume",
-    ),  # fmt: skip
+    ),
     Case("resume_with_init", lambda w, tmp: ["train", "lm", "--out", w.lm, "--resume", "--init", w.lm], "only one"),
     Case("resume_lr_nan", lambda w, tmp: ["train", "lm", "--out", w.lm, "--resume", "--lr", "nan"], "finite"),
     Case(
         "init_missing",
         lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "r", "--init", tmp / "none"],
         "not found",
-    ),  # fmt: skip
+    ),
     Case("sample_missing", lambda w, tmp: ["sample", tmp / "none"], "not found"),
     Case("sample_foreign", lambda w, tmp: ["sample", w.sentinel], "missing"),
     Case(
@@ -269,23 +271,23 @@ CASES = [
             ),
         ],
         "corrupt",
-    ),  # fmt: skip
+    ),
     Case("sample_nan_weights", lambda w, tmp: ["sample", spoiled(nan_weights)(w, tmp)], "NaN"),
     Case(
         "sample_corrupt_config",
         lambda w, tmp: ["sample", spoiled(lambda r: (r / "config.json").write_text("{"))(w, tmp)],
         "corrupt",
-    ),  # fmt: skip
+    ),
     Case(
         "sample_config_not_tables",
         lambda w, tmp: ["sample", spoiled(lambda r: (r / "config.json").write_text("[1, 2]"))(w, tmp)],
         "corrupt",
-    ),  # fmt: skip
+    ),
     Case(
         "sample_no_tokenizer",
         lambda w, tmp: ["sample", spoiled(lambda r: (r / "tokenizer.json").unlink())(w, tmp)],
         "tokenizer",
-    ),  # fmt: skip
+    ),
     Case("sample_temperature_nan", lambda w, tmp: ["sample", w.lm, "--temperature", "nan"], "finite"),
     Case("sample_temperature_negative", lambda w, tmp: ["sample", w.lm, "--temperature", "-1"], "temperature"),
     Case("sample_top_p_2", lambda w, tmp: ["sample", w.lm, "--top-p", "2"], "top_p"),
@@ -300,11 +302,11 @@ CASES = [
     Case("csv_missing_column", cls(lambda w, tmp: write(tmp, "t.csv", "review,stars\ngood,5\n")), "no column"),
     Case(
         "csv_one_class", cls(lambda w, tmp: write(tmp, "t.csv", "text,label\n" + "nice film,pos\n" * 40)), "one label"
-    ),  # fmt: skip
+    ),
     Case("csv_only_commas", cls(lambda w, tmp: write(tmp, "t.csv", "text,label\n" + ",\n" * 40)), "empty"),
     Case(
         "jsonl_not_json", cls(lambda w, tmp: write(tmp, "t.jsonl", '{"text": "a", "label": "b"}\n{oops\n')), "not JSON"
-    ),  # fmt: skip
+    ),
     Case("jsonl_not_object", cls(lambda w, tmp: write(tmp, "t.jsonl", "[1, 2]\n")), "JSON object"),
     Case("tsv_missing", cls(lambda w, tmp: tmp / "none.tsv"), "not found"),
     Case("split_fraction_nan", cls(lambda w, tmp: w.table, "--split-fraction", "nan"), "finite"),
@@ -313,7 +315,7 @@ CASES = [
         "conll_one_field",
         lambda w, tmp: ["train", "tag", "--data", write(tmp, "t.conll", "word\n"), "--out", tmp / "r", *SMALL],
         "expected 'token label'",
-    ),  # fmt: skip
+    ),
     # translation
     Case("translate_empty", lambda w, tmp: ["translate", w.tr, ""], "empty"),
     Case("translate_blank", lambda w, tmp: ["predict", w.tr, "   "], "empty"),
@@ -323,12 +325,12 @@ CASES = [
         "translate_missing_data",
         lambda w, tmp: ["train", "translate", "--data", tmp / "none.tsv", "--out", tmp / "r"],
         "not found",
-    ),  # fmt: skip
+    ),
     Case(
         "translate_split_nan",
         lambda w, tmp: ["train", "translate", "--split-fraction", "nan", "--out", tmp / "r"],
         "finite",
-    ),  # fmt: skip
+    ),
     # images
     Case("image_not_an_image", lambda w, tmp: ["predict", w.img, write(tmp, "x.png", "not a png")], "cannot read"),
     Case("image_missing", lambda w, tmp: ["predict", w.img, tmp / "none.png"], "cannot read"),
@@ -339,23 +341,23 @@ CASES = [
         "image_folder_missing",
         lambda w, tmp: ["train", "image", "--data", tmp / "none", "--out", tmp / "r"],
         "not found",
-    ),  # fmt: skip
+    ),
     Case(
         "image_npz_objects",
         lambda w, tmp: ["train", "image", "--data", npz_of_objects(tmp), "--out", tmp / "r"],
         "cannot read",
-    ),  # fmt: skip
+    ),
     Case(
         "image_val_fraction_inf",
         lambda w, tmp: ["train", "image", "--val-fraction", "inf", "--out", tmp / "r"],
         "finite",
-    ),  # fmt: skip
+    ),
     # HuggingFace folders
     Case(
         "convert_no_config",
         lambda w, tmp: ["convert", "--from-hf", write(tmp, "hf/x.txt", "").parent, "--out", tmp / "r"],
         "no config.json",
-    ),  # fmt: skip
+    ),
     Case(
         "convert_shard_outside",
         lambda w, tmp: [
@@ -366,22 +368,22 @@ CASES = [
             tmp / "r",
         ],
         "outside",
-    ),  # fmt: skip
+    ),
     Case(
         "convert_index_without_map",
         lambda w, tmp: ["convert", "--from-hf", hf_dir(tmp, {"files": []}), "--out", tmp / "r"],
         "weight_map",
-    ),  # fmt: skip
+    ),
     Case(
         "convert_over_foreign",
         lambda w, tmp: ["convert", "--from-hf", hf_dir(tmp, {}), "--out", w.sentinel, "--force"],
         "not an attnlab run",
-    ),  # fmt: skip
+    ),
     Case(
         "export_over_foreign",
         lambda w, tmp: ["export", "--to", "hf", w.lm, w.sentinel, "--force"],
         "not a HuggingFace model directory",
-    ),  # fmt: skip
+    ),
     Case("export_missing_run", lambda w, tmp: ["export", "--to", "hf", tmp / "none", tmp / "out"], "not found"),
     Case("size_unknown_preset", lambda w, tmp: ["size", "--preset", "gpt-9"], "unknown preset"),
 ]
@@ -405,3 +407,161 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, w, tmp_path, cap
     assert_one_line_error(code, err, case.says)
     assert checksum(w.guarded) == before  # nothing outside --out changed: not the sentinel, not the runs
     assert not (tmp_path / "run").exists() and not (tmp_path / "r").exists()  # a failed start leaves no folder
+
+
+# ---- the server: a 4xx with one line, never a 500 ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(w):
+    from fastapi.testclient import TestClient
+
+    from attnlab.serve.app import create_app
+
+    return TestClient(create_app([w.lm, w.cls, w.tr, w.img], device="cpu"), raise_server_exceptions=False)
+
+
+def png_bytes(size: tuple[int, int], mode: str = "L") -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def chunks(total: int, size: int = 1 << 16):
+    """A body sent without a Content-Length (chunked), `total` bytes in all."""
+    for start in range(0, total, size):
+        yield b"x" * min(size, total - start)
+
+
+def raw(text: str) -> dict:
+    """A body sent as JSON, written by hand (NaN, Infinity, broken JSON)."""
+    return {"content": text, "headers": {"content-type": "application/json"}}
+
+
+IMG = {"data": {"run": "img"}}
+# fmt: off
+API = [  # (name, method, path, request keywords, status, what the one line says)
+    ("generate_nan", "post", "/api/generate", raw('{"run": "lm", "temperature": NaN}'), 422, "temperature"),
+    ("generate_inf", "post", "/api/generate", raw('{"run": "lm", "top_p": Infinity}'), 422, "top_p"),
+    ("generate_zero_tokens", "post", "/api/generate", {"json": {"run": "lm", "max_new_tokens": 0}}, 422, "max_new"),
+    ("generate_too_many", "post", "/api/generate", {"json": {"run": "lm", "max_new_tokens": 10**9}}, 422, "max_new"),
+    ("generate_seed_negative", "post", "/api/generate", {"json": {"run": "lm", "seed": -1}}, 422, "seed"),
+    ("generate_unknown_run", "post", "/api/generate", {"json": {"run": "nope"}}, 404, "unknown run"),
+    ("generate_on_classifier", "post", "/api/generate", {"json": {"run": "cls"}}, 400, "/api/predict"),
+    ("generate_long_prompt", "post", "/api/generate", {"json": {"run": "lm", "prompt": "x" * 5000}}, 422, "prompt"),
+    ("generate_not_json", "post", "/api/generate", raw("{run: lm"), 422, "not valid JSON"),
+    ("generate_list_body", "post", "/api/generate", {"json": [1, 2]}, 422, "object"),
+    ("body_2mb", "post", "/api/generate", {"content": b"x" * 2_000_000}, 413, "over"),
+    ("body_chunked", "post", "/api/predict", {"content": chunks(3_000_000)}, 413, "over"),
+    ("predict_on_lm", "post", "/api/predict", {"json": {"run": "lm", "text": "hi"}}, 400, "/api/generate"),
+    ("predict_top_k_0", "post", "/api/predict", {"json": {"run": "cls", "text": "hi", "top_k": 0}}, 422, "top_k"),
+    ("translate_empty", "post", "/api/predict", {"json": {"run": "tr", "text": ""}}, 400, "empty"),
+    ("translate_beam_99", "post", "/api/predict", {"json": {"run": "tr", "text": "ab", "beam": 99}}, 422, "beam"),
+    ("image_not_image", "post", "/api/predict_image", {**IMG, "files": {"image": ("a.png", b"no")}}, 400,
+     "cannot read"),
+    ("image_13000px", "post", "/api/predict_image",
+     {**IMG, "files": {"image": ("big.png", png_bytes((13000, 13000), "1"))}}, 400, "over the limit"),
+    ("image_11mb", "post", "/api/predict_image", {**IMG, "files": {"image": ("a.png", b"x" * 11_000_000)}}, 413,
+     "over"),
+    ("image_no_file", "post", "/api/predict_image", IMG, 422, "image"),
+    ("image_on_lm", "post", "/api/predict_image", {"data": {"run": "lm"}, "files": {"image": ("a.png", b"x")}}, 400,
+     "/api/generate"),
+    ("attention_on_image_run", "post", "/api/attention", {"json": {"run": "img", "text": "x"}}, 400, "predict_image"),
+    ("metrics_unknown_run", "get", "/api/runs/nope/metrics", {}, 404, "unknown run"),
+    ("no_such_page", "get", "/api/nothing", {}, 404, "Not Found"),
+    ("wrong_method", "get", "/api/generate", {}, 405, "Method Not Allowed"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("name,method,path,kw,status,says", API, ids=[a[0] for a in API])
+def test_bad_request_is_a_4xx_with_one_line(name, method, path, kw, status, says, client, w):
+    before = checksum(w.guarded)
+    r = getattr(client, method)(path, **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert isinstance(error, str) and "\n" not in error and "Traceback" not in error
+    assert says in error, error
+    assert checksum(w.guarded) == before
+
+
+# ---- property-based: random values and bodies ------------------------------------------------------
+
+ANY_VALUE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(), st.none(),
+    st.text(max_size=12), st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", "", " 3 ", "True", "none"]),
+)  # fmt: skip
+
+
+def config_classes() -> list[type]:
+    from attnlab.data import DataConfig
+    from attnlab.data.images import ImageDataConfig
+    from attnlab.data.labeled import LabeledDataConfig
+    from attnlab.data.parallel import ParallelDataConfig
+    from attnlab.decoding.sampling import GenerateConfig
+    from attnlab.engine.config import TrainConfig
+    from attnlab.models.gpt import GPTConfig
+
+    return [TrainConfig, GenerateConfig, DataConfig, LabeledDataConfig, ParallelDataConfig, ImageDataConfig, GPTConfig]
+
+
+@pytest.mark.parametrize("cls", config_classes(), ids=lambda c: c.__name__)
+def test_config_parsers_give_a_config_or_one_user_error(cls):
+    """Whatever values a flag, a TOML file or a config.json holds: a config whose floats are all
+    finite, or an AttnlabError; never another exception."""
+    names = [f.name for f in fields(cls)] + ["unknown_key"]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.dictionaries(st.sampled_from(names), ANY_VALUE, max_size=4))
+    def check(values):
+        try:
+            cfg = checked(cls, values, "test")
+        except AttnlabError as e:
+            assert "\n" not in str(e)
+            return
+        for f in fields(cfg):
+            v = getattr(cfg, f.name)
+            assert not isinstance(v, float) or math.isfinite(v), (f.name, v)
+
+    check()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=60))
+def test_toml_files_read_or_say_why(tmp_path_factory, text):
+    from attnlab.config import read_toml
+
+    path = tmp_path_factory.mktemp("toml") / "c.toml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        assert isinstance(read_toml(path), dict)
+    except AttnlabError as e:
+        assert str(e).count("\n") <= 1  # TOML's own message may name a line and column
+
+
+BODY = st.dictionaries(
+    st.sampled_from(
+        ["run", "prompt", "text", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "beam"]
+    ),
+    st.one_of(
+        st.sampled_from(["lm", "cls", "tr", "img", "x"]),
+        st.integers(-5, 40),
+        st.floats(-2, 3),
+        st.text(max_size=20),
+        st.none(),
+        st.booleans(),
+    ),
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(path=st.sampled_from(["/api/generate", "/api/predict", "/api/attention"]), body=BODY)
+def test_random_api_bodies_never_break_the_server(client, path, body):
+    r = client.post(path, json=body)
+    assert r.status_code in (200, 400, 404, 422), (r.status_code, r.text)
+    if r.status_code != 200:
+        error = r.json()["error"]
+        assert isinstance(error, str) and "\n" not in error

@@ -291,9 +291,6 @@ def loop(s: Session, progress: bool = True) -> dict:
                     val = _evaluate(s, bar, recent)
             if s.interrupted:
                 raise KeyboardInterrupt
-    except Diverged:
-        bar.close()
-        raise
     except KeyboardInterrupt:
         bar.close()
         if snapshot["step"] == s.step:  # interrupted before the update: forget the partial step
@@ -305,5 +302,8 @@ def loop(s: Session, progress: bool = True) -> dict:
         raise AttnlabError(
             f"interrupted at step {s.step}; saved. Continue with: attnlab train {s.command} --out {s.run} --resume"
         ) from None
+    except BaseException:  # a diverged loss, a full disk, ...: the bar ends before the message
+        bar.close()
+        raise
     bar.close()
     return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent))}

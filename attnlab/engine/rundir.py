@@ -74,7 +74,9 @@ def disk_full_message(path: Path, written: int) -> str:
 
 
 def mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+    """A size in the unit that reads best: 12.3 KB, 45.6 MB, 7.8 GB."""
+    unit, scale = next((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("bytes", 1)) if n >= s or s == 1)
+    return f"{n / scale:.1f} {unit}" if scale > 1 else f"{n} bytes"
 
 
 def write_text(path: Path, text: str) -> None:
