@@ -384,6 +384,16 @@ CASES = [
         lambda w, tmp: ["export", "--to", "hf", w.lm, w.sentinel, "--force"],
         "not a HuggingFace model directory",
     ),
+    Case(
+        "onnx_over_foreign_file",
+        lambda w, tmp: ["export", "--to", "onnx", w.lm, w.sentinel / "config.json", "--force"],
+        "not an .onnx file",
+    ),
+    Case(
+        "onnx_over_existing",
+        lambda w, tmp: ["export", "--to", "onnx", w.lm, write(tmp, "m.onnx", "x")],
+        "already exists",
+    ),
     Case("export_missing_run", lambda w, tmp: ["export", "--to", "hf", tmp / "none", tmp / "out"], "not found"),
     Case("size_unknown_preset", lambda w, tmp: ["size", "--preset", "gpt-9"], "unknown preset"),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -24,10 +25,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         summary = export_hf(args.run, args.out, force=args.force)
     else:
-        from attnlab.interop.onnx import export_onnx
+        from attnlab.interop.onnx import check_target, export_onnx
         from attnlab.run import load
 
-        summary = export_onnx(load(args.run, device="cpu"), args.out)
+        check_target(Path(args.out), args.force)  # before loading the run
+        summary = export_onnx(load(args.run, device="cpu"), args.out, force=args.force)
     print(json.dumps(summary, default=str))
     return 0
 

@@ -34,6 +34,15 @@ PIP = "pip install onnx onnxruntime onnxscript"
 PROTOBUF_LIMIT = 2**31  # one .onnx file is a protobuf message, which cannot reach 2 GiB
 
 
+def check_target(path: Path, force: bool) -> None:
+    if not path.exists():
+        return
+    if not path.is_file() or path.suffix.lower() != ".onnx":
+        raise AttnlabError(f"{path} exists and is not an .onnx file: refusing to replace it; choose another name")
+    if not force:
+        raise AttnlabError(f"{path} already exists: choose another name, or --force to replace it")
+
+
 class LogitsOnly(nn.Module):
     """The graph ONNX sees: input_ids (B, T) -> logits (B, T, V), and nothing else.
 
@@ -49,14 +58,18 @@ class LogitsOnly(nn.Module):
         return self.model(input_ids)  # (B, T, V)
 
 
-def export_onnx(run: Run | str | Path, path: str | Path, opset: int | None = None) -> dict[str, Any]:
+def export_onnx(
+    run: Run | str | Path, path: str | Path, opset: int | None = None, force: bool = True
+) -> dict[str, Any]:
     """Write the run's GPT as ONNX and check it with onnxruntime against PyTorch.
 
     Input "input_ids" int64 (batch, sequence), both axes dynamic (sequence up to the model's
     context); output "logits" float32 (batch, sequence, vocab). The file replaces `path` only
     after onnxruntime has matched PyTorch's logits on two shapes that differ in batch and length.
+    An existing `path` is replaced only with force, and only if it is an .onnx file.
     Returns {"path", "bytes", "opset", "checks": [{"shape": [b, t], "max_abs_diff": float}, ...]}.
     """
+    check_target(Path(path), force)
     if not isinstance(run, Run):
         run = load(run, device="cpu")
     if not run.task.generates:
