@@ -222,12 +222,18 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, channels: 
     """One image file as float32 (C, H, W) in [0, 1]: C is 1 or 3 (its own, or `channels`), and
     (H, W) its own or `size`, resized bilinearly."""
     try:
-        with Image.open(path) as img:
+        with warnings.catch_warnings():  # Pillow's own bomb warning: the size is checked here
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+        with img:
             check_pixels(img.size, path)  # from the header: a 13000x13000 PNG can be a 500 KB file
             img.load()  # decode now, so a corrupt file fails here and not in the middle of training
             gray = Image.getmodebase(img.mode) == "L"  # 1, L, LA, I, F, I;16; a palette (P) counts as colour
             img = img.convert("L" if (channels or (1 if gray else 3)) == 1 else "RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError:  # Pillow's own refusal, beyond twice its limit: ours is lower
+        raise AttnlabError(f"image {path} is over the limit of {MAX_PIXELS / 1e6:.0f} million pixels: "
+                           "scale it down first") from None  # fmt: skip
+    except (OSError, ValueError, SyntaxError) as e:
         reason = "cannot identify image file" if isinstance(e, UnidentifiedImageError) else None
         raise AttnlabError(f"cannot read image {path}: {reason or getattr(e, 'strerror', None) or e}") from None
     x = np.asarray(img, dtype=np.float32) / 255

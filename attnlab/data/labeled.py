@@ -105,7 +105,7 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> list[tu
                 f"{path}: no column {missing[0]!r} (row {n} has: {', '.join(map(str, row))}); "
                 "set --text-column / --label-column"
             )
-    pairs = [(str(r[text_column] or ""), str(r[label_column] or "")) for r in rows]
+    pairs = [tuple("" if r[c] is None else str(r[c]) for c in (text_column, label_column)) for r in rows]
     kept = [(text, label) for text, label in pairs if text.strip() and label.strip()]
     if len(kept) < len(pairs):
         warnings.warn(f"{path}: {len(pairs) - len(kept):,} of {len(pairs):,} rows have an empty text or label "
