@@ -53,5 +53,9 @@ def add_commands(sub) -> None:
     ex.add_argument("run", help="run directory")
     ex.add_argument("--to", required=True, choices=("hf", "onnx"), help="target format")
     ex.add_argument("out", metavar="OUT", help="directory (hf) or .onnx file (onnx) to write")
-    ex.add_argument("--force", action="store_true", help="hf: replace OUT if it is a HuggingFace model directory")
+    ex.add_argument(
+        "--force",
+        action="store_true",
+        help="replace OUT if it is a HuggingFace model folder (hf) or an .onnx file (onnx)",
+    )
     ex.set_defaults(func=cmd_export)

@@ -164,7 +164,11 @@ def add_train_commands(sub) -> None:
         p = tasks.add_parser(task.name, help=task.help, description=task.description)
         p.add_argument("--out", required=True, help="run directory to create (or continue with --resume)")
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-        p.add_argument("--force", action="store_true", help="replace --out if it exists")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="replace --out if it is an attnlab run (it has attnlab.json); other folders are refused",
+        )
         p.add_argument("--init", default=None, metavar="RUN", help=task.init_help)
         task.add_flags(p)
         p.set_defaults(func=cmd_train, task_obj=task)
