@@ -20,6 +20,7 @@ from torch import Tensor
 
 from attnlab.config import option
 from attnlab.data.tokenizers import Tokenizer
+from attnlab.engine.config import DTYPE_NAMES
 from attnlab.engine.device import autocast, pick_dtype
 from attnlab.models.gpt import GPT
 
@@ -36,7 +37,7 @@ class GenerateConfig:
     seed: int | None = option(None, "random seed, for repeatable samples")
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
-    dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
+    dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
 
     def __post_init__(self):
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
@@ -104,7 +105,7 @@ def stream(
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
-    precision = pick_dtype(dtype, device)
+    precision = pick_dtype(dtype, device, model.cfg.d_model)
     ids = list(ids)
     if len(ids) > ctx:
         warnings.warn(

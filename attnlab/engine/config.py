@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from attnlab.config import option
 
 SCHEDULES = ("cosine", "inverse_sqrt")
+DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -33,7 +34,7 @@ class TrainConfig:
                            ("ddp", "fsdp"))  # fmt: skip
     compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
     grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
-    dtype: str = option("auto", "auto (bf16 where fast), float32 or bfloat16", ("auto", "float32", "bfloat16"))
+    dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
 
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):

@@ -39,7 +39,7 @@ from attnlab.data.batches import Batches
 from attnlab.engine import distributed
 from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.device import autocast, pick_dtype
+from attnlab.engine.device import autocast, dtype_choice
 from attnlab.engine.distributed import Dist
 from attnlab.engine.memory import check_training_fits
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
@@ -67,6 +67,7 @@ class Session:
     raw: nn.Module | None = None  # the model itself, without the DDP or compile wrappers
     command: str = "lm"  # the `attnlab train` subcommand that continues this run
     saved_step: int | None = None  # the step of the checkpoint on disk
+    dtype_note: str = ""  # why this precision (for --dtype auto: what was measured)
 
 
 class Diverged(AttnlabError):
@@ -186,8 +187,9 @@ def start(
         for block in getattr(model, "blocks", []):
             fully_shard(block)
         fully_shard(model)
-    s = Session(run, model, make_optimizer(model, cfg), data, cfg, device,
-                pick_dtype(cfg.dtype, device), rng, dist=d, raw=model, command=command)  # fmt: skip
+    dtype, note = dtype_choice(cfg.dtype, device, getattr(getattr(model, "cfg", None), "d_model", 384))
+    s = Session(run, model, make_optimizer(model, cfg), data, cfg, device, dtype, rng, dist=d, raw=model,
+                command=command, dtype_note=note)  # fmt: skip
     if state is not None:
         if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
             options = StateDictOptions(full_state_dict=True)
@@ -265,7 +267,8 @@ def loop(s: Session, progress: bool = True) -> dict:
     if s.dist.main:
         print(
             f"model {n_params / 1e6:.2f}M parameters | {s.data.describe()} | "
-            f"{s.device.type}{procs} {str(s.dtype).removeprefix('torch.')} | batch {cfg.batch_size}",
+            f"{s.device.type}{procs} {str(s.dtype).removeprefix('torch.')}"
+            f"{f' ({s.dtype_note})' if cfg.dtype == 'auto' else ''} | batch {cfg.batch_size}",
             file=sys.stderr,
         )
     bar = tqdm(total=cfg.max_steps, initial=s.step, desc="training", unit="step",

@@ -51,7 +51,7 @@ def evaluate(
     if len(arr) < 2:
         raise AttnlabError(f"the {split} split of {data} has too few tokens to evaluate")
     model, device = run.model.eval(), run.device
-    dtype = pick_dtype("auto", device)
+    dtype = pick_dtype("auto", device, model.cfg.d_model)
     block = run.config.get("train", {}).get("block_size") or model.cfg.context
     total, count = 0.0, 0
     n_full = (len(arr) - 1) // block
