@@ -68,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from attnlab.decoding.sampling import stream_text
+    from attnlab.decoding.sampling import sample_texts, stream_text
     from attnlab.run import load
 
     gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
@@ -77,14 +77,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise AttnlabError(
             f"{args.run} is not a language model run (it is {run.task.name}): attnlab sample needs a gpt run"
         )
-    for i in range(args.num_samples):
-        if i:
-            print("\n" + "-" * 40)
+    if args.num_samples == 1:  # one sample streams as it is generated
         print(gen.prompt, end="", flush=True)
-        seed = None if gen.seed is None else gen.seed + i
-        for piece in stream_text(run.model, run.tokenizer, **{**dataclasses.asdict(gen), "seed": seed}):
+        for piece in stream_text(run.model, run.tokenizer, **dataclasses.asdict(gen)):
             print(piece, end="", flush=True)
         print()
+        return 0
+    # several: one batch, every row decoded in the same forward pass
+    for i, text in enumerate(sample_texts(run.model, run.tokenizer, num_samples=args.num_samples,
+                                          **dataclasses.asdict(gen))):  # fmt: skip
+        print(("\n" + "-" * 40 + "\n" if i else "") + gen.prompt + text)
     return 0
 
 
@@ -234,7 +236,9 @@ def build_parser() -> Parser:
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")
-    sample.add_argument("--num-samples", type=at_least_1, default=1, help="how many samples (default: 1)")
+    sample.add_argument(
+        "--num-samples", type=at_least_1, default=1, help="how many samples, drawn as one batch (default: 1)"
+    )
     sample.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     add_config_flags(sample, "gen", GenerateConfig, "generation")
     sample.set_defaults(func=cmd_sample)

@@ -84,7 +84,74 @@ def next_token(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def next_tokens(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> Tensor:
+    """The next token of each row of (B, V) logits, (B,); temperature 0 is greedy."""
+    if temperature <= 0:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
 @torch.no_grad()
+def stream_rows(
+    model: GPT,
+    ids: list[int],
+    rows: int = 1,
+    max_new_tokens: int = 100,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    dtype: str = "auto",
+) -> Iterator[Tensor]:
+    """Continue the prompt `ids` in `rows` sequences at once, one batched forward per step;
+    yield each step's new tokens, (rows,). One row samples exactly as `stream` always has.
+
+    dtype: 'auto' (bf16 autocast where measured faster), 'float32' or 'bfloat16'.
+    """
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    model.eval()
+    ctx = model.cfg.context
+    device = next(model.parameters()).device
+    precision = pick_dtype(dtype, device, model.cfg.d_model)
+    ids = list(ids)
+    if len(ids) > ctx:
+        warnings.warn(
+            f"prompt of {len(ids)} tokens is longer than the context of {ctx}; keeping the last {ctx}", stacklevel=3
+        )
+        ids = ids[-ctx:]
+    if not ids:
+        raise ValueError("generation needs at least one prompt token")
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=device).manual_seed(seed)
+    seqs = torch.tensor([ids] * rows, device=device)  # (rows, L): every row the same length
+    start, caches, fed = 0, None, 0  # window start; tokens of the window already in the cache
+    for _ in range(max_new_tokens):
+        length = seqs.shape[1]
+        if length - start > ctx:  # the window is full: jump ahead, keep the last half
+            start = length - ctx // 2
+            caches, fed = None, 0
+        if use_cache:
+            if caches is None:
+                caches = model.new_caches(ctx)
+            with autocast(device, precision):
+                logits = model(seqs[:, start + fed :], caches=caches, offset=fed)  # (rows, T_new, V)
+            fed = length - start
+        else:
+            with autocast(device, precision):
+                logits = model(seqs[:, start:])  # (rows, T, V)
+        if rows == 1:  # the one-sequence draw, unchanged: a seed gives the text it always gave
+            token = torch.tensor([next_token(logits[0, -1], temperature, top_k, top_p, gen)], device=device)
+        else:
+            token = next_tokens(logits[:, -1], temperature, top_k, top_p, gen)
+        seqs = torch.cat([seqs, token[:, None]], dim=1)
+        yield token
+
+
 def stream(
     model: GPT,
     ids: list[int],
@@ -97,47 +164,43 @@ def stream(
     use_cache: bool = True,
     dtype: str = "auto",
 ) -> Iterator[int]:
-    """Yield new token ids one by one, continuing the prompt `ids`.
-
-    dtype: 'auto' (bf16 autocast where the hardware is fast at it), 'float32' or 'bfloat16'.
-    """
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
-    model.eval()
-    ctx = model.cfg.context
-    device = next(model.parameters()).device
-    precision = pick_dtype(dtype, device, model.cfg.d_model)
-    ids = list(ids)
-    if len(ids) > ctx:
-        warnings.warn(
-            f"prompt of {len(ids)} tokens is longer than the context of {ctx}; keeping the last {ctx}", stacklevel=2
-        )
-        ids = ids[-ctx:]
-    if not ids:
-        raise ValueError("generation needs at least one prompt token")
-    gen = None
-    if seed is not None:
-        gen = torch.Generator(device=device).manual_seed(seed)
-    start, caches, fed = 0, None, 0  # window start; tokens of the window already in the cache
-    for _ in range(max_new_tokens):
-        if len(ids) - start > ctx:  # the window is full: jump ahead, keep the last half
-            start = len(ids) - ctx // 2
-            caches, fed = None, 0
-        if use_cache:
-            if caches is None:
-                caches = model.new_caches(ctx)
-            new = torch.tensor([ids[start + fed :]], device=device)  # (1, T_new)
-            with autocast(device, precision):
-                logits = model(new, caches=caches, offset=fed)
-            fed = len(ids) - start
-        else:
-            window = torch.tensor([ids[start:]], device=device)  # (1, T)
-            with autocast(device, precision):
-                logits = model(window)
-        token = next_token(logits[0, -1], temperature, top_k, top_p, gen)
-        ids.append(token)
+    """Yield new token ids one by one, continuing the prompt `ids` (see stream_rows)."""
+    for step in stream_rows(model, ids, 1, max_new_tokens, temperature, top_k, top_p, seed, use_cache, dtype):
+        token = int(step[0])
         yield token
         if token == stop_token:
             return
+
+
+def sample_texts(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str = "",
+    num_samples: int = 1,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | None = None,
+    use_cache: bool = True,
+    dtype: str = "auto",
+) -> list[str]:
+    """`num_samples` continuations of `prompt`, sampled as one batch (each cut at its own `stop`);
+    decoding ends when every row has met its stop or max_new_tokens."""
+    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
+    rows: list[list[int]] = [[] for _ in range(num_samples)]
+    done = [False] * num_samples
+    steps = stream_rows(model, ids, num_samples, max_new_tokens, temperature, top_k, top_p, seed, use_cache, dtype)
+    for step in steps:
+        for i, token in enumerate(step.tolist()):
+            if not done[i]:
+                rows[i].append(token)
+                done[i] = bool(stop) and stop in tokenizer.decode(rows[i][-len(stop) * 4 - 8 :])
+        if all(done):
+            break
+    texts = [tokenizer.decode(r) for r in rows]
+    return [t[: t.index(stop)] if stop and stop in t else t for t in texts]
 
 
 def generate_text(model: GPT, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
