@@ -43,7 +43,7 @@ from common import (
 )
 from transformers import GPT2LMHeadModel
 
-from attnlab.decoding.sampling import stream
+from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.engine.device import autocast
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -52,6 +52,7 @@ Generator = Callable[[list[int], int], list[int]]  # (prompt ids, new tokens) ->
 COLUMNS = [
     ("impl", "impl", ""),
     ("cache", "cache", ""),
+    ("rows", "rows", ","),
     ("dtype", "dtype", ""),
     ("new_tokens", "new tokens", ","),
     ("seconds", "seconds", ",.2f"),
@@ -65,6 +66,16 @@ def attnlab_generator(model: GPT, dtype: torch.dtype, use_cache: bool) -> Genera
     def run(prompt: list[int], n: int) -> list[int]:
         name = str(dtype).removeprefix("torch.")
         return list(stream(model, prompt, n, temperature=0.0, use_cache=use_cache, dtype=name))
+
+    return run
+
+
+def batch_generator(model: GPT, dtype: torch.dtype, rows: int) -> Generator:
+    """`rows` sequences as one batch (--num-samples): the first row's tokens are returned."""
+
+    def run(prompt: list[int], n: int) -> list[int]:
+        name = str(dtype).removeprefix("torch.")
+        return [int(t[0]) for t in stream_rows(model, prompt, rows, n, temperature=0.0, dtype=name)]
 
     return run
 
@@ -125,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the untimed warmup call per method")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per method; the median is reported")
     p.add_argument("--dtype", default="float32", type=parse_dtype, help="float32 or bfloat16 (autocast)")
+    p.add_argument("--batches", default="4,16", help="also time attnlab with these many rows at once (--num-samples)")
     add_common_args(p)
     args = p.parse_args(argv)
     if min(args.new_tokens, args.prompt_tokens, args.warmup_tokens, args.repeats) < 1:
@@ -148,23 +160,31 @@ def main(argv: list[str] | None = None) -> int:
         ("attnlab", "none"): attnlab_generator(gpt, args.dtype, use_cache=False),
         ("hf-gpt2", "kv-cache"): hf_generator(hf, args.dtype, device),
     }
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    for b in batches:
+        methods["attnlab", f"kv-cache x{b}"] = batch_generator(gpt, args.dtype, b)
     rows, outputs = [], {}
     for (impl, cache), generate in methods.items():
         seconds, outputs[impl, cache] = timed(generate, prompt, args.new_tokens, args, device)
-        n = args.new_tokens
+        n, width = args.new_tokens, int(cache.split("x")[-1]) if " x" in cache else 1
         rows.append(
             {
                 "impl": impl,
                 "cache": cache,
+                "rows": width,
                 "dtype": dtype_name(args.dtype),
-                "new_tokens": n,
+                "new_tokens": n * width,
                 "seconds": seconds,
-                "tokens_per_s": n / seconds,
-                "ms_per_token": seconds / n * 1e3,
+                "tokens_per_s": n * width / seconds,
+                "ms_per_token": seconds / (n * width) * 1e3,
             }
         )
+    hf_row = next(r for r in rows if r["impl"] == "hf-gpt2")
     for row in rows:
-        row["ratio"] = row["tokens_per_s"] / rows[-1]["tokens_per_s"]
+        row["ratio"] = row["tokens_per_s"] / hf_row["tokens_per_s"]
+    for b in batches:  # greedy: every row of a batch is the one-sequence text
+        if outputs["attnlab", f"kv-cache x{b}"] != outputs["attnlab", "kv-cache"]:
+            print(f"batch of {b}: its first row differs from the one-sequence greedy text")
     cache_diff = first_difference(outputs["attnlab", "kv-cache"], outputs["attnlab", "none"])
     hf_diff = first_difference(outputs["attnlab", "kv-cache"], outputs["hf-gpt2", "kv-cache"])
     report(args, device, num_params(gpt), rows, cache_diff, hf_diff)
