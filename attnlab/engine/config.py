@@ -11,9 +11,27 @@ SCHEDULES = ("cosine", "inverse_sqrt")
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
+UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def budget_seconds(text: str) -> float:
+    """'90s', '2m', '1.5h' (or plain seconds) -> seconds, a finite number above 0."""
+    text = str(text).strip().lower()
+    unit = UNITS.get(text[-1:], None)
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        raise ValueError(f"time_budget: expected a duration like 90s, 2m or 1.5h, got {text!r}") from None
+    if not (0 < value < math.inf):
+        raise ValueError(f"time_budget must be a finite duration above 0, got {text!r}")
+    return value
+
+
 @dataclass
 class TrainConfig:
     max_steps: int = option(2000, "optimizer steps to train for")
+    time_budget: str | None = option(None, "train for this long (90s, 2m, 1.5h): the cosine decay follows elapsed "
+                                     "time and ends with it; max_steps still caps the steps")  # fmt: skip
     batch_size: int = option(32, "sequences per optimizer step (the global batch)")
     grad_accum: int = option(1, "micro-batches per step, each of batch_size / grad_accum sequences")
     block_size: int | None = option(None, "tokens per training sequence (default: the model's context)")
@@ -37,6 +55,8 @@ class TrainConfig:
     dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
 
     def __post_init__(self):
+        if self.time_budget is not None:
+            budget_seconds(self.time_budget)  # a clear error now, not at the first step
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from attnlab.data.batches import Batches
 from attnlab.engine import distributed
 from attnlab.engine import rundir as ck
-from attnlab.engine.config import TrainConfig
+from attnlab.engine.config import TrainConfig, budget_seconds
 from attnlab.engine.device import autocast, dtype_choice
 from attnlab.engine.distributed import Dist
 from attnlab.engine.memory import check_training_fits
@@ -68,6 +68,7 @@ class Session:
     command: str = "lm"  # the `attnlab train` subcommand that continues this run
     saved_step: int | None = None  # the step of the checkpoint on disk
     dtype_note: str = ""  # why this precision (for --dtype auto: what was measured)
+    elapsed: float = 0.0  # seconds of training so far, earlier sessions of a resumed run included
 
 
 class Diverged(AttnlabError):
@@ -98,7 +99,7 @@ def train_step(s: Session) -> float:
         s.optimizer.zero_grad(set_to_none=True)
         raise Diverged(diverged_message(s, mean, norm))
     for group in s.optimizer.param_groups:
-        group["lr"] = lr_at(s.step, s.cfg)
+        group["lr"] = lr_at(s.step, s.cfg, s.elapsed)
     with deferred_interrupt(s):  # the update and the step count change together, or not at all
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=True)
@@ -196,6 +197,7 @@ def start(
             set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
         s.step = s.saved_step = state.step
+        s.elapsed = state.elapsed
     if d.main and resume:
         ck.truncate_metrics(run / "metrics.jsonl", s.step)
     if d.main:
@@ -221,7 +223,7 @@ def save_checkpoint(s: Session) -> None:
         groups = [{**g, "params": [names[id(p)] for p in g["params"]]} for g in s.optimizer.param_groups]
         optimizer = {"state": {}, "param_groups": groups}
     if s.dist.main:
-        ck.save_train_state(s.run / ck.STATE, ck.TrainState(s.step, weights, optimizer), s.rng)
+        ck.save_train_state(s.run / ck.STATE, ck.TrainState(s.step, weights, optimizer, s.elapsed), s.rng)
         ck.write_weights(weights, s.run / ck.WEIGHTS, metadata={"step": str(s.step)})
     s.saved_step = s.step
     distributed.barrier(s.dist)
@@ -279,17 +281,21 @@ def loop(s: Session, progress: bool = True) -> dict:
     val = None
     # RNG states after the last completed step: if Ctrl-C lands mid-step, that step is undone.
     snapshot = rng_snapshot(s)
+    budget = budget_seconds(cfg.time_budget) if cfg.time_budget else None
+    clock = time.perf_counter() - s.elapsed  # elapsed = now - clock, earlier sessions included
     try:
-        while s.step < cfg.max_steps:
+        while s.step < cfg.max_steps and not spent(s, budget):
             t0 = time.perf_counter()
+            lr = lr_at(s.step, cfg, s.elapsed)
             loss = train_step(s)
             dt = time.perf_counter() - t0
+            s.elapsed = agreed(s, time.perf_counter() - clock) if budget else time.perf_counter() - clock
             snapshot = rng_snapshot(s)
             recent = (recent + [loss])[-50:]
-            _log(s, {"step": s.step, "loss": loss, "lr": lr_at(s.step - 1, cfg), f"{unit}_per_s": items_per_step / dt})
+            _log(s, {"step": s.step, "loss": loss, "lr": lr, f"{unit}_per_s": items_per_step / dt})
             bar.set_postfix({"loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{items_per_step / dt:,.0f}"}, refresh=False)
             bar.update(1)
-            if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps:
+            if s.step % cfg.eval_interval == 0 or s.step == cfg.max_steps or spent(s, budget):
                 with deferred_interrupt(s):  # Ctrl-C here waits for the validation row and the checkpoint
                     val = _evaluate(s, bar, recent)
             if s.interrupted:
@@ -309,4 +315,20 @@ def loop(s: Session, progress: bool = True) -> dict:
         bar.close()
         raise
     bar.close()
-    return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent))}
+    if budget and s.step < cfg.max_steps and s.dist.main:
+        print(f"time budget of {cfg.time_budget} spent: {s.step} steps", file=sys.stderr)
+    return {"step": s.step, "val_loss": val, "train_loss": sum(recent) / max(1, len(recent)), "elapsed": s.elapsed}
+
+
+def spent(s: Session, budget: float | None) -> bool:
+    return budget is not None and s.elapsed >= budget
+
+
+def agreed(s: Session, elapsed: float) -> float:
+    """Every process's clock differs a little: under torchrun they use rank 0's, so that all stop
+    at the same step."""
+    if not s.dist.enabled:
+        return elapsed
+    t = torch.tensor([elapsed if s.dist.main else 0.0], device=s.device)
+    torch.distributed.all_reduce(t)
+    return float(t)

@@ -8,13 +8,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from attnlab.engine.config import budget_seconds
+
 if TYPE_CHECKING:
     from attnlab.engine.config import TrainConfig
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: TrainConfig, elapsed: float | None = None) -> float:
     """Linear warmup to cfg.lr, then cosine decay to min_lr at max_steps, or (schedule
-    "inverse_sqrt") decay as 1/sqrt(step).
+    "inverse_sqrt") decay as 1/sqrt(step). With a time budget, the cosine follows `elapsed`
+    seconds of training instead of steps, so that it ends with the budget on any machine.
 
     The paper's schedule, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), is this
     inverse_sqrt one with its peak lr = (d_model * warmup)^-0.5 reached at step = warmup
@@ -25,7 +28,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule == "inverse_sqrt":
         return cfg.lr * math.sqrt(max(1, cfg.warmup_steps) / (step + 1))
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    if cfg.time_budget is not None and elapsed is not None:
+        progress = min(1.0, elapsed / budget_seconds(cfg.time_budget))
+    else:
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 

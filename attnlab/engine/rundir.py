@@ -309,6 +309,7 @@ class TrainState:
     step: int
     weights: dict[str, torch.Tensor]
     optimizer: dict[str, Any]  # {"state": {name: {key: tensor}}, "param_groups": [{..., "params": [name]}]}
+    elapsed: float = 0.0  # seconds of training so far (what a time budget counts)
 
 
 def save_train_state(path: Path, state: TrainState, rng: np.random.Generator) -> None:
@@ -323,7 +324,7 @@ def save_train_state(path: Path, state: TrainState, rng: np.random.Generator) ->
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
     meta_state = {"param_groups": state.optimizer["param_groups"], "numpy_rng": rng.bit_generator.state}
-    meta = {"step": str(state.step), "state": json.dumps(meta_state)}
+    meta = {"step": str(state.step), "elapsed": repr(float(state.elapsed)), "state": json.dumps(meta_state)}
     atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
 
 
@@ -338,7 +339,8 @@ def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:
             if key.startswith("opt::"):
                 _, name, k = key.split("::")
                 opt.setdefault(name, {})[k] = t
-        state = TrainState(int(meta["step"]), weights, {"state": opt, "param_groups": meta_state["param_groups"]})
+        state = TrainState(int(meta["step"]), weights, {"state": opt, "param_groups": meta_state["param_groups"]},
+                           float(meta.get("elapsed", 0.0)))  # fmt: skip
         torch.set_rng_state(tensors["rng.torch"])
         rng.bit_generator.state = meta_state["numpy_rng"]
     except (KeyError, ValueError, TypeError) as e:
