@@ -9,6 +9,7 @@ and four trained runs are checksummed before and after every case.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -39,16 +40,19 @@ LM = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "
 SMALL = ["--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
 
 
-def train(args: list, capsys) -> None:
-    code, _, err = run_cli(args, capsys)
-    assert code == 0, err
+def train(args: list) -> None:
+    """`attnlab ARGS` in-process, its output kept out of the test's (a module fixture has no capsys)."""
+    from attnlab.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main([str(a) for a in args])
+    assert code == 0, out.getvalue()
 
 
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
     """The world every case runs in: data files, a sentinel folder and four small trained runs."""
-    import _pytest.capture
-
     root = tmp_path_factory.mktemp("bad")
     corpus = root / "code.txt"
     corpus.write_text(TEXT * 30)
@@ -60,16 +64,11 @@ def w(tmp_path_factory):
     (sentinel / "src").mkdir(parents=True)
     (sentinel / "config.json").write_text('{"name": "app"}')
     (sentinel / "src" / "main.js").write_text("console.log('hi')\n")
-    capsys = _pytest.capture.CaptureFixture(_pytest.capture.SysCapture, None, _ispytest=True)
-    capsys._start()
-    try:
-        train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM], capsys)
-        train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL], capsys)
-        train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", "--n-layer", "1",
-               "--d-model", "16", "--n-head", "2", "--batch-size", "8", *SMALL], capsys)  # fmt: skip
-        train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL], capsys)
-    finally:
-        capsys.close()
+    train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
+    train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
+    train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", "--n-layer", "1",
+           "--d-model", "16", "--n-head", "2", "--batch-size", "8", *SMALL])  # fmt: skip
+    train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     runs = {name: root / name for name in ("lm", "cls", "tr", "img")}
     return SimpleNamespace(root=root, corpus=corpus, table=table, sentinel=sentinel, guarded=[sentinel, *runs.values()],
                            **runs)  # fmt: skip

@@ -73,17 +73,6 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-def next_token(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
-) -> int:
-    """Pick the next token from (V,) logits; temperature 0 is greedy (argmax)."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 def next_tokens(
     logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
 ) -> Tensor:
@@ -92,6 +81,13 @@ def next_tokens(
         return torch.argmax(logits, dim=-1)
     probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def next_token(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> int:
+    """Pick the next token from (V,) logits (next_tokens on one row: the same draws)."""
+    return int(next_tokens(logits[None], temperature, top_k, top_p, generator)[0])
 
 
 @torch.no_grad()
@@ -108,7 +104,7 @@ def stream_rows(
     dtype: str = "auto",
 ) -> Iterator[Tensor]:
     """Continue the prompt `ids` in `rows` sequences at once, one batched forward per step;
-    yield each step's new tokens, (rows,). One row samples exactly as `stream` always has.
+    yield each step's new tokens, (rows,).
 
     dtype: 'auto' (bf16 autocast where measured faster), 'float32' or 'bfloat16'.
     """
@@ -144,10 +140,7 @@ def stream_rows(
         else:
             with autocast(device, precision):
                 logits = model(seqs[:, start:])  # (rows, T, V)
-        if rows == 1:  # the one-sequence draw, unchanged: a seed gives the text it always gave
-            token = torch.tensor([next_token(logits[0, -1], temperature, top_k, top_p, gen)], device=device)
-        else:
-            token = next_tokens(logits[:, -1], temperature, top_k, top_p, gen)
+        token = next_tokens(logits[:, -1], temperature, top_k, top_p, gen)  # (rows,)
         seqs = torch.cat([seqs, token[:, None]], dim=1)
         yield token
 

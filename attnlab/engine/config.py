@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ DTYPE_NAMES = ("auto", "float32", "bfloat16")
 UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
+@functools.cache  # the schedule asks at every step
 def budget_seconds(text: str) -> float:
     """'90s', '2m', '1.5h' (or plain seconds) -> seconds, a finite number above 0."""
     text = str(text).strip().lower()

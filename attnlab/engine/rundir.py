@@ -163,14 +163,19 @@ def read_run_config(run: Path) -> dict[str, Any]:
     return config
 
 
-def check_run_dir(path: str | Path) -> Path:
-    """A run that loads: its config and weights are there."""
+def started_folder(path: str | Path, restart: str) -> Path:
+    """A folder that exists and is past its first checkpoint (else one line ending in `restart`)."""
     p = Path(path)
     if not p.is_dir():
         raise AttnlabError(f"run directory not found: {p}")
     if unstarted(p):
-        raise AttnlabError(f"{p} is a run whose start did not finish (no weights yet): start it again with the "
-                           "command that made it")  # fmt: skip
+        raise AttnlabError(f"{p} has no checkpoint yet (its start did not finish): {restart}")
+    return p
+
+
+def check_run_dir(path: str | Path) -> Path:
+    """A run that loads: its config and weights are there."""
+    p = started_folder(path, "start it again with the command that made it")
     for name in (CONFIG, WEIGHTS):
         if not (p / name).is_file():
             raise AttnlabError(f"{p} is not a complete run: {name} is missing")
@@ -180,12 +185,7 @@ def check_run_dir(path: str | Path) -> Path:
 def check_resumable(path: str | Path) -> Path:
     """A run that --resume continues: its config and training state are there (the weights are in
     the state; a kill between writing the two leaves a run that still resumes)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise AttnlabError(f"run directory not found: {p}")
-    if unstarted(p):
-        raise AttnlabError(f"{p} has no checkpoint yet (its start did not finish): run the same command without "
-                           "--resume to start it again")  # fmt: skip
+    p = started_folder(path, "run the same command without --resume to start it again")
     if not (p / CONFIG).is_file():
         raise AttnlabError(f"{p} is not a complete run: {CONFIG} is missing")
     if not is_run(p):
