@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -101,6 +100,7 @@ def bf16_speedup(device: torch.device, width: int = 384) -> float:
     if key in _CHOICES:
         return _CHOICES[key]
     from attnlab.data.tokens import cache_root
+    from attnlab.engine.rundir import write_json
 
     path = cache_root() / "dtype.json"
     try:
@@ -110,11 +110,9 @@ def bf16_speedup(device: torch.device, width: int = 384) -> float:
     if not isinstance(known, dict) or not isinstance(known.get(key), (int, float)):
         known = known if isinstance(known, dict) else {}
         known[key] = round(measure_bf16_speedup(device, width), 3)
-        with contextlib.suppress(OSError):  # a read-only cache only costs a measurement next time
+        with contextlib.suppress(OSError, AttnlabError):  # an unwritable cache costs a measurement next time
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".dtype.json.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(known, indent=1))
-            os.replace(tmp, path)
+            write_json(path, known)
     _CHOICES[key] = float(known[key])
     return _CHOICES[key]
 

@@ -27,7 +27,7 @@ from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import bert, gpt2, module_for
-from attnlab.interop.hf.io import read_hf_dir, write_hf_dir
+from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
 from attnlab.models import build_model, family_classes
 from attnlab.tasks import Task, task_of
 
@@ -129,7 +129,7 @@ def is_hf_dir(d: Path) -> bool:
         hf = json.loads((d / ck.CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    weights = any((d / name).is_file() for name in (ck.WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin"))
+    weights = any((d / name).is_file() for name in (ck.WEIGHTS, SAFE_INDEX, BIN, BIN_INDEX))
     return isinstance(hf, dict) and ("model_type" in hf or "architectures" in hf) and weights
 
 
