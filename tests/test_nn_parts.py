@@ -119,7 +119,7 @@ def test_allowed_values_come_from_the_registries(config):
     from dataclasses import fields
 
     choices = {f.name: f.metadata.get("choices") for f in fields(config)}
-    assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "none")
-    assert choices["activation"] == tuple(ACTIVATIONS) == ("relu", "gelu", "gelu_tanh")
+    assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "rope", "none")
+    assert choices["activation"] == tuple(ACTIVATIONS) == ("relu", "gelu", "gelu_tanh", "relu2")
     assert choices["norm"] == NORM_PLACES == ("pre", "post")
     assert choices["feedforward"] == tuple(FEEDFORWARDS) and choices["norm_kind"] == tuple(NORMS)

@@ -84,7 +84,7 @@ def test_every_family_keeps_its_parameter_names():
     assert isinstance(FAMILIES["gpt"]().blocks, Stack) and len(FAMILIES["seq2seq"]().blocks) == 4
 
 
-def init_by_names(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
+def init_by_names(model: nn.Module, n_layer: int, std: float = 0.02, zero_out: bool = False) -> None:
     """The initialization as it was written before init roles: residual projections found by name."""
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):

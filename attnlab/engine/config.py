@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from attnlab.config import option
 
-SCHEDULES = ("cosine", "inverse_sqrt")
+SCHEDULES = ("cosine", "wsd", "inverse_sqrt")
+OPTIMIZERS = ("adamw", "muon")
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
@@ -40,8 +41,13 @@ class TrainConfig:
     lr: float = option(3e-3, "peak learning rate")
     min_lr: float | None = option(None, "learning rate at the end of the cosine decay (default lr / 10)")
     warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
-    schedule: str = option("cosine", "after warmup: cosine decay to min_lr, or the Transformer paper's "
-                           "inverse square root of the step", SCHEDULES)  # fmt: skip
+    schedule: str = option("cosine", "after warmup: cosine decay to min_lr; wsd (warmup-stable-decay): lr held, "
+                           "then a linear decay to min_lr over the last --cooldown of training; or the "
+                           "Transformer paper's inverse square root of the step", SCHEDULES)  # fmt: skip
+    cooldown: float = option(0.3, "wsd: the final fraction of training (steps, or the time budget) spent decaying")
+    optimizer: str = option("adamw", "adamw, or muon: Muon for the blocks' weight matrices and AdamW for the "
+                            "rest (embeddings, head, norms, biases)", OPTIMIZERS)  # fmt: skip
+    muon_lr: float = option(0.02, "muon: peak learning rate of the Muon-trained matrices (lr is AdamW's)")
     weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
     beta1: float = option(0.9, "AdamW beta1")
     beta2: float = option(0.95, "AdamW beta2")
@@ -75,6 +81,16 @@ class TrainConfig:
             if not (0 <= getattr(self, name) < 1):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be cosine or inverse_sqrt, got {self.schedule!r}")
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            raise ValueError(
+                "muon orthogonalizes whole matrices, which FSDP splits between processes: use --parallel ddp"
+            )
+        if not (0 < self.cooldown <= 1):
+            raise ValueError(f"cooldown must be in (0, 1], got {self.cooldown}")
+        if not (0 < self.muon_lr < math.inf):
+            raise ValueError(f"muon_lr must be a finite number above 0, got {self.muon_lr}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")

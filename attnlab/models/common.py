@@ -52,6 +52,9 @@ class TransformerConfig:
     norm_kind: str = option("layernorm", "the normalization of each block", tuple(NORMS))
     bias: bool = option(True, "biases in linear layers and norms")
     ln_eps: float = option(1e-5, "LayerNorm epsilon")
+    qk_norm: bool = option(False, "RMS-normalize each head's queries and keys (QK-norm): steadier at high lr")
+    zero_init: bool = option(False, "start the projections that write into the residual stream at zero, "
+                             "so every block begins as the identity")  # fmt: skip
 
     def __post_init__(self):
         # d_ff and d_head stay None when derived, so overriding d_model in a preset re-derives them.
@@ -89,6 +92,7 @@ class TransformerConfig:
             cross_attention=cross_attention,
             feedforward=self.feedforward,
             norm_kind=self.norm_kind,
+            qk_norm=self.qk_norm,
         )
 
 
@@ -116,18 +120,21 @@ def text_body(model: nn.Module, cfg: TransformerConfig, vocab_size: int, causal:
     model.norm = model.blocks.final_norm()
 
 
-def init_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
+def init_weights(model: nn.Module, n_layer: int, std: float = 0.02, zero_out: bool = False) -> None:
     """GPT-2's initialization: N(0, 0.02) for weights, zero biases, norms at identity.
 
     Each module says its role: projections that write into the residual stream (attention W_O,
     the feed-forward's second matrix) carry `init_role = "residual_out"` and are scaled by
     1/sqrt(2 * n_layer), so the residual's variance does not grow with depth; norms carry
-    `init_role = "norm"` and reset themselves to the identity.
+    `init_role = "norm"` and reset themselves to the identity. zero_out=True starts those
+    residual projections at exactly zero instead (modded-nanoGPT's choice): every block is then
+    the identity at step 0, and its first gradients still reach it through W_O / W2 themselves.
     """
     for module in model.modules():
         role = getattr(module, "init_role", None)
         if isinstance(module, nn.Linear):
             scale = 1 / math.sqrt(2 * n_layer) if role == "residual_out" else 1.0
+            scale = 0.0 if zero_out and role == "residual_out" else scale
             nn.init.normal_(module.weight, mean=0.0, std=std * scale)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)

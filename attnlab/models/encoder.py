@@ -85,7 +85,7 @@ class Encoder(Checkpointing, nn.Module):
             # BERT's pooler (dense + tanh on [CLS]) sits between the encoder and the classifier.
             self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
             self.out = nn.Linear(cfg.d_model, cfg.n_labels)
-        init_weights(self, cfg.n_layer)
+        init_weights(self, cfg.n_layer, zero_out=cfg.zero_init)
         if cfg.head == "mlm":
             self.out.weight = self.tok.weight  # (V, C): the same matrix reads and predicts tokens
 

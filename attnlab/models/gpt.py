@@ -8,6 +8,7 @@ Legend: B batch, T time, C model width, V vocabulary, H heads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,16 @@ from attnlab.nn import KVCache
 class GPTConfig(TransformerConfig, Presets):
     vocab_size: int = option(50257, "vocabulary size (set from the tokenizer when training)")
     tie_weights: bool = option(True, "share the token embedding with the LM head")
+    logit_softcap: float | None = option(None, "squash the logits into (-cap, cap) with cap * tanh(logits / cap)")
+    bigram_vocab: int = option(0, "add an embedding of each (previous token, token) pair, hashed into this "
+                               "many rows (0 = off)")  # fmt: skip
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.logit_softcap is not None and not (0 < self.logit_softcap < math.inf):
+            raise ValueError(f"logit_softcap must be a finite number above 0, got {self.logit_softcap}")
+        if self.bigram_vocab < 0:
+            raise ValueError(f"bigram_vocab must be 0 (off) or more, got {self.bigram_vocab}")
 
 
 def _gpt2(n_layer: int, d_model: int, n_head: int) -> GPTConfig:
@@ -80,7 +91,12 @@ class GPT(Checkpointing, nn.Module):
         self.cfg = cfg
         text_body(self, cfg, cfg.vocab_size, causal=True)  # tok, pos, drop, blocks (causal), norm
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_weights(self, cfg.n_layer)
+        # The (previous, current) token pair's own vector: what a bigram model knows, given to
+        # the first block for free instead of being learnt by attention to the previous position.
+        self.bigram = nn.Embedding(cfg.bigram_vocab, cfg.d_model) if cfg.bigram_vocab else None
+        init_weights(self, cfg.n_layer, zero_out=cfg.zero_init)
+        if self.bigram is not None:
+            nn.init.zeros_(self.bigram.weight)  # starts as the plain model
         if cfg.tie_weights:
             self.head.weight = self.tok.weight  # one (V, C) matrix reads and writes tokens
 
@@ -92,6 +108,7 @@ class GPT(Checkpointing, nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.tok.weight.numel() + sum(p.numel() for p in self.pos.parameters())
+            n -= 0 if self.bigram is None else self.bigram.weight.numel()
         return n
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
@@ -103,9 +120,32 @@ class GPT(Checkpointing, nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, C) for tokens idx (B, T) at positions offset.., and the
         attention weights of each layer (B, H, T, T') when asked for."""
-        x = self.drop(self.pos(self.tok(idx), offset))  # (B, T, C)
+        x = self.tok(idx)  # (B, T, C)
+        if self.bigram is not None:
+            x = x + self.bigram(self.bigram_ids(idx, caches))
+        x = self.drop(self.pos(x, offset))
         x, weights = self.blocks(x, self.pos, caches=caches, offset=offset, return_weights=return_weights)
         return self.norm(x), weights["self"]
+
+    def bigram_ids(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+        """Row of each (previous, current) pair in the bigram table, (B, T). The first position's
+        previous token is the last one the caches saw when decoding, otherwise a start id (V)."""
+        v = self.cfg.vocab_size
+        last = None if caches is None else caches[0].last_token
+        first = idx.new_full((idx.shape[0], 1), v) if last is None else last  # (B, 1)
+        prev = torch.cat([first, idx[:, :-1]], dim=1)  # (B, T)
+        if caches is not None:
+            caches[0].last_token = idx[:, -1:]
+        return (prev * (v + 1) + idx) % self.cfg.bigram_vocab
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Hidden states (B, T, C) -> next-token logits (B, T, V), soft-capped when configured:
+        cap * tanh(z / cap) is z near 0 and never beyond +-cap, so no logit can run away."""
+        logits = self.head(x)
+        if self.cfg.logit_softcap is not None:
+            cap = self.cfg.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None, offset: int = 0
@@ -117,7 +157,7 @@ class GPT(Checkpointing, nn.Module):
         if caches is None and idx.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x, _ = self.hidden(idx, caches, offset)
-        logits = self.head(x)  # (B, T, V)
+        logits = self.logits(x)  # (B, T, V)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)

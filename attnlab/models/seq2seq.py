@@ -110,7 +110,7 @@ class Seq2Seq(Checkpointing, nn.Module):
         self.decoder = Stack(cfg.block_config(causal=True, cross_attention=True), cfg.dec_layers)
         self.enc_norm, self.dec_norm = self.encoder.final_norm(), self.decoder.final_norm()
         self.out = nn.Linear(c, cfg.tgt_vocab, bias=False)
-        init_weights(self, cfg.n_layer + cfg.dec_layers)
+        init_weights(self, cfg.n_layer + cfg.dec_layers, zero_out=cfg.zero_init)
         if cfg.tie_output:
             self.out.weight = self.tgt_tok.weight  # (V, C)
 

@@ -133,7 +133,7 @@ class ViT(Checkpointing, nn.Module):
         self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
         self.norm = self.blocks.final_norm()
         self.out = nn.Linear(cfg.d_model, cfg.n_labels)
-        init_weights(self, cfg.n_layer)
+        init_weights(self, cfg.n_layer, zero_out=cfg.zero_init)
         nn.init.normal_(self.cls, std=0.02)
         nn.init.zeros_(self.out.weight)  # the paper's zero-initialized head: no class favoured at step 0
 

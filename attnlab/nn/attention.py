@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.norm import RMSNorm
+
 # A function (q, k, offset) -> (q, k) applied inside attention by position schemes such as
 # rotary embeddings; absolute schemes leave it as None (see nn/position.py).
 QKTransform = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
@@ -133,6 +135,8 @@ class KVCache:
         self.k: Tensor | None = None  # (B, H, max_len, Dh) when preallocated
         self.v: Tensor | None = None
         self.length = 0
+        # The newest token fed (B, 1), for models whose input looks one token back (bigrams).
+        self.last_token: Tensor | None = None
 
     @property
     def filled(self) -> bool:
@@ -165,6 +169,8 @@ class KVCache:
         """Keep batch rows `rows` (in that order): beam search reorders hypotheses this way."""
         if self.k is not None:
             self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+        if self.last_token is not None:
+            self.last_token = self.last_token.index_select(0, rows)
 
 
 class MultiHeadAttention(nn.Module):
@@ -176,9 +182,21 @@ class MultiHeadAttention(nn.Module):
     cross-attention takes the W_Q rows for the queries and the W_K, W_V rows for the memory.
     The heads' outputs are concatenated and projected back to C by W_O (`out_proj`).
     Dh = C / H unless `d_head` is given.
+
+    qk_norm=True RMS-normalizes each head's query and key (over Dh, with a learned gain) before
+    positions are applied (Dehghani et al. 2023, "Scaling ViT to 22B"): the scores can then not
+    grow without bound as the weights do, which lets training take higher learning rates.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, bias: bool = True, dropout: float = 0.0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
@@ -189,6 +207,9 @@ class MultiHeadAttention(nn.Module):
         self.qkv_proj = nn.Linear(d_model, 3 * self.inner, bias=bias)
         self.out_proj = nn.Linear(self.inner, d_model, bias=bias)
         self.out_proj.init_role = "residual_out"  # writes into the residual stream: scaled at init
+        if qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(d_head), RMSNorm(d_head)
+        self.qk_norm = qk_norm
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
         """x @ W[rows]^T + b[rows]: the chosen part of the stacked Q/K/V projection."""
@@ -221,14 +242,18 @@ class MultiHeadAttention(nn.Module):
         inner = self.inner
         if memory is None and not (cache is not None and cache.static):
             q, k, v = self._heads(self.qkv_proj(x), 3)  # self-attention: one product, (B, H, T, Dh) each
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
             if qk_transform is not None:  # positions applied inside attention (e.g. rotary)
                 q, k = qk_transform(q, k, offset)
         else:
             (q,) = self._heads(self._project(x, slice(0, inner)), 1)
+            q = self.q_norm(q) if self.qk_norm else q
             if cache is not None and cache.static and cache.filled:
                 k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
             else:
                 k, v = self._heads(self._project(memory, slice(inner, 3 * inner)), 2)  # (B, H, S, Dh)
+                k = self.k_norm(k) if self.qk_norm else k
         if cache is not None and not (cache.static and cache.filled):
             k, v = cache.update(k, v)
         p = self.dropout if self.training else 0.0

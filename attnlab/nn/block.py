@@ -38,6 +38,7 @@ class BlockConfig:
     cross_attention: bool = False  # attend to an encoder's output (encoder-decoder models)
     feedforward: str = "mlp"  # a key of nn.feedforward.FEEDFORWARDS
     norm_kind: str = "layernorm"  # a key of nn.norm.NORMS
+    qk_norm: bool = False  # RMS-normalize each head's queries and keys
 
     def __post_init__(self):
         if self.norm not in NORM_PLACES:
@@ -52,10 +53,11 @@ class Block(nn.Module):
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
         norm = lambda: build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias)
-        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
+        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout, cfg.qk_norm)
+        self.attn = attention()
         self.norm_attn = norm()
         if cfg.cross_attention:
-            self.cross = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout)
+            self.cross = attention()
             self.norm_cross = norm()
         self.ff = build_feedforward(cfg.feedforward, cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.norm_ff = norm()

@@ -12,6 +12,9 @@ ACTIVATIONS = {
     "relu": F.relu,  # max(0, x), as in "Attention Is All You Need"
     "gelu": F.gelu,  # exact GELU (BERT, ViT)
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
+    # relu(x)^2 (So et al., 2021, "Primer"): sparse like ReLU, but smooth at 0 and growing
+    # faster; in small language models it learns faster than GELU for the same compute.
+    "relu2": lambda x: F.relu(x).square(),
 }
 
 

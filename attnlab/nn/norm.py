@@ -1,4 +1,4 @@
-"""Layer normalization.
+"""Layer normalization and RMS normalization.
 
 Legend: B batch, T time, C channels (model width).
 """
@@ -45,8 +45,36 @@ class LayerNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
 
 
-# Norms by config name: a new one (e.g. RMSNorm) is a class taking (d_model, eps, bias) and one line here.
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm}
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma (Zhang & Sennrich, 2019).
+
+    LayerNorm without the mean subtraction and without beta: cheaper, and as good in practice
+    (Llama, Gemma). `bias` is accepted for the registry's signature and ignored: there is none.
+    """
+
+    init_role = "norm"
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # gamma
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def forward_math(self, x: Tensor) -> Tensor:
+        ms = (x * x).mean(dim=-1, keepdim=True)  # (B, T, 1): mean square over the C features
+        return x * torch.rsqrt(ms + self.eps) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+# Norms by config name: a new one is a class taking (d_model, eps, bias) and one line here.
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
 def build_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:

@@ -9,6 +9,8 @@ A `Positions` module has three hooks, and every family's Stack calls all three:
   attention (rotary) set it to a function (q, k, offset) -> (q, k) that every attention layer calls;
 - `score_bias(tq, tk, offset)` is None for them too; schemes that add to the attention scores
   (ALiBi, relative-position biases) return a float (1|B, H|1, Tq, Tk) bias there.
+Queries and keys given to `qk_transform` are the new positions' only (before the key/value
+cache), so a cached key keeps the rotation of the position it was computed at.
 So adding a scheme is one class taking (max_len, d_model) and one `POSITIONS` entry.
 """
 
@@ -116,10 +118,70 @@ class GridPositions(FixedPositions):
         super().__init__(torch.cat([torch.zeros(lead, d_model), sinusoidal_2d_table(rows, cols, d_model)]))
 
 
+def rotary_angles(n_positions: int, d_head: int, theta: float = 10000.0) -> Tensor:
+    """(n_positions, d_head / 2) angles pos * theta^(-2i / d_head): pair i of a head's features
+    turns by this much at position pos (RoFormer, Su et al. 2021, eq. 15)."""
+    if d_head % 2:
+        raise ValueError(f"rotary positions need an even head width, got {d_head}")
+    inv_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (Dh/2,)
+    pos = torch.arange(n_positions, dtype=torch.float64)
+    return torch.outer(pos, inv_freq).float()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Turn each pair of features of x (..., T, Dh) by the angles whose cos/sin are (T, Dh/2).
+
+    The pairs are (i, i + Dh/2) in the half-split layout (GPT-NeoX, Llama checkpoints) and
+    (2i, 2i+1) when interleaved (the RoFormer paper, GPT-J).
+    """
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., T, Dh/2) each
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+class RotaryPositions(Positions):
+    """Rotary position embeddings: nothing is added to the tokens; inside every attention layer
+    the queries and keys are rotated by angles proportional to their positions, so that
+    q_m . k_n depends only on the content and on m - n: attention sees relative positions.
+
+    The tables are built on first use for the heads' width (the Positions seam is given the
+    model width), per device, and are not saved: they are a function of the shape alone.
+    """
+
+    def __init__(self, max_len: int, d_model: int | None = None, theta: float = 10000.0, interleaved: bool = False):
+        super().__init__(max_len)
+        self.theta, self.interleaved = theta, interleaved
+        self._tables: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+
+    def _table(self, d_head: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        key = (d_head, device)
+        if key not in self._tables:
+            angles = rotary_angles(self.max_len, d_head, self.theta).to(device)  # (max_len, Dh/2)
+            self._tables[key] = (angles.cos(), angles.sin())
+        return self._tables[key]
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        self.check(x.shape[1], offset)
+        return x
+
+    def qk_transform(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """q, k (B, H, T, Dh) at positions offset..offset+T-1 -> rotated, same shapes and dtypes."""
+        t = q.shape[-2]
+        cos, sin = self._table(q.shape[-1], q.device)
+        cos, sin = cos[offset : offset + t].to(q.dtype), sin[offset : offset + t].to(q.dtype)  # (T, Dh/2)
+        return rotate(q, cos, sin, self.interleaved), rotate(k, cos, sin, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return f"theta={self.theta:g}, {'interleaved' if self.interleaved else 'half-split'}"
+
+
 # Position schemes by config name, in the order `--help` lists them.
 POSITIONS: dict[str, type[Positions]] = {
     "learned": LearnedPositions,
     "sinusoidal": SinusoidalPositions,
+    "rope": RotaryPositions,
     "none": NoPositions,
 }
 

@@ -96,6 +96,12 @@ def layout_problems(cfg, norm: str, name: str) -> list[str]:
         problems.append(f"no biases ({name} has them)")
     if cfg.head_width * cfg.n_head != cfg.d_model:
         problems.append(f"d_head {cfg.d_head} ({name}'s is d_model / n_head)")
+    if cfg.norm_kind != "layernorm":
+        problems.append(f"norm_kind {cfg.norm_kind!r} ({name} uses LayerNorm)")
+    if cfg.qk_norm:
+        problems.append(f"qk_norm ({name} has none)")
+    if cfg.activation not in set(ACTIVATIONS.values()):
+        problems.append(f"activation {cfg.activation!r} ({name} takes {', '.join(sorted(set(ACTIVATIONS.values())))})")
     return problems
 
 

@@ -103,6 +103,10 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
 def check_exportable(cfg: GPTConfig) -> None:
     """GPT-2's block is fixed: say which of the run's choices it cannot express."""
     problems = layout_problems(cfg, "pre", "GPT-2")
+    if cfg.logit_softcap is not None:
+        problems.append("logit_softcap (GPT-2's logits are not capped)")
+    if cfg.bigram_vocab:
+        problems.append("bigram_vocab (GPT-2 has no bigram embedding)")
     if problems:
         raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
 
