@@ -111,6 +111,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnlab.tasks.compare import compare, format_table
 
+    if args.task == "lm":
+        from attnlab.tasks.lm_compare import compare_lm, format_lm_table
+
+        parts = args.parts.split(",") if args.parts else None
+        rows = compare_lm(Path(args.out), args.budget, args.data, parts, force=args.force)
+        print(format_lm_table(rows))
+        print(f"chart: {Path(args.out) / 'compare.png'}")
+        return 0
+
     default = {"digits": "vit,mlp"}.get(args.task) or (
         "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"
     )
@@ -150,7 +159,7 @@ def cmd_size(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from attnlab.cli.demo import run_demo
 
-    run_demo(args.out, args.max_steps)
+    run_demo(args.out, args.max_steps, args.time_budget)
     return 0
 
 
@@ -195,9 +204,14 @@ def add_run_commands(sub) -> None:
     cmp.add_argument(
         "--task",
         default="sentiment",
-        choices=("sentiment", "tagging", *GENERATED, "digits"),
-        help="generated task: sentiment, tagging, a translation task, or the digits images (default: sentiment)",
+        choices=("sentiment", "tagging", *GENERATED, "digits", "lm"),
+        help="generated task: sentiment, tagging, a translation task, the digits images, or lm: the language-model "
+        "recipes, classic gpt-nano against gpt-nano-fast and its ablations (default: sentiment)",
     )
+    cmp.add_argument("--budget", default="2m", help="lm: training time of each recipe (90s, 2m, 1.5h)")
+    cmp.add_argument("--data", default="stdlib", help="lm: the corpus (a file, a folder or stdlib)")
+    cmp.add_argument("--parts", default=None, help="lm: comma-separated parts of the fast recipe to ablate "
+                     "(default: every one)")  # fmt: skip
     cmp.add_argument("--models", default=None, help="comma-separated models (default: encoder,bow,pooled,conv1d,rnn; "
                      "translation: transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
     cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")
@@ -222,9 +236,10 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
-    demo = sub.add_parser("demo", help="train gpt-nano on Python's standard library (~2 min on a CPU), then sample")
+    demo = sub.add_parser("demo", help="train gpt-nano-fast on Python's standard library for 2 minutes, then sample")
     demo.add_argument("--out", default="runs/demo", help="run directory (a free name is picked if it exists)")
-    demo.add_argument("--max-steps", type=int, default=None, help="train for this many steps instead")
+    demo.add_argument("--time-budget", default="2m", help="minutes of training (90s, 2m, 1.5h; default 2m)")
+    demo.add_argument("--max-steps", type=int, default=None, help="train for this many steps instead of a budget")
     demo.set_defaults(func=cmd_demo)
     add_train_commands(sub)
     add_run_commands(sub)

@@ -53,6 +53,23 @@ def _gpt3(n_layer: int, d_model: int, n_head: int, d_head: int) -> GPTConfig:
 PRESETS: dict[str, GPTConfig] = {
     # The CPU demo: 0.83M parameters with a character vocabulary; trains on a laptop in minutes.
     "gpt-nano": GPTConfig(n_layer=4, n_head=4, d_model=128, context=64, vocab_size=256),
+    # gpt-nano's shape with the modern recipe (README, "The fast recipe"): what each part buys is
+    # measured by `attnlab compare --task lm`.
+    "gpt-nano-fast": GPTConfig(
+        n_layer=4,
+        n_head=4,
+        d_model=128,
+        context=64,
+        vocab_size=256,
+        positions="rope",
+        qk_norm=True,
+        activation="relu2",
+        tie_weights=False,
+        zero_init=True,
+        logit_softcap=15.0,
+        bigram_vocab=4096,
+        norm_kind="rmsnorm",
+    ),
     "gpt-micro": GPTConfig(n_layer=6, n_head=6, d_model=384, context=256, vocab_size=256),
     "gpt2-small": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),
@@ -66,6 +83,21 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt3-6.7b": _gpt3(32, 4096, 32, 128),
     "gpt3-13b": _gpt3(40, 5140, 40, 128),
     "gpt3-175b": _gpt3(96, 12288, 96, 128),
+}
+
+# The training settings a preset was tuned with: a new run of the preset starts from them (flags,
+# a TOML file, still win). The classic presets train with the task's defaults.
+PRESET_TRAINING: dict[str, dict] = {
+    "gpt-nano-fast": dict(
+        optimizer="muon",
+        muon_lr=0.05,
+        schedule="wsd",
+        cooldown=0.4,
+        min_lr=0.0,
+        lr=6e-3,
+        batch_size=32,
+        warmup_steps=50,
+    ),
 }
 
 # The parameter counts the papers give, for `attnlab size` and the tests.

@@ -25,7 +25,7 @@ from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
-from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.models.gpt import GPT, PRESET_TRAINING, PRESETS, GPTConfig
 from attnlab.tasks.base import ModelChoice, Task
 from attnlab.tasks.lm_eval import SPLITS, evaluate
 
@@ -211,8 +211,9 @@ class LanguageModel(Task):
         else:
             model = {"preset": args.preset or toml.get("preset", "gpt-nano"), **flags["model"]}
             data = checked(DataConfig, flags["data"], where="[data]")
-        train = checked(TrainConfig, {**dataclasses.asdict(train), **toml.get("train", {}), **flags_of(args, "train")},
-                        where="[train]")  # fmt: skip
+        tuned = PRESET_TRAINING.get(model.get("preset"), {})  # a new run of a preset: its training settings
+        train = checked(TrainConfig, {**dataclasses.asdict(train), **tuned, **toml.get("train", {}),
+                                      **flags_of(args, "train")}, where="[train]")  # fmt: skip
         return TrainRequest(args.out, "gpt", model, train, data, resume=args.resume, force=args.force, init=args.init)
 
 
