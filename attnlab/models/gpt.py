@@ -90,7 +90,7 @@ PRESETS: dict[str, GPTConfig] = {
 PRESET_TRAINING: dict[str, dict] = {
     "gpt-nano-fast": dict(
         optimizer="muon",
-        muon_lr=0.05,
+        muon_lr=6e-3,
         schedule="wsd",
         cooldown=0.4,
         min_lr=0.0,

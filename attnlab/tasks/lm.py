@@ -173,7 +173,9 @@ class LanguageModel(Task):
 
     # ---- command line -------------------------------------------------------------------------
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano)")
+        parser.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
+                            f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
+                            "flags")  # fmt: skip
         parser.add_argument("--config", default=None, metavar="FILE.toml",
                             help="settings in [model], [train], [data] tables")  # fmt: skip
         add_config_flags(parser, "data", DataConfig, "data")
