@@ -42,7 +42,7 @@ from attnlab.engine.config import TrainConfig, budget_seconds
 from attnlab.engine.device import autocast, dtype_choice
 from attnlab.engine.distributed import Dist
 from attnlab.engine.memory import check_training_fits
-from attnlab.engine.optim import apply_settings, lr_at, make_optimizer
+from attnlab.engine.optim import apply_settings, lr_at, make_optimizer, set_lr
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
 from attnlab.nn.stack import set_grad_checkpoint
@@ -98,8 +98,7 @@ def train_step(s: Session) -> float:
     if not (math.isfinite(mean) and math.isfinite(norm)):  # never let NaN into the weights
         s.optimizer.zero_grad(set_to_none=True)
         raise Diverged(diverged_message(s, mean, norm))
-    for group in s.optimizer.param_groups:
-        group["lr"] = lr_at(s.step, s.cfg, s.elapsed)
+    set_lr(s.optimizer, lr_at(s.step, s.cfg, s.elapsed))
     with deferred_interrupt(s):  # the update and the step count change together, or not at all
         s.optimizer.step()
         s.optimizer.zero_grad(set_to_none=True)
