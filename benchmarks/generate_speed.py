@@ -10,6 +10,17 @@ one untimed short warmup call per method. The script checks that attnlab's cache
 outputs are identical (exit status 1 if not) and reports whether HF's greedy tokens match attnlab's (expected in
 float32; bf16 rounding may flip near-ties).
 
+The weight-streaming bound (row "matvec chain"): a decode step of batch 1 must read every weight
+matrix once, so it can be no faster than the bare chain of matrix-vector products x @ W^T over the
+model's own matrices, with nothing else: the 4 per block (the stacked Q/K/V projection, W_O and the
+feed-forward's two) and the LM head (tied to the token embedding here), each given a fixed random x of
+its input width. Embedding and position lookups (one row each), norms, biases and attention over the
+cache are left out. Bound tokens/s = 1 / seconds per pass, the median of samples of --bound-passes
+passes; one sample is taken after each timed call of every method, so the bound is measured
+interleaved with what it bounds, under the same load. "of bound" = a batch-1 attnlab row's tokens/s
+over the bound's. With more rows the weights are read once for the whole batch, so batched rows can
+pass it: they get no "of bound".
+
 Default shape: 6 layers, 384 wide, 6 heads, context 1024 (so prompt + 512 new tokens fit: HF's
 GPT-2 cannot go past its context), vocab 256. --dtype bfloat16 runs both under torch.autocast
 (weights stay float32); attnlab's stream() gets the same precision through its dtype argument.
@@ -19,6 +30,12 @@ Run from the repository root:
     .venv/bin/python benchmarks/generate_speed.py                    # 512 tokens, float32
     .venv/bin/python benchmarks/generate_speed.py --dtype bfloat16 --device cuda
     .venv/bin/python benchmarks/generate_speed.py --new-tokens 16    # smoke test
+    .venv/bin/python benchmarks/generate_speed.py --threads 1        # see below
+
+Threads: at batch 1 a second CPU thread does not speed up the matrix-vector products (they are
+bound by memory bandwidth), while every op that opens a parallel region (the fused attention
+kernel, for one) waits for that thread to be scheduled; on a CPU shared with other work that wait can
+cost a scheduler time slice per op. Compare a run with --threads 1 on such machines.
 """
 
 from __future__ import annotations
@@ -59,6 +76,7 @@ COLUMNS = [
     ("tokens_per_s", "tokens/s", ",.1f"),
     ("ms_per_token", "ms/token", ",.2f"),
     ("ratio", "vs hf-gpt2", ".2f"),
+    ("of_bound", "of bound", ".2f"),
 ]
 
 
@@ -78,6 +96,38 @@ def batch_generator(model: GPT, dtype: torch.dtype, rows: int) -> Generator:
         return [int(t[0]) for t in stream_rows(model, prompt, rows, n, temperature=0.0, dtype=name)]
 
     return run
+
+
+def streamed_matrices(model: GPT) -> list[torch.Tensor]:
+    """The weight matrices one decode step reads in full: each block's 2-D weights, then the LM head."""
+    return [p.detach() for p in model.blocks.parameters() if p.dim() == 2] + [model.head.weight.detach()]
+
+
+def matvec_chain(matrices: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> Callable[[], None]:
+    """One pass of the bound: x @ W^T for every matrix, x (1, in) fixed and random; no other work."""
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], device=device) for w in matrices}
+
+    def run() -> None:
+        with torch.inference_mode(), autocast(device, dtype):
+            for w in matrices:
+                xs[w.shape[1]] @ w.T
+
+    return run
+
+
+def bound_sampler(chain: Callable[[], None], passes: int, device: torch.device) -> Callable[[], None]:
+    """A function that times `passes` passes of the chain and keeps the seconds per pass in .samples."""
+
+    def sample() -> None:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(passes):
+            chain()
+        synchronize(device)
+        sample.samples.append((time.perf_counter() - start) / passes)
+
+    sample.samples = []
+    return sample
 
 
 def hf_generator(model: GPT2LMHeadModel, dtype: torch.dtype, device: torch.device) -> Generator:
@@ -100,10 +150,15 @@ def hf_generator(model: GPT2LMHeadModel, dtype: torch.dtype, device: torch.devic
 
 
 def timed(
-    generate: Generator, prompt: list[int], n: int, args: argparse.Namespace, device: torch.device
+    generate: Generator,
+    prompt: list[int],
+    n: int,
+    args: argparse.Namespace,
+    device: torch.device,
+    between: Callable[[], None],
 ) -> tuple[float, list[int]]:
     """(median seconds over --repeats calls making n new tokens, the tokens), after an untimed
-    warmup call of --warmup-tokens tokens."""
+    warmup call of --warmup-tokens tokens; `between` runs after each timed call."""
     generate(prompt, args.warmup_tokens)
     times = []
     for _ in range(args.repeats):
@@ -112,6 +167,7 @@ def timed(
         tokens = generate(prompt, n)
         synchronize(device)
         times.append(time.perf_counter() - start)
+        between()
     return statistics.median(times), tokens
 
 
@@ -137,10 +193,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per method; the median is reported")
     p.add_argument("--dtype", default="float32", type=parse_dtype, help="float32 or bfloat16 (autocast)")
     p.add_argument("--batches", default="4,16", help="also time attnlab with these many rows at once (--num-samples)")
+    p.add_argument("--bound-passes", type=int, default=10, help="matvec-chain passes per sample of the bound")
     add_common_args(p)
     args = p.parse_args(argv)
-    if min(args.new_tokens, args.prompt_tokens, args.warmup_tokens, args.repeats) < 1:
-        p.error("--new-tokens, --prompt-tokens, --warmup-tokens and --repeats must be at least 1")
+    if min(args.new_tokens, args.prompt_tokens, args.warmup_tokens, args.repeats, args.bound_passes) < 1:
+        p.error("--new-tokens, --prompt-tokens, --warmup-tokens, --repeats and --bound-passes must be at least 1")
     if args.prompt_tokens + max(args.new_tokens, args.warmup_tokens) > args.context:
         p.error(f"prompt + new tokens exceed --context {args.context} (HF's GPT-2 cannot go past it)")
     return args
@@ -163,9 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     for b in batches:
         methods["attnlab", f"kv-cache x{b}"] = batch_generator(gpt, args.dtype, b)
+    matrices = streamed_matrices(gpt)
+    chain = matvec_chain(matrices, args.dtype, device)
+    bound = bound_sampler(chain, args.bound_passes, device)
+    for _ in range(3):  # warm up the chain and the allocator
+        chain()
     rows, outputs = [], {}
     for (impl, cache), generate in methods.items():
-        seconds, outputs[impl, cache] = timed(generate, prompt, args.new_tokens, args, device)
+        seconds, outputs[impl, cache] = timed(generate, prompt, args.new_tokens, args, device, between=bound)
         n, width = args.new_tokens, int(cache.split("x")[-1]) if " x" in cache else 1
         rows.append(
             {
@@ -179,15 +241,35 @@ def main(argv: list[str] | None = None) -> int:
                 "ms_per_token": seconds / (n * width) * 1e3,
             }
         )
+    per_pass = statistics.median(bound.samples)
+    rows.append(
+        {
+            "impl": "matvec chain",
+            "cache": "bound",
+            "rows": 1,
+            "dtype": dtype_name(args.dtype),
+            "tokens_per_s": 1 / per_pass,
+            "ms_per_token": per_pass * 1e3,
+        }
+    )
     hf_row = next(r for r in rows if r["impl"] == "hf-gpt2")
     for row in rows:
         row["ratio"] = row["tokens_per_s"] / hf_row["tokens_per_s"]
+        if row["impl"] != "hf-gpt2" and row["rows"] == 1:
+            row["of_bound"] = row["tokens_per_s"] * per_pass
+    streamed = {
+        "matrices": len(matrices),
+        "megabytes": sum(w.numel() * w.element_size() for w in matrices) / 1e6,
+        "includes": "every 2-D weight of the blocks and the LM head (tied to the token embedding)",
+        "samples": len(bound.samples),
+        "passes_per_sample": args.bound_passes,
+    }
     for b in batches:  # greedy: every row of a batch is the one-sequence text
         if outputs["attnlab", f"kv-cache x{b}"] != outputs["attnlab", "kv-cache"]:
             print(f"batch of {b}: its first row differs from the one-sequence greedy text")
     cache_diff = first_difference(outputs["attnlab", "kv-cache"], outputs["attnlab", "none"])
     hf_diff = first_difference(outputs["attnlab", "kv-cache"], outputs["hf-gpt2", "kv-cache"])
-    report(args, device, num_params(gpt), rows, cache_diff, hf_diff)
+    report(args, device, num_params(gpt), rows, streamed, cache_diff, hf_diff)
     return 0 if cache_diff is None else 1
 
 
@@ -196,6 +278,7 @@ def report(
     device: torch.device,
     params: int,
     rows: list[dict],
+    streamed: dict,
     cache_diff: int | None,
     hf_diff: int | None,
 ) -> None:
@@ -215,6 +298,7 @@ def report(
                     "device": describe(device),
                     "shape": shape,
                     "rows": rows,
+                    "bound": streamed,
                     "attnlab_cached_equals_uncached": cache_diff is None,
                     "cache_first_difference": cache_diff,
                     "hf_equals_attnlab": hf_diff is None,
@@ -226,6 +310,10 @@ def report(
         return
     print(f"device {describe(device)}; " + ", ".join(f"{k} {v:,}" for k, v in shape.items()))
     print(format_table(rows, COLUMNS))
+    print(
+        f"bound: x @ W^T over {streamed['matrices']} matrices ({streamed['megabytes']:.1f} MB: the blocks' 2-D "
+        f"weights and the LM head), median of {streamed['samples']} samples of {streamed['passes_per_sample']} passes"
+    )
     print(f"attnlab cached == uncached greedy output: {_verdict(cache_diff)}")
     print(f"hf-gpt2 == attnlab greedy output:         {_verdict(hf_diff)}")
 

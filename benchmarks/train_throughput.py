@@ -14,20 +14,49 @@ and no dropout. dtypes: float32, and bfloat16 under torch.autocast (weights stay
 bf16 is very slow on CPUs without native bf16 instructions (AVX512-BF16/AMX): that is part of
 what is measured.
 
+--end-to-end adds a second table: how many optimizer steps per second a real run makes, through
+the training entry point (`attnlab.train`, as `attnlab train lm` and `attnlab demo` call it, on
+the `stdlib` corpus with the demo's settings: its learning rate, warmup, evaluation every 150
+steps with up to 20 batches, checkpoints, metrics, plot and progress bar), against the bare step
+loop on the same model (the run's own config and optimizer), batch and dtype: forward, loss,
+backward, AdamW step, nothing else, on random token ids. The two alternate, --e2e-repeats
+times each, after an untimed short run that builds the token cache; ratios are taken pair by
+pair and the table shows the medians. Columns:
+
+    bare steps/s   --e2e-steps steps of the bare loop / their seconds
+    e2e steps/s    the run's steps / the seconds of its training loop (from the first step to
+                   the last checkpoint on disk: what a --time-budget spends, and more)
+    e2e/bare       the ratio of the two (issue 16's target: 0.95 or more)
+    run/bare       the same with the whole `attnlab.train` call: start-up (tokenizer, token
+                   cache, model, step-0 checkpoint) and the end too
+    steps, val, ckpt, plot, other   seconds of the training loop in train_step, validation,
+                   checkpoints (what the step waits for: the copy, or an earlier write still
+                   going), drawing loss.png, and the rest (data is inside steps)
+    start          seconds of the call outside the training loop
+
 Run from the repository root:
 
     .venv/bin/python benchmarks/train_throughput.py                 # everything, default sizes
     .venv/bin/python benchmarks/train_throughput.py --dtypes float32 --models 6x384 --steps 20
     .venv/bin/python benchmarks/train_throughput.py --steps 2 --warmup 1 --batch-size 2  # smoke test
+    .venv/bin/python benchmarks/train_throughput.py --end-to-end --skip-peer --models gpt-nano \
+        --dtypes float32 --batch-size 32 --e2e-steps 600           # end-to-end against bare
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import os
 import statistics
+import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +74,16 @@ from common import (
 )
 from torch import Tensor, nn
 
+import attnlab
+from attnlab.cli.demo import DEMO_TRAIN
+from attnlab.data import DataConfig
+from attnlab.engine import loop as loop_mod
+from attnlab.engine import rundir
+from attnlab.engine import train as train_mod
+from attnlab.engine.config import TrainConfig
 from attnlab.engine.device import autocast
-from attnlab.models.gpt import GPTConfig
+from attnlab.engine.optim import make_optimizer
+from attnlab.models.gpt import GPT, GPTConfig
 
 LogitsFn = Callable[[nn.Module, Tensor], Tensor]  # (model, ids (B, T)) -> logits (B, T, V)
 
@@ -65,6 +102,26 @@ COLUMNS = [
     ("loss", "step-1 loss", ".4f"),
     ("ratio", "attnlab/peer", ".2f"),
 ]
+
+E2E_COLUMNS = [
+    ("model", "model", ""),
+    ("dtype", "dtype", ""),
+    ("batch_size", "batch", ""),
+    ("steps", "steps", ""),
+    ("bare_steps_per_s", "bare steps/s", ".2f"),
+    ("e2e_steps_per_s", "e2e steps/s", ".2f"),
+    ("e2e_ratio", "e2e/bare", ".3f"),
+    ("run_ratio", "run/bare", ".3f"),
+    ("steps_s", "steps s", ".1f"),
+    ("val_s", "val s", ".2f"),
+    ("ckpt_s", "ckpt s", ".2f"),
+    ("plot_s", "plot s", ".2f"),
+    ("other_s", "other s", ".2f"),
+    ("start_s", "start s", ".2f"),
+]
+# The parts of the training loop timed in the end-to-end table: (module attribute, column).
+LOOP_PARTS = [("train_step", "steps_s"), ("estimate_loss", "val_s"), ("save_checkpoint", "ckpt_s"),
+              ("plot_loss", "plot_s")]  # fmt: skip
 
 
 def model_config(name: str, vocab: int) -> GPTConfig:
@@ -157,6 +214,128 @@ def bench_pair(
     return rows
 
 
+def e2e_model(name: str) -> GPTConfig:
+    """The model of an end-to-end run: a preset, or 6x384 (its vocab_size follows the tokenizer)."""
+    return model_config(name, 256) if name == "6x384" else GPTConfig.from_preset(name)
+
+
+@contextlib.contextmanager
+def timed_parts(seconds: dict[str, float]):
+    """Add the time spent in each of LOOP_PARTS, while the training loop runs (not the step-0
+    checkpoint before it), to seconds[column]."""
+    inside = [False]
+
+    def timer(f, column):
+        @functools.wraps(f)
+        def timed(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                if inside[0]:
+                    seconds[column] += time.perf_counter() - start
+
+        return timed
+
+    def the_loop(*a, **kw):
+        inside[0] = True
+        try:
+            return real_loop(*a, **kw)
+        finally:
+            inside[0] = False
+
+    saved = {name: getattr(loop_mod, name) for name, _ in LOOP_PARTS}
+    real_loop = train_mod.loop
+    try:
+        for name, column in LOOP_PARTS:
+            setattr(loop_mod, name, timer(saved[name], column))
+        train_mod.loop = the_loop
+        yield
+    finally:
+        for name, f in saved.items():
+            setattr(loop_mod, name, f)
+        train_mod.loop = real_loop
+
+
+def run_e2e(model: GPTConfig, train: TrainConfig, out: Path) -> dict[str, float]:
+    """One real run into `out` (its progress bar and printed lines to /dev/null): its seconds, in
+    all and by part."""
+    seconds: dict[str, float] = defaultdict(float)
+    with (
+        open(os.devnull, "w") as null,
+        contextlib.redirect_stderr(null),
+        contextlib.redirect_stdout(null),
+        timed_parts(seconds),
+    ):
+        start = time.perf_counter()
+        result = attnlab.train(out, model, train, DataConfig("stdlib"), progress=True)
+        seconds["run_s"] = time.perf_counter() - start
+    seconds["loop_s"] = result["train_seconds"]
+    seconds["start_s"] = seconds["run_s"] - seconds["loop_s"]
+    seconds["other_s"] = seconds["loop_s"] - sum(seconds[c] for _, c in LOOP_PARTS)
+    return seconds
+
+
+def bare_seconds(model: GPTConfig, train: TrainConfig, device: torch.device, dtype: torch.dtype, seed: int) -> float:
+    """Seconds of train.max_steps bare steps: the run's model and optimizer, forward, loss, backward,
+    AdamW step, on random ids of the run's batch shape."""
+    torch.manual_seed(seed)
+    gpt = GPT(model).to(device)
+    gpt.train()
+    opt = make_optimizer(gpt, train)
+    ids = torch.randint(0, model.vocab_size, (train.batch_size, model.context + 1)).to(device)
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step() -> float:
+        with autocast(device, dtype):
+            _, loss = gpt(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step()  # the first step allocates AdamW's moments
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(train.max_steps):
+        step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def bench_e2e(name: str, dtype: torch.dtype, device: torch.device, args: argparse.Namespace) -> dict:
+    """End-to-end runs and bare loops of one model in one dtype, alternating: one table row."""
+    model = e2e_model(name)
+    train = TrainConfig(**{**DEMO_TRAIN, "max_steps": args.e2e_steps, "batch_size": args.batch_size,
+                           "dtype": dtype_name(dtype), "device": str(device), "seed": args.seed})  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        first = Path(tmp) / "warmup"  # builds the token cache; gives the model's vocab_size
+        run_e2e(model, TrainConfig(**{**asdict(train), "max_steps": 2}), first)
+        model = GPTConfig(**rundir.read_run_config(first)["model"])
+        for i in range(args.e2e_repeats):
+            e2e = run_e2e(model, train, Path(tmp) / f"run{i}")
+            bare = bare_seconds(model, train, device, dtype, args.seed)
+            rows.append({**e2e, "bare_s": bare})
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    steps = args.e2e_steps
+    return {
+        "model": name,
+        "dtype": dtype_name(dtype),
+        "device": describe(device),
+        "batch_size": args.batch_size,
+        "steps": steps,
+        "bare_steps_per_s": steps / med["bare_s"],
+        "e2e_steps_per_s": steps / med["loop_s"],
+        "e2e_ratio": statistics.median(r["bare_s"] / r["loop_s"] for r in rows),
+        "run_ratio": statistics.median(r["bare_s"] / r["run_s"] for r in rows),
+        **{k: med[k] for _, k in LOOP_PARTS},
+        "other_s": med["other_s"],
+        "start_s": med["start_s"],
+        "pairs": rows,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -168,10 +347,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", default="gpt-nano,6x384", help="comma-separated: 6x384 or attnlab presets")
     p.add_argument("--vocab", type=int, default=256, help="vocabulary of the 6x384 model")
     p.add_argument("--compile", action="store_true", help="torch.compile both models (give --warmup 3 or more)")
+    p.add_argument("--end-to-end", action="store_true", help="also: real runs against the bare loop (see above)")
+    p.add_argument("--skip-peer", action="store_true", help="leave out the attnlab-vs-HF table")
+    p.add_argument("--e2e-steps", type=int, default=300, help="steps of each end-to-end run and bare loop")
+    p.add_argument("--e2e-repeats", type=int, default=3, help="end-to-end runs (and bare loops), alternating")
     add_common_args(p)
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 1 or args.batch_size < 1:
-        p.error("--steps, --warmup and --batch-size must be at least 1")
+    if min(args.steps, args.warmup, args.batch_size, args.e2e_steps, args.e2e_repeats) < 1:
+        p.error("--steps, --warmup, --batch-size, --e2e-steps and --e2e-repeats must be at least 1")
     try:
         args.dtypes = [parse_dtype(d.strip()) for d in args.dtypes.split(",")]
     except argparse.ArgumentTypeError as e:
@@ -192,9 +375,18 @@ def main(argv: list[str] | None = None) -> None:
         )
     rows = []
     for name, cfg in configs.items():
-        for dtype in args.dtypes:
+        for dtype in args.dtypes if not args.skip_peer else []:
             rows += bench_pair(name, cfg, dtype, device, args)
-    print(json.dumps(rows, indent=1) if args.json else format_table(rows, COLUMNS))
+    e2e = [bench_e2e(name, dtype, device, args) for name in configs for dtype in args.dtypes] if args.end_to_end else []
+    if args.json:
+        print(json.dumps(rows + e2e, indent=1))
+        return
+    if rows:
+        print(format_table(rows, COLUMNS))
+    if e2e:
+        print(f"\nend-to-end (attnlab.train on stdlib, the demo's settings) against the bare loop, "
+              f"median of {args.e2e_repeats} alternating pairs:")  # fmt: skip
+        print(format_table(e2e, E2E_COLUMNS))
 
 
 if __name__ == "__main__":

@@ -124,24 +124,27 @@ def stream_rows(
     gen = None
     if seed is not None:
         gen = torch.Generator(device=device).manual_seed(seed)
-    seqs = torch.tensor([ids] * rows, device=device)  # (rows, L): every row the same length
-    start, caches, fed = 0, None, 0  # window start; tokens of the window already in the cache
+    # The tokens the model sees, written in place (no new tensor per step): at most a full context,
+    # plus the slot of the token being drawn. Every row has the same length.
+    window = torch.empty(rows, ctx + 1, dtype=torch.long, device=device)  # (rows, C + 1)
+    window[:, : len(ids)] = torch.tensor(ids, device=device)
+    t, caches, fed = len(ids), None, 0  # tokens in the window; of them, already in the cache
     for _ in range(max_new_tokens):
-        length = seqs.shape[1]
-        if length - start > ctx:  # the window is full: jump ahead, keep the last half
-            start = length - ctx // 2
-            caches, fed = None, 0
-        if use_cache:
-            if caches is None:
-                caches = model.new_caches(ctx)
-            with autocast(device, precision):
-                logits = model(seqs[:, start + fed :], caches=caches, offset=fed)  # (rows, T_new, V)
-            fed = length - start
-        else:
-            with autocast(device, precision):
-                logits = model(seqs[:, start:])  # (rows, T, V)
+        if t > ctx:  # the window is full: jump ahead, keep the last half
+            keep = ctx // 2
+            window[:, :keep] = window[:, t - keep : t].clone()
+            t, caches, fed = keep, None, 0
+        with autocast(device, precision):
+            if use_cache:
+                if caches is None:
+                    caches = model.new_caches(ctx)
+                logits = model(window[:, fed:t], caches=caches, offset=fed)  # (rows, T_new, V)
+                fed = t
+            else:
+                logits = model(window[:, :t])  # (rows, T, V)
         token = next_tokens(logits[:, -1], temperature, top_k, top_p, gen)  # (rows,)
-        seqs = torch.cat([seqs, token[:, None]], dim=1)
+        window[:, t] = token
+        t += 1
         yield token
 
 

@@ -11,7 +11,8 @@ A run directory holds
     metrics.jsonl, loss.png   what training measured
 Nothing is pickled, so loading a run never executes code from it. Every file is written
 to a temporary name, flushed to disk and renamed into place, so a crash mid-save leaves the
-previous version of the file whole.
+previous version of the file whole. Training writes its checkpoints on a thread of their own
+(`BackgroundWriter`) from copies taken at the step, so the steps go on while the bytes go to disk.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +102,7 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=metadata or {}))
+    write_safetensors(path, {k: snapshot(v, copy=False) for k, v in tensors.items()}, metadata or {})
 
 
 def tied_names(model: nn.Module) -> set[str]:
@@ -315,17 +316,94 @@ class TrainState:
 def save_train_state(path: Path, state: TrainState, rng: np.random.Generator) -> None:
     """One safetensors file (tensors + JSON metadata), so that a crash mid-save leaves the
     previous state whole, never half of two."""
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in state.weights.items()}
+    write_safetensors(path, *train_state_file(state, rng))
+
+
+def train_state_file(
+    state: TrainState, rng: np.random.Generator, copy: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of train_state.safetensors, with every RNG state as it is now.
+    copy: copy tensors that are already on the CPU too (they may be the training's own, which its
+    next steps change in place while a thread writes the file)."""
+    tensors = {f"model.{k}": snapshot(v, copy) for k, v in state.weights.items()}
     for name, values in state.optimizer["state"].items():
         for k, v in values.items():
-            tensors[f"opt::{name}::{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
-    tensors["rng.torch"] = torch.get_rng_state()
+            tensors[f"opt::{name}::{k}"] = snapshot(torch.as_tensor(v), copy)
+    tensors["rng.torch"] = torch.get_rng_state()  # a copy
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
     meta_state = {"param_groups": state.optimizer["param_groups"], "numpy_rng": rng.bit_generator.state}
     meta = {"step": str(state.step), "elapsed": repr(float(state.elapsed)), "state": json.dumps(meta_state)}
-    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    return tensors, meta
+
+
+def snapshot(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    """t on the CPU, contiguous; with copy, never sharing memory with t."""
+    return t.detach().to("cpu", copy=copy).contiguous()
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=metadata))
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's two files, taken at one step, ready to be written by any thread."""
+
+    state: tuple[dict[str, torch.Tensor], dict[str, str]]  # train_state.safetensors: tensors, metadata
+    weights: tuple[dict[str, torch.Tensor], dict[str, str]]  # model.safetensors
+
+
+def checkpoint(state: TrainState, rng: np.random.Generator, copy: bool = False) -> Checkpoint:
+    """Both files of a checkpoint as they are now (copy: see train_state_file); the weights file
+    reuses the state's copies of the weights."""
+    tensors, meta = train_state_file(state, rng, copy)
+    weights = {k: tensors[f"model.{k}"] for k in state.weights}
+    return Checkpoint((tensors, meta), (weights, {"step": str(state.step)}))
+
+
+def write_checkpoint(run: Path, c: Checkpoint) -> None:
+    """The state first, then the weights: a kill between the two leaves a run that resumes (the
+    state holds the weights too), and a kill inside either leaves that file's previous version."""
+    write_safetensors(run / STATE, *c.state)
+    write_safetensors(run / WEIGHTS, *c.weights)
+
+
+class BackgroundWriter:
+    """Runs one writing job at a time on a thread of its own, so that training goes on while a
+    checkpoint goes to disk. `submit` first waits for the job before it, so files land in the
+    order they were taken and at most one checkpoint waits in memory; an error in a job (a full
+    disk) is raised in the training's thread by the next `check`, `submit` or `wait`. A kill at
+    any moment stops the thread mid-file: atomic_write leaves that file's previous version."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+        self.thread = threading.Thread(target=self._run, args=(job,), name="attnlab-writer")
+        self.thread.start()  # not a daemon: an exiting interpreter still lets the file land
+
+    def _run(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as e:  # raised again in the training's thread
+            self.error = e
+
+    def check(self) -> None:
+        """Raise the error of a job that failed, once."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def wait(self) -> None:
+        """Until the job in flight is written (then raise its error, if it failed)."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.check()
 
 
 def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:

@@ -155,7 +155,9 @@ class GPT(Checkpointing, nn.Module):
         x = self.tok(idx)  # (B, T, C)
         if self.bigram is not None:
             x = x + self.bigram(self.bigram_ids(idx, caches))
-        x = self.drop(self.pos(x, offset))
+        x = self.pos(x, offset)
+        if self.training and self.drop.p > 0:  # else dropout is the identity: skip its call
+            x = self.drop(x)
         x, weights = self.blocks(x, self.pos, caches=caches, offset=offset, return_weights=return_weights)
         return self.norm(x), weights["self"]
 
@@ -165,9 +167,12 @@ class GPT(Checkpointing, nn.Module):
         v = self.cfg.vocab_size
         last = None if caches is None else caches[0].last_token
         first = idx.new_full((idx.shape[0], 1), v) if last is None else last  # (B, 1)
-        prev = torch.cat([first, idx[:, :-1]], dim=1)  # (B, T)
+        if last is not None and idx.shape[1] == 1:
+            prev = last  # a decoding step: the one previous token is the cache's
+        else:
+            prev = torch.cat([first, idx[:, :-1]], dim=1)  # (B, T)
         if caches is not None:
-            caches[0].last_token = idx[:, -1:]
+            caches[0].last_token = idx[:, -1:].clone()  # a copy: idx may be a view of a buffer rewritten later
         return (prev * (v + 1) + idx) % self.cfg.bigram_vocab
 
     def logits(self, x: Tensor) -> Tensor:

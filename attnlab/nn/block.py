@@ -67,7 +67,9 @@ class Block(nn.Module):
         return norm(x) if self.pre_norm else x
 
     def _out(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
-        x = x + self.drop(y)  # the residual connection
+        if self.training and self.drop.p > 0:  # else dropout is the identity: skip its call
+            y = self.drop(y)
+        x = x + y  # the residual connection
         return x if self.pre_norm else norm(x)
 
     def forward(

@@ -95,8 +95,9 @@ class LearnedPositions(Positions):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         t = x.shape[1]
         self.check(t, offset)
-        idx = torch.arange(offset, offset + t, device=x.device)
-        return x + self.embedding(idx)  # (B, T, C) + (T, C)
+        # Rows offset..offset+T-1 of the table, as a view: the same values and gradients as
+        # embedding(arange(offset, offset + T)) without making an index tensor at every step.
+        return x + self.embedding.weight[offset : offset + t]  # (B, T, C) + (T, C)
 
 
 def sinusoidal_2d_table(rows: int, cols: int, d_model: int) -> Tensor:
