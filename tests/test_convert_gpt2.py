@@ -232,7 +232,9 @@ def _big_tokenizer(d):
 
 BROKEN = {
     "no_config": (_no_config, "no config.json (not a HuggingFace model directory)"),
-    "llama": (_edit_config(architectures=["LlamaForCausalLM"]), "attnlab converts GPT2LMHeadModel"),
+    "mamba": (_edit_config(architectures=["MambaForCausalLM"]), "attnlab converts GPT2LMHeadModel"),
+    # GPT-2's tensors under a Llama config (of 7B by its defaults): an error before any allocation
+    "llama": (_edit_config(architectures=["LlamaForCausalLM"]), "has no tensor model.layers.0.self_attn.q_proj"),
     "truncated": (_truncate, "model.safetensors is corrupt or truncated"),
     "no_weights": (_no_weights, "no model.safetensors or pytorch_model.bin"),
     "wrong_shape": (_edit_config(n_embd=40), "tensor transformer.wte.weight has shape (300, 32)"),

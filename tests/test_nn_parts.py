@@ -101,7 +101,8 @@ class Doubled(nn.Module):
 
 def test_a_norm_and_a_feedforward_registered_outside_plug_into_every_block(monkeypatch):
     monkeypatch.setitem(NORMS, "scale", ScaleNorm)
-    monkeypatch.setitem(FEEDFORWARDS, "doubled", Doubled)
+    # a feed-forward is built from the block's config: here a function picks what Doubled takes
+    monkeypatch.setitem(FEEDFORWARDS, "doubled", lambda c: Doubled(c.d_model, c.d_ff, c.activation, c.bias))
     block = Block(BlockConfig(d_model=8, n_heads=2, d_ff=32, feedforward="doubled", norm_kind="scale"))
     assert isinstance(block.ff, Doubled) and isinstance(block.norm_attn, ScaleNorm)
     model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=8, context=8, vocab_size=11, feedforward="doubled",
@@ -119,7 +120,8 @@ def test_allowed_values_come_from_the_registries(config):
     from dataclasses import fields
 
     choices = {f.name: f.metadata.get("choices") for f in fields(config)}
-    assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "rope", "none")
-    assert choices["activation"] == tuple(ACTIVATIONS) == ("relu", "gelu", "gelu_tanh", "relu2")
+    assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "rope", "alibi", "none")
+    assert choices["activation"] == tuple(ACTIVATIONS) == ("relu", "gelu", "gelu_tanh", "relu2", "silu")
     assert choices["norm"] == NORM_PLACES == ("pre", "post")
-    assert choices["feedforward"] == tuple(FEEDFORWARDS) and choices["norm_kind"] == tuple(NORMS)
+    assert choices["feedforward"] == tuple(FEEDFORWARDS) == ("mlp", "swiglu", "geglu", "moe")
+    assert choices["norm_kind"] == tuple(NORMS)

@@ -51,6 +51,7 @@ from attnlab.engine.memory import check_training_fits
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer, set_lr
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
+from attnlab.nn.moe import aux_loss, routing_stats
 from attnlab.nn.stack import set_grad_checkpoint
 from attnlab.viz.curves import plot_loss
 
@@ -107,7 +108,8 @@ def train_step(s: Session) -> float:
         with s.model.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(s.device, s.dtype):
                 _, loss = s.model(*batch)  # every model: forward(inputs..., labels) -> (output, loss)
-            (loss / s.cfg.grad_accum).backward()
+                aux = aux_loss(s.raw)  # mixture-of-experts layers' balancing losses, weighted (or None)
+            ((loss if aux is None else loss + aux) / s.cfg.grad_accum).backward()
         total += loss.item()
     mean = distributed.mean(s.dist, total / s.cfg.grad_accum, s.device)  # the same on every process
     norm = clip_gradients(list(s.model.parameters()), s.cfg.grad_clip)
@@ -273,10 +275,11 @@ def _draw(s: Session) -> float:
 
 
 def _evaluate(s: Session, bar: tqdm, recent: list[float]) -> float | None:
+    routing = routing_stats(s.raw)  # the last training batch's (validation routes its own next)
     val = estimate_loss(s) if s.data.has("val") else None
     train = sum(recent) / len(recent) if recent else float("nan")
-    if val is not None:
-        _log(s, {"step": s.step, "val_loss": val})
+    if val is not None or routing:
+        _log(s, {"step": s.step, **({} if val is None else {"val_loss": val}), **routing})
     if s.dist.main:
         bar.write(f"step {s.step:>6} | train loss {train:.4f} | val loss {val if val is None else round(val, 4)}")
     save_checkpoint(s, background=True)

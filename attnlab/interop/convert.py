@@ -6,7 +6,8 @@ convert_from_hf("gpt2-dir", "runs/gpt2")
   -> the weights are loaded into the attnlab model (strictly) to prove they fit
   -> a run directory every attnlab command reads: config.json, model.safetensors, tokenizer.json
 export_hf("runs/demo", "demo-hf")
-  -> a directory transformers' from_pretrained loads (GPT runs as GPT2LMHeadModel; encoder runs
+  -> a directory transformers' from_pretrained loads (GPT runs as GPT2LMHeadModel, or with the
+     Llama block's parts as LlamaForCausalLM / MixtralForCausalLM; encoder runs
      as BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification, by head)
 """
 
@@ -26,13 +27,23 @@ from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_js
 from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
-from attnlab.interop.hf import bert, gpt2, module_for
+from attnlab.interop.hf import bert, gpt2, llama, module_for
 from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
 from attnlab.models import build_model, family_classes
 from attnlab.tasks import Task, task_of
 
 # Families that export, and the module that maps them.
 EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2, "encoder": bert}
+# A GPT with the Llama block's parts goes out as a Llama (or a Mixtral, with experts), else as GPT-2.
+LLAMA_PARTS = {"norm_kind": "rmsnorm", "positions": "rope", "feedforward": ("swiglu", "geglu", "moe")}
+
+
+def exporter(family: str, cfg) -> ModuleType:
+    """The module that maps this run's config to HuggingFace."""
+    llama_like = any(getattr(cfg, k) in (v if isinstance(v, tuple) else (v,)) for k, v in LLAMA_PARTS.items())
+    if family == "gpt" and llama_like:
+        return llama
+    return EXPORTERS[family]
 
 
 def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
@@ -45,9 +56,9 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     arch = _architecture(hf, src)
     module = module_for(arch)
     family, cfg, task = module.config_from_hf(hf)
+    weights = module.weights_from_hf(tensors, cfg)  # names and shapes checked before any allocation
     model = build_model(family, cfg)
     kind = task_of({"family": family, "model": asdict(cfg), **({"task": task} if task else {})})
-    weights = module.weights_from_hf(tensors, cfg)
     pixels = _pixel_normalization(src, module, cfg)
     if pixels is not None:  # HF feeds (x - mean) / std; attnlab feeds [0, 1]: fold it into the weights
         weights = module.fold_pixel_normalization(weights, *pixels)
@@ -89,9 +100,9 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
         if not is_hf_dir(out):  # another project's config.json is not ours to overwrite
             raise AttnlabError(f"{out} is not a HuggingFace model directory ({ck.describe(out)}): refusing to "
                                "replace it; choose another directory")  # fmt: skip
-    module = EXPORTERS[family]
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
+    module = exporter(family, cfg)
     if family == "encoder":  # before any reading: says at once what the HF architecture cannot express
         hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))
     else:

@@ -13,12 +13,14 @@ from attnlab.config import option
 from attnlab.nn import (
     ACTIVATIONS,
     FEEDFORWARDS,
+    GATES,
     NORM_PLACES,
     NORMS,
     POSITIONS,
     BlockConfig,
     Stack,
     build_positions,
+    default_width,
     set_grad_checkpoint,
 )
 
@@ -41,14 +43,24 @@ class TransformerConfig:
     n_layer: int = option(4, "number of Transformer blocks")
     n_head: int = option(4, "attention heads per block")
     d_model: int = option(128, "model width (embedding size)")
-    d_ff: int | None = option(None, "feed-forward hidden width (default 4 * d_model)")
+    d_ff: int | None = option(None, "feed-forward hidden width (default 4 * d_model; 2/3 of that for "
+                              "swiglu/geglu)")  # fmt: skip
     d_head: int | None = option(None, "width of each head (default d_model / n_head)")
+    n_kv_head: int | None = option(None, "key/value heads shared by the query heads (grouped-query attention; "
+                                   "default n_head, 1 = multi-query)")  # fmt: skip
     context: int = option(256, "longest sequence the model accepts (positions)")
     dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
     norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", NORM_PLACES)
     activation: str = option("gelu", "feed-forward activation", tuple(ACTIVATIONS))
     positions: str = option("learned", "position information", tuple(POSITIONS))
+    rope_theta: float = option(10000.0, "base of the rotary positions' angles (Llama 3 uses 500000)")
     feedforward: str = option("mlp", "the feed-forward of each block", tuple(FEEDFORWARDS))
+    n_experts: int = option(4, "experts in each mixture-of-experts feed-forward (--feedforward moe)")
+    experts_per_token: int = option(2, "experts each token is routed to (top-k of the router)")
+    expert_ff: str = option("mlp", "the feed-forward each expert is", ("mlp", *GATES))
+    capacity_factor: float | None = option(None, "cap each expert at this many times its even share of the "
+                                           "tokens; the rest are dropped (default: no cap)")  # fmt: skip
+    aux_loss_weight: float = option(0.01, "weight of the experts' load-balancing loss in the training loss")
     norm_kind: str = option("layernorm", "the normalization of each block", tuple(NORMS))
     bias: bool = option(True, "biases in linear layers and norms")
     ln_eps: float = option(1e-5, "LayerNorm epsilon")
@@ -68,10 +80,14 @@ class TransformerConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.d_head is None and self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}: set d_head")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise ValueError(f"n_kv_head must divide n_head {self.n_head}, got {self.n_kv_head}")
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            raise ValueError(f"experts_per_token must be 1..n_experts ({self.n_experts}), got {self.experts_per_token}")
 
     @property
     def ff_width(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        return self.d_ff or default_width(self.feedforward, self.d_model, self.expert_ff)
 
     @property
     def head_width(self) -> int:
@@ -93,6 +109,12 @@ class TransformerConfig:
             feedforward=self.feedforward,
             norm_kind=self.norm_kind,
             qk_norm=self.qk_norm,
+            n_kv_heads=self.n_kv_head,
+            n_experts=self.n_experts,
+            experts_per_token=self.experts_per_token,
+            expert_ff=self.expert_ff,
+            capacity_factor=self.capacity_factor,
+            aux_loss_weight=self.aux_loss_weight,
         )
 
 
@@ -110,11 +132,16 @@ class Checkpointing:
         set_grad_checkpoint(self, on)
 
 
+def positions(cfg: TransformerConfig, grid: tuple[int, int] | None = None) -> nn.Module:
+    """The position scheme of cfg (ALiBi's slopes follow its heads, rotary's base its rope_theta)."""
+    return build_positions(cfg.positions, cfg.context, cfg.d_model, grid, cfg.n_head, cfg.rope_theta)
+
+
 def text_body(model: nn.Module, cfg: TransformerConfig, vocab_size: int, causal: bool) -> None:
     """What every token-in Transformer has, set on `model` under the names its checkpoints use: the
     token embedding `tok`, the positions `pos`, dropout `drop`, the Stack `blocks` and its final `norm`."""
     model.tok = nn.Embedding(vocab_size, cfg.d_model)
-    model.pos = build_positions(cfg.positions, cfg.context, cfg.d_model)
+    model.pos = positions(cfg)
     model.drop = nn.Dropout(cfg.dropout)
     model.blocks = Stack(cfg.block_config(causal=causal), cfg.n_layer)
     model.norm = model.blocks.final_norm()

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
 from attnlab.nn import KVCache
+from attnlab.nn.moe import inactive_params
 
 
 @dataclass
@@ -46,6 +47,13 @@ def _gpt3(n_layer: int, d_model: int, n_head: int, d_head: int) -> GPTConfig:
     )
 
 
+def _llama(n_layer: int, d_model: int, n_head: int, d_ff: int, context: int, **kw) -> GPTConfig:
+    """The Llama block: rotary positions, RMSNorm, SwiGLU, no biases, an untied head."""
+    return GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, d_ff=d_ff, context=context,
+                     vocab_size=kw.pop("vocab_size", 32000), positions="rope", norm_kind="rmsnorm",
+                     feedforward=kw.pop("feedforward", "swiglu"), bias=False, tie_weights=False, **kw)  # fmt: skip
+
+
 # Named presets. The GPT-3 rows follow Table 2.1 of "Language Models are Few-Shot Learners"
 # (n_layers, d_model, n_heads, d_head; context 2048, vocabulary 50257). One row of that table
 # is inconsistent: GPT-3 XL lists 24 heads of 128 (3,072 wide, which would make 1.5B
@@ -70,6 +78,20 @@ PRESETS: dict[str, GPTConfig] = {
         bigram_vocab=4096,
         norm_kind="rmsnorm",
     ),
+    # gpt-nano's shape as a Llama (2 key/value heads for 4 query heads) and as a mixture of 4
+    # experts, 2 per token, each half of gpt-nano's feed-forward: the same compute per token.
+    "llama-nano": _llama(4, 128, 4, None, 64, vocab_size=256, n_kv_head=2),
+    "moe-nano": GPTConfig(
+        n_layer=4,
+        n_head=4,
+        d_model=128,
+        context=64,
+        vocab_size=256,
+        feedforward="moe",
+        n_experts=4,
+        experts_per_token=2,
+        d_ff=256,
+    ),  # fmt: skip
     "gpt-micro": GPTConfig(n_layer=6, n_head=6, d_model=384, context=256, vocab_size=256),
     "gpt2-small": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),
@@ -83,6 +105,22 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt3-6.7b": _gpt3(32, 4096, 32, 128),
     "gpt3-13b": _gpt3(40, 5140, 40, 128),
     "gpt3-175b": _gpt3(96, 12288, 96, 128),
+    # Touvron et al. 2023 (Llama 2, table 1 and the released config); Jiang et al. 2024 (Mixtral):
+    # 8 SwiGLU experts of 14,336, 2 per token, 8 key/value heads, rope base 1e6.
+    "llama2-7b": _llama(32, 4096, 32, 11008, 4096),
+    "mixtral-8x7b": _llama(
+        32,
+        4096,
+        32,
+        14336,
+        32768,
+        n_kv_head=8,
+        rope_theta=1e6,
+        feedforward="moe",
+        n_experts=8,
+        experts_per_token=2,
+        expert_ff="swiglu",
+    ),  # fmt: skip
 }
 
 # The training settings a preset was tuned with: a new run of the preset starts from them (flags,
@@ -114,7 +152,11 @@ PAPER_PARAMS = {
     "gpt3-6.7b": 6.7e9,
     "gpt3-13b": 13.0e9,
     "gpt3-175b": 175.0e9,
+    "llama2-7b": 6.74e9,
+    "mixtral-8x7b": 46.7e9,
 }
+# Parameters used per token, where the papers give them apart (mixtures of experts).
+PAPER_ACTIVE_PARAMS = {"mixtral-8x7b": 12.9e9}
 
 
 class GPT(Checkpointing, nn.Module):
@@ -136,8 +178,12 @@ class GPT(Checkpointing, nn.Module):
     def word_embedding(self) -> nn.Embedding:
         return self.tok
 
-    def num_params(self, non_embedding: bool = False) -> int:
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Parameters; non_embedding: without the token, position and bigram tables; active: only
+        those one token uses (a mixture of experts runs k of its E experts per token)."""
         n = sum(p.numel() for p in self.parameters())
+        if active:
+            n -= inactive_params(self)
         if non_embedding:
             n -= self.tok.weight.numel() + sum(p.numel() for p in self.pos.parameters())
             n -= 0 if self.bigram is None else self.bigram.weight.numel()

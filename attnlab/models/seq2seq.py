@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
-from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights
-from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack, build_positions
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
+from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack
 from attnlab.nn.attention import padding_mask
 
 
@@ -103,8 +103,8 @@ class Seq2Seq(Checkpointing, nn.Module):
         c = cfg.d_model
         self.src_tok = nn.Embedding(cfg.src_vocab, c)
         self.tgt_tok = self.src_tok if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab, c)
-        self.src_pos = build_positions(cfg.positions, cfg.context, c)
-        self.tgt_pos = build_positions(cfg.positions, cfg.context, c)
+        self.src_pos = positions(cfg)
+        self.tgt_pos = positions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = Stack(cfg.block_config(causal=False), cfg.n_layer)
         self.decoder = Stack(cfg.block_config(causal=True, cross_attention=True), cfg.dec_layers)

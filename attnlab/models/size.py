@@ -13,24 +13,27 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.config import option
-from attnlab.models.gpt import GPT, PAPER_PARAMS, GPTConfig
+from attnlab.models.gpt import GPT, PAPER_ACTIVE_PARAMS, PAPER_PARAMS, GPTConfig
 
 GB = 1024**3
 
 
-def count_params(cfg: GPTConfig) -> tuple[int, int]:
-    """(all parameters, non-embedding parameters) of a GPT, built on the meta device."""
+def count_params(cfg: GPTConfig, active: bool = False) -> tuple[int, int]:
+    """(all parameters, non-embedding parameters) of a GPT, built on the meta device; active:
+    counting only those one token uses (a mixture of experts runs k of its E experts)."""
     with torch.device("meta"):
         model = GPT(cfg)
-    return model.num_params(), model.num_params(non_embedding=True)
+    return model.num_params(active=active), model.num_params(non_embedding=True, active=active)
 
 
 def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
-    params, non_emb = count_params(cfg)
+    (params, non_emb), (active, active_non_emb) = count_params(cfg), count_params(cfg, active=True)
     d_attn = cfg.n_head * cfg.head_width
-    # Non-embedding matrices, plus the LM head's (d_model x vocab) product, plus attention.
-    fwd = 2 * non_emb + 2 * cfg.d_model * cfg.vocab_size + 2 * cfg.n_layer * cfg.context * d_attn
-    kv_cache = 2 * cfg.n_layer * cfg.context * d_attn * 2  # keys and values, bf16, batch 1
+    d_kv = (cfg.n_kv_head or cfg.n_head) * cfg.head_width  # grouped-query attention caches fewer heads
+    # The matrices a token uses (an untied LM head among them; a tied one added), plus attention.
+    head = 2 * cfg.d_model * cfg.vocab_size if cfg.tie_weights else 0
+    fwd = 2 * active_non_emb + head + 2 * cfg.n_layer * cfg.context * d_attn
+    kv_cache = 2 * cfg.n_layer * cfg.context * d_kv * 2  # keys and values, bf16, batch 1
     # Korthikanti et al. (2022): ~34 bytes per layer per token per d_model of 16-bit
     # activations kept for backward, with a fused attention kernel (no T x T matrix).
     activations = 34 * cfg.n_layer * cfg.context * cfg.d_model
@@ -39,6 +42,8 @@ def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
         "params": params,
         "non_embedding_params": non_emb,
         "paper_params": PAPER_PARAMS.get(preset or ""),
+        "active_params": active,
+        "paper_active_params": PAPER_ACTIVE_PARAMS.get(preset or ""),
         "n_layer": cfg.n_layer,
         "d_model": cfg.d_model,
         "n_head": cfg.n_head,
@@ -134,6 +139,15 @@ def _short(n: float) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
+def _active_line(e: dict) -> list[str]:
+    """The parameters one token uses, when that is fewer than all (a mixture of experts)."""
+    if e["active_params"] == e["params"]:
+        return []
+    paper = e["paper_active_params"]
+    versus = f" (paper: {_short(paper)}, {100 * (e['active_params'] / paper - 1):+.1f}%)" if paper else ""
+    return [f"  active per token      {e['active_params']:,}{versus}"]
+
+
 def format_estimate(e: dict) -> str:
     paper = ""
     if e["paper_params"]:
@@ -142,6 +156,7 @@ def format_estimate(e: dict) -> str:
         f"{e['preset'] or 'model'}: {e['n_layer']} layers, d_model {e['d_model']}, {e['n_head']} heads, "
         f"context {e['context']}, vocabulary {e['vocab_size']}",
         f"  parameters            {e['params']:,}{paper}",
+        *_active_line(e),
         f"  non-embedding         {e['non_embedding_params']:,}",
         f"  FLOPs per token       {e['flops_per_token_forward']:.3e} forward, "
         f"{e['flops_per_token_train']:.3e} training",

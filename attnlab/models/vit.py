@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Checkpointing, Presets, TransformerConfig, check_images, init_weights, pool
-from attnlab.nn import Stack, build_positions
+from attnlab.models.common import Checkpointing, Presets, TransformerConfig, check_images, init_weights, pool, positions
+from attnlab.nn import Stack
 
 PATCH_PATHS = ("conv", "linear")
 
@@ -128,7 +128,7 @@ class ViT(Checkpointing, nn.Module):
         self.cfg = cfg
         self.patches = PatchEmbedding(cfg.channels, cfg.patch_size, cfg.d_model, cfg.patch_embed)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.d_model))  # learned [CLS] token
-        self.pos = build_positions(cfg.positions, cfg.context, cfg.d_model, grid=cfg.grid)  # sinusoidal: 2-D
+        self.pos = positions(cfg, grid=cfg.grid)  # sinusoidal: 2-D
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = Stack(cfg.block_config(causal=False), cfg.n_layer)
         self.norm = self.blocks.final_norm()

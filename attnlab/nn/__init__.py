@@ -2,10 +2,20 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
 from attnlab.nn.block import NORM_PLACES, Block, BlockConfig
-from attnlab.nn.feedforward import ACTIVATIONS, FEEDFORWARDS, FeedForward, build_feedforward
+from attnlab.nn.feedforward import (
+    ACTIVATIONS,
+    FEEDFORWARDS,
+    GATES,
+    FeedForward,
+    GatedFeedForward,
+    build_feedforward,
+    default_width,
+)
+from attnlab.nn.moe import MixtureOfExperts, aux_loss, routing_stats
 from attnlab.nn.norm import NORMS, LayerNorm, build_norm
 from attnlab.nn.position import (
     POSITIONS,
+    ALiBiPositions,
     GridPositions,
     LearnedPositions,
     NoPositions,
@@ -20,16 +30,23 @@ from attnlab.nn.stack import Stack, set_grad_checkpoint
 __all__ = [
     "ACTIVATIONS",
     "FEEDFORWARDS",
+    "GATES",
     "NORMS",
     "NORM_PLACES",
     "POSITIONS",
     "Stack",
     "build_feedforward",
+    "default_width",
+    "aux_loss",
+    "routing_stats",
+    "GatedFeedForward",
+    "MixtureOfExperts",
     "build_norm",
     "set_grad_checkpoint",
     "Block",
     "BlockConfig",
     "FeedForward",
+    "ALiBiPositions",
     "GridPositions",
     "KVCache",
     "LayerNorm",

@@ -183,6 +183,11 @@ class MultiHeadAttention(nn.Module):
     The heads' outputs are concatenated and projected back to C by W_O (`out_proj`).
     Dh = C / H unless `d_head` is given.
 
+    Grouped-query attention (Ainslie et al. 2023): with n_kv_heads < H, the heads share G = H /
+    n_kv_heads key/value heads, head h reading key/value head h // G; the stacked matrix is then
+    ((H + 2 * n_kv_heads) * Dh, C), and a KVCache keeps only the n_kv_heads (the memory decoding
+    saves). n_kv_heads = 1 is multi-query attention (Shazeer 2019), n_kv_heads = H plain MHA.
+
     qk_norm=True RMS-normalizes each head's query and key (over Dh, with a learned gain) before
     positions are applied (Dehghani et al. 2023, "Scaling ViT to 22B"): the scores can then not
     grow without bound as the weights do, which lets training take higher learning rates.
@@ -196,15 +201,19 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         qk_norm: bool = False,
+        n_kv_heads: int | None = None,
     ):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
                 raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}; set d_head")
             d_head = d_model // n_heads
-        self.n_heads, self.d_head, self.dropout = n_heads, d_head, dropout
-        self.inner = n_heads * d_head
-        self.qkv_proj = nn.Linear(d_model, 3 * self.inner, bias=bias)
+        n_kv_heads = n_kv_heads or n_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
+        self.n_heads, self.n_kv_heads, self.d_head, self.dropout = n_heads, n_kv_heads, d_head, dropout
+        self.inner, self.kv_inner = n_heads * d_head, n_kv_heads * d_head
+        self.qkv_proj = nn.Linear(d_model, self.inner + 2 * self.kv_inner, bias=bias)
         self.out_proj = nn.Linear(self.inner, d_model, bias=bias)
         self.out_proj.init_role = "residual_out"  # writes into the residual stream: scaled at init
         if qk_norm:
@@ -216,10 +225,15 @@ class MultiHeadAttention(nn.Module):
         bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[rows]
         return F.linear(x, self.qkv_proj.weight[rows], bias)
 
-    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """(B, T, n * H * Dh) -> n tensors of (B, H, T, Dh)."""
+    def _heads(self, x: Tensor, *counts: int) -> tuple[Tensor, ...]:
+        """(B, T, sum(counts) * Dh) -> one (B, n, T, Dh) tensor (views) per head count n."""
         b, t, _ = x.shape
-        return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+        return x.view(b, t, -1, self.d_head).transpose(1, 2).split(counts, dim=1)
+
+    def _shared(self, kv: Tensor) -> Tensor:
+        """(B, n_kv_heads, Tk, Dh) -> (B, H, Tk, Dh): each key/value head repeated for its G query heads."""
+        g = self.n_heads // self.n_kv_heads
+        return kv if g == 1 else kv.repeat_interleave(g, dim=1)
 
     def forward(
         self,
@@ -239,23 +253,24 @@ class MultiHeadAttention(nn.Module):
         Returns (out (B, T, C), weights (B, H, T, S) or None).
         """
         b, t, _ = x.shape
-        inner = self.inner
+        inner, h, hkv = self.inner, self.n_heads, self.n_kv_heads
         if memory is None and not (cache is not None and cache.static):
-            q, k, v = self._heads(self.qkv_proj(x), 3)  # self-attention: one product, (B, H, T, Dh) each
+            q, k, v = self._heads(self.qkv_proj(x), h, hkv, hkv)  # self-attention: one product; q (B, H, T, Dh)
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             if qk_transform is not None:  # positions applied inside attention (e.g. rotary)
                 q, k = qk_transform(q, k, offset)
         else:
-            (q,) = self._heads(self._project(x, slice(0, inner)), 1)
+            (q,) = self._heads(self._project(x, slice(0, inner)), h)
             q = self.q_norm(q) if self.qk_norm else q
             if cache is not None and cache.static and cache.filled:
                 k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
             else:
-                k, v = self._heads(self._project(memory, slice(inner, 3 * inner)), 2)  # (B, H, S, Dh)
+                k, v = self._heads(self._project(memory, slice(inner, None)), hkv, hkv)  # (B, Hkv, S, Dh)
                 k = self.k_norm(k) if self.qk_norm else k
         if cache is not None and not (cache.static and cache.filled):
-            k, v = cache.update(k, v)
+            k, v = cache.update(k, v)  # (B, Hkv, Tk, Dh): the cache holds the key/value heads only
+        k, v = self._shared(k), self._shared(v)  # (B, H, Tk, Dh)
         p = self.dropout if self.training else 0.0
         out, weights = attend(q, k, v, mask, return_weights, bias=bias, causal=causal, dropout_p=p)
         out = out.transpose(1, 2).reshape(b, t, inner)  # (B, T, H*Dh): heads concatenated

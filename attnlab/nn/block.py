@@ -39,6 +39,13 @@ class BlockConfig:
     feedforward: str = "mlp"  # a key of nn.feedforward.FEEDFORWARDS
     norm_kind: str = "layernorm"  # a key of nn.norm.NORMS
     qk_norm: bool = False  # RMS-normalize each head's queries and keys
+    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); n_heads when None
+    # The mixture of experts (feedforward="moe"), see nn/moe.py:
+    n_experts: int = 4
+    experts_per_token: int = 2
+    expert_ff: str = "mlp"  # each expert's dense kind: "mlp", "swiglu" or "geglu"
+    capacity_factor: float | None = None  # None: no capacity, no token dropped
+    aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training loss
 
     def __post_init__(self):
         if self.norm not in NORM_PLACES:
@@ -53,13 +60,14 @@ class Block(nn.Module):
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
         norm = lambda: build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias)
-        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout, cfg.qk_norm)
+        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout,
+                                               cfg.qk_norm, cfg.n_kv_heads)  # fmt: skip
         self.attn = attention()
         self.norm_attn = norm()
         if cfg.cross_attention:
             self.cross = attention()
             self.norm_cross = norm()
-        self.ff = build_feedforward(cfg.feedforward, cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.ff = build_feedforward(cfg)
         self.norm_ff = norm()
         self.drop = nn.Dropout(cfg.dropout)
 

@@ -1,9 +1,19 @@
-"""Position-wise feed-forward network: FFN(x) = act(x W1 + b1) W2 + b2.
+"""Position-wise feed-forward networks.
 
-Legend: B batch, T time, C model width, F hidden width (d_ff, usually 4C).
+Legend: B batch, T time, C model width, F hidden width (d_ff: usually 4C, 8C/3 for gated ones).
+
+    plain ("mlp"):           FFN(x) = act(x W1 + b1) W2 + b2
+    gated ("swiglu", "geglu"): FFN(x) = (act(x W_gate) * (x W1)) W2   (Shazeer 2020, "GLU Variants")
+
+A gated feed-forward has three matrices instead of two; at F = 8C/3 it has the parameters and
+compute of the plain one at 4C (the "2/3 rule" of PaLM and Llama).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -15,7 +25,11 @@ ACTIVATIONS = {
     # relu(x)^2 (So et al., 2021, "Primer"): sparse like ReLU, but smooth at 0 and growing
     # faster; in small language models it learns faster than GELU for the same compute.
     "relu2": lambda x: F.relu(x).square(),
+    "silu": F.silu,  # x * sigmoid(x), "swish": the gate of SwiGLU
 }
+
+if TYPE_CHECKING:
+    from attnlab.nn.block import BlockConfig
 
 
 class FeedForward(nn.Module):
@@ -34,12 +48,61 @@ class FeedForward(nn.Module):
         return self.down(ACTIVATIONS[self.activation](self.up(x)))
 
 
-# Feed-forwards by config name: a new one (a gated feed-forward, a mixture of experts) is a class
-# taking (d_model, d_ff, activation, bias) and one line here.
-FEEDFORWARDS: dict[str, type[nn.Module]] = {"mlp": FeedForward}
+class GatedFeedForward(nn.Module):
+    """A GLU-variant feed-forward: the activation of one projection gates another, elementwise.
+    SwiGLU (gate silu, Llama, Mistral) and GeGLU (gate gelu, Gemma) differ in the gate only."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+        self.activation = activation
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)  # W_gate: (C -> F)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)  # W1: (C -> F)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)  # W2: (F -> C)
+        self.down.init_role = "residual_out"
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C)
+        return self.down(ACTIVATIONS[self.activation](self.gate(x)) * self.up(x))
 
 
-def build_feedforward(kind: str, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True) -> nn.Module:
-    if kind not in FEEDFORWARDS:
-        raise ValueError(f"unknown feed-forward {kind!r}; choose from {sorted(FEEDFORWARDS)}")
-    return FEEDFORWARDS[kind](d_model, d_ff, activation, bias)
+# The activation each gated kind gates with (its config's `activation` is not used).
+GATES = {"swiglu": "silu", "geglu": "gelu_tanh"}
+
+
+def dense_feedforward(kind: str, d_model: int, d_ff: int, activation: str, bias: bool) -> nn.Module:
+    """One dense feed-forward of a kind: "mlp" (with `activation`) or a key of GATES."""
+    if kind in GATES:
+        return GatedFeedForward(d_model, d_ff, GATES[kind], bias)
+    if kind == "mlp":
+        return FeedForward(d_model, d_ff, activation, bias)
+    raise ValueError(f"unknown dense feed-forward {kind!r}; choose from {['mlp', *GATES]}")
+
+
+def default_width(kind: str, d_model: int, expert: str = "mlp") -> int:
+    """The hidden width when the config gives none: 4C, or for gated kinds (and experts) 2/3 of it
+    rounded up to a multiple of 8, so that the three matrices hold what the plain two would."""
+    dense = expert if kind == "moe" else kind
+    return 8 * math.ceil(d_model / 3) if dense in GATES else 4 * d_model
+
+
+def _moe(cfg: BlockConfig) -> nn.Module:
+    from attnlab.nn.moe import MixtureOfExperts  # it builds its experts from this module
+
+    return MixtureOfExperts.from_block(cfg)
+
+
+# Feed-forwards by config name, each built from the BlockConfig: a new one is a function (or a
+# class's constructor) taking it, and one line here.
+FEEDFORWARDS: dict[str, Callable[[BlockConfig], nn.Module]] = {
+    "mlp": lambda c: FeedForward(c.d_model, c.d_ff, c.activation, c.bias),
+    "swiglu": lambda c: GatedFeedForward(c.d_model, c.d_ff, "silu", c.bias),
+    "geglu": lambda c: GatedFeedForward(c.d_model, c.d_ff, "gelu_tanh", c.bias),
+    "moe": _moe,  # experts of the dense kind c.expert_ff
+}
+
+
+def build_feedforward(cfg: BlockConfig) -> nn.Module:
+    if cfg.feedforward not in FEEDFORWARDS:
+        raise ValueError(f"unknown feed-forward {cfg.feedforward!r}; choose from {sorted(FEEDFORWARDS)}")
+    return FEEDFORWARDS[cfg.feedforward](cfg)

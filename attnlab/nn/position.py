@@ -16,6 +16,8 @@ So adding a scheme is one class taking (max_len, d_model) and one `POSITIONS` en
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -178,20 +180,69 @@ class RotaryPositions(Positions):
         return f"theta={self.theta:g}, {'interleaved' if self.interleaved else 'half-split'}"
 
 
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's per-head slopes (Press et al. 2022, section 3): for n a power of 2, the geometric
+    sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8); otherwise the slopes of the power of 2 below n,
+    then every other slope of the power of 2 above it until there are n."""
+
+    def powers(n: int) -> list[float]:
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    slopes = powers(below) + powers(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes)  # (H,)
+
+
+class ALiBiPositions(Positions):
+    """Attention with linear biases: nothing is added to the tokens; head h's score of a query at
+    position i for a key at j gets -slope_h * |i - j|, so each head prefers nearby keys with its own
+    reach (steep slopes: the last few tokens; gentle ones: far back). The bias depends on i - j
+    only, so a model trained on short sequences still works on longer ones (the paper's point).
+    In a causal model only j <= i is seen, and -slope * |i - j| is the paper's -slope * (i - j)."""
+
+    def __init__(self, max_len: int, d_model: int | None = None, n_heads: int = 1):
+        super().__init__(max_len)
+        # Not saved in checkpoints: a function of the head count alone.
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        self.check(x.shape[1], offset)
+        return x
+
+    def score_bias(self, tq: int, tk: int, offset: int = 0) -> Tensor:
+        """(1, H, Tq, Tk) = -slope_h * |i - j| for queries i = offset.. and keys j = offset+Tq-Tk.."""
+        i = torch.arange(offset, offset + tq, device=self.slopes.device)[:, None]  # (Tq, 1)
+        j = torch.arange(offset + tq - tk, offset + tq, device=self.slopes.device)[None, :]  # (1, Tk)
+        return -self.slopes[None, :, None, None] * (i - j).abs()  # (1, H, Tq, Tk)
+
+
 # Position schemes by config name, in the order `--help` lists them.
 POSITIONS: dict[str, type[Positions]] = {
     "learned": LearnedPositions,
     "sinusoidal": SinusoidalPositions,
     "rope": RotaryPositions,
+    "alibi": ALiBiPositions,
     "none": NoPositions,
 }
 
 
-def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int] | None = None) -> Positions:
+def build_positions(
+    kind: str,
+    max_len: int,
+    d_model: int,
+    grid: tuple[int, int] | None = None,
+    n_heads: int = 1,
+    rope_theta: float = 10000.0,
+) -> Positions:
     """The position module named by a config value (a key of POSITIONS). `grid`: the (rows, cols)
-    of image patches after one [CLS] token, where sinusoidal positions are the 2-D table."""
+    of image patches after one [CLS] token, where sinusoidal positions are the 2-D table;
+    n_heads: ALiBi's slopes; rope_theta: rotary's base."""
     if kind not in POSITIONS:
         raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
     if kind == "sinusoidal" and grid is not None:
         return GridPositions(*grid, d_model, lead=1)  # the 1-D table would ignore the grid's rows
+    if kind == "alibi":
+        return ALiBiPositions(max_len, d_model, n_heads)
+    if kind == "rope":
+        return RotaryPositions(max_len, d_model, theta=rope_theta)
     return POSITIONS[kind](max_len, d_model)
