@@ -138,6 +138,27 @@ def test_the_exported_page_works_with_no_network(browser, tmp_path):
     expect(page.locator(".token.query")).to_have_count(2)
     page.click(".thumb[data-layer='0'][data-head='2']")
     expect(page.locator("#enlarged")).to_be_visible()
+    expect(page.locator("#experts")).to_be_hidden()  # no mixture of experts here
     context.close()
     assert not errors, errors
     assert not blocked, blocked
+
+
+def test_the_page_colours_each_token_by_its_expert(browser, tmp_path):
+    expect = playwright.expect
+    tokens = ["def", " f", "(x", "):\n"]
+    experts = {"tokens": tokens, "experts": [[0, 1, 1, 2], [3, 3, 0, 1]], "gates": [[1.0, 0.6, 0.9, 0.5]] * 2, "n": 4}
+    w = np.tril(np.ones((1, 1, 4, 4)))
+    write_attention_html([AttentionView("self-attention", tokens, tokens, w / w.sum(-1, keepdims=True))],
+                         tmp_path / "moe.html", "experts", experts)  # fmt: skip
+    page = browser.new_page()
+    errors = watch(page)
+    page.goto((tmp_path / "moe.html").as_uri())
+    expect(page.locator("#experts")).to_be_visible()
+    expect(page.locator(".expert-token")).to_have_count(8)  # 2 layers x 4 tokens
+    expect(page.locator(".expert-chip")).to_have_count(4)
+    expect(page.locator(".expert-token[data-layer='1'][data-expert='3']")).to_have_count(2)
+    colours = page.eval_on_selector_all(".expert-token[data-layer='0']", "els => els.map(e => e.style.background)")
+    assert colours[1] != colours[0] and colours[1].split(",")[:3] == colours[2].split(",")[:3]  # expert 1 twice
+    page.close()
+    assert not errors, errors

@@ -106,3 +106,17 @@ def test_compare_lm_trains_each_recipe_for_the_budget_and_draws_the_table(tmp_pa
     assert (tmp_path / "compare.png").stat().st_size > 5000
     code, _, err = run_cli(["compare", "--task", "lm", "--budget", "soon", "--out", tmp_path / "x"], capsys)
     assert code != 0 and "time_budget" in err
+
+
+def test_compare_blocks_reports_total_and_active_parameters(tmp_path, corpus, capsys, monkeypatch):
+    assert list(lm_compare.block_recipes()) == ["classic block (gpt-nano)", "Llama block (llama-nano)",
+                                                "MoE block (moe-nano)"]  # fmt: skip
+    monkeypatch.setattr(lm_compare, "EVAL_TOKENS", 300)
+    monkeypatch.setattr(lm_compare, "BLOCKS", {"MoE block": "moe-nano"})  # one short run is enough here
+    code, out, err = run_cli(["compare", "--task", "lm", "--blocks", "--budget", "1s", "--data", corpus,
+                              "--out", tmp_path], capsys)  # fmt: skip
+    assert code == 0, err
+    (row,) = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert row["recipe"] == "MoE block (moe-nano)" and row["vs_fast"] == 0
+    assert row["active_parameters"] < row["parameters"] and row["tokens_per_s"] > 0
+    assert f"{row['active_parameters']:,}" in out and "vs first" in out

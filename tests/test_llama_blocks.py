@@ -95,11 +95,13 @@ def test_grouped_query_attention_is_mha_with_repeated_key_value_heads():
     torch.testing.assert_close(gqa(x, memory=mem)[0], mha(x, memory=mem)[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
-def test_the_cache_holds_only_the_key_value_heads(kv_heads):
+@pytest.mark.parametrize(
+    ("kv_heads", "ff", "positions"), [(1, "mlp", "rope"), (2, "swiglu", "alibi"), (2, "geglu", "rope")]
+)
+def test_the_cache_holds_only_the_key_value_heads(kv_heads, ff, positions):
     torch.manual_seed(0)
     model = perturb(GPT(GPTConfig(n_layer=2, n_head=4, d_model=32, context=16, vocab_size=23, n_kv_head=kv_heads,
-                                  positions="rope")))  # fmt: skip
+                                  positions=positions, feedforward=ff)))  # fmt: skip
     assert model.blocks[0].attn.qkv_proj.weight.shape == ((4 + 2 * kv_heads) * 8, 32)
     ids = torch.randint(0, 23, (2, 10))
     with torch.no_grad():

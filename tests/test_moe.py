@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import attnlab
+from attnlab.cli.main import main
 from attnlab.models.gpt import GPT
 from attnlab.nn import MixtureOfExperts, aux_loss
 from tests.conftest import perturb, tiny_data, tiny_model, tiny_train
@@ -117,3 +119,30 @@ def test_the_engine_trains_on_the_balancing_loss_and_logs_the_routing(tmp_path, 
     assert routed and routed[-1]["step"] == 3 and math.isfinite(routed[-1]["moe_aux"])
     loads = routed[-1]["expert_load"]
     assert len(loads) == 2 and all(len(layer) == 4 and abs(sum(layer) - 1) < 1e-3 for layer in loads)
+
+
+def test_expert_pictures_of_a_trained_run(tmp_path, corpus):
+    out = tmp_path / "moe"
+    cfg = tiny_model(feedforward="moe", n_experts=3, experts_per_token=1, d_ff=16)
+    attnlab.train(out, cfg, tiny_train(max_steps=4, eval_interval=2), tiny_data(corpus), progress=False)
+    run = attnlab.load(out, device="cpu")
+    from attnlab.viz.experts import expert_routing
+
+    text = "def f(x):\n    return x\n"
+    routing = expert_routing(run, text)
+    n = len(run.tokenizer.encode(text))
+    assert len(routing.tokens) == n and routing.experts.shape == (2, n, 1)
+    assert routing.experts.max() < 3 and np.allclose(routing.gates, 1.0)  # top-1: the gate renormalises to 1
+    assert main(["plot", str(out), "--what", "experts", "--text", text, "--out", str(tmp_path / "e.png")]) == 0
+    assert main(["plot", str(out), "--what", "expert-load", "--out", str(tmp_path / "l.png")]) == 0
+    assert (tmp_path / "e.png").stat().st_size > 5000 and (tmp_path / "l.png").stat().st_size > 5000
+    with pytest.raises(attnlab.AttnlabError, match="no mixture-of-experts layers"):
+        attnlab.train(tmp_path / "dense", tiny_model(), tiny_train(max_steps=1), tiny_data(corpus), progress=False)
+        expert_routing(attnlab.load(tmp_path / "dense", device="cpu"), text)
+
+
+def test_an_expert_given_no_token_still_gets_a_gradient():
+    layer, x = hand_routed([[0.9, 0.05, 0.05]] * 4)  # expert 0 takes every token
+    layer(x).sum().backward()
+    for e in (1, 2):
+        assert all(p.grad is not None and not p.grad.any() for p in layer.experts[e].parameters())

@@ -22,7 +22,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    print(plot_run(load(args.run, device="cpu"), args.what, out, args.tokens))
+    print(plot_run(load(args.run, device="cpu"), args.what, out, args.tokens, args.text))
     return 0
 
 
@@ -61,12 +61,16 @@ def add_commands(sub) -> None:
     desc = ("Pictures of a trained run: loss (training and validation curves), lr (the schedule as run), "
             "positions (the position vectors as an image, position x dimension, and their cosine "
             "similarities), embeddings (a 2-D PCA of the token embeddings, the most useful tokens "
-            "labelled).")  # fmt: skip
-    pl = sub.add_parser("plot", help="loss and lr curves, position encodings, token embeddings", description=desc)
+            "labelled); for a mixture of experts, experts (the text of --text once per layer, each token on "
+            "the colour of the expert it was routed to) and expert-load (each layer's share of tokens per "
+            "expert against the step).")  # fmt: skip
+    pl = sub.add_parser("plot", help="loss and lr curves, position encodings, token embeddings, expert routing",
+                        description=desc)  # fmt: skip
     pl.add_argument("run", help="run directory")
     pl.add_argument("--what", required=True, choices=WHAT, help="what to draw")
     pl.add_argument("--out", required=True, metavar="FILE.png", help="picture to write")
     pl.add_argument("--tokens", type=int, default=60, help="embeddings: how many tokens to label (default: 60)")
+    pl.add_argument("--text", default=None, help="experts: the text to route (default: a line of Python)")
     pl.set_defaults(func=cmd_plot)
 
     desc = ("A local web page over trained runs: each run's config, size and loss curve; type an input "

@@ -115,8 +115,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from attnlab.tasks.lm_compare import compare_lm, format_lm_table
 
         parts = args.parts.split(",") if args.parts else None
-        rows = compare_lm(Path(args.out), args.budget, args.data, parts, force=args.force)
-        print(format_lm_table(rows))
+        rows = compare_lm(Path(args.out), args.budget, args.data, parts, force=args.force, blocks=args.blocks)
+        print(format_lm_table(rows, blocks=args.blocks))
         print(f"chart: {Path(args.out) / 'compare.png'}")
         return 0
 
@@ -212,6 +212,9 @@ def add_run_commands(sub) -> None:
     cmp.add_argument("--data", default="stdlib", help="lm: the corpus (a file, a folder or stdlib)")
     cmp.add_argument("--parts", default=None, help="lm: comma-separated parts of the fast recipe to ablate "
                      "(default: every one)")  # fmt: skip
+    cmp.add_argument("--blocks", action="store_true", help="lm: compare blocks instead of recipes: the "
+                     "classic (gpt-nano), Llama (llama-nano) and mixture-of-experts (moe-nano) blocks, trained "
+                     "alike")  # fmt: skip
     cmp.add_argument("--models", default=None, help="comma-separated models (default: encoder,bow,pooled,conv1d,rnn; "
                      "translation: transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
     cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")

@@ -118,9 +118,10 @@ def _duration(days: float) -> str:
 
 
 def format_table(estimates: list[dict]) -> str:
-    """One row per model: parameters next to the paper's figure, FLOPs and memory."""
+    """One row per model: parameters next to the paper's figure, those one token uses (where fewer:
+    a mixture of experts), FLOPs and memory."""
     head = (
-        f"{'preset':<12} {'params':>16} {'paper':>8} {'diff':>6} {'train FLOPs/tok':>16} "
+        f"{'preset':<14} {'params':>16} {'paper':>8} {'diff':>6} {'active/token':>16} {'train FLOPs/tok':>16} "
         f"{'infer bf16':>11} {'AdamW':>11}"
     )
     rows = [head, "-" * len(head)]
@@ -128,8 +129,10 @@ def format_table(estimates: list[dict]) -> str:
         paper, diff = "", ""
         if e["paper_params"]:
             paper, diff = _short(e["paper_params"]), f"{100 * (e['params'] / e['paper_params'] - 1):+.1f}%"
+        active = f"{e['active_params']:,}" if e["active_params"] != e["params"] else ""
         rows.append(
-            f"{e['preset']:<12} {e['params']:>16,} {paper:>8} {diff:>6} {e['flops_per_token_train']:>16.3e} "
+            f"{e['preset']:<14} {e['params']:>16,} {paper:>8} {diff:>6} {active:>16} "
+            f"{e['flops_per_token_train']:>16.3e} "
             f"{e['memory_inference_bf16_gb']:>8.2f} GiB {e['memory_train_adamw_gb']:>7.1f} GiB"
         )
     return "\n".join(rows)

@@ -68,6 +68,7 @@ class MixtureOfExperts(nn.Module):
         self.load: Tensor | None = None  # (E,) share of the kept assignments each expert got
         self.dropped: Tensor | None = None  # () share of the N*k assignments dropped by the capacity
         self.choice: Tensor | None = None  # (B, T, k) the experts each token chose, best first
+        self.choice_gates: Tensor | None = None  # (B, T, k) their renormalised gates
 
     @classmethod
     def from_block(cls, c: BlockConfig) -> MixtureOfExperts:
@@ -105,12 +106,12 @@ class MixtureOfExperts(nn.Module):
         b, t, c = x.shape
         flat = x.reshape(-1, c)  # (N, C)
         gates, experts, kept = self.route(flat)
-        self.choice = experts.view(b, t, self.k).detach()
+        self.choice, self.choice_gates = experts.view(b, t, self.k).detach(), gates.view(b, t, self.k).detach()
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
-            token, slot = torch.where((experts == e) & kept)  # the assignments to e
-            if token.numel() == 0:
-                continue
+            # The assignments to e. An expert given none still runs, on zero rows: its weights then get
+            # zero gradients rather than none, which DDP requires of every parameter at every step.
+            token, slot = torch.where((experts == e) & kept)
             y = expert(flat[token]) * gates[token, slot, None].to(flat.dtype)  # (n_e, C)
             out.index_add_(0, token, y.to(out.dtype))
         return out.view(b, t, c)

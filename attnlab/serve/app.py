@@ -20,7 +20,8 @@ server keeps serving).
   POST /api/predict_image        multipart form: run, image -> {label, probability, top (3),
                                  attention: {grid: [rows, cols], weights (L, H, rows, cols)} of
                                  [CLS] over the patches, or null for a model without attention}
-  POST /api/attention            {run, text} -> {views: [{name, queries, keys, weights (L, H, Tq, Tk)}]}
+  POST /api/attention            {run, text} -> {views: [{name, queries, keys, weights (L, H, Tq, Tk)}]}, and
+                                 for a mixture of experts experts: {tokens, experts (L, T), gates (L, T), n}
 
 FastAPI's /docs page is left on: it loads Swagger UI from a CDN, so it needs the network.
 
@@ -60,6 +61,7 @@ from attnlab.run import Run, load
 from attnlab.serve.page import page
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.viz.curves import read_metrics
+from attnlab.viz.experts import routing_json
 from attnlab.viz.html import views_json
 from attnlab.viz.views import views
 
@@ -221,7 +223,7 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
         if not s.run.task.tokenized:  # an image: its attention comes with its prediction
             raise AttnlabError(f"{req.run} is {s.run.task.noun} run: send the image to {s.run.task.endpoint}, "
                                "whose answer has [CLS]'s attention")  # fmt: skip
-        return views_json(views(s.run, req.text))
+        return views_json(views(s.run, req.text), routing_json(s.run, req.text))
 
     return app
 

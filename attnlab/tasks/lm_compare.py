@@ -8,6 +8,10 @@ fast recipe. Writes compare.json and the bar chart compare.png into `out`.
 
 A time budget, not a step count, is the fair contest: a part that makes each step slower has to
 buy more per step than it costs.
+
+compare_lm(out, blocks=True) compares blocks instead of recipes: the classic block (gpt-nano), the
+Llama block (llama-nano) and the mixture-of-experts block (moe-nano), all trained the classic way
+(AdamW, cosine), with their total and active parameters and tokens per second beside the losses.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ PARTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "wsd schedule": ({}, {"schedule": "cosine"}),
     "Muon": ({}, {"optimizer": "adamw"}),
 }
+# The blocks `--blocks` compares: name -> preset, each trained with CLASSIC_TRAINING.
+BLOCKS = {"classic block": "gpt-nano", "Llama block": "llama-nano", "MoE block": "moe-nano"}
 EVAL_TOKENS = 200_000  # per corpus: enough for differences of 0.01 nats, seconds to compute
 
 
@@ -56,6 +62,11 @@ def recipes(parts: list[str] | None = None) -> dict[str, tuple[dict[str, Any], d
     return out
 
 
+def block_recipes() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """name -> (model config fields, training fields) of each block BLOCKS names."""
+    return {f"{name} ({preset})": (asdict(PRESETS[preset]), CLASSIC_TRAINING) for name, preset in BLOCKS.items()}
+
+
 def held_out_corpus() -> Path | None:
     """The installed pip package's source: Python text none of the runs trained on (they read the
     standard library). None where pip is not installed."""
@@ -67,8 +78,9 @@ def held_out_corpus() -> Path | None:
 
 
 def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[str] | None = None,
-               force: bool = False, progress: bool = True) -> list[dict]:  # fmt: skip
-    """Train every recipe for `budget` on `data` into out/<recipe>; rows as the module says."""
+               force: bool = False, progress: bool = True, blocks: bool = False) -> list[dict]:  # fmt: skip
+    """Train every recipe (blocks: every block) for `budget` on `data` into out/<recipe>; rows as
+    the module says."""
     from attnlab.tasks import TASKS
     from attnlab.tasks.lm_eval import evaluate
 
@@ -78,10 +90,10 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
         raise AttnlabError(str(e)) from None
     other = held_out_corpus()
     rows = []
-    for name, (model, train) in recipes(parts).items():
+    for name, (model, train) in (block_recipes() if blocks else recipes(parts)).items():
         if progress:
             print(f"== {name}")
-        folder = out / name.replace("- ", "no-").replace(" ", "-").replace("^", "")
+        folder = out / name.split(" (")[0].replace("- ", "no-").replace(" ", "-").replace("^", "")
         cfg = TrainConfig(**{**train, "time_budget": budget, "max_steps": 10**9})  # the budget ends it
         req = TrainRequest(folder, "gpt", model, cfg, DataConfig(data), force=force, progress=progress)
         result = run(TASKS["lm"], req)
@@ -93,27 +105,36 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
             row["other_loss"] = evaluate(trained, str(other), split="all", max_tokens=EVAL_TOKENS,
                                          progress=False)["loss"]  # fmt: skip
         block = cfg.block_size or model["context"]
-        row.update(steps=result["step"], tokens=result["step"] * cfg.batch_size * block,
-                   train_seconds=result["train_seconds"], parameters=result["parameters"])  # fmt: skip
+        tokens = result["step"] * cfg.batch_size * block
+        row.update(steps=result["step"], tokens=tokens, train_seconds=result["train_seconds"],
+                   parameters=result["parameters"], active_parameters=trained.model.num_params(active=True),
+                   tokens_per_s=tokens / max(result["train_seconds"], 1e-9))  # fmt: skip
         rows.append(row)
-    fast = next((r for r in rows if r["recipe"] == FAST), None)
+    # The row the others are measured from: the full fast recipe, or (blocks) the classic block.
+    fast = rows[0] if blocks and rows else next((r for r in rows if r["recipe"] == FAST), None)
     for r in rows:
         r["vs_fast"] = None if fast is None else r["loss"] - fast["loss"]
     ck.write_json(out / "compare.json", {"task": "lm", "budget": budget, "data": data, "other": str(other),
-                                         "rows": rows})  # fmt: skip
+                                         "compared": "blocks" if blocks else "recipes", "rows": rows})  # fmt: skip
     from attnlab.viz.ablation import plot_recipes
 
     plot_recipes(rows, out / "compare.png", f"{data}, {budget} of training each: held-out loss (lower is better)")
     return rows
 
 
-def format_lm_table(rows: list[dict]) -> str:
-    """The table the README shows: one line per recipe."""
+def format_lm_table(rows: list[dict], blocks: bool = False) -> str:
+    """The table the README shows: one line per recipe (blocks: per block, with its parameters,
+    total and active, and tokens/s; the difference is then to the first, classic, block)."""
     other = "other_loss" in rows[0] if rows else False
-    head = f"{'recipe':<22} {'val loss':>9} {'vs fast':>8} " + (f"{'pip loss':>9} " if other else "")
+    width = 31 if blocks else 22
+    head = f"{'block' if blocks else 'recipe':<{width}} {'val loss':>9} {'vs first' if blocks else 'vs fast':>8} "
+    head += f"{'pip loss':>9} " if other else ""
+    head += f"{'params':>10} {'active':>10} {'tok/s':>7} " if blocks else ""
     lines = [head + f"{'steps':>7} {'tokens':>11} {'train time':>10}"]
     for r in rows:
         vs = "" if r["vs_fast"] is None else f"{r['vs_fast']:+.4f}"
-        cells = f"{r['recipe']:<22} {r['loss']:>9.4f} {vs:>8} " + (f"{r['other_loss']:>9.4f} " if other else "")
+        cells = f"{r['recipe']:<{width}} {r['loss']:>9.4f} {vs:>8} " + (f"{r['other_loss']:>9.4f} " if other else "")
+        if blocks:
+            cells += f"{r['parameters']:>10,} {r['active_parameters']:>10,} {r['tokens_per_s']:>7,.0f} "
         lines.append(cells + f"{r['steps']:>7,} {r['tokens']:>11,} {r['train_seconds']:>9.0f}s")
     return "\n".join(lines)

@@ -57,9 +57,11 @@ class AttentionView:
             raise ValueError(f"{self.name}: weights contain NaN or inf; check the attention mask")
 
 
-def views_json(views: list[AttentionView]) -> dict:
-    """The data the page embeds: {"views": [{name, queries, keys, weights (L, H, Tq, Tk) as nested lists}]}."""
+def views_json(views: list[AttentionView], experts: dict | None = None) -> dict:
+    """The data the page embeds: {"views": [{name, queries, keys, weights (L, H, Tq, Tk) as nested lists}]},
+    and for a mixture of experts "experts": {tokens, experts (L, T) first choices, gates (L, T), n}."""
     return {
+        **({"experts": experts} if experts else {}),
         "views": [
             {
                 "name": v.name,
@@ -68,7 +70,7 @@ def views_json(views: list[AttentionView]) -> dict:
                 "weights": np.round(v.weights, DECIMALS).tolist(),
             }
             for v in views
-        ]
+        ],
     }
 
 
@@ -78,20 +80,21 @@ def _script_json(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render_attention_html(views: list[AttentionView], title: str = "") -> str:
-    """The page's text: a head view and a model view of each view, chosen from a select."""
+def render_attention_html(views: list[AttentionView], title: str = "", experts: dict | None = None) -> str:
+    """The page's text: a head view and a model view of each view, chosen from a select (and the
+    expert view, given a mixture of experts' routing)."""
     if not views:
         raise ValueError("no attention to show: pass at least one AttentionView")
     # The data sits in a JSON tag that the page parses, never evaluates: token text cannot run as code.
     parts = {"TITLE": html.escape(title or "attention"), "STYLE": static_text("views.css"),
-             "VIEWS": static_text("views.html"), "DATA": _script_json(views_json(views)),
+             "VIEWS": static_text("views.html"), "DATA": _script_json(views_json(views, experts)),
              "SCRIPT": static_text("views.js")}  # fmt: skip
     return fill(static_text("attention.html"), parts)
 
 
-def write_attention_html(views: list[AttentionView], path: Path, title: str = "") -> None:
+def write_attention_html(views: list[AttentionView], path: Path, title: str = "", experts: dict | None = None) -> None:
     """Write the page to path (atomically: a reader never sees half a file)."""
-    text = render_attention_html(views, title)
+    text = render_attention_html(views, title, experts)
     atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
@@ -100,6 +103,8 @@ def write_attention_html(views: list[AttentionView], path: Path, title: str = ""
 #   .token.query / .token.key [data-index]  the token rows of the head view, each with a .weight-label
 #   #lines                                the svg; each line.line has data-query, data-key, data-head
 #   .thumb[data-layer][data-head]         the model view's canvases; .selected marks the head view's choice
+#   #experts .expert-token[data-layer][data-expert]   the expert view (hidden without experts): each token
+#                                         of each MoE layer on its first-choice expert's colour
 #   #enlarged[data-layer][data-head]      the enlarged heatmap (hidden until a thumb is clicked): .axis.query and
 #                                         .axis.key hold .label[data-index] spans, #enlarged-value the hovered cell
 

@@ -30,7 +30,9 @@ from attnlab.nn.position import (
 )
 from attnlab.viz.curves import plot_loss, read_metrics
 
-WHAT = ("loss", "lr", "positions", "embeddings")
+WHAT = ("loss", "lr", "positions", "embeddings", "experts", "expert-load")
+# What `--what experts` routes when no --text is given: a line of Python and a line of prose.
+EXPERTS_TEXT = "for name, value in sorted(items.items()):\n    print(f'{name} = {value!r}')  # show every setting\n"
 DIVERGING = "RdBu_r"  # blue below 0, white at 0, red above: the sign of a value reads at a glance
 
 # Where the position module lives: `pos` in the GPT, encoder and ViT; the encoder-decoder has one
@@ -39,9 +41,9 @@ POSITION_MODULES = (("pos", ""), ("src_pos", "encoder "))
 _WORD = re.compile(r"\w+")  # letters, digits, underscores: words and identifiers
 
 
-def plot_run(run, what: str, out: Path, max_tokens: int = 60) -> str:
+def plot_run(run, what: str, out: Path, max_tokens: int = 60, text: str | None = None) -> str:
     """Draw `what` (one of WHAT) for a loaded run (attnlab.load) into the PNG `out`; returns a
-    one-line description of what was drawn."""
+    one-line description of what was drawn. text: what `experts` routes (default EXPERTS_TEXT)."""
     if what not in WHAT:
         raise AttnlabError(f"unknown plot {what!r}: choose one of {', '.join(WHAT)}")
     out = Path(out)
@@ -52,6 +54,16 @@ def plot_run(run, what: str, out: Path, max_tokens: int = 60) -> str:
         steps, lrs = _learning_rates(metrics)
         plot_lr(metrics, out)
         return f"learning rate at {len(steps)} steps ({steps[0]}..{steps[-1]}, peak {max(lrs):.3g}, last {lrs[-1]:.3g})"
+    if what in ("experts", "expert-load"):
+        from attnlab.viz.experts import expert_routing, plot_expert_load, plot_routing
+
+        if what == "expert-load":
+            return plot_expert_load(metrics, out)
+        routing = expert_routing(run, text or EXPERTS_TEXT)
+        plot_routing(routing, out)
+        used = np.bincount(routing.experts[..., 0].ravel(), minlength=routing.n_experts)
+        return (f"first-choice experts of {len(routing.tokens)} tokens in {routing.experts.shape[0]} layers; "
+                f"tokens per expert, all layers: {used.tolist()}")  # fmt: skip
     if what == "positions":
         table, label = position_table(run.model)
         plot_positions(table, label, out)

@@ -99,10 +99,13 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
         return run.task.picture(run, text, out)
     found = views(run, text)
     if out.suffix.lower() == ".html":
+        from attnlab.viz.experts import routing_json
         from attnlab.viz.html import write_attention_html
 
-        write_attention_html(found, out, f"{run.path.name}: {text!r}")
-        return f"{out}: {', '.join(v.name for v in found)} (head view and model view)"
+        experts = routing_json(run, text)
+        write_attention_html(found, out, f"{run.path.name}: {text!r}", experts)
+        extra = ", expert view" if experts else ""
+        return f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
     chosen = pick(found, view)
     w, first, heads = select(chosen.weights, layer, head)
     from attnlab.viz.alignment import plot_alignment

@@ -40,6 +40,7 @@ DENSE = {"ff.gate.weight": "mlp.gate_proj.weight", "ff.up.weight": "mlp.up_proj.
          "ff.down.weight": "mlp.down_proj.weight"}  # fmt: skip
 EXPERT = {"gate.weight": "w1.weight", "up.weight": "w3.weight", "down.weight": "w2.weight"}  # Mixtral's names
 QKV = ("q_proj", "k_proj", "v_proj")
+STACKED = "+".join(QKV)  # the name of the three stacked, in messages about its shape
 
 
 def is_mixtral(cfg: GPTConfig) -> bool:
@@ -47,12 +48,12 @@ def is_mixtral(cfg: GPTConfig) -> bool:
 
 
 def pairs(cfg: GPTConfig) -> list[Pair]:
-    """Every tensor: (attnlab name, HuggingFace name, transposed: never here). qkv_proj reads a
-    tensor stacked by `stack_qkv` under the name model.layers.{i}.self_attn.qkv_proj.weight."""
+    """Every tensor: (attnlab name, HuggingFace name, transposed: never here). qkv_proj reads the
+    tensor `stack_qkv` builds, named model.layers.{i}.self_attn.q_proj+k_proj+v_proj.weight."""
     out = [("tok.weight", "model.embed_tokens.weight")]
     for i in range(cfg.n_layer):
         layer = f"model.layers.{i}."
-        block = {**BLOCK, "attn.qkv_proj.weight": "self_attn.qkv_proj.weight"}
+        block = {**BLOCK, "attn.qkv_proj.weight": f"self_attn.{STACKED}.weight"}
         if is_mixtral(cfg):
             block["ff.router.weight"] = "block_sparse_moe.gate.weight"
             for j in range(cfg.n_experts):
@@ -152,7 +153,7 @@ def stack_qkv(tensors: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch
         missing = [n for n in names if n not in out]
         if missing:
             raise AttnlabError(f"the checkpoint has no tensor {missing[0]}")
-        out[f"model.layers.{i}.self_attn.qkv_proj.weight"] = torch.cat([out.pop(n) for n in names])
+        out[f"model.layers.{i}.self_attn.{STACKED}.weight"] = torch.cat([out.pop(n) for n in names])
     return out
 
 
@@ -236,7 +237,7 @@ def weights_to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, t
         if ours not in state:
             raise AttnlabError(f"the run's weights have no tensor {ours}")
         if ours.endswith("attn.qkv_proj.weight"):
-            base = theirs.removesuffix("qkv_proj.weight")
+            base = theirs.removesuffix(f"{STACKED}.weight")
             for p, t in zip(QKV, state[ours].split([inner, kv, kv])):
                 out[f"{base}{p}.weight"] = t.contiguous()
         else:

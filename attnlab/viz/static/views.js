@@ -179,6 +179,34 @@ function enlarge(l, h) {
   box.hidden = false;
 }
 
+// ---- expert view ----
+const expertColour = (e, n, gate = 1) => `hsla(${Math.round((360 * e) / n)}, 70%, 55%, ${0.25 + 0.75 * gate})`;
+
+function buildExperts() {
+  const X = DATA.experts;
+  $("experts").hidden = !X;
+  if (!X) return;
+  fill($("expert-legend"), range(X.n).map((e) => {
+    const chip = element("span", "expert-chip", `expert ${e}`);
+    chip.style.background = expertColour(e, X.n);
+    return chip;
+  }));
+  fill($("expert-layers"), X.experts.map((layer, l) => {
+    const row = element("div", "expert-layer");
+    row.append(element("div", "caption", `layer ${l + 1}`));
+    const text = element("div", "expert-text");
+    fill(text, X.tokens.map((token, i) => {
+      const span = element("span", "expert-token", token);
+      Object.assign(span.dataset, { layer: l, expert: layer[i] });
+      span.style.background = expertColour(layer[i], X.n, X.gates[l][i]);
+      span.title = `expert ${layer[i]}, gate ${X.gates[l][i]}`;
+      return span;
+    }));
+    row.append(text);
+    return row;
+  }));
+}
+
 // ---- controls ----
 function redraw() {
   drawLines();
@@ -216,6 +244,7 @@ function showAttention(data) {
   DATA.views.forEach((v, k) => option($("view"), k, v.name));
   $("view-control").hidden = DATA.views.length < 2; // one view needs no choice
   showView(0);
+  buildExperts();
 }
 
 $("view").addEventListener("change", (e) => showView(Number(e.target.value)));
