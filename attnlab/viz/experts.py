@@ -20,7 +20,8 @@ from attnlab.engine.rundir import read_metrics
 from attnlab.errors import AttnlabError
 from attnlab.nn.moe import moe_layers
 
-WRAP = 48  # characters per line of drawn text
+WRAP = 64  # characters per line of drawn text
+CHAR = 0.095  # inches per character: a 9-point monospace glyph and a little room
 
 
 @dataclass
@@ -86,11 +87,12 @@ def plot_routing(r: Routing, out: Path) -> None:
     colours = plt.get_cmap("tab10" if r.n_experts <= 10 else "tab20")
     lines = _lines(r.tokens)
     n_layers = r.experts.shape[0]
-    fig, axes = plt.subplots(n_layers, 1, figsize=(0.16 * WRAP + 1.5, (0.3 * len(lines) + 0.5) * n_layers + 0.6),
+    width = CHAR * max(sum(len(t) for _, t in line) for line in lines) + 0.8
+    fig, axes = plt.subplots(n_layers, 1, figsize=(max(width, 4.5), (0.24 * len(lines) + 0.45) * n_layers + 0.5),
                              squeeze=False)  # fmt: skip
     for layer, ax in enumerate(axes[:, 0]):
         ax.set_axis_off()
-        ax.set_xlim(0, WRAP + 1)
+        ax.set_xlim(-0.5, (width - 0.8) / CHAR + 0.5)
         ax.set_ylim(len(lines), -0.8)
         ax.set_title(f"layer {layer + 1}: first-choice expert of each token", fontsize=9, loc="left")
         for row, line in enumerate(lines):

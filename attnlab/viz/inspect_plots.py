@@ -32,7 +32,7 @@ from attnlab.viz.curves import plot_loss, read_metrics
 
 WHAT = ("loss", "lr", "positions", "embeddings", "experts", "expert-load")
 # What `--what experts` routes when no --text is given: a line of Python and a line of prose.
-EXPERTS_TEXT = "for name, value in sorted(items.items()):\n    print(f'{name} = {value!r}')  # show every setting\n"
+EXPERTS_TEXT = "for key in sorted(items):\n    print(key, items[key] + 1)  # 42\n"
 DIVERGING = "RdBu_r"  # blue below 0, white at 0, red above: the sign of a value reads at a glance
 
 # Where the position module lives: `pos` in the GPT, encoder and ViT; the encoder-decoder has one
