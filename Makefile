@@ -10,13 +10,15 @@ TORCH  ?= torch==2.13.0
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# One pip call for torch and attnlab (one resolver run, not two); no check for a newer pip.
+PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e .
+	$(PIP) "$(TORCH)" -e .
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(PIP) -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
