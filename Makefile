@@ -10,8 +10,9 @@ TORCH  ?= torch==2.13.0
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# One pip call for torch and attnlab (one resolver run, not two); no check for a newer pip.
-PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check
+# One pip call for torch and attnlab (one resolver run, not two); no check for a newer pip; no
+# byte-compiling of every installed file (torch has thousands): Python compiles what it imports.
+PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check --no-compile
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) "$(TORCH)" -e .
