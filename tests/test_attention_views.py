@@ -36,7 +36,8 @@ def test_gpt_view_equals_the_math_path_of_attend_and_rows_sum_to_one(gpt_run):
     model = run.model
     x = model.pos(model.tok(ids))  # (1, T, C): the first block's input
     block = model.blocks[0]
-    q, k, v = block.attn._heads(block.attn.qkv_proj(block.norm_attn(x)), 3)  # (1, H, T, Dh) each
+    h = block.attn.n_heads
+    q, k, v = block.attn._heads(block.attn.qkv_proj(block.norm_attn(x)), h, h, h)  # (1, H, T, Dh) each
     _, by_hand = attend(q, k, v, causal=True, return_weights=True)
     assert view.weights.shape == (2, 2, 9, 9) and view.queries == list("def·add(a")
     torch.testing.assert_close(torch.from_numpy(view.weights[0]).float(), by_hand[0], atol=1e-6, rtol=1e-6)

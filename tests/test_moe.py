@@ -136,6 +136,16 @@ def test_expert_pictures_of_a_trained_run(tmp_path, corpus):
     assert main(["plot", str(out), "--what", "experts", "--text", text, "--out", str(tmp_path / "e.png")]) == 0
     assert main(["plot", str(out), "--what", "expert-load", "--out", str(tmp_path / "l.png")]) == 0
     assert (tmp_path / "e.png").stat().st_size > 5000 and (tmp_path / "l.png").stat().st_size > 5000
+    # the exported page and the explorer's /api/attention carry the expert view's data
+    assert main(["attention", str(out), text, "--out", str(tmp_path / "a.html")]) == 0
+    assert '"experts":{"tokens":' in (tmp_path / "a.html").read_text()
+    from fastapi.testclient import TestClient
+
+    from attnlab.serve.app import create_app
+
+    answer = TestClient(create_app([out])).post("/api/attention", json={"run": "moe", "text": text}).json()
+    assert answer["experts"]["n"] == 3 and len(answer["experts"]["experts"]) == 2
+    assert answer["experts"]["experts"][1] == routing.experts[1, :, 0].tolist()
     with pytest.raises(attnlab.AttnlabError, match="no mixture-of-experts layers"):
         attnlab.train(tmp_path / "dense", tiny_model(), tiny_train(max_steps=1), tiny_data(corpus), progress=False)
         expert_routing(attnlab.load(tmp_path / "dense", device="cpu"), text)
