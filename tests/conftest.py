@@ -61,6 +61,16 @@ def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     return model.eval()
 
 
+@torch.no_grad()
+def decode_stepwise(model: torch.nn.Module, ids: torch.Tensor, prompt: int) -> tuple[torch.Tensor, list]:
+    """The logits of `ids` (B, T) computed as decoding does: the first `prompt` tokens in one call,
+    then one token at a time through the key/value caches; returns them (B, T, V) and the caches."""
+    caches = model.new_caches()
+    steps = [model(ids[:, :prompt], caches=caches)]
+    steps += [model(ids[:, t : t + 1], caches=caches, offset=t) for t in range(prompt, ids.shape[1])]
+    return torch.cat(steps, dim=1), caches
+
+
 def random_hf_model(config_name: str, kind: str, seed: int = 0, **config) -> torch.nn.Module:
     """A HuggingFace `kind` model built locally from transformers.`config_name`(**config), perturbed,
     on the eager attention path (the one that returns attention probabilities)."""

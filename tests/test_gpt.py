@@ -11,7 +11,7 @@ from attnlab.decoding.sampling import filter_logits, stream
 from attnlab.engine.rundir import load_weights, save_weights
 from attnlab.models.gpt import GPT, PAPER_PARAMS, PRESETS, GPTConfig
 from attnlab.models.size import count_params, estimate
-from tests.conftest import tiny_model
+from tests.conftest import decode_stepwise, tiny_model
 
 
 def test_forward_shapes_and_loss():
@@ -106,10 +106,7 @@ def test_cache_logits_match_full_forward():
     model = GPT(tiny_model(vocab_size=25)).eval()
     idx = torch.randint(0, 25, (1, 12))
     full = model(idx)
-    caches = model.new_caches()
-    first = model(idx[:, :7], caches=caches, offset=0)
-    rest = [model(idx[:, t : t + 1], caches=caches, offset=t) for t in range(7, 12)]
-    stepwise = torch.cat([first] + rest, dim=1)
+    stepwise, _ = decode_stepwise(model, idx, 7)
     assert torch.allclose(full, stepwise, atol=1e-5)
 
 

@@ -17,7 +17,7 @@ from attnlab.models.size import estimate
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.nn import POSITIONS, GatedFeedForward, KVCache, MultiHeadAttention, default_width
 from attnlab.nn.position import ALiBiPositions, alibi_slopes
-from tests.conftest import perturb
+from tests.conftest import decode_stepwise, perturb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,10 +51,7 @@ def test_alibi_gpt_decodes_with_the_cache_as_without():
     ids = torch.randint(0, 23, (2, 9))
     with torch.no_grad():
         full = model(ids)
-        caches = model.new_caches()
-        steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, t : t + 1], caches=caches, offset=t)
-                                                      for t in range(4, 9)]  # fmt: skip
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decode_stepwise(model, ids, 4)[0], full, atol=1e-5, rtol=1e-5)
 
 
 def test_alibi_model_sees_distances_not_absolute_positions():
@@ -106,10 +103,8 @@ def test_the_cache_holds_only_the_key_value_heads(kv_heads, ff, positions):
     ids = torch.randint(0, 23, (2, 10))
     with torch.no_grad():
         full = model(ids)
-        caches = model.new_caches()
-        steps = [model(ids[:, :3], caches=caches)] + [model(ids[:, t : t + 1], caches=caches, offset=t)
-                                                      for t in range(3, 10)]  # fmt: skip
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    stepwise, caches = decode_stepwise(model, ids, 3)
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
     assert all(isinstance(c, KVCache) and c.k.shape[1] == kv_heads and c.v.shape[1] == kv_heads for c in caches)
 
 

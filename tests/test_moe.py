@@ -16,7 +16,7 @@ import attnlab
 from attnlab.cli.main import main
 from attnlab.models.gpt import GPT
 from attnlab.nn import MixtureOfExperts, aux_loss
-from tests.conftest import perturb, tiny_data, tiny_model, tiny_train
+from tests.conftest import decode_stepwise, perturb, tiny_data, tiny_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,10 +95,7 @@ def test_moe_gpt_decodes_with_the_cache_as_without_and_counts_active_parameters(
     ids = torch.randint(0, 23, (2, 9))
     with torch.no_grad():
         full = model(ids)
-        caches = model.new_caches()
-        steps = [model(ids[:, :4], caches=caches)] + [model(ids[:, t : t + 1], caches=caches, offset=t)
-                                                      for t in range(4, 9)]  # fmt: skip
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decode_stepwise(model, ids, 4)[0], full, atol=1e-5, rtol=1e-5)
     expert = sum(p.numel() for p in model.blocks[0].ff.experts[0].parameters())
     assert model.num_params() - model.num_params(active=True) == 2 * (4 - 2) * expert
 

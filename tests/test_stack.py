@@ -25,6 +25,7 @@ from attnlab.nn import (
     build_positions,
     set_grad_checkpoint,
 )
+from tests.conftest import decode_stepwise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,10 +191,8 @@ def test_a_score_bias_decodes_the_same_with_and_without_a_cache(monkeypatch):
     ids = torch.randint(0, 11, (2, 7))
     with torch.no_grad():
         full = model(ids)  # (B, T, V)
-        caches = model.new_caches()
-        steps = [model(ids[:, :3], caches=caches)]  # a prompt of 3, then one token at a time
-        steps += [model(ids[:, t : t + 1], caches=caches, offset=t) for t in range(3, 7)]
-        torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+        stepwise, _ = decode_stepwise(model, ids, 3)  # a prompt of 3, then one token at a time
+        torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
         # without a cache the keys are the queries' own: only distances count, not the offset
         torch.testing.assert_close(model(ids[:, 3:], offset=3), model(ids[:, 3:]), atol=1e-6, rtol=0)
 

@@ -313,16 +313,12 @@ class TrainState:
     elapsed: float = 0.0  # seconds of training so far (what a time budget counts)
 
 
-def save_train_state(path: Path, state: TrainState, rng: np.random.Generator) -> None:
-    """One safetensors file (tensors + JSON metadata), so that a crash mid-save leaves the
-    previous state whole, never half of two."""
-    write_safetensors(path, *train_state_file(state, rng))
-
-
 def train_state_file(
     state: TrainState, rng: np.random.Generator, copy: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and metadata of train_state.safetensors, with every RNG state as it is now.
+    """The tensors and metadata of train_state.safetensors, with every RNG state as it is now: one
+    file (tensors + JSON metadata), so that a crash mid-save leaves the previous state whole, never
+    half of two.
     copy: copy tensors that are already on the CPU too (they may be the training's own, which its
     next steps change in place while a thread writes the file)."""
     tensors = {f"model.{k}": snapshot(v, copy) for k, v in state.weights.items()}
@@ -407,7 +403,7 @@ class BackgroundWriter:
 
 
 def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:
-    """Read `save_train_state`'s file and restore every RNG from it."""
+    """Read `train_state_file`'s file (written by `write_checkpoint`) and restore every RNG from it."""
     tensors, meta = read_safetensors(path)
     try:
         meta_state = json.loads(meta["state"])

@@ -35,12 +35,12 @@ from attnlab.tasks import Task, task_of
 # Families that export, and the module that maps them.
 EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2, "encoder": bert}
 # A GPT with the Llama block's parts goes out as a Llama (or a Mixtral, with experts), else as GPT-2.
-LLAMA_PARTS = {"norm_kind": "rmsnorm", "positions": "rope", "feedforward": ("swiglu", "geglu", "moe")}
+LLAMA_PARTS = {"norm_kind": ("rmsnorm",), "positions": ("rope",), "feedforward": ("swiglu", "geglu", "moe")}
 
 
 def exporter(family: str, cfg) -> ModuleType:
     """The module that maps this run's config to HuggingFace."""
-    llama_like = any(getattr(cfg, k) in (v if isinstance(v, tuple) else (v,)) for k, v in LLAMA_PARTS.items())
+    llama_like = any(getattr(cfg, k) in values for k, values in LLAMA_PARTS.items())
     if family == "gpt" and llama_like:
         return llama
     return EXPORTERS[family]

@@ -37,6 +37,11 @@ class GPTConfig(TransformerConfig, Presets):
             raise ValueError(f"bigram_vocab must be 0 (off) or more, got {self.bigram_vocab}")
 
 
+def _nano(**kw) -> GPTConfig:
+    """gpt-nano's shape (4 layers x 128, 4 heads, context 64, a byte vocabulary) with `kw` on top."""
+    return GPTConfig(n_layer=4, n_head=4, d_model=128, context=64, vocab_size=256, **kw)
+
+
 def _gpt2(n_layer: int, d_model: int, n_head: int) -> GPTConfig:
     return GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, context=1024, activation="gelu_tanh")
 
@@ -60,15 +65,10 @@ def _llama(n_layer: int, d_model: int, n_head: int, d_ff: int, context: int, **k
 # parameters) for a 2,048-wide model of 1.3B; we keep 2,048 = 16 x 128, which gives 1.3B.
 PRESETS: dict[str, GPTConfig] = {
     # The CPU demo: 0.83M parameters with a character vocabulary; trains on a laptop in minutes.
-    "gpt-nano": GPTConfig(n_layer=4, n_head=4, d_model=128, context=64, vocab_size=256),
+    "gpt-nano": _nano(),
     # gpt-nano's shape with the modern recipe (README, "The fast recipe"): what each part buys is
     # measured by `attnlab compare --task lm`.
-    "gpt-nano-fast": GPTConfig(
-        n_layer=4,
-        n_head=4,
-        d_model=128,
-        context=64,
-        vocab_size=256,
+    "gpt-nano-fast": _nano(
         positions="rope",
         qk_norm=True,
         activation="relu2",
@@ -81,17 +81,7 @@ PRESETS: dict[str, GPTConfig] = {
     # gpt-nano's shape as a Llama (2 key/value heads for 4 query heads) and as a mixture of 4
     # experts, 2 per token, each half of gpt-nano's feed-forward: the same compute per token.
     "llama-nano": _llama(4, 128, 4, None, 64, vocab_size=256, n_kv_head=2),
-    "moe-nano": GPTConfig(
-        n_layer=4,
-        n_head=4,
-        d_model=128,
-        context=64,
-        vocab_size=256,
-        feedforward="moe",
-        n_experts=4,
-        experts_per_token=2,
-        d_ff=256,
-    ),  # fmt: skip
+    "moe-nano": _nano(feedforward="moe", n_experts=4, experts_per_token=2, d_ff=256),
     "gpt-micro": GPTConfig(n_layer=6, n_head=6, d_model=384, context=256, vocab_size=256),
     "gpt2-small": _gpt2(12, 768, 12),
     "gpt2-medium": _gpt2(24, 1024, 16),

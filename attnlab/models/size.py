@@ -21,13 +21,21 @@ GB = 1024**3
 def count_params(cfg: GPTConfig, active: bool = False) -> tuple[int, int]:
     """(all parameters, non-embedding parameters) of a GPT, built on the meta device; active:
     counting only those one token uses (a mixture of experts runs k of its E experts)."""
+    return _counts(_meta_gpt(cfg), active)
+
+
+def _meta_gpt(cfg: GPTConfig) -> GPT:
     with torch.device("meta"):
-        model = GPT(cfg)
+        return GPT(cfg)
+
+
+def _counts(model: GPT, active: bool) -> tuple[int, int]:
     return model.num_params(active=active), model.num_params(non_embedding=True, active=active)
 
 
 def estimate(cfg: GPTConfig, preset: str | None = None) -> dict:
-    (params, non_emb), (active, active_non_emb) = count_params(cfg), count_params(cfg, active=True)
+    model = _meta_gpt(cfg)  # built once, counted both ways
+    (params, non_emb), (active, active_non_emb) = _counts(model, False), _counts(model, True)
     d_attn = cfg.n_head * cfg.head_width
     d_kv = (cfg.n_kv_head or cfg.n_head) * cfg.head_width  # grouped-query attention caches fewer heads
     # The matrices a token uses (an untied LM head among them; a tied one added), plus attention.

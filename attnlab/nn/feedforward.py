@@ -32,14 +32,18 @@ if TYPE_CHECKING:
     from attnlab.nn.block import BlockConfig
 
 
+def checked(activation: str) -> str:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+    return activation
+
+
 class FeedForward(nn.Module):
     """Applied to every position separately and identically (the same W1, W2 for all T)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
-        self.activation = activation
+        self.activation = checked(activation)
         self.up = nn.Linear(d_model, d_ff, bias=bias)  # W1: (C -> F)
         self.down = nn.Linear(d_ff, d_model, bias=bias)  # W2: (F -> C)
         self.down.init_role = "residual_out"  # writes into the residual stream: scaled at init
@@ -54,9 +58,7 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
-        self.activation = activation
+        self.activation = checked(activation)
         self.gate = nn.Linear(d_model, d_ff, bias=bias)  # W_gate: (C -> F)
         self.up = nn.Linear(d_model, d_ff, bias=bias)  # W1: (C -> F)
         self.down = nn.Linear(d_ff, d_model, bias=bias)  # W2: (F -> C)
@@ -94,10 +96,12 @@ def _moe(cfg: BlockConfig) -> nn.Module:
 
 # Feed-forwards by config name, each built from the BlockConfig: a new one is a function (or a
 # class's constructor) taking it, and one line here.
+def _dense(kind: str) -> Callable[[BlockConfig], nn.Module]:
+    return lambda c: dense_feedforward(kind, c.d_model, c.d_ff, c.activation, c.bias)
+
+
 FEEDFORWARDS: dict[str, Callable[[BlockConfig], nn.Module]] = {
-    "mlp": lambda c: FeedForward(c.d_model, c.d_ff, c.activation, c.bias),
-    "swiglu": lambda c: GatedFeedForward(c.d_model, c.d_ff, "silu", c.bias),
-    "geglu": lambda c: GatedFeedForward(c.d_model, c.d_ff, "gelu_tanh", c.bias),
+    **{kind: _dense(kind) for kind in ("mlp", *GATES)},  # mlp, swiglu, geglu
     "moe": _moe,  # experts of the dense kind c.expert_ff
 }
 

@@ -81,11 +81,10 @@ class MixtureOfExperts(nn.Module):
         gates, experts = probs.topk(self.k, dim=-1)  # (N, k) each, best first
         gates = gates / gates.sum(-1, keepdim=True)
         kept = self._within_capacity(experts)
-        n = x.shape[0]
-        assigned = F.one_hot(experts, self.n_experts).sum(1).float()  # (N, E): 1 where e was chosen
-        share = assigned.sum(0) / (n * self.k)  # (E,) f_e, summing to 1
+        chosen = F.one_hot(experts, self.n_experts)  # (N, k, E): 1 at each assignment's expert
+        share = chosen.sum((0, 1)).float() / (x.shape[0] * self.k)  # (E,) f_e, summing to 1
         self.aux = self.n_experts * (share * probs.mean(0)).sum()
-        kept_per_expert = (F.one_hot(experts, self.n_experts) * kept[..., None]).sum((0, 1)).float()  # (E,)
+        kept_per_expert = (chosen * kept[..., None]).sum((0, 1)).float()  # (E,)
         self.load = (kept_per_expert / kept_per_expert.sum().clamp(min=1)).detach()
         self.dropped = (1 - kept.float().mean()).detach()
         return gates, experts, kept

@@ -128,7 +128,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
 def _fused_to_hub(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers 5's fused Mixtral names (mlp.gate, mlp.experts.gate_up_proj / down_proj) -> the
     Hub's per-expert ones; other tensors pass unchanged."""
-    out = {}
+    out, fused = {}, any(k.endswith(".mlp.experts.down_proj") for k in tensors)
     for name, t in tensors.items():
         if name.endswith(".mlp.experts.gate_up_proj"):
             base = name.removesuffix("mlp.experts.gate_up_proj") + "block_sparse_moe.experts."
@@ -138,7 +138,7 @@ def _fused_to_hub(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif name.endswith(".mlp.experts.down_proj"):
             base = name.removesuffix("mlp.experts.down_proj") + "block_sparse_moe.experts."
             out |= {f"{base}{j}.w2.weight": down for j, down in enumerate(t)}  # (C, F) each
-        elif name.endswith(".mlp.gate.weight") and any(k.endswith(".mlp.experts.down_proj") for k in tensors):
+        elif fused and name.endswith(".mlp.gate.weight"):
             out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
         else:
             out[name] = t
