@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import traceback
 
 import pytest
 import torch
@@ -22,12 +23,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str, corpus: str, accum: int, parallel: str,
-            steps: int = STEPS, resume: bool = False) -> None:  # fmt: skip
+@pytest.fixture(scope="module")
+def pair():
+    """Two worker processes, ranks 0 and 1, kept for the whole module, and a function that runs a
+    job in both as torchrun would: starting a process and importing torch takes seconds, while the
+    engine makes its process group at the start of each run and ends it at the end. A process keeps
+    its rank from job to job, as under torchrun (FSDP's device mesh outlives the group in torch)."""
+    ctx = mp.get_context("spawn")
+    jobs, results = [ctx.Queue() for _ in range(2)], ctx.Queue()
+    workers = [ctx.Process(target=_serve, args=(rank, jobs[rank], results), daemon=True) for rank in (0, 1)]
+    for w in workers:
+        w.start()
+
+    def both(job, *args) -> None:
+        port = free_port()
+        for q in jobs:
+            q.put((port, job, args))
+        failures = [error for _, error in (results.get(timeout=300) for _ in jobs) if error]
+        assert not failures, failures[0]
+
+    yield both
+    for q in jobs:
+        q.put(None)
+    for w in workers:
+        w.join(timeout=30)
+
+
+def _serve(rank: int, jobs, results) -> None:
     # What torchrun sets for each process.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))  # fmt: skip
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
+    while (request := jobs.get()) is not None:
+        port, job, args = request
+        os.environ["MASTER_PORT"] = str(port)
+        try:
+            job(*args)
+            results.put((rank, None))
+        except BaseException:
+            results.put((rank, traceback.format_exc()))
+
+
+def _worker(out: str, corpus: str, accum: int, parallel: str, steps: int = STEPS, resume: bool = False) -> None:
     cfg = tiny_train(max_steps=steps, batch_size=8, grad_accum=accum, parallel=parallel, eval_interval=STEPS // 2)
     if resume:
         attnlab.train(out, None, cfg, None, resume=True, progress=False)
@@ -41,13 +77,13 @@ def losses(run) -> list[float]:
 
 
 @pytest.mark.parametrize("parallel, accum", [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path, corpus, parallel, accum):
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, corpus, pair, parallel, accum):
     """Losses over 20 steps within 1e-5 of one process, replicated (DDP) or sharded (FSDP);
     the checkpoint (whole weights, even from shards) loads in one process."""
     single, double = tmp_path / "single", tmp_path / "double"
     cfg = tiny_train(max_steps=STEPS, batch_size=8, grad_accum=accum, eval_interval=STEPS // 2)
     attnlab.train(single, tiny_model(), cfg, tiny_data(corpus), progress=False)
-    mp.spawn(_worker, args=(2, free_port(), str(double), str(corpus), accum, parallel), nprocs=2, join=True)
+    pair(_worker, str(double), str(corpus), accum, parallel)
     a, b = losses(single), losses(double)
     assert len(a) == len(b) == STEPS
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
@@ -66,7 +102,7 @@ def test_batch_must_split_over_processes(tmp_path, corpus, monkeypatch):
         attnlab.train(tmp_path / "r", tiny_model(), tiny_train(batch_size=8), tiny_data(corpus), progress=False)
 
 
-def test_sharded_run_resumes_sharded_and_in_one_process(tmp_path, corpus):
+def test_sharded_run_resumes_sharded_and_in_one_process(tmp_path, corpus, pair):
     """A run trained for 10 steps and resumed to 20 has the same losses whether it is sharded
     over two processes throughout, sharded then resumed in one process, or one process."""
     half = STEPS // 2
@@ -74,9 +110,8 @@ def test_sharded_run_resumes_sharded_and_in_one_process(tmp_path, corpus):
     cfg = {"batch_size": 8, "eval_interval": half}
     attnlab.train(runs["single"], tiny_model(), tiny_train(max_steps=half, **cfg), tiny_data(corpus), progress=False)
     for name in ("sharded", "mixed"):
-        mp.spawn(_worker, args=(2, free_port(), str(runs[name]), str(corpus), 1, "fsdp", half), nprocs=2, join=True)
-    mp.spawn(_worker, args=(2, free_port(), str(runs["sharded"]), str(corpus), 1, "fsdp", STEPS, True), nprocs=2,
-             join=True)  # fmt: skip
+        pair(_worker, str(runs[name]), str(corpus), 1, "fsdp", half)
+    pair(_worker, str(runs["sharded"]), str(corpus), 1, "fsdp", STEPS, True)
     for name in ("single", "mixed"):
         attnlab.train(runs[name], None, tiny_train(max_steps=STEPS, **cfg), None, resume=True, progress=False)
     a, b, c = (losses(runs[n]) for n in ("single", "sharded", "mixed"))
@@ -85,10 +120,7 @@ def test_sharded_run_resumes_sharded_and_in_one_process(tmp_path, corpus):
     assert max(abs(x - y) for x, y in zip(a, c)) < 1e-5
 
 
-def _task_worker(rank: int, world: int, port: int, out: str, task: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))  # fmt: skip
-    torch.set_num_threads(1)
+def _task_worker(out: str, task: str) -> None:
     run_task(*_task_request(out, task))
 
 
@@ -114,12 +146,12 @@ def run_task(task, req):
 
 
 @pytest.mark.parametrize("task", ["classify", "translate"])
-def test_every_task_trains_under_torchrun(tmp_path, task):
+def test_every_task_trains_under_torchrun(tmp_path, pair, task):
     """The engine runs any task's skeleton in several processes: rank 0 sets the run up, every
     process reads it, and two processes give one process's losses at the same global batch."""
     single, double = tmp_path / "single", tmp_path / "double"
     run_task(*_task_request(single, task))
-    mp.spawn(_task_worker, args=(2, free_port(), str(double), task), nprocs=2, join=True)
+    pair(_task_worker, str(double), task)
     a, b = losses(single), losses(double)
     assert len(a) == len(b) == 6
     # A translation's loss is a mean over target tokens, whose count differs between the two halves of

@@ -25,6 +25,10 @@ from attnlab.models.size import ClusterConfig
 from attnlab.tasks import TASKS, Task
 from attnlab.tasks.lm_eval import SPLITS
 
+# The text models from the simplest up, as the lectures climb: counts, averaged embeddings, the
+# parameter-free self-attention, one learned head, then convolutions, recurrence and the encoder.
+LADDER_MODELS = "bow,pooled,self-attention,qkv-attention,conv1d,rnn,encoder"
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2), not a usage dump."""
@@ -121,9 +125,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
 
     default = {"digits": "vit,mlp"}.get(args.task) or (
-        "transformer,rnn-attention,rnn" if args.task in GENERATED else "encoder,bow,pooled,conv1d,rnn"
+        "transformer,rnn-attention,rnn" if args.task in GENERATED else LADDER_MODELS
     )
-    rows = compare(args.task, (args.models or default).split(","), Path(args.out), force=args.force)
+    if args.word_vectors and args.task not in ("sentiment", "tagging"):
+        raise AttnlabError("--word-vectors: only the text tasks (sentiment, tagging) read word vectors")
+    rows = compare(args.task, (args.models or default).split(","), Path(args.out), force=args.force,
+                   word_vectors=args.word_vectors, freeze_vectors=args.freeze_vectors)  # fmt: skip
     print(format_table(rows))
     print(f"chart: {Path(args.out) / 'compare.png'}")
     return 0
@@ -183,6 +190,9 @@ def add_train_commands(sub) -> None:
         p.add_argument("--init", default=None, metavar="RUN", help=task.init_help)
         task.add_flags(p)
         p.set_defaults(func=cmd_train, task_obj=task)
+    from attnlab.cli import vectors as cli_vectors
+
+    cli_vectors.add_train_command(tasks)
 
 
 def add_run_commands(sub) -> None:
@@ -215,7 +225,12 @@ def add_run_commands(sub) -> None:
     cmp.add_argument("--blocks", action="store_true", help="lm: compare blocks instead of recipes: the "
                      "classic (gpt-nano), Llama (llama-nano) and mixture-of-experts (moe-nano) blocks, trained "
                      "alike")  # fmt: skip
-    cmp.add_argument("--models", default=None, help="comma-separated models (default: encoder,bow,pooled,conv1d,rnn; "
+    cmp.add_argument("--word-vectors", default=None, metavar="RUN_OR_FILE", help="sentiment, tagging: also train "
+                     "each model with a word embedding from these vectors (an attnlab train vectors run, or a "
+                     "word2vec/GloVe file), as the row MODEL+vectors")  # fmt: skip
+    cmp.add_argument("--freeze-vectors", action=argparse.BooleanOptionalAction, default=True,
+                     help="keep the pretrained vectors fixed while training (default: frozen)")  # fmt: skip
+    cmp.add_argument("--models", default=None, help=f"comma-separated models (default: {LADDER_MODELS}; "
                      "translation: transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
     cmp.add_argument("--out", default="runs/compare", help="folder for the runs, table and chart")
     cmp.add_argument("--force", action="store_true", help="replace earlier runs in --out")
@@ -248,9 +263,11 @@ def build_parser() -> Parser:
     add_run_commands(sub)
     from attnlab.cli import convert as cli_convert
     from attnlab.cli import inspect as cli_inspect
+    from attnlab.cli import vectors as cli_vectors
 
     cli_inspect.add_commands(sub)
     cli_convert.add_commands(sub)
+    cli_vectors.add_commands(sub)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")

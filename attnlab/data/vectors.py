@@ -63,7 +63,8 @@ def _vector(line: str, dim: int | None) -> tuple[str, list[float]] | None:
 def load_word_vectors(
     embedding: nn.Embedding, path: str | Path, itos: list[str], freeze: bool = False
 ) -> tuple[int, list[str]]:
-    """Copy the vectors of a GloVe or word2vec text file into the rows of `embedding`.
+    """Copy the vectors of a GloVe or word2vec text file (or of an `attnlab train vectors` run, or
+    its safetensors file) into the rows of `embedding`.
 
     Row i receives the vector of vocabulary word itos[i]: the file's entry for the word itself
     if it has one, else for its lowercase form, else for any casing of it. Rows of words the
@@ -72,7 +73,7 @@ def load_word_vectors(
     vocabulary words that were not found, in vocabulary order.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise AttnlabError(f"word vectors file not found: {path}")
     V, E = embedding.weight.shape
     if len(itos) > V:
@@ -87,29 +88,11 @@ def load_word_vectors(
     firsts = {key.split(" ")[0] for key in wanted}
     best = [NONE] * len(itos)  # quality of the match found so far, per row
     found: dict[int, list[float]] = {}
-
-    dim, parsed = None, False
-    for n, line in enumerate(_lines(path)):
-        if n == 0 and (announced := _header(line)) is not None:
-            dim = _check_dim(announced, E, path)  # word2vec's `count dim`
-            continue
-        first, _, _ = line.partition(" ")
-        if parsed and first.lower() not in firsts:
-            continue  # not a vocabulary word: its numbers are never parsed
-        entry = _vector(line, dim)
-        if entry is None:
-            continue
-        if not parsed:
-            # The first vector decides the dimension when no header announced it.
-            dim, parsed = _check_dim(len(entry[1]), E, path), True
-        # Split from the right, the word may differ from the first field (it may hold spaces).
-        for i in wanted.get(entry[0].lower(), ()):
-            quality = EXACT if entry[0] == itos[i] else LOWER if entry[0] == itos[i].lower() else ANY_CASE
+    for word, values in vector_entries(path, E, firsts):
+        for i in wanted.get(word.lower(), ()):
+            quality = EXACT if word == itos[i] else LOWER if word == itos[i].lower() else ANY_CASE
             if quality < best[i]:
-                best[i], found[i] = quality, entry[1]
-
-    if not parsed:
-        raise AttnlabError(f"{path}: no word vectors found (expected lines 'word v1 v2 ... v{E}')")
+                best[i], found[i] = quality, values
     if found:
         rows = torch.tensor(sorted(found))
         values = torch.tensor([found[i] for i in rows.tolist()], dtype=embedding.weight.dtype)  # (found, E)
@@ -127,3 +110,36 @@ def _check_dim(dim: int, expected: int, path: Path) -> int:
             f"{path}: vectors of dimension {dim} do not fit an embedding of width {expected}: make it {dim}"
         )
     return dim
+
+
+def vector_entries(path: Path, dim: int | None = None, firsts: set[str] | None = None) -> Iterator[tuple[str, list]]:
+    """(word, values) for each vector of a text file, of a safetensors file written by attnlab, or
+    of an `attnlab train vectors` run; with dim, a file of another dimension is refused. With
+    firsts, only text lines whose first field (lowercased) is one of them are parsed."""
+    path = Path(path)
+    if path.is_dir() or path.suffix == ".safetensors":
+        from attnlab.wordvec.keyed import WordVectors
+        from attnlab.wordvec.train import vectors_file
+
+        wv = WordVectors.load(vectors_file(path) if path.is_dir() else path)
+        if dim is not None:
+            _check_dim(wv.vectors.shape[1], dim, path)
+        yield from zip(wv.words, wv.vectors.tolist())
+        return
+    parsed = False
+    for n, line in enumerate(_lines(path)):
+        if n == 0 and (announced := _header(line)) is not None:
+            dim = announced if dim is None else _check_dim(announced, dim, path)  # word2vec's `count dim`
+            continue
+        if parsed and firsts is not None and line.partition(" ")[0].lower() not in firsts:
+            continue  # not a wanted word: its numbers are never parsed
+        entry = _vector(line, dim)
+        if entry is None:
+            continue
+        if not parsed:
+            # The first vector decides the dimension when no header announced it.
+            dim = len(entry[1]) if dim is None else _check_dim(len(entry[1]), dim, path)
+            parsed = True
+        yield entry
+    if not parsed:
+        raise AttnlabError(f"{path}: no word vectors found (expected lines 'word v1 v2 ... v{dim or 'D'}')")

@@ -31,13 +31,6 @@ from typing import TextIO
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
@@ -139,7 +132,7 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
     all shards (the full tensor), not over this process's part.
     """
     norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    if isinstance(norm, DTensor):
+    if hasattr(norm, "full_tensor"):  # a DTensor: this process's shard of the norm
         norm = norm.full_tensor()
     if max_norm > 0:
         nn.utils.clip_grads_with_norm_(params, max_norm, norm)
@@ -208,6 +201,8 @@ def start(
     if state is not None:
         ck.load_state(model, state.weights, run / ck.STATE)  # whole weights, before any sharding
     if cfg.parallel == "fsdp":  # each process keeps 1/world of every block's parameters
+        from torch.distributed.fsdp import fully_shard
+
         for block in getattr(model, "blocks", []):
             fully_shard(block)
         fully_shard(model)
@@ -216,6 +211,8 @@ def start(
                 command=command, dtype_note=note)  # fmt: skip
     if state is not None:
         if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
             options = StateDictOptions(full_state_dict=True)
             set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
@@ -241,6 +238,9 @@ def save_checkpoint(s: Session, background: bool = False) -> None:
     the loop waits for it before it returns or raises, so the run it leaves is whole."""
     weights = ck.model_weights(s.raw)
     if s.optimizer.state:
+        # Imported here, not at the top: torch.distributed.checkpoint takes a second that every command would pay.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optimizer = get_optimizer_state_dict(s.raw, s.optimizer, options=options)
     else:  # before the first step; asking torch would run a zero step and shift AdamW's step count

@@ -32,7 +32,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from attnlab.errors import AttnlabError
 
@@ -92,6 +91,9 @@ def write_json(path: Path, obj: Any) -> None:
 def model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole weights of a plain or FSDP-sharded model (every process must call it under
     FSDP; rank 0 gets them), each stored once: a tied weight only under its first name."""
+    # Imported here: torch.distributed.checkpoint takes a second to import, which every command would pay.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=options)
     return {k: v for k, v in weights.items() if k not in tied_names(model)}

@@ -12,6 +12,7 @@ from torch import nn
 
 from attnlab.config import from_dict
 from attnlab.errors import AttnlabError
+from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
@@ -24,6 +25,7 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "gpt": (GPTConfig, GPT),
     "encoder": (EncoderConfig, Encoder),
     **BASELINES,  # bow, pooled, conv1d, rnn
+    **LADDER,  # self-attention (no learned weights), qkv-attention: the steps from pooled to the encoder
     "seq2seq": (Seq2SeqConfig, Seq2Seq),  # the encoder-decoder Transformer
     "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
     "vit": (ViTConfig, ViT),  # images as sequences of patches

@@ -6,6 +6,7 @@ macro-F1, parameters and training time; writes compare.json and a bar chart comp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,12 @@ from attnlab.errors import AttnlabError
 from attnlab.tasks import TASKS
 
 
-def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True) -> list[dict]:
+def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True,
+            word_vectors: str | Path | None = None, freeze_vectors: bool = True) -> list[dict]:  # fmt: skip
+    """Train each model on the task with its tuned settings; a table row each (test scores,
+    parameters, time). With word_vectors (sentiment, tagging), each model that has a word
+    embedding is trained a second time from those vectors (kept frozen unless freeze_vectors is
+    False), as the row `MODEL+vectors`."""
     if task in GENERATED:
         return _compare_translation(task, models, out, force, progress)
     if task == "digits":
@@ -29,9 +35,30 @@ def compare(task: str, models: list[str], out: Path, force: bool = False, progre
     if labeled.name == "tag" and "bow" in models:
         raise AttnlabError("bow gives one label per text: it cannot tag; leave it out of --models")
     one = _trainer(labeled, LabeledDataConfig(data=task), out, force, progress)
-
+    if word_vectors is not None:
+        one, models = _with_vectors(one, models, word_vectors, freeze_vectors)
     rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
     return _report(task, rows, out, f"{task}: test scores, same data and budget")
+
+
+VECTORS = "+vectors"  # the suffix of a model trained from pretrained word vectors
+
+
+def _with_vectors(one, models: list[str], path, freeze: bool):
+    """Models that have a `d_embed` also start from the vectors (embedding width set to theirs)."""
+    from attnlab.models import FAMILIES
+    from attnlab.wordvec.train import load_vectors
+
+    dim = int(load_vectors(path).vectors.shape[1])
+    embedded = {m for m in models if "d_embed" in {f.name for f in dataclasses.fields(FAMILIES[m][0])}}
+    options = {"word_vectors": str(path), "freeze_vectors": freeze}
+
+    def train(name: str) -> dict:
+        if name.endswith(VECTORS):
+            return one(name[: -len(VECTORS)], {"d_embed": dim}, options, name)
+        return one(name)
+
+    return train, [v for m in models for v in ([m, m + VECTORS] if m in embedded else [m])]
 
 
 def _compare_translation(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
@@ -56,8 +83,9 @@ def _compare_images(task: str, models: list[str], out: Path, force: bool, progre
 def _trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[[str], dict]:
     """Train one model of `task` on `data` into out/NAME, with the task's tuned settings."""
 
-    def one(name: str) -> dict:
-        return run(task, TrainRequest(out / name, name, data=data, force=force, progress=progress))
+    def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
+        return run(task, TrainRequest(out / (folder or name), name, fields or {}, data=data, force=force,
+                                      progress=progress, options=options or {}))  # fmt: skip
 
     return one
 
@@ -95,8 +123,8 @@ def format_table(rows: list[dict]) -> str:
         lines += [f"{r['model']:<14} {r['exact_match']:>8.2%} {r['bleu']:>7.2f} {r['chrf']:>7.2f} "
                   f"{r['parameters']:>11,} {r['train_seconds']:>10.0f}s" for r in rows]  # fmt: skip
         return "\n".join(lines)
-    lines = [f"{'model':<10} {'accuracy':>9} {'macro-F1':>9} {'parameters':>11} {'train time':>11}"]
+    lines = [f"{'model':<22} {'accuracy':>9} {'macro-F1':>9} {'parameters':>11} {'train time':>11}"]
     for r in rows:
-        lines.append(f"{r['model']:<10} {r['accuracy']:>9.2%} {r['macro_f1']:>9.4f} {r['parameters']:>11,} "
+        lines.append(f"{r['model']:<22} {r['accuracy']:>9.2%} {r['macro_f1']:>9.4f} {r['parameters']:>11,} "
                      f"{r['train_seconds']:>10.0f}s")  # fmt: skip
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
+from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import EncoderConfig
@@ -37,13 +38,13 @@ from attnlab.tasks.metrics import confusion, scores
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 
 # model name (= family in config.json) -> its config class
-MODEL_CLASSES: dict[str, tuple[type, Any]] = {"encoder": (EncoderConfig, None), **BASELINES}
+MODEL_CLASSES: dict[str, tuple[type, Any]] = {"encoder": (EncoderConfig, None), **BASELINES, **LADDER}
 # Settings that train each model well on the built-in tasks in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "encoder": dict(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=250),
     "bow": dict(max_steps=1500, batch_size=64, lr=3e-3, warmup_steps=50, weight_decay=0.0, eval_interval=250),
 }
-for _name in BASELINES:
+for _name in [*BASELINES, *LADDER]:
     TRAIN_DEFAULTS.setdefault(_name, dict(TRAIN_DEFAULTS["bow"]))
 
 
