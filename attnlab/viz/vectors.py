@@ -29,7 +29,8 @@ def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarra
 
 def plot_vectors(wv: WordVectors, path: str | Path, words: list[str] | None = None, top: int = 60,
                  analogies: list[str] = (), method: str = "pca") -> list[str]:  # fmt: skip
-    """Draw `words` (default: the `top` most frequent) and the arrows `a:b`; returns the words drawn."""
+    """Draw `words` and the arrows `a:b`; returns the words drawn. Without `words`: the arrows' words
+    and each one's 4 nearest neighbours, or, with no arrows either, the `top` most frequent words."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,10 +39,13 @@ def plot_vectors(wv: WordVectors, path: str | Path, words: list[str] | None = No
     arrows = [pair.split(":") for pair in analogies]
     if any(len(a) != 2 for a in arrows):
         raise AttnlabError("--arrows: give pairs as A:B (e.g. man:king)")
-    shown = list(dict.fromkeys([*(words or wv.words[:top]), *(w for a in arrows for w in a)]))
-    missing = [w for w in shown if w not in wv]
+    ends = [w for a in arrows for w in a]
+    missing = [w for w in [*(words or []), *ends] if w not in wv]
     if missing:
         raise AttnlabError(f"not in the vectors: {', '.join(missing[:10])}")
+    if not words:
+        words = [n for w in ends for n, _ in wv.neighbors(w, 4)] if ends else wv.words[:top]
+    shown = list(dict.fromkeys([*words, *ends]))
     if len(shown) < 3:
         raise AttnlabError("draw at least 3 words")
     xy = project(np.stack([wv[w] for w in shown]), method)
