@@ -11,9 +11,25 @@ from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn.hooks import hooks, zero_head
 from attnlab.run import Run, load
 from attnlab.tasks import train
+from attnlab.trace import Trace, trace
 
 __version__ = "0.1.0"
 
-__all__ = ["GPT", "AttnlabError", "DataConfig", "GPTConfig", "Run", "TrainConfig", "load", "train", "__version__"]
+__all__ = [
+    "GPT",
+    "AttnlabError",
+    "DataConfig",
+    "GPTConfig",
+    "Run",
+    "Trace",
+    "TrainConfig",
+    "hooks",
+    "load",
+    "trace",
+    "train",
+    "zero_head",
+    "__version__",
+]

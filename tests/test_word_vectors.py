@@ -210,6 +210,9 @@ def test_bad_requests_are_one_line_errors(tmp_path, capsys, corpus):
     assert code == 2 and "--min-count" in err and not (tmp_path / "r").exists()
     code, _, err = run_cli(["vectors", str(tmp_path), "--neighbors", "x"], capsys)
     assert code == 2 and "not a word-vectors run" in err
+    train_vectors(tmp_path / "v", VectorsConfig(**SMALL), text="a b c a b c", progress=False)
+    code, _, err = run_cli(["sample", str(tmp_path / "v")], capsys)
+    assert code == 2 and "attnlab vectors RUN" in err
 
 
 def test_word_vectors_load_into_a_classifier(tmp_path, text):

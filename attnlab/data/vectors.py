@@ -126,10 +126,10 @@ def vector_entries(path: Path, dim: int | None = None, firsts: set[str] | None =
             _check_dim(wv.vectors.shape[1], dim, path)
         yield from zip(wv.words, wv.vectors.tolist())
         return
-    parsed = False
+    parsed, expected, dim = False, dim, None  # dim: the file's own, from its header or first vector
     for n, line in enumerate(_lines(path)):
         if n == 0 and (announced := _header(line)) is not None:
-            dim = announced if dim is None else _check_dim(announced, dim, path)  # word2vec's `count dim`
+            dim = announced if expected is None else _check_dim(announced, expected, path)  # word2vec's `count dim`
             continue
         if parsed and firsts is not None and line.partition(" ")[0].lower() not in firsts:
             continue  # not a wanted word: its numbers are never parsed
@@ -138,7 +138,7 @@ def vector_entries(path: Path, dim: int | None = None, firsts: set[str] | None =
             continue
         if not parsed:
             # The first vector decides the dimension when no header announced it.
-            dim = len(entry[1]) if dim is None else _check_dim(len(entry[1]), dim, path)
+            dim = len(entry[1]) if expected is None else _check_dim(len(entry[1]), expected, path)
             parsed = True
         yield entry
     if not parsed:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import RMSNorm
 
 # A function (q, k, offset) -> (q, k) applied inside attention by position schemes such as
@@ -219,6 +220,7 @@ class MultiHeadAttention(nn.Module):
         if qk_norm:
             self.q_norm, self.k_norm = RMSNorm(d_head), RMSNorm(d_head)
         self.qk_norm = qk_norm
+        self.hook_pattern, self.hook_head_out = Tap(), Tap()  # see nn/hooks.py
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
         """x @ W[rows]^T + b[rows]: the chosen part of the stacked Q/K/V projection."""
@@ -272,6 +274,10 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, Hkv, Tk, Dh): the cache holds the key/value heads only
         k, v = self._shared(k), self._shared(v)  # (B, H, Tk, Dh)
         p = self.dropout if self.training else 0.0
-        out, weights = attend(q, k, v, mask, return_weights, bias=bias, causal=causal, dropout_p=p)
+        pattern = self.hook_pattern.active  # a hook reads or replaces the probabilities: the math path
+        out, weights = attend(q, k, v, mask, return_weights or pattern, bias=bias, causal=causal, dropout_p=p)
+        if pattern and (replaced := self.hook_pattern(weights)) is not weights:
+            out, weights = replaced.to(v.dtype) @ v, replaced  # (B, H, T, Dh) from the replaced pattern
+        out = self.hook_head_out(out)  # (B, H, T, Dh): each head's output
         out = out.transpose(1, 2).reshape(b, t, inner)  # (B, T, H*Dh): heads concatenated
-        return self.out_proj(out), weights
+        return self.out_proj(out), (weights if return_weights else None)

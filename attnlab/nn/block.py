@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, QKTransform
 from attnlab.nn.feedforward import build_feedforward
+from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import build_norm
 
 NORM_PLACES = ("pre", "post")
@@ -70,6 +71,10 @@ class Block(nn.Module):
         self.ff = build_feedforward(cfg)
         self.norm_ff = norm()
         self.drop = nn.Dropout(cfg.dropout)
+        # Where activations can be read or replaced (nn/hooks.py); the identity when no hook is set.
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = Tap(), Tap(), Tap()
+        self.hook_cross_out, self.hook_resid_cross = Tap(), Tap()
+        self.hook_ff_out, self.hook_resid_post = Tap(), Tap()
 
     def _in(self, x: Tensor, norm: nn.Module) -> Tensor:
         return norm(x) if self.pre_norm else x
@@ -100,6 +105,7 @@ class Block(nn.Module):
         cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0].
         bias: added to the self-attention scores, (1|B, H|1, T, T') (ALiBi, relative positions).
         """
+        x = self.hook_resid_pre(x)
         a, w_self = self.attn(
             self._in(x, self.norm_attn),
             mask=mask,
@@ -110,7 +116,7 @@ class Block(nn.Module):
             return_weights=return_weights,
             bias=bias,
         )
-        x = self._out(x, a, self.norm_attn)
+        x = self.hook_resid_mid(self._out(x, self.hook_attn_out(a), self.norm_attn))
         w_cross = None
         if self.cfg.cross_attention:
             if memory is None and not (cross_cache is not None and cross_cache.filled):
@@ -122,8 +128,8 @@ class Block(nn.Module):
                 cache=cross_cache,
                 return_weights=return_weights,
             )
-            x = self._out(x, c, self.norm_cross)
-        x = self._out(x, self.ff(self._in(x, self.norm_ff)), self.norm_ff)
+            x = self.hook_resid_cross(self._out(x, self.hook_cross_out(c), self.norm_cross))
+        x = self.hook_resid_post(self._out(x, self.hook_ff_out(self.ff(self._in(x, self.norm_ff))), self.norm_ff))
         if not return_weights:
             return x, None
         weights = {"self": w_self}

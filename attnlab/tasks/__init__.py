@@ -42,6 +42,8 @@ def task_of(config: dict[str, Any]) -> Task:
     """The task of a run's config.json: the kind it records; runs written before tasks were
     recorded (GPT language models, masked LMs) by their model."""
     kind = config.get("task", {}).get("kind")
+    if config.get("family") == "vectors":
+        raise AttnlabError("this is a word-vectors run (attnlab train vectors): ask it with attnlab vectors RUN")
     if kind is None:
         kind = "lm" if config.get("family", "gpt") == "gpt" else config["model"].get("head", "mlm")
     if kind not in TASKS:

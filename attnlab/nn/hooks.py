@@ -1,0 +1,94 @@
+"""Named points inside the forward pass where an activation can be read or replaced.
+
+Legend: B batch, T time, H heads, Tq/Tk query and key lengths, Dh head size, C model width.
+
+Every block of every family has the same points, so one name works for GPT, the encoder, both
+halves of the encoder-decoder and ViT. A point is named by its module path:
+
+    blocks.{i}.hook_resid_pre      (B, T, C)  the block's input (the residual stream)
+    blocks.{i}.attn.hook_pattern   (B, H, Tq, Tk) self-attention probabilities
+    blocks.{i}.attn.hook_head_out  (B, H, T, Dh) each head's output, before the output projection
+    blocks.{i}.hook_attn_out       (B, T, C)  the attention sublayer's output (after W_O)
+    blocks.{i}.hook_resid_mid      (B, T, C)  the stream after attention's residual
+    blocks.{i}.cross.hook_pattern, .cross.hook_head_out, hook_cross_out, hook_resid_cross
+                                              the same for cross-attention (decoder blocks)
+    blocks.{i}.hook_ff_out         (B, T, C)  the feed-forward (or mixture of experts) output
+    blocks.{i}.hook_resid_post     (B, T, C)  the block's output
+
+(the encoder-decoder's stacks are `encoder.` and `decoder.`; see Trace.names() for a model's own).
+With no hook set a point is one attribute test: nothing a benchmark can see. A hook returns a
+replacement tensor, or None to leave the activation as it is; setting one on `hook_pattern` makes
+that attention take the path that writes its probabilities out, so that a replaced pattern is the
+one applied to the values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from torch import Tensor, nn
+
+Hook = Callable[[Tensor], Tensor | None]
+
+
+class Tap(nn.Module):
+    """The identity, unless hooks are set: each may read the tensor or return a replacement."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fns: list[Hook] = []
+
+    def __call__(self, x: Tensor) -> Tensor:  # not Module.__call__: a point with no hook costs one test
+        if not self.fns:
+            return x
+        for fn in self.fns:
+            y = fn(x)
+            x = x if y is None else y
+        return x
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fns)
+
+
+def taps(model: nn.Module) -> dict[str, Tap]:
+    """Every point of the model, by name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, Tap)}
+
+
+@contextlib.contextmanager
+def hooks(model: nn.Module, fns: dict[str, Hook]) -> Iterator[nn.Module]:
+    """Run the model with `fns` on the named points; they are removed on leaving, even on error.
+
+    with hooks(model, {"blocks.1.attn.hook_head_out": zero_head(3)}):
+        logits = model(ids)
+    """
+    points = taps(model)
+    unknown = [name for name in fns if name not in points]
+    if unknown:
+        from attnlab.errors import AttnlabError
+
+        close = [n for n in points if n.rsplit(".", 1)[-1] == unknown[0].rsplit(".", 1)[-1]][:3]
+        raise AttnlabError(f"no hook point {unknown[0]!r} in this model"
+                           + (f" (e.g. {', '.join(close)})" if close else "; see trace(...).names()"))  # fmt: skip
+    added = []
+    try:
+        for name, fn in fns.items():
+            points[name].fns.append(fn)
+            added.append((points[name], fn))
+        yield model
+    finally:
+        for point, fn in added:
+            point.fns.remove(fn)
+
+
+def zero_head(head: int) -> Hook:
+    """A hook for `...attn.hook_head_out` that zeroes one head's output (head ablation)."""
+
+    def fn(x: Tensor) -> Tensor:
+        x = x.clone()
+        x[:, head] = 0
+        return x
+
+    return fn

@@ -1,0 +1,80 @@
+"""Run a model once and keep every named activation: `attnlab.trace`.
+
+    t = attnlab.trace(run, "def add(a, b):")        # a run with a tokenizer reads text
+    t.names()                                        # every point that fired, in order
+    t["blocks.1.attn.hook_pattern"]                  # (1, H, T, T)
+    t = attnlab.trace(model, src, tgt_in)            # any model and its own inputs
+    with attnlab.hooks(run.model, {"blocks.1.attn.hook_head_out": zero_head(3)}):
+        ...                                          # read or replace activations (nn/hooks.py)
+
+The points live in the shared Block and attention (see nn/hooks.py for their names and shapes),
+so every family has them: GPT, the encoder, the encoder-decoder (`encoder.`, `decoder.`), ViT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.nn.hooks import Hook, hooks, taps
+
+
+@dataclass
+class Trace:
+    """What one forward pass produced: the model's output and each point's activation."""
+
+    output: Any
+    activations: dict[str, Tensor] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        """The points that fired, in the order they did."""
+        return list(self.activations)
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self.activations:
+            raise AttnlabError(f"no activation {name!r} was recorded (see .names())")
+        return self.activations[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.activations
+
+
+def _model_and_inputs(target: Any, inputs: tuple) -> tuple[nn.Module, tuple]:
+    """A Run's model, with a text input encoded by its tokenizer; or a model and its inputs as given."""
+    model = getattr(target, "model", target)
+    if not isinstance(model, nn.Module):
+        raise AttnlabError("trace: give a run (attnlab.load) or a torch model")
+    if len(inputs) == 1 and isinstance(inputs[0], str):
+        tok = getattr(target, "tokenizer", None)
+        if tok is None:
+            raise AttnlabError("trace: a text input needs a run with a tokenizer; give the model's tensors instead")
+        device = next(model.parameters()).device
+        inputs = (torch.tensor([tok.encode(inputs[0])], device=device),)  # (1, T)
+    return model, inputs
+
+
+@torch.no_grad()
+def trace(target: Any, *inputs: Any, extra_hooks: dict[str, Hook] | None = None, **kwargs: Any) -> Trace:
+    """Run the model of `target` (a run or a module) on `inputs` once, in eval mode, recording every
+    point's activation (after extra_hooks, if any, have read or replaced them)."""
+    model, inputs = _model_and_inputs(target, inputs)
+    found: dict[str, Tensor] = {}
+
+    def recorder(name: str) -> Hook:
+        def fn(x: Tensor) -> None:
+            found[name] = x.detach().clone()
+
+        return fn
+
+    was_training = model.training
+    model.eval()
+    try:
+        with hooks(model, extra_hooks or {}), hooks(model, {name: recorder(name) for name in taps(model)}):
+            output = model(*inputs, **kwargs)
+    finally:
+        model.train(was_training)
+    return Trace(output, found)
