@@ -31,8 +31,9 @@ def test_gpt_trace_names_shapes_and_the_residual_stream_add_up():
             assert t[f"blocks.{i}.{name}"].shape == shape, name
         block = model.blocks[i]
         # Pre-norm: the stream is the input plus each sublayer's output.
-        assert torch.allclose(t[f"blocks.{i}.hook_resid_mid"], t[f"blocks.{i}.hook_resid_pre"] + t[f"blocks.{i}.hook_attn_out"], atol=1e-6)  # fmt: skip
-        assert torch.allclose(t[f"blocks.{i}.hook_resid_post"], t[f"blocks.{i}.hook_resid_mid"] + t[f"blocks.{i}.hook_ff_out"], atol=1e-6)  # fmt: skip
+        at = lambda name, i=i: t[f"blocks.{i}.{name}"]
+        assert torch.allclose(at("hook_resid_mid"), at("hook_resid_pre") + at("hook_attn_out"), atol=1e-6)
+        assert torch.allclose(at("hook_resid_post"), at("hook_resid_mid") + at("hook_ff_out"), atol=1e-6)
         # The heads' outputs, concatenated and projected, are the sublayer's output.
         heads = t[f"blocks.{i}.attn.hook_head_out"].transpose(1, 2).reshape(2, 7, 16)
         assert torch.allclose(block.attn.out_proj(heads), t[f"blocks.{i}.hook_attn_out"], atol=1e-6)
