@@ -18,9 +18,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) "$(TORCH)" -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e ".[dev]"
-	touch $@
+# The test set-up in one pip call too (torch, attnlab and the dev extras resolved together).
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(PIP) "$(TORCH)" -e ".[dev]"
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 

@@ -17,9 +17,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from attnlab.wordvec.corpus import Corpus
+from attnlab.wordvec.hogwild import hogwild
 
 SLICE_WORDS = 500_000  # corpus words counted at a time
 MERGE_AT = 20_000_000  # pending pair entries before they are summed into the total
@@ -54,31 +55,35 @@ def cooccurrence(corpus: Corpus, V: int, window: int, tick: Callable[[int], None
     return (pairs // V).astype(np.int32), (pairs % V).astype(np.int32), counts
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def fit_epoch(order, rows, cols, counts, w, c, bw, bc, gw, gc, gbw, gbc, eta, x_max, power, threads):
-    """One AdaGrad pass over the pairs in `order`, split into one slice per thread; returns the
-    summed weighted squared error (halved, as GloVe's code reports it)."""
-    cost = np.zeros(threads)
-    per = (len(order) + threads - 1) // threads
+@njit(cache=True, nogil=True, fastmath=True)
+def _fit_slice(order, rows, cols, counts, w, c, bw, bc, gw, gc, gbw, gbc, eta, x_max, power):
+    """One AdaGrad step per pair in `order`; returns the summed weighted squared error (halved, as
+    GloVe's code reports it). Runs without the GIL: threads share the vectors (Hogwild)."""
+    cost = 0.0
     dim = w.shape[1]
-    for t in prange(threads):
-        for e in order[t * per : min(len(order), (t + 1) * per)]:
-            a, b, x = rows[e], cols[e], counts[e]
-            diff = bw[a] + bc[b] - math.log(x)
-            for d in range(dim):
-                diff += w[a, d] * c[b, d]
-            weight = 1.0 if x >= x_max else (x / x_max) ** power
-            g = weight * diff
-            cost[t] += 0.5 * g * diff
-            g *= eta  # as GloVe's code: the squared steps, learning rate included, feed AdaGrad's sums
-            for d in range(dim):
-                ga, gb = g * c[b, d], g * w[a, d]
-                w[a, d] -= ga / math.sqrt(gw[a, d])
-                c[b, d] -= gb / math.sqrt(gc[b, d])
-                gw[a, d] += ga * ga
-                gc[b, d] += gb * gb
-            bw[a] -= g / math.sqrt(gbw[a])
-            bc[b] -= g / math.sqrt(gbc[b])
-            gbw[a] += g * g
-            gbc[b] += g * g
-    return cost.sum()
+    for e in order:
+        a, b, x = rows[e], cols[e], counts[e]
+        diff = bw[a] + bc[b] - math.log(x)
+        for d in range(dim):
+            diff += w[a, d] * c[b, d]
+        weight = 1.0 if x >= x_max else (x / x_max) ** power
+        g = weight * diff
+        cost += 0.5 * g * diff
+        g *= eta  # as GloVe's code: the squared steps, learning rate included, feed AdaGrad's sums
+        for d in range(dim):
+            ga, gb = g * c[b, d], g * w[a, d]
+            w[a, d] -= ga / math.sqrt(gw[a, d])
+            c[b, d] -= gb / math.sqrt(gc[b, d])
+            gw[a, d] += ga * ga
+            gc[b, d] += gb * gb
+        bw[a] -= g / math.sqrt(gbw[a])
+        bc[b] -= g / math.sqrt(gbc[b])
+        gbw[a] += g * g
+        gbc[b] += g * g
+    return cost
+
+
+def fit_epoch(order, rows, cols, counts, w, c, bw, bc, gw, gc, gbw, gbc, eta, x_max, power, threads: int = 1) -> float:
+    """One AdaGrad pass over the pairs in `order`, cut into one slice per thread; the summed cost."""
+    args = (rows, cols, counts, w, c, bw, bc, gw, gc, gbw, gbc, eta, x_max, power)
+    return sum(hogwild(lambda part: _fit_slice(part, *args), np.array_split(order, threads), threads))

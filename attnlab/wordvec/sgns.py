@@ -26,7 +26,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from attnlab.wordvec.hogwild import hogwild
 
 # Random numbers: SplitMix64 (a counter passed through a bijective mix), whose every output bit is
 # usable; word2vec's linear congruential generator is cheaper but its low bits and consecutive
@@ -76,98 +78,106 @@ def _score(h, w_out, target, label, alpha, grad, measure):
     s = 1.0 / (1.0 + math.exp(-f))
     g = np.float32((label - s) * alpha)
     for d in range(h.shape[0]):
-        grad[d] += g * row[d]
-    for d in range(h.shape[0]):
-        row[d] += g * h[d]
+        r = row[d]
+        grad[d] += g * r
+        row[d] = r + g * h[d]
     if not measure:
         return 0.0
     return -math.log(s + 1e-12) if label == 1.0 else -math.log(1.0 - s + 1e-12)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def train_chunks(ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative, cbow,
-                 alpha0, min_alpha, done, total, seed):  # fmt: skip
-    """Train on the chunks of sentences bounds[c]..bounds[c + 1], one thread per chunk at a time.
+@njit(cache=True, nogil=True, fastmath=True)
+def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,
+                 cbow, alpha0, min_alpha, done, total, seed, loss, scored):  # fmt: skip
+    """Train on chunk c, the sentences bounds[c]..bounds[c + 1]; adds its sampled loss and their
+    number to loss[c], scored[c]. Runs without the GIL: threads share the vectors (Hogwild)."""
+    dim = w_in.shape[1]
+    origin = starts[bounds[0]]  # `done` counts up to here
+    state = _bits(np.uint64(seed)) + np.uint64(c) * np.uint64(0xD1B54A32D192ED03)
+    h = np.empty(dim, dtype=np.float32)
+    grad = np.empty(dim, dtype=np.float32)
+    sen = np.empty(10_000, dtype=np.int32)
+    for s in range(bounds[c], bounds[c + 1]):
+        n = 0  # the sentence's kept words
+        for i in range(starts[s], starts[s + 1]):
+            state = _next(state)
+            if keep[ids[i]] >= 1.0 or _uniform(state) < keep[ids[i]]:
+                sen[n] = ids[i]
+                n += 1
+        progress = (done + starts[s] - origin) / total
+        alpha = max(min_alpha, alpha0 - (alpha0 - min_alpha) * progress)
+        for i in range(n):
+            state = _next(state)
+            b = int(_bits(state) >> np.uint64(33)) % window
+            lo, hi = max(0, i - window + b), min(n, i + window - b + 1)
+            grad[:] = 0.0
+            if cbow:
+                if hi - lo < 2:
+                    continue  # a word alone in its (subsampled) sentence has no context
+                h[:] = 0.0
+                for j in range(lo, hi):
+                    if j != i:
+                        h += w_in[sen[j]]
+                h /= hi - lo - 1
+                for k in range(negative + 1):
+                    target = sen[i]
+                    state = _next(state)
+                    if k > 0:
+                        target = _noise(state, noise_keep, noise_alias)
+                        if target == sen[i]:
+                            continue
+                    measure = (_bits(state) & np.uint64(15)) == 0
+                    loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
+                    scored[c] += measure
+                for j in range(lo, hi):
+                    if j != i:
+                        w_in[sen[j]] += grad
+                continue
+            # FastText: the centre's rows (the word and its n-grams) predict each context word,
+            # as fastText does. Word2Vec: each context word's row predicts the centre, as
+            # word2vec and gensim do.
+            subwords = rows_at[-1] > len(rows_at) - 1
+            a, z = rows_at[sen[i]], rows_at[sen[i] + 1]
+            if subwords:
+                h[:] = 0.0
+                for r in range(a, z):
+                    h += w_in[rows[r]]
+                h /= z - a
+            for j in range(lo, hi):
+                if j == i:
+                    continue
+                predicted = sen[j] if subwords else sen[i]
+                if not subwords:
+                    a, z = sen[j], sen[j] + 1
+                    h[:] = w_in[sen[j]]
+                grad[:] = 0.0
+                for k in range(negative + 1):
+                    target = predicted
+                    state = _next(state)
+                    if k > 0:
+                        target = _noise(state, noise_keep, noise_alias)
+                        if target == predicted:
+                            continue
+                    measure = (_bits(state) & np.uint64(15)) == 0
+                    loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
+                    scored[c] += measure
+                for r in range(a, z):
+                    w_in[rows[r]] += grad
+                h += grad  # the mean of the rows, each moved by grad
+
+
+def train_chunks(ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,
+                 cbow, alpha0, min_alpha, done, total, seed, threads: int = 1):  # fmt: skip
+    """Train on the chunks of sentences bounds[c]..bounds[c + 1], `threads` at a time (the compiled
+    loop releases the GIL, so Python threads run it side by side; one thread: in order, repeatable).
 
     rows_at/rows: word w's input rows are rows[rows_at[w]:rows_at[w + 1]] (the word itself for
     Word2Vec; the word and its n-gram buckets for FastText). done: corpus words trained before
     this call, total: corpus words of the whole training (both set the learning rate).
     Returns, per chunk, the summed loss of one score in 16 (drawn at random) and how many."""
-    n_chunks = len(bounds) - 1
-    loss = np.zeros(n_chunks)
-    scored = np.zeros(n_chunks)
-    dim = w_in.shape[1]
-    origin = starts[bounds[0]]  # `done` counts up to here
-    for c in prange(n_chunks):
-        state = _bits(np.uint64(seed)) + np.uint64(c) * np.uint64(0xD1B54A32D192ED03)
-        h = np.empty(dim, dtype=np.float32)
-        grad = np.empty(dim, dtype=np.float32)
-        sen = np.empty(10_000, dtype=np.int32)
-        for s in range(bounds[c], bounds[c + 1]):
-            n = 0  # the sentence's kept words
-            for i in range(starts[s], starts[s + 1]):
-                state = _next(state)
-                if keep[ids[i]] >= 1.0 or _uniform(state) < keep[ids[i]]:
-                    sen[n] = ids[i]
-                    n += 1
-            progress = (done + starts[s] - origin) / total
-            alpha = max(min_alpha, alpha0 - (alpha0 - min_alpha) * progress)
-            for i in range(n):
-                state = _next(state)
-                b = int(_bits(state) >> np.uint64(33)) % window
-                lo, hi = max(0, i - window + b), min(n, i + window - b + 1)
-                grad[:] = 0.0
-                if cbow:
-                    if hi - lo < 2:
-                        continue  # a word alone in its (subsampled) sentence has no context
-                    h[:] = 0.0
-                    for j in range(lo, hi):
-                        if j != i:
-                            h += w_in[sen[j]]
-                    h /= hi - lo - 1
-                    for k in range(negative + 1):
-                        target = sen[i]
-                        state = _next(state)
-                        if k > 0:
-                            target = _noise(state, noise_keep, noise_alias)
-                            if target == sen[i]:
-                                continue
-                        measure = (_bits(state) & np.uint64(15)) == 0
-                        loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                        scored[c] += measure
-                    for j in range(lo, hi):
-                        if j != i:
-                            w_in[sen[j]] += grad
-                    continue
-                # FastText: the centre's rows (the word and its n-grams) predict each context word,
-                # as fastText does. Word2Vec: each context word's row predicts the centre, as
-                # word2vec and gensim do.
-                subwords = rows_at[-1] > len(rows_at) - 1
-                a, z = rows_at[sen[i]], rows_at[sen[i] + 1]
-                if subwords:
-                    h[:] = 0.0
-                    for r in range(a, z):
-                        h += w_in[rows[r]]
-                    h /= z - a
-                for j in range(lo, hi):
-                    if j == i:
-                        continue
-                    predicted = sen[j] if subwords else sen[i]
-                    if not subwords:
-                        a, z = sen[j], sen[j] + 1
-                        h[:] = w_in[sen[j]]
-                    grad[:] = 0.0
-                    for k in range(negative + 1):
-                        target = predicted
-                        state = _next(state)
-                        if k > 0:
-                            target = _noise(state, noise_keep, noise_alias)
-                            if target == predicted:
-                                continue
-                        measure = (_bits(state) & np.uint64(15)) == 0
-                        loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                        scored[c] += measure
-                    for r in range(a, z):
-                        w_in[rows[r]] += grad
-                    h += grad  # the mean of the rows, each moved by grad
+    n = len(bounds) - 1
+    loss, scored = np.zeros(n), np.zeros(n)
+    args = (ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative, cbow,
+            alpha0, min_alpha, done, total, seed, loss, scored)  # fmt: skip
+    hogwild(lambda c: _train_chunk(c, *args), range(n), threads)
     return loss, scored

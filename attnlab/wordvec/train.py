@@ -11,6 +11,7 @@ metrics.jsonl (the loss and speed as training went).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -40,11 +41,10 @@ def read_corpus_text(data: str, progress: bool = True) -> str:
 
 
 def _threads(cfg: VectorsConfig) -> int:
-    import numba
-
-    n = cfg.threads or numba.config.NUMBA_NUM_THREADS
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    return numba.get_num_threads()
+    """--threads, or every core this process may use."""
+    if cfg.threads:
+        return cfg.threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
@@ -78,7 +78,7 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
                 seed = cfg.seed * 1_000_003 + epoch * 10_007 + g + 1
                 losses, n = train_chunks(corpus.ids, corpus.starts, part, keep, noise_keep, noise_alias, rows_at,
                                          rows, w_in, w_out, cfg.window, cfg.negative, cfg.method == "cbow",
-                                         cfg.alpha, cfg.min_alpha, done, N * cfg.epochs, seed)  # fmt: skip
+                                         cfg.alpha, cfg.min_alpha, done, N * cfg.epochs, seed, threads)  # fmt: skip
                 loss, scored = loss + losses.sum(), scored + n.sum()
                 words = corpus.starts[part[-1]] - corpus.starts[part[0]]
                 bar.update(round(words * corpus.raw_words / max(N, 1)))
