@@ -68,3 +68,70 @@ def test_head_ablation_measures_each_heads_share_of_the_loss():
     with torch.no_grad():
         manual -= float(loss())
     assert head_ablation(model, loss)[1, 1] == pytest.approx(manual)
+
+
+def test_logit_lens_last_layer_is_the_models_output(tmp_path):
+    from attnlab.interpret.lens import logit_lens, plot_lens
+
+    torch.manual_seed(0)
+    model = build_model("gpt", GPTConfig(vocab_size=50, context=32, n_layer=3, n_head=2, d_model=16)).eval()
+    ids = torch.randint(0, 50, (1, 9))
+    lens = logit_lens(model, ids, decode=lambda i: f"t{i}")
+    assert lens.layers == ["embed", "block 1", "block 2", "block 3"] and lens.prob.shape == (4, 9)
+    out = model(ids).softmax(-1)[0]  # (T, V)
+    assert torch.allclose(lens.prob[-1], out.max(-1).values, atol=1e-6)
+    assert lens.top[-1] == [f"t{int(i)}" for i in out.argmax(-1)]
+    assert torch.allclose(lens.target_prob[-1], out[:-1].gather(-1, ids[0, 1:, None])[:, 0], atol=1e-6)
+    for name in ("lens.png", "lens.svg"):
+        plot_lens(lens, tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 5_000
+    with pytest.raises(Exception, match="decoder language model"):
+        logit_lens(torch.nn.Linear(2, 2), ids)
+
+
+def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
+    import json
+
+    from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
+
+    attnlab.train(tmp_path / "r", tiny_model(), tiny_train(max_steps=2), tiny_data(corpus), progress=False)
+    run = str(tmp_path / "r")
+    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "lens", "--out", str(tmp_path / "l.svg")],
+                             capsys)  # fmt: skip
+    assert code == 0, err
+    assert "embed: p(actual next token)" in out and (tmp_path / "l.svg").read_text().startswith("<?xml")
+    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "heads", "--out", str(tmp_path / "h.json")],
+                             capsys)  # fmt: skip
+    assert code == 0, err
+    heads = json.loads((tmp_path / "h.json").read_text())
+    assert set(heads) == {"previous-token", "first-token", "duplicate-token", "induction"}
+    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "ablate", "--out", str(tmp_path / "a.png")],
+                             capsys)  # fmt: skip
+    assert code == 0 and "loss change when zeroed" in out and (tmp_path / "a.png").stat().st_size > 5_000
+    code, _, err = run_cli(["inspect", run, "d", "--what", "lens"], capsys)
+    assert code == 2 and "two tokens" in err
+
+
+def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
+    import json
+
+    from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
+
+    out = tmp_path / "r"
+    attnlab.train(out, tiny_model(), tiny_train(max_steps=4, snapshot_every=2), tiny_data(corpus), progress=False)
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == [
+        f"step_{s:07d}.safetensors" for s in (0, 2, 4)]  # fmt: skip
+    code, text, err = run_cli(["inspect", str(out), "--what", "over-training", "--out", str(tmp_path / "o.json")],
+                              capsys)  # fmt: skip
+    assert code == 0, err
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert result["steps"] == [0, 2, 4] and len(result["repeat_loss"]) == 3
+    assert len(result["scores"]["induction"]) == 3 and "best induction" in text
+    # The snapshots hold the weights of their step: the last is the run's final weights.
+    from attnlab.engine.rundir import read_safetensors
+
+    last, _ = read_safetensors(out / "snapshots" / "step_0000004.safetensors")
+    final, _ = read_safetensors(out / "model.safetensors")
+    assert all(torch.equal(last[k], final[k]) for k in final)
+    code, _, err = run_cli(["inspect", str(out), "--what", "lens"], capsys)
+    assert code == 2 and "needs an input text" in err

@@ -263,11 +263,13 @@ def build_parser() -> Parser:
     add_run_commands(sub)
     from attnlab.cli import convert as cli_convert
     from attnlab.cli import inspect as cli_inspect
+    from attnlab.cli import interpret as cli_interpret
     from attnlab.cli import vectors as cli_vectors
 
     cli_inspect.add_commands(sub)
     cli_convert.add_commands(sub)
     cli_vectors.add_commands(sub)
+    cli_interpret.add_commands(sub)
 
     sample = sub.add_parser("sample", help="generate text from a trained run")
     sample.add_argument("run", help="run directory")

@@ -54,6 +54,8 @@ class TrainConfig:
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0 = off)")
     eval_interval: int = option(250, "steps between validation-loss estimates and checkpoints")
     eval_batches: int = option(20, "batches per validation-loss estimate")
+    snapshot_every: int = option(0, "keep the weights every N steps in RUN/snapshots/, to follow the model as it "
+                                 "learns (attnlab inspect RUN --what over-training); 0: none")  # fmt: skip
     seed: int = option(1337, "random seed (initialization, batches, dropout)")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
     parallel: str = option("ddp", "with several processes: replicate the model (ddp) or shard it (fsdp)",
@@ -68,8 +70,8 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps < 0 or self.warmup_steps < 0:
-            raise ValueError("max_steps and warmup_steps must be >= 0")
+        if self.max_steps < 0 or self.warmup_steps < 0 or self.snapshot_every < 0:
+            raise ValueError("max_steps, warmup_steps and snapshot_every must be >= 0")
         # Written as `not (...)`: NaN fails every comparison, so `lr <= 0` would let it through.
         if not (0 < self.lr < math.inf):
             raise ValueError(f"lr must be a finite number above 0, got {self.lr}")

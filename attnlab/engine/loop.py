@@ -258,6 +258,20 @@ def save_checkpoint(s: Session, background: bool = False) -> None:
     distributed.barrier(s.dist)
 
 
+SNAPSHOTS = "snapshots"  # RUN/snapshots/step_0000100.safetensors: weights only, every --snapshot-every steps
+
+
+def save_snapshot(s: Session) -> None:
+    """The weights at this step, kept apart from the checkpoint (which each save replaces), written
+    by the checkpoint thread from copies taken now."""
+    weights = ck.model_weights(s.raw)  # every process takes part under FSDP
+    if s.dist.main:
+        copies = {k: ck.snapshot(v, copy=True) for k, v in weights.items()}
+        path = s.run / SNAPSHOTS / f"step_{s.step:07d}.safetensors"
+        path.parent.mkdir(exist_ok=True)
+        s.writer.submit(partial(ck.write_weights, copies, path, {"step": str(s.step)}))
+
+
 def _log(s: Session, row: dict) -> None:
     if s.dist.main:
         if s.log is None:  # line-buffered: each row reaches the file as it is written
@@ -323,6 +337,8 @@ def loop(s: Session, progress: bool = True) -> dict:
     clock = time.perf_counter() - s.elapsed  # elapsed = now - clock, earlier sessions included
     next_plot, first_step = time.monotonic() + PLOT_EVERY, s.step
     try:
+        if cfg.snapshot_every and s.step == 0:
+            save_snapshot(s)  # the untrained model: where every curve starts
         while s.step < cfg.max_steps and not spent(s, budget):
             s.writer.check()  # a checkpoint that failed in the background (a full disk) stops the run
             t0 = time.perf_counter()
@@ -338,6 +354,8 @@ def loop(s: Session, progress: bool = True) -> dict:
                             refresh=False)  # fmt: skip
             bar.update(min(s.elapsed, budget) - bar.n if budget else 1)
             last = s.step == cfg.max_steps or spent(s, budget)
+            if cfg.snapshot_every and s.step % cfg.snapshot_every == 0:
+                save_snapshot(s)
             if s.step % cfg.eval_interval == 0 or last:
                 with deferred_interrupt(s):  # Ctrl-C here waits for the validation row and the checkpoint
                     val = _evaluate(s, bar, recent)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -94,6 +95,14 @@ def _moe(cfg: BlockConfig) -> nn.Module:
     return MixtureOfExperts.from_block(cfg)
 
 
+class NoFeedForward(nn.Module):
+    """No feed-forward at all: the block adds nothing after attention. An attention-only model
+    (Elhage et al. 2021) is the simplest place to watch heads such as induction heads form."""
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> zeros (B, T, C)
+        return torch.zeros_like(x)
+
+
 # Feed-forwards by config name, each built from the BlockConfig: a new one is a function (or a
 # class's constructor) taking it, and one line here.
 def _dense(kind: str) -> Callable[[BlockConfig], nn.Module]:
@@ -103,6 +112,7 @@ def _dense(kind: str) -> Callable[[BlockConfig], nn.Module]:
 FEEDFORWARDS: dict[str, Callable[[BlockConfig], nn.Module]] = {
     **{kind: _dense(kind) for kind in ("mlp", *GATES)},  # mlp, swiglu, geglu
     "moe": _moe,  # experts of the dense kind c.expert_ff
+    "none": lambda c: NoFeedForward(),  # attention-only blocks
 }
 
 

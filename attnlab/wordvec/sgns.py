@@ -36,6 +36,11 @@ from attnlab.wordvec.hogwild import hogwild
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _INV53 = 1.0 / 9007199254740992.0  # 2^-53
 MAX_SCORE = np.float32(6.0)  # as word2vec: a score beyond +-6 is left alone (its sigmoid is saturated)
+# The logistic function tabulated on [-6, 6] at 1,000 bin centres (as word2vec's code does): a
+# lookup instead of an exp per score; the error, under 0.0015, is far below SGD's own noise.
+_BINS = 1000
+_SIGMOID = (1 / (1 + np.exp(-(np.arange(_BINS) + 0.5) * (12 / _BINS) + 6))).astype(np.float32)
+_PER_UNIT = np.float32(_BINS / 12)
 
 
 @njit(inline="always")
@@ -75,7 +80,7 @@ def _score(h, w_out, target, label, alpha, grad, measure):
         f += h[d] * row[d]
     if f <= -MAX_SCORE or f >= MAX_SCORE:
         return 0.0
-    s = 1.0 / (1.0 + math.exp(-f))
+    s = _SIGMOID[int((f + MAX_SCORE) * _PER_UNIT)]
     g = np.float32((label - s) * alpha)
     for d in range(h.shape[0]):
         r = row[d]
@@ -93,6 +98,9 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
     number to loss[c], scored[c]. Runs without the GIL: threads share the vectors (Hogwild)."""
     dim = w_in.shape[1]
     origin = starts[bounds[0]]  # `done` counts up to here
+    # Summed here and stored once at the end: loss[c] and loss[c + 1] share a cache line, and two
+    # threads adding to it at every score would pass that line back and forth between cores.
+    total_loss, total_scored = 0.0, 0.0
     state = _bits(np.uint64(seed)) + np.uint64(c) * np.uint64(0xD1B54A32D192ED03)
     h = np.empty(dim, dtype=np.float32)
     grad = np.empty(dim, dtype=np.float32)
@@ -127,8 +135,8 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
                         if target == sen[i]:
                             continue
                     measure = (_bits(state) & np.uint64(15)) == 0
-                    loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                    scored[c] += measure
+                    total_loss += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
+                    total_scored += measure
                 for j in range(lo, hi):
                     if j != i:
                         w_in[sen[j]] += grad
@@ -159,11 +167,14 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
                         if target == predicted:
                             continue
                     measure = (_bits(state) & np.uint64(15)) == 0
-                    loss[c] += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                    scored[c] += measure
+                    total_loss += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
+                    total_scored += measure
                 for r in range(a, z):
                     w_in[rows[r]] += grad
                 h += grad  # the mean of the rows, each moved by grad
+
+    loss[c] = total_loss
+    scored[c] = total_scored
 
 
 def train_chunks(ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,

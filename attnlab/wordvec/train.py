@@ -68,7 +68,7 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
     w_out = np.zeros((V, cfg.dim), dtype=np.float32)
     keep, (noise_keep, noise_alias) = keep_probability(vocab.counts, cfg.sample), noise_table(vocab.counts)
     bounds, N, threads = corpus.chunks(CHUNK_WORDS), len(corpus.ids), _threads(cfg)
-    group = 4 * threads
+    group = 16 * threads  # chunks per call: about a quarter of a second of work
     with _bar(corpus.raw_words * cfg.epochs, cfg.method, progress) as bar:
         for epoch in range(cfg.epochs):
             start, loss, scored = time.perf_counter(), 0.0, 0.0

@@ -1,0 +1,75 @@
+"""The logit lens (nostalgebraist 2020): what the model would predict if it stopped after layer l.
+
+Legend: L layers, T positions, V vocabulary.
+
+The residual stream after each block (and the embeddings before the first) is passed through the
+model's own final norm and output head, giving a next-token distribution per layer and position.
+In a trained model the last rows agree with the output, and one can see at which depth the answer
+forms. Works for any model with `norm` and `logits(x)` over a `blocks` stack (GPT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.trace import trace
+
+
+@dataclass
+class Lens:
+    tokens: list[str]  # the input, one string per position
+    layers: list[str]  # "embed", "block 1", ..., "block L"
+    top: list[list[str]]  # (L + 1, T): the most likely next token
+    prob: Tensor  # (L + 1, T): its probability
+    target_prob: Tensor | None  # (L + 1, T - 1): the probability of the token that comes next
+
+    def as_json(self) -> dict:
+        return {"tokens": self.tokens, "layers": self.layers, "top": self.top, "prob": self.prob.tolist(),
+                "target_prob": None if self.target_prob is None else self.target_prob.tolist()}  # fmt: skip
+
+
+@torch.no_grad()
+def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i)) -> Lens:
+    """ids (1, T) -> the lens of each layer; decode(id) -> the token's text."""
+    if not (hasattr(model, "norm") and hasattr(model, "logits") and hasattr(model, "blocks")):
+        raise AttnlabError("the logit lens needs a decoder language model (a GPT run)")
+    t = trace(model, ids)
+    streams = [t["blocks.0.hook_resid_pre"]] + [t[f"blocks.{i}.hook_resid_post"] for i in range(len(model.blocks))]
+    probs = torch.stack([model.logits(model.norm(x)).softmax(-1)[0] for x in streams])  # (L + 1, T, V)
+    prob, top = probs.max(-1)  # (L + 1, T)
+    nxt = ids[0, 1:]
+    target = probs[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(streams), -1, 1))[..., 0] if len(nxt) else None
+    return Lens([decode(int(i)) for i in ids[0]], ["embed"] + [f"block {i + 1}" for i in range(len(streams) - 1)],
+                [[decode(int(i)) for i in row] for row in top], prob, target)  # fmt: skip
+
+
+def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
+    """Layers x positions, each cell the top next token, coloured by its probability (PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T = min(len(lens.tokens), max_positions)
+    L = len(lens.layers)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * T + 2), max(3, 0.45 * L + 1.5)), dpi=110)
+    im = ax.imshow(lens.prob[:, :T].numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1, origin="lower")
+    size = 8 if T <= 24 else 6
+    for layer in range(L):
+        for pos in range(T):
+            p = float(lens.prob[layer, pos])
+            ax.text(pos, layer, repr(lens.top[layer][pos])[1:-1][:8], ha="center", va="center", fontsize=size,
+                    color="white" if p > 0.55 else "black")  # fmt: skip
+    ax.set_xticks(range(T), [repr(tok)[1:-1][:10] for tok in lens.tokens[:T]], rotation=60, ha="right", fontsize=size)
+    ax.set_yticks(range(L), lens.layers, fontsize=9)
+    ax.set_xlabel("input position (the cell: the next token predicted there)")
+    ax.set_title("logit lens: top next token after each layer, shaded by its probability")
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,41 @@
+"""Per-head numbers as layers x heads heatmaps: detector scores, the loss change of head ablation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor
+
+
+def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, diverging: bool = False) -> None:
+    """One (L, H) heatmap per table, side by side, each cell labelled with its value (PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(tables)
+    L, H = next(iter(tables.values())).shape
+    fig, axes = plt.subplots(1, n, figsize=(max(3.2, 0.7 * H + 1.6) * n, max(2.6, 0.5 * L + 1.4)), dpi=110,
+                             squeeze=False)  # fmt: skip
+    for ax, (name, table) in zip(axes[0], tables.items()):
+        values = table.float().numpy()
+        if diverging:
+            bound = max(abs(values).max(), 1e-9)
+            im = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        else:
+            im = ax.imshow(values, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for layer in range(L):
+            for head in range(H):
+                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if not diverging and values[layer, head] < 0.6 else "black")  # fmt: skip
+        ax.set_xticks(range(H), [str(h) for h in range(H)])
+        ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=10)
+        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
