@@ -120,3 +120,13 @@ def test_trace_reads_text_through_a_runs_tokenizer(tmp_path, corpus):
     assert t["blocks.0.attn.hook_pattern"].shape[-1] == n
     with pytest.raises(AttnlabError, match="tokenizer"):
         attnlab.trace(run.model, "text")
+
+
+def test_attention_only_blocks_add_nothing_after_attention():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=40, context=16, n_layer=2, n_head=2, d_model=16, feedforward="none")
+    model = build_model("gpt", cfg).eval()
+    t = attnlab.trace(model, torch.randint(0, 40, (1, 6)))
+    assert torch.all(t["blocks.0.hook_ff_out"] == 0)
+    assert torch.equal(t["blocks.1.hook_resid_post"], t["blocks.1.hook_resid_mid"])
+    assert not any("ff." in name for name, _ in model.named_parameters())
