@@ -129,4 +129,4 @@ def test_attention_only_blocks_add_nothing_after_attention():
     t = attnlab.trace(model, torch.randint(0, 40, (1, 6)))
     assert torch.all(t["blocks.0.hook_ff_out"] == 0)
     assert torch.equal(t["blocks.1.hook_resid_post"], t["blocks.1.hook_resid_mid"])
-    assert not any("ff." in name for name, _ in model.named_parameters())
+    assert not any(".ff." in name for name, _ in model.named_parameters())  # only the norm before it
