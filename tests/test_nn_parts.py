@@ -123,5 +123,5 @@ def test_allowed_values_come_from_the_registries(config):
     assert choices["positions"] == tuple(POSITIONS) == ("learned", "sinusoidal", "rope", "alibi", "none")
     assert choices["activation"] == tuple(ACTIVATIONS) == ("relu", "gelu", "gelu_tanh", "relu2", "silu")
     assert choices["norm"] == NORM_PLACES == ("pre", "post")
-    assert choices["feedforward"] == tuple(FEEDFORWARDS) == ("mlp", "swiglu", "geglu", "moe")
+    assert choices["feedforward"] == tuple(FEEDFORWARDS) == ("mlp", "swiglu", "geglu", "moe", "none")
     assert choices["norm_kind"] == tuple(NORMS)
