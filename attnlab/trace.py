@@ -42,6 +42,15 @@ class Trace:
     def __contains__(self, name: str) -> bool:
         return name in self.activations
 
+    def patterns(self, stack: str = "blocks", kind: str = "attn") -> Tensor:
+        """Every layer's attention probabilities of one stack, (B, L, H, Tq, Tk)."""
+        found = []
+        while f"{stack}.{len(found)}.{kind}.hook_pattern" in self.activations:
+            found.append(self.activations[f"{stack}.{len(found)}.{kind}.hook_pattern"])
+        if not found:
+            raise AttnlabError(f"no attention patterns of {stack!r} were recorded (see .names())")
+        return torch.stack(found, dim=1)
+
 
 def _model_and_inputs(target: Any, inputs: tuple) -> tuple[nn.Module, tuple]:
     """A Run's model, with a text input encoded by its tokenizer; or a model and its inputs as given."""

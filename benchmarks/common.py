@@ -9,6 +9,8 @@ benchmarks check that their outputs agree before trusting the timings.
 from __future__ import annotations
 
 import argparse
+import platform
+import subprocess
 from dataclasses import replace
 
 import torch
@@ -161,3 +163,12 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
     head = line(headers)
     return "\n".join([head, "-" * len(head)] + [line(r) for r in cells])
+
+
+def cpu_name() -> str:
+    """The CPU's model name (lscpu), to print beside every figure."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown CPU"

@@ -10,23 +10,15 @@ median of 7 runs each; the share is points x cost / forward time.
 from __future__ import annotations
 
 import statistics
-import subprocess
 import time
 import timeit
 
 import torch
+from common import cpu_name
 
 from attnlab.models import build_model
 from attnlab.models.gpt import PRESETS
 from attnlab.nn.hooks import Tap, taps
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return "unknown CPU"
 
 
 def median_seconds(fn, repeat: int = 7, number: int = 20) -> float:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import time
 
 import numpy as np
+from common import cpu_name
 
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 
@@ -29,14 +28,6 @@ def gensim_data() -> str:
     import gensim
 
     return os.path.join(os.path.dirname(gensim.__file__), "test", "test_data")
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def run_gensim(method: str, sents: list[list[str]], epochs: int, seed: int):

@@ -44,7 +44,8 @@ def test_scores_of_a_traced_model_are_shares_of_attention():
     model = build_model("gpt", GPTConfig(vocab_size=50, context=32, n_layer=2, n_head=2, d_model=16)).eval()
     ids, half = repeated_tokens(50, 10, batch=3)
     t = attnlab.trace(model, ids)
-    patterns = torch.stack([t[f"blocks.{i}.attn.hook_pattern"] for i in range(2)], dim=1)  # (B, L, H, T, T)
+    patterns = t.patterns()  # (B, L, H, T, T)
+    assert torch.equal(patterns[:, 1], t["blocks.1.attn.hook_pattern"])
     scores = head_scores(patterns, ids, half)
     assert set(scores) == {"previous-token", "first-token", "duplicate-token", "induction"}
     for s in scores.values():

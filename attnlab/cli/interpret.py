@@ -78,18 +78,13 @@ def _over_training(run, out: str | None) -> int:
 
 
 def _head_tables(run, ids, what: str):
-    import torch
 
     from attnlab.interpret.ablation import head_ablation
     from attnlab.interpret.detectors import head_scores, repeated_tokens
     from attnlab.trace import trace
 
     model = run.model
-    layers = len(model.blocks)
-
-    def patterns(x):
-        t = trace(model, x)
-        return torch.stack([t[f"blocks.{i}.attn.hook_pattern"] for i in range(layers)], dim=1)  # (B, L, H, T, T)
+    patterns = lambda x: trace(model, x).patterns()  # (B, L, H, T, T)
 
     if what == "heads":
         scores = head_scores(patterns(ids), ids)

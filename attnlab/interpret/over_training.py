@@ -35,12 +35,10 @@ def over_training(run, n: int | None = None, batch: int = 8) -> dict:
     n = n or min(model.cfg.context // 2, 50)
     ids, half = repeated_tokens(run.tokenizer.vocab_size, n, batch)
     steps, scores, repeat_loss = [], {name: [] for name in DETECTED}, []
-    layers = len(model.blocks)
     for f in files:
         steps.append(int(load_weights(model, f).get("step", f.stem.split("_")[1])))
         t = trace(model, ids)
-        patterns = torch.stack([t[f"blocks.{i}.attn.hook_pattern"] for i in range(layers)], dim=1)
-        found = head_scores(patterns, ids, half)
+        found = head_scores(t.patterns(), ids, half)
         for name in DETECTED:
             scores[name].append(found[name])
         logits = t.output[:, half:-1]  # predictions of the repeated tokens after the first

@@ -35,7 +35,20 @@ class SelfAttentionConfig(BaselineConfig):
         self._at_least_one("d_embed")
 
 
-class SimpleSelfAttention(Baseline):
+class _Mixer(Baseline):
+    """Embeddings mixed by a subclass's `mix`, then pooled (classify) or read per token (tag)."""
+
+    def mix(self, ids: Tensor, mask: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
+        y, _ = self.mix(ids, mask)  # (B, T, E)
+        if self.cfg.task == "classify":
+            y = masked_mean(y, mask)  # (B, E)
+        return self.head(self.drop(y))
+
+
+class SimpleSelfAttention(_Mixer):
     """Y = softmax(X X^T) X over the word embeddings, then pooled (classify) or per token (tag)."""
 
     def __init__(self, cfg: SelfAttentionConfig):
@@ -51,12 +64,6 @@ class SimpleSelfAttention(Baseline):
         y, weights = attend(x, x, x, padding_mask(mask), return_weights, scale=1.0)
         return y[:, 0], weights
 
-    def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
-        y, _ = self.mix(ids, mask)
-        if self.cfg.task == "classify":
-            y = masked_mean(y, mask)  # (B, E)
-        return self.head(self.drop(y))
-
 
 @dataclass
 class QKVAttentionConfig(BaselineConfig):
@@ -70,7 +77,7 @@ class QKVAttentionConfig(BaselineConfig):
             raise ValueError(f"d_embed {self.d_embed} is not divisible by n_head {self.n_head}")
 
 
-class QKVAttention(Baseline):
+class QKVAttention(_Mixer):
     """softmax(Q K^T / sqrt(Dh)) V with learned projections over the embeddings, then pooled or per token."""
 
     def __init__(self, cfg: QKVAttentionConfig):
@@ -84,12 +91,6 @@ class QKVAttention(Baseline):
     def mix(self, ids: Tensor, mask: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """(outputs (B, T, E), weights (B, H, T, T) or None)."""
         return self.attn(self.embed(ids), mask=padding_mask(mask), return_weights=return_weights)
-
-    def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
-        y, _ = self.mix(ids, mask)
-        if self.cfg.task == "classify":
-            y = masked_mean(y, mask)  # (B, E)
-        return self.head(self.drop(y))
 
 
 LADDER = {

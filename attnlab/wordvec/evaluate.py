@@ -30,6 +30,14 @@ def _lines(path: str | Path) -> list[str]:
     return p.read_text(encoding="utf-8", errors="replace").splitlines()
 
 
+def _lowered(words: list[str]) -> dict[str, int]:
+    """Lowercased word -> index of its most frequent casing."""
+    index: dict[str, int] = {}
+    for i, w in enumerate(words):
+        index.setdefault(w.lower(), i)
+    return index
+
+
 def _batched_answers(wv: WordVectors, questions: np.ndarray, limit: int) -> np.ndarray:
     """The best answer (a word index) to each question (Q, 3) of word indices, 1,000 at a time."""
     unit = wv.unit[:limit]  # (L, D)
@@ -45,9 +53,7 @@ def _batched_answers(wv: WordVectors, questions: np.ndarray, limit: int) -> np.n
 
 def analogies(wv: WordVectors, path: str | Path, limit: int = ANALOGY_LIMIT) -> dict:
     """Accuracy over the answerable questions, overall and per section, and the coverage."""
-    lower = {}
-    for i, w in enumerate(wv.words[:limit]):
-        lower.setdefault(w.lower(), i)
+    lower = _lowered(wv.words[:limit])
     sections: list[dict] = []
     asked, answerable = 0, []
     for line in _lines(path):
@@ -108,9 +114,7 @@ def ranks(x: np.ndarray) -> np.ndarray:
 
 def similarity(wv: WordVectors, path: str | Path) -> dict:
     """Spearman correlation between human ratings and cosines, over the pairs the vectors know."""
-    lower = {}
-    for i, w in enumerate(wv.words):
-        lower.setdefault(w.lower(), i)
+    lower = _lowered(wv.words)
     human, model, pairs = [], [], 0
     for line in _lines(path):
         fields = line.strip().split("\t") if "\t" in line else line.split()

@@ -101,6 +101,7 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
     # Summed here and stored once at the end: loss[c] and loss[c + 1] share a cache line, and two
     # threads adding to it at every score would pass that line back and forth between cores.
     total_loss, total_scored = 0.0, 0.0
+    subwords = rows_at[-1] > len(rows_at) - 1  # FastText: words have more rows than themselves
     state = _bits(np.uint64(seed)) + np.uint64(c) * np.uint64(0xD1B54A32D192ED03)
     h = np.empty(dim, dtype=np.float32)
     grad = np.empty(dim, dtype=np.float32)
@@ -144,7 +145,6 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
             # FastText: the centre's rows (the word and its n-grams) predict each context word,
             # as fastText does. Word2Vec: each context word's row predicts the centre, as
             # word2vec and gensim do.
-            subwords = rows_at[-1] > len(rows_at) - 1
             a, z = rows_at[sen[i]], rows_at[sen[i] + 1]
             if subwords:
                 h[:] = 0.0
