@@ -110,3 +110,24 @@ def test_script_is_valid_javascript(tmp_path):
     (tmp_path / "page.js").write_text(script)
     result = subprocess.run(["node", "--check", str(tmp_path / "page.js")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_long_inputs_are_sent_one_byte_per_weight():
+    """Over DENSE_WEIGHTS weights, each view carries round(255 w) as base64 bytes, (L, H, Tq, Tk) order."""
+    import base64
+
+    from attnlab.viz import html as page
+
+    rng = np.random.default_rng(0)
+    w = rng.random((2, 3, 40, 50))
+    w /= w.sum(-1, keepdims=True)
+    view = AttentionView("self-attention", [f"q{i}" for i in range(40)], [f"k{j}" for j in range(50)], w)
+    assert "weights" in views_json([view])["views"][0]  # small: nested lists
+    old, page.DENSE_WEIGHTS = page.DENSE_WEIGHTS, 1000
+    try:
+        sent = views_json([view])["views"][0]
+    finally:
+        page.DENSE_WEIGHTS = old
+    assert "weights" not in sent and sent["shape"] == [2, 3, 40, 50]
+    back = np.frombuffer(base64.b64decode(sent["weights_u8"]), dtype=np.uint8).reshape(sent["shape"]) / 255
+    assert np.abs(back - w).max() <= 0.5 / 255 + 1e-9

@@ -162,3 +162,44 @@ def test_the_page_colours_each_token_by_its_expert(browser, tmp_path):
     assert colours[1] != colours[0] and colours[1].split(",")[:3] == colours[2].split(",")[:3]  # expert 1 twice
     page.close()
     assert not errors, errors
+
+
+def test_a_thousand_tokens_render_and_stay_usable(browser, tmp_path, shots, record_property):
+    """1,000 tokens, 2 layers x 4 heads (8 million weights, sent one byte each): the page renders,
+    draws only the lines of the rows in view, and keeps answering. The time is logged, not asserted."""
+    import time
+
+    expect = playwright.expect
+    n, rng = 1000, np.random.default_rng(0)
+    tokens = [f"t{i}" for i in range(n)]
+    scores = rng.standard_normal((2, 4, n, n)) * 3  # peaky rows, as trained heads have
+    scores[..., np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf  # causal
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    write_attention_html([AttentionView("self-attention", tokens, tokens, w)], tmp_path / "long.html", "long")
+    size_mb = (tmp_path / "long.html").stat().st_size / 1e6
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    errors = watch(page)
+    start = time.perf_counter()
+    page.goto((tmp_path / "long.html").as_uri())
+    expect(page.locator(".thumb")).to_have_count(8)
+    expect(page.locator(".token.query")).to_have_count(n)
+    rendered = time.perf_counter() - start
+    lines = page.locator("line.line").count()
+    assert 0 < lines < 50 * 4 * 60  # the rows in view only, not a million
+    page.locator("#head-pane").evaluate("pane => { pane.scrollTop = 900 * 22; }")
+    page.wait_for_function("document.querySelector('line.line[data-query=\"900\"]') !== null")
+    page.hover(".token.query[data-index='900']")
+    expect(page.locator(".token.key[data-index='900'] .weight-label")).to_have_text(PERCENT)
+    start = time.perf_counter()
+    page.click(".thumb[data-layer='1'][data-head='3']")
+    expect(page.locator("#enlarged")).to_be_visible()
+    enlarged = time.perf_counter() - start
+    labels = page.locator("#enlarged .axis.key .label").count()
+    assert 0 < labels < n  # every k-th token labelled
+    page.screenshot(path=str(shots / "long-input.png"))
+    page.close()
+    print(f"\n1,000 tokens, 2 layers x 4 heads: page {size_mb:.1f} MB, rendered in {rendered:.2f} s "
+          f"({lines} lines drawn), enlarged heatmap in {enlarged:.2f} s, {labels} key labels")  # fmt: skip
+    record_property("render_s", round(rendered, 3))
+    assert not errors, errors

@@ -105,12 +105,23 @@ def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
                              capsys)  # fmt: skip
     assert code == 0, err
     heads = json.loads((tmp_path / "h.json").read_text())
-    assert set(heads) == {"previous-token", "first-token", "duplicate-token", "induction"}
+    assert set(heads["tables"]) == {"previous-token", "first-token", "duplicate-token", "induction"}
+    assert len(heads["tables"]["induction"]) == 2  # layers, each a row of heads
     code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "ablate", "--out", str(tmp_path / "a.png")],
                              capsys)  # fmt: skip
     assert code == 0 and "loss change when zeroed" in out and (tmp_path / "a.png").stat().st_size > 5_000
     code, _, err = run_cli(["inspect", run, "d", "--what", "lens"], capsys)
     assert code == 2 and "two tokens" in err
+    for what, out_file, row in (("heads", "h.html", "layer 2"), ("lens", "l.html", "block 2")):  # shaded tables
+        code, _, err = run_cli(["inspect", run, "def add", "--what", what, "--out", str(tmp_path / out_file)], capsys)
+        page = (tmp_path / out_file).read_text()
+        assert code == 0 and page.startswith("<!DOCTYPE html>") and "<script" not in page and row in page
+    code, out, err = run_cli(["inspect", run, "def add", "--what", "rollout", "--out", str(tmp_path / "r.html")],
+                             capsys)  # fmt: skip
+    assert code == 0 and "self-attention rollout: the last position" in out
+    assert "attention-data" in (tmp_path / "r.html").read_text()  # the attention page, with the rollout
+    code, _, err = run_cli(["inspect", run, "def add", "--what", "flow", "--out", str(tmp_path / "f.gif")], capsys)
+    assert code == 2 and ".png, .svg" in err
 
 
 def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
@@ -135,4 +146,4 @@ def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
     final, _ = read_safetensors(out / "model.safetensors")
     assert all(torch.equal(last[k], final[k]) for k in final)
     code, _, err = run_cli(["inspect", str(out), "--what", "lens"], capsys)
-    assert code == 2 and "needs an input text" in err
+    assert code == 2 and "needs an input" in err

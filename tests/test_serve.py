@@ -22,14 +22,14 @@ from PIL import Image
 import attnlab.serve.app
 from attnlab import load
 from attnlab.cli.main import main
-from attnlab.decoding.sampling import generate_text
+from attnlab.decoding.sampling import generate_text, stream
 from attnlab.errors import AttnlabError
 from attnlab.serve.app import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.tasks.text_predict import predict
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
-from attnlab.viz.views import views
+from attnlab.viz.views import token_labels, views
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -153,6 +153,42 @@ def test_generate_streams_the_text_generate_text_returns(client, runs):
     got = lines(client.post("/api/generate", json={**request, "stop": stop}))
     with_stop = generate_text(run.model, run.tokenizer, prompt, seed=7, stop=stop, **SAMPLING)[len(prompt) :]
     assert "".join(line.get("text", "") for line in got) == with_stop and len(with_stop) < len(expected)
+
+
+def test_generate_with_attention_sends_each_tokens_row_and_the_same_text(client, runs):
+    """Each piece comes with the attention of the query that produced it: one row per layer over the
+    tokens before it, equal to the last row of the model's own attention on that text."""
+    run = load(runs["lm"], "cpu")
+    prompt, request = "def add(", {"run": "lm", "prompt": "def add(", "seed": 7, **SAMPLING}
+    plain = lines(client.post("/api/generate", json=request))
+    got = lines(client.post("/api/generate", json={**request, "attention": True}))
+    head, pieces, last = got[0], got[1:-1], got[-1]
+    assert head == {"prompt_tokens": token_labels(run.tokenizer, run.tokenizer.encode(prompt))}
+    assert [p["text"] for p in pieces] == [p["text"] for p in plain[:-1]] and last["tokens"] == len(pieces)
+    ids = run.tokenizer.encode(prompt)
+    for p, token in zip(pieces, stream(run.model, ids, seed=7, **SAMPLING)):
+        expected = [w[0, :, -1].mean(0) for w in run.model.attention(torch.tensor([ids]))]  # (T,) per layer
+        assert len(p["attention"]) == len(expected) and len(p["attention"][0]) == len(ids)
+        for row, want in zip(p["attention"], expected):
+            assert torch.allclose(torch.tensor(row), want, atol=2e-3)
+        assert p["tokens"] == token_labels(run.tokenizer, [token])
+        ids = [*ids, token]
+
+
+def test_inspect_answers_the_library_s_numbers(client, runs):
+    from attnlab.interpret.report import inspect
+
+    run = load(runs["lm"], "cpu")
+    for what in ("lens", "heads", "ablate", "rollout"):
+        answer = client.post("/api/inspect", json={"run": "lm", "text": "def add(a", "what": what}).json()
+        assert answer == json.loads(json.dumps(inspect(run, "def add(a", what))), what
+    rollout = client.post("/api/inspect", json={"run": "classify", "text": "a fine film", "what": "rollout"}).json()
+    assert rollout["views"][0]["name"] == "self-attention rollout"
+    expect_error(client.post("/api/inspect", json={"run": "lm", "text": "x", "what": "lens"}), 400, "two tokens")
+    expect_error(client.post("/api/inspect", json={"run": "lm", "text": "ab", "what": "x"}), 422, "what")
+    expect_error(client.post("/api/inspect", json={"run": "classify", "text": "ab", "what": "lens"}), 400,
+                 "language-model run")  # fmt: skip
+    expect_error(client.post("/api/inspect", json={"run": "image", "text": "ab", "what": "rollout"}), 400, "image")
 
 
 def test_generate_without_a_seed_returns_the_one_it_drew(client):

@@ -130,3 +130,19 @@ def test_attention_only_blocks_add_nothing_after_attention():
     assert torch.all(t["blocks.0.hook_ff_out"] == 0)
     assert torch.equal(t["blocks.1.hook_resid_post"], t["blocks.1.hook_resid_mid"])
     assert not any(".ff." in name for name, _ in model.named_parameters())  # only the norm before it
+
+
+def test_mixture_of_experts_routing_is_a_point_and_a_replaced_router_reroutes():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=40, context=16, n_layer=1, n_head=2, d_model=16, dropout=0.0, feedforward="moe",
+                    n_experts=4, experts_per_token=1)  # fmt: skip
+    model, ids = build_model("gpt", cfg).eval(), torch.randint(0, 40, (2, 5))
+    t = attnlab.trace(model, ids)
+    probs = t["blocks.0.ff.hook_router"]
+    assert probs.shape == (10, 4) and torch.allclose(probs.sum(-1), torch.ones(10))
+    assert torch.equal(model.blocks[0].ff.choice.flatten(), probs.argmax(-1))
+    forced = torch.zeros(10, 4)
+    forced[:, 2] = 1  # every token to expert 2
+    with attnlab.hooks(model, {"blocks.0.ff.hook_router": lambda p: forced}):
+        model(ids)
+    assert torch.all(model.blocks[0].ff.choice == 2)

@@ -43,18 +43,20 @@ def add_commands(sub) -> None:
     """Add `attention`, `plot` and `serve` to the parser's subcommands."""
     from attnlab.viz.inspect_plots import WHAT
 
-    desc = ("Draw what each head attends to for one input: a .png heatmap (queries down, keys across; "
-            "every layer and head, one layer's heads and their mean with --layer, one head with --head) or "
-            "a self-contained .html page with the head view and the model view (no network needed). "
+    desc = ("Draw what each head attends to for one input: a .png or .svg heatmap grid (queries down, keys "
+            "across; every layer and head, one layer's heads and their mean with --layer, one head with "
+            "--head), a self-contained .html page with the head view and the model view (no network needed), "
+            "or .json: the weights behind the picture (all views, or those --view/--layer/--head pick). "
             "Translation runs: encoder, decoder and cross-attention; image runs: [CLS] over the patches.")  # fmt: skip
-    p = sub.add_parser("attention", help="attention pictures of a run on one input (PNG or HTML)", description=desc)
+    p = sub.add_parser("attention", help="attention of a run on one input (PNG, SVG, HTML, JSON)", description=desc)
     p.add_argument("run", help="run directory (gpt, encoder, translation or image)")
     p.add_argument("input", help="text to read (an image file for image runs)")
-    p.add_argument("--out", required=True, metavar="FILE.png|FILE.html", help="picture or page to write")
-    p.add_argument("--layer", type=int, default=None, help="PNG: only this layer (1 = first), all its heads")
-    p.add_argument("--head", type=int, default=None, help="PNG: only this head of --layer (1 = first)")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="what to write, by suffix: .png or .svg picture, .html page, .json numbers")  # fmt: skip
+    p.add_argument("--layer", type=int, default=None, help="PNG, SVG, JSON: only this layer (1 = first), all its heads")
+    p.add_argument("--head", type=int, default=None, help="PNG, SVG, JSON: only this head of --layer (1 = first)")
     p.add_argument("--view", default=None, choices=("self", "encoder", "decoder", "cross"),
-                   help="PNG of a translation run: which attention (default: cross)")  # fmt: skip
+                   help="a translation run: which attention (PNG, SVG default: cross; JSON default: all)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     p.set_defaults(func=cmd_attention)
 

@@ -1,4 +1,5 @@
-"""`attnlab inspect RUN INPUT --what lens|heads|ablate`: what a language model's layers and heads do."""
+"""`attnlab inspect RUN INPUT --what lens|heads|ablate|rollout|flow|over-training`: what a model's
+layers and heads do (the numbers come from interpret/report.py; this file prints and writes them)."""
 
 from __future__ import annotations
 
@@ -6,112 +7,131 @@ import argparse
 import json
 from pathlib import Path
 
-WHAT = ("lens", "heads", "ablate", "over-training")
+WHAT = ("lens", "heads", "ablate", "rollout", "flow", "over-training")
+SUFFIXES = (".png", ".svg", ".html", ".json")
 
 
-def _tables_json(tables: dict) -> dict:
-    return {name: t.tolist() for name, t in tables.items()}
+def _check_out(out: str | None) -> None:
+    from attnlab.errors import AttnlabError
 
-
-def _write(out: str | None, draw, data: dict) -> str | None:
-    """Write `data` as JSON if out ends in .json, else draw(out) (PNG or SVG)."""
-    if out is None:
-        return None
-    if out.endswith(".json"):
-        Path(out).write_text(json.dumps(data, indent=1))
-    else:
-        draw(out)
-    return out
+    if out is not None and Path(out).suffix.lower() not in SUFFIXES:
+        raise AttnlabError(f"--out {out}: write a picture (.png, .svg), a page (.html) or the numbers (.json)")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    import torch
-
     from attnlab.errors import AttnlabError
+    from attnlab.interpret.report import inspect
     from attnlab.run import load
 
-    run = load(args.run, device="cpu")
-    if run.tokenizer is None or not hasattr(run.model, "logits"):
-        raise AttnlabError("inspect reads a language-model run (attnlab train lm)")
+    _check_out(args.out)
+    run = load(args.run, device=args.device)
     if args.what == "over-training":
         return _over_training(run, args.out)
     if args.text is None:
-        raise AttnlabError(f"--what {args.what} needs an input text")
-    ids = torch.tensor([run.tokenizer.encode(args.text)])[:, : run.model.cfg.context]  # (1, T)
-    if ids.shape[1] < 2:
-        raise AttnlabError("give an input of at least two tokens")
-    decode = lambda i: run.tokenizer.decode([i])
-    lines = []
-    if args.what == "lens":
-        from attnlab.interpret.lens import logit_lens, plot_lens
-
-        lens = logit_lens(run.model, ids, decode)
-        written = _write(args.out, lambda p: plot_lens(lens, p), lens.as_json())
-        mean = lens.target_prob.mean(-1)  # (L + 1,): how likely the actual next token was, by depth
-        lines += [f"{name:>9}: p(actual next token) {float(p):.3f}" for name, p in zip(lens.layers, mean)]
-    else:
-        tables, title, diverging = _head_tables(run, ids, args.what)
-        written = _write(args.out, lambda p: _draw_tables(tables, p, title, diverging), _tables_json(tables))
-        for name, table in tables.items():
-            lines.append(f"{name} (layer x head):")
-            lines += ["  " + " ".join(f"{v:7.3f}" for v in row.tolist()) for row in table]
-    if written:
-        lines.append(f"wrote {written}")
+        raise AttnlabError(f"--what {args.what} needs an input (a text; an image file for image runs)")
+    result = inspect(run, args.text, args.what)
+    lines = _summary(result)
+    if args.out:
+        _write(result, args.out, f"{run.path.name}, {args.what}: {args.text!r}")
+        lines.append(f"wrote {args.out}")
     print("\n".join(lines))
     return 0
 
 
+def _summary(result: dict) -> list[str]:
+    """What the terminal shows: the lens's confidence by depth, the tables, each rollout's last row."""
+    if result["kind"] == "lens":
+        mean = [sum(row) / len(row) for row in result["target_prob"]]  # how likely the next token was, by depth
+        return [f"{name:>9}: p(actual next token) {p:.3f}" for name, p in zip(result["layers"], mean)]
+    if result["kind"] == "tables":
+        lines = []
+        for name, table in result["tables"].items():
+            lines.append(f"{name} (layer x head, both from 1):")
+            lines += ["  " + " ".join(f"{v:7.3f}" for v in row) for row in table]
+        return lines
+    lines = []
+    for v in result["views"]:
+        row = v["weights"][0][0][-1] if "weights" in v else None
+        if row is None:
+            continue
+        top = sorted(range(len(row)), key=lambda j: -row[j])[:5]
+        shares = ", ".join(f"{v['keys'][j]!r} {row[j]:.2f}" for j in top)
+        lines.append(f"{v['name']}: the last position {v['queries'][-1]!r} draws on {shares}")
+    return lines
+
+
+def _write(result: dict, out: str, title: str) -> None:
+    suffix = Path(out).suffix.lower()
+    if suffix == ".json":
+        Path(out).write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    elif suffix == ".html":
+        from attnlab.viz.report_html import write_report_html
+
+        write_report_html(result, out, title)
+    else:
+        _draw(result, out, title)
+
+
+def _draw(result: dict, out: str, title: str) -> None:
+    import torch
+
+    if result["kind"] == "lens":
+        from attnlab.interpret.lens import Lens, plot_lens
+
+        lens = Lens(result["tokens"], result["layers"], result["top"], torch.tensor(result["prob"]), None)
+        plot_lens(lens, out)
+    elif result["kind"] == "tables":
+        from attnlab.viz.heads import plot_head_tables
+
+        tables = {name: torch.tensor(t) for name, t in result["tables"].items()}
+        plot_head_tables(tables, out, result["title"], result.get("diverging", False))
+    else:
+        import numpy as np
+
+        from attnlab.viz.alignment import plot_alignment
+
+        v = result["views"][-1]  # the cross-attention of a translation, the only view of the others
+        plot_alignment(np.asarray(v["weights"]), v["keys"], v["queries"], Path(out), f"{title}: {v['name']}")
+
+
 def _over_training(run, out: str | None) -> int:
     from attnlab.interpret.over_training import over_training, plot_over_training
+    from attnlab.interpret.report import tables_json
 
     result = over_training(run)
-    data = {**result, "scores": _tables_json(result["scores"])}
-    written = _write(out, lambda p: plot_over_training(result, p), data)
+    data = {**result, "scores": {k: [tables_json({"": s})[""] for s in v] for k, v in result["scores"].items()}}
+    if out and out.endswith(".json"):
+        Path(out).write_text(json.dumps(data, indent=1))
+    elif out and out.endswith(".html"):
+        from attnlab.errors import AttnlabError
+
+        raise AttnlabError("--what over-training draws a .png or .svg, or writes .json")
+    elif out:
+        plot_over_training(result, out)
     lines = [f"{'step':>8} {'repeat loss':>12} {'best induction':>15} {'best previous-token':>20}"]
     for i, step in enumerate(result["steps"]):
         ind, prev = result["scores"]["induction"][i], result["scores"]["previous-token"][i]
         lines.append(
             f"{step:>8} {result['repeat_loss'][i]:>12.4f} {float(ind.max()):>15.3f} {float(prev.max()):>20.3f}"
         )
-    print("\n".join(lines + ([f"wrote {written}"] if written else [])))
+    print("\n".join(lines + ([f"wrote {out}"] if out else [])))
     return 0
 
 
-def _head_tables(run, ids, what: str):
-
-    from attnlab.interpret.ablation import head_ablation
-    from attnlab.interpret.detectors import head_scores, repeated_tokens
-    from attnlab.trace import trace
-
-    model = run.model
-    patterns = lambda x: trace(model, x).patterns()  # (B, L, H, T, T)
-
-    if what == "heads":
-        scores = head_scores(patterns(ids), ids)
-        n = min(model.cfg.context // 2, 50)
-        rep, half = repeated_tokens(run.tokenizer.vocab_size, n, batch=8)
-        scores["induction"] = head_scores(patterns(rep), rep, half)["induction"]
-        title = "head detectors (previous, first, duplicate: on the input; induction: repeated random tokens)"
-        return scores, title, False
-    x, y = ids[:, :-1], ids[:, 1:]
-    table = head_ablation(model, lambda: model(x, y)[1], (x,), "zero")
-    return {"loss change when zeroed": table}, "head ablation: loss with the head zeroed minus the loss", True
-
-
-def _draw_tables(tables, path, title, diverging) -> None:
-    from attnlab.viz.heads import plot_head_tables
-
-    plot_head_tables(tables, path, title, diverging)
-
-
 def add_commands(sub) -> None:
-    p = sub.add_parser("inspect", help="a language model's logit lens, head detectors or head ablation on an input",
-                       description="lens: the next-token prediction read after each layer; heads: previous-token, "
-                       "first-token, duplicate-token and induction scores of every head; ablate: the loss change "
-                       "on the input when each head is zeroed; over-training: detector scores and the loss on "
-                       "repeated tokens at every weight snapshot (train with --snapshot-every N).")  # fmt: skip
-    p.add_argument("run", help="run directory (attnlab train lm)")
-    p.add_argument("text", nargs="?", default=None, help="input text (not needed for --what over-training)")
+    p = sub.add_parser("inspect", help="logit lens, head detectors, head ablation, rollout/flow, heads over training",
+                       description="lens: a GPT's next-token prediction read after each layer; heads: "
+                       "previous-token, first-token, duplicate-token and induction scores of every head; ablate: "
+                       "the loss change on the input when each head is zeroed; rollout / flow: how much each "
+                       "position draws on each input token through all the layers (any run; flow is slow past "
+                       "64 tokens); over-training: detector scores and the loss on repeated tokens at every "
+                       "weight snapshot (train with --snapshot-every N).")  # fmt: skip
+    p.add_argument("run", help="run directory (lens, heads, ablate, over-training: attnlab train lm; rollout, "
+                   "flow: any run with attention)")  # fmt: skip
+    p.add_argument("text", nargs="?", default=None, help="input text, or an image file for image runs (not needed "
+                   "for --what over-training)")  # fmt: skip
     p.add_argument("--what", required=True, choices=WHAT, help="what to compute")
-    p.add_argument("--out", default=None, metavar="FILE", help="picture (.png, .svg) or numbers (.json)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)")  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default: cpu)")
     p.set_defaults(func=cmd_inspect)

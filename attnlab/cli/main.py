@@ -8,6 +8,7 @@ predict, eval and attention ask the run's task what to do. No module here is imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -71,8 +72,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def heads_removed(run, args: argparse.Namespace):
+    """The run's model with the heads of --keep / --remove zeroed (interpret/head_select.py)."""
+    from attnlab.interpret.head_select import describe, head_hooks
+    from attnlab.nn.hooks import hooks
+
+    fns = head_hooks(run.model, args.keep, args.remove)
+    if fns:
+        print(f"[{describe(run.model, fns)}]", file=sys.stderr)
+    with hooks(run.model, fns):
+        yield
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
-    from attnlab.decoding.sampling import sample_texts, stream_text
     from attnlab.run import load
 
     gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
@@ -81,6 +94,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise AttnlabError(
             f"{args.run} is not a language model run (it is {run.task.name}): attnlab sample needs a gpt run"
         )
+    with heads_removed(run, args):
+        return _sample(run, gen, args)
+
+
+def _sample(run, gen: GenerateConfig, args: argparse.Namespace) -> int:
+    from attnlab.decoding.sampling import sample_texts, stream_text
+
     if args.num_samples == 1:  # one sample streams as it is generated
         print(gen.prompt, end="", flush=True)
         for piece in stream_text(run.model, run.tokenizer, **dataclasses.asdict(gen)):
@@ -107,7 +127,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from attnlab.run import load
 
     run = load(args.run, device=args.device)
-    result = run.task.predict(run, args.text, vars(args))
+    with heads_removed(run, args):
+        result = run.task.predict(run, args.text, vars(args))
     print(json.dumps(result) if args.json else run.task.show_prediction(result))
     return 0
 
@@ -195,6 +216,15 @@ def add_train_commands(sub) -> None:
     cli_vectors.add_train_command(tasks)
 
 
+def add_head_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("heads (see what they do by taking them out)").add_mutually_exclusive_group()
+    g.add_argument("--remove", metavar="HEADS", default=None, help="zero these heads' outputs: LAYER.HEAD from 1, "
+                   "comma-separated (2.3,1.1); a layer alone (2) is all its heads; encoder-decoder: encoder:, "
+                   "decoder: or cross: before it")  # fmt: skip
+    g.add_argument("--keep", metavar="HEADS", default=None, help="zero every other head of the same attention: "
+                   "only these remain (same syntax as --remove)")  # fmt: skip
+
+
 def add_run_commands(sub) -> None:
     """predict, compare and translate: what a trained run does with an input."""
     pr = sub.add_parser("predict", help="a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, "
@@ -209,6 +239,7 @@ def add_run_commands(sub) -> None:
                     "ViT runs: draw [CLS]'s attention to each patch over the image")  # fmt: skip
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
+    add_head_flags(pr)
     pr.set_defaults(func=cmd_predict)
     cmp = sub.add_parser("compare", help="train several models on one task with one budget; table and bar chart")
     cmp.add_argument(
@@ -243,6 +274,7 @@ def add_run_commands(sub) -> None:
     tr.add_argument("--attention", default=None, metavar="FILE.png", help="also draw the alignment (cross-attention)")
     tr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
+    add_head_flags(tr)
     tr.set_defaults(func=cmd_predict)
 
 
@@ -278,6 +310,7 @@ def build_parser() -> Parser:
     )
     sample.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     add_config_flags(sample, "gen", GenerateConfig, "generation")
+    add_head_flags(sample)
     sample.set_defaults(func=cmd_sample)
 
     ev = sub.add_parser("eval", help="a language model's loss and bits per character, a classifier's accuracy, "

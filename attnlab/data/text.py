@@ -2,7 +2,8 @@
 
 Built in: `stdlib`, the source of the running Python's standard library (its tests and
 site-packages excluded), read from the interpreter's installation: no download, on every
-machine that has Python.
+machine that has Python; `repeats`, random letter strings each written twice (data/repeats.py),
+where a small model learns an induction head.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from tqdm.auto import tqdm
 from attnlab.config import check_fraction, option
 from attnlab.errors import AttnlabError
 
-BUILTIN = ("stdlib",)
+BUILTIN = ("stdlib", "repeats")
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 
 @dataclass
 class DataConfig:
-    data: str = option("stdlib", "a text file, a folder, or a built-in corpus: stdlib")
+    data: str = option("stdlib", "a text file, a folder, or a built-in corpus: stdlib, repeats")
     glob: str = option("*", "which files of a folder to read, searched recursively (e.g. '*.py')")
     tokenizer: str = option("char", "character-level, byte-level BPE or word tokens", ("char", "bpe", "word"))
     vocab_size: int = option(4096, "vocabulary size when training a BPE tokenizer")
@@ -63,6 +64,11 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
         if not files:
             raise AttnlabError("no standard library sources found in this Python installation")
         return files
+    if data == "repeats":
+        from attnlab.data.repeats import repeats_file
+        from attnlab.data.tokens import cache_root
+
+        return [repeats_file(cache_root() / "corpora")]
     p = Path(data).expanduser()
     if p.is_file():
         if not _is_text(p):  # a folder skips such files; one named on its own is a mistake

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -216,9 +216,10 @@ def stream_text(
     stop: str | None = None,
     use_cache: bool = True,
     dtype: str = "auto",
+    on_token: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced, until
-    max_new_tokens or the `stop` text (which is not included)."""
+    max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     out: list[int] = []
     emitted = ""
@@ -226,6 +227,8 @@ def stream_text(
     text = ""  # the continuation so far, up to its last complete character
     for token in stream(model, ids, max_new_tokens, **sampling):
         out.append(token)
+        if on_token is not None:
+            on_token(token)
         decoded = tokenizer.decode(out)
         if decoded.endswith("\ufffd"):
             continue  # a multi-byte character is still incomplete

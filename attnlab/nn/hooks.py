@@ -13,18 +13,22 @@ halves of the encoder-decoder and ViT. A point is named by its module path:
     blocks.{i}.cross.hook_pattern, .cross.hook_head_out, hook_cross_out, hook_resid_cross
                                               the same for cross-attention (decoder blocks)
     blocks.{i}.hook_ff_out         (B, T, C)  the feed-forward (or mixture of experts) output
+    blocks.{i}.ff.hook_router      (B*T, E)   a mixture of experts' router probabilities (routing
+                                              follows a replaced one)
     blocks.{i}.hook_resid_post     (B, T, C)  the block's output
 
 (the encoder-decoder's stacks are `encoder.` and `decoder.`; see Trace.names() for a model's own).
 With no hook set a point is one attribute test: nothing a benchmark can see. A hook returns a
 replacement tensor, or None to leave the activation as it is; setting one on `hook_pattern` makes
 that attention take the path that writes its probabilities out, so that a replaced pattern is the
-one applied to the values.
+one applied to the values. Hooks fire only in the thread that set them: a server answering several
+requests from one model can ablate a head for one request while another generates untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 
 from torch import Tensor, nn
@@ -75,20 +79,37 @@ def hooks(model: nn.Module, fns: dict[str, Hook]) -> Iterator[nn.Module]:
     added = []
     try:
         for name, fn in fns.items():
-            points[name].fns.append(fn)
-            added.append((points[name], fn))
+            scoped = _this_thread(fn)
+            points[name].fns.append(scoped)
+            added.append((points[name], scoped))
         yield model
     finally:
         for point, fn in added:
             point.fns.remove(fn)
 
 
-def zero_head(head: int) -> Hook:
-    """A hook for `...attn.hook_head_out` that zeroes one head's output (head ablation)."""
+def _this_thread(fn: Hook) -> Hook:
+    """fn, for forward passes run by the calling thread; other threads' pass through untouched."""
+    owner = threading.get_ident()
+
+    def scoped(x: Tensor) -> Tensor | None:
+        return fn(x) if threading.get_ident() == owner else None
+
+    return scoped
+
+
+def zero_heads(heads: list[int]) -> Hook:
+    """A hook for `...attn.hook_head_out` that zeroes these heads' outputs (0-based): head ablation."""
 
     def fn(x: Tensor) -> Tensor:
         x = x.clone()
-        x[:, head] = 0
+        x[:, heads] = 0  # x (B, H, T, Dh)
         return x
 
+    fn.heads = list(heads)  # what it removes, for messages
     return fn
+
+
+def zero_head(head: int) -> Hook:
+    """zero_heads([head])."""
+    return zero_heads([head])

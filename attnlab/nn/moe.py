@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.feedforward import dense_feedforward
+from attnlab.nn.hooks import Tap
 
 if TYPE_CHECKING:
     from attnlab.nn.block import BlockConfig
@@ -63,6 +64,7 @@ class MixtureOfExperts(nn.Module):
         self.router = nn.Linear(d_model, n_experts, bias=False)  # W_r: (C -> E)
         experts = (dense_feedforward(expert, d_model, d_ff, activation, bias) for _ in range(n_experts))
         self.experts = nn.ModuleList(experts)
+        self.hook_router = Tap()  # (N, E) router probabilities, tokens in (batch, time) order; nn/hooks.py
         # What the last forward routed (set by every call; read by the engine and the pictures).
         self.aux: Tensor | None = None  # the balancing loss, with its graph
         self.load: Tensor | None = None  # (E,) share of the kept assignments each expert got
@@ -77,7 +79,7 @@ class MixtureOfExperts(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (N, C) -> gates (N, k) renormalised, experts (N, k), kept (N, k) bool; sets the statistics."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)  # (N, E), float32 whatever the autocast
+        probs = self.hook_router(torch.softmax(self.router(x).float(), dim=-1))  # (N, E), float32 whatever the autocast
         gates, experts = probs.topk(self.k, dim=-1)  # (N, k) each, best first
         gates = gates / gates.sum(-1, keepdim=True)
         kept = self._within_capacity(experts)

@@ -12,7 +12,9 @@ server keeps serving).
   GET  /api/runs/{name}/metrics  the rows of metrics.jsonl: {step, loss, lr, val_loss?, ...}
   POST /api/generate             {run, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop}
                                  GPT runs; NDJSON, one line per piece as it is sampled: {"text": piece},
-                                 then {"done": true, "tokens": n, "seconds": s, "seed": seed}
+                                 then {"done": true, "tokens": n, "seconds": s, "seed": seed}; with
+                                 attention: true, first {"prompt_tokens": [...]}, and each piece also
+                                 has "tokens" and "attention" (L, Tk) of the query that produced it
                                  (or {"error": ...} if it fails midway)
   POST /api/predict              {run, text, top_k, beam} -> classify {label, probability, probabilities},
                                  tag {tokens: [{token, tag, probability}]}, mlm {tokens, masks},
@@ -20,6 +22,8 @@ server keeps serving).
   POST /api/predict_image        multipart form: run, image -> {label, probability, top (3),
                                  attention: {grid: [rows, cols], weights (L, H, rows, cols)} of
                                  [CLS] over the patches, or null for a model without attention}
+  POST /api/inspect              {run, text, what} -> interpret/report.py's numbers: what = lens, heads,
+                                 ablate (GPT runs), rollout or flow (any text run)
   POST /api/attention            {run, text} -> {views: [{name, queries, keys, weights (L, H, Tq, Tk)}]}, and
                                  for a mixture of experts experts: {tokens, experts (L, T), gates (L, T), n}
 
@@ -45,7 +49,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from fastapi import FastAPI, File, Form, HTTPException, UploadFile
@@ -57,6 +61,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from attnlab import __version__
 from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
+from attnlab.interpret.report import WHAT, inspect
 from attnlab.run import Run, load
 from attnlab.serve.page import page
 from attnlab.tasks.image import load_image, predict_image
@@ -140,6 +145,11 @@ class GenerateRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1, description="sample among the tokens that make up probability p")
     seed: int | None = Field(None, ge=0, lt=2**63, description="the same seed gives the same text (default: random)")
     stop: str | None = Field(None, max_length=100, description="stop when this text is generated")
+    attention: bool = Field(False, description="send with each token the attention that produced it (slower)")
+
+
+class InspectRequest(TextRequest):
+    what: Literal[WHAT] = Field(description="lens, heads, ablate (GPT runs), rollout or flow (any text run)")
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -188,11 +198,14 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
         s = find(req.run, "/api/generate")
         seed = secrets.randbelow(2**53) if req.seed is None else req.seed  # 2**53: exact as a JavaScript number
         t0 = time.perf_counter()
-        pieces = stream_text(s.run.model, s.run.tokenizer, req.prompt, req.max_new_tokens, req.temperature,
-                             req.top_k, req.top_p, seed, req.stop)  # fmt: skip
-        # The first piece is sampled here, so that an error before it still gets its status code.
-        first = next(pieces, None)
-        return StreamingResponse(ndjson(first, pieces, seed, t0), media_type=NDJSON)
+        sampling = (req.max_new_tokens, req.temperature, req.top_k, req.top_p, seed, req.stop)
+        if req.attention:
+            lines = live_lines(s.run, req.prompt, sampling)
+        else:
+            lines = ({"text": p} for p in stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling))
+        # The first line is made here, so that an error before it still gets its status code.
+        first = next(lines, None)
+        return StreamingResponse(ndjson(first, lines, seed, t0), media_type=NDJSON)
 
     @app.post("/api/predict", summary="a classifier's label, a tagger's tags, a masked LM's fills, a translation")
     def predict_text(req: PredictRequest) -> dict:
@@ -217,6 +230,13 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
         out["attention"] = cls_attention(s.run, pixels)
         return {**out, "image": image.filename}
 
+    @app.post("/api/inspect", summary="inside the model: logit lens, head detectors, head ablation, rollout, flow")
+    def inspect_text(req: InspectRequest) -> dict:
+        s = find(req.run)
+        if not s.run.task.tokenized:
+            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: use attnlab inspect RUN IMAGE --what rollout")
+        return inspect(s.run, req.text, req.what)
+
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
     def attention(req: TextRequest) -> dict:
         s = find(req.run)
@@ -233,14 +253,32 @@ def predict(run: Run, text: str, options: dict) -> dict:
     return run.task.predict(run, text, options)
 
 
-def ndjson(first: str | None, pieces: Iterator[str], seed: int, t0: float) -> Iterator[str]:
+def live_lines(run: Run, prompt: str, sampling: tuple) -> Iterator[dict]:
+    """/api/generate's lines with attention: {"prompt_tokens": [...]} first, then per piece {"text",
+    "tokens": the tokens it holds, "attention": (L, Tk) the newest query's weights, mean of heads}."""
+    from attnlab.serve.live import LiveAttention, in_one_thread
+    from attnlab.viz.views import token_labels
+
+    tok, live, new = run.tokenizer, LiveAttention(run.model), []
+    ids = (tok.encode(prompt) if prompt else [tok.eot_id])[-run.model.cfg.context :]
+
+    def make() -> Iterator[dict]:
+        yield {"prompt_tokens": token_labels(tok, ids)}
+        for piece in stream_text(run.model, tok, prompt, *sampling, on_token=new.append):
+            yield {"text": piece, "tokens": token_labels(tok, new), "attention": live.latest()}
+            new.clear()
+
+    return in_one_thread(make, run.model, live.hooks())
+
+
+def ndjson(first: dict | None, lines: Iterator[dict], seed: int, t0: float) -> Iterator[str]:
     """The lines of /api/generate. tokens counts the pieces: one per token, except that a character
     split over several byte-level tokens comes as one piece."""
     n = 0
     try:
-        for piece in itertools.chain([] if first is None else [first], pieces):
-            n += 1
-            yield json.dumps({"text": piece}, ensure_ascii=False) + "\n"
+        for line in itertools.chain([] if first is None else [first], lines):
+            n += "text" in line
+            yield json.dumps(line, ensure_ascii=False) + "\n"
     except Exception as e:  # the status line is long gone: the error is the last line
         yield json.dumps({"error": one_line(e)}) + "\n"
         return

@@ -91,7 +91,7 @@ def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
 class LanguageModel(Task):
     name = "lm"
     help = "a GPT language model on text (next-token prediction)"
-    description = "Train a GPT on a text file, a folder, or the built-in 'stdlib' corpus."
+    description = "Train a GPT on a text file, a folder, or a built-in corpus ('stdlib', 'repeats')."
     models = {"gpt": ModelChoice("gpt", GPTConfig)}
     default_model = "gpt"
     data_config = DataConfig

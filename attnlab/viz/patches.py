@@ -11,44 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.engine.rundir import atomic_write
+from attnlab.interpret.rollout import as_array, stack_layers
+from attnlab.interpret.rollout import rollout as attention_rollout  # the one rollout, shared by every family
 
 MAX_LABELLED = 16  # grids up to 4 x 4 get each patch's weight written on it
 CELL = 1.8  # inches per panel: an 8x8 digit still shows its pixels and its patch blocks
 HEAT = dict(cmap="viridis", alpha=0.5, interpolation="nearest")  # see-through, one flat block per patch
-
-
-def _numpy(x) -> np.ndarray:
-    """A float array from an array or a torch tensor (which may need grad or live on a GPU)."""
-    if hasattr(x, "detach"):
-        x = x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=float)
-
-
-def _stack(weights) -> np.ndarray:
-    """L arrays (H, T, T), one (L, H, T, T) array, or one layer's (H, T, T): an (L, H, T, T) array."""
-    w = np.stack([_numpy(x) for x in weights]) if isinstance(weights, (list, tuple)) else _numpy(weights)
-    if w.ndim == 3:
-        w = w[None]  # one layer
-    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
-        raise ValueError(f"attention weights should be L arrays of shape (H, T, T); got shape {w.shape}")
-    return w
-
-
-def attention_rollout(weights: list[np.ndarray] | np.ndarray, residual: float = 0.5) -> np.ndarray:
-    """Abnar & Zuidema (2020): how much each token's output draws on each input token, through all layers.
-
-    One layer's heads are averaged; the residual connection passes each token on unchanged, so a share
-    `residual` of the identity is mixed in; rows are renormalized and the layers multiplied, later ones
-    on the left. Returns (T, T) with rows summing to 1; row 0 is [CLS]'s view of the image.
-    """
-    w = _stack(weights)
-    eye = np.eye(w.shape[-1])
-    rollout = eye
-    for layer in w:
-        a = residual * eye + (1 - residual) * layer.mean(0)  # (T, T)
-        a = a / a.sum(-1, keepdims=True)
-        rollout = a @ rollout
-    return rollout
 
 
 def _check_grid(t: int, grid: tuple[int, int]) -> tuple[int, int]:
@@ -60,7 +28,7 @@ def _check_grid(t: int, grid: tuple[int, int]) -> tuple[int, int]:
 
 def cls_maps(weights, grid: tuple[int, int]) -> np.ndarray:
     """[CLS]'s attention to each patch, per layer and head, laid out as the patches lie: (L, H, gh, gw)."""
-    w = _stack(weights)
+    w = stack_layers(weights)
     gh, gw = _check_grid(w.shape[-1], grid)
     return w[:, :, 0, 1:].reshape(w.shape[0], w.shape[1], gh, gw)  # patch k at (k // gw, k % gw)
 
@@ -74,7 +42,7 @@ def patch_panels(weights, grid: tuple[int, int], residual: float = 0.5) -> list[
     One row per layer (each head, then the mean of the heads); a last row with the image alone, the
     rollout and the last layer's mean, so the rollout can be set against the last layer it grew from.
     """
-    w = _stack(weights)
+    w = stack_layers(weights)
     maps = cls_maps(w, grid)  # (L, H, gh, gw)
     n_layer, n_head = maps.shape[:2]
     rows = []
@@ -88,7 +56,7 @@ def patch_panels(weights, grid: tuple[int, int], residual: float = 0.5) -> list[
 
 def _show_image(ax, image: np.ndarray) -> tuple[int, int]:
     """Draw (C, H, W) in [0, 1] pixel for pixel, in grey for one channel; return (H, W)."""
-    image = np.clip(_numpy(image), 0, 1)
+    image = np.clip(as_array(image), 0, 1)
     if image.ndim != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"an image should be (C, H, W) with C = 1 or 3; got shape {image.shape}")
     h, w = image.shape[1:]
@@ -197,7 +165,7 @@ def plot_prediction_grid(
     if n == 0:
         raise ValueError("no images to draw; pass at least one image and max_images >= 1")
     true, pred = list(true)[:n], list(pred)[:n]
-    shown = None if probs is None else _numpy(probs)[:n]
+    shown = None if probs is None else as_array(probs)[:n]
     if shown is not None and shown.ndim == 2:
         shown = shown.max(1)  # the predicted class is the most probable one
     cols = min(8, n)

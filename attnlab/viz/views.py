@@ -1,4 +1,5 @@
-"""The attention of a trained run on one input, as views for pictures (PNG, HTML) and the explorer.
+"""The attention of a trained run on one input, as views for pictures (PNG, SVG, HTML), numbers
+(JSON) and the explorer.
 
 views(run, text) -> [AttentionView(name, queries, keys, weights (L, H, Tq, Tk))]:
   gpt          "self-attention": causal, so a query sees only the keys up to itself
@@ -86,19 +87,42 @@ def select(weights: np.ndarray, layer: int | None, head: int | None) -> tuple[np
     return (w if head is None else w[:, head - 1 : head]), first, heads
 
 
+FORMATS = (".png", ".svg", ".html", ".json")
+
+
+def attention_json(run, text: str, found: list[AttentionView], layer: int | None, head: int | None,
+                   view: str | None) -> dict:  # fmt: skip
+    """The numbers behind the pictures: {"run", "text", "views": [{name, queries, keys, weights
+    (L, H, Tq, Tk) rounded to 4 decimals, layers, heads}]}; every view unless --view names one,
+    each narrowed to --layer and --head (layers and heads: the 1-based numbers kept)."""
+    from attnlab.viz.html import views_json
+
+    chosen = [pick(found, view)] if view else found
+    kept = [select(v.weights, layer, head) for v in chosen]
+    narrowed = [AttentionView(v.name, v.queries, v.keys, w) for v, (w, _, _) in zip(chosen, kept)]
+    out = views_json(narrowed)["views"]  # the same rounding as the HTML page's data
+    for entry, (w, first, heads) in zip(out, kept):
+        entry.update(layers=list(range(first, first + w.shape[0])), heads=heads)
+    return {"run": run.path.name, "text": text, "views": out}
+
+
 def write_attention(run, text: str, out: str | Path, layer: int | None = None, head: int | None = None,
                     view: str | None = None) -> str:  # fmt: skip
-    """Draw the attention of `run` on `text` into out: .png (a heatmap per layer and head, or the one
-    chosen) or .html (every view, head view and model view, self-contained). Returns a summary line."""
+    """Draw the attention of `run` on `text` into out: .png or .svg (a heatmap per layer and head, or
+    the one chosen), .html (every view, head view and model view, self-contained) or .json (the
+    numbers behind the picture). Returns a summary line."""
     out = Path(out)
-    if out.suffix.lower() not in (".png", ".html"):
-        raise AttnlabError(f"--out {out}: write a .png picture or a .html page")
+    suffix = out.suffix.lower()
+    if suffix not in FORMATS:
+        raise AttnlabError(f"--out {out}: write a .png or .svg picture, a .html page or .json numbers")
     if not run.task.tokenized:  # an image run: [CLS] over the patches, drawn by its task
-        if out.suffix.lower() != ".png":
-            raise AttnlabError("image runs draw [CLS]'s attention over the image: use --out FILE.png")
+        if suffix != ".png":
+            raise AttnlabError(  # .svg, .html and .json are drawn from token views, which images lack
+                f"--out {out}: image runs draw [CLS]'s attention over the image: use --out FILE.png"
+            )
         return run.task.picture(run, text, out)
     found = views(run, text)
-    if out.suffix.lower() == ".html":
+    if suffix == ".html":
         from attnlab.viz.experts import routing_json
         from attnlab.viz.html import write_attention_html
 
@@ -106,6 +130,12 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
         write_attention_html(found, out, f"{run.path.name}: {text!r}", experts)
         extra = ", expert view" if experts else ""
         return f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
+    if suffix == ".json":
+        from attnlab.engine.rundir import write_json
+
+        data = attention_json(run, text, found, layer, head, view)
+        write_json(out, data)
+        return f"{out}: {', '.join(v['name'] for v in data['views'])} (weights as L x H x Tq x Tk lists)"
     chosen = pick(found, view)
     w, first, heads = select(chosen.weights, layer, head)
     from attnlab.viz.alignment import plot_alignment

@@ -4,6 +4,9 @@ const ROW = 22; // px per token row: lines are placed by row index, so nothing n
 const CELL = 14; // px per cell of the enlarged heatmap, shared with its axis labels so they line up
 const GAP = 220; // px between the query and the key columns, where the lines go
 const MIN_LINE = 0.005; // lines under 0.5% are invisible anyway; skipping them keeps long sequences fast
+const LONG = 96; // above this many queries, the head view draws only the rows scrolled into view
+const THUMB = 128; // thumbnails hold at most THUMB x THUMB pixels, each the largest weight of its block
+const ENLARGED = 3000; // px: the enlarged heatmap's cells shrink (to 3 px at least) to stay near this
 const SVG_NS = document.getElementById("lines").namespaceURI; // the parser set it: no URL in the page
 const $ = (id) => document.getElementById(id);
 document.documentElement.style.setProperty("--row", `${ROW}px`); // one source for the CSS as well
@@ -24,6 +27,18 @@ const shown = (token) => token.replace(/\n/g, "\\n").replace(/\t/g, "\\t");
 function weight(i, j) {
   const W = view().weights[state.layer], heads = shownHeads();
   return heads.reduce((sum, h) => sum + W[h][i][j], 0) / heads.length;
+}
+
+// A long input's weights come as one byte each (views_json's "weights_u8"): unpack them into the
+// nested form the rest reads, [layer][head][query] -> a row of keys (views into one Float32Array).
+function unpack(v) {
+  if (!v.weights_u8) return v;
+  const [L, H, Tq, Tk] = v.shape, bytes = atob(v.weights_u8), all = new Float32Array(bytes.length);
+  for (let k = 0; k < bytes.length; k++) all[k] = bytes.charCodeAt(k) / 255;
+  const row = (l, h, i) => all.subarray(((l * H + h) * Tq + i) * Tk, ((l * H + h) * Tq + i + 1) * Tk);
+  v.weights = range(L).map((l) => range(H).map((h) => range(Tq).map((i) => row(l, h, i))));
+  delete v.weights_u8;
+  return v;
 }
 
 // Children go in through a fragment, not spread arguments, which engines cap in number.
@@ -71,7 +86,7 @@ function buildTokens() {
 // One line per (head, query, key) of the chosen layer; with a focused token, only its lines.
 function drawLines() {
   const v = view(), W = v.weights[state.layer], f = state.focus;
-  const queries = f && f.side === "query" ? [f.index] : range(v.queries.length);
+  const queries = f && f.side === "query" ? [f.index] : rowsInView(v.queries.length);
   const keys = f && f.side === "key" ? [f.index] : range(v.keys.length);
   const lines = [];
   for (const h of shownHeads())
@@ -89,6 +104,15 @@ function drawLines() {
         lines.push(line);
       }
   fill($("lines"), lines);
+}
+
+// The query rows to draw lines from: all of a short input; of a long one, those scrolled into view
+// (and a margin), so that a 1,000-token input draws a few thousand lines rather than a million.
+function rowsInView(n) {
+  if (n <= LONG) return range(n);
+  const pane = $("head-pane"), first = Math.floor(pane.scrollTop / ROW) - 10;
+  const last = Math.ceil((pane.scrollTop + pane.clientHeight) / ROW) + 10;
+  return range(n).filter((i) => i >= first && i <= last);
 }
 
 // With a focused token, every token of the other column shows its weight with it.
@@ -112,17 +136,23 @@ function setFocus(focus) {
 }
 
 // ---- model view ----
-// One canvas pixel per cell, white to deep blue; CSS scales it up without smoothing.
-function paint(canvas, m) {
+// White to deep blue, one canvas pixel per cell, or per `step` x `step` block (its largest weight,
+// so a thin diagonal survives the shrinking); CSS scales it up without smoothing.
+function paint(canvas, m, step = 1) {
   const rows = m.length, cols = rows ? m[0].length : 0;
-  canvas.width = Math.max(cols, 1);
-  canvas.height = Math.max(rows, 1);
+  const height = Math.ceil(rows / step), width = Math.ceil(cols / step);
+  canvas.width = Math.max(width, 1);
+  canvas.height = Math.max(height, 1);
   const context = canvas.getContext("2d"), image = context.createImageData(canvas.width, canvas.height);
-  for (let i = 0; i < rows; i++)
-    for (let j = 0; j < cols; j++) {
-      const w = Math.min(1, Math.max(0, m[i][j]));
-      image.data.set([255 * (1 - w), 255 * (1 - 0.8 * w), 255 * (1 - 0.3 * w), 255], 4 * (i * cols + j));
-    }
+  const top = new Float32Array(width * height);
+  for (let i = 0; i < rows; i++) {
+    const r = m[i], base = Math.floor(i / step) * width;
+    for (let j = 0; j < cols; j++) if (r[j] > top[base + Math.floor(j / step)]) top[base + Math.floor(j / step)] = r[j];
+  }
+  for (let k = 0; k < top.length; k++) {
+    const w = Math.min(1, top[k]);
+    image.data.set([255 * (1 - w), 255 * (1 - 0.8 * w), 255 * (1 - 0.3 * w), 255], 4 * k);
+  }
   context.putImageData(image, 0, 0);
 }
 
@@ -136,7 +166,7 @@ function buildThumbs() {
       const thumb = element("canvas", "thumb");
       Object.assign(thumb.dataset, { layer: l, head: h });
       thumb.title = `layer ${l + 1}, head ${h + 1}`;
-      paint(thumb, m);
+      paint(thumb, m, Math.ceil(Math.max(m.length, m[0].length) / THUMB));
       thumb.addEventListener("click", () => {
         choose(l, h);
         enlarge(l, h);
@@ -147,13 +177,16 @@ function buildThumbs() {
   fill(grid, cells);
 }
 
-// Token labels along one axis of the enlarged heatmap, one CELL per token.
-function axis(side, tokens) {
-  const div = element("div", `axis ${side}`);
-  fill(div, tokens.map((t, k) => {
-    const label = element("span", "label", shown(t));
-    label.title = t;
+// Token labels along one axis of the enlarged heatmap, `cell` px per token; on a long input every
+// step-th token is labelled (its label spans the step cells up to the next), so labels never overlap.
+function axis(side, tokens, cell) {
+  const div = element("div", `axis ${side}`), step = Math.ceil(CELL / cell);
+  const labelled = range(Math.ceil(tokens.length / step)).map((k) => k * step);
+  fill(div, labelled.map((k) => {
+    const label = element("span", "label", shown(tokens[k]));
+    label.title = `${k + 1}: ${tokens[k]}`;
     label.dataset.index = k;
+    label.style[side === "key" ? "width" : "height"] = `${cell * Math.min(step, tokens.length - k)}px`;
     return label;
   }));
   return div;
@@ -161,21 +194,22 @@ function axis(side, tokens) {
 
 function enlarge(l, h) {
   const v = view(), m = v.weights[l][h], box = $("enlarged"), value = $("enlarged-value");
+  const cell = Math.max(3, Math.min(CELL, Math.floor(ENLARGED / Math.max(v.queries.length, v.keys.length))));
   Object.assign(box.dataset, { layer: l, head: h });
   $("enlarged-title").textContent = `${v.name}: layer ${l + 1}, head ${h + 1}`;
   value.textContent = "";
   const heatmap = element("canvas", "heatmap");
   paint(heatmap, m);
-  heatmap.style.width = `${v.keys.length * CELL}px`;
-  heatmap.style.height = `${v.queries.length * CELL}px`;
+  heatmap.style.width = `${v.keys.length * cell}px`;
+  heatmap.style.height = `${v.queries.length * cell}px`;
   // The cell under the mouse, from its position: one listener instead of Tq x Tk elements.
   heatmap.addEventListener("mousemove", (e) => {
-    const i = Math.floor(e.offsetY / CELL), j = Math.floor(e.offsetX / CELL);
+    const i = Math.floor(e.offsetY / cell), j = Math.floor(e.offsetX / cell);
     if (i < 0 || j < 0 || i >= v.queries.length || j >= v.keys.length) return;
     value.textContent = `${shown(v.queries[i])} \u2192 ${shown(v.keys[j])}: ${percent(m[i][j])}`;
     heatmap.title = value.textContent;
   });
-  fill($("enlarged-body"), [element("span"), axis("key", v.keys), axis("query", v.queries), heatmap]);
+  fill($("enlarged-body"), [element("span"), axis("key", v.keys, cell), axis("query", v.queries, cell), heatmap]);
   box.hidden = false;
 }
 
@@ -239,6 +273,7 @@ function showView(index) {
 
 // Show new attention data (views_json's); the controls' listeners below are set up once.
 function showAttention(data) {
+  data.views.forEach(unpack);
   DATA = data;
   $("view").replaceChildren();
   DATA.views.forEach((v, k) => option($("view"), k, v.name));
@@ -252,6 +287,16 @@ $("layer").addEventListener("change", (e) => choose(Number(e.target.value), stat
 $("head").addEventListener("change", (e) => {
   const value = e.target.value; // a select's value is a string: "all" or a head's index
   choose(state.layer, value === "all" ? "all" : Number(value));
+});
+// A long input's lines follow the scrolling, redrawn once per frame at most.
+let pending = false;
+$("head-pane").addEventListener("scroll", () => {
+  if (pending || view().queries.length <= LONG || state.focus) return;
+  pending = true;
+  requestAnimationFrame(() => {
+    pending = false;
+    drawLines();
+  });
 });
 $("enlarged-close").addEventListener("click", () => ($("enlarged").hidden = true));
 document.addEventListener("keydown", (e) => e.key === "Escape" && ($("enlarged").hidden = true));

@@ -1,0 +1,76 @@
+"""One entry point for `attnlab inspect`, the explorer's "Inside the model" views and the Python API:
+inspect(run, text, what) -> the numbers, as JSON-ready dicts.
+
+    lens      a GPT's logit lens: {tokens, layers, top (L+1, T), prob (L+1, T), target_prob}
+    heads     detector scores per head: {kind: "tables", tables: {name: (L, H)}, title}
+    ablate    the loss change when each head is zeroed: {kind: "tables", tables, title, loss}
+    rollout   attention rollout (or `flow`) of every attention: {kind: "views", views: views_json}
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.errors import AttnlabError
+
+WHAT = ("lens", "heads", "ablate", "rollout", "flow")
+TEXT_WHAT = WHAT  # all of them read an input; over-training reads the run's snapshots instead
+
+
+def _ids(run, text: str) -> torch.Tensor:
+    if run.tokenizer is None or not hasattr(run.model, "logits"):
+        raise AttnlabError("lens, heads and ablate read a language-model run (attnlab train lm); "
+                           "rollout and flow read any run")  # fmt: skip
+    ids = torch.tensor([run.tokenizer.encode(text)], device=run.device)[:, : run.model.cfg.context]  # (1, T)
+    if ids.shape[1] < 2:
+        raise AttnlabError("give an input of at least two tokens")
+    return ids
+
+
+def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
+    return {name: [[round(float(v), 4) for v in row] for row in t] for name, t in tables.items()}
+
+
+@torch.no_grad()
+def inspect(run, text: str, what: str) -> dict:
+    """What `what` finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
+    if what not in WHAT:
+        raise AttnlabError(f"--what {what!r}: one of {', '.join(WHAT)}, or over-training")
+    run.model.eval()
+    if what in ("rollout", "flow"):
+        from attnlab.interpret.rollout import run_rollouts
+        from attnlab.viz.html import views_json
+
+        return {"kind": "views", "what": what, **views_json(run_rollouts(run, text, what))}
+    ids = _ids(run, text)
+    if what == "lens":
+        from attnlab.interpret.lens import logit_lens
+
+        lens = logit_lens(run.model, ids, lambda i: run.tokenizer.decode([i]))
+        return {"kind": "lens", "what": what, **lens.as_json()}
+    if what == "heads":
+        return {"kind": "tables", "what": what, "tables": tables_json(detector_tables(run, ids)),
+                "title": "head detectors (previous, first, duplicate: on the input; induction: repeated random "
+                "tokens)"}  # fmt: skip
+    from attnlab.interpret.ablation import head_ablation
+
+    x, y = ids[:, :-1], ids[:, 1:]
+    loss = lambda: run.model(x, y)[1]
+    table = head_ablation(run.model, loss, (x,), "zero")
+    return {"kind": "tables", "what": what, "tables": tables_json({"loss change when zeroed": table}),
+            "title": "head ablation: loss with the head zeroed minus the loss", "loss": round(float(loss()), 4),
+            "diverging": True}  # fmt: skip
+
+
+def detector_tables(run, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every detector's (L, H) scores: previous, first and duplicate token on `ids`, induction on
+    random tokens repeated twice."""
+    from attnlab.interpret.detectors import head_scores, repeated_tokens
+    from attnlab.trace import trace
+
+    patterns = lambda x: trace(run.model, x).patterns().cpu()  # (B, L, H, T, T)
+    scores = head_scores(patterns(ids), ids.cpu())
+    n = min(run.model.cfg.context // 2, 50)
+    rep, half = repeated_tokens(run.tokenizer.vocab_size, n, batch=8)
+    scores["induction"] = head_scores(patterns(rep.to(run.device)), rep, half)["induction"]
+    return scores
