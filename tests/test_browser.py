@@ -109,6 +109,50 @@ def test_the_explorer_streams_text_and_shows_its_attention(gpt_run, browser, sho
     assert not elsewhere, elsewhere  # nothing fetched from anywhere but the server
 
 
+def test_the_explorer_shows_attention_live_and_inside_the_model(gpt_run, browser, shots):
+    """Generation with each token's attention, then the lens, detector, ablation and rollout views."""
+    expect = playwright.expect
+    with running(create_app([gpt_run])) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors, elsewhere = watch(page), []
+        page.on("request", lambda r: r.url.startswith((url, "blob:", "data:")) or elsewhere.append(r.url))
+        page.goto(url)
+        expect(page.locator("#run-summary")).to_contain_text("gpt, lm")
+        page.fill("#prompt", "def add(")
+        page.fill("#max-tokens", "12")
+        page.fill("#seed", "1")
+        page.check("#live")
+        page.click("#go")
+        expect(page.locator("#status")).to_contain_text("12 tokens in", timeout=15_000)
+        generated = page.locator(".live-token.generated")
+        expect(generated).to_have_count(12)
+        expect(page.locator(".live-token")).to_have_count(8 + 12)  # the prompt's characters, then the new ones
+        expect(page.locator("#live-layer option")).to_have_count(2)
+        newest = page.locator(".live-token.newest")
+        expect(newest).to_have_attribute("data-index", "19")
+        shaded = page.eval_on_selector_all(".live-token", "els => els.filter(e => e.style.background).length")
+        assert shaded > 0
+        generated.nth(2).hover()  # its own row: the tokens before it
+        expect(newest).to_have_attribute("data-index", "10")
+        assert page.eval_on_selector(".live-token[data-index='11']", "e => e.style.background") == ""  # after it
+        page.screenshot(path=str(shots / "serve-live-attention.png"), full_page=True)
+
+        views = (("lens", ".inside-table", 1), ("heads", ".inside-table", 4), ("ablate", ".inside-table", 1),
+                 ("rollout", "canvas.rollout-map", 1))  # fmt: skip
+        for what, selector, count in views:
+            page.select_option("#inside-what", what)
+            page.click("#inside-go")
+            expect(page.locator(f"#inside-output {selector}")).to_have_count(count)
+            expect(page.locator("#inside-status")).to_have_text("")
+        page.select_option("#inside-what", "lens")
+        page.click("#inside-go")
+        expect(page.locator(".inside-table tr")).to_have_count(1 + 3)  # the tokens' row, embed and 2 layers
+        page.screenshot(path=str(shots / "serve-inside-lens.png"), full_page=True)
+        page.close()
+    assert not errors, errors
+    assert not elsewhere, elsewhere
+
+
 def test_the_exported_page_works_with_no_network(browser, tmp_path):
     expect = playwright.expect
     rng = np.random.default_rng(0)

@@ -4,12 +4,16 @@ assembled from the files in serve/static/ and viz/static/.
 It lists the runs from /api/runs; shows the chosen run's settings and draws its loss curve (an
 inline SVG) from /api/runs/{name}/metrics; runs its task on typed text or an uploaded image
 (streaming a GPT's text as it is sampled); and shows the attention of the text with the head view
-and the model view of the exported page (viz/html.py), fed live from /api/attention.
+and the model view of the exported page (viz/html.py), fed live from /api/attention; with "attention
+while it writes", each generated token shaded by where the model looked to write it; and "Inside the
+model": the logit lens, head detectors, head ablation and rollout of /api/inspect.
 
 Ids a test or a reader can rely on, besides the views' own (see viz/html.py):
   #run (select), #run-summary, #curve (svg), #config, #prompt (textarea), #max-tokens, #temperature,
   #top-k, #top-p, #seed, #image (file input), #go, #status, #output (.generated holds a GPT's text),
-  #attention-go, #attention-status, #attention-views
+  #attention-go, #attention-status, #attention-views, #live (checkbox: attention while it writes),
+  #live-view, #live-layer, #live-tokens (.live-token[data-index], .generated, .newest), #inside-what,
+  #inside-go, #inside-status, #inside-output (.inside-table, canvas.rollout-map)
 """
 
 from __future__ import annotations

@@ -50,6 +50,12 @@ async function chooseRun() {
     ? "Image runs: [CLS]'s attention over the patches comes with each prediction above."
     : "Of the text above (for a GPT, with what it generated): every layer and head.";
   $("attention-views").hidden = true;
+  $("live-view").hidden = true;
+  $("inside-go").disabled = r.kind === "image";
+  for (const o of $("inside-what").options) o.disabled = r.kind !== "lm" && o.value !== "rollout";
+  if (r.kind !== "lm") $("inside-what").value = "rollout";
+  $("inside-output").replaceChildren();
+  status("inside-status", "");
   $("enlarged").hidden = true;
   $("output").replaceChildren();
   status("status", "");
@@ -141,19 +147,130 @@ async function readLines(response, each) {
 async function generate(r) {
   const prompt = $("prompt").value;
   const body = { run: r.name, prompt, max_new_tokens: number("max-tokens"), temperature: number("temperature"),
-    top_k: number("top-k"), top_p: number("top-p"), seed: number("seed") };
+    top_k: number("top-k"), top_p: number("top-p"), seed: number("seed"), attention: $("live").checked };
   const response = await post("/api/generate", body);
   const generated = element("span", "text generated");
   fill($("output"), [element("span", "text prompt-text", prompt), generated]);
   $("output").dataset.prompt = prompt;
+  $("live-view").hidden = true;
   await readLines(response, (line) => {
     if (line.error) throw new Error(line.error);
+    if (line.prompt_tokens) startLive(line.prompt_tokens);
+    if (line.attention) addLive(line.tokens, line.attention);
     if (line.text !== undefined) generated.append(line.text);
     if (line.done) {
       const rate = line.seconds > 0 ? ` (${(line.tokens / line.seconds).toFixed(1)} tokens/s)` : "";
       status("status", `${line.tokens} tokens in ${line.seconds.toFixed(2)} s${rate}, seed ${line.seed}`);
     }
   });
+}
+
+// ---- attention while it writes: each generated token with the row that produced it ----
+// rows[k]: (L, Tk) for token k, over the Tk tokens before it (the model's window); null for a token
+// that came in the same piece as a later one (a character of several byte-level tokens).
+const live = { tokens: 0, first: 0, rows: [], hover: null };
+
+function startLive(promptTokens) {
+  Object.assign(live, { tokens: promptTokens.length, first: promptTokens.length, rows: [], hover: null });
+  $("live-layer").replaceChildren();
+  fill($("live-tokens"), promptTokens.map((t, i) => liveToken(t, i)));
+  $("live-view").hidden = false;
+}
+
+function liveToken(text, i) {
+  const span = element("span", "live-token", shown(text));
+  span.dataset.index = i;
+  span.addEventListener("mouseenter", () => live.rows[i] && ((live.hover = i), shadeLive()));
+  span.addEventListener("mouseleave", () => ((live.hover = null), shadeLive()));
+  return span;
+}
+
+function addLive(tokens, attention) {
+  if (!$("live-layer").options.length) {
+    attention.forEach((_, l) => option($("live-layer"), l, `layer ${l + 1}`));
+    $("live-layer").value = attention.length - 1; // the last layer: closest to the prediction
+  }
+  tokens.forEach((t, k) => {
+    const i = live.tokens++, span = liveToken(t, i);
+    span.classList.add("generated");
+    $("live-tokens").append(span);
+    live.rows[i] = k === tokens.length - 1 ? attention : null;
+  });
+  shadeLive();
+}
+
+// Shade the tokens the chosen (hovered, else newest) token attended to, darkest at its maximum.
+function shadeLive() {
+  const spans = $("live-tokens").children, k = live.hover ?? live.tokens - 1;
+  const row = live.rows[k] && live.rows[k][Number($("live-layer").value)];
+  const most = row ? Math.max(...row) || 1 : 1;
+  for (const span of spans) {
+    const i = Number(span.dataset.index), j = row ? i - (k - row.length) : -1; // row covers k - Tk .. k - 1
+    const w = row && j >= 0 && j < row.length ? row[j] : 0;
+    span.style.background = w ? `rgba(232, 128, 0, ${(0.8 * w / most).toFixed(3)})` : ""; // text stays legible
+    span.title = w ? percent(w) : "";
+    span.classList.toggle("newest", i === k);
+  }
+}
+
+// ---- inside the model: /api/inspect's numbers as shaded tables and maps ----
+function table(caption, columns, rows) {
+  const t = element("table", "inside-table");
+  t.append(element("caption", "", caption));
+  const head = element("tr");
+  head.append(element("th"), ...columns.map((c) => element("th", "", c)));
+  t.append(head, ...rows.map(([name, cells]) => {
+    const tr = element("tr");
+    tr.append(element("th", "", name), ...cells);
+    return tr;
+  }));
+  return t;
+}
+
+// A cell with its text; blue for [0, 1] scores, or blue (-) / red (+) for a change scaled by `scale`.
+function cell(text, value, scale = 0, tip = "") {
+  const td = element("td", "", text), v = scale ? value / scale : value;
+  td.style.background = scale
+    ? `rgba(${v > 0 ? "200, 40, 40" : "40, 90, 200"}, ${Math.min(1, Math.abs(v)).toFixed(2)})`
+    : `rgba(40, 90, 200, ${Math.min(1, Math.max(0, v)).toFixed(2)})`;
+  if (Math.abs(v) > 0.6) td.style.color = "#fff";
+  td.title = tip;
+  return td;
+}
+
+const INSIDE = {
+  lens: (o) => [table("logit lens: the top next token after each layer (last layer on top), shaded by its probability",
+    o.tokens.map(shown), o.layers.map((name, l) => [name, o.top[l].map((t, i) =>
+      cell(shown(t), o.prob[l][i], 0, `${shown(t)}: ${percent(o.prob[l][i])}`))]).reverse())],
+  tables: (o) => [element("p", "hint", o.title + (o.loss !== undefined ? ` (loss ${o.loss})` : "")),
+    ...Object.entries(o.tables).map(([name, t]) => {
+      const scale = o.diverging ? Math.max(...t.flat().map(Math.abs)) || 1 : 0;
+      return table(name, t[0].map((_, h) => `head ${h + 1}`),
+        t.map((row, l) => [`layer ${l + 1}`, row.map((v) => cell(v.toFixed(2), v, scale, v.toFixed(4)))]));
+    })],
+  views: (o) => o.views.map(unpack).map((v) => {
+    const m = v.weights[0][0], canvas = element("canvas", "rollout-map"), size = Math.min(8, 600 / v.keys.length);
+    paint(canvas, m.map((row) => { const most = Math.max(...row) || 1; return row.map((w) => w / most); }));
+    canvas.style.width = `${Math.max(1, v.keys.length * size)}px`;
+    canvas.style.height = `${Math.max(1, v.queries.length * size)}px`;
+    canvas.addEventListener("mousemove", (e) => {
+      const i = Math.floor(e.offsetY / size), j = Math.floor(e.offsetX / size);
+      if (m[i] && m[i][j] !== undefined) canvas.title = `${shown(v.queries[i])} \u2190 ${shown(v.keys[j])}: ${percent(m[i][j])}`;
+    });
+    return figure(canvas, `${v.name} (rows: positions, columns: tokens; each row darkest at its maximum)`);
+  }),
+};
+
+async function inside() {
+  const r = current();
+  status("inside-status", "computing...");
+  try {
+    const out = await (await post("/api/inspect", { run: r.name, text: shownText(), what: $("inside-what").value })).json();
+    fill($("inside-output"), INSIDE[out.kind](out));
+    status("inside-status", "");
+  } catch (e) {
+    status("inside-status", e.message, true);
+  }
 }
 
 async function predictImage(r) {
@@ -211,12 +328,17 @@ async function run() {
 }
 
 // ---- attention: the exported page's views, fed from the server ----
+// The text typed, and what a GPT generated from it (if the prompt is still the one it continued).
+function shownText() {
+  const prompt = $("prompt").value, generated = $("output").querySelector(".generated");
+  return prompt + (generated && $("output").dataset.prompt === prompt ? generated.textContent : "");
+}
+
 async function attention() {
-  const r = current(), prompt = $("prompt").value, generated = $("output").querySelector(".generated");
-  const sameText = generated && $("output").dataset.prompt === prompt;
+  const r = current();
   status("attention-status", "computing...");
   try {
-    const text = prompt + (sameText ? generated.textContent : "");
+    const text = shownText();
     const data = await (await post("/api/attention", { run: r.name, text })).json();
     $("attention-views").hidden = false;
     showAttention(data);
@@ -240,5 +362,7 @@ $("run").addEventListener("change", () => chooseRun().catch((e) => status("statu
 $("go").addEventListener("click", run);
 $("prompt").addEventListener("keydown", (e) => e.key === "Enter" && (e.ctrlKey || e.metaKey) && run());
 $("attention-go").addEventListener("click", attention);
+$("inside-go").addEventListener("click", inside);
+$("live-layer").addEventListener("change", shadeLive);
 start();
 })();
