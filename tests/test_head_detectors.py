@@ -90,6 +90,25 @@ def test_logit_lens_last_layer_is_the_models_output(tmp_path):
         logit_lens(torch.nn.Linear(2, 2), ids)
 
 
+def test_translation_decoders_lens_last_layer_is_the_models_output():
+    from attnlab.interpret.lens import logit_lens
+    from attnlab.models import build_model
+    from attnlab.models.seq2seq import Seq2SeqConfig
+    from tests.conftest import perturb
+
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(src_vocab=30, tgt_vocab=25, d_model=16, n_head=2, n_layer=2, d_ff=32, context=12)
+    model = perturb(build_model("seq2seq", cfg))
+    src, tgt_in = torch.randint(3, 30, (1, 7)), torch.randint(3, 25, (1, 5))
+    lens = logit_lens(model, tgt_in, src=src)
+    out = model(src, tgt_in)[0].softmax(-1)  # (T, V)
+    assert lens.layers == ["embed", "block 1", "block 2"] and lens.prob.shape == (3, 5)
+    assert torch.allclose(lens.prob[-1], out.max(-1).values, atol=1e-6)
+    assert not torch.allclose(lens.prob[1], lens.prob[-1], atol=1e-3)  # the middle reads differently
+    with pytest.raises(Exception, match="translation Transformer"):
+        logit_lens(model, tgt_in)  # no source
+
+
 def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
     import json
 
@@ -112,6 +131,8 @@ def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
     assert code == 0 and "loss change when zeroed" in out and (tmp_path / "a.png").stat().st_size > 5_000
     code, _, err = run_cli(["inspect", run, "d", "--what", "lens"], capsys)
     assert code == 2 and "two tokens" in err
+    code, out, err = run_cli(["inspect", run, "--what", "ablate"], capsys)  # no text: the repeated half's loss
+    assert code == 0 and "repeated twice" in out and len(out.splitlines()) == 2 + 2  # title, caption, 2 layers
     for what, out_file, row in (("heads", "h.html", "layer 2"), ("lens", "l.html", "block 2")):  # shaded tables
         code, _, err = run_cli(["inspect", run, "def add", "--what", what, "--out", str(tmp_path / out_file)], capsys)
         page = (tmp_path / out_file).read_text()

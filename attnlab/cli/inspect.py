@@ -70,7 +70,8 @@ def add_commands(sub) -> None:
                         description=desc)  # fmt: skip
     pl.add_argument("run", help="run directory")
     pl.add_argument("--what", required=True, choices=WHAT, help="what to draw")
-    pl.add_argument("--out", required=True, metavar="FILE.png", help="picture to write")
+    pl.add_argument("--out", required=True, metavar="FILE",
+                    help="picture to write: .png, .svg (vector) or .json (its numbers)")  # fmt: skip
     pl.add_argument("--tokens", type=int, default=60, help="embeddings: how many tokens to label (default: 60)")
     pl.add_argument("--text", default=None, help="experts: the text to route (default: a line of Python)")
     pl.set_defaults(func=cmd_plot)

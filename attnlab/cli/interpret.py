@@ -19,7 +19,6 @@ def _check_out(out: str | None) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from attnlab.errors import AttnlabError
     from attnlab.interpret.report import inspect
     from attnlab.run import load
 
@@ -27,12 +26,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     run = load(args.run, device=args.device)
     if args.what == "over-training":
         return _over_training(run, args.out)
-    if args.text is None:
-        raise AttnlabError(f"--what {args.what} needs an input (a text; an image file for image runs)")
     result = inspect(run, args.text, args.what)
     lines = _summary(result)
     if args.out:
-        _write(result, args.out, f"{run.path.name}, {args.what}: {args.text!r}")
+        on = "random tokens repeated" if args.text is None else repr(args.text)
+        _write(result, args.out, f"{run.path.name}, {args.what}: {on}")
         lines.append(f"wrote {args.out}")
     print("\n".join(lines))
     return 0
@@ -44,7 +42,7 @@ def _summary(result: dict) -> list[str]:
         mean = [sum(row) / len(row) for row in result["target_prob"]]  # how likely the next token was, by depth
         return [f"{name:>9}: p(actual next token) {p:.3f}" for name, p in zip(result["layers"], mean)]
     if result["kind"] == "tables":
-        lines = []
+        lines = [result["title"] + (f" (loss {result['loss']:.4f})" if "loss" in result else "")]
         for name, table in result["tables"].items():
             lines.append(f"{name} (layer x head, both from 1):")
             lines += ["  " + " ".join(f"{v:7.3f}" for v in row) for row in table]
@@ -122,14 +120,15 @@ def add_commands(sub) -> None:
     p = sub.add_parser("inspect", help="logit lens, head detectors, head ablation, rollout/flow, heads over training",
                        description="lens: a GPT's next-token prediction read after each layer; heads: "
                        "previous-token, first-token, duplicate-token and induction scores of every head; ablate: "
-                       "the loss change on the input when each head is zeroed; rollout / flow: how much each "
+                       "the loss change on the input when each head is zeroed (with no input: on the repeated half of "
+                       "random tokens repeated twice); rollout / flow: how much each "
                        "position draws on each input token through all the layers (any run; flow is slow past "
                        "64 tokens); over-training: detector scores and the loss on repeated tokens at every "
                        "weight snapshot (train with --snapshot-every N).")  # fmt: skip
     p.add_argument("run", help="run directory (lens, heads, ablate, over-training: attnlab train lm; rollout, "
                    "flow: any run with attention)")  # fmt: skip
     p.add_argument("text", nargs="?", default=None, help="input text, or an image file for image runs (not needed "
-                   "for --what over-training)")  # fmt: skip
+                   "for over-training, optional for ablate)")  # fmt: skip
     p.add_argument("--what", required=True, choices=WHAT, help="what to compute")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)")  # fmt: skip

@@ -235,8 +235,8 @@ def add_run_commands(sub) -> None:
     pr.add_argument("--top-k", type=at_least_1, default=None, help="candidates per [MASK] (default: 5), classes shown "
                     "for an image (default: 3)")  # fmt: skip
     pr.add_argument("--beam", type=at_least_1, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
-    pr.add_argument("--attention", default=None, metavar="FILE.png", help="translation runs: draw the alignment; "
-                    "ViT runs: draw [CLS]'s attention to each patch over the image")  # fmt: skip
+    pr.add_argument("--attention", default=None, metavar="FILE", help="translation runs: draw the alignment; "
+                    "ViT runs: draw [CLS]'s attention to each patch over the image (.png, .svg or .json)")  # fmt: skip
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_flags(pr)
@@ -271,7 +271,8 @@ def add_run_commands(sub) -> None:
     tr.add_argument("run", help="run directory (attnlab train translate)")
     tr.add_argument("text", help="source text")
     tr.add_argument("--beam", type=at_least_1, default=1, help="beam width; 1 is greedy decoding (default: 1)")
-    tr.add_argument("--attention", default=None, metavar="FILE.png", help="also draw the alignment (cross-attention)")
+    tr.add_argument("--attention", default=None, metavar="FILE",
+                    help="also draw the alignment (cross-attention): .png, .svg or .json")  # fmt: skip
     tr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_flags(tr)
@@ -330,8 +331,8 @@ def build_parser() -> Parser:
     ev.add_argument(
         "--confusion",
         default=None,
-        metavar="FILE.png",
-        help="image runs: where to draw the confusion matrix (default: RUN/eval_confusion.png)",
+        metavar="FILE",
+        help="image runs: where to draw the confusion matrix, .png, .svg or .json (default: RUN/eval_confusion.png)",
     )
     ev.add_argument("--beam", type=at_least_1, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")

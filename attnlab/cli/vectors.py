@@ -107,7 +107,7 @@ def add_commands(sub) -> None:
     v.add_argument("--analogies", metavar="FILE", help="score on analogy questions (questions-words.txt)")
     v.add_argument("--wordsim", metavar="FILE", help="score on similarity ratings (wordsim353.tsv): Spearman")
     v.add_argument("--export", metavar="FILE", help="write the vectors: .txt/.vec (word2vec text) or .safetensors")
-    v.add_argument("--plot", metavar="FILE.png", help="draw words in 2-D (.png or .svg)")
+    v.add_argument("--plot", metavar="FILE", help="draw words in 2-D (.png, .svg, or .json: the points)")
     v.add_argument("--words", help="comma-separated words to draw (default: the most frequent)")
     v.add_argument("--top-words", type=int, default=60, help="how many frequent words to draw (default: 60)")
     v.add_argument("--arrows", nargs="*", metavar="A:B", default=(), help="draw an arrow from A to B for each pair "

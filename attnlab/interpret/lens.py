@@ -5,7 +5,8 @@ Legend: L layers, T positions, V vocabulary.
 The residual stream after each block (and the embeddings before the first) is passed through the
 model's own final norm and output head, giving a next-token distribution per layer and position.
 In a trained model the last rows agree with the output, and one can see at which depth the answer
-forms. Works for any model with `norm` and `logits(x)` over a `blocks` stack (GPT).
+forms. Works for a GPT (`blocks`, `norm`, `logits`) and for the encoder-decoder's decoder
+(`decoder`, `dec_norm`, `out`), given the source: logit_lens(model, tgt_in, decode, src=src).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
 from attnlab.trace import trace
+from attnlab.viz.figures import save_figure
 
 
 @dataclass
@@ -33,19 +35,32 @@ class Lens:
                 "target_prob": None if self.target_prob is None else self.target_prob.tolist()}  # fmt: skip
 
 
+def _reader(model: nn.Module, src: Tensor | None) -> tuple[str, nn.Module, nn.Module]:
+    """The stack whose stream is read, and the final norm and head to read it through."""
+    if src is None and all(hasattr(model, a) for a in ("norm", "logits", "blocks")):
+        return "blocks", model.norm, model.logits
+    if src is not None and all(hasattr(model, a) for a in ("decoder", "dec_norm", "out")):
+        return "decoder", model.dec_norm, model.out
+    raise AttnlabError("the logit lens needs a decoder language model (a GPT run) or a translation "
+                       "Transformer with its source")  # fmt: skip
+
+
 @torch.no_grad()
-def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i)) -> Lens:
-    """ids (1, T) -> the lens of each layer; decode(id) -> the token's text."""
-    if not (hasattr(model, "norm") and hasattr(model, "logits") and hasattr(model, "blocks")):
-        raise AttnlabError("the logit lens needs a decoder language model (a GPT run)")
-    t = trace(model, ids)
-    streams = [t["blocks.0.hook_resid_pre"]] + [t[f"blocks.{i}.hook_resid_post"] for i in range(len(model.blocks))]
-    probs = torch.stack([model.logits(model.norm(x)).softmax(-1)[0] for x in streams])  # (L + 1, T, V)
+def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i), src: Tensor | None = None) -> Lens:
+    """ids (1, T) -> the lens of each layer; decode(id) -> the token's text. For an encoder-decoder,
+    ids are the decoder's inputs and src (1, S) the source."""
+    stack, norm, head = _reader(model, src)
+    t = trace(model, ids) if src is None else trace(model, src, ids)
+    n = sum(1 for name in t.names() if name.startswith(f"{stack}.") and name.endswith(".hook_resid_post"))
+    streams = [t[f"{stack}.0.hook_resid_pre"]] + [t[f"{stack}.{i}.hook_resid_post"] for i in range(n)]
+    probs = torch.stack([head(norm(x)).float().softmax(-1)[0] for x in streams])  # (L + 1, T, V)
     prob, top = probs.max(-1)  # (L + 1, T)
     nxt = ids[0, 1:]
-    target = probs[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(streams), -1, 1))[..., 0] if len(nxt) else None
-    return Lens([decode(int(i)) for i in ids[0]], ["embed"] + [f"block {i + 1}" for i in range(len(streams) - 1)],
-                [[decode(int(i)) for i in row] for row in top], prob, target)  # fmt: skip
+    target = None
+    if len(nxt):  # (L + 1, T - 1): the probability each depth gives the token that came next
+        target = probs[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(streams), -1, 1))[..., 0].cpu()
+    return Lens([decode(int(i)) for i in ids[0]], ["embed"] + [f"block {i + 1}" for i in range(n)],
+                [[decode(int(i)) for i in row] for row in top], prob.cpu(), target)  # fmt: skip
 
 
 def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
@@ -71,5 +86,4 @@ def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
     ax.set_title("logit lens: top next token after each layer, shaded by its probability")
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -21,6 +21,7 @@ from attnlab.engine.rundir import load_weights, read_metrics
 from attnlab.errors import AttnlabError
 from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.trace import trace
+from attnlab.viz.figures import save_figure
 
 DETECTED = ("previous-token", "induction")
 
@@ -77,5 +78,4 @@ def plot_over_training(result: dict, path: str | Path) -> None:
     bottom.set_ylabel("loss (nats)")
     bottom.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

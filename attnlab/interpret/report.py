@@ -1,9 +1,11 @@
 """One entry point for `attnlab inspect`, the explorer's "Inside the model" views and the Python API:
 inspect(run, text, what) -> the numbers, as JSON-ready dicts.
 
-    lens      a GPT's logit lens: {tokens, layers, top (L+1, T), prob (L+1, T), target_prob}
+    lens      the logit lens of a GPT or a translation decoder: {tokens, layers, top (L+1, T), prob
+              (L+1, T), target_prob}
     heads     detector scores per head: {kind: "tables", tables: {name: (L, H)}, title}
-    ablate    the loss change when each head is zeroed: {kind: "tables", tables, title, loss}
+    ablate    the loss change when each head is zeroed: {kind: "tables", tables, title, loss}; with no
+              text, on random tokens repeated twice, the loss of the repeated half (induction's job)
     rollout   attention rollout (or `flow`) of every attention: {kind: "views", views: views_json}
 """
 
@@ -27,12 +29,24 @@ def _ids(run, text: str) -> torch.Tensor:
     return ids
 
 
+def _translation_lens(run, text: str) -> dict:
+    """The decoder's lens on the run's own greedy translation of `text`: row l, column t is what the
+    decoder would write after reading the source and its first t outputs, stopped after layer l."""
+    from attnlab.interpret.lens import logit_lens
+    from attnlab.tasks.translate import decode_one, pieces, target_tokenizer
+
+    src, tgt_in, _ = decode_one(run, text)
+    tok = target_tokenizer(run)
+    lens = logit_lens(run.model, tgt_in, lambda i: pieces(tok, [i])[0], src=src)
+    return {"kind": "lens", "what": "lens", **lens.as_json()}
+
+
 def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
     return {name: [[round(float(v), 4) for v in row] for row in t] for name, t in tables.items()}
 
 
 @torch.no_grad()
-def inspect(run, text: str, what: str) -> dict:
+def inspect(run, text: str | None, what: str) -> dict:
     """What `what` finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
     if what not in WHAT:
         raise AttnlabError(f"--what {what!r}: one of {', '.join(WHAT)}, or over-training")
@@ -42,6 +56,12 @@ def inspect(run, text: str, what: str) -> dict:
         from attnlab.viz.html import views_json
 
         return {"kind": "views", "what": what, **views_json(run_rollouts(run, text, what))}
+    if what == "ablate" and text is None:
+        return repeated_ablation(run)
+    if text is None:
+        raise AttnlabError(f"--what {what} needs an input (a text; an image file for image runs)")
+    if what == "lens" and hasattr(run.model, "dec_norm"):
+        return _translation_lens(run, text)
     ids = _ids(run, text)
     if what == "lens":
         from attnlab.interpret.lens import logit_lens
@@ -59,6 +79,31 @@ def inspect(run, text: str, what: str) -> dict:
     table = head_ablation(run.model, loss, (x,), "zero")
     return {"kind": "tables", "what": what, "tables": tables_json({"loss change when zeroed": table}),
             "title": "head ablation: loss with the head zeroed minus the loss", "loss": round(float(loss()), 4),
+            "diverging": True}  # fmt: skip
+
+
+def repeated_ablation(run, batch: int = 8) -> dict:
+    """Head ablation on random tokens repeated twice, scored by the loss of the repeated half: the
+    part only copying from the first occurrence can predict, so it shows which heads do induction."""
+    import torch.nn.functional as F
+
+    from attnlab.interpret.ablation import head_ablation
+    from attnlab.interpret.detectors import repeated_tokens
+
+    if run.tokenizer is None or not hasattr(run.model, "logits"):
+        raise AttnlabError("ablation on repeated tokens reads a language-model run (attnlab train lm)")
+    n = min(run.model.cfg.context // 2, 50)
+    ids, half = repeated_tokens(run.tokenizer.vocab_size, n, batch)
+    ids = ids.to(run.device)
+
+    def loss() -> torch.Tensor:  # predictions of the repeated tokens after the first
+        logits = run.model(ids)[:, half:-1]
+        return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, half + 1 :].flatten())
+
+    table = head_ablation(run.model, loss, (ids,), "zero")
+    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
+            "title": f"head ablation on {batch} random sequences of {n} tokens repeated twice: the loss of the "
+            "repeated half with the head zeroed minus the loss", "loss": round(float(loss()), 4),
             "diverging": True}  # fmt: skip
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.viz.figures import save_figure
 
 SERIES = (("loss", "held-out split of the training corpus"), ("other_loss", "a corpus never trained on (pip)"))
 
@@ -37,5 +37,4 @@ def plot_recipes(rows: list[dict], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, path)

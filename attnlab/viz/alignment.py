@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.viz.figures import save_figure
 
 PER_TOKEN = 0.15  # panel inches per token when every token is labelled: a 7-8 pt label and a gap
 MIN_SPACING = 0.13  # the closest two shown labels may be: a 7 pt line (0.097 in) plus air
@@ -172,12 +172,6 @@ def plot_alignment(
     H > 1, in a grid (a layer per row when that stays landscape). Any attention matrix reads the
     same way: queries (tgt) down, keys (src) across; a causal mask's zeros leave the upper triangle
     blank. first_layer and heads: the numbers shown in the titles when weights is a selection (e.g.
-    layer 3 alone). A path ending in .svg gets a vector picture, anything else a PNG."""
-    import matplotlib.pyplot as plt
-
+    layer 3 alone). The format follows the path: .svg, .json or PNG (viz/figures.py)."""
     fig = alignment_figure(weights, src, tgt, title, first_layer, heads)
-    fmt = "svg" if Path(path).suffix.lower() == ".svg" else "png"
-    # svg: text kept as text, not outlines, so a paper's editor can restyle it and search finds it
-    with plt.rc_context({"svg.fonttype": "none"}):
-        atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=fig.dpi))
-    plt.close(fig)
+    save_figure(fig, path, dpi=fig.dpi)  # the dpi its layout chose to stay under the pixel cap

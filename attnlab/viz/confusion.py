@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.viz.figures import save_figure
 
 
 def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> None:
@@ -31,8 +31,7 @@ def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = ""
     fig.colorbar(im, ax=ax, label="share of the true class")
     ax.set_title(title)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 CLASSIFY_BARS = (("accuracy", "accuracy", 1.0), ("macro_f1", "macro-F1", 1.0))
@@ -59,5 +58,4 @@ def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLAS
     ax.set_title(title)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, path)

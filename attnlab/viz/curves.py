@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write, read_metrics
+from attnlab.engine.rundir import read_metrics
+from attnlab.viz.figures import save_figure
 
 
 def running_mean(values, k: int) -> np.ndarray:
@@ -39,5 +40,4 @@ def plot_loss(metrics: Path, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    atomic_write(out, lambda p: fig.savefig(p, format="png"))
-    plt.close(fig)
+    save_figure(fig, out, dpi=fig.dpi)

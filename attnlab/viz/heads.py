@@ -6,6 +6,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from attnlab.viz.figures import save_figure
+
 
 def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, diverging: bool = False) -> None:
     """One (L, H) heatmap per table, side by side, each cell labelled with its value (PNG or SVG)."""
@@ -29,7 +31,7 @@ def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, di
             for head in range(H):
                 ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=8,
                         color="white" if not diverging and values[layer, head] < 0.6 else "black")  # fmt: skip
-        ax.set_xticks(range(H), [str(h) for h in range(H)])
+        ax.set_xticks(range(H), [str(h + 1) for h in range(H)])  # heads from 1, as --remove names them
         ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -37,5 +39,4 @@ def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, di
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -13,12 +13,10 @@ encoder-decoder) and the token embedding, whose name differs by family (TOKEN_EM
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
 from attnlab.errors import AttnlabError
 from attnlab.nn.position import (
     FixedPositions,
@@ -278,9 +276,6 @@ def _pyplot():
 
 
 def _save(fig, out: Path) -> None:
-    plt = _pyplot()
-    with warnings.catch_warnings():
-        # A token in a script the font lacks draws as a box; one warning per glyph would bury the output.
-        warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    from attnlab.viz.figures import save_figure
+
+    save_figure(fig, out)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
 from attnlab.interpret.rollout import as_array, stack_layers
 from attnlab.interpret.rollout import rollout as attention_rollout  # the one rollout, shared by every family
+from attnlab.viz.figures import save_figure
 
 MAX_LABELLED = 16  # grids up to 4 x 4 get each patch's weight written on it
 CELL = 1.8  # inches per panel: an 8x8 digit still shows its pixels and its patch blocks
@@ -91,10 +91,7 @@ def _title(fig, title: str, cols: int) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_patch_attention(image: np.ndarray, weights, grid: tuple[int, int], path: Path, title: str = "") -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.errors import AttnlabError
+from attnlab.viz.figures import save_figure
 from attnlab.wordvec.keyed import WordVectors
 
 
@@ -61,6 +62,5 @@ def plot_vectors(wv: WordVectors, path: str | Path, words: list[str] | None = No
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
     return shown

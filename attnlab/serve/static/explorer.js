@@ -52,7 +52,8 @@ async function chooseRun() {
   $("attention-views").hidden = true;
   $("live-view").hidden = true;
   $("inside-go").disabled = r.kind === "image";
-  for (const o of $("inside-what").options) o.disabled = r.kind !== "lm" && o.value !== "rollout";
+  const open = { lm: ["lens", "heads", "ablate", "rollout"], translate: ["lens", "rollout"] }[r.kind] || ["rollout"];
+  for (const o of $("inside-what").options) o.disabled = !open.includes(o.value);
   if (r.kind !== "lm") $("inside-what").value = "rollout";
   $("inside-output").replaceChildren();
   status("inside-status", "");
