@@ -64,7 +64,7 @@ def plot_over_training(result: dict, path: str | Path) -> None:
         for layer in range(s.shape[1]):
             best = s[:, layer].max(-1)
             head = int(best.indices[-1])
-            top.plot(steps, best.values, style, label=f"{name}, layer {layer + 1} (best: head {head})")
+            top.plot(steps, best.values, style, label=f"{name}, layer {layer + 1} (best: head {head + 1})")
     top.set_ylabel("score")
     top.set_ylim(0, 1)
     top.legend(fontsize=8)

@@ -82,6 +82,7 @@ def inspect(run, text: str | None, what: str) -> dict:
             "diverging": True}  # fmt: skip
 
 
+@torch.no_grad()
 def repeated_ablation(run, batch: int = 8) -> dict:
     """Head ablation on random tokens repeated twice, scored by the loss of the repeated half: the
     part only copying from the first occurrence can predict, so it shows which heads do induction."""
