@@ -168,3 +168,24 @@ def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
     assert all(torch.equal(last[k], final[k]) for k in final)
     code, _, err = run_cli(["inspect", str(out), "--what", "lens"], capsys)
     assert code == 2 and "needs an input" in err
+
+
+def test_the_repeats_corpus_rewards_induction_and_no_fixed_offset():
+    """Copying the letter after the current letter's last occurrence predicts a large share of the
+    text; looking a fixed distance back predicts little, whatever the distance."""
+    import numpy as np
+
+    from attnlab.data.repeats import LETTERS, WINDOW, repeats_text
+
+    text = repeats_text(20_000, seed=1).replace("\n", "")
+    assert set(text) <= set(LETTERS) and len(text) == 20_000
+    x = np.array([ord(c) for c in text])
+    last: dict[int, int] = {}
+    hits = 0
+    for t in range(len(x) - 1):
+        j = last.get(x[t])
+        hits += j is not None and t - j <= WINDOW and x[j + 1] == x[t + 1]
+        last[x[t]] = t
+    assert hits / len(x) > 0.4
+    offsets = [float(np.mean(x[d:] == x[:-d])) for d in range(1, WINDOW + 1)]
+    assert max(offsets) < 0.1

@@ -106,18 +106,32 @@ class Pairs:
         return self.collate(split, rank_slice(rng.integers(0, len(self.src[split]), size=n), part))
 
     def collate(self, split: str, rows) -> tuple[Tensor, Tensor, Tensor]:
-        src = pad([torch.as_tensor(self.src[split][i]) for i in rows], PAD_ID)  # (B, S)
+        src = self.source(split, rows)
         tgt = [torch.as_tensor(self.tgt[split][i]) for i in rows]
         bos, eos = torch.tensor([BOS_ID]), torch.tensor([EOS_ID])
         tgt_in = pad([torch.cat([bos, t]) for t in tgt], PAD_ID)  # (B, T)
         labels = pad([torch.cat([t, eos]) for t in tgt], IGNORE)  # (B, T)
         return src, tgt_in, labels
 
+    def source(self, split: str, rows) -> Tensor:
+        return pad([torch.as_tensor(self.src[split][i]) for i in rows], PAD_ID)  # (B, S)
+
     def has(self, split: str) -> bool:
         return len(self.src.get(split, [])) > 0
 
     def describe(self) -> str:
         return f"{len(self.src.get('train', [])):,} training pairs"
+
+
+class ImagePairs(Pairs):
+    """Captioning: src[split] is an image array (N, C, H, W) float32 in [0, 1]; a batch is
+    (images (B, C, H, W), tgt_in (B, T), labels (B, T)), the targets as in Pairs."""
+
+    def source(self, split: str, rows) -> Tensor:
+        return torch.from_numpy(self.src[split][np.asarray(rows)])  # (B, C, H, W)
+
+    def describe(self) -> str:
+        return f"{len(self.src.get('train', [])):,} training images with captions"
 
 
 def pad(rows: list[Tensor], value: int) -> Tensor:

@@ -14,10 +14,12 @@ from attnlab.config import from_dict
 from attnlab.errors import AttnlabError
 from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
+from attnlab.models.captioner import Captioner, CaptionerConfig
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 from attnlab.models.mlp import ImageMLP, MLPConfig
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
+from attnlab.models.rnn_captioner import RNNCaptioner, RNNCaptionerConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import ViT, ViTConfig
 
@@ -30,6 +32,8 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
     "vit": (ViTConfig, ViT),  # images as sequences of patches
     "mlp": (MLPConfig, ImageMLP),  # the image baseline on flattened pixels
+    "captioner": (CaptionerConfig, Captioner),  # a ViT encoder and a Transformer decoder: images to words
+    "rnn-captioner": (RNNCaptionerConfig, RNNCaptioner),  # Show, Attend and Tell: an RNN attending over patches
 }
 
 

@@ -132,9 +132,10 @@ class Checkpointing:
         set_grad_checkpoint(self, on)
 
 
-def positions(cfg: TransformerConfig, grid: tuple[int, int] | None = None) -> nn.Module:
-    """The position scheme of cfg (ALiBi's slopes follow its heads, rotary's base its rope_theta)."""
-    return build_positions(cfg.positions, cfg.context, cfg.d_model, grid, cfg.n_head, cfg.rope_theta)
+def positions(cfg: TransformerConfig, grid: tuple[int, int] | None = None, lead: int = 1) -> nn.Module:
+    """The position scheme of cfg (ALiBi's slopes follow its heads, rotary's base its rope_theta);
+    grid and lead: patches on a grid after `lead` tokens that are not (see build_positions)."""
+    return build_positions(cfg.positions, cfg.context, cfg.d_model, grid, cfg.n_head, cfg.rope_theta, lead)
 
 
 def text_body(model: nn.Module, cfg: TransformerConfig, vocab_size: int, causal: bool) -> None:

@@ -101,9 +101,9 @@ class Seq2Seq(Checkpointing, nn.Module):
         super().__init__()
         self.cfg = cfg
         c = cfg.d_model
-        self.src_tok = nn.Embedding(cfg.src_vocab, c)
+        self.src_tok = self.source_embedding(cfg)  # (an image captioner's: its patch embedding)
         self.tgt_tok = self.src_tok if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab, c)
-        self.src_pos = positions(cfg)
+        self.src_pos = self.source_positions(cfg)
         self.tgt_pos = positions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = Stack(cfg.block_config(causal=False), cfg.n_layer)
@@ -113,6 +113,19 @@ class Seq2Seq(Checkpointing, nn.Module):
         init_weights(self, cfg.n_layer + cfg.dec_layers, zero_out=cfg.zero_init)
         if cfg.tie_output:
             self.out.weight = self.tgt_tok.weight  # (V, C)
+
+    def source_embedding(self, cfg: Seq2SeqConfig) -> nn.Module:
+        """What turns the source into vectors: token embeddings here; a subclass may read other inputs."""
+        return nn.Embedding(cfg.src_vocab, cfg.d_model)
+
+    def source_positions(self, cfg: Seq2SeqConfig) -> nn.Module:
+        return positions(cfg)
+
+    def source(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
+        """src (B, S) -> the encoder's input (B, S, C) and which positions are real (B, S), None if all are."""
+        if src.shape[1] > self.cfg.context:
+            raise ValueError(f"source of {src.shape[1]} tokens exceeds the context of {self.cfg.context}")
+        return self._embed(self.src_tok, self.src_pos, src), src != PAD_ID
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -134,13 +147,10 @@ class Seq2Seq(Checkpointing, nn.Module):
     def encode(self, src: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None, list[Tensor]]:
         """src (B, S) -> memory (B, S, C), the cross-attention mask (B, 1, 1, S) or None, and the
         encoder's self-attention weights per layer when asked for."""
-        if src.shape[1] > self.cfg.context:
-            raise ValueError(f"source of {src.shape[1]} tokens exceeds the context of {self.cfg.context}")
-        real = src != PAD_ID  # (B, S)
-        mask = padding_mask(real)
-        x = self._embed(self.src_tok, self.src_pos, src)
+        x, real = self.source(src)  # (B, S, C), (B, S) or None
+        mask = None if real is None else padding_mask(real)
         x, weights = self.encoder(x, self.src_pos, mask=mask, return_weights=return_weights)
-        return self.enc_norm(x), padding_mask(real, queries=False), weights["self"]
+        return self.enc_norm(x), None if real is None else padding_mask(real, queries=False), weights["self"]
 
     def decode(
         self, tgt_in: Tensor, memory: Tensor, memory_mask: Tensor | None, return_weights: bool = False

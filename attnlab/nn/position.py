@@ -233,14 +233,16 @@ def build_positions(
     grid: tuple[int, int] | None = None,
     n_heads: int = 1,
     rope_theta: float = 10000.0,
+    lead: int = 1,
 ) -> Positions:
     """The position module named by a config value (a key of POSITIONS). `grid`: the (rows, cols)
-    of image patches after one [CLS] token, where sinusoidal positions are the 2-D table;
-    n_heads: ALiBi's slopes; rope_theta: rotary's base."""
+    of image patches after `lead` tokens off the grid (ViT's one [CLS]; a captioner's encoder has
+    none), where sinusoidal positions are the 2-D table; n_heads: ALiBi's slopes; rope_theta:
+    rotary's base."""
     if kind not in POSITIONS:
         raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
     if kind == "sinusoidal" and grid is not None:
-        return GridPositions(*grid, d_model, lead=1)  # the 1-D table would ignore the grid's rows
+        return GridPositions(*grid, d_model, lead=lead)  # the 1-D table would ignore the grid's rows
     if kind == "alibi":
         return ALiBiPositions(max_len, d_model, n_heads)
     if kind == "rope":

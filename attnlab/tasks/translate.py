@@ -262,13 +262,14 @@ def evaluate_translation(run, data: str | None = None, split: str = "test", beam
     src, tgt = encode_pairs(run.tokenizer, tgt_tok, pairs, cfg.max_len, split)
     hyps = translate_ids(run.model, src, run.config["task"]["max_out"], beam)
     result = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])
-    loss = _loss(run.model, Pairs({split: src}, {split: tgt}), split)
+    loss = teacher_forced_loss(run.model, Pairs({split: src}, {split: tgt}), split)
     return {"data": cfg.data, "split": split, "beam": beam, **result, "loss": loss}
 
 
 @torch.no_grad()
-def _loss(model: nn.Module, batches: Pairs, split: str, batch_size: int = 256) -> float:
-    """Mean cross-entropy per target token (EOS included), teacher forced, without smoothing."""
+def teacher_forced_loss(model: nn.Module, batches: Pairs, split: str, batch_size: int = 256) -> float:
+    """Mean cross-entropy per target token (EOS included), teacher forced, without smoothing (any
+    Pairs: token sources, or images for captioning)."""
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0

@@ -1,0 +1,91 @@
+"""Image captioning with a Transformer: a ViT encoder over patches, a causal decoder over words.
+
+Legend: B batch, C channels, H x W image, P patch side, N = (H/P)(W/P) patches, T caption tokens,
+D model width, V caption vocabulary.
+
+    image (B, C, H, W) -> patches (B, N, D) (ViT's PatchEmbedding) + 2-D positions -> encoder blocks
+    -> memory (B, N, D): one vector per patch, what the decoder's cross-attention reads
+    caption so far (B, T) -> the encoder-decoder's decoder (models/seq2seq.py): causal
+    self-attention, cross-attention over the patches, feed-forward -> next word (B, T, V)
+
+It is the translation Transformer with the source's token embedding replaced by the patch
+embedding (Seq2Seq.source_embedding / source_positions / source), so decoding, caching, beam
+search, label smoothing and the attention views are the encoder-decoder's own. Where each word
+looked is the cross-attention (B, H, T, N) of each decoder layer, a map over the image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from attnlab.config import option
+from attnlab.models.common import check_images, positions
+from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from attnlab.models.vit import PATCH_PATHS, PatchEmbedding
+
+
+@dataclass
+class CaptionerConfig(Seq2SeqConfig):
+    # Pre-norm and GELU as in ViT; learned 1-D positions for the words (2-D sin/cos for the patches).
+    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
+    activation: str = option("gelu", "feed-forward activation", ("relu", "gelu", "gelu_tanh", "relu2", "silu"))
+    src_vocab: int = option(1, "unused: the source is an image")
+    image_size: int = option(8, "image height in pixels (set from the data when training)")
+    image_width: int | None = option(None, "image width in pixels (default: square; set from the data)")
+    channels: int = option(1, "colour channels (set from the data when training)")
+    patch_size: int = option(4, "side P of the square patches the encoder reads")
+    patch_embed: str = option("conv", "patch projection: strided convolution or cut-flatten-linear", PATCH_PATHS)
+
+    def __post_init__(self):
+        if self.share_embeddings:
+            raise ValueError("a captioner's source is an image: it has no token embedding to share")
+        super().__post_init__()
+        h, w = self.size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches")
+        n = self.grid[0] * self.grid[1]
+        if self.positions != "sinusoidal" and n > self.context:  # a 1-D table over the patches
+            raise ValueError(f"{self.positions} positions cover {self.context} tokens but the image has {n} "
+                             "patches: raise --context or use sinusoidal (2-D) positions")  # fmt: skip
+        if self.positions == "sinusoidal" and self.d_model % 4:
+            raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {self.d_model}")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image_size, self.image_width or self.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patches per column and per row: (H/P, W/P); patch k is cell (k // (W/P), k % (W/P))."""
+        h, w = self.size
+        return h // self.patch_size, w // self.patch_size
+
+
+PRESETS: dict[str, CaptionerConfig] = {
+    "captioner-tiny": CaptionerConfig(n_layer=2, n_head=4, d_model=64, d_ff=256, context=32, dropout=0.1),
+    "captioner-small": CaptionerConfig(n_layer=3, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1),
+}
+
+
+class Captioner(Seq2Seq):
+    """Seq2Seq whose source is an image: see the module docstring."""
+
+    cfg: CaptionerConfig
+
+    def source_embedding(self, cfg: CaptionerConfig) -> nn.Module:
+        return PatchEmbedding(cfg.channels, cfg.patch_size, cfg.d_model, cfg.patch_embed)
+
+    def source_positions(self, cfg: CaptionerConfig) -> nn.Module:
+        return positions(cfg, grid=cfg.grid, lead=0)  # no [CLS]: every token is a patch
+
+    def source(self, images: Tensor) -> tuple[Tensor, None]:
+        """images (B, C, H, W) in [0, 1] -> patch vectors with positions (B, N, D); every patch is real."""
+        check_images(images, self.cfg.channels, self.cfg.size)
+        return self.drop(self.src_pos(self.src_tok(images))), None
+
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        """The caption side's word embedding (the source has none)."""
+        return self.tgt_tok

@@ -1,0 +1,92 @@
+"""Show, Attend and Tell (Xu et al., 2015): an RNN writes the caption, attending over image regions.
+
+Legend: B batch, C channels, H x W image, P patch side, N = (H/P)(W/P) patches, F feature width,
+Hd hidden width, E word embedding width.
+
+    image (B, C, H, W) -> patch features a_j = PatchEmbedding(image) + a learned vector per
+        patch position (B, N, F): the paper's CNN feature map, one vector per region
+    s_0 = tanh(W_init mean_j a_j)                        the paper's init from the mean annotation
+    step i: e_ij = v^T tanh(W s_{i-1} + U a_j)          Bahdanau's additive attention, as in
+            alpha_ij = softmax_j(e_ij), z_i = sum_j alpha_ij a_j     models/rnn.py
+            s_i = RNN([emb(y_{i-1}); z_i], s_{i-1}), logits from [s_i; z_i; emb(y_{i-1})]
+
+The decoder is the RNN encoder-decoder's (models/rnn.py: step, teacher forcing, alignment, and
+the decoders of decoding/beam.py); only what `start` reads differs: patch features instead of a
+recurrent encoder over source words. The features need their positions: attention by content
+alone could not tell the left digit of a strip from the right one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import option
+from attnlab.data.batches import PAD_ID
+from attnlab.models.common import check_images
+from attnlab.models.rnn import CELLS, AdditiveAttention, RNNSeq2Seq, RNNSeq2SeqConfig, RNNState
+from attnlab.models.vit import PatchEmbedding
+
+
+@dataclass
+class RNNCaptionerConfig(RNNSeq2SeqConfig):
+    src_vocab: int = option(4, "unused: the source is an image")
+    bidirectional: bool = option(False, "unused: the features are not a sequence read in two directions")
+    image_size: int = option(8, "image height in pixels (set from the data when training)")
+    image_width: int | None = option(None, "image width in pixels (default: square; set from the data)")
+    channels: int = option(1, "colour channels (set from the data when training)")
+    patch_size: int = option(4, "side P of the square regions the decoder attends over")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.attention:
+            raise ValueError("Show, Attend and Tell attends: the captioner needs attention=True")
+        h, w = self.size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image_size, self.image_width or self.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        h, w = self.size
+        return h // self.patch_size, w // self.patch_size
+
+
+class RNNCaptioner(RNNSeq2Seq):
+    """See the module docstring; every decoder part has RNNSeq2Seq's name and shape."""
+
+    cfg: RNNCaptionerConfig
+
+    def __init__(self, cfg: RNNCaptionerConfig):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        E, H, L, F = cfg.d_emb, cfg.d_hidden, cfg.n_layer, cfg.d_enc
+        n = cfg.grid[0] * cfg.grid[1]
+        self.patches = PatchEmbedding(cfg.channels, cfg.patch_size, F)
+        self.where = nn.Parameter(torch.randn(1, n, F) * 0.02)  # (1, N, F) one vector per patch position
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab, E, padding_idx=PAD_ID)
+        self.bridge = nn.Linear(F, H)  # W_init
+        self.attn = AdditiveAttention(H, F, cfg.d_attn)
+        self.decoder = CELLS[cfg.cell](E + cfg.d_ctx, H, L, batch_first=True, dropout=cfg.dropout if L > 1 else 0.0)
+        self.pre_out = nn.Linear(H + cfg.d_ctx + E, E)
+        self.out = nn.Linear(E, cfg.tgt_vocab)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    @property
+    def word_embedding(self) -> nn.Embedding:
+        return self.tgt_embed
+
+    def start(self, images: Tensor) -> RNNState:
+        """images (B, C, H, W) -> the initial state and the features attention reads."""
+        check_images(images, self.cfg.channels, self.cfg.size)
+        feats = self.drop(self.patches(images) + self.where)  # (B, N, F)
+        hidden = torch.tanh(self.bridge(feats.mean(1)))  # (B, Hd)
+        hidden = hidden.unsqueeze(0).expand(self.cfg.n_layer, -1, -1).contiguous()  # (L, B, Hd)
+        cell = torch.zeros_like(hidden) if self.cfg.cell == "lstm" else None
+        mask = torch.ones(feats.shape[:2], dtype=torch.bool, device=feats.device)  # every region is real
+        return RNNState(hidden, cell, mask, feats, self.attn.key(feats), summary=None)

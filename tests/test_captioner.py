@@ -1,0 +1,87 @@
+"""The captioner: a ViT encoder over patches and the encoder-decoder's causal decoder over words."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.data.batches import BOS_ID, EOS_ID
+from attnlab.decoding.beam import beam_search, greedy
+from attnlab.models import build_model
+from attnlab.models.captioner import CaptionerConfig
+from tests.conftest import perturb
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+
+def captioner(**kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = CaptionerConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=12, dropout=0.0, tgt_vocab=20,
+                          image_size=8, image_width=16, channels=1, patch_size=4, **kw)  # fmt: skip
+    return perturb(build_model("captioner", cfg), 0.5)
+
+
+def test_patch_states_do_not_depend_on_the_caption():
+    model, images = captioner(), torch.rand(2, 1, 8, 16)
+    a = attnlab.trace(model, images, torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8]]))
+    b = attnlab.trace(model, images, torch.tensor([[BOS_ID, 9, 3], [BOS_ID, 4, 4]]))
+    encoder = [n for n in a.names() if n.startswith("encoder.")]
+    assert encoder and all(torch.equal(a[n], b[n]) for n in encoder)
+    assert a["encoder.0.attn.hook_pattern"].shape == (2, 2, 8, 8)  # 2 x 4 patches see each other
+    assert not torch.equal(a.output, b.output)
+
+
+def test_the_decoder_is_causal_and_cross_attention_sums_to_one_over_patches():
+    model, images = captioner(), torch.rand(3, 1, 8, 16)
+    tgt = torch.randint(3, 20, (3, 6))
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(3, 20, (3, 2))
+    with torch.no_grad():
+        assert torch.allclose(model(images, tgt)[:, :4], model(images, changed)[:, :4], atol=1e-6)
+        cross = model.attention(images, tgt)["cross"]
+    assert len(cross) == 2 and cross[0].shape == (3, 2, 6, 8)  # (B, H, T, N) per decoder layer
+    assert all(torch.allclose(w.sum(-1), torch.ones(3, 2, 6), atol=1e-6) for w in cross)
+
+
+def test_cached_decoding_equals_teacher_forcing_and_beam_1_equals_greedy():
+    model, images = captioner(), torch.rand(4, 1, 8, 16)
+    hyps = greedy(model, images, 8)
+    for row, hyp in enumerate(hyps):  # each step's argmax, recomputed without the cache
+        tgt_in = torch.tensor([[BOS_ID, *hyp]])
+        with torch.no_grad():
+            logits = model(images[row : row + 1], tgt_in)[0]
+        logits[:, :EOS_ID] = float("-inf")
+        want = logits.argmax(-1).tolist()
+        assert want[: len(hyp)] == hyp and (len(hyp) == 8 or want[len(hyp)] == EOS_ID)
+    assert beam_search(model, images, 1, 8) == hyps
+
+
+def test_bad_configs_and_images_are_refused():
+    with pytest.raises(ValueError, match="does not cut into"):
+        CaptionerConfig(image_size=8, image_width=10, patch_size=4)
+    with pytest.raises(ValueError, match="no token embedding to share"):
+        CaptionerConfig(share_embeddings=True)
+    with pytest.raises(ValueError, match="takes images of 1x8x16"):
+        captioner()(torch.rand(1, 3, 8, 16), torch.tensor([[BOS_ID]]))
+
+
+def test_show_attend_and_tell_decodes_like_the_rnn_and_its_attention_covers_the_patches():
+    from attnlab.models.rnn_captioner import RNNCaptionerConfig
+
+    torch.manual_seed(0)
+    cfg = RNNCaptionerConfig(tgt_vocab=20, d_emb=8, d_hidden=16, d_attn=8, image_size=8, image_width=16,
+                             channels=1, patch_size=4, dropout=0.0)  # fmt: skip
+    model = perturb(build_model("rnn-captioner", cfg), 0.5)
+    images = torch.rand(3, 1, 8, 16)
+    hyps = greedy(model, images, 6)
+    assert beam_search(model, images, 1, 6) == hyps
+    tgt = torch.tensor([[BOS_ID, *h] for h in hyps if len(h) == len(hyps[0])])[:1]
+    alignment = model.alignment(images[:1], tgt)  # (B, 1, 1, T, N)
+    assert alignment.shape == (1, 1, 1, tgt.shape[1], 8)
+    assert torch.allclose(alignment.sum(-1), torch.ones(1, 1, 1, tgt.shape[1]), atol=1e-6)
+    # Each region's feature is its patch's projection plus its position's vector: one patch moved
+    # elsewhere gives a different feature, so attention can tell left from right.
+    feats = model.start(images).memory  # (B, N, F)
+    assert torch.allclose(feats, model.patches(images) + model.where, atol=1e-6)
+    assert not torch.allclose(model.where[0, 0], model.where[0, 1])
