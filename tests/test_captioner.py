@@ -85,3 +85,45 @@ def test_show_attend_and_tell_decodes_like_the_rnn_and_its_attention_covers_the_
     feats = model.start(images).memory  # (B, N, F)
     assert torch.allclose(feats, model.patches(images) + model.where, atol=1e-6)
     assert not torch.allclose(model.where[0, 0], model.where[0, 1])
+
+
+def test_caption_task_trains_evaluates_predicts_and_draws_where_words_looked(tmp_path, capsys):
+    """A few steps of each model through the command line (the skill is measured in benchmarks)."""
+    from PIL import Image
+
+    from attnlab.data import strips
+    from tests.conftest import run_cli
+
+    strip = strips.strips("test", 1)[0]
+    image = tmp_path / "strip.png"
+    Image.fromarray((strip.image * 255).astype("uint8")).save(image)
+    steps = [
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--eval-interval",
+        "3",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        "--n-train",
+        "100",
+        "--n-test",
+        "20",
+    ]
+    for model, extra in (("transformer", ["--d-model", "32", "--n-layer", "1"]),
+                         ("rnn-attention", ["--d-hidden", "16", "--d-emb", "8", "--d-attn", "8"])):  # fmt: skip
+        run = tmp_path / model
+        code, out, err = run_cli(["train", "caption", "--model", model, "--out", run, *steps, *extra], capsys)
+        assert code == 0, err
+        assert "test (greedy): exact match" in out
+        picture = tmp_path / f"{model}.png"
+        code, out, err = run_cli(["predict", run, image, "--attention", picture, "--json"], capsys)
+        assert code == 0, err
+        result = __import__("json").loads(out)
+        assert result["kind"] == "caption" and result["attention"] == str(picture)
+        assert picture.read_bytes()[:4] == b"\x89PNG"
+        code, out, err = run_cli(["eval", run, "--json"], capsys)
+        assert code == 0 and '"exact_match"' in out and '"bleu"' in out, err

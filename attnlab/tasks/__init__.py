@@ -16,6 +16,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
 from attnlab.tasks.base import Task
+from attnlab.tasks.caption import Captioning
 from attnlab.tasks.image import ImageClassification
 from attnlab.tasks.labeled import Labeled
 from attnlab.tasks.lm import LanguageModel
@@ -29,6 +30,7 @@ TASKS: dict[str, Task] = {
     "mlm": MaskedLM(),
     "translate": Translation(),
     "image": ImageClassification(),
+    "caption": Captioning(),
 }
 
 

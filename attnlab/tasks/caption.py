@@ -1,0 +1,213 @@
+"""Image captioning: images to words, through the shared loop.
+
+attnlab train caption --data digits-strips --model transformer
+  -> a word tokenizer trained on the training captions
+  -> images (N, C, H, W) and caption ids (specials below the tokenizer's ids, data/batches.py)
+  -> the shared engine (engine/train.py), as for every task
+  -> the test split captioned greedily: exact match (of the word sequence), BLEU and chrF
+
+The Transformer is a ViT encoder and the translation decoder (models/captioner.py); decoding is
+the encoder-decoders' own (decoding/beam.py): greedy or beam search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlab.config import add_config_flags, from_dict
+from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
+from attnlab.data.captions import CaptionDataConfig, load_captions
+from attnlab.data.images import read_image
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.decoding.beam import beam_search, greedy
+from attnlab.engine import rundir as ck
+from attnlab.engine.distributed import Dist
+from attnlab.engine.loop import Session
+from attnlab.engine.train import Prepared, TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.models import build_model
+from attnlab.models.captioner import PRESETS, CaptionerConfig
+from attnlab.models.rnn_captioner import RNNCaptionerConfig
+from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
+from attnlab.tasks.common import build_config, preset_fields
+from attnlab.tasks.translate import cross_attention, pieces, scores, teacher_forced_loss, to_ids
+
+# Settings that caption digits-strips in a few minutes on a laptop CPU.
+TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "transformer": dict(
+        max_steps=2000, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=250, beta2=0.98
+    ),  # fmt: skip
+    "rnn-attention": dict(
+        max_steps=2000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=250
+    ),  # fmt: skip
+}
+
+
+def model_config(name: str, vocab: int, shape: tuple[int, ...], max_len: int, overrides: dict) -> Any:
+    """The model's config: a preset, the user's overrides, and what the data decides (vocabulary,
+    image size and channels, the caption length)."""
+    choice = Captioning.models[name]
+    overrides = dict(overrides)
+    c, h, w = shape
+    sizes: dict[str, Any] = {"tgt_vocab": vocab, "channels": c, "image_size": h, "image_width": w}
+    base: dict[str, Any] = {}
+    if choice.family == "captioner":
+        base = preset_fields(PRESETS, overrides.pop("preset", None), "captioner-tiny")
+        sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
+    elif "preset" in overrides:
+        raise AttnlabError("--preset names a Transformer size: it does not apply to the RNN")
+    return build_config(name, choice.config, base, overrides, sizes)
+
+
+def caption_tokens(tok: Tokenizer, caption: str) -> list[str]:
+    """The caption as its tokens' texts: what exact match compares, so spacing never counts."""
+    return [tok.decode([int(i)]) for i in tok.encode_array(caption)]
+
+
+class Captioning(Task):
+    name = "caption"
+    help = "image -> words: a ViT encoder with a Transformer decoder, or Show, Attend and Tell's RNN"
+    description = ("Train a captioner on images with captions (the built-in digits-strips, or a folder with "
+                   "captions.jsonl), then caption its test split: exact match, BLEU, chrF.")  # fmt: skip
+    models = {
+        "transformer": ModelChoice("captioner", CaptionerConfig),
+        "rnn-attention": ModelChoice("rnn-captioner", RNNCaptionerConfig),
+    }
+    default_model = "transformer"
+    data_config = CaptionDataConfig
+    noun = "a captioner"
+    endpoint = "/api/predict_image"
+    tokenized = True
+    set_by_data = frozenset({"tgt_vocab", "channels", "image_size", "image_width", "src_vocab"})
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(TRAIN_DEFAULTS.get(model, {}))
+
+    def model_of(self, config: dict[str, Any]) -> str:
+        return config["task"]["model"]
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        if req.init is not None:  # fine-tuning keeps the init run's vocabulary
+            return {ck.TOKENIZER: (Path(req.init) / ck.TOKENIZER).read_text(encoding="utf-8")}
+        _, captions = load_captions(req.data)["train"]
+        return {ck.TOKENIZER: train_tokenizer("word", captions, req.data.vocab_size).to_json()}
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        out, data = Path(req.out), req.data
+        splits = load_captions(data)
+        tok = load_tokenizer(out)
+        cfg = model_config(req.model, tok.vocab_size + N_SPECIAL, splits["train"][0].shape[1:], data.max_len,
+                           self.model_fields(req))  # fmt: skip
+        targets = {name: [to_ids(tok, c)[: data.max_len] for c in caps] for name, (_, caps) in splits.items()}
+        max_out = min(data.max_len, 2 * max(len(t) for t in targets["train"]) + 2)
+        family = self.models[req.model].family
+        config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
+                  "data": dataclasses.asdict(data), "task": {"kind": self.name, "model": req.model,
+                  "max_out": max_out}}  # fmt: skip
+        if req.init is not None:
+            config["init"] = str(req.init)
+
+        def build() -> nn.Module:
+            net = build_model(family, cfg)
+            if req.init is not None and not req.resume:
+                ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
+            return net
+
+        batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets)
+        return Prepared(batches, build, config, state=(splits["test"], tok, max_out))
+
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
+        (images, captions), tok, max_out = prepared.state
+        hyps = caption_ids(s.raw, images, max_out, device=s.device)
+        return {"decoding": "greedy", **caption_scores(tok, hyps, captions)}
+
+    def test_line(self, t: dict[str, Any]) -> str:
+        return f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+
+    def next_step(self, out: str) -> str:
+        return f". Try: attnlab predict {out} IMAGE.png --attention words.png"
+
+    # ---- a trained run ------------------------------------------------------------------------
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        """text: an image file; options: beam, attention (a picture of where each word looked)."""
+        beam, picture = options.get("beam") or 1, options.get("attention")
+        pixels = read_image(text, run.model.cfg.size, run.model.cfg.channels)  # (C, H, W)
+        words, weights = caption_attention(run, pixels, beam)
+        caption = " ".join(words[:-1])
+        if picture:
+            from attnlab.viz.captions import plot_caption_attention
+
+            title = f"{run.config['task']['model']}: {Path(text).name} -> {caption!r}"
+            plot_caption_attention(pixels, words, weights, run.model.cfg.grid, picture, title)
+        return {"kind": self.name, "image": str(text), "caption": caption,
+                **({"attention": str(picture)} if picture else {})}  # fmt: skip
+
+    def show_prediction(self, result: dict[str, Any]) -> str:
+        return result["caption"] + (f"\nattention: {result['attention']}" if result.get("attention") else "")
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        return evaluate_captions(run, data, split or "test", options.get("beam") or 1)
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        return (f"{r['data']} ({r['split']}): {r['examples']:,} images, {decoding}\n"
+                f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
+                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
+
+    # ---- command line -------------------------------------------------------------------------
+    def add_flags(self, parser) -> None:
+        parser.add_argument("--model", default=self.default_model, choices=list(self.models),
+                            help=f"which model (default: {self.default_model})")  # fmt: skip
+        parser.add_argument("--preset", default=None, help=f"Transformer preset: {', '.join(PRESETS)} "
+                            "(default: captioner-tiny)")  # fmt: skip
+        add_config_flags(parser, "data", CaptionDataConfig, "data")
+        add_model_choice_flags(parser, self, dataclasses.asdict(PRESETS["captioner-tiny"]), "transformer")
+
+
+@torch.no_grad()
+def caption_ids(model: nn.Module, images: np.ndarray, max_len: int, beam: int = 1, batch_size: int = 256,
+                device=None) -> list[list[int]]:  # fmt: skip
+    """Decoded caption ids for each image of (N, C, H, W), in batches (greedy when beam is 1)."""
+    model.eval()
+    device = device or next(model.parameters()).device
+    out: list[list[int]] = []
+    for start in range(0, len(images), batch_size):
+        x = torch.from_numpy(images[start : start + batch_size]).to(device)
+        out += greedy(model, x, max_len) if beam == 1 else beam_search(model, x, beam, max_len)
+    return out
+
+
+def caption_attention(run, pixels: np.ndarray, beam: int = 1) -> tuple[list[str], np.ndarray]:
+    """Caption one image (C, H, W) and say where each word looked: the words (the last one </s>) and
+    the cross-attention (L, H, T, N) of teacher-forced decoding on that caption (the RNN: L = H = 1)."""
+    images = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
+    (hyp,) = caption_ids(run.model, pixels[None], run.config["task"]["max_out"], beam)
+    tgt_in = torch.tensor([[BOS_ID, *hyp]], device=run.device)
+    return pieces(run.tokenizer, [*hyp, EOS_ID]), cross_attention(run, images, tgt_in)
+
+
+def caption_scores(tok: Tokenizer, hyps: list[list[int]], captions: list[str]) -> dict[str, Any]:
+    """Exact match of the word sequences, BLEU and chrF of the captions as words joined by spaces."""
+    hyp = [" ".join(pieces(tok, h)) for h in hyps]
+    ref = [" ".join(caption_tokens(tok, c)) for c in captions]
+    return scores(hyp, ref)
+
+
+def evaluate_captions(run, data: str | None = None, split: str = "test", beam: int = 1) -> dict[str, Any]:
+    """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on other data."""
+    cfg = from_dict(CaptionDataConfig, run.config["data"], where="data config")
+    if data is not None:
+        cfg = dataclasses.replace(cfg, data=data)
+    model_cfg = run.model.cfg
+    images, captions = load_captions(cfg, model_cfg.size, model_cfg.channels)[split]
+    hyps = caption_ids(run.model, images, run.config["task"]["max_out"], beam)
+    targets = [to_ids(run.tokenizer, c)[: cfg.max_len] for c in captions]
+    loss = teacher_forced_loss(run.model, ImagePairs({split: images}, {split: targets}), split)
+    return {"data": cfg.data, "split": split, "beam": beam, **caption_scores(run.tokenizer, hyps, captions),
+            "loss": loss}  # fmt: skip
