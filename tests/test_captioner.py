@@ -127,3 +127,35 @@ def test_caption_task_trains_evaluates_predicts_and_draws_where_words_looked(tmp
         assert picture.read_bytes()[:4] == b"\x89PNG"
         code, out, err = run_cli(["eval", run, "--json"], capsys)
         assert code == 0 and '"exact_match"' in out and '"bleu"' in out, err
+
+
+def test_word_regions_count_a_word_right_when_its_top_patch_is_on_its_digit():
+    """A stand-in model whose attention is put by hand: on each word's own digit, then one patch off."""
+    from attnlab.data import strips as S
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.interpret.word_regions import digit_attention
+    from attnlab.tasks.translate import to_ids
+
+    found = S.strips("test", 6)
+    tok = train_tokenizer("word", [s.caption for s in found], 100)
+    hyps = [to_ids(tok, s.caption).tolist() for s in found]
+    hyps[0] = hyps[1]  # a wrong caption: not checked
+
+    class Pointing(torch.nn.Module):
+        def __init__(self, shift: int):
+            super().__init__()
+            self.shift, self.w = shift, torch.nn.Parameter(torch.zeros(1))
+
+        def alignment(self, images, tgt_in):  # (B, L, H, T, N) with all weight on one patch per word
+            out = torch.zeros(len(images), 1, 1, tgt_in.shape[1], 24)
+            for b, image in enumerate(images):
+                strip = next(s for s in found if torch.equal(torch.from_numpy(s.image), image[0]))
+                for t, (_, deps) in enumerate(S.caption_words(strip.digits)):
+                    col = strip.boxes[deps[0]][0] // 4 + 1 + self.shift  # inside the digit, or moved off it
+                    out[b, 0, 0, t, min(col, 23)] = 1
+            return out
+
+    right = digit_attention(Pointing(0), tok, found, hyps)
+    assert right["attention_on_digit"] == 1.0 and right["attention_strips"] == 5
+    assert right["attention_words"] == sum(len(S.caption_words(s.digits)) for s in found[1:])
+    assert digit_attention(Pointing(8), tok, found, hyps)["attention_on_digit"] < 0.5

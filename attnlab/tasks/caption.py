@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.config import add_config_flags, from_dict
+from attnlab.data import strips
 from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
 from attnlab.data.captions import CaptionDataConfig, load_captions
 from attnlab.data.images import read_image
@@ -120,15 +121,17 @@ class Captioning(Task):
             return net
 
         batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets)
-        return Prepared(batches, build, config, state=(splits["test"], tok, max_out))
+        return Prepared(batches, build, config, state=(splits["test"], tok, max_out, data))
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
-        (images, captions), tok, max_out = prepared.state
+        (images, captions), tok, max_out, data = prepared.state
         hyps = caption_ids(s.raw, images, max_out, device=s.device)
-        return {"decoding": "greedy", **caption_scores(tok, hyps, captions)}
+        return {"decoding": "greedy", **caption_scores(tok, hyps, captions), **word_regions(s.raw, tok, hyps, data)}
 
     def test_line(self, t: dict[str, Any]) -> str:
-        return f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+        where = f", attention on the word's digit {t['attention_on_digit']:.1%}" if "attention_on_digit" in t else ""
+        return (f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+                f"{where}")  # fmt: skip
 
     def next_step(self, out: str) -> str:
         return f". Try: attnlab predict {out} IMAGE.png --attention words.png"
@@ -158,7 +161,7 @@ class Captioning(Task):
         decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
         return (f"{r['data']} ({r['split']}): {r['examples']:,} images, {decoding}\n"
                 f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
-                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
+                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token" + _where(r))  # fmt: skip
 
     # ---- command line -------------------------------------------------------------------------
     def add_flags(self, parser) -> None:
@@ -209,5 +212,30 @@ def evaluate_captions(run, data: str | None = None, split: str = "test", beam: i
     hyps = caption_ids(run.model, images, run.config["task"]["max_out"], beam)
     targets = [to_ids(run.tokenizer, c)[: cfg.max_len] for c in captions]
     loss = teacher_forced_loss(run.model, ImagePairs({split: images}, {split: targets}), split)
+    where = (
+        word_regions(run.model, run.tokenizer, hyps, cfg, split)
+        if model_cfg.size == (strips.HEIGHT, strips.WIDTH)
+        else {}
+    )
     return {"data": cfg.data, "split": split, "beam": beam, **caption_scores(run.tokenizer, hyps, captions),
-            "loss": loss}  # fmt: skip
+            "loss": loss, **where}  # fmt: skip
+
+
+def _where(r: dict[str, Any]) -> str:
+    if "attention_on_digit" not in r:
+        return ""
+    return (
+        f"\n  attention on the word's digit {r['attention_on_digit']:.2%} of {r['attention_words']:,} words "
+        f"({r['attention_strips']:,} strips captioned right)"
+    )
+
+
+def word_regions(model: nn.Module, tok: Tokenizer, hyps: list[list[int]], data: CaptionDataConfig,
+                 split: str = "test") -> dict[str, Any]:  # fmt: skip
+    """On digits-strips, whether each word looked at its digit (interpret/word_regions.py); {} on other data."""
+    if data.data != "digits-strips":
+        return {}
+    from attnlab.interpret.word_regions import digit_attention
+
+    count = {"train": data.n_train, "test": data.n_test}.get(split)
+    return digit_attention(model, tok, strips.strips(split, count, data.data_seed), hyps)
