@@ -63,9 +63,16 @@ class CaptionerConfig(Seq2SeqConfig):
         return h // self.patch_size, w // self.patch_size
 
 
+# Measured on digits-strips (2 CPU cores): 3 encoder blocks and 1 decoder block read digits better than
+# 2 + 2 at the same cost, and dropout or label smoothing lengthened the plateau where the model only
+# knows the caption's length (1,000-1,500 steps without them, 2,000 with dropout 0.1).
 PRESETS: dict[str, CaptionerConfig] = {
-    "captioner-tiny": CaptionerConfig(n_layer=2, n_head=4, d_model=64, d_ff=256, context=32, dropout=0.1),
-    "captioner-small": CaptionerConfig(n_layer=3, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1),
+    "captioner-tiny": CaptionerConfig(
+        n_layer=3, n_dec_layer=1, n_head=4, d_model=64, d_ff=256, context=32, dropout=0.0, label_smoothing=0.0
+    ),  # fmt: skip
+    "captioner-small": CaptionerConfig(
+        n_layer=4, n_dec_layer=2, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1
+    ),  # fmt: skip
 }
 
 
