@@ -42,10 +42,10 @@ from attnlab.tasks.translate import cross_attention, pieces, scores, teacher_for
 # Settings that caption digits-strips in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "transformer": dict(
-        max_steps=2000, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=250, beta2=0.98
+        max_steps=4500, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=500, beta2=0.98
     ),  # fmt: skip
     "rnn-attention": dict(
-        max_steps=2000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=250
+        max_steps=3000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=500
     ),  # fmt: skip
 }
 
