@@ -83,7 +83,7 @@ class Captioning(Task):
     default_model = "transformer"
     data_config = CaptionDataConfig
     noun = "a captioner"
-    endpoint = "/api/predict_image"
+    endpoint = "attnlab predict RUN IMAGE (the explorer does not caption yet)"  # what /api answers for it
     tokenized = True
     set_by_data = frozenset({"tgt_vocab", "channels", "image_size", "image_width", "src_vocab"})
 
