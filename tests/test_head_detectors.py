@@ -133,6 +133,8 @@ def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
     assert code == 2 and "two tokens" in err
     code, out, err = run_cli(["inspect", run, "--what", "ablate"], capsys)  # no text: the repeated half's loss
     assert code == 0 and "repeated twice" in out and len(out.splitlines()) == 2 + 2  # title, caption, 2 layers
+    code, out, err = run_cli(["inspect", run, "--what", "ablate", "--on", "val"], capsys)  # the run's own held-out text
+    assert code == 0 and "of the validation split" in out, err
     for what, out_file, row in (("heads", "h.html", "layer 2"), ("lens", "l.html", "block 2")):  # shaded tables
         code, _, err = run_cli(["inspect", run, "def add", "--what", what, "--out", str(tmp_path / out_file)], capsys)
         page = (tmp_path / out_file).read_text()

@@ -26,10 +26,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     run = load(args.run, device=args.device)
     if args.what == "over-training":
         return _over_training(run, args.out)
-    result = inspect(run, args.text, args.what)
+    result = inspect(run, args.text, args.what, args.on)
     lines = _summary(result)
     if args.out:
-        on = "random tokens repeated" if args.text is None else repr(args.text)
+        on = (
+            {"repeats": "random tokens repeated", "val": "the validation split"}[args.on]
+            if args.text is None
+            else repr(args.text)
+        )
         _write(result, args.out, f"{run.path.name}, {args.what}: {on}")
         lines.append(f"wrote {args.out}")
     print("\n".join(lines))
@@ -132,5 +136,8 @@ def add_commands(sub) -> None:
     p.add_argument("--what", required=True, choices=WHAT, help="what to compute")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)")  # fmt: skip
+    p.add_argument("--on", default="repeats", choices=("repeats", "val"), help="ablate with no text: random "
+                   "tokens repeated twice, the loss of their repeated half (default), or the run's validation "
+                   "split")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default: cpu)")
     p.set_defaults(func=cmd_inspect)

@@ -5,7 +5,8 @@ inspect(run, text, what) -> the numbers, as JSON-ready dicts.
               (L+1, T), target_prob}
     heads     detector scores per head: {kind: "tables", tables: {name: (L, H)}, title}
     ablate    the loss change when each head is zeroed: {kind: "tables", tables, title, loss}; with no
-              text, on random tokens repeated twice, the loss of the repeated half (induction's job)
+              text, on random tokens repeated twice, the loss of the repeated half (induction's job),
+              or with on="val" the run's validation split (its first VAL_TOKENS tokens)
     rollout   attention rollout (or `flow`) of every attention: {kind: "views", views: views_json}
 """
 
@@ -16,6 +17,7 @@ import torch
 from attnlab.errors import AttnlabError
 
 WHAT = ("lens", "heads", "ablate", "rollout", "flow")
+VAL_TOKENS = 8192  # enough windows for a stable loss, few enough to zero every head in seconds
 TEXT_WHAT = WHAT  # all of them read an input; over-training reads the run's snapshots instead
 
 
@@ -46,7 +48,7 @@ def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
 
 
 @torch.no_grad()
-def inspect(run, text: str | None, what: str) -> dict:
+def inspect(run, text: str | None, what: str, on: str = "repeats") -> dict:
     """What `what` finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
     if what not in WHAT:
         raise AttnlabError(f"--what {what!r}: one of {', '.join(WHAT)}, or over-training")
@@ -57,7 +59,7 @@ def inspect(run, text: str | None, what: str) -> dict:
 
         return {"kind": "views", "what": what, **views_json(run_rollouts(run, text, what))}
     if what == "ablate" and text is None:
-        return repeated_ablation(run)
+        return split_ablation(run) if on == "val" else repeated_ablation(run)
     if text is None:
         raise AttnlabError(f"--what {what} needs an input (a text; an image file for image runs)")
     if what == "lens" and hasattr(run.model, "dec_norm"):
@@ -106,6 +108,37 @@ def repeated_ablation(run, batch: int = 8) -> dict:
             "title": f"head ablation on {batch} random sequences of {n} tokens repeated twice: the loss of the "
             "repeated half with the head zeroed minus the loss", "loss": round(float(loss()), 4),
             "diverging": True}  # fmt: skip
+
+
+@torch.no_grad()
+def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
+    """Head ablation on the first `tokens` tokens of the run's own validation split, in full windows."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from attnlab.data import TokenData, build_token_cache, resolve_sources
+    from attnlab.interpret.ablation import head_ablation
+    from attnlab.tasks.lm_eval import windows
+
+    data = run.config.get("data", {})
+    if run.tokenizer is None or not hasattr(run.model, "logits") or "data" not in data:
+        raise AttnlabError("ablation on the validation split reads a language-model run (attnlab train lm)")
+    files = resolve_sources(data["data"], data.get("glob", "*"))
+    arr = np.asarray(TokenData(build_token_cache(files, run.tokenizer, data.get("val_fraction", 0.05), False))
+                     .splits["val"])[: tokens + 1]  # fmt: skip
+    block = min(run.config.get("train", {}).get("block_size") or run.model.cfg.context, run.model.cfg.context)
+    n = (len(arr) - 1) // block
+    if n < 1:
+        raise AttnlabError(f"the validation split has {len(arr)} tokens, less than one window of {block}")
+    xy = torch.from_numpy(next(windows(arr, block, n))).to(run.device)  # (n, block + 1)
+
+    def loss() -> torch.Tensor:
+        return F.cross_entropy(run.model(xy[:, :-1]).flatten(0, 1).float(), xy[:, 1:].flatten())
+
+    table = head_ablation(run.model, loss, (xy[:, :-1],), "zero")
+    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
+            "title": f"head ablation on {n * block:,} tokens of the validation split: the loss with the head "
+            "zeroed minus the loss", "loss": round(float(loss()), 4), "diverging": True}  # fmt: skip
 
 
 def detector_tables(run, ids: torch.Tensor) -> dict[str, torch.Tensor]:
