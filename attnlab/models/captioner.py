@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import check_images, positions
+from attnlab.models.common import PatchGrid, check_images, positions
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import PATCH_PATHS, PatchEmbedding
 
 
 @dataclass
-class CaptionerConfig(Seq2SeqConfig):
+class CaptionerConfig(Seq2SeqConfig, PatchGrid):
     # Pre-norm and GELU as in ViT; learned 1-D positions for the words (2-D sin/cos for the patches).
     norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
     activation: str = option("gelu", "feed-forward activation", ("relu", "gelu", "gelu_tanh", "relu2", "silu"))
@@ -42,25 +42,12 @@ class CaptionerConfig(Seq2SeqConfig):
         if self.share_embeddings:
             raise ValueError("a captioner's source is an image: it has no token embedding to share")
         super().__post_init__()
-        h, w = self.size
-        if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches")
-        n = self.grid[0] * self.grid[1]
+        self.check_patches()
+        n = self.n_patches
         if self.positions != "sinusoidal" and n > self.context:  # a 1-D table over the patches
             raise ValueError(f"{self.positions} positions cover {self.context} tokens but the image has {n} "
                              "patches: raise --context or use sinusoidal (2-D) positions")  # fmt: skip
-        if self.positions == "sinusoidal" and self.d_model % 4:
-            raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {self.d_model}")
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.image_size, self.image_width or self.image_size
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Patches per column and per row: (H/P, W/P); patch k is cell (k // (W/P), k % (W/P))."""
-        h, w = self.size
-        return h // self.patch_size, w // self.patch_size
+        self.check_grid_positions()
 
 
 # Measured on digits-strips (2 CPU cores): 3 encoder blocks and 1 decoder block read digits better than

@@ -132,6 +132,36 @@ class Checkpointing:
         set_grad_checkpoint(self, on)
 
 
+class PatchGrid:
+    """The patch geometry of an image model's config (ViT, the captioners), from its fields
+    image_size (height), image_width (None: square) and patch_size."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image_size, self.image_width or self.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patches per column and per row: (H/P, W/P); patch k is cell (k // (W/P), k % (W/P))."""
+        h, w = self.size
+        return h // self.patch_size, w // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def check_patches(self) -> None:
+        h, w = self.size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches: "
+                             "choose a patch size that divides both sides (or resize the images)")  # fmt: skip
+
+    def check_grid_positions(self) -> None:
+        """2-D sin/cos positions split the width in four (row and column, sin and cos)."""
+        if self.positions == "sinusoidal" and self.d_model % 4:
+            raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {self.d_model}")
+
+
 def positions(cfg: TransformerConfig, grid: tuple[int, int] | None = None, lead: int = 1) -> nn.Module:
     """The position scheme of cfg (ALiBi's slopes follow its heads, rotary's base its rope_theta);
     grid and lead: patches on a grid after `lead` tokens that are not (see build_positions)."""

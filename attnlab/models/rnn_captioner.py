@@ -25,13 +25,13 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.batches import PAD_ID
-from attnlab.models.common import check_images
+from attnlab.models.common import PatchGrid, check_images
 from attnlab.models.rnn import CELLS, AdditiveAttention, RNNSeq2Seq, RNNSeq2SeqConfig, RNNState
 from attnlab.models.vit import PatchEmbedding
 
 
 @dataclass
-class RNNCaptionerConfig(RNNSeq2SeqConfig):
+class RNNCaptionerConfig(RNNSeq2SeqConfig, PatchGrid):
     src_vocab: int = option(4, "unused: the source is an image")
     # Sized for digits-strips on a CPU: with these it left the length-only plateau after 500 steps
     # (measured); the translation RNN's defaults (256 wide, dropout and smoothing 0.1) are for sentences.
@@ -50,18 +50,7 @@ class RNNCaptionerConfig(RNNSeq2SeqConfig):
         super().__post_init__()
         if not self.attention:
             raise ValueError("Show, Attend and Tell attends: the captioner needs attention=True")
-        h, w = self.size
-        if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches")
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.image_size, self.image_width or self.image_size
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        h, w = self.size
-        return h // self.patch_size, w // self.patch_size
+        self.check_patches()
 
 
 class RNNCaptioner(RNNSeq2Seq):
@@ -73,7 +62,7 @@ class RNNCaptioner(RNNSeq2Seq):
         nn.Module.__init__(self)
         self.cfg = cfg
         E, H, L, F = cfg.d_emb, cfg.d_hidden, cfg.n_layer, cfg.d_enc
-        n = cfg.grid[0] * cfg.grid[1]
+        n = cfg.n_patches
         self.patches = PatchEmbedding(cfg.channels, cfg.patch_size, F)
         self.where = nn.Parameter(torch.randn(1, n, F) * 0.02)  # (1, N, F) one vector per patch position
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab, E, padding_idx=PAD_ID)

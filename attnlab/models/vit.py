@@ -22,14 +22,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.models.common import Checkpointing, Presets, TransformerConfig, check_images, init_weights, pool, positions
+from attnlab.models.common import (
+    Checkpointing,
+    PatchGrid,
+    Presets,
+    TransformerConfig,
+    check_images,
+    init_weights,
+    pool,
+    positions,
+)
 from attnlab.nn import Stack
 
 PATCH_PATHS = ("conv", "linear")
 
 
 @dataclass
-class ViTConfig(TransformerConfig, Presets):
+class ViTConfig(TransformerConfig, Presets, PatchGrid):
     image_size: int = option(224, "image height in pixels (set from the data when training)")
     image_width: int | None = option(None, "image width in pixels (default: square, as image_size)")
     channels: int = option(3, "colour channels: 1 gray, 3 RGB (set from the data when training)")
@@ -46,32 +55,14 @@ class ViTConfig(TransformerConfig, Presets):
         for name in ("image_size", "channels", "patch_size", "n_labels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        h, w = self.size
-        if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches: "
-                             "choose a patch size that divides both sides (or resize the images)")  # fmt: skip
+        self.check_patches()
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.patch_embed not in PATCH_PATHS:
             raise ValueError(f"patch_embed must be one of {PATCH_PATHS}, got {self.patch_embed!r}")
         self.context = 1 + self.n_patches  # derived, whatever was stored
         super().__post_init__()
-        if self.positions == "sinusoidal" and self.d_model % 4:
-            raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {self.d_model}")
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.image_size, self.image_width or self.image_size
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Patches per column and per row: (H/P, W/P)."""
-        h, w = self.size
-        return h // self.patch_size, w // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        return self.grid[0] * self.grid[1]
+        self.check_grid_positions()
 
 
 def _paper(n_layer: int, d_model: int, n_head: int, patch: int, d_ff: int) -> ViTConfig:

@@ -49,13 +49,14 @@ class Task:
     noun: str = "a run"  # "a classifier": for messages
     endpoint: str = "/api/predict"  # where the explorer sends its inputs
     init_help: str = "start from this run's weights and tokenizer (a run of the same task); fine-tunes on --data"
+    tuned: dict[str, dict[str, Any]] = {}  # model name -> its tuned training settings (read-only)
     # Model-config fields that the data decides: never flags.
     set_by_data: frozenset[str] = frozenset()
 
     # ---- training -----------------------------------------------------------------------------
     def train_defaults(self, model: str) -> dict[str, Any]:
-        """Training settings tuned for this task and model."""
-        return {}
+        """Training settings tuned for this task and model (a copy: the caller may change it)."""
+        return dict(self.tuned.get(model, {}))
 
     def default_data(self) -> Any:
         return self.data_config()

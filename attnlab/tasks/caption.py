@@ -26,18 +26,25 @@ from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
 from attnlab.data.captions import CaptionDataConfig, load_captions
 from attnlab.data.images import read_image
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
-from attnlab.decoding.beam import beam_search, greedy
 from attnlab.engine import rundir as ck
 from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.models import build_model
 from attnlab.models.captioner import PRESETS, CaptionerConfig
 from attnlab.models.rnn_captioner import RNNCaptionerConfig
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
-from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tasks.translate import cross_attention, pieces, scores, teacher_forced_loss, to_ids
+from attnlab.tasks.common import build_config, init_builder, preset_fields
+from attnlab.tasks.translate import (
+    cross_attention,
+    decode_all,
+    pieces,
+    scores,
+    scores_line,
+    show_scores,
+    teacher_forced_loss,
+    to_ids,
+)
 
 # Settings that caption digits-strips in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -86,12 +93,7 @@ class Captioning(Task):
     endpoint = "attnlab predict RUN IMAGE (the explorer does not caption yet)"  # what /api answers for it
     tokenized = True
     set_by_data = frozenset({"tgt_vocab", "channels", "image_size", "image_width", "src_vocab"})
-
-    def train_defaults(self, model: str) -> dict[str, Any]:
-        return dict(TRAIN_DEFAULTS.get(model, {}))
-
-    def model_of(self, config: dict[str, Any]) -> str:
-        return config["task"]["model"]
+    tuned = TRAIN_DEFAULTS
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         if req.init is not None:  # fine-tuning keeps the init run's vocabulary
@@ -114,14 +116,8 @@ class Captioning(Task):
         if req.init is not None:
             config["init"] = str(req.init)
 
-        def build() -> nn.Module:
-            net = build_model(family, cfg)
-            if req.init is not None and not req.resume:
-                ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
-            return net
-
         batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets)
-        return Prepared(batches, build, config, state=(splits["test"], tok, max_out, data))
+        return Prepared(batches, init_builder(family, cfg, req), config, state=(splits["test"], tok, max_out, data))
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         (images, captions), tok, max_out, data = prepared.state
@@ -130,8 +126,7 @@ class Captioning(Task):
 
     def test_line(self, t: dict[str, Any]) -> str:
         where = f", attention on the word's digit {t['attention_on_digit']:.1%}" if "attention_on_digit" in t else ""
-        return (f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
-                f"{where}")  # fmt: skip
+        return scores_line(t) + where
 
     def next_step(self, out: str) -> str:
         return f". Try: attnlab predict {out} IMAGE.png --attention words.png"
@@ -158,10 +153,7 @@ class Captioning(Task):
         return evaluate_captions(run, data, split or "test", options.get("beam") or 1)
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
-        decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-        return (f"{r['data']} ({r['split']}): {r['examples']:,} images, {decoding}\n"
-                f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
-                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token" + _where(r))  # fmt: skip
+        return show_scores(r, "images") + _where(r)
 
     # ---- command line -------------------------------------------------------------------------
     def add_flags(self, parser) -> None:
@@ -173,17 +165,10 @@ class Captioning(Task):
         add_model_choice_flags(parser, self, dataclasses.asdict(PRESETS["captioner-tiny"]), "transformer")
 
 
-@torch.no_grad()
 def caption_ids(model: nn.Module, images: np.ndarray, max_len: int, beam: int = 1, batch_size: int = 256,
                 device=None) -> list[list[int]]:  # fmt: skip
-    """Decoded caption ids for each image of (N, C, H, W), in batches (greedy when beam is 1)."""
-    model.eval()
-    device = device or next(model.parameters()).device
-    out: list[list[int]] = []
-    for start in range(0, len(images), batch_size):
-        x = torch.from_numpy(images[start : start + batch_size]).to(device)
-        out += greedy(model, x, max_len) if beam == 1 else beam_search(model, x, beam, max_len)
-    return out
+    """Decoded caption ids for each image of (N, C, H, W) (greedy when beam is 1)."""
+    return decode_all(model, images, torch.from_numpy, max_len, beam, batch_size, device)
 
 
 def caption_attention(run, pixels: np.ndarray, beam: int = 1) -> tuple[list[str], np.ndarray]:

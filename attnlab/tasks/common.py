@@ -4,10 +4,16 @@ sizes the data decides, each step with a one-line error a user can act on."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from attnlab.config import from_dict
 from attnlab.errors import AttnlabError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from attnlab.engine.train import TrainRequest
 
 
 def preset_fields(presets: dict[str, Any], name: str | None, default: str, what: str = "") -> dict[str, Any]:
@@ -27,3 +33,20 @@ def build_config(model: str, cls: type, base: dict, overrides: dict, sizes: dict
         return from_dict(cls, {**base, **overrides, **sizes}, where=f"{model} model config")
     except ValueError as e:
         raise AttnlabError(f"{model} model config: {e}") from None
+
+
+def init_builder(family: str, cfg: Any, req: TrainRequest) -> Callable[[], nn.Module]:
+    """The model builder of a task whose --init run has the same model: every weight from it when a
+    new run starts from one (resuming reads the run's own checkpoint instead)."""
+    from pathlib import Path
+
+    from attnlab.engine import rundir as ck
+    from attnlab.models import build_model
+
+    def build() -> nn.Module:
+        net = build_model(family, cfg)
+        if req.init is not None and not req.resume:
+            ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
+        return net
+
+    return build

@@ -96,9 +96,7 @@ class ImageClassification(Task):
     noun = "an image"
     endpoint = "/api/predict_image"
     set_by_data = frozenset({"image_size", "image_width", "channels", "n_labels", "context"})
-
-    def train_defaults(self, model: str) -> dict[str, Any]:
-        return dict(TRAIN_DEFAULTS[model])
+    tuned = TRAIN_DEFAULTS
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         if req.saved is not None:  # the classes, size and channels the run was built for

@@ -120,15 +120,13 @@ class Labeled(Task):
     default_model = "encoder"
     data_config = LabeledDataConfig
     set_by_data = frozenset({"vocab_size", "n_labels", "task", "head", "context"})
+    tuned = TRAIN_DEFAULTS
     init_help = "start the encoder from a masked-LM run (or a converted BERT)"
 
     def __init__(self, name: str, what: str, noun: str):
         self.name, self.noun = name, noun
         self.help = f"{what}: the encoder or a baseline, on a file or a generated task"
         self.description = f"Train a model that predicts {what}, then score it on the test split."
-
-    def train_defaults(self, model: str) -> dict[str, Any]:
-        return dict(TRAIN_DEFAULTS.get(model, {}))
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)

@@ -29,11 +29,10 @@ from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.models import build_model
 from attnlab.models.rnn import RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
-from attnlab.tasks.common import build_config, preset_fields
+from attnlab.tasks.common import build_config, init_builder, preset_fields
 
 TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share tokenizer.json
 # Settings that learn the built-in tasks in a few minutes on a laptop CPU.
@@ -110,9 +109,7 @@ class Translation(Task):
     data_config = ParallelDataConfig
     noun = "a translation"
     set_by_data = frozenset({"src_vocab", "tgt_vocab", "attention"})
-
-    def train_defaults(self, model: str) -> dict[str, Any]:
-        return dict(TRAIN_DEFAULTS.get(model, {}))
+    tuned = TRAIN_DEFAULTS
 
     def model_of(self, config: dict[str, Any]) -> str:
         return config["task"]["model"]
@@ -150,14 +147,9 @@ class Translation(Task):
         if req.init is not None:
             config["init"] = str(req.init)
 
-        def build() -> nn.Module:
-            net = build_model(family, cfg)
-            if req.init is not None and not req.resume:
-                ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
-            return net
-
         batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
-        return Prepared(batches, build, config, state=(encoded["test"][0], splits["test"], tgt_tok, max_out))
+        return Prepared(batches, init_builder(family, cfg, req), config,
+                        state=(encoded["test"][0], splits["test"], tgt_tok, max_out))  # fmt: skip
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         sources, pairs, tgt_tok, max_out = prepared.state
@@ -165,7 +157,7 @@ class Translation(Task):
         return {"decoding": "greedy", **scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])}
 
     def test_line(self, t: dict[str, Any]) -> str:
-        return f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+        return scores_line(t)
 
     def next_step(self, out: str) -> str:
         return f'. Try: attnlab translate {out} "some text" --beam 4'
@@ -188,10 +180,7 @@ class Translation(Task):
         return evaluate_translation(run, data, split or "test", options.get("beam") or 1)
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
-        decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-        return (f"{r['data']} ({r['split']}): {r['examples']:,} pairs, {decoding}\n"
-                f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
-                f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
+        return show_scores(r, "pairs")
 
     def views(self, run, text: str) -> list:
         return translation_views(run, text)
@@ -215,16 +204,37 @@ MODELS = Translation.models  # model name -> ModelChoice
 
 
 @torch.no_grad()
-def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
-                  batch_size: int = 256, device=None) -> list[list[int]]:  # fmt: skip
-    """Decoded target ids for each source, in batches (greedy when beam is 1)."""
+def decode_all(model: nn.Module, sources, collate, max_len: int, beam: int = 1, batch_size: int = 256,
+               device=None) -> list[list[int]]:  # fmt: skip
+    """Decoded target ids for each source, batch_size at a time as collate(sources[a:b]) makes them
+    (greedy when beam is 1): token id arrays for translation, an image array for captioning."""
     model.eval()
     device = device or next(model.parameters()).device
     out: list[list[int]] = []
     for start in range(0, len(sources), batch_size):
-        src = pad([torch.as_tensor(s) for s in sources[start : start + batch_size]], PAD_ID).to(device)
+        src = collate(sources[start : start + batch_size]).to(device)
         out += greedy(model, src, max_len) if beam == 1 else beam_search(model, src, beam, max_len)
     return out
+
+
+def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
+                  batch_size: int = 256, device=None) -> list[list[int]]:  # fmt: skip
+    """Decoded target ids for each source id array (greedy when beam is 1)."""
+    collate = lambda part: pad([torch.as_tensor(s) for s in part], PAD_ID)  # (B, S)
+    return decode_all(model, sources, collate, max_len, beam, batch_size, device)
+
+
+def scores_line(t: dict[str, Any]) -> str:
+    """The greedy test scores of a sequence-output task in one line."""
+    return f"test (greedy): exact match {t['exact_match']:.2%}, BLEU {t['bleu']:.1f}, chrF {t['chrf']:.1f}"
+
+
+def show_scores(r: dict[str, Any], unit: str) -> str:
+    """`attnlab eval`'s lines for a sequence-output task; unit: what one example is ("pairs", "images")."""
+    decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+    return (f"{r['data']} ({r['split']}): {r['examples']:,} {unit}, {decoding}\n"
+            f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
+            f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
 
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
