@@ -37,7 +37,8 @@ def run_models(out: Path, docs: Path) -> None:
         test = json.loads((run / "eval.json").read_text())
         print(f"{model:>13}: {seconds:.0f} s to train and test; exact match {test['exact_match']:.2%}, "
               f"BLEU {test['bleu']:.1f}, chrF {test['chrf']:.1f}; attention on the word's digit "
-              f"{test['attention_on_digit']:.2%} of {test['attention_words']} words")  # fmt: skip
+              f"{test['attention_on_digit']:.2%} of {test['attention_words']} digit words, "
+              f"{test['attention_other_words']:.2%} of {test['attention_others']} others")  # fmt: skip
         picture = docs / f"caption_attention_{model}.png"
         assert cli(["predict", str(run), str(image), "--attention", str(picture)]) == 0
     print(f"the strip drawn: digits {strip.digits}, caption {strip.caption!r}")

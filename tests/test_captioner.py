@@ -146,6 +146,7 @@ def test_word_regions_count_a_word_right_when_its_top_patch_is_on_its_digit():
         def __init__(self, shift: int):
             super().__init__()
             self.shift, self.w = shift, torch.nn.Parameter(torch.zeros(1))
+            self.cfg = CaptionerConfig(image_width=48)  # 4 x 4 patches: 2 x 12
 
         def alignment(self, images, tgt_in):  # (B, L, H, T, N) with all weight on one patch per word
             out = torch.zeros(len(images), 1, 1, tgt_in.shape[1], 24)
@@ -158,5 +159,8 @@ def test_word_regions_count_a_word_right_when_its_top_patch_is_on_its_digit():
 
     right = digit_attention(Pointing(0), tok, found, hyps)
     assert right["attention_on_digit"] == 1.0 and right["attention_strips"] == 5
-    assert right["attention_words"] == sum(len(S.caption_words(s.digits)) for s in found[1:])
+    assert right["attention_other_words"] == 1.0
+    words = [w for s in found[1:] for w, _ in S.caption_words(s.digits)]
+    digit_words = [w for w in words if w not in ("hundred", "thousand", "-")]
+    assert (right["attention_words"], right["attention_others"]) == (len(digit_words), len(words) - len(digit_words))
     assert digit_attention(Pointing(8), tok, found, hyps)["attention_on_digit"] < 0.5

@@ -120,6 +120,8 @@ def test_patch_of_box():
     assert S.patch_of_box((2, 10)) == {0, 1, 2, 12, 13, 14}
     assert S.patch_of_box((3, 11)) == {1, 2, 13, 14}  # 1 px of column 0 and 3 of column 2: not column 0
     assert S.patch_of_box((40, 48)) == {10, 11, 22, 23}
+    # 8 x 2 column patches (1 x 24): a column counts when 1 px of its 2 is in the box
+    assert S.patch_of_box((3, 11), (8, 2)) == {1, 2, 3, 4, 5}
 
 
 def test_word_patches():

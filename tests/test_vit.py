@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab.models.mlp import ImageMLP, MLPConfig
-from attnlab.models.vit import PAPER_PARAMS, PRESETS, ViT, ViTConfig, patchify
+from attnlab.models.vit import PAPER_PARAMS, PRESETS, PatchEmbedding, ViT, ViTConfig, patchify
 from attnlab.nn import GridPositions, sinusoidal_2d_table, sinusoidal_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -55,6 +55,21 @@ def test_convolution_path_equals_cut_flatten_linear_path():
     assert conv.shape == (3, 6, 16)
     torch.testing.assert_close(conv, linear, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(linear, by_hand, atol=1e-5, rtol=1e-5)
+
+
+def test_rectangular_patches_cut_as_the_formula_says():
+    """Patches of 8 x 2 on a 8 x 12 image: 6 columns, each patch the pixels of its two columns."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 8, 12)
+    patches = patchify(x, (8, 2))  # (B, 6, 16)
+    assert patches.shape == (2, 6, 16)
+    for k in range(6):
+        assert torch.equal(patches[:, k], x[:, 0, :, 2 * k : 2 * k + 2].flatten(1))
+    emb = PatchEmbedding(1, (8, 2), 16)
+    emb.path = "linear"
+    linear = emb(x)
+    emb.path = "conv"
+    torch.testing.assert_close(emb(x), linear, atol=1e-5, rtol=1e-5)
 
 
 def _permuted(x: torch.Tensor, perm: torch.Tensor, p: int) -> torch.Tensor:

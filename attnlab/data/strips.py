@@ -176,21 +176,22 @@ def _below_1000(digits: list[int], where: range) -> list[Word]:
     return words
 
 
-def patch_of_box(box: Box) -> set[int]:
-    """Patches (row-major over the HEIGHT/PATCH x WIDTH/PATCH grid) that lie within a digit's box.
+def patch_of_box(box: Box, patch: tuple[int, int] = (PATCH, PATCH)) -> set[int]:
+    """Patches of `patch` = (height, width) pixels (row-major over the grid) that lie within a digit's box.
 
-    A patch is within the box when its columns share at least half a patch (PATCH / 2 = 2 px) with
-    the box's columns [x0, x1): a digit placed off the patch grid covers one patch by a pixel or
-    two at each side, and attention there is as much on the neighbouring gap or digit as on it.
-    Digits fill the canvas's height, so every row of the grid counts.
+    A patch is within the box when its columns share at least half a patch width (2 px for the
+    default 4 x 4) with the box's columns [x0, x1): a digit placed off the patch grid covers one
+    patch by a pixel or two at each side, and attention there is as much on the neighbouring gap
+    or digit as on it. Digits fill the canvas's height, so every row of the grid counts.
     """
-    x0, x1 = box
-    cols = [c for c in range(WIDTH // PATCH) if min(x1, (c + 1) * PATCH) - max(x0, c * PATCH) >= PATCH / 2]
-    return {r * (WIDTH // PATCH) + c for r in range(HEIGHT // PATCH) for c in cols}
+    (x0, x1), (ph, pw) = box, patch
+    cols = [c for c in range(WIDTH // pw) if min(x1, (c + 1) * pw) - max(x0, c * pw) >= pw / 2]
+    return {r * (WIDTH // pw) + c for r in range(HEIGHT // ph) for c in cols}
 
 
-def word_patches(strip: Strip) -> list[tuple[str, set[int]]]:
+def word_patches(strip: Strip, patch: tuple[int, int] = (PATCH, PATCH)) -> list[tuple[str, set[int]]]:
     """Each caption token of `strip` with the patches of the digits it depends on."""
     return [
-        (word, set().union(*(patch_of_box(strip.boxes[i]) for i in deps))) for word, deps in caption_words(strip.digits)
+        (word, set().union(*(patch_of_box(strip.boxes[i], patch) for i in deps)))
+        for word, deps in caption_words(strip.digits)
     ]

@@ -35,7 +35,8 @@ class CaptionerConfig(Seq2SeqConfig, PatchGrid):
     image_size: int = option(8, "image height in pixels (set from the data when training)")
     image_width: int | None = option(None, "image width in pixels (default: square; set from the data)")
     channels: int = option(1, "colour channels (set from the data when training)")
-    patch_size: int = option(4, "side P of the square patches the encoder reads")
+    patch_size: int = option(4, "height of the patches the encoder reads (their width too, unless --patch-width)")
+    patch_width: int | None = option(None, "width of the patches (default: patch_size, square)")
     patch_embed: str = option("conv", "patch projection: strided convolution or cut-flatten-linear", PATCH_PATHS)
 
     def __post_init__(self):
@@ -69,7 +70,7 @@ class Captioner(Seq2Seq):
     cfg: CaptionerConfig
 
     def source_embedding(self, cfg: CaptionerConfig) -> nn.Module:
-        return PatchEmbedding(cfg.channels, cfg.patch_size, cfg.d_model, cfg.patch_embed)
+        return PatchEmbedding(cfg.channels, cfg.patch, cfg.d_model, cfg.patch_embed)
 
     def source_positions(self, cfg: CaptionerConfig) -> nn.Module:
         return positions(cfg, grid=cfg.grid, lead=0)  # no [CLS]: every token is a patch

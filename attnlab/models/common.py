@@ -134,26 +134,31 @@ class Checkpointing:
 
 class PatchGrid:
     """The patch geometry of an image model's config (ViT, the captioners), from its fields
-    image_size (height), image_width (None: square) and patch_size."""
+    image_size (height), image_width (None: square), patch_size and patch_width (None: square)."""
 
     @property
     def size(self) -> tuple[int, int]:
         return self.image_size, self.image_width or self.image_size
 
     @property
+    def patch(self) -> tuple[int, int]:
+        """A patch's (height, width) in pixels."""
+        return self.patch_size, getattr(self, "patch_width", None) or self.patch_size
+
+    @property
     def grid(self) -> tuple[int, int]:
-        """Patches per column and per row: (H/P, W/P); patch k is cell (k // (W/P), k % (W/P))."""
-        h, w = self.size
-        return h // self.patch_size, w // self.patch_size
+        """Patches per column and per row: (H/Ph, W/Pw); patch k is cell (k // (W/Pw), k % (W/Pw))."""
+        (h, w), (ph, pw) = self.size, self.patch
+        return h // ph, w // pw
 
     @property
     def n_patches(self) -> int:
         return self.grid[0] * self.grid[1]
 
     def check_patches(self) -> None:
-        h, w = self.size
-        if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"a {h}x{w} image does not cut into {self.patch_size}x{self.patch_size} patches: "
+        (h, w), (ph, pw) = self.size, self.patch
+        if h % ph or w % pw:
+            raise ValueError(f"a {h}x{w} image does not cut into {ph}x{pw} patches: "
                              "choose a patch size that divides both sides (or resize the images)")  # fmt: skip
 
     def check_grid_positions(self) -> None:

@@ -88,29 +88,31 @@ PRESETS: dict[str, ViTConfig] = {
 PAPER_PARAMS = {"vit-base/16": 86e6, "vit-large/16": 307e6, "vit-huge/14": 632e6}
 
 
-def patchify(images: Tensor, p: int) -> Tensor:
-    """(B, C, H, W) -> (B, N, C*P*P): patch k is grid cell (k // (W/P), k % (W/P)), row-major,
-    and its vector lists channel, then row, then column inside the patch."""
+def patchify(images: Tensor, p: int | tuple[int, int]) -> Tensor:
+    """(B, C, H, W) -> (B, N, C*Ph*Pw) for patches of Ph x Pw (p: an int for square ones): patch k is
+    grid cell (k // (W/Pw), k % (W/Pw)), row-major, and its vector lists channel, then row, then
+    column inside the patch."""
+    ph, pw = (p, p) if isinstance(p, int) else p
     b, c, h, w = images.shape
-    x = images.reshape(b, c, h // p, p, w // p, p)  # (B, C, H/P, P, W/P, P)
-    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/P, W/P, C, P, P)
-    return x.reshape(b, (h // p) * (w // p), c * p * p)  # (B, N, C*P*P)
+    x = images.reshape(b, c, h // ph, ph, w // pw, pw)  # (B, C, H/Ph, Ph, W/Pw, Pw)
+    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, H/Ph, W/Pw, C, Ph, Pw)
+    return x.reshape(b, (h // ph) * (w // pw), c * ph * pw)  # (B, N, C*Ph*Pw)
 
 
 class PatchEmbedding(nn.Module):
-    """Each P x P patch -> a D-vector by one shared linear map (held as a conv kernel (D, C, P, P))."""
+    """Each Ph x Pw patch -> a D-vector by one shared linear map (held as a conv kernel (D, C, Ph, Pw))."""
 
-    def __init__(self, channels: int, patch: int, d_model: int, path: str = "conv"):
+    def __init__(self, channels: int, patch: int | tuple[int, int], d_model: int, path: str = "conv"):
         super().__init__()
         self.patch, self.path = patch, path
-        # PyTorch's default conv init scales by 1/sqrt(C*P*P), the fan-in of the linear map.
+        # PyTorch's default conv init scales by 1/sqrt(C*Ph*Pw), the fan-in of the linear map.
         self.proj = nn.Conv2d(channels, d_model, kernel_size=patch, stride=patch)
 
     def forward(self, images: Tensor) -> Tensor:
         if self.path == "linear":
-            weight = self.proj.weight.flatten(1)  # (D, C*P*P), same element order as patchify
+            weight = self.proj.weight.flatten(1)  # (D, C*Ph*Pw), same element order as patchify
             return F.linear(patchify(images, self.patch), weight, self.proj.bias)  # (B, N, D)
-        return self.proj(images).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+        return self.proj(images).flatten(2).transpose(1, 2)  # (B, D, H/Ph, W/Pw) -> (B, N, D)
 
 
 class ViT(Checkpointing, nn.Module):

@@ -210,8 +210,9 @@ def _where(r: dict[str, Any]) -> str:
     if "attention_on_digit" not in r:
         return ""
     return (
-        f"\n  attention on the word's digit {r['attention_on_digit']:.2%} of {r['attention_words']:,} words "
-        f"({r['attention_strips']:,} strips captioned right)"
+        f"\n  attention on the word's digit {r['attention_on_digit']:.2%} of {r['attention_words']:,} digit words, "
+        f"{r['attention_other_words']:.2%} of {r['attention_others']:,} others ({r['attention_strips']:,} strips "
+        "captioned right)"
     )
 
 

@@ -18,9 +18,9 @@ import numpy as np
 from attnlab.viz.figures import save_figure
 
 
-def upsample(weights: np.ndarray, grid: tuple[int, int], patch: int) -> np.ndarray:
-    """(N,) patch weights -> (gh * P, gw * P) pixels, each patch's weight over its P x P square."""
-    return np.kron(np.asarray(weights, dtype=float).reshape(grid), np.ones((patch, patch)))
+def upsample(weights: np.ndarray, grid: tuple[int, int], patch: tuple[int, int]) -> np.ndarray:
+    """(N,) patch weights -> (gh * Ph, gw * Pw) pixels, each patch's weight over its Ph x Pw cell."""
+    return np.kron(np.asarray(weights, dtype=float).reshape(grid), np.ones(patch))
 
 
 def panels(weights: np.ndarray, heads: bool = True) -> list[tuple[str, np.ndarray]]:
@@ -43,7 +43,7 @@ def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndar
     import matplotlib.pyplot as plt
 
     gray = np.asarray(image, dtype=float).mean(0)  # (H, W)
-    patch = gray.shape[0] // grid[0]
+    patch = gray.shape[0] // grid[0], gray.shape[1] // grid[1]
     rows = panels(np.asarray(weights, dtype=float), heads)
     aspect = gray.shape[1] / gray.shape[0]
     w_in = min(3.2, max(1.2, 0.25 * aspect + 0.8))  # a wide strip gets a wide panel
