@@ -247,3 +247,32 @@ def test_a_thousand_tokens_render_and_stay_usable(browser, tmp_path, shots, reco
           f"({lines} lines drawn), enlarged heatmap in {enlarged:.2f} s, {labels} key labels")  # fmt: skip
     record_property("render_s", round(rendered, 3))
     assert not errors, errors
+
+
+def test_the_caption_page_moves_the_attention_with_the_word(browser, tmp_path):
+    """Hovering a word redraws the image under its attention: the patch it looked at turns red."""
+    from attnlab.viz.captions import write_caption_html
+
+    image = np.zeros((1, 8, 48), np.float32)  # a blank strip: only the attention colours it
+    words, looked = ["seventy", "-", "four"], [1, 5, 10]  # the patch each word looks at (grid 2 x 12)
+    weights = np.full((2, 2, 3, 24), 0.1 / 23)
+    for t, j in enumerate(looked):
+        weights[:, :, t, j] = 0.9
+    write_caption_html(image, words, weights, (2, 12), tmp_path / "caption.html", "seventy-four")
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    errors = watch(page)
+    page.goto((tmp_path / "caption.html").as_uri())
+    playwright.expect(page.locator(".cap-word")).to_have_count(3)
+    playwright.expect(page.locator(".cap-panel")).to_have_count(3 * 3)  # mean and 2 heads, per word
+    red = """([col, row]) => { const c = document.querySelector('.cap-picture'), s = c.width / 48;
+        const [r, g] = c.getContext('2d').getImageData((col * 4 + 2) * s, (row * 4 + 2) * s, 1, 1).data;
+        return r - g; }"""
+    for t, j in enumerate(looked):
+        page.hover(f".cap-word[data-index='{t}']")
+        playwright.expect(page.locator(".cap-picture")).to_have_attribute("data-word", str(t))
+        assert page.evaluate(red, [j % 12, j // 12]) > 150  # the looked-at patch: red
+        assert page.evaluate(red, [(j + 3) % 12, j // 12]) < 30  # another: nearly white
+    playwright.expect(page.locator(".cap-word.active")).to_have_text("four")
+    context.close()
+    assert not errors, errors

@@ -164,3 +164,26 @@ def test_word_regions_count_a_word_right_when_its_top_patch_is_on_its_digit():
     digit_words = [w for w in words if w not in ("hundred", "thousand", "-")]
     assert (right["attention_words"], right["attention_others"]) == (len(digit_words), len(words) - len(digit_words))
     assert digit_attention(Pointing(8), tok, found, hyps)["attention_on_digit"] < 0.5
+
+
+def test_compare_captioners_table_and_chart(tmp_path, capsys, monkeypatch):
+    """`attnlab compare --task caption`: both captioners on one data, a row each with the attention check."""
+    import functools
+    import json
+
+    import attnlab.data.captions as captions
+    import attnlab.tasks.caption as cap
+    from tests.conftest import run_cli
+
+    budget = dict(max_steps=3, batch_size=8, eval_interval=3, eval_batches=1, device="cpu")
+    for name in cap.TRAIN_DEFAULTS:  # a few steps: this checks the command, not the scores
+        monkeypatch.setitem(cap.TRAIN_DEFAULTS, name, budget)
+    monkeypatch.setattr(captions, "CaptionDataConfig", functools.partial(captions.CaptionDataConfig, n_train=64,
+                                                                         n_test=16))  # fmt: skip
+    code, out, err = run_cli(["compare", "--task", "caption", "--out", tmp_path], capsys)
+    assert code == 0, err
+    assert "on digit" in out and "rnn-attention" in out
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["transformer", "rnn-attention"]
+    assert all(0 <= r["exact_match"] <= 1 and 0 <= r["attention_on_digit"] <= 1 for r in rows)
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"

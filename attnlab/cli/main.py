@@ -145,7 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"chart: {Path(args.out) / 'compare.png'}")
         return 0
 
-    default = {"digits": "vit,mlp"}.get(args.task) or (
+    default = {"digits": "vit,mlp", "caption": "transformer,rnn-attention"}.get(args.task) or (
         "transformer,rnn-attention,rnn" if args.task in GENERATED else LADDER_MODELS
     )
     if args.word_vectors and args.task not in ("sentiment", "tagging"):
@@ -234,9 +234,13 @@ def add_run_commands(sub) -> None:
                     "for an image run, an image file")  # fmt: skip
     pr.add_argument("--top-k", type=at_least_1, default=None, help="candidates per [MASK] (default: 5), classes shown "
                     "for an image (default: 3)")  # fmt: skip
-    pr.add_argument("--beam", type=at_least_1, default=1, help="translation runs: beam width, 1 = greedy (default: 1)")
+    pr.add_argument(
+        "--beam", type=at_least_1, default=1, help="translation and caption runs: beam width, 1 = greedy (default: 1)"
+    )
     pr.add_argument("--attention", default=None, metavar="FILE", help="translation runs: draw the alignment; "
-                    "ViT runs: draw [CLS]'s attention to each patch over the image (.png, .svg or .json)")  # fmt: skip
+                    "ViT runs: draw [CLS]'s attention to each patch over the image (.png, .svg or .json); caption "
+                    "runs: where each word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
+                    "where hovering a word moves the attention)")  # fmt: skip
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     add_head_flags(pr)
@@ -245,8 +249,9 @@ def add_run_commands(sub) -> None:
     cmp.add_argument(
         "--task",
         default="sentiment",
-        choices=("sentiment", "tagging", *GENERATED, "digits", "lm"),
-        help="generated task: sentiment, tagging, a translation task, the digits images, or lm: the language-model "
+        choices=("sentiment", "tagging", *GENERATED, "digits", "caption", "lm"),
+        help="generated task: sentiment, tagging, a translation task, the digits images, caption (digits-strips: "
+        "the Transformer captioner against Show-Attend-Tell's RNN), or lm: the language-model "
         "recipes, classic gpt-nano against gpt-nano-fast and its ablations (default: sentiment)",
     )
     cmp.add_argument("--budget", default="2m", help="lm: training time of each recipe (90s, 2m, 1.5h)")

@@ -139,10 +139,11 @@ class Captioning(Task):
         words, weights = caption_attention(run, pixels, beam)
         caption = " ".join(words[:-1])
         if picture:
-            from attnlab.viz.captions import plot_caption_attention
+            from attnlab.viz.captions import plot_caption_attention, write_caption_html
 
             title = f"{run.config['task']['model']}: {Path(text).name} -> {caption!r}"
-            plot_caption_attention(pixels, words, weights, run.model.cfg.grid, picture, title)
+            draw = write_caption_html if Path(picture).suffix.lower() in (".html", ".htm") else plot_caption_attention
+            draw(pixels, words, weights, run.model.cfg.grid, picture, title)
         return {"kind": self.name, "image": str(text), "caption": caption,
                 **({"attention": str(picture)} if picture else {})}  # fmt: skip
 

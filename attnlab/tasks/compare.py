@@ -28,6 +28,8 @@ def compare(task: str, models: list[str], out: Path, force: bool = False, progre
         return _compare_translation(task, models, out, force, progress)
     if task == "digits":
         return _compare_images(task, models, out, force, progress)
+    if task == "caption":
+        return _compare_captions(models, out, force, progress)
     if task not in BUILTIN_TASKS:
         raise AttnlabError(f"unknown task {task!r}; choose from {', '.join((*BUILTIN_TASKS, *GENERATED))}")
     labeled = TASKS[BUILTIN_TASKS[task]]
@@ -66,8 +68,7 @@ def _compare_translation(task: str, models: list[str], out: Path, force: bool, p
     one = _trainer(TASKS["translate"], ParallelDataConfig(data=task), out, force, progress)
 
     rows = _train_each(models, one, ("exact_match", "bleu", "chrf"), progress)
-    bars = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
-    return _report(task, rows, out, f"{task}: test scores (greedy), same data and budget", bars)
+    return _report(task, rows, out, f"{task}: test scores (greedy), same data and budget", TRANSLATION_BARS)
 
 
 def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
@@ -78,6 +79,21 @@ def _compare_images(task: str, models: list[str], out: Path, force: bool, progre
 
     rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
     return _report(task, rows, out, f"{task}: test scores, same data split")
+
+
+def _compare_captions(models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
+    """The captioners on digits-strips: exact match, BLEU, chrF, and how often a digit word's most
+    attended patch is on its digit."""
+    from attnlab.data.captions import CaptionDataConfig
+
+    _check_models(models, TASKS["caption"].models, " for caption")
+    one = _trainer(TASKS["caption"], CaptionDataConfig(), out, force, progress)
+    rows = _train_each(models, one, ("exact_match", "bleu", "chrf", "attention_on_digit"), progress)
+    bars = (*TRANSLATION_BARS, ("attention_on_digit", "digit word's attention on its digit", 1.0))
+    return _report("digits-strips", rows, out, "digits-strips captions: test scores (greedy), same data", bars)
+
+
+TRANSLATION_BARS = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
 
 
 def _trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[[str], dict]:
@@ -119,9 +135,12 @@ def _report(task: str, rows: list[dict], out: Path, title: str, bars: tuple | No
 
 def format_table(rows: list[dict]) -> str:
     if rows and "exact_match" in rows[0]:
-        lines = [f"{'model':<14} {'exact':>8} {'BLEU':>7} {'chrF':>7} {'parameters':>11} {'train time':>11}"]
-        lines += [f"{r['model']:<14} {r['exact_match']:>8.2%} {r['bleu']:>7.2f} {r['chrf']:>7.2f} "
-                  f"{r['parameters']:>11,} {r['train_seconds']:>10.0f}s" for r in rows]  # fmt: skip
+        where = "attention_on_digit" in rows[0]  # captions: a digit word's attention on its digit
+        lines = [f"{'model':<14} {'exact':>8} {'BLEU':>7} {'chrF':>7}" + (f" {'on digit':>9}" if where else "")
+                 + f" {'parameters':>11} {'train time':>11}"]  # fmt: skip
+        lines += [f"{r['model']:<14} {r['exact_match']:>8.2%} {r['bleu']:>7.2f} {r['chrf']:>7.2f}"
+                  + (f" {r['attention_on_digit']:>9.2%}" if where else "")
+                  + f" {r['parameters']:>11,} {r['train_seconds']:>10.0f}s" for r in rows]  # fmt: skip
         return "\n".join(lines)
     lines = [f"{'model':<22} {'accuracy':>9} {'macro-F1':>9} {'parameters':>11} {'train time':>11}"]
     for r in rows:

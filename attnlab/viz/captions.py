@@ -11,6 +11,8 @@ so where the word looked stands out even when the weights are spread thin.
 
 from __future__ import annotations
 
+import base64
+import html
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +66,29 @@ def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndar
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def caption_json(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
+                 title: str = "") -> dict:  # fmt: skip
+    """What the caption page and the explorer draw: the image in grey, one byte per pixel (255 =
+    the image's brightest), the words and their attention (L, H, T, N) to 4 decimals."""
+    gray = np.asarray(image, dtype=float).mean(0)  # (H, W)
+    u8 = np.round(255 * gray / max(gray.max(), 1e-9)).astype(np.uint8)
+    return {"title": title, "height": int(u8.shape[0]), "width": int(u8.shape[1]), "grid": list(grid),
+            "pixels": base64.b64encode(u8.tobytes()).decode("ascii"), "words": list(words),
+            "weights": np.round(np.asarray(weights, dtype=float), 4).tolist()}  # fmt: skip
+
+
+def write_caption_html(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
+                       path: str | Path, title: str = "") -> None:  # fmt: skip
+    """A page of its own (no network): the caption's words; hover one to see the image under its
+    attention, a layer and a head (or their mean) chosen from selects; play moves the attention word
+    by word; below, a small panel per head and word of the chosen layer, as the PNG has."""
+    from attnlab.engine.rundir import atomic_write
+    from attnlab.viz.html import fill, script_json, static_text
+
+    parts = {"TITLE": html.escape(title or "caption"), "STYLE": static_text("caption.css"),
+             "DATA": script_json(caption_json(image, words, weights, grid, title)),
+             "SCRIPT": static_text("caption.js")}  # fmt: skip
+    text = fill(static_text("caption.html"), parts)
+    atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))

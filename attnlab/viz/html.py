@@ -80,7 +80,7 @@ def _view_json(v: AttentionView, compact: bool) -> dict:
     return {**out, "shape": list(u8.shape), "weights_u8": base64.b64encode(u8.tobytes()).decode("ascii")}
 
 
-def _script_json(data: dict) -> str:
+def script_json(data: dict) -> str:
     """JSON safe inside a <script> tag: every "<" written as \\u003c, so no token text can close the
     tag ("</script>") or open an HTML comment ("<!--"); JSON.parse reads the escape back as "<"."""
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
@@ -93,7 +93,7 @@ def render_attention_html(views: list[AttentionView], title: str = "", experts: 
         raise ValueError("no attention to show: pass at least one AttentionView")
     # The data sits in a JSON tag that the page parses, never evaluates: token text cannot run as code.
     parts = {"TITLE": html.escape(title or "attention"), "STYLE": static_text("views.css"),
-             "VIEWS": static_text("views.html"), "DATA": _script_json(views_json(views, experts)),
+             "VIEWS": static_text("views.html"), "DATA": script_json(views_json(views, experts)),
              "SCRIPT": static_text("views.js")}  # fmt: skip
     return fill(static_text("attention.html"), parts)
 
