@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from attnlab.data.batches import BOS_ID, EOS_ID
 from attnlab.decoding.beam import beam_search, greedy
 from attnlab.models import build_model
 from attnlab.models.captioner import CaptionerConfig
+from attnlab.tasks.caption import caption_attention, stream_caption
 from tests.conftest import perturb
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -125,6 +127,12 @@ def test_caption_task_trains_evaluates_predicts_and_draws_where_words_looked(tmp
         result = __import__("json").loads(out)
         assert result["kind"] == "caption" and result["attention"] == str(picture)
         assert picture.read_bytes()[:4] == b"\x89PNG"
+        loaded = attnlab.load(run)  # streamed word by word: the same words and weights as all at once
+        pixels = strip.image[None].astype("float32")
+        words, weights = caption_attention(loaded, pixels)
+        streamed = list(stream_caption(loaded, pixels))
+        assert [w for w, _ in streamed] == words
+        torch.testing.assert_close(torch.tensor(np.stack([a for _, a in streamed], 2)), torch.tensor(weights))
         if model == "transformer":  # eval is the task's, whatever the model
             code, out, err = run_cli(["eval", run, "--json"], capsys)
             assert code == 0 and '"exact_match"' in out and '"attention_on_digit"' in out, err

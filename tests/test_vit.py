@@ -177,3 +177,16 @@ def test_label_smoothing_applies_in_training_only():
     model.train()  # no dropout in tiny(): the same logits, a smoothed loss
     _, train_loss = model(x, y)
     torch.testing.assert_close(train_loss, torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.2))
+
+
+def test_a_hybrid_stem_lets_a_patch_see_one_pixel_around_it_and_no_further():
+    """With stem > 0 a 3x3 convolution comes first: patch k's vector changes with the pixels of its
+    own 4 x 4 cell and of the ring one pixel around it, and with nothing beyond."""
+    torch.manual_seed(0)
+    emb = PatchEmbedding(1, 4, 8, stem=6)
+    x = torch.rand(1, 1, 8, 16)  # 2 x 4 patches; patch 1 is rows 0-3, columns 4-7
+    base = emb(x)[0, 1]
+    for (r, c), seen in {(0, 3): True, (4, 8): True, (2, 5): True, (0, 2): False, (5, 9): False}.items():
+        y = x.clone()
+        y[0, 0, r, c] += 1.0
+        assert (not torch.allclose(emb(y)[0, 1], base)) == seen, (r, c)

@@ -38,6 +38,7 @@ class CaptionerConfig(Seq2SeqConfig, PatchGrid):
     patch_size: int = option(4, "height of the patches the encoder reads (their width too, unless --patch-width)")
     patch_width: int | None = option(None, "width of the patches (default: patch_size, square)")
     patch_embed: str = option("conv", "patch projection: strided convolution or cut-flatten-linear", PATCH_PATHS)
+    stem: int = option(0, "channels of a 3x3 convolution before the patches (the ViT paper's hybrid; 0 = none)")
 
     def __post_init__(self):
         if self.share_embeddings:
@@ -70,7 +71,7 @@ class Captioner(Seq2Seq):
     cfg: CaptionerConfig
 
     def source_embedding(self, cfg: CaptionerConfig) -> nn.Module:
-        return PatchEmbedding(cfg.channels, cfg.patch, cfg.d_model, cfg.patch_embed)
+        return PatchEmbedding(cfg.channels, cfg.patch, cfg.d_model, cfg.patch_embed, cfg.stem)
 
     def source_positions(self, cfg: CaptionerConfig) -> nn.Module:
         return positions(cfg, grid=cfg.grid, lead=0)  # no [CLS]: every token is a patch

@@ -19,6 +19,7 @@ from attnlab.config import option
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
 from attnlab.nn import KVCache
 from attnlab.nn.moe import inactive_params
+from attnlab.nn.position import Offset
 
 
 @dataclass
@@ -184,10 +185,11 @@ class GPT(Checkpointing, nn.Module):
         return self.blocks.new_caches(max_len or self.cfg.context)
 
     def hidden(
-        self, idx: Tensor, caches: list[KVCache] | None = None, offset: int = 0, return_weights: bool = False
+        self, idx: Tensor, caches: list[KVCache] | None = None, offset: Offset = 0, return_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, C) for tokens idx (B, T) at positions offset.., and the
-        attention weights of each layer (B, H, T, T') when asked for."""
+        attention weights of each layer (B, H, T, T') when asked for. offset: one position, or
+        one per row (B,) with caches whose rows differ in length (serve/slots.py)."""
         x = self.tok(idx)  # (B, T, C)
         if self.bigram is not None:
             x = x + self.bigram(self.bigram_ids(idx, caches))
@@ -221,7 +223,7 @@ class GPT(Checkpointing, nn.Module):
         return logits
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None, offset: int = 0
+        self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None, offset: Offset = 0
     ) -> Tensor | tuple[Tensor, Tensor]:
         """idx (B, T) -> logits (B, T, V); with targets (B, T) also the mean cross-entropy.
 

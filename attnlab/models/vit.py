@@ -100,15 +100,24 @@ def patchify(images: Tensor, p: int | tuple[int, int]) -> Tensor:
 
 
 class PatchEmbedding(nn.Module):
-    """Each Ph x Pw patch -> a D-vector by one shared linear map (held as a conv kernel (D, C, Ph, Pw))."""
+    """Each Ph x Pw patch -> a D-vector by one shared linear map (held as a conv kernel (D, C, Ph, Pw)).
 
-    def __init__(self, channels: int, patch: int | tuple[int, int], d_model: int, path: str = "conv"):
+    stem > 0 puts a 3 x 3 convolution with that many channels (and a GELU) before the patches: the
+    ViT paper's hybrid, where patches are cut from a feature map rather than from the pixels. Each
+    patch then also sees one pixel around it, and its features no longer change wholesale when a
+    stroke moves by a pixel across a patch border.
+    """
+
+    def __init__(self, channels: int, patch: int | tuple[int, int], d_model: int, path: str = "conv", stem: int = 0):
         super().__init__()
         self.patch, self.path = patch, path
+        self.stem = nn.Sequential(nn.Conv2d(channels, stem, 3, padding=1), nn.GELU()) if stem else None
         # PyTorch's default conv init scales by 1/sqrt(C*Ph*Pw), the fan-in of the linear map.
-        self.proj = nn.Conv2d(channels, d_model, kernel_size=patch, stride=patch)
+        self.proj = nn.Conv2d(stem or channels, d_model, kernel_size=patch, stride=patch)
 
     def forward(self, images: Tensor) -> Tensor:
+        if self.stem is not None:
+            images = self.stem(images)  # (B, S, H, W)
         if self.path == "linear":
             weight = self.proj.weight.flatten(1)  # (D, C*Ph*Pw), same element order as patchify
             return F.linear(patchify(images, self.patch), weight, self.proj.bias)  # (B, N, D)

@@ -13,6 +13,7 @@ the encoder-decoders' own (decoding/beam.py): greedy or beam search.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,26 @@ def caption_attention(run, pixels: np.ndarray, beam: int = 1) -> tuple[list[str]
     (hyp,) = caption_ids(run.model, pixels[None], run.config["task"]["max_out"], beam)
     tgt_in = torch.tensor([[BOS_ID, *hyp]], device=run.device)
     return pieces(run.tokenizer, [*hyp, EOS_ID]), cross_attention(run, images, tgt_in)
+
+
+@torch.no_grad()
+def stream_caption(run, pixels: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """Caption one image (C, H, W) greedily, a word at a time as each is chosen: (word, where it
+    looked (L, H, N)), the last word </s>. Each step re-reads the caption so far (teacher forcing, no
+    cache: a caption is a few words), so the words are caption_attention's and so are the weights."""
+    model = run.model.eval()
+    images = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
+    ids, most = [BOS_ID], run.config["task"]["max_out"]
+    for step in range(most + 1):
+        tgt_in = torch.tensor([ids], device=run.device)  # (1, T)
+        logits = model(images, tgt_in)[0, -1]  # (V,)
+        logits[:EOS_ID] = float("-inf")  # PAD and BOS are never written, as in decoding/beam.py
+        token = int(logits.argmax()) if step < most else EOS_ID  # a caption cut at max_out still ends
+        weights = model.alignment(images, tgt_in)[0, :, :, -1].float().cpu().numpy()  # (L, H, N)
+        yield pieces(run.tokenizer, [token])[0], weights
+        if token == EOS_ID:
+            return
+        ids.append(token)
 
 
 def caption_scores(tok: Tokenizer, hyps: list[list[int]], captions: list[str]) -> dict[str, Any]:
