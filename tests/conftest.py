@@ -15,6 +15,15 @@ TEXT = (
 )
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (make test runs `-n 2`), each worker process keeps to one core: two
+    workers with two threads each would fight over the two cores of a laptop or a CI runner."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))

@@ -52,15 +52,25 @@ class CaptionerConfig(Seq2SeqConfig, PatchGrid):
         self.check_grid_positions()
 
 
-# Measured on digits-strips (2 CPU cores): 3 encoder blocks and 1 decoder block read digits better than
-# 2 + 2 at the same cost, and dropout or label smoothing lengthened the plateau where the model only
-# knows the caption's length (1,000-1,500 steps without them, 2,000 with dropout 0.1).
+# Measured on digits-strips (2 CPU cores, 6,000 steps; benchmarks/captioning.py): a 3x3 stem of 32
+# channels before the patches took exact match from 82.8% to 89.8%, weight decay 0.1 and label
+# smoothing 0.1 to 93.4% (two seeds); the stem also shortened the plateau where the model only knows
+# the caption's length from 1,500 steps to 1,000. 3 encoder blocks and 1 decoder block read digits
+# better than 2 + 2 at the same cost; dropout 0.1 stretched the plateau to 2,000 steps.
 PRESETS: dict[str, CaptionerConfig] = {
     "captioner-tiny": CaptionerConfig(
-        n_layer=3, n_dec_layer=1, n_head=4, d_model=64, d_ff=256, context=32, dropout=0.0, label_smoothing=0.0
+        n_layer=3,
+        n_dec_layer=1,
+        n_head=4,
+        d_model=64,
+        d_ff=256,
+        context=32,
+        dropout=0.0,
+        label_smoothing=0.1,
+        stem=32,
     ),  # fmt: skip
     "captioner-small": CaptionerConfig(
-        n_layer=4, n_dec_layer=2, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1
+        n_layer=4, n_dec_layer=2, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1, stem=32
     ),  # fmt: skip
 }
 

@@ -46,6 +46,7 @@ class RNNCaptionerConfig(RNNSeq2SeqConfig, PatchGrid):
     channels: int = option(1, "colour channels (set from the data when training)")
     patch_size: int = option(4, "height of the regions attention reads (their width too, unless --patch-width)")
     patch_width: int | None = option(None, "width of the regions (default: patch_size, square)")
+    stem: int = option(32, "channels of a 3x3 convolution before the regions (the paper reads CNN features); 0 = none")
 
     def __post_init__(self):
         super().__post_init__()
@@ -64,7 +65,7 @@ class RNNCaptioner(RNNSeq2Seq):
         self.cfg = cfg
         E, H, L, F = cfg.d_emb, cfg.d_hidden, cfg.n_layer, cfg.d_enc
         n = cfg.n_patches
-        self.patches = PatchEmbedding(cfg.channels, cfg.patch, F)
+        self.patches = PatchEmbedding(cfg.channels, cfg.patch, F, stem=cfg.stem)
         self.where = nn.Parameter(torch.randn(1, n, F) * 0.02)  # (1, N, F) one vector per patch position
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab, E, padding_idx=PAD_ID)
         self.bridge = nn.Linear(F, H)  # W_init
