@@ -27,15 +27,33 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
     from attnlab.errors import AttnlabError
 
     try:  # imported here: the web stack is needed by this command alone
         from attnlab.serve.app import serve
+        from attnlab.serve.guard import Limits, check_exposure
     except ImportError as e:
         raise AttnlabError(
             f"attnlab serve needs fastapi, uvicorn and python-multipart ({e}): pip install -e ."
         ) from None
-    serve(args.runs, host=args.host, port=args.port, device=args.device)
+    for flag in ("max_streams", "max_batch", "request_timeout", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise AttnlabError(f"--{flag.replace('_', '-')} must be above 0, got {getattr(args, flag)}")
+    # The model's threads; by default one core is left to the thread that speaks HTTP, which works
+    # while the decode loop computes (benchmarks/serve_load.py on 2 cores shared with another job:
+    # 16 streams of gpt-nano gave 4.0x one stream's tokens/s with 1 model thread, 2.9x with 2).
+    torch.set_num_threads(args.threads or max(1, torch.get_num_threads() - 1))
+    key = args.api_key or os.environ.get("ATTNLAB_API_KEY") or None
+    check_exposure(args.host, key, args.insecure_no_key)  # before the runs load: a refusal is instant
+    hosts = [h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()]
+    limits = Limits(max_streams=args.max_streams, max_batch=args.max_batch, request_timeout=args.request_timeout)
+    serve(args.runs, host=args.host, port=args.port, device=args.device, api_key=key,
+          insecure_no_key=args.insecure_no_key, allowed_hosts=hosts, cors_origins=args.cors_origin,
+          limits=limits)  # fmt: skip
     return 0
 
 
@@ -79,11 +97,34 @@ def add_commands(sub) -> None:
     desc = ("A local web page over trained runs: each run's config, size and loss curve; type an input "
             "and get the output of its task (streamed text with temperature / top-k / top-p for a GPT, "
             "labels, tags, [MASK] fills, translations, an uploaded image's class); and the attention of "
-            "that input in the head view and the model view. JSON API under /api (see /openapi.json).")  # fmt: skip
-    srv = sub.add_parser("serve", help="a local web explorer over trained runs: generate, predict, attention",
+            "that input in the head view and the model view. JSON API under /api (see /openapi.json); an "
+            "OpenAI-compatible API under /v1 (models, completions, chat completions; streaming; concurrent "
+            "requests decoded as one batch). Beyond this machine (a --host other than loopback) it needs "
+            "a key.")  # fmt: skip
+    srv = sub.add_parser("serve", help="a local web explorer and an OpenAI-compatible API over trained runs",
                          description=desc)  # fmt: skip
     srv.add_argument("runs", nargs="+", metavar="RUN", help="run directories to serve")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     srv.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
     srv.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    srv.add_argument("--api-key", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on every request but /health (default: the "
+                          "ATTNLAB_API_KEY environment variable; needed with a --host beyond loopback)")  # fmt: skip
+    srv.add_argument("--insecure-no-key", action="store_true",
+                     help="serve a --host beyond loopback without a key: anyone who reaches it can use it")  # fmt: skip
+    srv.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                     help="comma-separated Host header names to answer besides loopback and --host ('*': any); "
+                          "a name a browser page could use to reach the server (DNS rebinding) is refused")  # fmt: skip
+    srv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable "
+                          "(default: none, CORS off)")  # fmt: skip
+    srv.add_argument("--max-streams", type=int, default=32,
+                     help="sequences generated at once over all requests; more get 429 (default: 32)")  # fmt: skip
+    srv.add_argument("--max-batch", type=int, default=16,
+                     help="sequences of one run decoded in one forward pass; more wait (default: 16)")  # fmt: skip
+    srv.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="a generation running longer is stopped with an error (default: 300)")  # fmt: skip
+    srv.add_argument("--threads", type=int, default=None,
+                     help="CPU threads for the model (default: one per core but one, which the HTTP side "
+                          "keeps)")  # fmt: skip
     srv.set_defaults(func=cmd_serve)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -131,7 +131,7 @@ def stream_rows(
     t, caches, fed = len(ids), None, 0  # tokens in the window; of them, already in the cache
     for _ in range(max_new_tokens):
         if t > ctx:  # the window is full: jump ahead, keep the last half
-            keep = ctx // 2
+            keep = jump_keep(ctx)
             window[:, :keep] = window[:, t - keep : t].clone()
             t, caches, fed = keep, None, 0
         with autocast(device, precision):
@@ -221,26 +221,68 @@ def stream_text(
     """Yield the continuation's text piece by piece as tokens are produced, until
     max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
-    out: list[int] = []
-    emitted = ""
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
-    text = ""  # the continuation so far, up to its last complete character
+    pieces = TextPieces(tokenizer, [stop] if stop else [])
     for token in stream(model, ids, max_new_tokens, **sampling):
-        out.append(token)
         if on_token is not None:
             on_token(token)
-        decoded = tokenizer.decode(out)
-        if decoded.endswith("\ufffd"):
+        piece = pieces.add(token)
+        if piece is None:
             continue  # a multi-byte character is still incomplete
-        text = decoded
-        if stop and stop in text:
-            yield text[len(emitted) : text.index(stop)]
+        yield piece
+        if pieces.stopped:
             return
-        safe = len(text) - _held_back(text, stop)  # a tail that may be the start of `stop` waits
-        yield text[len(emitted) : safe]
-        emitted = text[:safe]
-    if len(text) > len(emitted):  # the end came while a possible start of `stop` was held back
-        yield text[len(emitted) :]
+    tail = pieces.flush()  # the end came while a possible start of a stop text was held back
+    if tail:
+        yield tail
+
+
+def jump_keep(context: int) -> int:
+    """How many tokens the window keeps when the sequence outgrows the context: the last half."""
+    return context // 2
+
+
+class TextPieces:
+    """The text of tokens that come one by one, cut into pieces safe to show as they come.
+
+    A token that leaves a multi-byte character incomplete gives no piece (None) until the
+    character is whole; the text ends before the first of the `stops` texts, and a tail that may
+    be the start of one is held back (an empty piece) until the next tokens tell. The whole text
+    is decoded again at each token, so a tokenizer's merges across tokens are honoured.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.ids: list[int] = []
+        self.text = ""  # the text so far, up to its last complete character
+        self.emitted = 0  # characters of it given out as pieces
+        self.stopped = False
+
+    def add(self, token: int) -> str | None:
+        """The piece `token` completes: new text, '' while a tail may start a stop text, None while
+        a character is incomplete. After a stop text, `stopped` is set and the piece ends before it."""
+        self.ids.append(token)
+        decoded = self.tokenizer.decode(self.ids)
+        if decoded.endswith("\ufffd"):
+            return None
+        self.text = decoded
+        cut = first_stop(decoded, self.stops)
+        end = len(decoded) - max((_held_back(decoded, s) for s in self.stops), default=0) if cut is None else cut
+        piece, self.emitted = decoded[self.emitted : end], end
+        self.stopped = cut is not None
+        return piece
+
+    def flush(self) -> str:
+        """The text held back at the end, when no more tokens come."""
+        tail, self.emitted = self.text[self.emitted :], len(self.text)
+        return tail
+
+
+def first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first of the stop texts that occur in `text` begins (None: none occurs)."""
+    found = [text.index(s) for s in stops if s in text]
+    return min(found) if found else None
 
 
 def _held_back(text: str, stop: str | None) -> int:

@@ -21,8 +21,9 @@ from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import RMSNorm
 
 # A function (q, k, offset) -> (q, k) applied inside attention by position schemes such as
-# rotary embeddings; absolute schemes leave it as None (see nn/position.py).
-QKTransform = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+# rotary embeddings; absolute schemes leave it as None (see nn/position.py). offset: an int, or
+# one per row (B,).
+QKTransform = Callable[[Tensor, Tensor, int | Tensor], tuple[Tensor, Tensor]]
 
 
 def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:
@@ -139,6 +140,12 @@ class KVCache:
         # The newest token fed (B, 1), for models whose input looks one token back (bigrams).
         self.last_token: Tensor | None = None
 
+    def key_bias(self) -> Tensor | None:
+        """What to add to the scores of the keys update() returned, (B, 1, 1, Tk): -inf where a row may
+        not look. None here, where every row has them all; a cache whose rows differ in length
+        (serve/slots.py) hides each row's positions past its own."""
+        return None
+
     @property
     def filled(self) -> bool:
         return self.length > 0
@@ -245,7 +252,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         qk_transform: QKTransform | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
         return_weights: bool = False,
         bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
@@ -272,6 +279,8 @@ class MultiHeadAttention(nn.Module):
                 k = self.k_norm(k) if self.qk_norm else k
         if cache is not None and not (cache.static and cache.filled):
             k, v = cache.update(k, v)  # (B, Hkv, Tk, Dh): the cache holds the key/value heads only
+            if (rows := cache.key_bias()) is not None:  # rows of different lengths: each sees its own keys
+                bias = rows if bias is None else bias + rows
         k, v = self._shared(k), self._shared(v)  # (B, H, Tk, Dh)
         p = self.dropout if self.training else 0.0
         pattern = self.hook_pattern.active  # a hook reads or replaces the probabilities: the math path

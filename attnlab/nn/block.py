@@ -94,7 +94,7 @@ class Block(nn.Module):
         cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         qk_transform: QKTransform | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
         return_weights: bool = False,
         bias: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
@@ -102,7 +102,8 @@ class Block(nn.Module):
 
         mask: (B|1, 1, T|1, T) self-attention mask (True = may attend), e.g. key padding;
         the causal mask comes from the config. memory: (B, S, C) encoder output for
-        cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0].
+        cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0] (or
+        one per row, (B,)).
         bias: added to the self-attention scores, (1|B, H|1, T, T') (ALiBi, relative positions).
         """
         x = self.hook_resid_pre(x)

@@ -12,6 +12,10 @@ A `Positions` module has three hooks, and every family's Stack calls all three:
 Queries and keys given to `qk_transform` are the new positions' only (before the key/value
 cache), so a cached key keeps the rotation of the position it was computed at.
 So adding a scheme is one class taking (max_len, d_model) and one `POSITIONS` entry.
+
+`offset` is an int, or a (B,) tensor when the rows of a batch sit at different positions (a
+server decoding many requests at once, serve/batching.py): row b's positions are then
+offset[b], offset[b]+1, ..., and its keys are positions 0, 1, ... of its own sequence.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+Offset = int | Tensor  # where x[:, 0] sits: one position for every row, or one per row (B,)
+
+
+def row_positions(offset: Tensor, t: int) -> Tensor:
+    """(B, T) positions of each row's T tokens from per-row offsets (B,)."""
+    return offset[:, None] + torch.arange(t, device=offset.device)
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -45,24 +56,25 @@ class Positions(nn.Module):
         super().__init__()
         self.max_len = max_len
 
-    def score_bias(self, tq: int, tk: int, offset: int = 0) -> Tensor | None:
+    def score_bias(self, tq: int, tk: int, offset: Offset = 0) -> Tensor | None:
         """An additive bias on the attention scores of Tq queries at positions offset..offset+Tq-1
         over Tk keys, the last Tk positions up to the newest query (offset+Tq-Tk..offset+Tq-1):
         with a cache the keys are every position so far, without one the queries' own."""
         return None
 
-    def check(self, t: int, offset: int) -> None:
-        if offset + t > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + t - 1} exceed the context of {self.max_len}")
+    def check(self, t: int, offset: Offset) -> None:
+        first = offset if isinstance(offset, int) else int(offset.max())  # per-row offsets: the furthest row
+        if first + t > self.max_len:
+            raise ValueError(f"positions {first}..{first + t - 1} exceed the context of {self.max_len}")
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         return x
 
 
 class NoPositions(Positions):
     """Explicitly no positions: a block stack is then permutation-equivariant."""
 
-    def check(self, t: int, offset: int) -> None:
+    def check(self, t: int, offset: Offset) -> None:
         return None
 
 
@@ -74,9 +86,11 @@ class FixedPositions(Positions):
         # Not saved in checkpoints: it is a function of the shape alone.
         self.register_buffer("table", table, persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         t = x.shape[1]
         self.check(t, offset)
+        if isinstance(offset, Tensor):
+            return x + self.table[row_positions(offset, t)].to(x.dtype)  # (B, T, C) + (B, T, C)
         return x + self.table[offset : offset + t].to(x.dtype)  # (B, T, C) + (T, C)
 
 
@@ -94,9 +108,11 @@ class LearnedPositions(Positions):
         super().__init__(max_len)
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         t = x.shape[1]
         self.check(t, offset)
+        if isinstance(offset, Tensor):
+            return x + self.embedding.weight[row_positions(offset, t)]  # (B, T, C) + (B, T, C)
         # Rows offset..offset+T-1 of the table, as a view: the same values and gradients as
         # embedding(arange(offset, offset + T)) without making an index tensor at every step.
         return x + self.embedding.weight[offset : offset + t]  # (B, T, C) + (T, C)
@@ -165,15 +181,19 @@ class RotaryPositions(Positions):
             self._tables[key] = (angles.cos(), angles.sin())
         return self._tables[key]
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         self.check(x.shape[1], offset)
         return x
 
-    def qk_transform(self, q: Tensor, k: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def qk_transform(self, q: Tensor, k: Tensor, offset: Offset) -> tuple[Tensor, Tensor]:
         """q, k (B, H, T, Dh) at positions offset..offset+T-1 -> rotated, same shapes and dtypes."""
         t = q.shape[-2]
         cos, sin = self._table(q.shape[-1], q.device)
-        cos, sin = cos[offset : offset + t].to(q.dtype), sin[offset : offset + t].to(q.dtype)  # (T, Dh/2)
+        if isinstance(offset, Tensor):  # each row at its own positions
+            rows = row_positions(offset, t)  # (B, T)
+            cos, sin = cos[rows][:, None].to(q.dtype), sin[rows][:, None].to(q.dtype)  # (B, 1, T, Dh/2)
+        else:
+            cos, sin = cos[offset : offset + t].to(q.dtype), sin[offset : offset + t].to(q.dtype)  # (T, Dh/2)
         return rotate(q, cos, sin, self.interleaved), rotate(k, cos, sin, self.interleaved)
 
     def extra_repr(self) -> str:
@@ -205,14 +225,20 @@ class ALiBiPositions(Positions):
         # Not saved in checkpoints: a function of the head count alone.
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         self.check(x.shape[1], offset)
         return x
 
-    def score_bias(self, tq: int, tk: int, offset: int = 0) -> Tensor:
-        """(1, H, Tq, Tk) = -slope_h * |i - j| for queries i = offset.. and keys j = offset+Tq-Tk.."""
-        i = torch.arange(offset, offset + tq, device=self.slopes.device)[:, None]  # (Tq, 1)
-        j = torch.arange(offset + tq - tk, offset + tq, device=self.slopes.device)[None, :]  # (1, Tk)
+    def score_bias(self, tq: int, tk: int, offset: Offset = 0) -> Tensor:
+        """(1, H, Tq, Tk) = -slope_h * |i - j| for queries i = offset.. and keys j = offset+Tq-Tk..;
+        with per-row offsets (B,), (B, H, Tq, Tk) for keys j = 0..Tk-1 of each row."""
+        device = self.slopes.device
+        if isinstance(offset, Tensor):
+            i = row_positions(offset.to(device), tq)[:, None, :, None]  # (B, 1, Tq, 1)
+            j = torch.arange(tk, device=device)  # (Tk,)
+            return -self.slopes[None, :, None, None] * (i - j).abs()  # (B, H, Tq, Tk)
+        i = torch.arange(offset, offset + tq, device=device)[:, None]  # (Tq, 1)
+        j = torch.arange(offset + tq - tk, offset + tq, device=device)[None, :]  # (1, Tk)
         return -self.slopes[None, :, None, None] * (i - j).abs()  # (1, H, Tq, Tk)
 
 

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.nn.attention import KVCache
 from attnlab.nn.block import Block, BlockConfig
 from attnlab.nn.norm import build_norm
-from attnlab.nn.position import Positions
+from attnlab.nn.position import Offset, Positions
 
 
 class Stack(nn.ModuleList):
@@ -57,16 +57,18 @@ class Stack(nn.ModuleList):
         memory_mask: Tensor | None = None,
         caches: list[KVCache] | None = None,
         cross_caches: list[KVCache] | None = None,
-        offset: int = 0,
+        offset: Offset = 0,
         return_weights: bool = False,
         bias: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """x (B, T, C) -> (B, T, C) before the final norm, and {"self": [L x (B, H, T, T')],
         "cross": [...]} when return_weights. positions: the scheme whose hooks act inside
         attention; mask (B|1, 1, T|1, T'); memory (B, S, C) for cross-attention with memory_mask;
-        bias: added to every self-attention's scores, (1|B, H|1, T, T'), with the positions' own."""
+        bias: added to every self-attention's scores, (1|B, H|1, T, T'), with the positions' own.
+        offset: the position of x[:, 0], or one per row (B,) with caches whose rows differ in length."""
         t = x.shape[1]
-        tk = t if caches is None else offset + t  # with caches the keys are every position so far
+        # With caches the keys are every position so far (per-row offsets: as far as the furthest row).
+        tk = t if caches is None else (offset if isinstance(offset, int) else int(offset.max())) + t
         qk_transform = None if positions is None else positions.qk_transform
         bias = _add(bias, None if positions is None else positions.score_bias(t, tk, offset))
         # A recomputed block would append its keys/values to a cache twice: caches mean decoding anyway.

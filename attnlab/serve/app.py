@@ -1,11 +1,13 @@
 """The local web explorer: `attnlab serve RUN [RUN ...]`, a page and a JSON API over trained runs.
 
+Legend: a run = a trained run directory, served under its directory's name (the /v1 model id).
+
 API (FastAPI; request schemas at /openapi.json). Every error is JSON {"error": "one line"}:
 400 a user error (wrong task for the run, text with no tokens, unreadable image or one over
 MAX_PIXELS, checked from its header), 404 an unknown run, 413 a body over MAX_BODY_BYTES (an image
 over MAX_IMAGE_BYTES), refused before it is read, 422 a request off its schema (bad JSON, a text over
-MAX_INPUT_CHARS characters, max_new_tokens over MAX_NEW_TOKENS), 500 anything else (logged; the
-server keeps serving).
+MAX_INPUT_CHARS characters, max_new_tokens over MAX_NEW_TOKENS), 429 a generation while --max-streams
+are running, 500 anything else (logged; the server keeps serving).
 
   GET  /                         the page: inline script and style, nothing from the network
   GET  /api/runs                 [{name, path, family, kind, parameters, step, config}]
@@ -27,12 +29,18 @@ server keeps serving).
   POST /api/attention            {run, text} -> {views: [{name, queries, keys, weights (L, H, Tq, Tk)}]}, and
                                  for a mixture of experts experts: {tokens, experts (L, T), gates (L, T), n}
 
+Beside it, the OpenAI-compatible API over the GPT runs (openai_api.py): GET /v1/models, POST
+/v1/completions and /v1/chat/completions, GET /health; its errors are OpenAI's {"error": {"message",
+"type", "code"}}. Who may call, how much and how slowly: guard.py (an API key, the Host check, body
+limits, read timeouts, the number of streams, CORS).
+
 FastAPI's /docs page is left on: it loads Swagger UI from a CDN, so it needs the network.
 
 Concurrency: requests share only the loaded runs, which they read (inference under no_grad).
 Each generation samples from its own torch.Generator, seeded from the request or, without one,
 from a seed drawn for it (and returned), never from torch's global RNG: so requests need no
-lock, and a seed always gives the same text.
+lock, and a seed always gives the same text. /v1 generations of one run are decoded together, one
+forward pass per step over all of them (batching.py), each still drawing its seed's tokens.
 """
 
 from __future__ import annotations
@@ -45,17 +53,19 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-from fastapi import FastAPI, File, Form, HTTPException, UploadFile
+from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab import __version__
@@ -63,6 +73,20 @@ from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
 from attnlab.interpret.report import WHAT, inspect
 from attnlab.run import Run, load
+from attnlab.serve.guard import (
+    Access,
+    Gate,
+    HostCheck,
+    Limits,
+    StreamLimit,
+    allowed_hosts_for,
+    check_exposure,
+    error_response,
+    is_loopback,
+    timed_h11,
+)
+from attnlab.serve.openai_api import APIError, add_openai_routes
+from attnlab.serve.openai_schema import BadField
 from attnlab.serve.page import page
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.viz.curves import read_metrics
@@ -155,14 +179,36 @@ class InspectRequest(TextRequest):
 # ---- the app ---------------------------------------------------------------------------------
 
 
-def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
-    """The explorer's app over the run directories `runs`, loaded once onto `device`."""
+def create_app(
+    runs: list[str | Path], device: str = "cpu", access: Access | None = None, limits: Limits | None = None
+) -> FastAPI:
+    """The explorer's app and the OpenAI-compatible API over the run directories `runs`, loaded once
+    onto `device`. access: the key, the Host names answered (default: any Host; `attnlab serve`
+    always names them) and CORS origins; limits: see guard.Limits."""
     served = load_runs(runs, device)
-    app = FastAPI(title="attnlab explorer", version=__version__, description="Trained runs: generate, predict, "
-                  "see attention. Every error is {\"error\": \"one line\"}.")  # fmt: skip
+    access, limits = access or Access(), limits or Limits()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        for batcher in app.state.batchers.values():  # their threads end with the server
+            batcher.close()
+
+    app = FastAPI(title="attnlab explorer", version=__version__, lifespan=lifespan,
+                  description="Trained runs: generate, predict, see attention; and an OpenAI-compatible API "
+                  "under /v1. Errors are {\"error\": \"one line\"} (under /v1: OpenAI's error object).")  # fmt: skip
     app.state.runs = list(served)  # the names
+    app.state.limits, app.state.access = limits, access
+    streams = app.state.streams = StreamLimit(limits.max_streams)
     add_error_handlers(app)
-    app.add_middleware(BodyLimit)
+    # The last added runs first: the Host check, then CORS (which answers preflights), then the key and size.
+    app.add_middleware(Gate, api_key=access.api_key, limit_of=body_limit)
+    if access.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=access.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+    if access.allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=access.allowed_hosts)
+    add_openai_routes(app, served, limits, streams)
     html = page(MAX_INPUT_CHARS, MAX_NEW_TOKENS)
 
     def find(name: str, endpoint: str | None = None) -> Served:
@@ -196,16 +242,24 @@ def create_app(runs: list[str | Path], device: str = "cpu") -> FastAPI:
               responses={200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}})  # fmt: skip
     def generate(req: GenerateRequest) -> StreamingResponse:
         s = find(req.run, "/api/generate")
+        if not streams.take(1):
+            raise HTTPException(429, f"the server is generating {streams.active} streams already; retry later")
+        release = once(lambda: streams.give(1))
         seed = secrets.randbelow(2**53) if req.seed is None else req.seed  # 2**53: exact as a JavaScript number
         t0 = time.perf_counter()
         sampling = (req.max_new_tokens, req.temperature, req.top_k, req.top_p, seed, req.stop)
-        if req.attention:
-            lines = live_lines(s.run, req.prompt, sampling)
-        else:
-            lines = ({"text": p} for p in stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling))
-        # The first line is made here, so that an error before it still gets its status code.
-        first = next(lines, None)
-        return StreamingResponse(ndjson(first, lines, seed, t0), media_type=NDJSON)
+        try:
+            if req.attention:
+                lines = live_lines(s.run, req.prompt, sampling)
+            else:
+                lines = ({"text": p} for p in stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling))
+            # The first line is made here, so that an error before it still gets its status code.
+            first = next(lines, None)
+        except Exception:
+            release()
+            raise
+        body = ndjson(first, lines, seed, t0, limits.request_timeout, release)
+        return StreamingResponse(body, media_type=NDJSON, background=BackgroundTask(release))
 
     @app.post("/api/predict", summary="a classifier's label, a tagger's tags, a masked LM's fills, a translation")
     def predict_text(req: PredictRequest) -> dict:
@@ -271,17 +325,24 @@ def live_lines(run: Run, prompt: str, sampling: tuple) -> Iterator[dict]:
     return in_one_thread(make, run.model, live.hooks())
 
 
-def ndjson(first: dict | None, lines: Iterator[dict], seed: int, t0: float) -> Iterator[str]:
+def ndjson(
+    first: dict | None, lines: Iterator[dict], seed: int, t0: float, limit: float = math.inf, done=lambda: None
+) -> Iterator[str]:
     """The lines of /api/generate. tokens counts the pieces: one per token, except that a character
-    split over several byte-level tokens comes as one piece."""
+    split over several byte-level tokens comes as one piece. Past `limit` seconds the generation
+    stops with an error line; done() runs at the end, however it ends."""
     n = 0
     try:
         for line in itertools.chain([] if first is None else [first], lines):
             n += "text" in line
             yield json.dumps(line, ensure_ascii=False) + "\n"
+            if time.perf_counter() - t0 > limit:
+                raise TimeoutError(f"the generation ran past its time limit of {limit:g} s")
     except Exception as e:  # the status line is long gone: the error is the last line
         yield json.dumps({"error": one_line(e)}) + "\n"
         return
+    finally:
+        done()
     seconds = round(time.perf_counter() - t0, 4)
     yield json.dumps({"done": True, "tokens": n, "seconds": seconds, "seed": seed}) + "\n"
 
@@ -305,33 +366,20 @@ def finite(row: dict) -> dict:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
-class BodyLimit:
-    """Refuse a request body over its limit before reading it (by its Content-Length), or as soon
-    as a body sent without one passes the limit: a 200 MB body never sits in memory."""
+def body_limit(path: str) -> int:
+    """The most bytes a request body may have on `path` (read at each request: a test may lower it)."""
+    return MAX_IMAGE_BYTES + 100_000 if path == "/api/predict_image" else MAX_BODY_BYTES  # the form's other fields
 
-    def __init__(self, app):
-        self.app = app
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        upload = scope["path"] == "/api/predict_image"
-        limit = MAX_IMAGE_BYTES + 100_000 if upload else MAX_BODY_BYTES  # the form's other fields
-        what = f"{limit / 1e6:g} MB" if upload else f"{limit / 1e3:g} KB"
-        length = dict(scope["headers"]).get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > limit:
-            return await _error(413, f"the request body is over {what}")(scope, receive, send)
-        seen = 0
+def once(fn: Callable[[], None]) -> Callable[[], None]:
+    """fn, made to run at most once however many times, and from however many threads, it is called."""
+    first = threading.Lock()  # taken by the first call, never given back
 
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise StarletteHTTPException(413, f"the request body is over {what}")
-            return message
+    def call() -> None:
+        if first.acquire(blocking=False):
+            fn()
 
-        return await self.app(scope, limited, send)
+    return call
 
 
 # ---- errors: one JSON shape for all -----------------------------------------------------------
@@ -340,10 +388,6 @@ class BodyLimit:
 def one_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
-
-
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def invalid(e: RequestValidationError) -> str:
@@ -360,30 +404,75 @@ def invalid(e: RequestValidationError) -> str:
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(AttnlabError, lambda request, e: _error(400, one_line(e)))
-    app.add_exception_handler(RequestValidationError, lambda request, e: _error(422, invalid(e)))
-    app.add_exception_handler(
-        StarletteHTTPException, lambda request, e: _error(e.status_code, str(e.detail), getattr(e, "headers", None))
-    )
+    """Every error as JSON in its route's shape (guard.error_response): one line, the right status."""
+
+    def reply(request: Request, status: int, message: str, code: str | None = None, param=None, headers=None):
+        return error_response(request.url.path, status, message, code, param, headers)
+
+    def validation(request: Request, e: RequestValidationError):
+        if not request.url.path.startswith("/v1"):
+            return reply(request, 422, invalid(e))
+        errors = e.errors()
+        extra = [str(err["loc"][-1]) for err in errors if err.get("type") == "extra_forbidden"]
+        if extra:  # OpenAI's words for a field it does not know
+            return reply(request, 400, f"Unrecognized request argument supplied: {', '.join(extra)}",
+                         "unknown_parameter", extra[0])  # fmt: skip
+        loc = [str(x) for x in errors[0].get("loc", ())] if errors else []
+        return reply(request, 400, invalid(e), "invalid_value", ".".join(loc[1:]) or None)
+
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 429: "rate_limit_exceeded"}
+    app.add_exception_handler(APIError, lambda r, e: reply(r, e.status, str(e), e.code, e.param))
+    app.add_exception_handler(BadField, lambda r, e: reply(r, 400, one_line(e), "invalid_value", e.param))
+    app.add_exception_handler(AttnlabError, lambda r, e: reply(r, 400, one_line(e), "invalid_value"))
+    app.add_exception_handler(RequestValidationError, validation)
+
+    def http_error(r: Request, e: StarletteHTTPException):
+        return reply(r, e.status_code, str(e.detail), codes.get(e.status_code), None, getattr(e, "headers", None))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     # Anything else is a bug: the client gets one line, the log the traceback, and the server goes on.
     app.add_exception_handler(
-        Exception, lambda request, e: _error(500, f"internal error: {type(e).__name__}: {one_line(e)}")
+        Exception, lambda r, e: reply(r, 500, f"internal error: {type(e).__name__}: {one_line(e)}", "internal_error")
     )
 
 
 # ---- running it -------------------------------------------------------------------------------
 
 
-def serve(runs: list[str | Path], host: str = "127.0.0.1", port: int = 8765, device: str = "auto") -> None:
-    """Load `runs` and serve the explorer at http://host:port/ until Ctrl-C."""
+def serve(
+    runs: list[str | Path],
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    device: str = "auto",
+    api_key: str | None = None,
+    insecure_no_key: bool = False,
+    allowed_hosts: list[str] | None = None,
+    cors_origins: list[str] | None = None,
+    limits: Limits | None = None,
+) -> None:
+    """Load `runs` and serve the explorer and the OpenAI-compatible API at http://host:port/ until
+    Ctrl-C. Beyond loopback it needs `api_key` (or insecure_no_key); it answers the Host names of
+    guard.allowed_hosts_for(host, allowed_hosts)."""
     import uvicorn
 
-    app = create_app(runs, device)
+    check_exposure(host, api_key, insecure_no_key)
+    access = Access(api_key, allowed_hosts_for(host, allowed_hosts), list(cors_origins or []))
+    app = create_app(runs, device, access, limits)
     sock = listen(host, port)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"attnlab: warning: --host {host} lets other machines use these runs; there is no login")
-    print(f"attnlab: serving {', '.join(app.state.runs)} at {address(sock)}/ (Ctrl-C stops)", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    if not is_loopback(host) and not api_key:
+        print(f"attnlab: warning: --host {host} --insecure-no-key: anyone who reaches this machine can use these runs")
+    print(f"attnlab: serving {', '.join(app.state.runs)} at {address(sock)}/ (OpenAI-compatible API at "
+          f"{address(sock)}/v1{'; key required' if api_key else ''}; Ctrl-C stops)", flush=True)  # fmt: skip
+    uvicorn.Server(server_config(app)).run(sockets=[sock])
+
+
+def server_config(app: FastAPI):
+    """uvicorn's settings for the app: its read deadlines, keep-alive and header size (guard.Limits)."""
+    import uvicorn
+
+    limits: Limits = app.state.limits
+    return uvicorn.Config(app, log_level="warning", http=timed_h11(limits), timeout_keep_alive=limits.keep_alive,
+                          h11_max_incomplete_event_size=limits.max_header_bytes)  # fmt: skip
 
 
 @contextmanager
@@ -393,7 +482,7 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[st
     import uvicorn
 
     sock = listen(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(server_config(app))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -410,7 +499,9 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[st
 
 def listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port, or an AttnlabError that says why not (e.g. the port is taken)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
+    # that say they are TCP; with it on, every answer on a kept-alive connection waited 40 ms for an ACK.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait for TIME_WAIT
     try:
         sock.bind((host, port))

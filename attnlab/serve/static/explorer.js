@@ -11,8 +11,20 @@ let runs = [];
 const current = () => runs.find((r) => r.name === $("run").value);
 
 // ---- talking to the server: every error body is {"error": "one line"} ----
+// A server started with --api-key answers 401 without it: ask once, keep it for this tab.
+const withKey = (options = {}) => {
+  const key = sessionStorage.getItem("attnlab-key");
+  return key ? { ...options, headers: { ...(options.headers || {}), Authorization: `Bearer ${key}` } } : options;
+};
 async function api(path, options) {
-  const response = await fetch(path, options);
+  let response = await fetch(path, withKey(options));
+  if (response.status === 401) {
+    const key = window.prompt("This server needs its API key (attnlab serve --api-key):");
+    if (key) {
+      sessionStorage.setItem("attnlab-key", key);
+      response = await fetch(path, withKey(options));
+    }
+  }
   if (response.ok) return response;
   let message = `${response.status} ${response.statusText}`;
   try {

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible API beside the explorer's: /v1/models, /v1/completions, /v1/chat/completions,
+and /health, so that the `openai` package, LangChain or a curl script written for vLLM talk to
+`attnlab serve` as they talk to those servers.
+
+Legend: a choice = one sequence generated for a request (prompt p's choice j is number p * n + j);
+a step = one token drawn for it by the batcher (batching.Step); a chunk = one server-sent event.
+
+Answers follow the public OpenAI API reference: ids "cmpl-..." and "chatcmpl-...", object
+"text_completion", "chat.completion" or "chat.completion.chunk", created, model, choices [{index,
+text | message | delta, logprobs, finish_reason}], usage {prompt_tokens, completion_tokens,
+total_tokens}. A stream is server-sent events, `data: {chunk}` with each choice's new text (what was
+drawn since its last chunk: chunks go out at most every STREAM_INTERVAL, the first at once), the
+last chunk of a choice carrying its finish_reason, then `data: [DONE]`; with
+stream_options.include_usage, a chunk with no choices and the usage comes before it.
+
+What the fields mean here (requests: see openai_schema.py):
+- finish_reason "stop": a stop text (cut from the text) or the end-of-text token (unless
+  ignore_eos); "length": max_tokens drawn.
+- usage: prompt_tokens are the prompts' tokens by the run's tokenizer (an empty prompt is one
+  end-of-text token), each prompt once however many choices; completion_tokens are the tokens drawn,
+  a cut stop text's and an end-of-text token included.
+- logprobs: the model's own log-probabilities (log-softmax of its logits, before temperature,
+  top-k and top-p) of every token drawn, and of the most likely alternatives.
+- seeds: choice i of a request draws with seed + i (a random seed when none is given). A seeded
+  choice is the text `attnlab sample RUN --seed S` prints with the same settings, batched or not.
+- Errors: 400 (invalid_value, unknown_parameter, context_length_exceeded), 401 invalid_api_key,
+  404 model_not_found, 413 request_too_large, 429 rate_limit_exceeded (over --max-streams), 504
+  timeout (past --request-timeout), 500 internal_error; a failure mid-stream is a last event
+  `data: {"error": {...}}` with no [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from attnlab import __version__
+from attnlab.decoding.sampling import TextPieces
+from attnlab.serve.batching import Batcher, Draw, Step
+from attnlab.serve.guard import Limits, StreamLimit
+from attnlab.serve.jobs import Choice, Job
+from attnlab.serve.openai_schema import CHAT_STOPS, BadField, ChatRequest, CompletionRequest, chat_prompt
+
+FINGERPRINT = f"attnlab-{__version__}"
+# A stream's chunks go out at most this often (the first at once): each is a write to the socket,
+# which under load costs about what a decoding step does; 20 ms is below what a reader can see.
+STREAM_INTERVAL = 0.02
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: status, one-line message, code, and the field at fault."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+
+def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
+    """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
+    batchers = {name: Batcher(s.run.model, limits.max_batch) for name, s in served.items() if s.run.task.generates}
+    app.state.batchers = batchers  # create_app's lifespan closes them
+
+    def find(name: str):
+        if name not in batchers:
+            what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
+            raise APIError(404, f"the model {name!r} does not exist{what}; serving: {', '.join(batchers)}",
+                           "model_not_found", "model")  # fmt: skip
+        return served[name]
+
+    @app.get("/health", summary="whether the server is up (no key needed)")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", summary="the language models served: every GPT run")
+    def models() -> dict:
+        return {"object": "list", "data": [model_card(served[n]) for n in batchers]}
+
+    @app.get("/v1/models/{name}", summary="one model")
+    def model(name: str) -> dict:
+        return model_card(find(name))
+
+    @app.post("/v1/completions", summary="continue a prompt (OpenAI's completions API)")
+    async def completions(req: CompletionRequest, request: Request):
+        req.check()
+        s = find(req.model)
+        prompts = prompt_ids(s.run.tokenizer, req.prompt, s.run.model.cfg.context, "prompt")
+        echo_lp = [None] * len(prompts)
+        if req.echo and req.logprobs is not None:
+            echo_lp = [await run_in_threadpool(prompt_logprobs, s.run, ids, req.logprobs) for _, ids in prompts]
+        job = begin(req, s, prompts, req.max_tokens, req.stops(), req.logprobs, echo=req.echo)
+        reply = Reply("cmpl", "text_completion", req, s, job, prompts, echo_lp)
+        return await respond(reply, request)
+
+    @app.post("/v1/chat/completions", summary="reply to a conversation (OpenAI's chat API, plain template)")
+    async def chat(req: ChatRequest, request: Request):
+        req.check()
+        s = find(req.model)
+        prompts = prompt_ids(s.run.tokenizer, chat_prompt(req.messages), s.run.model.cfg.context, "messages")
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        job = begin(req, s, prompts, req.limit(), [*req.stops(), *CHAT_STOPS], k)
+        return await respond(Reply("chatcmpl", "chat.completion", req, s, job, prompts), request)
+
+    def begin(req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False) -> Job:
+        """Reserve the streams and start every (prompt, choice) sequence in the model's batcher."""
+        n = len(prompts) * req.n
+        if n > streams.limit:
+            raise BadField(f"this request asks for {n} sequences; the server generates at most {streams.limit} at once",
+                           "n")  # fmt: skip
+        if not streams.take(n):
+            raise APIError(429, f"the server is generating {streams.active} streams (limit {streams.limit}); "
+                                "retry later", "rate_limit_exceeded")  # fmt: skip
+        job = Job(batchers[req.model], streams, limits)
+        seed = secrets.randbelow(2**62) if req.seed is None else req.seed
+        eot = None if req.ignore_eos else s.run.tokenizer.eot_id
+        try:
+            for p, (text, ids) in enumerate(prompts):
+                for j in range(req.n):
+                    draw = Draw(req.temperature, req.top_k_or_none(), req.top_p_or_none(), seed + j)
+                    choice = Choice(p * req.n + j, TextPieces(s.run.tokenizer, stops), eot,
+                                    logprobs is not None, text if echo else "")  # fmt: skip
+                    job.start(choice, ids, draw, max_tokens, logprobs)
+        except Exception:
+            job.cancel()
+            streams.give(n - len(job.choices))
+            raise
+        return job
+
+
+class Reply:
+    """The answer to one request, whole or as chunks, in the shape of its endpoint."""
+
+    def __init__(self, prefix, kind, req, s, job, prompts, echo_lp=None):
+        self.id = f"{prefix}-{secrets.token_hex(12)}"
+        self.kind, self.req, self.job, self.prompts, self.echo_lp = kind, req, job, prompts, echo_lp
+        self.tok, self.model, self.created = s.run.tokenizer, req.model, int(time.time())
+        self.chat = kind == "chat.completion"
+
+    def head(self) -> dict:
+        kind = "chat.completion.chunk" if self.chat and self.req.stream else self.kind
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}  # fmt: skip
+
+    def usage(self) -> dict:
+        prompt = sum(len(ids) for _, ids in self.prompts)
+        completion = sum(len(c.steps) for c in self.job.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def logprobs(self, c: Choice, steps: list[Step], start: int) -> dict | None:
+        """The logprobs object for `steps` (the choice's, from its token number `start`)."""
+        if not c.logprobs:
+            return None
+        word = lambda i: self.tok.decode([i])  # noqa: E731
+        if self.chat:
+            alt = lambda i, lp: {"token": word(i), "logprob": lp, "bytes": list(word(i).encode())}  # noqa: E731
+            content = [{**alt(s.token, s.logprob), "top_logprobs": [alt(i, lp) for i, lp in s.top]} for s in steps]
+            return {"content": content, "refusal": None}
+        out = {"tokens": [word(s.token) for s in steps], "token_logprobs": [s.logprob for s in steps],
+               "top_logprobs": [{word(i): lp for i, lp in s.top} for s in steps],
+               "text_offset": c.offsets[start : start + len(steps)]}  # fmt: skip
+        echo = self.echo_lp[c.index // self.req.n] if start == 0 and self.echo_lp else None
+        return out if echo is None else {k: echo[k] + out[k] for k in out}
+
+    def whole(self) -> dict:
+        choices = []
+        for c in self.job.choices:
+            lp = self.logprobs(c, c.steps, 0)
+            message = {"role": "assistant", "content": c.text, "refusal": None}
+            body = {"message": message} if self.chat else {"text": c.text}
+            choices.append({"index": c.index, **body, "logprobs": lp, "finish_reason": c.finish})
+        return {**self.head(), "choices": choices, "usage": self.usage()}
+
+    def chunk(self, c: Choice, text: str, steps: list[Step], first: bool) -> dict:
+        lp = self.logprobs(c, steps, len(c.steps) - len(steps))
+        finish = c.finish
+        if self.chat:
+            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
+            body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        else:
+            text = (c.prefix if first else "") + text  # echo: the prompt comes in the first chunk
+            body = {"index": c.index, "text": text, "logprobs": lp, "finish_reason": finish}
+        usage = {"usage": None} if self.include_usage else {}
+        return {**self.head(), "choices": [body], **usage}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.req.stream_options and self.req.stream_options.include_usage)
+
+    async def events(self) -> AsyncIterator[str]:
+        """The server-sent events of a stream."""
+        started: set[int] = set()
+        try:
+            async for update in self.job.updates(STREAM_INTERVAL):
+                for i, (text, steps) in sorted(update.items()):
+                    c = self.job.choices[i]
+                    if text or steps or c.finish or i not in started:
+                        yield sse(self.chunk(c, text, steps, i not in started))
+                        started.add(i)
+        except Exception as e:  # the status line is long gone: the error is the last event
+            yield sse({"error": error_body(e)})
+            return
+        finally:
+            self.job.cancel()
+        if self.include_usage:
+            yield sse({**self.head(), "choices": [], "usage": self.usage()})
+        yield "data: [DONE]\n\n"
+
+
+async def respond(reply: Reply, request: Request):
+    """A stream of events, or the whole answer once every choice is done."""
+    if reply.req.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(reply.events(), media_type="text/event-stream", headers=headers)
+    watch = asyncio.create_task(cancel_on_disconnect(request, reply.job))
+    try:
+        async for _ in reply.job.updates():
+            pass
+    except Exception as e:
+        status = 504 if isinstance(e, TimeoutError) else 500
+        return JSONResponse({"error": error_body(e)}, status_code=status)
+    finally:
+        watch.cancel()
+        reply.job.cancel()
+    return JSONResponse(reply.whole())
+
+
+async def cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Stop the generation if the client goes away before its answer is ready."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+def error_body(e: Exception) -> dict:
+    if isinstance(e, TimeoutError):
+        return {"message": str(e) or "the generation ran past its time limit", "type": "server_error",
+                "param": None, "code": "timeout"}  # fmt: skip
+    message = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return {"message": f"internal error: {type(e).__name__}: {message}", "type": "server_error", "param": None,
+            "code": "internal_error"}  # fmt: skip
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def model_card(s) -> dict:
+    weights = s.run.path / "model.safetensors"
+    created = int(weights.stat().st_mtime) if weights.exists() else 0
+    return {"id": s.name, "object": "model", "created": created, "owned_by": "attnlab"}
+
+
+def prompt_ids(tokenizer, prompt, context: int, param: str) -> list[tuple[str, list[int]]]:
+    """[(text, ids)] of each prompt: text is encoded (empty: the end-of-text token), ids are checked
+    against the vocabulary and decoded; a prompt longer than the context is a 400."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    out = []
+    vocab = tokenizer.vocab_size
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            ids = tokenizer.encode(p) if p else [tokenizer.eot_id]
+        else:
+            if not p or min(p) < 0 or max(p) >= vocab:
+                raise BadField(f"{param}: token ids must be 0..{vocab - 1}, and at least one", param)
+            ids, p = list(p), tokenizer.decode(p)
+        if len(ids) > context:
+            where = f" ({param} {i})" if len(prompt) > 1 else ""
+            raise APIError(400, f"this model's context is {context} tokens, but the {param}{where} has {len(ids)}",
+                           "context_length_exceeded", param)  # fmt: skip
+        out.append((p, ids))
+    return out
+
+
+@torch.no_grad()
+def prompt_logprobs(run, ids: list[int], k: int) -> dict:
+    """Echo's logprobs of the prompt's own tokens (the first has none), under the model."""
+    lp = torch.log_softmax(run.model(torch.tensor([ids], device=run.device))[0].float(), dim=-1)  # (T, V)
+    word = lambda i: run.tokenizer.decode([i])  # noqa: E731
+    tokens, chosen, top, offsets, at = [], [], [], [], 0
+    for t, token in enumerate(ids):
+        tokens.append(word(token))
+        offsets.append(at)
+        at += len(word(token))
+        if t == 0:
+            chosen.append(None)
+            top.append(None)
+            continue
+        best = lp[t - 1].topk(min(k, lp.shape[-1]))
+        chosen.append(float(lp[t - 1, token]))
+        top.append({word(i): v for i, v in zip(best.indices.tolist(), best.values.tolist())})
+    return {"tokens": tokens, "token_logprobs": chosen, "top_logprobs": top, "text_offset": offsets}

@@ -1,0 +1,177 @@
+"""The OpenAI API's requests, as attnlab takes them (schemas for /v1/completions and /v1/chat/completions).
+
+Legend: n choices per prompt; k alternatives per token (logprobs); a stop text ends the text before it.
+
+Fields follow the public OpenAI API reference. Supported: model, prompt (a string, a list of
+strings, token ids or lists of them) or messages, max_tokens (max_completion_tokens for chat),
+temperature (0-2, 0 = greedy), top_p, n, stop (a string or up to 4), seed, stream,
+stream_options.include_usage, logprobs (completions: how many alternatives, 0-20; chat: true with
+top_logprobs 0-20), echo. Accepted at their neutral values only (any other is a 400 that says
+so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null, tools
+none, response_format text. `user` is accepted and ignored. Any other field is a 400
+("Unrecognized request argument"), as OpenAI answers.
+
+Extensions, with the names vLLM uses so that scripts written for it work: top_k (sample among the k
+most likely tokens; 0 or -1 = off) and ignore_eos (go on past the end-of-text token).
+
+Chat template (base models have none of their own): each message becomes a line "Role: content"
+(System, User or Assistant; a developer message counts as System), and the prompt ends with
+"Assistant:"; the reply is the model's continuation, cut at the first "\\nUser:" or "\\nSystem:"
+(the model starting the next turn) as well as at the request's own stop texts:
+
+    System: You are terse.
+    User: Name a prime.
+    Assistant:
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from attnlab.errors import AttnlabError
+
+MAX_COMPLETION_TOKENS = 2048
+MAX_N = 16  # choices per prompt
+MAX_PROMPTS = 16  # prompts per completion request
+MAX_PROMPT_CHARS = 100_000
+MAX_STOPS = 4
+CHAT_STOPS = ("\nUser:", "\nSystem:")
+CHAT_MAX_TOKENS = 256  # a chat reply's default length
+ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+
+Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+StopText = Annotated[str, Field(max_length=100)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = Field(False, description="send a last chunk with the usage, with empty choices")
+
+
+class Sampling(BaseModel):
+    """What both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a served run's name, as /v1/models lists it")
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="sample among the tokens that make up probability p")
+    top_k: int = Field(0, ge=-1, description="(extension) sample among the k most likely tokens; 0 or -1: off")
+    n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt")
+    stop: StopText | list[StopText] | None = Field(None, description="stop before this text (or any of up to 4)")
+    seed: int | None = Field(None, ge=0, lt=2**62, description="choice i draws with seed + i: the same text again")
+    stream: bool = Field(False, description="server-sent events, one chunk per piece of text")
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = Field(False, description="(extension) go on past the end-of-text token")
+    presence_penalty: float = Field(0.0, description="not supported: 0 only")
+    frequency_penalty: float = Field(0.0, description="not supported: 0 only")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: empty only")
+    user: str | None = Field(None, max_length=256, description="ignored")
+
+    @model_validator(mode="before")
+    @classmethod
+    def nulls_are_defaults(cls, data):
+        """A field sent as null takes its default, as OpenAI's API does (clients send e.g. "n": null)."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    def check(self) -> None:
+        """Refuse the settings attnlab cannot honour, one line each (Pydantic has checked the types)."""
+        unsupported = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        for name, value in unsupported.items():
+            if value != 0:
+                raise BadField(f"{name} is not supported (only 0)", name)
+        if self.logit_bias:
+            raise BadField("logit_bias is not supported (only empty)", "logit_bias")
+        if len(self.stops()) > MAX_STOPS:
+            raise BadField(f"stop takes at most {MAX_STOPS} texts", "stop")
+
+    def stops(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return [s for s in stop if s]
+
+    def top_k_or_none(self) -> int | None:
+        return self.top_k if self.top_k > 0 else None
+
+    def top_p_or_none(self) -> float | None:
+        return self.top_p if self.top_p < 1 else None
+
+
+class CompletionRequest(Sampling):
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
+        "", description="text to continue, several, or token ids ('' = a new document)"
+    )
+    max_tokens: int = Field(16, ge=0, le=MAX_COMPLETION_TOKENS, description="tokens to generate at most")
+    logprobs: int | None = Field(None, ge=0, le=20, description="log-probabilities of the tokens and this many others")
+    echo: bool = Field(False, description="put the prompt before the completion")
+    best_of: int = Field(1, description="not supported: 1 only")
+    suffix: str | None = Field(None, description="not supported: null only")
+
+    def check(self) -> None:
+        super().check()
+        if self.best_of != 1:
+            raise BadField("best_of is not supported (only 1)", "best_of")
+        if self.suffix:
+            raise BadField("suffix is not supported", "suffix")
+        if isinstance(self.prompt, list) and len(self.prompt) > MAX_PROMPTS:
+            raise BadField(f"prompt takes at most {MAX_PROMPTS} prompts", "prompt")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise BadField("prompt is an empty list", "prompt")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: Text
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # name, refusal, ...: nothing a base model reads
+    role: str
+    content: Text | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=0, le=MAX_COMPLETION_TOKENS, description=f"default {CHAT_MAX_TOKENS}")
+    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_COMPLETION_TOKENS, description="max_tokens' new name")
+    logprobs: bool = Field(False, description="log-probabilities of the reply's tokens")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: this many alternatives per token")
+    response_format: dict | None = Field(None, description="only {'type': 'text'}")
+    tools: list[dict] | None = Field(None, description="not supported")
+    tool_choice: str | dict | None = Field(None, description="not supported: none only")
+    parallel_tool_calls: bool | None = None
+
+    def check(self) -> None:
+        super().check()
+        for i, m in enumerate(self.messages):
+            if m.role not in ROLES:
+                raise BadField(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}", f"messages[{i}].role")
+        if self.tools:
+            raise BadField("tools are not supported: these are base models", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise BadField("tool_choice is not supported", "tool_choice")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise BadField("response_format: only {'type': 'text'} is supported", "response_format")
+
+    def limit(self) -> int:
+        given = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return CHAT_MAX_TOKENS if given is None else given
+
+
+def chat_prompt(messages: list[Message]) -> str:
+    """The messages as one prompt for a base model (the module's docstring shows the template)."""
+    lines = [f"{ROLES[m.role]}: {m.text()}" for m in messages]
+    return "\n".join(lines) + "\nAssistant:"
+
+
+class BadField(AttnlabError):
+    """A request field attnlab cannot honour: a 400 naming it."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -1,0 +1,136 @@
+"""A key/value cache whose rows are sequences of different lengths: the server's batch of requests.
+
+Legend: S slots, B rows decoded in a step (always the first B slots), Hkv key/value heads, Dh head
+size, C the model's context, L the keys a step attends over (the longest row's, new token included).
+
+Each slot holds one sequence's keys and values at positions 0.. of that sequence. A step feeds
+one new token per row, row b at its own position (its length so far): the model is called with
+offset = the rows' positions, (B,) (nn/position.py), every layer writes the new keys at those
+positions, and attention reads the first L positions of every row with -inf added to the scores
+of each row's positions past its own (the key bias, nn/attention.py: one additive mask, made once
+per step, is what the fused attention kernel takes at no extra cost). A sequence's prompt is run alone
+into an ordinary KVCache and copied into a free slot (`put`); a finished one leaves by moving the
+last row into its slot (`move`), so the rows of a step are always slots 0..B-1.
+
+Slots start zeroed: a masked key still takes part in the arithmetic (its weight is zero), so it
+must be a finite number, never the garbage of uninitialized memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.nn.attention import KVCache
+
+
+class SlotTable:
+    """What the layers' slot caches share: each slot's length, and this step's positions and mask."""
+
+    def __init__(self, slots: int, context: int, device: torch.device):
+        self.slots, self.context, self.device = slots, context, device
+        self.lengths = [0] * slots  # positions filled in each slot: where its next token goes
+        self.rows = 0  # B, the rows of the current step
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)  # (B,)
+        self.keys = 0  # L
+        self.bias: Tensor | None = None  # (B, 1, 1, L): 0 for a row's own positions, -inf past them
+        self.last: Tensor | None = None  # (S, 1): each slot's newest token, for bigram models
+
+    def begin(self, rows: int) -> Tensor:
+        """Start a step over the first `rows` slots; returns their positions (B,), the model's offset."""
+        lengths = self.lengths[:rows]
+        if max(lengths) >= self.context:
+            raise ValueError(f"a slot is full: {max(lengths)} positions of {self.context}")
+        self.rows, self.keys = rows, max(lengths) + 1
+        self.positions = torch.tensor(lengths, device=self.device)
+        beyond = torch.arange(self.keys, device=self.device) > self.positions[:, None]  # (B, L)
+        self.bias = torch.zeros(beyond.shape, device=self.device).masked_fill(beyond, float("-inf"))[:, None, None]
+        return self.positions
+
+    def end(self) -> None:
+        """The step's tokens are in: every row is one longer."""
+        for b in range(self.rows):
+            self.lengths[b] += 1
+
+
+class SlotCache(KVCache):
+    """One layer's keys/values of every slot, (S, Hkv, C, Dh), written at each row's own position."""
+
+    def __init__(self, table: SlotTable):
+        self.table = table
+        super().__init__(table.context)
+
+    @property
+    def last_token(self) -> Tensor | None:  # read by GPT.bigram_ids on the first layer: this step's rows
+        last = self.table.last
+        # A copy: GPT.bigram_ids reads it, then writes the new tokens in before it uses what it read.
+        return None if last is None else last[: self.table.rows].clone()
+
+    @last_token.setter
+    def last_token(self, value: Tensor | None) -> None:
+        if value is None:  # KVCache.__init__
+            return
+        if self.table.last is None:
+            self.table.last = torch.zeros(self.table.slots, 1, dtype=torch.long, device=value.device)
+        self.table.last[: value.shape[0]] = value
+
+    def _allocate(self, like: Tensor) -> None:
+        if self.k is None:
+            _, h, _, dh = like.shape
+            self.k = like.new_zeros(self.table.slots, h, self.table.context, dh)
+            self.v = like.new_zeros(self.table.slots, h, self.table.context, dh)
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the step's (B, Hkv, 1, Dh) keys/values at the rows' positions; return every row's first
+        L positions, (B, Hkv, L, Dh), of which the key mask says which are the row's own."""
+        table, b = self.table, k.shape[0]
+        self._allocate(k)
+        rows = torch.arange(b, device=k.device)
+        self.k[rows, :, table.positions] = k[:, :, 0].to(self.k.dtype)  # (B, Hkv, Dh) at (row, position)
+        self.v[rows, :, table.positions] = v[:, :, 0].to(self.v.dtype)
+        return self.k[:b, :, : table.keys], self.v[:b, :, : table.keys]
+
+    def key_bias(self) -> Tensor | None:
+        return self.table.bias
+
+    def put(self, slot: int, cache: KVCache) -> None:
+        """Copy a one-row cache's positions into `slot`."""
+        n = cache.length
+        self._allocate(cache.k)
+        self.k[slot, :, :n] = cache.k[0, :, :n]
+        self.v[slot, :, :n] = cache.v[0, :, :n]
+
+    def move(self, src: int, dst: int) -> None:
+        if self.k is not None:
+            n = self.table.lengths[src]
+            self.k[dst, :, :n] = self.k[src, :, :n]
+            self.v[dst, :, :n] = self.v[src, :, :n]
+
+
+class Slots:
+    """Every layer's slot cache over one table: what a batched step passes as the model's caches."""
+
+    def __init__(self, n_layers: int, slots: int, context: int, device: torch.device):
+        self.table = SlotTable(slots, context, device)
+        self.caches = [SlotCache(self.table) for _ in range(n_layers)]
+
+    def put(self, slot: int, caches: list[KVCache]) -> None:
+        """A sequence computed alone (its caches, one row each) takes `slot`."""
+        for mine, theirs in zip(self.caches, caches, strict=True):
+            mine.put(slot, theirs)
+        self.table.lengths[slot] = caches[0].length
+        if caches[0].last_token is not None:  # bigram models: the newest token fed
+            self._set_last(slot, caches[0].last_token[0])
+
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in `src` moves to `dst` (which a finished one left)."""
+        for cache in self.caches:
+            cache.move(src, dst)
+        self.table.lengths[dst] = self.table.lengths[src]
+        if self.table.last is not None:
+            self.table.last[dst] = self.table.last[src]
+
+    def _set_last(self, slot: int, token: Tensor) -> None:
+        if self.table.last is None:
+            self.table.last = torch.zeros(self.table.slots, 1, dtype=torch.long, device=token.device)
+        self.table.last[slot] = token

@@ -1,0 +1,245 @@
+"""The OpenAI-compatible API, through the real `openai` client against a live uvicorn server on
+127.0.0.1: models, completions and chat completions (streamed and not), n, stop texts, seeds,
+logprobs, usage, echo, errors in OpenAI's shape, a seeded stream equal to `attnlab sample`, and 8
+concurrent seeded requests each equal to its text alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from attnlab import load
+from attnlab.cli.main import main
+from attnlab.decoding.sampling import generate_text
+from attnlab.serve.app import create_app, running
+from attnlab.serve.openai_schema import CHAT_STOPS, Message, chat_prompt
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev extra: pip install -e .[dev]")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
+        "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
+        "--tokenizer", "char"]  # fmt: skip
+PLAIN = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}  # a plain draw: what `attnlab sample` does
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openai")
+    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
+    with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *TINY]) == 0
+    return root / "lm"
+
+
+@pytest.fixture(scope="module")
+def server(run_dir):
+    app = create_app([run_dir])
+    with running(app) as url:
+        yield url, app
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def run(run_dir):
+    return load(run_dir, "cpu")
+
+
+def complete(client, prompt="def ", **kw) -> openai.types.Completion:
+    return client.completions.create(**{"model": "lm", "prompt": prompt, "max_tokens": 20, "seed": 7, **PLAIN, **kw})
+
+
+def streamed(client, **kw) -> tuple[list, str]:
+    chunks = list(client.completions.create(model="lm", prompt="def ", stream=True,
+                                            **{"max_tokens": 20, "seed": 7, **PLAIN, **kw}))  # fmt: skip
+    return chunks, "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+# ---- models, completions ----------------------------------------------------------------------------------
+
+
+def test_models_lists_every_gpt_run(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["lm"] and models[0].object == "model" and models[0].owned_by == "attnlab"
+    assert client.models.retrieve("lm").id == "lm"
+
+
+def test_a_completion_is_the_library_s_text_with_its_usage(client, run):
+    r = complete(client, max_tokens=24)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == "lm" and r.created > 0
+    (choice,) = r.choices
+    drawn = []
+    expected = generate_text(run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7,
+                             on_token=drawn.append)[4:]  # fmt: skip
+    assert choice.text == expected == run.tokenizer.decode(drawn) and choice.finish_reason == "length"
+    assert r.usage.prompt_tokens == len(run.tokenizer.encode("def "))
+    assert r.usage.completion_tokens == len(drawn) == 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert complete(client, max_tokens=24, n=None, stop=None).choices[0].text == expected  # null: the default
+    stop = expected[5:7]  # a stop text: the tokens that spell it were drawn, and count
+    cut, counted = complete(client, max_tokens=24, stop=stop), []
+    generate_text(run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7, stop=stop,
+                  on_token=counted.append)  # fmt: skip
+    assert cut.choices[0].text == expected[: expected.index(stop)] and cut.usage.completion_tokens == len(counted)
+
+
+def test_a_seeded_stream_is_what_attnlab_sample_prints(client, run_dir, capsys):
+    settings = {"max_tokens": 30, "top_p": 0.9, "extra_body": {"ignore_eos": True, "top_k": 12}}
+    chunks, text = streamed(client, **settings)
+    assert main(["sample", str(run_dir), "--prompt", "def ", "--seed", "7", "--temperature", "1.0", "--top-k", "12",
+                 "--top-p", "0.9", "--max-new-tokens", "30", "--device", "cpu"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == "def " + text + "\n"
+    assert len(chunks) > 1 and all(c.object == "text_completion" for c in chunks)
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert (
+        text == complete(client, max_tokens=30, top_p=0.9, extra_body={"ignore_eos": True, "top_k": 12}).choices[0].text
+    )
+
+
+def test_the_stream_is_server_sent_events_ending_in_done_with_usage(server):
+    body = {"model": "lm", "prompt": "def ", "max_tokens": 5, "seed": 1, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    response = httpx.post(f"{server[0]}/v1/completions", json=body, timeout=30)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in response.text.split("\n\n") if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert all(c["usage"] is None for c in chunks[:-1])  # include_usage: null until the last chunk
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_n_choices_draw_with_seed_plus_i(client):
+    r = complete(client, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [complete(client, seed=7 + i).choices[0].text for i in range(3)]
+    assert r.usage.completion_tokens == 60 and r.usage.prompt_tokens == 4
+    several = complete(client, prompt=["def ", "ret"], n=2)  # prompt i's choice j is number 2 i + j
+    assert [c.text for c in several.choices[:2]] == [c.text for c in r.choices[:2]]
+    assert several.choices[3].text == complete(client, prompt="ret", seed=8).choices[0].text
+
+
+def test_stop_texts_single_and_listed_cut_the_text(client):
+    full = complete(client, max_tokens=30).choices[0].text
+    stop = full[6:8]
+    cut = full[: full.index(stop)]
+    for given in (stop, ["zzz", stop], [stop, "\x00"]):
+        r = complete(client, max_tokens=30, stop=given)
+        assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+        assert streamed(client, max_tokens=30, stop=given)[1] == cut
+    assert complete(client, max_tokens=30, stop="never there").choices[0].finish_reason == "length"
+
+
+def test_a_seed_gives_the_same_text_and_seeds_differ(client):
+    texts = {s: complete(client, seed=s).choices[0].text for s in range(5)}
+    assert complete(client, seed=3).choices[0].text == texts[3]
+    assert len(set(texts.values())) > 2
+    unseeded = {complete(client, seed=None).choices[0].text for _ in range(3)}
+    assert len(unseeded) > 1
+
+
+def test_logprobs_are_the_model_s_and_count_the_tokens(client, run):
+    r = complete(client, logprobs=3, max_tokens=12)
+    lp = r.choices[0].logprobs
+    ids = run.tokenizer.encode("def " + r.choices[0].text)
+    with torch.no_grad():
+        model_lp = torch.log_softmax(run.model(torch.tensor([ids]))[0], -1)  # (T, V)
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 12
+    for t, (token, value, top) in enumerate(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)):
+        row = model_lp[3 + t]
+        assert token == run.tokenizer.decode([ids[4 + t]])
+        assert value == pytest.approx(float(row[ids[4 + t]]), abs=1e-4)
+        assert len(top) == 3 and max(top.values()) == pytest.approx(float(row.max()), abs=1e-4)
+    assert lp.text_offset == list(range(12))
+    echo = complete(client, logprobs=1, max_tokens=3, echo=True)
+    assert echo.choices[0].text.startswith("def ") and echo.choices[0].logprobs.token_logprobs[0] is None
+    assert len(echo.choices[0].logprobs.tokens) == 4 + 3
+
+
+def test_chat_is_the_completion_of_its_template(client):
+    messages = [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]
+    r = client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=2, **PLAIN)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    (choice,) = r.choices
+    prompt = chat_prompt([Message(**m) for m in messages])
+    assert prompt == "System: a\nUser: b\nAssistant:"
+    plain = complete(client, prompt=prompt, max_tokens=25, seed=2, stop=list(CHAT_STOPS))
+    assert choice.message.role == "assistant" and choice.message.content == plain.choices[0].text
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens
+    stream = list(client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=2, stream=True,
+                                                 **PLAIN))  # fmt: skip
+    assert all(c.object == "chat.completion.chunk" for c in stream) and stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == choice.message.content
+    assert stream[-1].choices[0].finish_reason == choice.finish_reason
+    with_lp = client.chat.completions.create(model="lm", messages=messages, max_tokens=5, seed=2, logprobs=True,
+                                             top_logprobs=2, **PLAIN)  # fmt: skip
+    content = with_lp.choices[0].logprobs.content
+    assert len(content) == with_lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+
+
+# ---- errors ---------------------------------------------------------------------------------------------
+
+
+def expect(error_class, status: int, code: str, call) -> dict:
+    with pytest.raises(error_class) as caught:
+        call()
+    body = caught.value.body
+    assert caught.value.status_code == status and body["code"] == code, body
+    assert {"message", "type", "code"} <= set(body) and "\n" not in body["message"]
+    return body
+
+
+def test_errors_are_openai_error_objects(client):
+    body = expect(openai.NotFoundError, 404, "model_not_found", lambda: complete(client, model="nope"))
+    assert "nope" in body["message"] and body["type"] == "invalid_request_error"
+    body = expect(openai.BadRequestError, 400, "invalid_value", lambda: complete(client, temperature=5))
+    assert body["param"] == "temperature"
+    expect(openai.BadRequestError, 400, "invalid_value", lambda: complete(client, n=0))
+    expect(openai.BadRequestError, 400, "invalid_value", lambda: complete(client, presence_penalty=1))
+    body = expect(openai.BadRequestError, 400, "unknown_parameter", lambda: complete(client, extra_body={"foo": 1}))
+    assert "foo" in body["message"]
+    body = expect(openai.BadRequestError, 400, "context_length_exceeded", lambda: complete(client, prompt="x" * 40))
+    assert "32" in body["message"] and "40" in body["message"]
+    chat = lambda **kw: client.chat.completions.create(model="lm", **kw)  # noqa: E731
+    expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[{"role": "tool", "content": "x"}]))
+    expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[]))
+    expect(openai.NotFoundError, 404, "not_found", lambda: client.get("/nothing", cast_to=object))
+
+
+# ---- batching through the server ------------------------------------------------------------------------
+
+
+def test_eight_concurrent_seeded_streams_each_get_their_text_alone(client, server, run):
+    """8 streamed requests at once with their own settings: each text is its seed's text alone
+    (generate_text, one request, no batch), and the server decoded them together."""
+    draws = [(1.0, 1.0, 0), (0.0, 1.0, 0), (0.7, 0.9, 0), (1.2, 1.0, 5)] * 2  # temperature, top_p, top_k
+    settings = [dict(temperature=t, top_p=p, seed=s, extra_body={"ignore_eos": True, "top_k": k})
+                for s, (t, p, k) in enumerate(draws)]  # fmt: skip
+    lengths = [40 + 3 * i for i in range(8)]  # past the context of 32: every row jumps ahead at its own step
+    alone = [generate_text(run.model, run.tokenizer, "def ", max_new_tokens=n, temperature=kw["temperature"],
+                           top_k=kw["extra_body"]["top_k"] or None, top_p=kw["top_p"] if kw["top_p"] < 1 else None,
+                           seed=kw["seed"])[4:] for n, kw in zip(lengths, settings)]  # fmt: skip
+    batcher = server[1].state.batchers["lm"]
+    before = dict(batcher.stats)
+    start = threading.Barrier(8)
+
+    def ask(i: int) -> str:
+        start.wait()
+        chunks = client.completions.create(model="lm", prompt="def ", stream=True, max_tokens=lengths[i], **settings[i])
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(8)))
+    assert got == alone
+    rows = batcher.stats["batched rows"] - before.get("batched rows", 0)
+    steps = batcher.stats["steps"] - before.get("steps", 0)
+    assert rows > 2 * steps > 0  # several sequences per forward pass
