@@ -276,3 +276,43 @@ def test_the_caption_page_moves_the_attention_with_the_word(browser, tmp_path):
     playwright.expect(page.locator(".cap-word.active")).to_have_text("four")
     context.close()
     assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def caption_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("caption")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        assert main(["train", "caption", "--out", str(root / "cap"), "--max-steps", "3", "--batch-size", "8",
+                     "--eval-interval", "3", "--eval-batches", "1", "--n-train", "64", "--n-test", "8", "--d-model",
+                     "32", "--n-layer", "1", "--device", "cpu"]) == 0  # fmt: skip
+    return root / "cap"
+
+
+def test_the_explorer_captions_an_upload_word_by_word(caption_run, browser, tmp_path, shots):
+    """Upload a strip: the caption's words arrive with their attention, as stream_caption gives them."""
+    from PIL import Image
+
+    from attnlab.data import strips
+    from attnlab.tasks.caption import stream_caption
+
+    strip = strips.strips("test", 1)[0]
+    Image.fromarray((strip.image * 255).astype("uint8")).save(tmp_path / "strip.png")
+    run = load(caption_run, "cpu")
+    words = [w for w, _ in stream_caption(run, strip.image[None].astype("float32"))]
+    with running(create_app([caption_run])) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors = watch(page)
+        page.goto(url)
+        playwright.expect(page.locator("#run-summary")).to_contain_text("caption")
+        playwright.expect(page.locator("#image-input")).to_be_visible()
+        page.set_input_files("#image", str(tmp_path / "strip.png"))
+        page.click("#go")
+        playwright.expect(page.locator("#status")).to_contain_text(" s", timeout=15_000)
+        assert page.locator(".cap-word").all_text_contents() == words
+        playwright.expect(page.locator(".cap-picture")).to_have_attribute("data-word", str(len(words) - 1))
+        page.hover(".cap-word[data-index='0']")  # back to the first word
+        playwright.expect(page.locator(".cap-picture")).to_have_attribute("data-word", "0")
+        page.screenshot(path=str(shots / "serve-caption.png"), full_page=True)
+        page.close()
+    assert not errors, errors

@@ -24,6 +24,10 @@ are running, 500 anything else (logged; the server keeps serving).
   POST /api/predict_image        multipart form: run, image -> {label, probability, top (3),
                                  attention: {grid: [rows, cols], weights (L, H, rows, cols)} of
                                  [CLS] over the patches, or null for a model without attention}
+  POST /api/caption              multipart form: run, image -> NDJSON: {"image": {height, width, pixels
+                                 (base64 gray bytes), grid}}, then one {"word", "attention" (L, H, N)} per
+                                 word as the captioner chooses it (the last "</s>"), then {"done": true,
+                                 "caption", "seconds"}
   POST /api/inspect              {run, text, what} -> interpret/report.py's numbers: what = lens, heads,
                                  ablate (GPT runs), rollout or flow (any text run)
   POST /api/attention            {run, text} -> {views: [{name, queries, keys, weights (L, H, Tq, Tk)}]}, and
@@ -57,8 +61,9 @@ from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import numpy as np
 import torch
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -69,6 +74,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab import __version__
+from attnlab.data.images import read_image
 from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
 from attnlab.interpret.report import WHAT, inspect
@@ -269,34 +275,34 @@ def create_app(
     @app.post("/api/predict_image", summary="an image run's label for an uploaded image, and its attention")
     def predict_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> dict:
         s = find(run, "/api/predict_image")
-        data = image.file.read(MAX_IMAGE_BYTES + 1)
-        if len(data) > MAX_IMAGE_BYTES:
-            raise HTTPException(413, f"the image is over {MAX_IMAGE_BYTES // 1_000_000} MB")
-        with tempfile.TemporaryDirectory() as tmp:  # the library reads image files
-            path = Path(tmp) / "upload"
-            path.write_bytes(data)
-            del data
-            try:
-                pixels = load_image(s.run, path)  # decoded once, for the label and the attention
-            except AttnlabError as e:  # name the user's file, not ours
-                raise AttnlabError(str(e).replace(str(path), image.filename or "the upload")) from None
+        pixels = read_upload(image, lambda path: load_image(s.run, path))  # decoded once, for label and attention
         out = predict_image(s.run, pixels, top=3, name=image.filename)
         out["attention"] = cls_attention(s.run, pixels)
         return {**out, "image": image.filename}
 
+    @app.post("/api/caption", summary="a captioner's caption of an uploaded image, word by word (NDJSON)",
+              response_class=StreamingResponse,
+              responses={200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}})  # fmt: skip
+    def caption_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> StreamingResponse:
+        s = find(run, "/api/caption")
+        cfg = s.run.model.cfg
+        pixels = read_upload(image, lambda path: read_image(path, cfg.size, cfg.channels))
+        return StreamingResponse(caption_lines(s.run, pixels, limits.request_timeout), media_type=NDJSON)
+
     @app.post("/api/inspect", summary="inside the model: logit lens, head detectors, head ablation, rollout, flow")
     def inspect_text(req: InspectRequest) -> dict:
         s = find(req.run)
-        if not s.run.task.tokenized:
-            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: use attnlab inspect RUN IMAGE --what rollout")
+        if s.run.task.reads_images:
+            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: these views read text; for an image, "
+                               "attnlab inspect RUN IMAGE --what rollout")  # fmt: skip
         return inspect(s.run, req.text, req.what)
 
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
     def attention(req: TextRequest) -> dict:
         s = find(req.run)
-        if not s.run.task.tokenized:  # an image: its attention comes with its prediction
+        if s.run.task.reads_images:  # an image: its attention comes with its prediction or caption
             raise AttnlabError(f"{req.run} is {s.run.task.noun} run: send the image to {s.run.task.endpoint}, "
-                               "whose answer has [CLS]'s attention")  # fmt: skip
+                               "whose answer carries its attention")  # fmt: skip
         return views_json(views(s.run, req.text), routing_json(s.run, req.text))
 
     return app
@@ -323,6 +329,44 @@ def live_lines(run: Run, prompt: str, sampling: tuple) -> Iterator[dict]:
             new.clear()
 
     return in_one_thread(make, run.model, live.hooks())
+
+
+def read_upload(image: UploadFile, decode: Callable[[Path], Any]) -> Any:
+    """An uploaded image file, decoded by `decode(path)`; a 413 past MAX_IMAGE_BYTES, and errors that
+    name the user's file rather than the temporary one."""
+    data = image.file.read(MAX_IMAGE_BYTES + 1)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise HTTPException(413, f"the image is over {MAX_IMAGE_BYTES // 1_000_000} MB")
+    with tempfile.TemporaryDirectory() as tmp:  # the library reads image files
+        path = Path(tmp) / "upload"
+        path.write_bytes(data)
+        del data
+        try:
+            return decode(path)
+        except AttnlabError as e:
+            raise AttnlabError(str(e).replace(str(path), image.filename or "the upload")) from None
+
+
+def caption_lines(run: Run, pixels, limit: float = math.inf) -> Iterator[str]:
+    """The lines of /api/caption: {"image": the image and its patch grid}, then one {"word", "attention"
+    (L, H, N)} per word as it is chosen (the last "</s>"), then {"done", "caption", "seconds"}."""
+    from attnlab.tasks.caption import stream_caption
+    from attnlab.viz.captions import caption_json
+
+    t0, words = time.perf_counter(), []
+    shown = caption_json(pixels, [], [], run.model.cfg.grid)
+    yield json.dumps({"image": {k: shown[k] for k in ("height", "width", "pixels", "grid")}}) + "\n"
+    try:
+        for word, weights in stream_caption(run, pixels):
+            words.append(word)
+            yield json.dumps({"word": word, "attention": np.round(weights, 4).tolist()}) + "\n"
+            if time.perf_counter() - t0 > limit:
+                raise TimeoutError(f"the caption ran past its time limit of {limit:g} s")
+    except Exception as e:  # the status line is long gone: the error is the last line
+        yield json.dumps({"error": one_line(e)}) + "\n"
+        return
+    caption = " ".join(words[:-1])
+    yield json.dumps({"done": True, "caption": caption, "seconds": round(time.perf_counter() - t0, 4)}) + "\n"
 
 
 def ndjson(
@@ -368,7 +412,8 @@ def finite(row: dict) -> dict:
 
 def body_limit(path: str) -> int:
     """The most bytes a request body may have on `path` (read at each request: a test may lower it)."""
-    return MAX_IMAGE_BYTES + 100_000 if path == "/api/predict_image" else MAX_BODY_BYTES  # the form's other fields
+    upload = path in ("/api/predict_image", "/api/caption")
+    return MAX_IMAGE_BYTES + 100_000 if upload else MAX_BODY_BYTES  # + the form's other fields
 
 
 def once(fn: Callable[[], None]) -> Callable[[], None]:

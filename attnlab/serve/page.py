@@ -13,7 +13,8 @@ Ids a test or a reader can rely on, besides the views' own (see viz/html.py):
   #top-k, #top-p, #seed, #image (file input), #go, #status, #output (.generated holds a GPT's text),
   #attention-go, #attention-status, #attention-views, #live (checkbox: attention while it writes),
   #live-view, #live-layer, #live-tokens (.live-token[data-index], .generated, .newest), #inside-what,
-  #inside-go, #inside-status, #inside-output (.inside-table, canvas.rollout-map)
+  #inside-go, #inside-status, #inside-output (.inside-table, canvas.rollout-map); a caption run's answer
+  is viz/static/caption.js's view in #output .caption-view (.cap-word[data-index], canvas.cap-picture)
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from attnlab.viz.html import fill, static_text
 def page(max_chars: int, max_tokens: int) -> str:
     """The page's HTML (serve/static/explorer.*, with the views of viz/static/), with the server's
     limits on the inputs."""
-    parts = {"STYLE": static_text("views.css") + static_text("explorer.css", "attnlab.serve"),
+    serve = "attnlab.serve"
+    parts = {"STYLE": static_text("views.css") + static_text("caption.css") + static_text("explorer.css", serve),
              "VIEWS": static_text("views.html"),
-             "SCRIPT": static_text("views.js") + static_text("explorer.js", "attnlab.serve"),
+             "SCRIPT": static_text("views.js") + static_text("caption.js") + static_text("explorer.js", serve),
              "MAX_CHARS": str(max_chars), "MAX_TOKENS": str(max_tokens)}  # fmt: skip
     return fill(static_text("explorer.html", "attnlab.serve"), parts)

@@ -45,6 +45,7 @@ class Task:
     default_model: str = ""
     data_config: type = object
     tokenized: bool = True  # False: the run reads pixels and has no tokenizer.json
+    reads_images: bool = False  # its input is an image file (image classification, captioning)
     generates: bool = False  # attnlab sample continues its text
     noun: str = "a run"  # "a classifier": for messages
     endpoint: str = "/api/predict"  # where the explorer sends its inputs

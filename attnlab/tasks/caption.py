@@ -97,7 +97,8 @@ class Captioning(Task):
     default_model = "transformer"
     data_config = CaptionDataConfig
     noun = "a captioner"
-    endpoint = "attnlab predict RUN IMAGE (the explorer does not caption yet)"  # what /api answers for it
+    endpoint = "/api/caption"
+    reads_images = True
     tokenized = True
     set_by_data = frozenset({"tgt_vocab", "channels", "image_size", "image_width", "src_vocab"})
     tuned = TRAIN_DEFAULTS

@@ -95,6 +95,7 @@ class ImageClassification(Task):
     tokenized = False
     noun = "an image"
     endpoint = "/api/predict_image"
+    reads_images = True
     set_by_data = frozenset({"image_size", "image_width", "channels", "n_labels", "context"})
     tuned = TRAIN_DEFAULTS
 

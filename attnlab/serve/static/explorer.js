@@ -6,7 +6,10 @@ const TASKS = {
   mlm: ["Fill in", "Type a text with [MASK] in it: the likeliest words for each."],
   translate: ["Translate", "Type a source text."],
   image: ["Classify an image", "Choose an image file: its label, and [CLS]'s attention over its patches."],
+  caption: ["Caption an image", "Choose an image file: its caption, word by word as it is written, and where "
+    + "each word looked (the attention moves as the words come; hover a word to go back to it)."],
 };
+const IMAGES = ["image", "caption"]; // runs that read an image file, not text
 let runs = [];
 const current = () => runs.find((r) => r.name === $("run").value);
 
@@ -55,15 +58,16 @@ async function chooseRun() {
   $("task-title").textContent = $("go").textContent = title;
   $("task-hint").textContent = hint;
   $("sampling").hidden = r.kind !== "lm";
-  $("text-input").hidden = r.kind === "image";
-  $("image-input").hidden = r.kind !== "image";
-  $("attention-go").disabled = r.kind === "image";
-  $("attention-hint").textContent = r.kind === "image"
-    ? "Image runs: [CLS]'s attention over the patches comes with each prediction above."
+  const image = IMAGES.includes(r.kind);
+  $("text-input").hidden = image;
+  $("image-input").hidden = !image;
+  $("attention-go").disabled = image;
+  $("attention-hint").textContent = image
+    ? "Image runs: the attention over the patches comes with each answer above."
     : "Of the text above (for a GPT, with what it generated): every layer and head.";
   $("attention-views").hidden = true;
   $("live-view").hidden = true;
-  $("inside-go").disabled = r.kind === "image";
+  $("inside-go").disabled = image;
   const open = { lm: ["lens", "heads", "ablate", "rollout"], translate: ["lens", "rollout"] }[r.kind] || ["rollout"];
   for (const o of $("inside-what").options) o.disabled = !open.includes(o.value);
   if (r.kind !== "lm") $("inside-what").value = "rollout";
@@ -303,6 +307,43 @@ async function predictImage(r) {
     ...bars(out.top.map((t) => [t.label, t.probability])), figures]);
 }
 
+// A caption as it is written: each word arrives with its attention (L, H, N) and the picture moves to it.
+async function captionImage(r) {
+  const file = $("image").files[0];
+  if (!file) throw new Error("choose an image file first");
+  const form = new FormData();
+  form.append("run", r.name);
+  form.append("image", file);
+  const response = await api("/api/caption", { method: "POST", body: form });
+  const box = element("div", "caption-view");
+  box.innerHTML = `<div class="cap-words"></div><div class="cap-controls"><label>layer <select class="cap-layer">
+    </select></label><label>heads <select class="cap-head"></select></label><button class="cap-play" type="button">
+    &#9654; play</button><span class="cap-status"></span></div><canvas class="cap-picture"></canvas>
+    <div class="cap-panels"></div>`;
+  fill($("output"), [box]);
+  let data = null, view = null;
+  await readLines(response, (line) => {
+    if (line.error) throw new Error(line.error);
+    if (line.image) data = { ...line.image, words: [], weights: [] };
+    if (line.word !== undefined) {
+      data.words.push(line.word);
+      line.attention.forEach((heads, l) => {
+        data.weights[l] = data.weights[l] || heads.map(() => []);
+        heads.forEach((row, h) => data.weights[l][h].push(row));
+      });
+      const keep = view && { layer: view.state.layer, head: view.state.head };
+      view = showCaption(data, box);
+      if (keep) {
+        Object.assign(view.state, keep);
+        box.querySelector(".cap-layer").value = String(keep.layer);
+        box.querySelector(".cap-head").value = String(keep.head);
+      }
+      view.select(data.words.length - 1); // the newest word: the attention moves with the writing
+    }
+    if (line.done) status("status", `"${line.caption}" in ${line.seconds.toFixed(2)} s`);
+  });
+}
+
 function figure(content, caption) {
   const box = element("figure");
   box.append(content, element("figcaption", "caption", caption));
@@ -328,6 +369,7 @@ async function run() {
   try {
     if (r.kind === "lm") return await generate(r); // its last line writes the status
     if (r.kind === "image") await predictImage(r);
+    else if (r.kind === "caption") return await captionImage(r); // its last line writes the status
     else {
       const response = await post("/api/predict", { run: r.name, text: $("prompt").value });
       fill($("output"), RENDER[r.kind](await response.json()));
