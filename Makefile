@@ -28,8 +28,10 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
 
+# Two worker processes of one thread each (pytest-xdist; tests/conftest.py): the suite's models are tiny,
+# so two processes use two cores better than one process with two threads. A module stays in one worker.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The learning-quality checks (the demo's loss, the ViT on digits): about 4.5 minutes on 2 cores.
 test-slow: $(VENV)/.installed-dev
