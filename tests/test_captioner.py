@@ -195,3 +195,12 @@ def test_compare_captioners_table_and_chart(tmp_path, capsys, monkeypatch):
     assert [r["model"] for r in rows] == ["transformer", "rnn-attention"]
     assert all(0 <= r["exact_match"] <= 1 and 0 <= r["attention_on_digit"] <= 1 for r in rows)
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_text_lines_get_full_height_patches_unless_told_otherwise():
+    from attnlab.tasks.caption import model_config
+
+    for name in ("transformer", "rnn-attention"):
+        assert model_config(name, 40, (1, 8, 48), 16, {}).patch == (8, 4)  # digits-strips: 12 columns
+        assert model_config(name, 40, (1, 8, 48), 16, {"patch_size": 4}).patch == (4, 4)  # the user's word wins
+        assert model_config(name, 40, (3, 32, 32), 16, {}).patch == (4, 4)  # not a text line: square patches
