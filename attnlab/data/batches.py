@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.data.jitter import jitter, jitter_offsets
 from attnlab.data.tokens import TokenData
 
 IGNORE = -100  # a label that carries no loss (cross_entropy's ignore_index)
@@ -125,7 +126,21 @@ class Pairs:
 
 class ImagePairs(Pairs):
     """Captioning: src[split] is an image array (N, C, H, W) float32 in [0, 1]; a batch is
-    (images (B, C, H, W), tgt_in (B, T), labels (B, T)), the targets as in Pairs."""
+    (images (B, C, H, W), tgt_in (B, T), labels (B, T)), the targets as in Pairs.
+
+    With shift > 0, a `share` of each training batch's images is moved by up to `shift` pixels
+    each way, fractions resampled (data/jitter.py); validation and test images never move."""
+
+    def __init__(self, src: dict, tgt: dict, shift: float = 0.0, share: float = 0.5):
+        super().__init__(src, tgt)
+        self.shift, self.share = shift, share
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
+        images, tgt_in, labels = super().batch(split, n, rng, part)
+        if split == "train" and self.shift > 0:
+            offsets = rank_slice(jitter_offsets(n, self.shift, self.share, rng), part)  # (B, 2)
+            images = jitter(images, offsets)
+        return images, tgt_in, labels
 
     def source(self, split: str, rows) -> Tensor:
         return torch.from_numpy(self.src[split][np.asarray(rows)])  # (B, C, H, W)

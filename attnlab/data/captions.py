@@ -14,6 +14,7 @@ Legend: N captioned images (an image once per caption), C channels, H height, W 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,10 @@ class CaptionDataConfig:
     data_seed: int = option(0, "seed of the digits-strips and of a folder's train/val/test cut")
     n_train: int = option(strips.DEFAULT_COUNTS["train"], "digits-strips: strips to train on")
     n_test: int = option(strips.DEFAULT_COUNTS["test"], "digits-strips: strips to test on")
+    # Measured on digits-strips: see data/jitter.py.
+    shift: float = option(0.5, "training only: move images by up to this many pixels each way, fractions "
+                          "resampled bilinearly (0 = off)")  # fmt: skip
+    shift_share: float = option(0.5, "training only: the share of each batch's images that --shift moves")
 
     def __post_init__(self):
         check_fraction(self, "val_fraction", "test_fraction")
@@ -62,6 +67,10 @@ class CaptionDataConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.image_size is not None and self.image_size < 1:
             raise ValueError(f"image_size must be at least 1, got {self.image_size}")
+        if not 0 <= self.shift < math.inf:
+            raise ValueError(f"shift must be a finite number of pixels, 0 or more, got {self.shift}")
+        if not 0 <= self.shift_share <= 1:
+            raise ValueError(f"shift_share must be in [0, 1], got {self.shift_share}")
 
 
 def load_captions(

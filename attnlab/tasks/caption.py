@@ -124,7 +124,7 @@ class Captioning(Task):
         if req.init is not None:
             config["init"] = str(req.init)
 
-        batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets)
+        batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets, data.shift, data.shift_share)
         return Prepared(batches, init_builder(family, cfg, req), config, state=(splits["test"], tok, max_out, data))
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
