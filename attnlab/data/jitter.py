@@ -7,9 +7,10 @@ four input pixels under it, with zeros coming in at the edges.
 
 On digits-strips (8,000 steps, AMD EPYC), moving half of each training batch by up to half a pixel
 took the Transformer captioner from 93.4% and 95.3% exact match to 95.9% and 96.6% (the same two
-seeds), and 95.1-96.6% over five seeds: the model had learnt its 1,258 training digit images by
-heart (the training loss sat at label smoothing's floor from step 4,000), and moved ones it cannot.
-Moving every image (95.3%) or by up to a whole pixel (94.3%) did less on the seed that gained most.
+seeds), and `attnlab train caption` to 95.1-96.5% over five seeds: the model had learnt its 1,258
+training digit images by heart (the training loss sat at label smoothing's floor from step 4,000),
+and moved ones it cannot. Moving every image (95.3%) or by up to a whole pixel (94.3%) did less on
+the seed that gained most.
 
 Legend: B images, C channels, H height, W width.
 """
