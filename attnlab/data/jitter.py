@@ -25,7 +25,7 @@ from torch import Tensor
 
 def translate(x: Tensor, offsets: Tensor) -> Tensor:
     """Image i of x (B, C, H, W) moved down offsets[i, 0] and right offsets[i, 1] pixels, fractions
-    resampled bilinearly, zeros coming in at the edges. Whole-pixel offsets copy pixels exactly."""
+    resampled bilinearly, zeros coming in at the edges; whole-pixel offsets copy pixels (to rounding)."""
     b, _, h, w = x.shape
     offsets = offsets.to(x.device, torch.float32)
     # affine_grid's coordinates run from -1 to 1 over the image, so a pixel is 2 / size of them; an
