@@ -44,13 +44,14 @@ def run_models(out: Path, docs: Path, seeds: list[int]) -> None:
     image = docs / "caption_strip.png"
     Image.fromarray((strip.image * 255).astype("uint8")).save(image)
     print(f"CPU: {cpu_name()}")
+    tests = {}
     for model in MODELS:
-        train(model, out / model, None)
+        tests[model] = train(model, out / model, None)
         picture = docs / f"caption_attention_{model}.png"
         assert cli(["predict", str(out / model), str(image), "--attention", str(picture)]) == 0
     print(f"the strip drawn: digits {strip.digits}, caption {strip.caption!r}")
     if seeds:
-        exact = [json.loads((out / MODELS[0] / "eval.json").read_text())["exact_match"]]
+        exact = [tests[MODELS[0]]["exact_match"]]
         exact += [train(MODELS[0], out / f"{MODELS[0]}-seed{seed}", seed)["exact_match"] for seed in seeds]
         print(f"{MODELS[0]} exact match over {len(exact)} seeds: min {min(exact):.2%}, "
               f"mean {sum(exact) / len(exact):.2%}, max {max(exact):.2%}")  # fmt: skip
