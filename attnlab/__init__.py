@@ -10,11 +10,11 @@ attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
+from attnlab.interpret.trace import Trace, trace
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.hooks import hooks, zero_head
-from attnlab.run import Run, load
+from attnlab.runs.run import Run, load
 from attnlab.tasks import train
-from attnlab.trace import Trace, trace
 
 __version__ = "0.1.0"
 

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from attnlab.engine.device import DTYPES, pick_device
 from attnlab.interop.hf.gpt2 import weights_to_hf
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.runtime.device import DTYPES, pick_device
 
 # HF activations equal to attnlab's "gelu_tanh": "gelu_new" is GPT-2's own, written out as
 # elementwise ops; "gelu_pytorch_tanh" calls the same fused kernel attnlab does.

@@ -61,8 +61,8 @@ from common import (
 from transformers import GPT2LMHeadModel
 
 from attnlab.decoding.sampling import stream, stream_rows
-from attnlab.engine.device import autocast
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.runtime.device import autocast
 
 Generator = Callable[[list[int], int], list[int]]  # (prompt ids, new tokens) -> new token ids
 

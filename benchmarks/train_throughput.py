@@ -78,12 +78,12 @@ import attnlab
 from attnlab.cli.demo import DEMO_TRAIN
 from attnlab.data import DataConfig
 from attnlab.engine import loop as loop_mod
-from attnlab.engine import rundir
 from attnlab.engine import train as train_mod
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.device import autocast
 from attnlab.engine.optim import make_optimizer
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.runs.folder import read_run_config
+from attnlab.runtime.device import autocast
 
 LogitsFn = Callable[[nn.Module, Tensor], Tensor]  # (model, ids (B, T)) -> logits (B, T, V)
 
@@ -312,7 +312,7 @@ def bench_e2e(name: str, dtype: torch.dtype, device: torch.device, args: argpars
     with tempfile.TemporaryDirectory() as tmp:
         first = Path(tmp) / "warmup"  # builds the token cache; gives the model's vocab_size
         run_e2e(model, TrainConfig(**{**asdict(train), "max_steps": 2}), first)
-        model = GPTConfig(**rundir.read_run_config(first)["model"])
+        model = GPTConfig(**read_run_config(first)["model"])
         for i in range(args.e2e_repeats):
             e2e = run_e2e(model, train, Path(tmp) / f"run{i}")
             bare = bare_seconds(model, train, device, dtype, args.seed)

@@ -43,8 +43,8 @@ def run_gensim(method: str, sents: list[list[str]], epochs: int, seed: int):
 
 
 def run_attnlab(method: str, text: str, epochs: int, seed: int, out: str, **settings):
+    from attnlab.wordvec import load_vectors, train_vectors
     from attnlab.wordvec.config import VectorsConfig
-    from attnlab.wordvec.train import load_vectors, train_vectors
 
     cfg = VectorsConfig(method=method, epochs=epochs, tokens="split", seed=seed, threads=THREADS, **settings)
     start = time.perf_counter()

@@ -75,8 +75,8 @@ def test_compare_climbs_the_ladder_with_and_without_frozen_vectors(tmp_path, cap
     assert [r["model"] for r in rows] == ["self-attention", "self-attention+vectors"]
     assert "word vectors:" in out and "self-attention+vectors" in out
     # The frozen embedding holds the vectors, unchanged by training.
-    from attnlab.run import load
-    from attnlab.wordvec.train import load_vectors
+    from attnlab.runs.run import load
+    from attnlab.wordvec import load_vectors
 
     run = load(tmp_path / "cmp" / "self-attention+vectors", device="cpu")
     wv = load_vectors(tmp_path / "vec")

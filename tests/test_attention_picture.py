@@ -15,9 +15,9 @@ from PIL import Image
 from attnlab import load
 from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import write_attention
 from attnlab.nn import attend
 from attnlab.viz.alignment import MAX_PX, alignment_figure, grid_shape, plan, plot_alignment
-from attnlab.viz.views import write_attention
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py

@@ -8,8 +8,8 @@ import torch
 from attnlab import load
 from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import select, views, write_attention
 from attnlab.nn import attend
-from attnlab.viz.views import select, views, write_attention
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py

@@ -7,9 +7,9 @@ import gzip
 import pytest
 import torch
 
-from attnlab.data.vectors import load_word_vectors
 from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BASELINES, PAD_ID, BagOfWordsConfig, Pooled, PooledConfig, RNNConfig
+from attnlab.wordvec.embedding import load_word_vectors
 
 V, CLS, TARGET = 32, 2, 7  # vocabulary, the [CLS] id, the token whose presence is the label
 SMALL = {"vocab_size": V, "context": 32}

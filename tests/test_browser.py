@@ -17,9 +17,9 @@ import pytest
 from attnlab import load
 from attnlab.cli.main import main
 from attnlab.decoding.sampling import generate_text
+from attnlab.interpret.views import views
 from attnlab.serve.app import create_app, running
 from attnlab.viz.html import AttentionView, write_attention_html
-from attnlab.viz.views import views
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.is_file():

@@ -242,7 +242,7 @@ def wordpiece_json(vocab_size: int) -> str:
 @pytest.mark.parametrize("arch", ["BertForSequenceClassification", "BertForMaskedLM", "BertModel"])
 def test_a_bert_directory_converts_to_a_run_and_exports_back(arch, tmp_path):
     from attnlab.interop.convert import convert_from_hf, export_hf
-    from attnlab.run import load
+    from attnlab.runs.run import load
 
     hf = hf_model(arch, **CONFIGS["2x32"])
     hf.save_pretrained(tmp_path / "hf")
@@ -304,8 +304,8 @@ def test_predict_and_attention_on_a_converted_bert_read_cls_text_sep(tmp_path, c
     assert diff < 1e-5, diff
     html = tmp_path / "a.html"
     assert main(["attention", str(tmp_path / "run"), "abc def", "--out", str(html)]) == 0
-    from attnlab.run import load
-    from attnlab.viz.views import views
+    from attnlab.interpret.views import views
+    from attnlab.runs.run import load
 
     (view,) = views(load(tmp_path / "run", device="cpu"), "abc def")
     assert view.queries == ["[CLS]", "a", "##b", "##c", "d", "##e", "##f", "[SEP]"]
@@ -330,7 +330,7 @@ def test_a_converted_bert_fine_tunes_with_init(task, tmp_path, capsys):
     [CLS] pieces [SEP] (tags on first pieces), its body weights are the start, and predict reads it."""
     from attnlab.cli.main import main
     from attnlab.interop.convert import convert_from_hf
-    from attnlab.run import load
+    from attnlab.runs.run import load
 
     hf_model("BertForMaskedLM", **CONFIGS["2x32"]).save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.json").write_text(wordpiece_json(120))

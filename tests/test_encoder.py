@@ -217,7 +217,7 @@ def test_word_vectors_flag_loads_rows(tmp_path, capsys):
     code, out, _ = run_cli(["train", "classify", "--data", tmp_path / "train.csv", "--out", run, "--model", "pooled",
                             "--word-vectors", tmp_path / "vec.txt", "--freeze-vectors", *FAST], capsys)  # fmt: skip
     assert code == 0 and "2 of 3 vocabulary words found" in out
-    from attnlab.run import load
+    from attnlab.runs.run import load
 
     model = load(run).model
     food = load_tokenizer(run).stoi["food"]

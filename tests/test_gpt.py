@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from attnlab.decoding.sampling import filter_logits, stream
-from attnlab.engine.rundir import load_weights, save_weights
 from attnlab.models.gpt import GPT, PAPER_PARAMS, PRESETS, GPTConfig
 from attnlab.models.size import count_params, estimate
+from attnlab.runs.weights import load_weights, save_weights
 from tests.conftest import decode_stepwise, tiny_model
 
 

@@ -163,7 +163,7 @@ def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
     assert result["steps"] == [0, 2, 4] and len(result["repeat_loss"]) == 3
     assert len(result["scores"]["induction"]) == 3 and "best induction" in text
     # The snapshots hold the weights of their step: the last is the run's final weights.
-    from attnlab.engine.rundir import read_safetensors
+    from attnlab.io import read_safetensors
 
     last, _ = read_safetensors(out / "snapshots" / "step_0000004.safetensors")
     final, _ = read_safetensors(out / "model.safetensors")

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from attnlab.engine import rundir as ck
 from attnlab.errors import AttnlabError
+from attnlab.io import read_safetensors
+from attnlab.runs.folder import TOKENIZER, WEIGHTS, read_run_config
 from attnlab.tasks import train
 from tests.conftest import tiny_data, tiny_model, tiny_train
 from tests.test_cli import assert_one_line_error, run_cli
@@ -43,12 +44,12 @@ def test_zero_steps_keeps_the_weights_and_tokenizer(base, corpus, tmp_path, caps
     b = tmp_path / "b"
     code, _, err = fine_tune(corpus, base, b, capsys, "--max-steps", "0", "--dropout", "0.1")
     assert code == 0, err
-    weights_a, _ = ck.read_safetensors(base / ck.WEIGHTS)
-    weights_b, meta = ck.read_safetensors(b / ck.WEIGHTS)
+    weights_a, _ = read_safetensors(base / WEIGHTS)
+    weights_b, meta = read_safetensors(b / WEIGHTS)
     assert meta["step"] == "0" and weights_a.keys() == weights_b.keys()
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
-    assert (b / ck.TOKENIZER).read_text() == (base / ck.TOKENIZER).read_text()
-    config, source = ck.read_run_config(b), ck.read_run_config(base)
+    assert (b / TOKENIZER).read_text() == (base / TOKENIZER).read_text()
+    config, source = read_run_config(b), read_run_config(base)
     assert config["init"] == str(base) and config["family"] == "gpt"
     assert config["model"] == {**source["model"], "dropout": 0.1}  # the one model setting that may change
     assert config["data"]["tokenizer"] == "char" and config["data"]["data"] == str(corpus)
@@ -63,7 +64,7 @@ def test_fine_tuning_starts_where_the_run_left_off(base, corpus, tmp_path, capsy
     a_val = [r["val_loss"] for r in metrics(base) if "val_loss" in r][-1]
     first = metrics(tmp_path / "b")[0]
     fresh = metrics(tmp_path / "fresh")[0]
-    vocab = ck.read_run_config(base)["model"]["vocab_size"]
+    vocab = read_run_config(base)["model"]["vocab_size"]
     assert first["step"] == 1 and first["loss"] < a_val + 0.5
     assert fresh["loss"] > math.log(vocab) - 0.5 > first["loss"] + 0.5  # a fresh model starts near ln(vocab)
 
@@ -108,8 +109,8 @@ def test_resume_of_a_fine_tuned_run(base, corpus, tmp_path, capsys):
     code, _, err = run_cli(["train", "lm", "--out", b, "--resume", "--max-steps", "5"], capsys)
     assert code == 0, err
     assert [r["step"] for r in metrics(b) if "loss" in r] == [1, 2, 3, 4, 5]
-    assert ck.read_run_config(b)["init"] == str(base)  # still says where it came from
-    _, meta = ck.read_safetensors(b / ck.WEIGHTS)
+    assert read_run_config(b)["init"] == str(base)  # still says where it came from
+    _, meta = read_safetensors(b / WEIGHTS)
     assert meta["step"] == "5"
     code, _, err = run_cli(["train", "lm", "--out", b, "--resume", "--init", base], capsys)
     assert_one_line_error(code, err, "give only one of them")
@@ -125,7 +126,7 @@ def test_init_from_a_converted_huggingface_gpt2(tmp_path, corpus, capsys):
     convert_from_hf(tmp_path / "hf", tmp_path / "gpt2")
     code, _, err = fine_tune(corpus, tmp_path / "gpt2", tmp_path / "b", capsys, "--max-steps", "2")
     assert code == 0, err
-    source, config = ck.read_run_config(tmp_path / "gpt2"), ck.read_run_config(tmp_path / "b")
+    source, config = read_run_config(tmp_path / "gpt2"), read_run_config(tmp_path / "b")
     assert config["model"] == source["model"] and config["data"]["tokenizer"] == "bpe"
-    assert (tmp_path / "b" / ck.TOKENIZER).read_text() == (tmp_path / "gpt2" / ck.TOKENIZER).read_text()
+    assert (tmp_path / "b" / TOKENIZER).read_text() == (tmp_path / "gpt2" / TOKENIZER).read_text()
     assert [r["step"] for r in metrics(tmp_path / "b") if "loss" in r] == [1, 2]

@@ -1,4 +1,4 @@
-"""Pictures of a run's insides: learning rate, position vectors, token embeddings (viz/inspect_plots.py)."""
+"""Pictures of a run's insides: learning rate, position vectors, token embeddings (interpret/plots.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,15 @@ import attnlab
 from attnlab.cli.main import main
 from attnlab.data.tokenizers import CharTokenizer, WordTokenizer
 from attnlab.errors import AttnlabError
+from attnlab.interpret.plots import WHAT, plot_run, position_table, token_labels
 from attnlab.models.baselines import BagOfWords, BagOfWordsConfig, Pooled, PooledConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.nn import sinusoidal_2d_table, sinusoidal_table
-from attnlab.run import Run
-from attnlab.viz.inspect_plots import (
-    WHAT,
-    embedding_pca,
-    plot_embeddings,
-    plot_lr,
-    plot_positions,
-    plot_run,
-    position_table,
-    token_labels,
-)
+from attnlab.runs.run import Run
+from attnlab.viz.curves import plot_lr
+from attnlab.viz.embeddings import embedding_pca, plot_embeddings, plot_positions
 from tests.conftest import TEXT, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py

@@ -98,8 +98,8 @@ def test_caption_data_refuses_a_bad_shift(bad):
 
 def test_the_caption_task_moves_training_images_as_its_data_config_says(tmp_path):
     from attnlab.engine.config import TrainConfig
-    from attnlab.engine.distributed import Dist
     from attnlab.engine.train import TrainRequest
+    from attnlab.runtime.distributed import Dist
     from attnlab.tasks.caption import Captioning
 
     task = Captioning()

@@ -123,7 +123,7 @@ def test_expert_pictures_of_a_trained_run(tmp_path, corpus):
     cfg = tiny_model(feedforward="moe", n_experts=3, experts_per_token=1, d_ff=16)
     attnlab.train(out, cfg, tiny_train(max_steps=4, eval_interval=2), tiny_data(corpus), progress=False)
     run = attnlab.load(out, device="cpu")
-    from attnlab.viz.experts import expert_routing
+    from attnlab.interpret.experts import expert_routing
 
     text = "def f(x):\n    return x\n"
     routing = expert_routing(run, text)

@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.viz.patches import (
-    attention_rollout,
-    cls_maps,
-    grid_title,
-    patch_panels,
-    plot_patch_attention,
-    plot_prediction_grid,
-)
+from attnlab.interpret.patches import attention_rollout, cls_maps, patch_panels, plot_patch_attention
+from attnlab.viz.patches import grid_title, plot_prediction_grid
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

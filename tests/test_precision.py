@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-import attnlab.engine.device as dev
-from attnlab.data.tokens import cache_root
+import attnlab.runtime.device as dev
+from attnlab.io import cache_root
 
 CPU = torch.device("cpu")
 

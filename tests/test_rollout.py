@@ -12,8 +12,8 @@ from PIL import Image
 from attnlab import load
 from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
+from attnlab.interpret.patches import attention_rollout
 from attnlab.interpret.rollout import flow, mixed_layers, rollout, run_rollouts
-from attnlab.viz.patches import attention_rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -92,7 +92,7 @@ def test_rollout_rows_sum_to_one_and_inputs_agree():
     assert (np.triu(r, 1) == 0).all()  # causal layers compose to a causal rollout
     np.testing.assert_allclose(rollout(list(w)), r)  # L arrays (H, T, T)
     np.testing.assert_allclose(rollout(torch.tensor(w, requires_grad=True)), r)
-    np.testing.assert_array_equal(attention_rollout(w), r)  # viz.patches uses this one implementation
+    np.testing.assert_array_equal(attention_rollout(w), r)  # interpret.patches uses this one implementation
 
 
 def test_rollout_with_residual_one_is_identity():

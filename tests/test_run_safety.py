@@ -11,8 +11,9 @@ import torch
 from safetensors import SafetensorError
 
 import attnlab
-import attnlab.engine.rundir as ck
-from attnlab.engine.rundir import read_metrics
+import attnlab.io as io_mod
+from attnlab.io import read_metrics, write_json
+from attnlab.runs.folder import MARKER, TOKENIZER, WEIGHTS
 from tests.conftest import TEXT, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -44,23 +45,23 @@ def test_force_replaces_a_run_but_never_a_folder_with_a_config_json(tmp_path, co
     assert (project / "src" / "main.js").read_text() == "x\n"
     run = tmp_path / "run"
     assert train(capsys, "--data", corpus, "--out", run, *TINY)[0] == 0
-    assert json.loads((run / ck.MARKER).read_text())["attnlab"] == "run"
-    (run / ck.MARKER).unlink()  # a run made before markers: known by its config.json's tables
+    assert json.loads((run / MARKER).read_text())["attnlab"] == "run"
+    (run / MARKER).unlink()  # a run made before markers: known by its config.json's tables
     (run / "notes.txt").write_text("mine")
     assert train(capsys, "--data", corpus, "--out", run, "--force", *TINY)[0] == 0
-    assert not (run / "notes.txt").exists() and (run / ck.MARKER).is_file()
+    assert not (run / "notes.txt").exists() and (run / MARKER).is_file()
 
 
 def test_a_start_that_never_checkpointed_restarts_with_the_same_command(tmp_path, corpus, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    ck.write_json(run / ck.MARKER, {"attnlab": "run", "format": 1})  # killed after the marker and tokenizer
-    (run / ck.TOKENIZER).write_text("{}")
+    write_json(run / MARKER, {"attnlab": "run", "format": 1})  # killed after the marker and tokenizer
+    (run / TOKENIZER).write_text("{}")
     code, err = train(capsys, "--out", run, "--resume")
     assert code == 2 and "run the same command without --resume" in err
     code, err = train(capsys, "--data", corpus, "--out", run, *TINY)
     assert code == 0, err
-    assert (run / ck.WEIGHTS).is_file()
+    assert (run / WEIGHTS).is_file()
 
 
 def test_a_failed_start_leaves_no_folder(tmp_path, corpus, capsys):
@@ -73,11 +74,11 @@ def test_a_failed_start_leaves_no_folder(tmp_path, corpus, capsys):
 def test_a_kill_between_the_state_and_the_weights_still_resumes(tmp_path, corpus, capsys):
     run = tmp_path / "run"
     assert train(capsys, "--data", corpus, "--out", run, *TINY)[0] == 0
-    (run / ck.WEIGHTS).unlink()  # the state is written first, then the weights
+    (run / WEIGHTS).unlink()  # the state is written first, then the weights
     (run / ".model.safetensors.tmp-123").write_bytes(b"half")  # what a kill mid-save leaves
     code, err = train(capsys, "--out", run, "--resume", "--max-steps", "6")
     assert code == 0, err
-    assert (run / ck.WEIGHTS).is_file() and not list(run.glob(".*.tmp-*"))
+    assert (run / WEIGHTS).is_file() and not list(run.glob(".*.tmp-*"))
 
 
 def test_a_loss_that_turns_nan_stops_before_the_update_and_keeps_the_checkpoint(tmp_path, corpus, capsys):
@@ -96,7 +97,7 @@ def test_a_loss_that_turns_nan_stops_before_the_update_and_keeps_the_checkpoint(
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, corpus, capsys, monkeypatch):
     run = tmp_path / "run"
     assert train(capsys, "--data", corpus, "--out", run, *TINY)[0] == 0
-    weights = (run / ck.WEIGHTS).read_bytes()
+    weights = (run / WEIGHTS).read_bytes()
 
     def full(tensors, path, metadata=None):
         with open(path, "wb") as f:
@@ -104,12 +105,12 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, corpus,
         raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
                               'message: "No space left on device" })')  # fmt: skip
 
-    monkeypatch.setattr(ck, "save_file", full)
+    monkeypatch.setattr(io_mod, "save_file", full)
     code, err = train(capsys, "--out", run, "--resume", "--max-steps", "6")
     assert code == 2 and "disk full writing" in err and "(1.0 KB written" in err and "is intact" in err
     assert len([line for line in err.split("\n") if line.rsplit("\r", 1)[-1].startswith("attnlab:")]) == 1
     monkeypatch.undo()
-    assert (run / ck.WEIGHTS).read_bytes() == weights and not list(run.glob(".*.tmp-*"))
+    assert (run / WEIGHTS).read_bytes() == weights and not list(run.glob(".*.tmp-*"))
     assert attnlab.load(run).step == 4
 
 
@@ -148,6 +149,6 @@ def test_an_hf_export_replaces_an_earlier_export_only(tmp_path, corpus, capsys):
     assert run_cli(["export", "--to", "hf", run, out], capsys)[0] == 0
     assert run_cli(["export", "--to", "hf", run, out, "--force"], capsys)[0] == 0  # an HF folder: replaced
     shutil.copytree(out, tmp_path / "other")
-    (tmp_path / "other" / ck.WEIGHTS).unlink()  # a config.json alone is not a model folder
+    (tmp_path / "other" / WEIGHTS).unlink()  # a config.json alone is not a model folder
     code, _, err = run_cli(["export", "--to", "hf", run, tmp_path / "other", "--force"], capsys)
     assert code == 2 and "not a HuggingFace model directory" in err

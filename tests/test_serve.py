@@ -26,12 +26,12 @@ from attnlab import load
 from attnlab.cli.main import main
 from attnlab.decoding.sampling import generate_text, stream
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import token_labels, views
 from attnlab.serve.app import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.tasks.text_predict import predict
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
-from attnlab.viz.views import token_labels, views
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

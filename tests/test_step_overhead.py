@@ -12,9 +12,11 @@ import torch
 
 import attnlab
 import attnlab.engine.loop as loop_mod
-import attnlab.engine.rundir as ck
 from attnlab.engine.loop import eval_batches
 from attnlab.errors import AttnlabError
+from attnlab.io import read_safetensors
+from attnlab.runs.checkpoint import BackgroundWriter
+from attnlab.runs.folder import STATE, WEIGHTS
 from tests.conftest import tiny_data, tiny_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -59,7 +61,7 @@ def test_a_validation_pass_draws_the_batches_of_the_rule(tmp_path, corpus, monke
 def hold_writes_until(monkeypatch, step_reached: threading.Event, record: list) -> None:
     """Each checkpoint write after step 0 waits (up to 60 s) until training has gone on to a later
     step: a write on the training's own thread would wait the whole time and then fail the test."""
-    real = ck.write_checkpoint
+    real = loop_mod.write_checkpoint
 
     def held(run, files):
         step = int(files.state[1]["step"])
@@ -68,7 +70,7 @@ def hold_writes_until(monkeypatch, step_reached: threading.Event, record: list) 
             step_reached.clear()
         real(run, files)
 
-    monkeypatch.setattr(ck, "write_checkpoint", held)
+    monkeypatch.setattr(loop_mod, "write_checkpoint", held)
 
 
 def test_checkpoints_are_written_while_training_goes_on(tmp_path, corpus, monkeypatch):
@@ -105,33 +107,33 @@ def test_checkpoints_are_written_while_training_goes_on(tmp_path, corpus, monkey
 
 def test_the_last_checkpoint_is_on_disk_when_training_returns(tmp_path, corpus, monkeypatch):
     """The final checkpoint is written in the background too, and train() waits for it."""
-    record, real = [], ck.write_checkpoint
+    record, real = [], loop_mod.write_checkpoint
 
     def recorded(run, files):
         real(run, files)
         record.append((files.state[1]["step"], threading.current_thread() is not threading.main_thread()))
 
-    monkeypatch.setattr(ck, "write_checkpoint", recorded)
+    monkeypatch.setattr(loop_mod, "write_checkpoint", recorded)
     run = tmp_path / "run"
     attnlab.train(run, tiny_model(), tiny_train(max_steps=8, eval_interval=4), tiny_data(corpus), progress=False)
     assert record == [("0", True), ("4", True), ("8", True)]  # by the writer's thread (step 0 awaited at once)
-    tensors, meta = ck.read_safetensors(run / ck.STATE)
+    tensors, meta = read_safetensors(run / STATE)
     assert meta["step"] == "8" and attnlab.load(run).step == 8
-    weights, _ = ck.read_safetensors(run / ck.WEIGHTS)
+    weights, _ = read_safetensors(run / WEIGHTS)
     assert all(torch.equal(w, tensors[f"model.{k}"]) for k, w in weights.items())
 
 
 def test_a_checkpoint_that_fails_in_the_background_stops_the_run(tmp_path, corpus, monkeypatch):
     """A full disk at step 5's checkpoint is one error, raised in training by the next checkpoint
     at the latest, and the step-0 checkpoint stays whole."""
-    real = ck.write_checkpoint
+    real = loop_mod.write_checkpoint
 
     def full(run, files):
         if files.state[1]["step"] != "0":
             raise AttnlabError("disk full writing train_state.safetensors: free some space")
         real(run, files)
 
-    monkeypatch.setattr(ck, "write_checkpoint", full)
+    monkeypatch.setattr(loop_mod, "write_checkpoint", full)
     run = tmp_path / "run"
     with pytest.raises(AttnlabError, match="disk full"):
         attnlab.train(run, tiny_model(), tiny_train(max_steps=40, eval_interval=5), tiny_data(corpus), progress=False)
@@ -171,7 +173,7 @@ def test_metrics_rows_reach_the_file_as_they_are_logged(tmp_path, corpus, monkey
 
 
 def test_the_background_writer_runs_jobs_in_order_and_raises_an_error_once():
-    writer, done = ck.BackgroundWriter(), []
+    writer, done = BackgroundWriter(), []
     for i in range(3):
         writer.submit(lambda i=i: done.append(i))
     writer.wait()

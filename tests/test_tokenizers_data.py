@@ -7,8 +7,8 @@ import pytest
 
 from attnlab.data import TokenData, build_token_cache, resolve_sources, stdlib_files
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, train_tokenizer
-from attnlab.data.tokens import cache_root
 from attnlab.errors import AttnlabError
+from attnlab.io import cache_root
 
 
 def test_char_round_trip_and_unknown_characters(tmp_path):

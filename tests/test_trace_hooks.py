@@ -1,4 +1,4 @@
-"""attnlab.trace and attnlab.hooks: every named activation of every family, read and replaced."""
+"""attnlab.interpret.trace and attnlab.hooks: every named activation of every family, read and replaced."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import attnlab.engine.loop as train_mod
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import train_step
 from attnlab.engine.optim import lr_at, make_optimizer
-from attnlab.engine.rundir import atomic_write
+from attnlab.io import atomic_write
 from attnlab.tasks.lm import prepare
 from tests.conftest import tiny_data, tiny_model, tiny_train
 

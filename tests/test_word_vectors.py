@@ -7,12 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from attnlab.wordvec import evaluate
+from attnlab.wordvec import evaluate, load_vectors, train_vectors
 from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.corpus import Corpus, Vocab, keep_probability, noise_table, sentences
 from attnlab.wordvec.keyed import WordVectors
 from attnlab.wordvec.subwords import fnv1a, ngrams
-from attnlab.wordvec.train import load_vectors, train_vectors
 from tests.conftest import run_cli
 
 TOPICS = {
@@ -218,7 +217,7 @@ def test_bad_requests_are_one_line_errors(tmp_path, capsys, corpus):
 def test_word_vectors_load_into_a_classifier(tmp_path, text):
     from torch import nn
 
-    from attnlab.data.vectors import load_word_vectors
+    from attnlab.wordvec.embedding import load_word_vectors
 
     train_vectors(tmp_path / "run", VectorsConfig(method="skipgram", **SMALL), text=text, progress=False)
     wv = load_vectors(tmp_path / "run")

@@ -7,9 +7,12 @@ import argparse
 import json
 from pathlib import Path
 
+from attnlab.interop.convert import convert_from_hf, export_hf
+from attnlab.interop.onnx import check_target, export_onnx
+from attnlab.runs.run import load
+
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from attnlab.interop.convert import convert_from_hf
 
     summary = convert_from_hf(args.from_hf, args.out, force=args.force)
     try_next = "sample" if summary["family"] == "gpt" else "predict"  # images: predict RUN image.png
@@ -21,13 +24,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.to == "hf":
-        from attnlab.interop.convert import export_hf
-
         summary = export_hf(args.run, args.out, force=args.force)
     else:
-        from attnlab.interop.onnx import check_target, export_onnx
-        from attnlab.run import load
-
         check_target(Path(args.out), args.force)  # before loading the run
         summary = export_onnx(load(args.run, device="cpu"), args.out, force=args.force)
     print(json.dumps(summary, default=str))

@@ -12,6 +12,9 @@ from pathlib import Path
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
 from attnlab.models.gpt import PRESET_TRAINING, GPTConfig
+from attnlab.runs.run import load
+from attnlab.tasks import train
+from attnlab.tasks.lm_eval import evaluate
 
 PRESET = "gpt-nano-fast"
 BUDGET = "2m"
@@ -38,9 +41,6 @@ EVAL_TOKENS = 200_000
 
 def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None, budget: str | None = BUDGET) -> dict:
     """Train, sample, evaluate. max_steps: a step count instead of the time budget (budget=None)."""
-    from attnlab.run import load
-    from attnlab.tasks import train
-    from attnlab.tasks.lm_eval import evaluate
 
     out = free_dir(out)
     train_kw = {

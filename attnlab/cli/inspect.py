@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.interpret.plots import WHAT, plot_run
+from attnlab.interpret.views import write_attention
+from attnlab.runs.run import load
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from attnlab.run import load
-    from attnlab.viz.views import write_attention
 
     run = load(args.run, device=args.device)
     print(write_attention(run, args.input, args.out, args.layer, args.head, args.view))
@@ -15,10 +22,6 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from attnlab.run import load
-    from attnlab.viz.inspect_plots import plot_run
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -27,15 +30,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
 
-    import torch
-
-    from attnlab.errors import AttnlabError
-
-    try:  # imported here: the web stack is needed by this command alone
-        from attnlab.serve.app import serve
-        from attnlab.serve.guard import Limits, check_exposure
+    try:
+        from attnlab.serve.app import Limits, check_exposure, serve  # fastapi, uvicorn: for this command alone
     except ImportError as e:
         raise AttnlabError(
             f"attnlab serve needs fastapi, uvicorn and python-multipart ({e}): pip install -e ."
@@ -59,7 +56,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Add `attention`, `plot` and `serve` to the parser's subcommands."""
-    from attnlab.viz.inspect_plots import WHAT
 
     desc = ("Draw what each head attends to for one input: a .png or .svg heatmap grid (queries down, keys "
             "across; every layer and head, one layer's heads and their mean with --layer, one head with "

@@ -7,20 +7,29 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.interpret.lens import Lens, plot_lens
+from attnlab.interpret.over_training import over_training, plot_over_training
+from attnlab.interpret.report import inspect, tables_json
+from attnlab.runs.run import load
+from attnlab.viz.alignment import plot_alignment
+from attnlab.viz.heads import plot_head_tables
+from attnlab.viz.report_html import write_report_html
+
 WHAT = ("lens", "heads", "ablate", "rollout", "flow", "over-training")
 SUFFIXES = (".png", ".svg", ".html", ".json")
 
 
 def _check_out(out: str | None) -> None:
-    from attnlab.errors import AttnlabError
 
     if out is not None and Path(out).suffix.lower() not in SUFFIXES:
         raise AttnlabError(f"--out {out}: write a picture (.png, .svg), a page (.html) or the numbers (.json)")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from attnlab.interpret.report import inspect
-    from attnlab.run import load
 
     _check_out(args.out)
     run = load(args.run, device=args.device)
@@ -67,46 +76,31 @@ def _write(result: dict, out: str, title: str) -> None:
     if suffix == ".json":
         Path(out).write_text(json.dumps(result, indent=1, ensure_ascii=False))
     elif suffix == ".html":
-        from attnlab.viz.report_html import write_report_html
-
         write_report_html(result, out, title)
     else:
         _draw(result, out, title)
 
 
 def _draw(result: dict, out: str, title: str) -> None:
-    import torch
 
     if result["kind"] == "lens":
-        from attnlab.interpret.lens import Lens, plot_lens
-
         lens = Lens(result["tokens"], result["layers"], result["top"], torch.tensor(result["prob"]), None)
         plot_lens(lens, out)
     elif result["kind"] == "tables":
-        from attnlab.viz.heads import plot_head_tables
-
         tables = {name: torch.tensor(t) for name, t in result["tables"].items()}
         plot_head_tables(tables, out, result["title"], result.get("diverging", False))
     else:
-        import numpy as np
-
-        from attnlab.viz.alignment import plot_alignment
-
         v = result["views"][-1]  # the cross-attention of a translation, the only view of the others
         plot_alignment(np.asarray(v["weights"]), v["keys"], v["queries"], Path(out), f"{title}: {v['name']}")
 
 
 def _over_training(run, out: str | None) -> int:
-    from attnlab.interpret.over_training import over_training, plot_over_training
-    from attnlab.interpret.report import tables_json
 
     result = over_training(run)
     data = {**result, "scores": {k: [tables_json({"": s})[""] for s in v] for k, v in result["scores"].items()}}
     if out and out.endswith(".json"):
         Path(out).write_text(json.dumps(data, indent=1))
     elif out and out.endswith(".html"):
-        from attnlab.errors import AttnlabError
-
         raise AttnlabError("--what over-training draws a .png or .svg, or writes .json")
     elif out:
         plot_over_training(result, out)

@@ -16,15 +16,37 @@ import sys
 import warnings
 from pathlib import Path
 
+from attnlab.cli import convert as cli_convert
+from attnlab.cli import inspect as cli_inspect
+from attnlab.cli import interpret as cli_interpret
+from attnlab.cli import vectors as cli_vectors
+from attnlab.cli.demo import run_demo
 from attnlab.config import add_config_flags, checked, flags_of
 from attnlab.data.parallel import GENERATED
+from attnlab.decoding import sampling
 from attnlab.decoding.sampling import GenerateConfig
 from attnlab.engine.config import TrainConfig
+from attnlab.engine.train import run
 from attnlab.errors import AttnlabError
+from attnlab.interpret.head_select import describe, head_hooks
 from attnlab.models.gpt import PRESETS
-from attnlab.models.size import ClusterConfig
+from attnlab.models.size import (
+    ClusterConfig,
+    cluster_estimate,
+    estimate,
+    format_cluster,
+    format_estimate,
+    format_table,
+)
+from attnlab.nn.hooks import hooks
+from attnlab.runs.folder import check_resumable, read_run_config
+from attnlab.runs.run import load
 from attnlab.tasks import TASKS, Task
+from attnlab.tasks.compare import compare
+from attnlab.tasks.compare import format_table as compare_table
+from attnlab.tasks.lm_compare import compare_lm, format_lm_table
 from attnlab.tasks.lm_eval import SPLITS
+from attnlab.version import __version__
 
 # The text models from the simplest up, as the lectures climb: counts, averaged embeddings, the
 # parameter-free self-attention, one learned head, then convolutions, recurrence and the encoder.
@@ -59,8 +81,6 @@ def speaks() -> bool:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Any task: its settings (tuned, or the run's own when resuming) < the flags, then the engine."""
-    from attnlab.engine.rundir import check_resumable, read_run_config
-    from attnlab.engine.train import run
 
     task: Task = args.task_obj
     saved = read_run_config(check_resumable(args.out)) if args.resume else None
@@ -75,8 +95,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def heads_removed(run, args: argparse.Namespace):
     """The run's model with the heads of --keep / --remove zeroed (interpret/head_select.py)."""
-    from attnlab.interpret.head_select import describe, head_hooks
-    from attnlab.nn.hooks import hooks
 
     fns = head_hooks(run.model, args.keep, args.remove)
     if fns:
@@ -86,7 +104,6 @@ def heads_removed(run, args: argparse.Namespace):
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from attnlab.run import load
 
     gen = checked(GenerateConfig, flags_of(args, "gen"), where="generation")
     run = load(args.run, device=args.device)
@@ -99,23 +116,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _sample(run, gen: GenerateConfig, args: argparse.Namespace) -> int:
-    from attnlab.decoding.sampling import sample_texts, stream_text
 
     if args.num_samples == 1:  # one sample streams as it is generated
         print(gen.prompt, end="", flush=True)
-        for piece in stream_text(run.model, run.tokenizer, **dataclasses.asdict(gen)):
+        for piece in sampling.stream_text(run.model, run.tokenizer, **dataclasses.asdict(gen)):
             print(piece, end="", flush=True)
         print()
         return 0
     # several: one batch, every row decoded in the same forward pass
-    for i, text in enumerate(sample_texts(run.model, run.tokenizer, num_samples=args.num_samples,
+    for i, text in enumerate(sampling.sample_texts(run.model, run.tokenizer, num_samples=args.num_samples,
                                           **dataclasses.asdict(gen))):  # fmt: skip
         print(("\n" + "-" * 40 + "\n" if i else "") + gen.prompt + text)
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from attnlab.run import load
 
     run = load(args.run, device=args.device)
     result = run.task.evaluate(run, args.data, args.split, {**vars(args), "progress": not args.json})
@@ -124,7 +139,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from attnlab.run import load
 
     run = load(args.run, device=args.device)
     with heads_removed(run, args):
@@ -134,11 +148,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnlab.tasks.compare import compare, format_table
 
     if args.task == "lm":
-        from attnlab.tasks.lm_compare import compare_lm, format_lm_table
-
         parts = args.parts.split(",") if args.parts else None
         rows = compare_lm(Path(args.out), args.budget, args.data, parts, force=args.force, blocks=args.blocks)
         print(format_lm_table(rows, blocks=args.blocks))
@@ -152,20 +163,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise AttnlabError("--word-vectors: only the text tasks (sentiment, tagging) read word vectors")
     rows = compare(args.task, (args.models or default).split(","), Path(args.out), force=args.force,
                    word_vectors=args.word_vectors, freeze_vectors=args.freeze_vectors)  # fmt: skip
-    print(format_table(rows))
+    print(compare_table(rows))
     print(f"chart: {Path(args.out) / 'compare.png'}")
     return 0
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    from attnlab.models.size import (
-        ClusterConfig,
-        cluster_estimate,
-        estimate,
-        format_cluster,
-        format_estimate,
-        format_table,
-    )
 
     names = list(PRESETS) if args.preset == "all" else [args.preset]
     for name in names:
@@ -185,7 +188,6 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from attnlab.cli.demo import run_demo
 
     run_demo(args.out, args.max_steps, args.time_budget)
     return 0
@@ -211,7 +213,6 @@ def add_train_commands(sub) -> None:
         p.add_argument("--init", default=None, metavar="RUN", help=task.init_help)
         task.add_flags(p)
         p.set_defaults(func=cmd_train, task_obj=task)
-    from attnlab.cli import vectors as cli_vectors
 
     cli_vectors.add_train_command(tasks)
 
@@ -286,7 +287,6 @@ def add_run_commands(sub) -> None:
 
 def build_parser() -> Parser:
     p = Parser(prog="attnlab", description="Build, train, sample and inspect Transformers.")
-    from attnlab import __version__
 
     p.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -299,10 +299,6 @@ def build_parser() -> Parser:
     demo.set_defaults(func=cmd_demo)
     add_train_commands(sub)
     add_run_commands(sub)
-    from attnlab.cli import convert as cli_convert
-    from attnlab.cli import inspect as cli_inspect
-    from attnlab.cli import interpret as cli_interpret
-    from attnlab.cli import vectors as cli_vectors
 
     cli_inspect.add_commands(sub)
     cli_convert.add_commands(sub)

@@ -8,11 +8,13 @@ import sys
 
 from attnlab.config import add_config_flags, checked, flags_of
 from attnlab.errors import AttnlabError
+from attnlab.wordvec import evaluate, load_vectors
 from attnlab.wordvec.config import VectorsConfig
+from attnlab.wordvec.picture import plot_vectors
+from attnlab.wordvec.train import train_vectors
 
 
 def cmd_train_vectors(args: argparse.Namespace) -> int:
-    from attnlab.wordvec.train import train_vectors
 
     cfg = checked(VectorsConfig, flags_of(args, "vectors"), where="[vectors]")
     summary = train_vectors(args.out, cfg, args.data, force=args.force, progress=sys.stderr.isatty())
@@ -28,8 +30,6 @@ def _pairs(words: list[tuple[str, float]]) -> str:
 
 
 def cmd_vectors(args: argparse.Namespace) -> int:
-    from attnlab.wordvec import evaluate
-    from attnlab.wordvec.train import load_vectors
 
     wv = load_vectors(args.run)
     report: dict = {"words": len(wv), "dim": int(wv.vectors.shape[1])}
@@ -60,8 +60,6 @@ def cmd_vectors(args: argparse.Namespace) -> int:
         _export(wv, args.export)
         lines.append(f"wrote {args.export}")
     if args.plot:
-        from attnlab.viz.vectors import plot_vectors
-
         shown = plot_vectors(wv, args.plot, words=args.words.split(",") if args.words else None,
                              top=args.top_words, analogies=args.arrows, method=args.projection)  # fmt: skip
         lines.append(f"drew {len(shown)} words in {args.plot}")

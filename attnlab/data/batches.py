@@ -10,6 +10,7 @@ Legend: B batch, T time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -194,3 +195,14 @@ def mask_tokens(
     random_ = chosen & (roll >= 0.8) & (roll < 0.9)
     inputs[random_] = torch.randint(n_special, vocab_size, ids.shape, generator=g)[random_]
     return inputs, labels
+
+
+def windows(arr: np.ndarray, block: int, batch_size: int) -> Iterator[np.ndarray]:
+    """Consecutive (B, block + 1) windows overlapping by one token, so that every token after
+    the first is a target exactly once; the last, shorter window comes alone."""
+    n_full = (len(arr) - 1) // block
+    for i in range(0, n_full, batch_size):
+        starts = np.arange(i, min(i + batch_size, n_full)) * block
+        yield arr[starts[:, None] + np.arange(block + 1)].astype(np.int64)
+    if (len(arr) - 1) % block:
+        yield arr[None, n_full * block :].astype(np.int64)

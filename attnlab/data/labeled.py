@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.config import check_fraction, option
+from attnlab.data import sentiment, tagging
 from attnlab.data.text import read_text
 from attnlab.errors import AttnlabError
 
@@ -50,7 +51,6 @@ def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
     if cfg.data in BUILTIN_TASKS:
         if BUILTIN_TASKS[cfg.data] != task:
             raise AttnlabError(f"--data {cfg.data} is a {BUILTIN_TASKS[cfg.data]} task, not {task}")
-        from attnlab.data import sentiment, tagging
 
         splits = (sentiment if cfg.data == "sentiment" else tagging).splits(cfg.data_seed)
     else:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.io import atomic_write
 
 # Many symbols, so that the current letter rarely occurred earlier in the window by chance (a chance
 # match points an induction head at the wrong letter): with the 52 Latin letters alone, 2-layer

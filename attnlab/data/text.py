@@ -18,7 +18,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from attnlab.config import check_fraction, option
+from attnlab.data.repeats import repeats_file
 from attnlab.errors import AttnlabError
+from attnlab.io import cache_root
 
 BUILTIN = ("stdlib", "repeats")
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -65,9 +67,6 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
             raise AttnlabError("no standard library sources found in this Python installation")
         return files
     if data == "repeats":
-        from attnlab.data.repeats import repeats_file
-        from attnlab.data.tokens import cache_root
-
         return [repeats_file(cache_root() / "corpora")]
     p = Path(data).expanduser()
     if p.is_file():

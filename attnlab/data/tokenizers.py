@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from attnlab.data.pool import ordered_map
 from attnlab.errors import AttnlabError
@@ -91,9 +93,7 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        tok = Tokenizer(models.BPE())
+        tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -277,8 +277,6 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         return CharTokenizer(data["chars"])
     if data.get("type") == "word":
         return WordTokenizer(data["words"], data.get("lower", False))
-    from tokenizers import Tokenizer as HFTokenizer
-
     if (data.get("model") or {}).get("type") == "WordPiece":  # a converted BERT's own tokenizer
         return WordPieceTokenizer(HFTokenizer.from_str(text))
     return BPETokenizer(HFTokenizer.from_str(text))

@@ -20,9 +20,8 @@ from torch import Tensor
 
 from attnlab.config import option
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.engine.config import DTYPE_NAMES
-from attnlab.engine.device import autocast, pick_dtype
 from attnlab.models.gpt import GPT
+from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
 
 
 @dataclass

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 from attnlab.config import option
+from attnlab.runtime.device import DTYPE_NAMES
 
 SCHEDULES = ("cosine", "wsd", "inverse_sqrt")
 OPTIMIZERS = ("adamw", "muon")
-DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
 UNITS = {"s": 1, "m": 60, "h": 3600}

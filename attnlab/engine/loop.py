@@ -35,17 +35,20 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from attnlab.data.batches import Batches
-from attnlab.engine import distributed
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig, budget_seconds
-from attnlab.engine.device import autocast, dtype_choice
-from attnlab.engine.distributed import Dist
-from attnlab.engine.memory import check_training_fits
+from attnlab.engine.fits import check_training_fits
 from attnlab.engine.optim import apply_settings, lr_at, make_optimizer, set_lr
 from attnlab.errors import AttnlabError
+from attnlab.io import snapshot, truncate_metrics, write_json
 from attnlab.models import build_model
 from attnlab.nn.moe import aux_loss, routing_stats
-from attnlab.nn.stack import set_grad_checkpoint
+from attnlab.nn.stack import set_grad_checkpoint, stacks_of
+from attnlab.runs.checkpoint import BackgroundWriter, TrainState, checkpoint, load_train_state, write_checkpoint
+from attnlab.runs.folder import CONFIG, STATE
+from attnlab.runs.weights import load_state, model_weights, state_dict_api, write_weights
+from attnlab.runtime import distributed
+from attnlab.runtime.device import autocast, dtype_choice
+from attnlab.runtime.distributed import Dist
 from attnlab.viz.curves import plot_loss
 
 # A validation estimate reads at most one batch per EVAL_EVERY micro-batches trained since the last
@@ -77,7 +80,7 @@ class Session:
     saved_step: int | None = None  # the step of the checkpoint on disk
     dtype_note: str = ""  # why this precision (for --dtype auto: what was measured)
     elapsed: float = 0.0  # seconds of training so far, earlier sessions of a resumed run included
-    writer: ck.BackgroundWriter = field(default_factory=ck.BackgroundWriter)  # checkpoints in flight
+    writer: BackgroundWriter = field(default_factory=BackgroundWriter)  # checkpoints in flight
     log: TextIO | None = None  # metrics.jsonl, open while the loop runs (rank 0)
 
 
@@ -197,31 +200,31 @@ def start(
     model = build().to(device)
     set_grad_checkpoint(model, cfg.grad_checkpoint)  # every Stack of every family honours it
     rng = np.random.default_rng(cfg.seed)
-    state = ck.load_train_state(run / ck.STATE, rng) if resume else None
+    state = load_train_state(run / STATE, rng) if resume else None
     if state is not None:
-        ck.load_state(model, state.weights, run / ck.STATE)  # whole weights, before any sharding
+        load_state(model, state.weights, run / STATE)  # whole weights, before any sharding
     if cfg.parallel == "fsdp":  # each process keeps 1/world of every block's parameters
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # torch's FSDP: 2.5 s to import, for --parallel fsdp alone
 
-        for block in getattr(model, "blocks", []):
+        for block in (b for stack in stacks_of(model) for b in stack):
             fully_shard(block)
         fully_shard(model)
-    dtype, note = dtype_choice(cfg.dtype, device, getattr(getattr(model, "cfg", None), "d_model", 384))
+    width = max((stack.cfg.d_model for stack in stacks_of(model)), default=384)  # what bf16 is measured at
+    dtype, note = dtype_choice(cfg.dtype, device, width)
     s = Session(run, model, make_optimizer(model, cfg), data, cfg, device, dtype, rng, dist=d, raw=model,
                 command=command, dtype_note=note)  # fmt: skip
     if state is not None:
         if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            options = StateDictOptions(full_state_dict=True)
-            set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
+            api = state_dict_api()
+            options = api.StateDictOptions(full_state_dict=True)
+            api.set_optimizer_state_dict(model, s.optimizer, state.optimizer, options=options)
         apply_settings(s.optimizer, cfg)
         s.step = s.saved_step = state.step
         s.elapsed = state.elapsed
     if d.main and resume:
-        ck.truncate_metrics(run / "metrics.jsonl", s.step)
+        truncate_metrics(run / "metrics.jsonl", s.step)
     if d.main:
-        ck.write_json(run / ck.CONFIG, config)  # the settings in force (a resume may change some)
+        write_json(run / CONFIG, config)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable
     if d.enabled and cfg.parallel == "ddp":  # gradients averaged over processes in backward
@@ -236,13 +239,11 @@ def save_checkpoint(s: Session, background: bool = False) -> None:
     FSDP); rank 0 writes them, as a run any number of processes can load or resume. In the
     background, they are copied now and s.writer's thread writes them while training goes on:
     the loop waits for it before it returns or raises, so the run it leaves is whole."""
-    weights = ck.model_weights(s.raw)
+    weights = model_weights(s.raw)
     if s.optimizer.state:
-        # Imported here, not at the top: torch.distributed.checkpoint takes a second that every command would pay.
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optimizer = get_optimizer_state_dict(s.raw, s.optimizer, options=options)
+        api = state_dict_api()
+        options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer = api.get_optimizer_state_dict(s.raw, s.optimizer, options=options)
     else:  # before the first step; asking torch would run a zero step and shift AdamW's step count
         names = {id(p): n for n, p in s.raw.named_parameters()}
         groups = [{**g, "params": [names[id(p)] for p in g["params"]]} for g in s.optimizer.param_groups]
@@ -250,8 +251,8 @@ def save_checkpoint(s: Session, background: bool = False) -> None:
     if s.dist.main:
         # Copies: the state dicts may hold the training's own tensors (all of them on the CPU, AdamW's
         # step counts on a GPU), which the next steps change in place while the thread writes.
-        files = ck.checkpoint(ck.TrainState(s.step, weights, optimizer, s.elapsed), s.rng, copy=background)
-        s.writer.submit(partial(ck.write_checkpoint, s.run, files))  # after the one before it is written
+        files = checkpoint(TrainState(s.step, weights, optimizer, s.elapsed), s.rng, copy=background)
+        s.writer.submit(partial(write_checkpoint, s.run, files))  # after the one before it is written
         if not background:
             s.writer.wait()
     s.saved_step = s.step  # on disk, or (background) once the loop ends
@@ -264,12 +265,12 @@ SNAPSHOTS = "snapshots"  # RUN/snapshots/step_0000100.safetensors: weights only,
 def save_snapshot(s: Session) -> None:
     """The weights at this step, kept apart from the checkpoint (which each save replaces), written
     by the checkpoint thread from copies taken now."""
-    weights = ck.model_weights(s.raw)  # every process takes part under FSDP
+    weights = model_weights(s.raw)  # every process takes part under FSDP
     if s.dist.main:
-        copies = {k: ck.snapshot(v, copy=True) for k, v in weights.items()}
+        copies = {k: snapshot(v, copy=True) for k, v in weights.items()}
         path = s.run / SNAPSHOTS / f"step_{s.step:07d}.safetensors"
         path.parent.mkdir(exist_ok=True)
-        s.writer.submit(partial(ck.write_weights, copies, path, {"step": str(s.step)}))
+        s.writer.submit(partial(write_weights, copies, path, {"step": str(s.step)}))
 
 
 def _log(s: Session, row: dict) -> None:

@@ -17,20 +17,41 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from attnlab.config import from_dict
 from attnlab.data.batches import Batches
-from attnlab.engine import distributed
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import Session, loop, start
 from attnlab.errors import AttnlabError
+from attnlab.io import write_text
+from attnlab.runs.folder import check_dir, check_resumable, discard_unstarted, fresh_dir, read_run_config
+from attnlab.runtime import distributed
+from attnlab.runtime.distributed import Dist
 
-if TYPE_CHECKING:
-    from attnlab.tasks.base import Task
+
+class Task(Protocol):
+    """What the engine asks of a task (tasks/base.py implements it): its name, its models and data,
+    the slow set-up of a new run, the data and model of every run, and what to do once trained."""
+
+    name: str
+    models: dict[str, Any]
+    default_model: str
+    data_config: type
+
+    def train_defaults(self, model: str) -> dict[str, Any]: ...
+
+    def default_data(self) -> Any: ...
+
+    def model_of(self, config: dict[str, Any]) -> str: ...
+
+    def setup(self, req: TrainRequest) -> dict[str, str]: ...
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared: ...
+
+    def finish(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -66,7 +87,7 @@ def completed(task: Task, req: TrainRequest) -> TrainRequest:
     if req.resume:
         if req.init is not None:
             raise AttnlabError("--init starts a new run and --resume continues one: give only one of them")
-        saved = ck.read_run_config(ck.check_resumable(req.out))
+        saved = read_run_config(check_resumable(req.out))
         train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
         data = req.data or from_dict(task.data_config, saved["data"], where="data config")
         return replace(req, model=task.model_of(saved), model_config=dict(saved["model"]), train=train, data=data,
@@ -89,20 +110,20 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         )
     d, device = distributed.init(cfg.device)
     try:
-        ck.check_dir(out, req.resume, req.force)
+        check_dir(out, req.resume, req.force)
         if not req.resume:
             with distributed.main_first(d):
                 if d.main:
                     files = task.setup(req)
-                    ck.fresh_dir(out)
+                    fresh_dir(out)
                     for name, text in files.items():
-                        ck.write_text(out / name, text)
+                        write_text(out / name, text)
         prepared = task.prepare(req, d)
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
                   command=task.name)  # fmt: skip
     except BaseException:
         if not req.resume and d.main:  # a start that failed before its first checkpoint leaves nothing
-            ck.discard_unstarted(out)
+            discard_unstarted(out)
         distributed.shutdown(d)
         raise
     return s, prepared, req

@@ -24,12 +24,14 @@ from torch import nn
 from attnlab.config import from_dict
 from attnlab.data import DataConfig
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import bert, gpt2, llama, module_for
 from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
+from attnlab.io import read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
+from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
+from attnlab.runs.weights import load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
 # Families that export, and the module that maps them.
@@ -69,11 +71,11 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     if task is not None:
         config["task"] = task
     config["source"] = {"hf": str(src), "architecture": arch}
-    ck.fresh_dir(out)  # only now: a failed conversion never costs an old run
-    ck.write_json(out / ck.CONFIG, config)
-    ck.save_weights(model, out / ck.WEIGHTS, {"step": "0"})
+    fresh_dir(out)  # only now: a failed conversion never costs an old run
+    write_json(out / CONFIG, config)
+    save_weights(model, out / WEIGHTS, {"step": "0"})
     if tokenizer_json is not None:
-        ck.write_text(out / ck.TOKENIZER, tokenizer_json)
+        write_text(out / TOKENIZER, tokenizer_json)
     return {"family": family, "architecture": arch, "parameters": _num_params(model), "run": str(out)}
 
 
@@ -82,15 +84,15 @@ def _pixel_normalization(src: Path, module, cfg) -> tuple[list[float], list[floa
     path = src / "preprocessor_config.json"
     if not hasattr(module, "pixels_from_hf") or not path.is_file():
         return None
-    return module.pixels_from_hf(ck.read_json(path), cfg.channels)
+    return module.pixels_from_hf(read_json(path), cfg.channels)
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> dict[str, Any]:
     """Write run `run_dir` as a HuggingFace directory `out_dir` (config.json, model.safetensors,
     tokenizer.json) that transformers' from_pretrained loads. A non-empty `out_dir` is replaced
     only with force, and only if it is a HuggingFace model directory."""
-    run, out = ck.check_run_dir(run_dir), Path(out_dir)
-    config = ck.read_run_config(run)
+    run, out = check_run_dir(run_dir), Path(out_dir)
+    config = read_run_config(run)
     family = config["family"]
     if family not in EXPORTERS:
         raise AttnlabError(f"{run} is a {family} run: export to hf supports {' and '.join(EXPORTERS)} runs")
@@ -98,7 +100,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
         if not force:
             raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
         if not is_hf_dir(out):  # another project's config.json is not ours to overwrite
-            raise AttnlabError(f"{out} is not a HuggingFace model directory ({ck.describe(out)}): refusing to "
+            raise AttnlabError(f"{out} is not a HuggingFace model directory ({describe(out)}): refusing to "
                                "replace it; choose another directory")  # fmt: skip
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
@@ -108,11 +110,11 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     else:
         hf_config = module.config_to_hf(cfg)
     model = model_cls(cfg)
-    ck.load_weights(model, run / ck.WEIGHTS)
+    load_weights(model, run / WEIGHTS)
     tok = load_tokenizer(run)
     tokenizer_json, note = None, f"not exported: HuggingFace has no {tok.kind} tokenizer format"
     if tok.kind in ("bpe", "wordpiece"):  # already HuggingFace's tokenizer.json
-        tokenizer_json, note = (run / ck.TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
+        tokenizer_json, note = (run / TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
         if family == "gpt":
             hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
@@ -129,25 +131,25 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
         return
     if not force:
         raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
-    if not ck.is_run(out):
-        raise AttnlabError(f"{out} is not an attnlab run ({ck.describe(out)}): refusing to replace it; "
+    if not is_run(out):
+        raise AttnlabError(f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; "
                            "choose another --out")  # fmt: skip
 
 
 def is_hf_dir(d: Path) -> bool:
     """A HuggingFace model folder: a config.json naming a model type, and weights beside it."""
     try:
-        hf = json.loads((d / ck.CONFIG).read_text(encoding="utf-8"))
+        hf = json.loads((d / CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    weights = any((d / name).is_file() for name in (ck.WEIGHTS, SAFE_INDEX, BIN, BIN_INDEX))
+    weights = any((d / name).is_file() for name in (WEIGHTS, SAFE_INDEX, BIN, BIN_INDEX))
     return isinstance(hf, dict) and ("model_type" in hf or "architectures" in hf) and weights
 
 
 def _architecture(hf: dict[str, Any], src: Path) -> str:
     archs = hf.get("architectures")
     if not archs or not isinstance(archs, list):
-        raise AttnlabError(f'{src / ck.CONFIG} names no architecture (its "architectures" list is missing)')
+        raise AttnlabError(f'{src / CONFIG} names no architecture (its "architectures" list is missing)')
     return archs[0]
 
 
@@ -163,7 +165,7 @@ def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: Task) -
     try:
         tok = tokenizer_from_json(text)
     except Exception as e:  # any unreadable tokenizer is the same user error
-        raise AttnlabError(f"cannot read {src / ck.TOKENIZER}: {e}") from None
+        raise AttnlabError(f"cannot read {src / TOKENIZER}: {e}") from None
     vocab = getattr(cfg, "vocab_size", None)
     if vocab is not None and tok.vocab_size > vocab:
         raise AttnlabError(f"{src}: tokenizer.json has {tok.vocab_size} tokens, more than the model's {vocab}")

@@ -15,6 +15,7 @@ torch 2.9. Needs `pip install onnx onnxruntime onnxscript`.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import warnings
 from collections.abc import Iterator
@@ -26,11 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.engine.rundir import atomic_write
 from attnlab.errors import AttnlabError
-from attnlab.run import Run, load
+from attnlab.io import atomic_write
+from attnlab.runs.run import Run, load
 
 PIP = "pip install onnx onnxruntime onnxscript"
+EXTRA = ("onnx", "onnxruntime", "onnxscript")  # the onnx extra; torch's exporter translates through onnxscript
 PROTOBUF_LIMIT = 2**31  # one .onnx file is a protobuf message, which cannot reach 2 GiB
 
 
@@ -74,12 +76,9 @@ def export_onnx(
         run = load(run, device="cpu")
     if not run.task.generates:
         raise AttnlabError(f"ONNX export supports gpt runs; {run.path} is a {run.config['family']} run")
-    try:
-        import onnx
-        import onnxruntime
-        import onnxscript  # noqa: F401  (torch's exporter translates through it)
-    except ImportError as e:
-        raise AttnlabError(f"ONNX export needs {e.name or 'onnx and onnxruntime'}: {PIP}") from None
+    missing = [name for name in EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise AttnlabError(f"ONNX export needs {', '.join(missing)}: {PIP}")
 
     # A float32 copy on the CPU in eval mode (no dropout); the run's own model is left as it is.
     model = copy.deepcopy(run.model).to("cpu", torch.float32).eval()
@@ -91,6 +90,8 @@ def export_onnx(
     found: dict[str, Any] = {}  # what write() learns from the temporary file
 
     def write(tmp: Path) -> None:
+        import onnx  # the onnx extra
+
         _export(LogitsOnly(model).eval(), tmp, context, vocab, opset)
         onnx.checker.check_model(str(tmp))
         written = {o.domain: o.version for o in onnx.load(str(tmp)).opset_import}.get("", 0)
@@ -99,6 +100,8 @@ def export_onnx(
                 f"could not export to opset {opset} (the exporter wrote opset {written}); use 17 or later"
             )
         found["opset"] = written
+        import onnxruntime  # the onnx extra
+
         session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
         # Neither shape is the export example's, so a baked-in batch or length would show here.
         short = min(7, max(context - 1, 1))

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnlab.interpret.trace import trace
 from attnlab.nn.hooks import Hook, hooks, taps, zero_head
-from attnlab.trace import trace
 
 MODES = ("zero", "mean")
 

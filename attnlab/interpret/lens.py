@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
-from attnlab.trace import trace
-from attnlab.viz.figures import save_figure
+from attnlab.interpret.trace import trace
+from attnlab.viz.figures import pyplot, save_figure
 
 
 @dataclass
@@ -65,10 +65,7 @@ def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i), src: Tens
 
 def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
     """Layers x positions, each cell the top next token, coloured by its probability (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     T = min(len(lens.tokens), max_positions)
     L = len(lens.layers)

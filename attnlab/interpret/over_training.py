@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.engine.loop import SNAPSHOTS
-from attnlab.engine.rundir import load_weights, read_metrics
 from attnlab.errors import AttnlabError
 from attnlab.interpret.detectors import head_scores, repeated_tokens
-from attnlab.trace import trace
-from attnlab.viz.figures import save_figure
+from attnlab.interpret.trace import trace
+from attnlab.io import read_metrics
+from attnlab.runs.weights import load_weights
+from attnlab.viz.figures import pyplot, save_figure
 
 DETECTED = ("previous-token", "induction")
 
@@ -52,10 +53,7 @@ def over_training(run, n: int | None = None, batch: int = 8) -> dict:
 
 def plot_over_training(result: dict, path: str | Path) -> None:
     """Top: each layer's best head per detector against the step; bottom: the losses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     steps = result["steps"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, sharex=True)

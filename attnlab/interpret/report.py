@@ -12,9 +12,19 @@ inspect(run, text, what) -> the numbers, as JSON-ready dicts.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
+from attnlab.data import TokenData, build_token_cache, resolve_sources
+from attnlab.data.batches import windows
 from attnlab.errors import AttnlabError
+from attnlab.interpret.ablation import head_ablation
+from attnlab.interpret.detectors import head_scores, repeated_tokens
+from attnlab.interpret.lens import logit_lens
+from attnlab.interpret.rollout import run_rollouts
+from attnlab.interpret.trace import trace
+from attnlab.viz.html import views_json
 
 WHAT = ("lens", "heads", "ablate", "rollout", "flow")
 VAL_TOKENS = 8192  # enough windows for a stable loss, few enough to zero every head in seconds
@@ -31,18 +41,6 @@ def _ids(run, text: str) -> torch.Tensor:
     return ids
 
 
-def _translation_lens(run, text: str) -> dict:
-    """The decoder's lens on the run's own greedy translation of `text`: row l, column t is what the
-    decoder would write after reading the source and its first t outputs, stopped after layer l."""
-    from attnlab.interpret.lens import logit_lens
-    from attnlab.tasks.translate import decode_one, pieces, target_tokenizer
-
-    src, tgt_in, _ = decode_one(run, text)
-    tok = target_tokenizer(run)
-    lens = logit_lens(run.model, tgt_in, lambda i: pieces(tok, [i])[0], src=src)
-    return {"kind": "lens", "what": "lens", **lens.as_json()}
-
-
 def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
     return {name: [[round(float(v), 4) for v in row] for row in t] for name, t in tables.items()}
 
@@ -54,27 +52,19 @@ def inspect(run, text: str | None, what: str, on: str = "repeats") -> dict:
         raise AttnlabError(f"--what {what!r}: one of {', '.join(WHAT)}, or over-training")
     run.model.eval()
     if what in ("rollout", "flow"):
-        from attnlab.interpret.rollout import run_rollouts
-        from attnlab.viz.html import views_json
-
         return {"kind": "views", "what": what, **views_json(run_rollouts(run, text, what))}
     if what == "ablate" and text is None:
         return split_ablation(run) if on == "val" else repeated_ablation(run)
     if text is None:
         raise AttnlabError(f"--what {what} needs an input (a text; an image file for image runs)")
-    if what == "lens" and hasattr(run.model, "dec_norm"):
-        return _translation_lens(run, text)
-    ids = _ids(run, text)
     if what == "lens":
-        from attnlab.interpret.lens import logit_lens
-
-        lens = logit_lens(run.model, ids, lambda i: run.tokenizer.decode([i]))
-        return {"kind": "lens", "what": what, **lens.as_json()}
+        ids, src, decode = run.task.lens_input(run, text)
+        return {"kind": "lens", "what": what, **logit_lens(run.model, ids, decode, src=src).as_json()}
+    ids = _ids(run, text)
     if what == "heads":
         return {"kind": "tables", "what": what, "tables": tables_json(detector_tables(run, ids)),
                 "title": "head detectors (previous, first, duplicate: on the input; induction: repeated random "
                 "tokens)"}  # fmt: skip
-    from attnlab.interpret.ablation import head_ablation
 
     x, y = ids[:, :-1], ids[:, 1:]
     loss = lambda: run.model(x, y)[1]
@@ -88,10 +78,6 @@ def inspect(run, text: str | None, what: str, on: str = "repeats") -> dict:
 def repeated_ablation(run, batch: int = 8) -> dict:
     """Head ablation on random tokens repeated twice, scored by the loss of the repeated half: the
     part only copying from the first occurrence can predict, so it shows which heads do induction."""
-    import torch.nn.functional as F
-
-    from attnlab.interpret.ablation import head_ablation
-    from attnlab.interpret.detectors import repeated_tokens
 
     if run.tokenizer is None or not hasattr(run.model, "logits"):
         raise AttnlabError("ablation on repeated tokens reads a language-model run (attnlab train lm)")
@@ -113,12 +99,6 @@ def repeated_ablation(run, batch: int = 8) -> dict:
 @torch.no_grad()
 def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
     """Head ablation on the first `tokens` tokens of the run's own validation split, in full windows."""
-    import numpy as np
-    import torch.nn.functional as F
-
-    from attnlab.data import TokenData, build_token_cache, resolve_sources
-    from attnlab.interpret.ablation import head_ablation
-    from attnlab.tasks.lm_eval import windows
 
     data = run.config.get("data", {})
     if run.tokenizer is None or not hasattr(run.model, "logits") or "data" not in data:
@@ -144,8 +124,6 @@ def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
 def detector_tables(run, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every detector's (L, H) scores: previous, first and duplicate token on `ids`, induction on
     random tokens repeated twice."""
-    from attnlab.interpret.detectors import head_scores, repeated_tokens
-    from attnlab.trace import trace
 
     patterns = lambda x: trace(run.model, x).patterns().cpu()  # (B, L, H, T, T)
     scores = head_scores(patterns(ids), ids.cpu())

@@ -19,11 +19,14 @@ run_rollouts(run, text) applies either to every family's attention (see its docs
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import TRANSLATION_VIEWS, views
 from attnlab.viz.html import AttentionView
 
 if TYPE_CHECKING:
@@ -75,11 +78,17 @@ def _chain(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def scipy_sparse() -> ModuleType:
+    """scipy.sparse with its graph algorithms (max-flow), imported on first use."""
+    import scipy.sparse.csgraph  # scipy's sparse graphs: 0.4 s to import, paid by attention flow alone
+
+    return scipy.sparse
+
+
 def _layered_graph(a: np.ndarray):
     """The capacities of a (L, T, T) as a sparse graph over (L + 1) * T nodes: node l * T + i is
     position i after layer l (l = 0: the input tokens), edge (l, j) -> (l + 1, i) holds a[l, i, j]."""
-    from scipy.sparse import csr_array
-
+    sparse = scipy_sparse()
     n_layer, t, _ = a.shape
     n = (n_layer + 1) * t
     # scipy's maximum_flow accepts integer capacities only, so each weight is scaled by FLOW_SCALE
@@ -87,7 +96,7 @@ def _layered_graph(a: np.ndarray):
     # cut, far below anything a picture or a ranking of tokens shows.
     cap = np.rint(a * FLOW_SCALE).astype(np.int32)  # (L, T, T)
     layer, i, j = np.nonzero(cap)  # zero-capacity edges (a causal mask, weights < 5e-7) are left out
-    return csr_array((cap[layer, i, j], (layer * t + j, (layer + 1) * t + i)), shape=(n, n))
+    return sparse.csr_array((cap[layer, i, j], (layer * t + j, (layer + 1) * t + i)), shape=(n, n))
 
 
 def flow(
@@ -102,8 +111,7 @@ def flow(
     cores: T = 30, L = 4 in 0.5-1 s (0.2 s causal: pairs with no path are skipped), T = 64 in 5-9 s.
     Above max_tokens it refuses and points to rollout, one matrix product per layer.
     """
-    from scipy.sparse.csgraph import maximum_flow
-
+    sparse = scipy_sparse()
     a = mixed_layers(weights, residual)  # (L, T, T)
     n_layer, t, _ = a.shape
     if t > max_tokens:
@@ -115,7 +123,7 @@ def flow(
     reach = _chain(a) > 0  # (T, T): without a path of non-zero edges the flow is 0
     out = np.zeros((t, t))
     for i, j in zip(*np.nonzero(reach)):
-        out[i, j] = maximum_flow(graph, int(j), int(n_layer * t + i)).flow_value / FLOW_SCALE
+        out[i, j] = sparse.csgraph.maximum_flow(graph, int(j), int(n_layer * t + i)).flow_value / FLOW_SCALE
     return out
 
 
@@ -135,25 +143,6 @@ def _through_encoder(cross: AttentionView, encoder: AttentionView, method: str) 
     return AttentionView(name, cross.queries, cross.keys, composed[None, None])
 
 
-def _image_views(run, path: str) -> list[AttentionView]:
-    """A ViT run's self-attention on the image file `path`: [CLS] first, then the patches row by row."""
-    import torch
-
-    from attnlab.models.vit import ViT
-    from attnlab.tasks.image import load_image
-    from attnlab.viz.views import numpy_weights
-
-    if not isinstance(run.model, ViT):
-        raise AttnlabError(f"{run.path} is a {run.config['family']} model: it has no attention to follow")
-    x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
-    run.model.eval()
-    with torch.no_grad():
-        weights = numpy_weights(run.model.attention(x))  # (L, H, T, T)
-    gh, gw = run.model.cfg.grid
-    labels = ["[CLS]"] + [f"patch {r + 1},{c + 1}" for r in range(gh) for c in range(gw)]
-    return [AttentionView("self-attention", labels, labels, weights)]
-
-
 def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5) -> list[AttentionView]:
     """The rollout (or flow) of every attention of `run` (attnlab.load) on `text`, as views of shape
     (1, 1, Tq, Tk) that the PNG and HTML drawers show:
@@ -168,9 +157,8 @@ def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5)
     """
     if method not in METHODS:
         raise AttnlabError(f"unknown method {method!r}: use {' or '.join(METHODS)}")
-    from attnlab.viz.views import TRANSLATION_VIEWS, views
 
-    found = views(run, text) if run.task.tokenized else _image_views(run, text)
+    found = views(run, text)  # an image run's views read an image file
     out = [_follow(v, method, residual) for v in found if v.name.endswith("self-attention")]
     cross = next((v for v in found if v.name == TRANSLATION_VIEWS["cross"]), None)
     if cross is not None:

@@ -22,13 +22,13 @@ from torch import nn
 from attnlab.data import strips as S
 from attnlab.data.batches import BOS_ID, PAD_ID, pad
 from attnlab.data.numbers import ONES, TENS
+from attnlab.data.shifted import pieces
 from attnlab.data.tokenizers import Tokenizer
 
 DIGIT_WORDS = frozenset(w for w in ONES + TENS if w and w != "zero")  # one..nineteen, twenty..ninety
 
 
 def _matched(tok: Tokenizer, found: list[S.Strip], hyps: list[list[int]]) -> list[tuple[S.Strip, list[int]]]:
-    from attnlab.tasks.translate import pieces
 
     return [(s, h) for s, h in zip(found, hyps) if pieces(tok, h) == [w for w, _ in S.caption_words(s.digits)]]
 

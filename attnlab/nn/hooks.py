@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 
 from torch import Tensor, nn
 
+from attnlab.errors import AttnlabError
+
 Hook = Callable[[Tensor], Tensor | None]
 
 
@@ -71,8 +73,6 @@ def hooks(model: nn.Module, fns: dict[str, Hook]) -> Iterator[nn.Module]:
     points = taps(model)
     unknown = [name for name in fns if name not in points]
     if unknown:
-        from attnlab.errors import AttnlabError
-
         close = [n for n in points if n.rsplit(".", 1)[-1] == unknown[0].rsplit(".", 1)[-1]][:3]
         raise AttnlabError(f"no hook point {unknown[0]!r} in this model"
                            + (f" (e.g. {', '.join(close)})" if close else "; see trace(...).names()"))  # fmt: skip

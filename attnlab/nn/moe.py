@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.feedforward import dense_feedforward
+from attnlab.nn.dense import dense_feedforward
 from attnlab.nn.hooks import Tap
 
 if TYPE_CHECKING:

@@ -96,8 +96,13 @@ def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return a + b
 
 
+def stacks_of(model: nn.Module) -> list[Stack]:
+    """Every Stack of blocks in `model` (one for GPT, the encoder and ViT; two for an encoder-decoder;
+    none for the RNNs and baselines), asked of the modules themselves, never of their names."""
+    return [m for m in model.modules() if isinstance(m, Stack)]
+
+
 def set_grad_checkpoint(model: nn.Module, on: bool) -> None:
     """Turn activation checkpointing on or off in every Stack of `model`."""
-    for m in model.modules():
-        if isinstance(m, Stack):
-            m.grad_checkpoint = on
+    for stack in stacks_of(model):
+        stack.grad_checkpoint = on

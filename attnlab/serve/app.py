@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import torch
+import uvicorn
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -73,12 +73,12 @@ from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnlab import __version__
-from attnlab.data.images import read_image
 from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
+from attnlab.interpret.experts import routing_json
 from attnlab.interpret.report import WHAT, inspect
-from attnlab.run import Run, load
+from attnlab.interpret.views import token_labels, views
+from attnlab.runs.run import Run, load
 from attnlab.serve.guard import (
     Access,
     Gate,
@@ -91,14 +91,14 @@ from attnlab.serve.guard import (
     is_loopback,
     timed_h11,
 )
+from attnlab.serve.live import LiveAttention, in_one_thread
 from attnlab.serve.openai_api import APIError, add_openai_routes
 from attnlab.serve.openai_schema import BadField
 from attnlab.serve.page import page
-from attnlab.tasks.image import load_image, predict_image
+from attnlab.version import __version__
+from attnlab.viz.captions import caption_json
 from attnlab.viz.curves import read_metrics
-from attnlab.viz.experts import routing_json
 from attnlab.viz.html import views_json
-from attnlab.viz.views import views
 
 MAX_INPUT_CHARS = 2_000  # a prompt or a text; runs read at most their context anyway
 MAX_NEW_TOKENS = 500
@@ -275,9 +275,8 @@ def create_app(
     @app.post("/api/predict_image", summary="an image run's label for an uploaded image, and its attention")
     def predict_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> dict:
         s = find(run, "/api/predict_image")
-        pixels = read_upload(image, lambda path: load_image(s.run, path))  # decoded once, for label and attention
-        out = predict_image(s.run, pixels, top=3, name=image.filename)
-        out["attention"] = cls_attention(s.run, pixels)
+        pixels = read_upload(image, lambda path: s.run.task.image(s.run, path))  # once, for label and attention
+        out = s.run.task.answer_image(s.run, pixels, image.filename)
         return {**out, "image": image.filename}
 
     @app.post("/api/caption", summary="a captioner's caption of an uploaded image, word by word (NDJSON)",
@@ -285,8 +284,7 @@ def create_app(
               responses={200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}})  # fmt: skip
     def caption_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> StreamingResponse:
         s = find(run, "/api/caption")
-        cfg = s.run.model.cfg
-        pixels = read_upload(image, lambda path: read_image(path, cfg.size, cfg.channels))
+        pixels = read_upload(image, lambda path: s.run.task.image(s.run, path))
         return StreamingResponse(caption_lines(s.run, pixels, limits.request_timeout), media_type=NDJSON)
 
     @app.post("/api/inspect", summary="inside the model: logit lens, head detectors, head ablation, rollout, flow")
@@ -316,8 +314,6 @@ def predict(run: Run, text: str, options: dict) -> dict:
 def live_lines(run: Run, prompt: str, sampling: tuple) -> Iterator[dict]:
     """/api/generate's lines with attention: {"prompt_tokens": [...]} first, then per piece {"text",
     "tokens": the tokens it holds, "attention": (L, Tk) the newest query's weights, mean of heads}."""
-    from attnlab.serve.live import LiveAttention, in_one_thread
-    from attnlab.viz.views import token_labels
 
     tok, live, new = run.tokenizer, LiveAttention(run.model), []
     ids = (tok.encode(prompt) if prompt else [tok.eot_id])[-run.model.cfg.context :]
@@ -350,14 +346,12 @@ def read_upload(image: UploadFile, decode: Callable[[Path], Any]) -> Any:
 def caption_lines(run: Run, pixels, limit: float = math.inf) -> Iterator[str]:
     """The lines of /api/caption: {"image": the image and its patch grid}, then one {"word", "attention"
     (L, H, N)} per word as it is chosen (the last "</s>"), then {"done", "caption", "seconds"}."""
-    from attnlab.tasks.caption import stream_caption
-    from attnlab.viz.captions import caption_json
 
     t0, words = time.perf_counter(), []
     shown = caption_json(pixels, [], [], run.model.cfg.grid)
     yield json.dumps({"image": {k: shown[k] for k in ("height", "width", "pixels", "grid")}}) + "\n"
     try:
-        for word, weights in stream_caption(run, pixels):
+        for word, weights in run.task.stream_image(run, pixels):
             words.append(word)
             yield json.dumps({"word": word, "attention": np.round(weights, 4).tolist()}) + "\n"
             if time.perf_counter() - t0 > limit:
@@ -389,20 +383,6 @@ def ndjson(
         done()
     seconds = round(time.perf_counter() - t0, 4)
     yield json.dumps({"done": True, "tokens": n, "seconds": seconds, "seed": seed}) + "\n"
-
-
-@torch.no_grad()
-def cls_attention(run: Run, pixels) -> dict | None:
-    """[CLS]'s attention over the patches of a ViT, {grid: [rows, cols], weights (L, H, rows, cols)};
-    None for the MLP, which has none."""
-    if not hasattr(run.model, "attention"):
-        return None
-    from attnlab.viz.patches import cls_maps
-
-    x = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
-    grid = run.model.cfg.grid
-    weights = cls_maps([w[0] for w in run.model.attention(x)], grid)  # (L, H, rows, cols)
-    return {"grid": list(grid), "weights": weights.tolist()}
 
 
 def finite(row: dict) -> dict:
@@ -498,8 +478,6 @@ def serve(
     """Load `runs` and serve the explorer and the OpenAI-compatible API at http://host:port/ until
     Ctrl-C. Beyond loopback it needs `api_key` (or insecure_no_key); it answers the Host names of
     guard.allowed_hosts_for(host, allowed_hosts)."""
-    import uvicorn
-
     check_exposure(host, api_key, insecure_no_key)
     access = Access(api_key, allowed_hosts_for(host, allowed_hosts), list(cors_origins or []))
     app = create_app(runs, device, access, limits)
@@ -513,8 +491,6 @@ def serve(
 
 def server_config(app: FastAPI):
     """uvicorn's settings for the app: its read deadlines, keep-alive and header size (guard.Limits)."""
-    import uvicorn
-
     limits: Limits = app.state.limits
     return uvicorn.Config(app, log_level="warning", http=timed_h11(limits), timeout_keep_alive=limits.keep_alive,
                           h11_max_incomplete_event_size=limits.max_header_bytes)  # fmt: skip
@@ -524,8 +500,6 @@ def server_config(app: FastAPI):
 def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serve `app` from a background thread for the with-block (a notebook, a test); yields its URL.
     Port 0 takes a free port."""
-    import uvicorn
-
     sock = listen(host, port)
     server = uvicorn.Server(server_config(app))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -50,9 +50,9 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding.sampling import jump_keep, next_tokens
-from attnlab.engine.device import autocast, pick_dtype
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import KVCache
+from attnlab.runtime.device import autocast, pick_dtype
 from attnlab.serve.exact import Draw, certain_draws, multinomial_is_a_race
 from attnlab.serve.slots import Slots
 

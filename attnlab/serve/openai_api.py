@@ -42,12 +42,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from attnlab import __version__
 from attnlab.decoding.sampling import TextPieces
 from attnlab.serve.batching import Batcher, Draw, Step
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
 from attnlab.serve.openai_schema import CHAT_STOPS, BadField, ChatRequest, CompletionRequest, chat_prompt
+from attnlab.version import __version__
 
 FINGERPRINT = f"attnlab-{__version__}"
 # A stream's chunks go out at most this often (the first at once): each is a write to the socket,

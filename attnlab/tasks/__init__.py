@@ -15,6 +15,7 @@ from typing import Any
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
+from attnlab.runs.kind import KINDS, kind_of
 from attnlab.tasks.base import Task
 from attnlab.tasks.caption import Captioning
 from attnlab.tasks.image import ImageClassification
@@ -23,15 +24,12 @@ from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
 from attnlab.tasks.translate import Translation
 
-TASKS: dict[str, Task] = {
-    "lm": LanguageModel(),
-    "classify": Labeled("classify", "a label per text", "a classifier"),
-    "tag": Labeled("tag", "a label per token", "a tagger"),
-    "mlm": MaskedLM(),
-    "translate": Translation(),
-    "image": ImageClassification(),
-    "caption": Captioning(),
-}
+# Every task, by name: the same registry `attnlab.load` reads a run's kind from (runs/kind.py).
+TASKS: dict[str, Task] = KINDS  # type: ignore[assignment]
+for _task in (LanguageModel(), Labeled("classify", "a label per text", "a classifier"),
+              Labeled("tag", "a label per token", "a tagger"), MaskedLM(), Translation(), ImageClassification(),
+              Captioning()):  # fmt: skip
+    TASKS[_task.name] = _task
 
 
 def register(task: Task) -> Task:
@@ -41,16 +39,9 @@ def register(task: Task) -> Task:
 
 
 def task_of(config: dict[str, Any]) -> Task:
-    """The task of a run's config.json: the kind it records; runs written before tasks were
-    recorded (GPT language models, masked LMs) by their model."""
-    kind = config.get("task", {}).get("kind")
-    if config.get("family") == "vectors":
-        raise AttnlabError("this is a word-vectors run (attnlab train vectors): ask it with attnlab vectors RUN")
-    if kind is None:
-        kind = "lm" if config.get("family", "gpt") == "gpt" else config["model"].get("head", "mlm")
-    if kind not in TASKS:
-        raise AttnlabError(f"unknown task {kind!r} in config.json (known: {', '.join(TASKS)})")
-    return TASKS[kind]
+    """The task that wrote a run's config.json (runs.kind_of: the kind it records, or for runs
+    written before kinds were recorded, its family's)."""
+    return kind_of(config)  # type: ignore[return-value]
 
 
 def train(

@@ -17,12 +17,14 @@ from typing import Any
 from torch import nn
 
 from attnlab.config import add_config_flags, checked, flags_of
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.io import read_safetensors, write_json
+from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
+from attnlab.runs.kind import RunKind, kind_of
+from attnlab.runtime.distributed import Dist
 
 
 @dataclass(frozen=True)
@@ -35,20 +37,15 @@ class ModelChoice:
     fixed: tuple[tuple[str, Any], ...] = ()
 
 
-class Task:
-    """Base class: every hook a task may have, with the answer most tasks give."""
+class Task(RunKind):
+    """Base class: every hook a task may have, with the answer most tasks give. What its trained
+    runs do (predict, evaluate, views) is the RunKind part (runs/kind.py)."""
 
-    name: str = ""  # `attnlab train NAME`, and the kind stored in config.json
     help: str = ""  # one line for `attnlab train --help`
     description: str = ""  # the paragraph of `attnlab train NAME --help`
     models: dict[str, ModelChoice] = {}
     default_model: str = ""
     data_config: type = object
-    tokenized: bool = True  # False: the run reads pixels and has no tokenizer.json
-    reads_images: bool = False  # its input is an image file (image classification, captioning)
-    generates: bool = False  # attnlab sample continues its text
-    noun: str = "a run"  # "a classifier": for messages
-    endpoint: str = "/api/predict"  # where the explorer sends its inputs
     init_help: str = "start from this run's weights and tokenizer (a run of the same task); fine-tunes on --data"
     tuned: dict[str, dict[str, Any]] = {}  # model name -> its tuned training settings (read-only)
     # Model-config fields that the data decides: never flags.
@@ -71,11 +68,9 @@ class Task:
         run's own (a run of this task), of which only dropout may be changed."""
         if req.init is None or req.resume:
             return dict(req.model_config)
-        from attnlab.tasks import task_of
-
-        config = ck.read_run_config(ck.check_run_dir(req.init))
-        if task_of(config) is not self:
-            raise AttnlabError(f"--init {req.init} is a {task_of(config).name} run: it needs a {self.name} run")
+        config = read_run_config(check_run_dir(req.init))
+        if kind_of(config) is not self:
+            raise AttnlabError(f"--init {req.init} is a {kind_of(config).name} run: it needs a {self.name} run")
         return {**config["model"], **{k: v for k, v in req.model_config.items() if k == "dropout"}}
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
@@ -100,7 +95,7 @@ class Task:
         if test is None:
             return {}
         if s.dist.main:
-            ck.write_json(s.run / "eval.json", {"split": "test", **test})
+            write_json(s.run / "eval.json", {"split": "test", **test})
             self.draw_test(s, prepared, req, test)
         return {"test": test}
 
@@ -120,27 +115,12 @@ class Task:
         val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
         return f"done: step {result['step']}, validation loss {val}{self.next_step(out)}"
 
-    # ---- a trained run ------------------------------------------------------------------------
-    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
-        raise AttnlabError(f"{run.path} is {self.noun} run: attnlab predict does not apply to it")
-
+    # ---- printing -----------------------------------------------------------------------------
     def show_prediction(self, result: dict[str, Any]) -> str:
         raise NotImplementedError
 
-    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        raise AttnlabError(f"{run.path} is {self.noun} run: attnlab eval does not apply to it")
-
     def show_evaluation(self, result: dict[str, Any]) -> str:
         raise NotImplementedError
-
-    def views(self, run, text: str) -> list:
-        """Every attention of the run on `text`, as viz.html.AttentionView objects."""
-        raise AttnlabError(f"{run.path} is a {run.config['family']} model: it has no attention to show")
-
-    def picture(self, run, source: str, out: Path) -> str | None:
-        """A task whose input is not text draws its own attention PNG (returns a summary line);
-        None: draw the views."""
-        return None
 
     # ---- command line -------------------------------------------------------------------------
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
@@ -179,7 +159,7 @@ def add_model_choice_flags(parser: argparse.ArgumentParser, task: Task, preset: 
 def load_body(model: nn.Module, init: str | Path, head: tuple[str, ...]) -> None:
     """Start `model` from the weights of the run `init` but its head (names starting with `head`),
     which is new: another task or other labels. Every other weight must fit."""
-    tensors, _ = ck.read_safetensors(Path(init) / ck.WEIGHTS)
+    tensors, _ = read_safetensors(Path(init) / WEIGHTS)
     body = {k: v for k, v in tensors.items() if not k.startswith(head)}
     try:
         missing, _ = model.load_state_dict(body, strict=False)

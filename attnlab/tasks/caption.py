@@ -27,13 +27,15 @@ from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
 from attnlab.data.captions import CaptionDataConfig, load_captions
 from attnlab.data.images import read_image
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
-from attnlab.engine import rundir as ck
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.interpret.word_regions import digit_attention
 from attnlab.models.captioner import PRESETS, CaptionerConfig
 from attnlab.models.rnn_captioner import RNNCaptionerConfig
+from attnlab.runs.folder import TOKENIZER
+from attnlab.runs.run import Run
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
 from attnlab.tasks.common import build_config, init_builder, preset_fields
 from attnlab.tasks.translate import (
@@ -46,6 +48,7 @@ from attnlab.tasks.translate import (
     teacher_forced_loss,
     to_ids,
 )
+from attnlab.viz.captions import plot_caption_attention, write_caption_html
 
 # Settings that caption digits-strips in under five minutes on a laptop CPU (benchmarks/captioning.py).
 # The RNN gained from 6,000 steps over 3,000 (88.3% -> 89.6% exact match, one thread, AMD EPYC).
@@ -106,9 +109,9 @@ class Captioning(Task):
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         if req.init is not None:  # fine-tuning keeps the init run's vocabulary
-            return {ck.TOKENIZER: (Path(req.init) / ck.TOKENIZER).read_text(encoding="utf-8")}
+            return {TOKENIZER: (Path(req.init) / TOKENIZER).read_text(encoding="utf-8")}
         _, captions = load_captions(req.data)["train"]
-        return {ck.TOKENIZER: train_tokenizer("word", captions, req.data.vocab_size).to_json()}
+        return {TOKENIZER: train_tokenizer("word", captions, req.data.vocab_size).to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         out, data = Path(req.out), req.data
@@ -148,8 +151,6 @@ class Captioning(Task):
         words, weights = caption_attention(run, pixels, beam)
         caption = " ".join(words[:-1])
         if picture:
-            from attnlab.viz.captions import plot_caption_attention, write_caption_html
-
             title = f"{run.config['task']['model']}: {Path(text).name} -> {caption!r}"
             draw = write_caption_html if Path(picture).suffix.lower() in (".html", ".htm") else plot_caption_attention
             draw(pixels, words, weights, run.model.cfg.grid, picture, title)
@@ -164,6 +165,12 @@ class Captioning(Task):
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "images") + _where(r)
+
+    def image(self, run: Run, path: str | Path) -> np.ndarray:
+        return read_image(path, run.model.cfg.size, run.model.cfg.channels)  # (C, H, W)
+
+    def stream_image(self, run: Run, pixels: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+        return stream_caption(run, pixels)
 
     # ---- command line -------------------------------------------------------------------------
     def add_flags(self, parser) -> None:
@@ -251,7 +258,6 @@ def word_regions(model: nn.Module, tok: Tokenizer, hyps: list[list[int]], data: 
     """On digits-strips, whether each word looked at its digit (interpret/word_regions.py); {} on other data."""
     if data.data != "digits-strips":
         return {}
-    from attnlab.interpret.word_regions import digit_attention
 
     count = {"train": data.n_train, "test": data.n_test}.get(split)
     return digit_attention(model, tok, strips.strips(split, count, data.data_seed), hyps)

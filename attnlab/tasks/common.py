@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnlab.config import from_dict
 from attnlab.errors import AttnlabError
+from attnlab.models import build_model
+from attnlab.runs.folder import WEIGHTS
+from attnlab.runs.weights import load_weights
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,15 +42,11 @@ def build_config(model: str, cls: type, base: dict, overrides: dict, sizes: dict
 def init_builder(family: str, cfg: Any, req: TrainRequest) -> Callable[[], nn.Module]:
     """The model builder of a task whose --init run has the same model: every weight from it when a
     new run starts from one (resuming reads the run's own checkpoint instead)."""
-    from pathlib import Path
-
-    from attnlab.engine import rundir as ck
-    from attnlab.models import build_model
 
     def build() -> nn.Module:
         net = build_model(family, cfg)
         if req.init is not None and not req.resume:
-            ck.load_weights(net, Path(req.init) / ck.WEIGHTS)
+            load_weights(net, Path(req.init) / WEIGHTS)
         return net
 
     return build

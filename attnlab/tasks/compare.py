@@ -10,12 +10,17 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from attnlab.data.captions import CaptionDataConfig
+from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import BUILTIN_TASKS, LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
-from attnlab.engine import rundir as ck
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
+from attnlab.io import write_json
+from attnlab.models import FAMILIES
 from attnlab.tasks import TASKS
+from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
+from attnlab.wordvec import load_vectors
 
 
 def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True,
@@ -48,8 +53,6 @@ VECTORS = "+vectors"  # the suffix of a model trained from pretrained word vecto
 
 def _with_vectors(one, models: list[str], path, freeze: bool):
     """Models that have a `d_embed` also start from the vectors (embedding width set to theirs)."""
-    from attnlab.models import FAMILIES
-    from attnlab.wordvec.train import load_vectors
 
     dim = int(load_vectors(path).vectors.shape[1])
     embedded = {m for m in models if "d_embed" in {f.name for f in dataclasses.fields(FAMILIES[m][0])}}
@@ -72,7 +75,6 @@ def _compare_translation(task: str, models: list[str], out: Path, force: bool, p
 
 
 def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
-    from attnlab.data.images import ImageDataConfig
 
     _check_models(models, TASKS["image"].models, f" for {task}")
     one = _trainer(TASKS["image"], ImageDataConfig(data=task), out, force, progress)
@@ -84,7 +86,6 @@ def _compare_images(task: str, models: list[str], out: Path, force: bool, progre
 def _compare_captions(models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
     """The captioners on digits-strips: exact match, BLEU, chrF, and how often a digit word's most
     attended patch is on its digit."""
-    from attnlab.data.captions import CaptionDataConfig
 
     _check_models(models, TASKS["caption"].models, " for caption")
     one = _trainer(TASKS["caption"], CaptionDataConfig(), out, force, progress)
@@ -126,8 +127,7 @@ def _train_each(models: list[str], train: Callable[[str], dict], scores: tuple, 
 
 def _report(task: str, rows: list[dict], out: Path, title: str, bars: tuple | None = None) -> list[dict]:
     """compare.json and the bar chart compare.png of the rows."""
-    ck.write_json(out / "compare.json", {"task": task, "rows": rows})
-    from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
+    write_json(out / "compare.json", {"task": task, "rows": rows})
 
     plot_comparison(rows, out / "compare.png", title, bars or CLASSIFY_BARS)
     return rows

@@ -29,17 +29,24 @@ from attnlab.data.images import (
     load_source,
     read_image,
 )
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
+from attnlab.interpret.patches import cls_maps, plot_patch_attention
+from attnlab.interpret.views import numpy_weights
 from attnlab.models import build_model
 from attnlab.models.mlp import MLPConfig
 from attnlab.models.vit import PRESETS as VIT_PRESETS
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.runs.run import Run
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
 from attnlab.tasks.common import build_config, preset_fields
+from attnlab.tasks.labeled import show_scores
 from attnlab.tasks.metrics import confusion, scores
+from attnlab.viz.confusion import plot_confusion
+from attnlab.viz.html import AttentionView
+from attnlab.viz.patches import plot_prediction_grid
 
 CPU_PRESETS = ("vit-nano", "vit-micro")  # their patch size follows the data; the paper's keep theirs
 # The CPU presets' patch size follows the image: patches of at least 4 x 4 pixels (on 8 x 8 digits,
@@ -155,12 +162,27 @@ class ImageClassification(Task):
         return {**evaluate_image(run, data, split or "test", plot), "confusion_png": plot}
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
-        from attnlab.tasks.labeled import show_scores
 
         return show_scores(r, "images") + f"\nconfusion matrix: {r['confusion_png']}"
 
-    def views(self, run, text: str) -> list:
-        raise AttnlabError(f"{run.path} is an image run: give an image file (its [CLS] attention over the patches)")
+    def image(self, run: Run, path: str | Path) -> np.ndarray:
+        return load_image(run, path)
+
+    def answer_image(self, run: Run, pixels: np.ndarray, name: str | None) -> dict[str, Any]:
+        """The label, the 3 most probable classes, and [CLS]'s attention over the patches (null for the MLP)."""
+        return {**predict_image(run, pixels, top=3, name=name), "attention": cls_attention(run, pixels)}
+
+    @torch.no_grad()
+    def views(self, run: Run, path: str) -> list[AttentionView]:
+        """A ViT run's self-attention on the image file `path`: [CLS] first, then the patches row by row."""
+        if not isinstance(run.model, ViT):
+            raise AttnlabError(f"{run.path} is a {run.config['family']} model: it has no attention to follow")
+        x = torch.from_numpy(load_image(run, path))[None].to(run.device)  # (1, C, H, W)
+        run.model.eval()
+        weights = numpy_weights(run.model.attention(x))  # (L, H, T, T)
+        gh, gw = run.model.cfg.grid
+        labels = ["[CLS]"] + [f"patch {r + 1},{c + 1}" for r in range(gh) for c in range(gw)]
+        return [AttentionView("self-attention", labels, labels, weights)]
 
     def picture(self, run, source: str, out: Path) -> str:
         label = image_attention(run, source, out)
@@ -182,9 +204,8 @@ def train_image(out: str | Path, model: str = "vit", model_overrides: dict | Non
     """Train an image classifier into run directory `out` (or continue it: resume=True); returns
     the final losses and the test-set scores. `request`: the other TrainRequest fields (train,
     data, force, init, progress)."""
-    from attnlab.tasks import TASKS
 
-    return run(TASKS["image"], TrainRequest(out, model, dict(model_overrides or {}), **request))
+    return run(ImageClassification(), TrainRequest(out, model, dict(model_overrides or {}), **request))
 
 
 @torch.no_grad()
@@ -199,8 +220,6 @@ def predict_split(model: nn.Module, images: ImageSet, split: str, device, batch_
 
 def pictures(run: Path, model: nn.Module, images: ImageSet, gold: np.ndarray, probs: np.ndarray, title: str) -> None:
     """confusion.png and predictions.png of the test split; for a ViT also attention.png."""
-    from attnlab.viz.confusion import plot_confusion
-    from attnlab.viz.patches import plot_prediction_grid
 
     classes = images.classes
     pred = probs.argmax(1)
@@ -246,7 +265,6 @@ def predict_image(run, image: str | Path | np.ndarray, top: int = 3, name: str |
 def attention_picture(model: ViT, image: np.ndarray, path: Path, title: str, labels: list[str]) -> str:
     """Draw [CLS]'s attention to each patch (per layer and head, and the rollout) over `image`
     (C, H, W); returns the predicted label."""
-    from attnlab.viz.patches import plot_patch_attention
 
     model.eval()
     x = torch.from_numpy(np.ascontiguousarray(image))[None].to(next(model.parameters()).device)
@@ -282,8 +300,18 @@ def evaluate_image(run, data: str | None = None, split: str = "test", plot: str 
     gold, probs = predict_split(run.model, images, split, run.device)
     result = scores(confusion(gold, probs.argmax(1), len(labels)), labels)
     if plot:
-        from attnlab.viz.confusion import plot_confusion
-
         title = f"{run.path.name} on {Path(name).name} ({split}): accuracy {result['accuracy']:.2%}"
         plot_confusion(np.array(result["confusion"]), labels, Path(plot), title)
     return {"data": name, "split": split, "examples": len(gold), **result}
+
+
+@torch.no_grad()
+def cls_attention(run: Run, pixels: np.ndarray) -> dict | None:
+    """[CLS]'s attention over the patches of a ViT, {grid: [rows, cols], weights (L, H, rows, cols)};
+    None for the MLP, which has none."""
+    if not isinstance(run.model, ViT):
+        return None
+    x = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
+    grid = run.model.cfg.grid
+    weights = cls_maps([w[0] for w in run.model.attention(x)], grid)  # (L, H, rows, cols)
+    return {"grid": list(grid), "weights": weights.tolist()}

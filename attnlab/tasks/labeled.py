@@ -21,21 +21,24 @@ from attnlab.config import add_config_flags, from_dict
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import self_attention_view
 from attnlab.models import build_model
 from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import EncoderConfig
+from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.metrics import confusion, scores
 from attnlab.tasks.text_predict import probabilities, words_and_ids
+from attnlab.viz.confusion import plot_confusion
+from attnlab.wordvec.embedding import load_word_vectors
 
 # model name (= family in config.json) -> its config class
 MODEL_CLASSES: dict[str, tuple[type, Any]] = {"encoder": (EncoderConfig, None), **BASELINES, **LADDER}
@@ -131,7 +134,7 @@ class Labeled(Task):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)
         label_set(splits["train"], self.name)  # before anything is written: one label is an error
-        return {ck.TOKENIZER: _tokenizer(req.init, splits["train"], self.name, req.data.vocab_size).to_json()}
+        return {TOKENIZER: _tokenizer(req.init, splits["train"], self.name, req.data.vocab_size).to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         splits = load_splits(req.data, self.name)
@@ -215,7 +218,6 @@ class Labeled(Task):
         return show_scores(r, "examples")
 
     def views(self, run, text: str) -> list:
-        from attnlab.viz.views import self_attention_view
 
         if run.config["family"] != "encoder":
             return super().views(run, text)
@@ -251,7 +253,7 @@ def show_scores(r: dict[str, Any], unit: str) -> str:
 
 def _tokenizer(init, train: list, task: str, vocab_size: int) -> WordTokenizer:
     if init:
-        tok = load_tokenizer(ck.check_run_dir(init))
+        tok = load_tokenizer(check_run_dir(init))
         if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):  # attnlab's MLM runs, converted BERTs
             raise AttnlabError(f"--init {init}: its tokenizer is not a word or WordPiece tokenizer")
         return tok
@@ -265,7 +267,7 @@ def _init_overrides(init, overrides: dict | None, task: str = "classify") -> dic
     overrides = dict(overrides or {})
     if not init:
         return overrides
-    base = ck.read_run_config(ck.check_run_dir(init))
+    base = read_run_config(check_run_dir(init))
     if base.get("family") != "encoder":
         raise AttnlabError(f"--init {init} is not an encoder run (family {base.get('family')!r})")
     keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size")}
@@ -275,7 +277,6 @@ def _init_overrides(init, overrides: dict | None, task: str = "classify") -> dic
 
 
 def _load_vectors(model: nn.Module, path, tok: WordTokenizer, freeze: bool, report: bool) -> None:
-    from attnlab.data.vectors import load_word_vectors
 
     if getattr(model, "word_embedding", None) is None:
         raise AttnlabError("--word-vectors: this model has no word embedding (bow reads word counts)")
@@ -307,6 +308,5 @@ def score(model: nn.Module, batches: Examples, split: str, labels: list[str], de
 
 
 def _confusion_png(run: Path, result: dict, title: str) -> None:
-    from attnlab.viz.confusion import plot_confusion
 
     plot_confusion(np.array(result["confusion"]), result["labels"], run / "confusion.png", title)

@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnlab.config import add_config_flags, checked, flags_of, parse_value, read_toml
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
-from attnlab.engine import distributed
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import self_attention_view
 from attnlab.models.gpt import GPT, PRESET_TRAINING, PRESETS, GPTConfig
+from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
+from attnlab.runs.kind import kind_of
+from attnlab.runs.run import Run
+from attnlab.runs.weights import load_weights
+from attnlab.runtime import distributed
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task
 from attnlab.tasks.lm_eval import SPLITS, evaluate
 
@@ -64,14 +71,12 @@ def corpus_tokens(run: Path, data: DataConfig, d: Dist, progress: bool) -> tuple
 def init_model(init: str | Path, model_cfg: GPTConfig | None = None) -> GPTConfig:
     """The model config of the GPT run `init`, with model_cfg's dropout; any other difference
     (but vocab_size, which the tokenizer sets) is an error: the weights have their shape."""
-    from attnlab.tasks import task_of
-
-    config = ck.read_run_config(ck.check_run_dir(init))
-    if not task_of(config).generates:
+    config = read_run_config(check_run_dir(init))
+    if not kind_of(config).generates:
         raise AttnlabError(
-            f"--init {init} is a {task_of(config).name} run: fine-tuning a language model needs a gpt run"
+            f"--init {init} is a {kind_of(config).name} run: fine-tuning a language model needs a gpt run"
         )
-    base = checked(GPTConfig, config["model"], where=f"{Path(init) / ck.CONFIG} model")
+    base = checked(GPTConfig, config["model"], where=f"{Path(init) / CONFIG} model")
     if model_cfg is None:
         return base
     changed = [k for k, v in asdict(model_cfg).items() if k not in ("dropout", "vocab_size") and v != getattr(base, k)]
@@ -84,7 +89,7 @@ def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
     """A GPT initialized from the seed, or (fine-tuning) loaded from `weights`."""
     model = GPT(model_cfg)
     if weights is not None:
-        ck.load_weights(model, weights)
+        load_weights(model, weights)
     return model
 
 
@@ -130,7 +135,7 @@ class LanguageModel(Task):
             raise AttnlabError(
                 f"--init {req.init}: its tokenizer has {tok.vocab_size} tokens, its model {model_cfg.vocab_size}"
             )
-        return {ck.TOKENIZER: corpus_tokenizer(data, req.progress, tok).to_json()}
+        return {TOKENIZER: corpus_tokenizer(data, req.progress, tok).to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         data, _ = self._data(req)
@@ -140,7 +145,7 @@ class LanguageModel(Task):
             model_cfg = replace(model_cfg, vocab_size=tok.vocab_size)
         block_size = checked_block_size(req.train, model_cfg.context)
         tokens.check(block_size)
-        weights = Path(req.init) / ck.WEIGHTS if req.init is not None and not req.resume else None
+        weights = Path(req.init) / WEIGHTS if req.init is not None and not req.resume else None
         config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(req.train), "data": asdict(data)}
         if req.init is not None:
             config["init"] = str(req.init)  # the run it was fine-tuned from
@@ -165,8 +170,13 @@ class LanguageModel(Task):
                 f"  loss            {r['loss']:.4f} nats/token\n  perplexity      {r['perplexity']:.3f}\n"
                 f"  bits per char   {r['bits_per_char']:.4f}")  # fmt: skip
 
+    def lens_input(self, run: Run, text: str) -> tuple[torch.Tensor, None, Callable[[int], str]]:
+        ids = torch.tensor([run.tokenizer.encode(text)], device=run.device)[:, : run.model.cfg.context]  # (1, T)
+        if ids.shape[1] < 2:
+            raise AttnlabError("give an input of at least two tokens")
+        return ids, None, lambda i: run.tokenizer.decode([i])
+
     def views(self, run, text: str) -> list:
-        from attnlab.viz.views import self_attention_view
 
         ids = run.tokenizer.encode(text)[-run.model.cfg.context :]  # the last window, as generation reads it
         return [self_attention_view(run, ids)]

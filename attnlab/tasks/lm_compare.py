@@ -16,16 +16,21 @@ Llama block (llama-nano) and the mixture-of-experts block (moe-nano), all traine
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from attnlab.data import DataConfig
-from attnlab.engine import rundir as ck
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
+from attnlab.io import write_json
 from attnlab.models.gpt import PRESET_TRAINING, PRESETS
+from attnlab.runs.run import load
+from attnlab.tasks import TASKS
+from attnlab.tasks.lm_eval import evaluate
+from attnlab.viz.ablation import plot_recipes
 
 FAST = "gpt-nano-fast"
 # The classic recipe: gpt-nano as the lectures build it, with the settings the demo used to train
@@ -70,19 +75,14 @@ def block_recipes() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
 def held_out_corpus() -> Path | None:
     """The installed pip package's source: Python text none of the runs trained on (they read the
     standard library). None where pip is not installed."""
-    try:
-        import pip
-    except ImportError:
-        return None
-    return Path(pip.__file__).parent
+    spec = importlib.util.find_spec("pip")
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
 
 
 def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[str] | None = None,
                force: bool = False, progress: bool = True, blocks: bool = False) -> list[dict]:  # fmt: skip
     """Train every recipe (blocks: every block) for `budget` on `data` into out/<recipe>; rows as
     the module says."""
-    from attnlab.tasks import TASKS
-    from attnlab.tasks.lm_eval import evaluate
 
     try:
         TrainConfig(time_budget=budget)  # a bad budget fails now, not after the first run
@@ -97,7 +97,6 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
         cfg = TrainConfig(**{**train, "time_budget": budget, "max_steps": 10**9})  # the budget ends it
         req = TrainRequest(folder, "gpt", model, cfg, DataConfig(data), force=force, progress=progress)
         result = run(TASKS["lm"], req)
-        from attnlab.run import load
 
         trained = load(folder)
         row = {"recipe": name, "loss": evaluate(trained, data, max_tokens=EVAL_TOKENS, progress=False)["loss"]}
@@ -114,9 +113,8 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
     fast = rows[0] if blocks and rows else next((r for r in rows if r["recipe"] == FAST), None)
     for r in rows:
         r["vs_fast"] = None if fast is None else r["loss"] - fast["loss"]
-    ck.write_json(out / "compare.json", {"task": "lm", "budget": budget, "data": data, "other": str(other),
+    write_json(out / "compare.json", {"task": "lm", "budget": budget, "data": data, "other": str(other),
                                          "compared": "blocks" if blocks else "recipes", "rows": rows})  # fmt: skip
-    from attnlab.viz.ablation import plot_recipes
 
     plot_recipes(rows, out / "compare.png", f"{data}, {budget} of training each: held-out loss (lower is better)")
     return rows

@@ -7,7 +7,6 @@ first is predicted once, from the tokens before it in its window.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,11 +15,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from attnlab.data import TokenData, build_token_cache, resolve_sources
-from attnlab.engine.device import autocast, pick_dtype
+from attnlab.data.batches import windows
 from attnlab.errors import AttnlabError
+from attnlab.runtime.device import autocast, pick_dtype
 
 if TYPE_CHECKING:
-    from attnlab.run import Run
+    from attnlab.runs.run import Run
 
 SPLITS = ("val", "train", "all")
 
@@ -73,14 +73,3 @@ def evaluate(
         "perplexity": math.exp(nats),
         "bits_per_char": total / (chars * math.log(2)),
     }
-
-
-def windows(arr: np.ndarray, block: int, batch_size: int) -> Iterator[np.ndarray]:
-    """Consecutive (B, block + 1) windows overlapping by one token, so that every token after
-    the first is a target exactly once; the last, shorter window comes alone."""
-    n_full = (len(arr) - 1) // block
-    for i in range(0, n_full, batch_size):
-        starts = np.arange(i, min(i + batch_size, n_full)) * block
-        yield arr[starts[:, None] + np.arange(block + 1)].astype(np.int64)
-    if (len(arr) - 1) % block:
-        yield arr[None, n_full * block :].astype(np.int64)

@@ -15,13 +15,15 @@ from typing import Any
 from attnlab.config import add_config_flags, checked, flags_of
 from attnlab.data import DataConfig
 from attnlab.data.batches import MaskedWindows
-from attnlab.data.tokenizers import WORD_SPECIALS
-from attnlab.engine import rundir as ck
+from attnlab.data.tokenizers import WORD_SPECIALS, load_tokenizer
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.distributed import Dist
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import self_attention_view
 from attnlab.models.encoder import PRESETS, Encoder, EncoderConfig
+from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
+from attnlab.runs.kind import kind_of
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.lm import checked_block_size, corpus_tokenizer, corpus_tokens
 from attnlab.tasks.text_predict import probabilities, words_and_ids
@@ -62,10 +64,9 @@ class MaskedLM(Task):
         if req.data.tokenizer != "word":
             raise AttnlabError("masked-LM training needs the word tokenizer (it has [MASK]): use --tokenizer word")
         checked_block_size(req.train, self._model(req).context)  # before any slow work
-        from attnlab.data.tokenizers import load_tokenizer
 
         tok = load_tokenizer(req.init) if req.init is not None else None
-        return {ck.TOKENIZER: corpus_tokenizer(req.data, req.progress, tok).to_json()}
+        return {TOKENIZER: corpus_tokenizer(req.data, req.progress, tok).to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         tok, tokens = corpus_tokens(Path(req.out), req.data, d, req.progress)
@@ -118,7 +119,6 @@ class MaskedLM(Task):
         raise AttnlabError(f'{run.path} is a masked-LM run: try attnlab predict {run.path} "... [MASK] ..."')
 
     def views(self, run, text: str) -> list:
-        from attnlab.viz.views import self_attention_view
 
         _, ids, _ = words_and_ids(run, text, cls_first=False)
         return [self_attention_view(run, ids)]
@@ -140,9 +140,7 @@ class MaskedLM(Task):
 
 def init_encoder(init: str | Path) -> dict[str, Any]:
     """The model fields of an encoder run (attnlab's masked LM, or a converted BERT) to start from."""
-    from attnlab.tasks import task_of
-
-    config = ck.read_run_config(ck.check_run_dir(init))
+    config = read_run_config(check_run_dir(init))
     if config["family"] != "encoder":
-        raise AttnlabError(f"--init {init} is a {task_of(config).name} run, not an encoder run")
+        raise AttnlabError(f"--init {init} is a {kind_of(config).name} run, not an encoder run")
     return dict(config["model"])

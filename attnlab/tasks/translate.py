@@ -12,27 +12,34 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sacrebleu
 import torch
 from torch import nn
 
 from attnlab.config import add_config_flags, from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
 from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
+from attnlab.data.shifted import pieces, to_ids, to_text
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.decoding.beam import beam_search, greedy
-from attnlab.engine import rundir as ck
-from attnlab.engine.distributed import Dist
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.interpret.views import TRANSLATION_VIEWS, numpy_weights
 from attnlab.models.rnn import RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
+from attnlab.runs.folder import TOKENIZER
+from attnlab.runs.run import Run
+from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
 from attnlab.tasks.common import build_config, init_builder, preset_fields
+from attnlab.viz.alignment import plot_alignment
+from attnlab.viz.html import AttentionView
 
 TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share tokenizer.json
 # Settings that learn the built-in tasks in a few minutes on a laptop CPU.
@@ -72,15 +79,6 @@ def train_tokenizers(pairs: list[tuple[str, str]], kind: str, vocab_size: int, s
             train_tokenizer(kind, [t for _, t in pairs], vocab_size))  # fmt: skip
 
 
-def to_ids(tok: Tokenizer, text: str) -> np.ndarray:
-    """Model ids of a text: the tokenizer's ids shifted above PAD, BOS and EOS."""
-    return tok.encode_array(text).astype(np.int64) + N_SPECIAL
-
-
-def to_text(tok: Tokenizer, ids: list[int]) -> str:
-    return tok.decode([i - N_SPECIAL for i in ids if i >= N_SPECIAL])
-
-
 def encode_pairs(src_tok, tgt_tok, pairs: list[tuple[str, str]], max_len: int, split: str):
     """Source and target id arrays; sides longer than max_len tokens are cut (one warning per split)."""
     src, tgt, cut = [], [], 0
@@ -116,15 +114,15 @@ class Translation(Task):
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         if req.init is not None:  # fine-tuning keeps the init run's vocabularies
-            src = Path(req.init) / ck.TOKENIZER
-            files = {ck.TOKENIZER: src.read_text(encoding="utf-8")}
+            src = Path(req.init) / TOKENIZER
+            files = {TOKENIZER: src.read_text(encoding="utf-8")}
             if (Path(req.init) / TARGET_TOKENIZER).is_file():
                 files[TARGET_TOKENIZER] = (Path(req.init) / TARGET_TOKENIZER).read_text(encoding="utf-8")
             return files
         splits = load_pairs(req.data)
         src_tok, tgt_tok = train_tokenizers(splits["train"], tokenizer_kind(req.data), req.data.vocab_size,
                                             req.data.shared_vocab)  # fmt: skip
-        files = {ck.TOKENIZER: src_tok.to_json()}
+        files = {TOKENIZER: src_tok.to_json()}
         if tgt_tok is not src_tok:
             files[TARGET_TOKENIZER] = tgt_tok.to_json()
         return files
@@ -181,6 +179,14 @@ class Translation(Task):
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "pairs")
+
+    def lens_input(self, run: Run, text: str) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], str]]:
+        """The decoder's inputs on the run's own greedy translation of `text`, and its source: row l,
+        column t of the lens is what the decoder would write after reading the source and its first
+        t outputs, stopped after layer l."""
+        src, tgt_in, _ = decode_one(run, text)
+        tok = target_tokenizer(run)
+        return tgt_in, src, lambda i: pieces(tok, [i])[0]
 
     def views(self, run, text: str) -> list:
         return translation_views(run, text)
@@ -239,7 +245,6 @@ def show_scores(r: dict[str, Any], unit: str) -> str:
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
     """Exact match, and corpus BLEU and chrF from sacrebleu (the field's reference implementation)."""
-    import sacrebleu
 
     exact = float(np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)]))
     return {"examples": len(references), "exact_match": exact,
@@ -292,15 +297,6 @@ def teacher_forced_loss(model: nn.Module, batches: Pairs, split: str, batch_size
     return total / max(count, 1)
 
 
-def pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
-    """Each model id as readable text, for picture axes."""
-    out = []
-    for i in ids:
-        piece = tok.decode([i - N_SPECIAL]) if i >= N_SPECIAL else {BOS_ID: "<s>", EOS_ID: "</s>"}.get(i, "<pad>")
-        out.append(piece.strip() or piece.replace(" ", "·"))
-    return out
-
-
 def decode_one(run, text: str, beam: int = 1) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Translate one text for a look at its attention: (source ids (1, S), the decoder's inputs
     (1, T) = BOS + translation, the translation's ids)."""
@@ -322,7 +318,6 @@ def cross_attention(run, src: torch.Tensor, tgt_in: torch.Tensor) -> np.ndarray:
 
 def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
     """Translate `text` and draw where each produced token looked in the source; returns the translation."""
-    from attnlab.viz.alignment import plot_alignment
 
     src, tgt_in, hyp = decode_one(run, text, beam)
     w = cross_attention(run, src, tgt_in)
@@ -336,8 +331,6 @@ def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
 def translation_views(run, text: str) -> list:
     """Encoder, decoder and cross-attention on the run's own greedy translation of `text` (the RNN:
     its Bahdanau alignment alone)."""
-    from attnlab.viz.html import AttentionView
-    from attnlab.viz.views import TRANSLATION_VIEWS, numpy_weights
 
     src, tgt_in, hyp = decode_one(run, text)
     source = pieces(run.tokenizer, src[0].tolist())

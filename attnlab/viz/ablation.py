@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.viz.figures import save_figure
+from attnlab.viz.figures import pyplot, save_figure
 
 SERIES = (("loss", "held-out split of the training corpus"), ("other_loss", "a corpus never trained on (pip)"))
 
@@ -14,10 +14,7 @@ SERIES = (("loss", "held-out split of the training corpus"), ("other_loss", "a c
 def plot_recipes(rows: list[dict], path: Path, title: str) -> None:
     """Horizontal bars of each recipe's losses, the axis zoomed to where they differ, with a dashed
     line at the full fast recipe's loss so that each ablation reads as its distance from it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     series = [(key, label) for key, label in SERIES if all(r.get(key) is not None for r in rows)]
     y = np.arange(len(rows))[::-1]  # first recipe on top

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.viz.figures import save_figure
+from attnlab.viz.figures import pyplot, save_figure
 
 PER_TOKEN = 0.15  # panel inches per token when every token is labelled: a 7-8 pt label and a gap
 MIN_SPACING = 0.13  # the closest two shown labels may be: a 7 pt line (0.097 in) plus air
@@ -122,10 +122,7 @@ def alignment_figure(
     heads: list[int] | None = None,
 ):
     """The matplotlib Figure that plot_alignment saves (see there); tests read its layout."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     w = np.asarray(weights, dtype=float)
     n_layer, n_head, t, s = w.shape

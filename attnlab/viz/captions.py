@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.viz.figures import save_figure
+from attnlab.io import atomic_write
+from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.html import fill, script_json, static_text
 
 
 def upsample(weights: np.ndarray, grid: tuple[int, int], patch: tuple[int, int]) -> np.ndarray:
@@ -39,10 +41,7 @@ def panels(weights: np.ndarray, heads: bool = True) -> list[tuple[str, np.ndarra
 def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
                            path: str | Path, title: str = "", heads: bool = True) -> None:  # fmt: skip
     """image (C, H, W) in [0, 1], words (T,), weights (L, H, T, N): see the module docstring."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     gray = np.asarray(image, dtype=float).mean(0)  # (H, W)
     patch = gray.shape[0] // grid[0], gray.shape[1] // grid[1]
@@ -84,8 +83,6 @@ def write_caption_html(image: np.ndarray, words: list[str], weights: np.ndarray,
     """A page of its own (no network): the caption's words; hover one to see the image under its
     attention, a layer and a head (or their mean) chosen from selects; play moves the attention word
     by word; below, a small panel per head and word of the chosen layer, as the PNG has."""
-    from attnlab.engine.rundir import atomic_write
-    from attnlab.viz.html import fill, script_json, static_text
 
     parts = {"TITLE": html.escape(title or "caption"), "STYLE": static_text("caption.css"),
              "DATA": script_json(caption_json(image, words, weights, grid, title)),

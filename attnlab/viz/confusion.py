@@ -6,15 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.viz.figures import save_figure
+from attnlab.viz.figures import pyplot, save_figure
 
 
 def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> None:
     """Rows: true class, columns: predicted; cells show counts, colour shows the row's share."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     m = np.asarray(m)
     share = m / np.maximum(m.sum(1, keepdims=True), 1)
@@ -39,10 +36,7 @@ CLASSIFY_BARS = (("accuracy", "accuracy", 1.0), ("macro_f1", "macro-F1", 1.0))
 
 def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLASSIFY_BARS) -> None:
     """Bars of test scores per model; bars: (key, label, scale) per score, value / scale drawn in [0, 1]."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = [r["model"] for r in rows]
     x = np.arange(len(rows))

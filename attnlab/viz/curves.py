@@ -1,4 +1,4 @@
-"""Training curves from a run's metrics.jsonl."""
+"""Training curves from a run's metrics.jsonl: the losses, and the learning rate as run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import read_metrics
-from attnlab.viz.figures import save_figure
+from attnlab.errors import AttnlabError
+from attnlab.io import read_metrics
+from attnlab.viz.figures import pyplot, save_figure
 
 
 def running_mean(values, k: int) -> np.ndarray:
@@ -20,11 +21,7 @@ def running_mean(values, k: int) -> np.ndarray:
 
 def plot_loss(metrics: Path, out: Path) -> None:
     """Train loss (light, every step, and a running mean) and validation loss (points)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = read_metrics(metrics)
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
@@ -41,3 +38,25 @@ def plot_loss(metrics: Path, out: Path) -> None:
     ax.legend()
     fig.tight_layout()
     save_figure(fig, out, dpi=fig.dpi)
+
+
+def learning_rates(metrics: Path) -> tuple[list[int], list[float]]:
+    rows = [(r["step"], r["lr"]) for r in read_metrics(metrics) if "lr" in r and "step" in r]
+    if not rows:
+        raise AttnlabError(f"{metrics} has no learning rate logged: train the run for a few steps first")
+    steps, lrs = zip(*rows)
+    return list(steps), list(lrs)
+
+
+def plot_lr(metrics: Path, out: Path) -> None:
+    """The learning rate of every logged step (metrics.jsonl rows {"step", "lr"}): warmup, then decay."""
+    steps, lrs = learning_rates(Path(metrics))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(steps, lrs, color="tab:green")
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, Path(out))

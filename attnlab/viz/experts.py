@@ -2,8 +2,7 @@
 
 Shapes: L MoE layers, T tokens, E experts, k experts per token.
 
-    run = attnlab.load("runs/moe")
-    routing = expert_routing(run, "def main():\\n    return 0")   # tokens, (L, T, k) experts, (L, T, k) gates
+    routing = Routing(tokens, experts, gates, n)  # interpret/experts.py routes a run's text
     plot_routing(routing, Path("experts.png"))      # the text once per layer, each token on its expert's colour
     plot_expert_load(Path("runs/moe/metrics.jsonl"), Path("load.png"))   # each layer's load against the step
 """
@@ -14,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from attnlab.engine.rundir import read_metrics
 from attnlab.errors import AttnlabError
-from attnlab.nn.moe import moe_layers
+from attnlab.io import read_metrics
+from attnlab.viz.figures import pyplot, save_figure
 
 WRAP = 64  # characters per line of drawn text
 CHAR = 0.095  # inches per character: a 9-point monospace glyph and a little room
@@ -30,36 +28,6 @@ class Routing:
     experts: np.ndarray  # (L, T, k) expert ids, best first
     gates: np.ndarray  # (L, T, k) their renormalised gates
     n_experts: int
-
-
-@torch.no_grad()
-def expert_routing(run, text: str) -> Routing:
-    """Route `text` through a GPT run's MoE layers (the last context window of it)."""
-    model = run.model
-    layers = moe_layers(model)
-    if not layers:
-        raise AttnlabError(f"{run.path} has no mixture-of-experts layers (train with --feedforward moe)")
-    ids = run.tokenizer.encode(text)[-model.cfg.context :]
-    if not ids:
-        raise AttnlabError("the text is empty")
-    idx = torch.tensor([ids], device=next(model.parameters()).device)
-    model.eval()
-    model(idx)  # each MoE layer keeps what it chose
-    experts = np.stack([m.choice[0].cpu().numpy() for m in layers])  # (L, T, k)
-    gates = np.stack([m.choice_gates[0].float().cpu().numpy() for m in layers])
-    tokens = [run.tokenizer.decode([i]) for i in ids]
-    return Routing(tokens, experts, gates, layers[0].n_experts)
-
-
-def routing_json(run, text: str) -> dict | None:
-    """The expert view's data for the HTML page and the explorer: {tokens, experts (L, T) first
-    choices, gates (L, T) their gates, n experts}; None for a model without MoE layers, or not
-    reading one token sequence (a translation model's two are not routed here)."""
-    if not moe_layers(run.model) or not hasattr(run.model, "tok"):
-        return None
-    r = expert_routing(run, text)
-    return {"tokens": r.tokens, "experts": r.experts[..., 0].tolist(), "gates": np.round(r.gates[..., 0], 3).tolist(),
-            "n": r.n_experts}  # fmt: skip
 
 
 def _lines(tokens: list[str]) -> list[list[tuple[int, str]]]:
@@ -81,9 +49,7 @@ def _lines(tokens: list[str]) -> list[list[tuple[int, str]]]:
 def plot_routing(r: Routing, out: Path) -> None:
     """One panel per MoE layer: the text, each token on the colour of its first-choice expert, with
     a lighter shade the smaller that expert's gate."""
-    from attnlab.viz.inspect_plots import _pyplot, _save
-
-    plt = _pyplot()
+    plt = pyplot()
     colours = plt.get_cmap("tab10" if r.n_experts <= 10 else "tab20")
     lines = _lines(r.tokens)
     n_layers = r.experts.shape[0]
@@ -106,20 +72,18 @@ def plot_routing(r: Routing, out: Path) -> None:
     fig.legend(handles, [f"expert {e}" for e in range(r.n_experts)], loc="lower center", ncol=min(r.n_experts, 8),
                fontsize=8, frameon=False)  # fmt: skip
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 def plot_expert_load(metrics: Path, out: Path) -> str:
     """Each layer's share of tokens per expert against the training step, from metrics.jsonl's
     expert_load rows (written at every evaluation); returns a one-line description."""
-    from attnlab.viz.inspect_plots import _pyplot, _save
-
     rows = [r for r in read_metrics(metrics) if "expert_load" in r]
     if not rows:
         raise AttnlabError(f"{metrics} has no expert_load rows: the run has no mixture-of-experts layers")
     steps = [r["step"] for r in rows]
     load = np.array([r["expert_load"] for r in rows])  # (S, L, E)
-    plt = _pyplot()
+    plt = pyplot()
     n_layers, n_experts = load.shape[1:]
     fig, axes = plt.subplots(1, n_layers, figsize=(3.2 * n_layers, 3), sharey=True, squeeze=False)
     for layer, ax in enumerate(axes[0]):
@@ -131,7 +95,7 @@ def plot_expert_load(metrics: Path, out: Path) -> str:
     axes[0, 0].set_ylabel("share of routed tokens")
     axes[0, -1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    _save(fig, out)
+    save_figure(fig, out)
     spread = load[-1].max() - load[-1].min()
     return (f"expert load of {n_layers} layers x {n_experts} experts at {len(steps)} evaluations "
             f"(steps {steps[0]}..{steps[-1]}); at the last, shares range over {spread:.2f}")  # fmt: skip

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.io import atomic_write
 
 DPI = 110
 
@@ -49,10 +50,17 @@ def figure_json(fig) -> dict:
     return {"title": title, "panels": [p for p in panels if len(p) > 1 or p.get("title")]}
 
 
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot, drawing to files only (the Agg backend: no window), imported on first use."""
+    import matplotlib.pyplot as plt  # matplotlib: 1 s to import, paid only by what draws
+
+    plt.matplotlib.use("Agg")
+    return plt
+
+
 def save_figure(fig, path: str | Path, dpi: float = DPI) -> None:
     """Write `fig` to path as SVG, JSON or PNG by its suffix, then close it."""
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     path = Path(path)
     suffix = path.suffix.lower()
     try:

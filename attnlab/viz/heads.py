@@ -8,15 +8,12 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from attnlab.viz.figures import save_figure
+from attnlab.viz.figures import pyplot, save_figure
 
 
 def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, diverging: bool = False) -> None:
     """One (L, H) heatmap per table, side by side, each cell labelled with its value (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = len(tables)
     L, H = next(iter(tables.values())).shape

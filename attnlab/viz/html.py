@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.io import atomic_write
 
 DECIMALS = 4  # weights in the page: 0.01% is finer than any line width or colour step can show
 # Above this many weights (all views together), the page gets one byte per weight, base64 (about 1.3

@@ -10,53 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.interpret.rollout import as_array, stack_layers
-from attnlab.interpret.rollout import rollout as attention_rollout  # the one rollout, shared by every family
-from attnlab.viz.figures import save_figure
+from attnlab.viz.figures import pyplot, save_figure
 
+Panel = tuple[np.ndarray | None, str]  # a (gh, gw) heat map (None: the image alone) and its title
 MAX_LABELLED = 16  # grids up to 4 x 4 get each patch's weight written on it
 CELL = 1.8  # inches per panel: an 8x8 digit still shows its pixels and its patch blocks
 HEAT = dict(cmap="viridis", alpha=0.5, interpolation="nearest")  # see-through, one flat block per patch
 
 
-def _check_grid(t: int, grid: tuple[int, int]) -> tuple[int, int]:
-    gh, gw = grid
-    if t != 1 + gh * gw:
-        raise ValueError(f"attention over {t} tokens does not fit a {gh}x{gw} patch grid plus [CLS]; check grid")
-    return gh, gw
-
-
-def cls_maps(weights, grid: tuple[int, int]) -> np.ndarray:
-    """[CLS]'s attention to each patch, per layer and head, laid out as the patches lie: (L, H, gh, gw)."""
-    w = stack_layers(weights)
-    gh, gw = _check_grid(w.shape[-1], grid)
-    return w[:, :, 0, 1:].reshape(w.shape[0], w.shape[1], gh, gw)  # patch k at (k // gw, k % gw)
-
-
-Panel = tuple[np.ndarray | None, str]  # a (gh, gw) heat map (None: the image alone) and its title
-
-
-def patch_panels(weights, grid: tuple[int, int], residual: float = 0.5) -> list[list[Panel]]:
-    """The rows plot_patch_attention draws, apart from drawing, so they can be checked.
-
-    One row per layer (each head, then the mean of the heads); a last row with the image alone, the
-    rollout and the last layer's mean, so the rollout can be set against the last layer it grew from.
-    """
-    w = stack_layers(weights)
-    maps = cls_maps(w, grid)  # (L, H, gh, gw)
-    n_layer, n_head = maps.shape[:2]
-    rows = []
-    for i in range(n_layer):
-        row = [(maps[i, h], f"layer {i + 1} head {h + 1}") for h in range(n_head)]
-        rows.append(row + [(maps[i].mean(0), f"layer {i + 1}: mean of heads")])
-    rollout = attention_rollout(w, residual)[0, 1:].reshape(grid)  # (gh, gw)
-    rows.append([(None, "image"), (rollout, "rollout"), (maps[-1].mean(0), f"layer {n_layer}: mean of heads")])
-    return rows
-
-
 def _show_image(ax, image: np.ndarray) -> tuple[int, int]:
     """Draw (C, H, W) in [0, 1] pixel for pixel, in grey for one channel; return (H, W)."""
-    image = np.clip(as_array(image), 0, 1)
+    image = np.clip(np.asarray(image, dtype=float), 0, 1)
     if image.ndim != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"an image should be (C, H, W) with C = 1 or 3; got shape {image.shape}")
     h, w = image.shape[1:]
@@ -94,18 +58,10 @@ def _save(fig, path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_patch_attention(image: np.ndarray, weights, grid: tuple[int, int], path: Path, title: str = "") -> None:
-    """One PNG of where [CLS] looked: image (C, H, W) in [0, 1], weights L arrays (H, T, T) for this image.
-
-    A row per layer (each head and their mean), then the image alone, the rollout and the last layer's
-    mean, each map a see-through block per patch over the image.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = patch_panels(weights, grid)
+def draw_patch_panels(image: np.ndarray, rows: list[list[Panel]], path: Path, title: str = "") -> None:
+    """One picture of where [CLS] looked: image (C, H, W) in [0, 1] under rows of panels, each a
+    (gh, gw) map (None: the image alone) drawn as a see-through block per patch over the image."""
+    plt = pyplot()
     vmax = max(float(heat.max()) for row in rows for heat, _ in row if heat is not None)
     cols = max(len(r) for r in rows)
     fig, axes = plt.subplots(len(rows), cols, figsize=(CELL * cols, CELL * len(rows)), squeeze=False)
@@ -153,16 +109,13 @@ def plot_prediction_grid(
     probs: (N,) the probability of each prediction, or (N, K) class probabilities whose max is shown.
     Draws the first max_images, 8 per row; the overall title counts the right ones among those drawn.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = min(len(images), max_images)
     if n == 0:
         raise ValueError("no images to draw; pass at least one image and max_images >= 1")
     true, pred = list(true)[:n], list(pred)[:n]
-    shown = None if probs is None else as_array(probs)[:n]
+    shown = None if probs is None else np.asarray(probs, dtype=float)[:n]
     if shown is not None and shown.ndim == 2:
         shown = shown.max(1)  # the predicted class is the most probable one
     cols = min(8, n)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.engine.rundir import atomic_write
+from attnlab.io import atomic_write
 from attnlab.viz.html import AttentionView, write_attention_html
 
 STYLE = """body { font: 14px system-ui, sans-serif; margin: 1em 2em; color: #222; }

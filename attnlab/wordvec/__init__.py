@@ -10,7 +10,7 @@ queries; evaluate: analogy questions and similarity ratings; train: the run fold
 """
 
 from attnlab.wordvec.config import METHODS, VectorsConfig
-from attnlab.wordvec.keyed import WordVectors
-from attnlab.wordvec.train import load_vectors, train_vectors
+from attnlab.wordvec.keyed import WordVectors, load_vectors
+from attnlab.wordvec.train import train_vectors
 
 __all__ = ["METHODS", "VectorsConfig", "WordVectors", "load_vectors", "train_vectors"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnlab.config import option as _f
+from attnlab.errors import AttnlabError
 
 METHODS = ("skipgram", "cbow", "fasttext", "glove")
 
@@ -34,7 +35,6 @@ class VectorsConfig:
     seed: int = _f(0, "random seed (results repeat exactly with --threads 1)")
 
     def __post_init__(self) -> None:
-        from attnlab.errors import AttnlabError
 
         if self.method not in METHODS:
             raise AttnlabError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")

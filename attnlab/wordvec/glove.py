@@ -17,10 +17,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
 
 from attnlab.wordvec.corpus import Corpus
 from attnlab.wordvec.hogwild import hogwild
+from attnlab.wordvec.jit import njit
 
 SLICE_WORDS = 500_000  # corpus words counted at a time
 MERGE_AT = 20_000_000  # pending pair entries before they are summed into the total

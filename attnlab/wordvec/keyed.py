@@ -14,9 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from attnlab.errors import AttnlabError
+from attnlab.runs.folder import CONFIG, WEIGHTS
+from attnlab.runs.kind import READ_ELSEWHERE
 from attnlab.wordvec.subwords import ngram_buckets
+from attnlab.wordvec.textfile import text_entries
+
+FAMILY = "vectors"  # the family config.json records for a word-vectors run
+# `attnlab.load` reads models; a vectors run is read here (WordVectors.load, `attnlab vectors`).
+READ_ELSEWHERE[FAMILY] = "this is a word-vectors run (attnlab train vectors): ask it with attnlab vectors RUN"
 
 
 @dataclass
@@ -111,7 +120,6 @@ class WordVectors:
         return arrays, meta
 
     def save(self, path: str | Path) -> None:
-        from safetensors.numpy import save_file
 
         arrays, meta = self.tensors()
         save_file(arrays, str(path), metadata=meta)
@@ -124,7 +132,6 @@ class WordVectors:
             raise AttnlabError(f"word vectors file not found: {path}")
         if path.suffix != ".safetensors":
             return cls._from_text(path)
-        from safetensors import safe_open
 
         with safe_open(str(path), "np") as f:
             meta = f.metadata() or {}
@@ -138,12 +145,29 @@ class WordVectors:
 
     @classmethod
     def _from_text(cls, path: Path) -> WordVectors:
-        from attnlab.data.vectors import vector_entries
-
         words, rows = [], []
-        for word, values in vector_entries(path):
+        for word, values in text_entries(path):
             words.append(word)
             rows.append(values)
         if not words:
             raise AttnlabError(f"{path} holds no word vectors")
         return cls(words, np.asarray(rows, dtype=np.float32))
+
+
+def vectors_file(run: str | Path) -> Path:
+    """The safetensors file of a vectors run (a folder), checked to be one."""
+    p = Path(run)
+    config = p / CONFIG
+    try:
+        family = json.loads(config.read_text(encoding="utf-8")).get("family")
+    except (OSError, ValueError):
+        family = None
+    if family != FAMILY or not (p / WEIGHTS).is_file():
+        raise AttnlabError(f"{p} is not a word-vectors run (made by attnlab train vectors)")
+    return p / WEIGHTS
+
+
+def load_vectors(source: str | Path) -> WordVectors:
+    """Word vectors from a vectors run folder, a safetensors file or a word2vec/GloVe text file."""
+    p = Path(source)
+    return WordVectors.load(vectors_file(p) if p.is_dir() else p)

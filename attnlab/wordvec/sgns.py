@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from attnlab.wordvec.hogwild import hogwild
+from attnlab.wordvec.jit import njit
 
 # Random numbers: SplitMix64 (a counter passed through a bijective mix), whose every output bit is
 # usable; word2vec's linear congruential generator is cheaper but its low bits and consecutive

@@ -17,13 +17,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
-from attnlab.engine import rundir
+from attnlab.data.english import english_text
+from attnlab.data.text import read_texts, resolve_sources
 from attnlab.errors import AttnlabError
+from attnlab.io import write_json, write_safetensors
+from attnlab.runs.folder import CONFIG, WEIGHTS, check_dir, fresh_dir
 from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.corpus import Corpus, Vocab, keep_probability, noise_table, sentences
-from attnlab.wordvec.keyed import Subwords, WordVectors
+from attnlab.wordvec.glove import cooccurrence, fit_epoch
+from attnlab.wordvec.keyed import FAMILY, Subwords, WordVectors
+from attnlab.wordvec.sgns import train_chunks
+from attnlab.wordvec.subwords import input_rows
 
 CHUNK_WORDS = 10_000  # words a thread trains on before taking the next piece of the corpus
 BUILTIN = "english"  # the standard library's docstrings and comments (attnlab.data.english)
@@ -32,10 +39,7 @@ BUILTIN = "english"  # the standard library's docstrings and comments (attnlab.d
 def read_corpus_text(data: str, progress: bool = True) -> str:
     """`english` (built in, no download), a text file, or a folder of them."""
     if data == BUILTIN:
-        from attnlab.data.english import english_text
-
         return english_text()
-    from attnlab.data.text import read_texts, resolve_sources
 
     return "\n".join(read_texts(resolve_sources(data), progress="reading" if progress else None))
 
@@ -53,8 +57,6 @@ def _bar(total: int, desc: str, progress: bool) -> tqdm:
 
 def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progress: bool) -> WordVectors:
     """Word2Vec or FastText: every epoch, the corpus in chunks, a group of chunks per kernel call."""
-    from attnlab.wordvec.sgns import train_chunks
-    from attnlab.wordvec.subwords import input_rows
 
     V, rng = len(vocab), np.random.default_rng(cfg.seed)
     if cfg.method == "fasttext":
@@ -94,7 +96,6 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
 
 
 def _train_glove(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progress: bool) -> WordVectors:
-    from attnlab.wordvec.glove import cooccurrence, fit_epoch
 
     V, D, rng = len(vocab), cfg.dim, np.random.default_rng(cfg.seed)
     with _bar(corpus.raw_words, "counting", progress) as bar:
@@ -132,7 +133,7 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
     """Train word vectors on `data` (or on `text` given directly) and write the run to `out`;
     returns a summary (vocabulary, corpus words, seconds, words per second, final loss)."""
     out = Path(out)
-    rundir.check_dir(out, resume=False, force=force)
+    check_dir(out, resume=False, force=force)
     started = time.perf_counter()
     if text is None:
         text = read_corpus_text(data, progress)
@@ -144,7 +145,7 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
     del sents
     if len(corpus.ids) < 2:
         raise AttnlabError("the corpus has fewer than two words of the vocabulary: give more text")
-    rundir.fresh_dir(out)
+    fresh_dir(out)
     log = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed below
     rows: list[dict] = []
 
@@ -165,32 +166,12 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
                "words_per_s": round(corpus.raw_words * cfg.epochs / fit), "loss": rows[-1].get("loss"),
                "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
     arrays, meta = wv.tensors()
-    rundir.write_safetensors(out / rundir.WEIGHTS, {k: _tensor(v) for k, v in arrays.items()}, meta)
-    config = {"family": "vectors", "model": asdict(cfg), "train": {}, "data": {"data": data}, "summary": summary}
-    rundir.write_json(out / rundir.CONFIG, config)
+    write_safetensors(out / WEIGHTS, {k: _tensor(v) for k, v in arrays.items()}, meta)
+    config = {"family": FAMILY, "model": asdict(cfg), "train": {}, "data": {"data": data}, "summary": summary}
+    write_json(out / CONFIG, config)
     return summary
 
 
 def _tensor(array: np.ndarray):
-    import torch
 
     return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def vectors_file(run: str | Path) -> Path:
-    """The safetensors file of a vectors run (a folder), checked to be one."""
-    p = Path(run)
-    config = p / rundir.CONFIG
-    try:
-        family = json.loads(config.read_text(encoding="utf-8")).get("family")
-    except (OSError, ValueError):
-        family = None
-    if family != "vectors" or not (p / rundir.WEIGHTS).is_file():
-        raise AttnlabError(f"{p} is not a word-vectors run (made by attnlab train vectors)")
-    return p / rundir.WEIGHTS
-
-
-def load_vectors(source: str | Path) -> WordVectors:
-    """Word vectors from a vectors run folder, a safetensors file or a word2vec/GloVe text file."""
-    p = Path(source)
-    return WordVectors.load(vectors_file(p) if p.is_dir() else p)

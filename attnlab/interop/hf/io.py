@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from attnlab.engine import rundir as ck
 from attnlab.errors import AttnlabError
+from attnlab.io import read_json, read_safetensors, write_json, write_text
+from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS
+from attnlab.runs.weights import write_weights
 
 SAFE_INDEX = "model.safetensors.index.json"
 BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -29,21 +31,21 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     d = Path(path)
     if not d.is_dir():
         raise AttnlabError(f"HuggingFace model directory not found: {d}")
-    if not (d / ck.CONFIG).is_file():
+    if not (d / CONFIG).is_file():
         raise AttnlabError(f"{d}: no config.json (not a HuggingFace model directory)")
-    config = ck.read_json(d / ck.CONFIG)
+    config = read_json(d / CONFIG)
     if not isinstance(config, dict):
-        raise AttnlabError(f"{d / ck.CONFIG} is corrupt: expected a JSON object")
-    tokenizer = d / ck.TOKENIZER
+        raise AttnlabError(f"{d / CONFIG} is corrupt: expected a JSON object")
+    tokenizer = d / TOKENIZER
     return config, read_hf_weights(d), tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None
 
 
 def read_hf_weights(d: Path) -> dict[str, torch.Tensor]:
     """The weights of directory d: safetensors preferred (as transformers does), then pickles."""
-    if (d / ck.WEIGHTS).is_file():
-        return ck.read_safetensors(d / ck.WEIGHTS)[0]
+    if (d / WEIGHTS).is_file():
+        return read_safetensors(d / WEIGHTS)[0]
     if (d / SAFE_INDEX).is_file():
-        return _read_shards(d, SAFE_INDEX, lambda p: ck.read_safetensors(p)[0])
+        return _read_shards(d, SAFE_INDEX, lambda p: read_safetensors(p)[0])
     if (d / BIN).is_file():
         return _read_bin(d / BIN)
     if (d / BIN_INDEX).is_file():
@@ -53,7 +55,7 @@ def read_hf_weights(d: Path) -> dict[str, torch.Tensor]:
 
 def _read_shards(d: Path, index: str, read) -> dict[str, torch.Tensor]:
     """A sharded checkpoint: the index's weight_map names the file of every tensor."""
-    index_json = ck.read_json(d / index)
+    index_json = read_json(d / index)
     weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
     if not isinstance(weight_map, dict):
         raise AttnlabError(f"{d / index} is corrupt: it has no weight_map")
@@ -104,7 +106,7 @@ def write_hf_dir(
         if key not in seen:
             seen.add(key)
             once[name] = t
-    ck.write_json(d / ck.CONFIG, config)
-    ck.write_weights(once, d / ck.WEIGHTS, {"format": "pt"})  # transformers checks the "format" entry
+    write_json(d / CONFIG, config)
+    write_weights(once, d / WEIGHTS, {"format": "pt"})  # transformers checks the "format" entry
     if tokenizer_json is not None:
-        ck.write_text(d / ck.TOKENIZER, tokenizer_json)
+        write_text(d / TOKENIZER, tokenizer_json)

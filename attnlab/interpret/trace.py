@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
 from attnlab.nn.hooks import Hook, hooks, taps
+from attnlab.runs.run import Run
 
 
 @dataclass
@@ -52,22 +53,21 @@ class Trace:
         return torch.stack(found, dim=1)
 
 
-def _model_and_inputs(target: Any, inputs: tuple) -> tuple[nn.Module, tuple]:
+def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module, tuple]:
     """A Run's model, with a text input encoded by its tokenizer; or a model and its inputs as given."""
-    model = getattr(target, "model", target)
+    model = target.model if isinstance(target, Run) else target
     if not isinstance(model, nn.Module):
         raise AttnlabError("trace: give a run (attnlab.load) or a torch model")
     if len(inputs) == 1 and isinstance(inputs[0], str):
-        tok = getattr(target, "tokenizer", None)
-        if tok is None:
+        if not isinstance(target, Run) or target.tokenizer is None:
             raise AttnlabError("trace: a text input needs a run with a tokenizer; give the model's tensors instead")
         device = next(model.parameters()).device
-        inputs = (torch.tensor([tok.encode(inputs[0])], device=device),)  # (1, T)
+        inputs = (torch.tensor([target.tokenizer.encode(inputs[0])], device=device),)  # (1, T)
     return model, inputs
 
 
 @torch.no_grad()
-def trace(target: Any, *inputs: Any, extra_hooks: dict[str, Hook] | None = None, **kwargs: Any) -> Trace:
+def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | None = None, **kwargs: Any) -> Trace:
     """Run the model of `target` (a run or a module) on `inputs` once, in eval mode, recording every
     point's activation (after extra_hooks, if any, have read or replaced them)."""
     model, inputs = _model_and_inputs(target, inputs)

@@ -19,7 +19,10 @@ import numpy as np
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.viz.html import AttentionView
+from attnlab.interpret.experts import routing_json
+from attnlab.io import write_json
+from attnlab.viz.alignment import plot_alignment
+from attnlab.viz.html import AttentionView, views_json, write_attention_html
 
 TRANSLATION_VIEWS = {
     "encoder": "encoder self-attention",
@@ -95,7 +98,6 @@ def attention_json(run, text: str, found: list[AttentionView], layer: int | None
     """The numbers behind the pictures: {"run", "text", "views": [{name, queries, keys, weights
     (L, H, Tq, Tk) rounded to 4 decimals, layers, heads}]}; every view unless --view names one,
     each narrowed to --layer and --head (layers and heads: the 1-based numbers kept)."""
-    from attnlab.viz.html import views_json
 
     chosen = [pick(found, view)] if view else found
     kept = [select(v.weights, layer, head) for v in chosen]
@@ -123,22 +125,16 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
         return run.task.picture(run, text, out)
     found = views(run, text)
     if suffix == ".html":
-        from attnlab.viz.experts import routing_json
-        from attnlab.viz.html import write_attention_html
-
         experts = routing_json(run, text)
         write_attention_html(found, out, f"{run.path.name}: {text!r}", experts)
         extra = ", expert view" if experts else ""
         return f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
     if suffix == ".json":
-        from attnlab.engine.rundir import write_json
-
         data = attention_json(run, text, found, layer, head, view)
         write_json(out, data)
         return f"{out}: {', '.join(v['name'] for v in data['views'])} (weights as L x H x Tq x Tk lists)"
     chosen = pick(found, view)
     w, first, heads = select(chosen.weights, layer, head)
-    from attnlab.viz.alignment import plot_alignment
 
     title = f"{run.path.name}, {chosen.name}: {text!r}"
     plot_alignment(w, chosen.keys, chosen.queries, out, title, first_layer=first, heads=heads)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from attnlab.engine.device import pick_device
 from attnlab.errors import AttnlabError
+from attnlab.runtime.device import pick_device
 
 
 @dataclass

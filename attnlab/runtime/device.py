@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.io import cache_root, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = ("auto", *DTYPES)  # what --dtype takes
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -99,9 +101,6 @@ def bf16_speedup(device: torch.device, width: int = 384) -> float:
           f"torch {torch.__version__}|width {width}"  # fmt: skip
     if key in _CHOICES:
         return _CHOICES[key]
-    from attnlab.data.tokens import cache_root
-    from attnlab.engine.rundir import write_json
-
     path = cache_root() / "dtype.json"
     try:
         known = json.loads(path.read_text())
