@@ -12,6 +12,7 @@ import math
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,9 +26,32 @@ else:  # pragma: no cover - Python 3.10
 T = TypeVar("T")
 
 
-def option(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A dataclass field with its command-line help (and allowed values)."""
+def option(default: Any, help: str, choices: Sequence | None = None) -> Any:
+    """A dataclass field with its command-line help (and allowed values: a tuple, or `names(registry)`)."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+class names(Sequence):  # noqa: N801  (read as a function: option(..., names(NORMS)))
+    """The names of a registry, read live: a part registered after the config class was made (a norm
+    added by a plugin or a test) is an allowed value too. Equal to the tuple of the names."""
+
+    def __init__(self, registry: dict):
+        self.registry = registry
+
+    def __getitem__(self, i):
+        return tuple(self.registry)[i]
+
+    def __len__(self) -> int:
+        return len(self.registry)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.registry
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def field_type(cls: type, f: dataclasses.Field) -> tuple[type, bool]:

@@ -104,7 +104,7 @@ def test_learned_positions_slice_equals_the_lookup_in_value_and_gradient():
 
 def test_dropout_is_skipped_only_where_it_is_the_identity():
     torch.manual_seed(0)
-    block = Block(BlockConfig(d_model=16, n_heads=2, d_ff=32, dropout=0.5, causal=True))
+    block = Block(BlockConfig(d_model=16, n_head=2, d_ff=32, dropout=0.5, causal=True))
     x = torch.randn(2, 6, 16)
     block.train()
     a, b = block(x)[0], block(x)[0]

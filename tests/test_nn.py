@@ -80,7 +80,7 @@ def randomize_(module: nn.Module) -> nn.Module:
 
 
 def tiny_block(**kw) -> Block:
-    cfg = BlockConfig(**{"d_model": 16, "n_heads": 4, "d_ff": 32, "dropout": 0.0, **kw})
+    cfg = BlockConfig(**{"d_model": 16, "n_head": 4, "d_ff": 32, "dropout": 0.0, **kw})
     return randomize_(Block(cfg)).eval()
 
 
@@ -576,7 +576,7 @@ def test_block_formula(norm, cross):
 def test_block_config_rejects_unknown_norm():
     """Only pre-norm and post-norm exist."""
     with pytest.raises(ValueError):
-        BlockConfig(d_model=16, n_heads=4, d_ff=32, norm="sandwich")
+        BlockConfig(d_model=16, n_head=4, d_ff=32, norm="sandwich")
 
 
 def test_static_cache_with_max_len_returns_only_the_source():

@@ -100,10 +100,10 @@ class Doubled(nn.Module):
 
 
 def test_a_norm_and_a_feedforward_registered_outside_plug_into_every_block(monkeypatch):
-    monkeypatch.setitem(NORMS, "scale", ScaleNorm)
+    monkeypatch.setitem(NORMS, "scale", lambda c: ScaleNorm(c.d_model, c.ln_eps, c.bias))
     # a feed-forward is built from the block's config: here a function picks what Doubled takes
     monkeypatch.setitem(FEEDFORWARDS, "doubled", lambda c: Doubled(c.d_model, c.d_ff, c.activation, c.bias))
-    block = Block(BlockConfig(d_model=8, n_heads=2, d_ff=32, feedforward="doubled", norm_kind="scale"))
+    block = Block(BlockConfig(d_model=8, n_head=2, d_ff=32, feedforward="doubled", norm_kind="scale"))
     assert isinstance(block.ff, Doubled) and isinstance(block.norm_attn, ScaleNorm)
     model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=8, context=8, vocab_size=11, feedforward="doubled",
                           norm_kind="scale"))  # fmt: skip

@@ -199,7 +199,7 @@ def test_a_score_bias_decodes_the_same_with_and_without_a_cache(monkeypatch):
 
 def test_a_stack_adds_a_bias_argument_to_the_positions_bias():
     torch.manual_seed(0)
-    stack = Stack(BlockConfig(d_model=8, n_heads=2, d_ff=16, causal=True), 2).eval()
+    stack = Stack(BlockConfig(d_model=8, n_head=2, d_ff=16, causal=True), 2).eval()
     x = torch.randn(2, 5, 8)
     bias = Distance(5, 8).score_bias(5, 5)
     by_positions, _ = stack(x, Distance(5, 8))

@@ -37,7 +37,7 @@ def training_bytes(model: nn.Module, batch: int, tokens: int | None) -> tuple[in
     stacks = [m for m in model.modules() if isinstance(m, Stack)]
     if tokens is None or not stacks:
         return n * ADAM_BYTES, 0
-    act = sum(4 * batch * tokens * len(s) * (16 * s.cfg.d_model + 3 * s.cfg.n_heads * tokens) for s in stacks)
+    act = sum(4 * batch * tokens * len(s) * (16 * s.cfg.d_model + 3 * s.cfg.n_head * tokens) for s in stacks)
     return n * ADAM_BYTES, act
 
 

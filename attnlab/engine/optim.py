@@ -10,6 +10,7 @@ from torch import nn
 
 from attnlab.engine.config import budget_seconds
 from attnlab.engine.muon import Muon
+from attnlab.nn.stack import stacks_of
 
 if TYPE_CHECKING:
     from attnlab.engine.config import TrainConfig
@@ -70,16 +71,12 @@ class Optimizers(list):
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:
-    """ids of the weight matrices inside the Transformer blocks (Muon's share): every parameter
-    of 2 or more dims that is not an embedding, an LM head or a classifier outside the blocks."""
+    """ids of the weight matrices inside the Transformer blocks (Muon's share): every parameter of 2
+    or more dims of the model's Stacks (nn/stack.py) that is not an embedding. The model's modules
+    say where its blocks are; the embeddings, heads and classifiers outside them stay AdamW's."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    inside = {id(p) for name, p in model.named_parameters() if _in_blocks(name)}
+    inside = {id(p) for stack in stacks_of(model) for p in stack.parameters()}
     return {id(p) for p in model.parameters() if p.dim() >= 2 and id(p) in inside and id(p) not in embeddings}
-
-
-def _in_blocks(name: str) -> bool:
-    """`blocks.3.attn.qkv_proj.weight`, `encoder.0...`, `decoder.1...`: a parameter of a Stack."""
-    return any(part in ("blocks", "encoder", "decoder") for part in name.split(".")[:-1])
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | Optimizers:

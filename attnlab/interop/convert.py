@@ -14,6 +14,7 @@ export_hf("runs/demo", "demo-hf")
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
@@ -34,18 +35,17 @@ from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, descr
 from attnlab.runs.weights import load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
-# Families that export, and the module that maps them.
-EXPORTERS: dict[str, ModuleType] = {"gpt": gpt2, "encoder": bert}
-# A GPT with the Llama block's parts goes out as a Llama (or a Mixtral, with experts), else as GPT-2.
-LLAMA_PARTS = {"norm_kind": ("rmsnorm",), "positions": ("rope",), "feedforward": ("swiglu", "geglu", "moe")}
+# Families that export, by the module that maps each run's config: a GPT with any of the Llama
+# block's parts goes out as a Llama (or a Mixtral, with experts), else as GPT-2.
+EXPORTERS: dict[str, Callable[[Any], ModuleType]] = {
+    "gpt": lambda cfg: llama if llama.has_llama_parts(cfg) else gpt2,
+    "encoder": lambda cfg: bert,
+}
 
 
 def exporter(family: str, cfg) -> ModuleType:
     """The module that maps this run's config to HuggingFace."""
-    llama_like = any(getattr(cfg, k) in values for k, values in LLAMA_PARTS.items())
-    if family == "gpt" and llama_like:
-        return llama
-    return EXPORTERS[family]
+    return EXPORTERS[family](cfg)
 
 
 def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
@@ -105,17 +105,14 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
     module = exporter(family, cfg)
-    if family == "encoder":  # before any reading: says at once what the HF architecture cannot express
-        hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))
-    else:
-        hf_config = module.config_to_hf(cfg)
+    hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))  # says at once what does not fit
     model = model_cls(cfg)
     load_weights(model, run / WEIGHTS)
     tok = load_tokenizer(run)
     tokenizer_json, note = None, f"not exported: HuggingFace has no {tok.kind} tokenizer format"
     if tok.kind in ("bpe", "wordpiece"):  # already HuggingFace's tokenizer.json
         tokenizer_json, note = (run / TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
-        if family == "gpt":
+        if "eos_token_id" in hf_config:  # a causal LM's config: its end-of-text token begins and ends texts
             hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
     return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),

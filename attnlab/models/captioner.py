@@ -20,17 +20,18 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from attnlab.config import option
+from attnlab.config import names, option
 from attnlab.models.common import PatchGrid, check_images, positions
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import PATCH_PATHS, PatchEmbedding
+from attnlab.nn import ACTIVATIONS, NORM_PLACES
 
 
 @dataclass
 class CaptionerConfig(Seq2SeqConfig, PatchGrid):
     # Pre-norm and GELU as in ViT; learned 1-D positions for the words (2-D sin/cos for the patches).
-    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", ("pre", "post"))
-    activation: str = option("gelu", "feed-forward activation", ("relu", "gelu", "gelu_tanh", "relu2", "silu"))
+    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", NORM_PLACES)
+    activation: str = option("gelu", "feed-forward activation", names(ACTIVATIONS))
     src_vocab: int = option(1, "unused: the source is an image")
     image_size: int = option(8, "image height in pixels (set from the data when training)")
     image_width: int | None = option(None, "image width in pixels (default: square; set from the data)")

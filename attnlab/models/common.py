@@ -9,20 +9,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import option
-from attnlab.nn import (
-    ACTIVATIONS,
-    FEEDFORWARDS,
-    GATES,
-    NORM_PLACES,
-    NORMS,
-    POSITIONS,
-    BlockConfig,
-    Stack,
-    build_positions,
-    default_width,
-    set_grad_checkpoint,
-)
+from attnlab.config import names, option
+from attnlab.nn import POSITIONS, BlockConfig, BlockOptions, Stack, build_positions, set_grad_checkpoint
 
 
 class Presets:
@@ -37,85 +25,25 @@ class Presets:
 
 
 @dataclass
-class TransformerConfig:
-    """The stack of blocks; families add their front end's and head's fields."""
+class TransformerConfig(BlockOptions):
+    """The stack of blocks: the block's options (nn/options.py, one schema for every family), how many
+    blocks, how long a sequence, and the positions; families add their front end's and head's fields."""
 
     n_layer: int = option(4, "number of Transformer blocks")
-    n_head: int = option(4, "attention heads per block")
-    d_model: int = option(128, "model width (embedding size)")
-    d_ff: int | None = option(None, "feed-forward hidden width (default 4 * d_model; 2/3 of that for "
-                              "swiglu/geglu)")  # fmt: skip
-    d_head: int | None = option(None, "width of each head (default d_model / n_head)")
-    n_kv_head: int | None = option(None, "key/value heads shared by the query heads (grouped-query attention; "
-                                   "default n_head, 1 = multi-query)")  # fmt: skip
     context: int = option(256, "longest sequence the model accepts (positions)")
-    dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
-    norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", NORM_PLACES)
-    activation: str = option("gelu", "feed-forward activation", tuple(ACTIVATIONS))
-    positions: str = option("learned", "position information", tuple(POSITIONS))
+    positions: str = option("learned", "position information", names(POSITIONS))
     rope_theta: float = option(10000.0, "base of the rotary positions' angles (Llama 3 uses 500000)")
-    feedforward: str = option("mlp", "the feed-forward of each block", tuple(FEEDFORWARDS))
-    n_experts: int = option(4, "experts in each mixture-of-experts feed-forward (--feedforward moe)")
-    experts_per_token: int = option(2, "experts each token is routed to (top-k of the router)")
-    expert_ff: str = option("mlp", "the feed-forward each expert is", ("mlp", *GATES))
-    capacity_factor: float | None = option(None, "cap each expert at this many times its even share of the "
-                                           "tokens; the rest are dropped (default: no cap)")  # fmt: skip
-    aux_loss_weight: float = option(0.01, "weight of the experts' load-balancing loss in the training loss")
-    norm_kind: str = option("layernorm", "the normalization of each block", tuple(NORMS))
-    bias: bool = option(True, "biases in linear layers and norms")
-    ln_eps: float = option(1e-5, "LayerNorm epsilon")
-    qk_norm: bool = option(False, "RMS-normalize each head's queries and keys (QK-norm): steadier at high lr")
     zero_init: bool = option(False, "start the projections that write into the residual stream at zero, "
                              "so every block begins as the identity")  # fmt: skip
 
     def __post_init__(self):
-        # d_ff and d_head stay None when derived, so overriding d_model in a preset re-derives them.
-        for name in ("n_layer", "n_head", "d_model", "context"):
+        super().__post_init__()
+        for name in ("n_layer", "context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("d_ff", "d_head"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.d_head is None and self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}: set d_head")
-        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
-            raise ValueError(f"n_kv_head must divide n_head {self.n_head}, got {self.n_kv_head}")
-        if not 1 <= self.experts_per_token <= self.n_experts:
-            raise ValueError(f"experts_per_token must be 1..n_experts ({self.n_experts}), got {self.experts_per_token}")
-
-    @property
-    def ff_width(self) -> int:
-        return self.d_ff or default_width(self.feedforward, self.d_model, self.expert_ff)
-
-    @property
-    def head_width(self) -> int:
-        return self.d_head or self.d_model // self.n_head
 
     def block_config(self, causal: bool, cross_attention: bool = False) -> BlockConfig:
-        return BlockConfig(
-            d_model=self.d_model,
-            n_heads=self.n_head,
-            d_ff=self.ff_width,
-            d_head=self.d_head,
-            dropout=self.dropout,
-            norm=self.norm,
-            activation=self.activation,
-            bias=self.bias,
-            ln_eps=self.ln_eps,
-            causal=causal,
-            cross_attention=cross_attention,
-            feedforward=self.feedforward,
-            norm_kind=self.norm_kind,
-            qk_norm=self.qk_norm,
-            n_kv_heads=self.n_kv_head,
-            n_experts=self.n_experts,
-            experts_per_token=self.experts_per_token,
-            expert_ff=self.expert_ff,
-            capacity_factor=self.capacity_factor,
-            aux_loss_weight=self.aux_loss_weight,
-        )
+        return BlockConfig.of(self, causal, cross_attention)
 
 
 class Checkpointing:

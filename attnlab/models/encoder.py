@@ -73,9 +73,7 @@ class Encoder(Checkpointing, nn.Module):
         # BERT's segment embeddings; attnlab has one segment, so only row 0 is ever added.
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
-        self.embed_norm = (
-            build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias) if cfg.norm == "post" else nn.Identity()
-        )
+        self.embed_norm = build_norm(cfg) if cfg.norm == "post" else nn.Identity()
         if cfg.head == "mlm":
             # BERT's MLM head: a transform (dense, activation, norm), then the tied embedding + a bias.
             self.transform = nn.Linear(cfg.d_model, cfg.d_model)

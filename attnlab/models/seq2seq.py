@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import option
+from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
 from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack
@@ -39,8 +39,8 @@ class Seq2SeqConfig(TransformerConfig, Presets):
     # The paper's choices as defaults: post-norm, ReLU, sinusoidal positions, dropout 0.1.
     norm: str = option("post", "LayerNorm after each residual (post, the paper) or before each sublayer (pre)",
                        NORM_PLACES)  # fmt: skip
-    activation: str = option("relu", "feed-forward activation", tuple(ACTIVATIONS))
-    positions: str = option("sinusoidal", "position information", tuple(POSITIONS))
+    activation: str = option("relu", "feed-forward activation", names(ACTIVATIONS))
+    positions: str = option("sinusoidal", "position information", names(POSITIONS))
     dropout: float = option(0.1, "dropout probability on attention, residuals and embeddings")
     n_dec_layer: int | None = option(None, "decoder blocks (default: n_layer)")
     src_vocab: int = option(37000, "source vocabulary (set from the tokenizer when training)")

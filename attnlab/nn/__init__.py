@@ -1,7 +1,7 @@
 """Building blocks shared by every attnlab model family."""
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
-from attnlab.nn.block import NORM_PLACES, Block, BlockConfig
+from attnlab.nn.block import Block
 from attnlab.nn.feedforward import (
     ACTIVATIONS,
     FEEDFORWARDS,
@@ -13,6 +13,7 @@ from attnlab.nn.feedforward import (
 )
 from attnlab.nn.moe import MixtureOfExperts, aux_loss, routing_stats
 from attnlab.nn.norm import NORMS, LayerNorm, build_norm
+from attnlab.nn.options import NORM_PLACES, BlockConfig, BlockOptions, add_block_option, block_option
 from attnlab.nn.position import (
     POSITIONS,
     ALiBiPositions,
@@ -45,6 +46,9 @@ __all__ = [
     "set_grad_checkpoint",
     "Block",
     "BlockConfig",
+    "BlockOptions",
+    "add_block_option",
+    "block_option",
     "FeedForward",
     "ALiBiPositions",
     "GridPositions",

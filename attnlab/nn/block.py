@@ -12,45 +12,15 @@ train stably without careful warmup; post-norm is the original design.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, QKTransform
 from attnlab.nn.feedforward import build_feedforward
 from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import build_norm
+from attnlab.nn.options import NORM_PLACES, BlockConfig, BlockOptions
 
-NORM_PLACES = ("pre", "post")
-
-
-@dataclass
-class BlockConfig:
-    d_model: int
-    n_heads: int
-    d_ff: int
-    d_head: int | None = None  # per-head width; d_model // n_heads when None
-    dropout: float = 0.0
-    norm: str = "pre"  # "pre" or "post": where LayerNorm sits relative to the residual
-    activation: str = "gelu"
-    bias: bool = True
-    ln_eps: float = 1e-5
-    causal: bool = False  # decoder self-attention: position i sees positions <= i only
-    cross_attention: bool = False  # attend to an encoder's output (encoder-decoder models)
-    feedforward: str = "mlp"  # a key of nn.feedforward.FEEDFORWARDS
-    norm_kind: str = "layernorm"  # a key of nn.norm.NORMS
-    qk_norm: bool = False  # RMS-normalize each head's queries and keys
-    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); n_heads when None
-    # The mixture of experts (feedforward="moe"), see nn/moe.py:
-    n_experts: int = 4
-    experts_per_token: int = 2
-    expert_ff: str = "mlp"  # each expert's dense kind: "mlp", "swiglu" or "geglu"
-    capacity_factor: float | None = None  # None: no capacity, no token dropped
-    aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training loss
-
-    def __post_init__(self):
-        if self.norm not in NORM_PLACES:
-            raise ValueError(f"norm must be one of {NORM_PLACES}, got {self.norm!r}")
+__all__ = ["NORM_PLACES", "Block", "BlockConfig", "BlockOptions"]
 
 
 class Block(nn.Module):
@@ -60,9 +30,9 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
-        norm = lambda: build_norm(cfg.norm_kind, cfg.d_model, cfg.ln_eps, cfg.bias)
-        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.bias, cfg.dropout,
-                                               cfg.qk_norm, cfg.n_kv_heads)  # fmt: skip
+        norm = lambda: build_norm(cfg)
+        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.d_head, cfg.bias, cfg.dropout,
+                                               cfg.qk_norm, cfg.n_kv_head)  # fmt: skip
         self.attn = attention()
         self.norm_attn = norm()
         if cfg.cross_attention:

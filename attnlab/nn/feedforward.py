@@ -13,7 +13,7 @@ from attnlab.nn.dense import ACTIVATIONS, GATES, FeedForward, GatedFeedForward, 
 from attnlab.nn.moe import MixtureOfExperts
 
 if TYPE_CHECKING:
-    from attnlab.nn.block import BlockConfig
+    from attnlab.nn.options import BlockConfig
 
 __all__ = ["ACTIVATIONS", "FEEDFORWARDS", "GATES", "FeedForward", "GatedFeedForward", "build_feedforward",
            "default_width", "dense_feedforward"]  # fmt: skip
@@ -34,7 +34,7 @@ class NoFeedForward(nn.Module):
 # Feed-forwards by config name, each built from the BlockConfig: a new one is a function (or a
 # class's constructor) taking it, and one line here.
 def _dense(kind: str) -> Callable[[BlockConfig], nn.Module]:
-    return lambda c: dense_feedforward(kind, c.d_model, c.d_ff, c.activation, c.bias)
+    return lambda c: dense_feedforward(kind, c.d_model, c.ff_width, c.activation, c.bias)
 
 
 FEEDFORWARDS: dict[str, Callable[[BlockConfig], nn.Module]] = {

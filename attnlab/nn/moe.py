@@ -37,7 +37,7 @@ from attnlab.nn.dense import dense_feedforward
 from attnlab.nn.hooks import Tap
 
 if TYPE_CHECKING:
-    from attnlab.nn.block import BlockConfig
+    from attnlab.nn.options import BlockConfig
 
 
 class MixtureOfExperts(nn.Module):
@@ -74,7 +74,7 @@ class MixtureOfExperts(nn.Module):
 
     @classmethod
     def from_block(cls, c: BlockConfig) -> MixtureOfExperts:
-        return cls(c.d_model, c.d_ff, c.n_experts, c.experts_per_token, c.expert_ff, c.activation, c.bias,
+        return cls(c.d_model, c.ff_width, c.n_experts, c.experts_per_token, c.expert_ff, c.activation, c.bias,
                    c.capacity_factor, c.aux_loss_weight)  # fmt: skip
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

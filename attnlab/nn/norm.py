@@ -5,9 +5,15 @@ Legend: B batch, T time, C channels (model width).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from attnlab.nn.options import BlockOptions
 
 
 class LayerNorm(nn.Module):
@@ -73,11 +79,16 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-# Norms by config name: a new one is a class taking (d_model, eps, bias) and one line here.
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+# Norms by config name, each built from the block's options (d_model, ln_eps, bias, and any option a
+# norm of its own adds with nn.options.add_block_option): a new one is a class and one line here.
+NORMS: dict[str, Callable[[BlockOptions], nn.Module]] = {
+    "layernorm": lambda c: LayerNorm(c.d_model, c.ln_eps, c.bias),
+    "rmsnorm": lambda c: RMSNorm(c.d_model, c.ln_eps),
+}
 
 
-def build_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    if kind not in NORMS:
-        raise ValueError(f"unknown norm {kind!r}; choose from {sorted(NORMS)}")
-    return NORMS[kind](d_model, eps, bias)
+def build_norm(cfg: BlockOptions) -> nn.Module:
+    """The norm cfg.norm_kind names, built from cfg."""
+    if cfg.norm_kind not in NORMS:
+        raise ValueError(f"unknown norm {cfg.norm_kind!r}; choose from {sorted(NORMS)}")
+    return NORMS[cfg.norm_kind](cfg)

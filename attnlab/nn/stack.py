@@ -41,7 +41,7 @@ class Stack(nn.ModuleList):
     def final_norm(self) -> nn.Module:
         """Pre-norm stacks end un-normalized and need a final norm; post-norm blocks end in one."""
         if self.cfg.norm == "pre":
-            return build_norm(self.cfg.norm_kind, self.cfg.d_model, self.cfg.ln_eps, self.cfg.bias)
+            return build_norm(self.cfg)
         return nn.Identity()
 
     def new_caches(self, max_len: int | None = None, static: bool = False) -> list[KVCache]:

@@ -84,27 +84,6 @@ def labels_to_hf(labels: list[str] | None, n_labels: int) -> dict[str, dict]:
             "label2id": {label: i for i, label in enumerate(labels)}}  # fmt: skip
 
 
-def layout_problems(cfg, norm: str, name: str) -> list[str]:
-    """What a run chose that the HuggingFace block `name` (with its fixed `norm` place, learned
-    positions, biases and d_model / n_head wide heads) cannot express; empty when it fits."""
-    problems = []
-    if cfg.norm != norm:
-        problems.append(f"norm {cfg.norm!r} ({name} is {norm}-norm)")
-    if cfg.positions != "learned":
-        problems.append(f"positions {cfg.positions!r} ({name}'s are learned)")
-    if not cfg.bias:
-        problems.append(f"no biases ({name} has them)")
-    if cfg.head_width * cfg.n_head != cfg.d_model:
-        problems.append(f"d_head {cfg.d_head} ({name}'s is d_model / n_head)")
-    if cfg.norm_kind != "layernorm":
-        problems.append(f"norm_kind {cfg.norm_kind!r} ({name} uses LayerNorm)")
-    if cfg.qk_norm:
-        problems.append(f"qk_norm ({name} has none)")
-    if cfg.activation not in set(ACTIVATIONS.values()):
-        problems.append(f"activation {cfg.activation!r} ({name} takes {', '.join(sorted(set(ACTIVATIONS.values())))})")
-    return problems
-
-
 def expected_shapes(model_cls: type[nn.Module], cfg) -> dict[str, torch.Size]:
     """The state-dict shapes of model_cls(cfg), without allocating it (built on the meta device)."""
     with torch.device("meta"):

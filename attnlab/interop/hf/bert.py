@@ -45,9 +45,9 @@ from attnlab.interop.hf import (
     expected_shapes,
     labels_from_hf,
     labels_to_hf,
-    layout_problems,
     map_weights,
 )
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, same_heads
 from attnlab.models.encoder import Encoder, EncoderConfig
 
 # architecture -> our head; BertForPreTraining's next-sentence head is dropped, its MLM kept.
@@ -188,9 +188,23 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
     return map_weights(_stack_qkv(tensors, cfg, prefix, shapes), pairs(cfg, prefix), shapes, ignore)
 
 
+# What BERT's block expresses of each block option (interop/hf/support.py).
+SUPPORT: dict[str, Rule] = {
+    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": same_heads("BERT"), "n_kv_head": same_heads("BERT"),
+    "dropout": ANY, "norm": Only(("post",), "BERT is post-norm"),
+    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"BERT takes {', '.join(EXPORT_ACTIVATIONS)}"),
+    "feedforward": Only(("mlp",), "BERT's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
+    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
+    "norm_kind": Only(("layernorm",), "BERT uses LayerNorm"), "bias": Only((True,), "BERT has biases"),
+    "ln_eps": ANY, "qk_norm": Only((False,), "BERT has no QK-norm"),
+}  # fmt: skip
+
+
 def check_exportable(cfg: EncoderConfig) -> None:
     """BERT's layout is fixed: say which of the run's choices it cannot express."""
-    problems = layout_problems(cfg, "post", "BERT")
+    problems = block_problems(cfg, SUPPORT, "BERT")
+    if cfg.positions != "learned":
+        problems.append(f"positions {cfg.positions!r} (BERT's are learned)")
     if cfg.head == "classify" and (cfg.pooling != "cls" or not cfg.pooler):
         problems.append("a classify head without pooler=true on [CLS] (BertForSequenceClassification has one)")
     if problems:

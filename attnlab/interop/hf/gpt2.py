@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, layout_problems, map_weights
+from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, map_weights
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, same_heads
 from attnlab.models.gpt import GPT, GPTConfig
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
@@ -100,9 +101,23 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
     return map_weights(tensors, pairs(cfg, prefix), expected_shapes(GPT, cfg), ignore)
 
 
+# What GPT-2's block expresses of each block option (interop/hf/support.py).
+SUPPORT: dict[str, Rule] = {
+    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": same_heads("GPT-2"), "n_kv_head": same_heads("GPT-2"),
+    "dropout": ANY, "norm": Only(("pre",), "GPT-2 is pre-norm"),
+    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"GPT-2 takes {', '.join(EXPORT_ACTIVATIONS)}"),
+    "feedforward": Only(("mlp",), "GPT-2's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
+    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
+    "norm_kind": Only(("layernorm",), "GPT-2 uses LayerNorm"), "bias": Only((True,), "GPT-2 has biases"),
+    "ln_eps": ANY, "qk_norm": Only((False,), "GPT-2 has no QK-norm"),
+}  # fmt: skip
+
+
 def check_exportable(cfg: GPTConfig) -> None:
     """GPT-2's block is fixed: say which of the run's choices it cannot express."""
-    problems = layout_problems(cfg, "pre", "GPT-2")
+    problems = block_problems(cfg, SUPPORT, "GPT-2")
+    if cfg.positions != "learned":
+        problems.append(f"positions {cfg.positions!r} (GPT-2's are learned)")
     if cfg.logit_softcap is not None:
         problems.append("logit_softcap (GPT-2's logits are not capped)")
     if cfg.bigram_vocab:
@@ -111,7 +126,7 @@ def check_exportable(cfg: GPTConfig) -> None:
         raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
 
 
-def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, Any]:
     """GPTConfig -> a config.json that transformers' AutoConfig reads as a GPT2Config."""
     check_exportable(cfg)
     return {

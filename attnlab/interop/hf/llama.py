@@ -22,6 +22,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import Pair, expected_shapes, map_weights
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems
 from attnlab.models.gpt import GPT, GPTConfig
 
 ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM")
@@ -166,32 +167,48 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
     return map_weights(tensors, pairs(cfg), expected_shapes(GPT, cfg), ignore)
 
 
+def _experts(cfg: GPTConfig) -> str | None:
+    """A mixture's experts are gated and drop no token, as Mixtral's."""
+    if not is_mixtral(cfg):
+        return None
+    if cfg.expert_ff not in EXPORT_ACT:
+        return f"expert_ff {cfg.expert_ff!r} (Mixtral's experts are gated: swiglu or geglu)"
+    return "capacity_factor (Mixtral drops no tokens)" if cfg.capacity_factor is not None else None
+
+
+# What Llama's (and Mixtral's) block expresses of each block option (interop/hf/support.py).
+SUPPORT: dict[str, Rule] = {
+    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": ANY, "n_kv_head": ANY, "dropout": ANY,
+    "norm": Only(("pre",), "Llama is pre-norm"), "activation": UNUSED,  # a gated feed-forward names its own
+    "feedforward": Only((*EXPORT_ACT, "moe"), "Llama's feed-forward is gated: swiglu or geglu"),
+    "n_experts": ANY, "experts_per_token": ANY, "expert_ff": _experts, "capacity_factor": _experts,
+    "aux_loss_weight": ANY, "norm_kind": Only(("rmsnorm",), "Llama uses RMSNorm"),
+    "bias": Only((False,), "Llama has no biases: train with --no-bias"), "ln_eps": ANY,
+    "qk_norm": Only((False,), "Llama has no QK-norm"),
+}  # fmt: skip
+# The parts that make a GPT a Llama rather than a GPT-2 when it is exported.
+LLAMA_PARTS = {"norm_kind": ("rmsnorm",), "positions": ("rope",), "feedforward": ("swiglu", "geglu", "moe")}
+
+
+def has_llama_parts(cfg: GPTConfig) -> bool:
+    return any(getattr(cfg, name) in values for name, values in LLAMA_PARTS.items())
+
+
 def check_exportable(cfg: GPTConfig) -> None:
     """Say which of the run's choices a HuggingFace Llama / Mixtral cannot express."""
     name = "Mixtral" if is_mixtral(cfg) else "Llama"
-    problems = []
-    if cfg.norm != "pre":
-        problems.append(f"norm {cfg.norm!r} ({name} is pre-norm)")
+    problems = block_problems(cfg, SUPPORT, name)
     if cfg.positions != "rope":
         problems.append(f"positions {cfg.positions!r} ({name}'s are rotary)")
-    if cfg.norm_kind != "rmsnorm":
-        problems.append(f"norm_kind {cfg.norm_kind!r} ({name} uses RMSNorm)")
-    if cfg.bias:
-        problems.append(f"biases ({name} has none: train with --no-bias)")
-    dense = cfg.expert_ff if is_mixtral(cfg) else cfg.feedforward
-    if dense not in EXPORT_ACT:
-        problems.append(f"feed-forward {dense!r} ({name}'s is gated: swiglu or geglu)")
-    if is_mixtral(cfg) and cfg.capacity_factor is not None:
-        problems.append("capacity_factor (Mixtral drops no tokens)")
-    missing = {"qk_norm": "no QK-norm", "logit_softcap": "uncapped logits", "bigram_vocab": "no bigram embedding"}
-    for field, why in missing.items():
-        if getattr(cfg, field):
-            problems.append(f"{field} ({name} has {why})")
+    if cfg.logit_softcap is not None:
+        problems.append(f"logit_softcap ({name} has uncapped logits)")
+    if cfg.bigram_vocab:
+        problems.append(f"bigram_vocab ({name} has no bigram embedding)")
     if problems:
         raise AttnlabError(f"this GPT does not fit HuggingFace's {name}: {'; '.join(problems)}")
 
 
-def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, Any]:
     """GPTConfig -> a config.json transformers reads as a LlamaConfig or MixtralConfig."""
     check_exportable(cfg)
     mixtral = is_mixtral(cfg)

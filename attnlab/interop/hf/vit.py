@@ -38,6 +38,7 @@ from torch import Tensor
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems
 from attnlab.models.vit import ViT, ViTConfig
 
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
@@ -219,13 +220,32 @@ def fold_pixel_normalization(weights: dict[str, Tensor], mean: list[float], std:
     return {**weights, **folded}
 
 
+def _one_kv_per_head(cfg: ViTConfig) -> str | None:
+    if (cfg.n_kv_head or cfg.n_head) != cfg.n_head:
+        return f"n_kv_head {cfg.n_kv_head} (ViT has a key and value per head)"
+    return None
+
+
+# What HuggingFace's ViT block expresses of each block option (interop/hf/support.py).
+SUPPORT: dict[str, Rule] = {
+    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": ANY, "n_kv_head": _one_kv_per_head, "dropout": ANY,
+    "norm": Only(("pre",), "ViT is pre-norm"),
+    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"ViT takes {', '.join(EXPORT_ACTIVATIONS)}"),
+    "feedforward": Only(("mlp",), "ViT's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
+    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
+    "norm_kind": Only(("layernorm",), "ViT uses LayerNorm"), "bias": Only((True,), "ViT has biases"),
+    "ln_eps": ANY, "qk_norm": Only((False,), "ViT has no QK-norm"),
+}  # fmt: skip
+
+
 def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
     """A config.json for transformers' ViTForImageClassification with the same function."""
-    unsupported = {"norm": (cfg.norm, "pre"), "positions": (cfg.positions, "learned"),
-                   "pooling": (cfg.pooling, "cls"), "bias": (cfg.bias, True)}  # fmt: skip
-    for field, (value, wanted) in unsupported.items():
-        if value != wanted:
-            raise AttnlabError(f"HuggingFace's ViT needs {field}={wanted}; this run has {field}={value}")
+    for field, wanted in {"positions": "learned", "pooling": "cls"}.items():
+        if getattr(cfg, field) != wanted:
+            raise AttnlabError(f"HuggingFace's ViT needs {field}={wanted}; this run has {field}={getattr(cfg, field)}")
+    problems = block_problems(cfg, SUPPORT, "ViT")
+    if problems:
+        raise AttnlabError(f"this ViT does not fit HuggingFace's ViT: {'; '.join(problems)}")
     h, w = cfg.size
     hf = {
         "architectures": ["ViTForImageClassification"], "model_type": "vit",

@@ -1,0 +1,70 @@
+"""What a HuggingFace block can express, declared by each exporter option by option.
+
+An exporter maps every field of the block schema (nn/options.py BlockOptions) to a rule:
+
+    ANY                  the HuggingFace config carries the value (d_model -> hidden_size)
+    UNUSED               the value has no effect in the layouts the exporter writes (the experts'
+                         settings of a block whose feed-forward the exporter fixes to a dense one)
+    Only(values, why)    the values it can express, and why no other ("GPT-2 is pre-norm")
+    a function           cfg -> None, or why this run's value cannot be expressed
+
+A field an exporter does not name is refused unless it has its default (a part added with
+add_block_option, which no exporter knows): an export never silently writes a different model.
+tests/test_export_support.py fails when a block option is named by no rule of an exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from attnlab.nn.options import BlockOptions
+
+ANY = "any value"
+UNUSED = "unused in this layout"
+
+
+@dataclass(frozen=True)
+class Only:
+    """The values an exporter can express of one option, and the reason it has no others."""
+
+    values: tuple
+    why: str
+
+
+Rule = str | Only | Callable[[Any], str | None]
+
+
+def same_heads(name: str) -> Callable[[Any], str | None]:
+    """The rule of a block whose every head has its own keys and values, d_model / n_head wide."""
+
+    def rule(cfg) -> str | None:
+        if cfg.head_width * cfg.n_head != cfg.d_model:
+            return f"d_head {cfg.d_head} ({name}'s is d_model / n_head)"
+        if (cfg.n_kv_head or cfg.n_head) != cfg.n_head:
+            return f"n_kv_head {cfg.n_kv_head} ({name} has a key and value per head)"
+        return None
+
+    return rule
+
+
+def undeclared(support: dict[str, Rule]) -> list[str]:
+    """The block options an exporter names no rule for."""
+    return [f.name for f in fields(BlockOptions) if f.name not in support]
+
+
+def block_problems(cfg: Any, support: dict[str, Rule], name: str) -> list[str]:
+    """What of the run's block options the HuggingFace block `name` cannot express ([] if it fits)."""
+    problems = []
+    for f in fields(BlockOptions):
+        value, rule = getattr(cfg, f.name), support.get(f.name)
+        if rule is None:
+            if f.default is MISSING or value != f.default:
+                problems.append(f"{f.name} {value!r} ({name} has no place for it)")
+        elif callable(rule):
+            why = rule(cfg)
+            problems += [why] if why else []
+        elif isinstance(rule, Only) and value not in rule.values:
+            problems.append(f"{f.name} {value!r} ({rule.why})")
+    return list(dict.fromkeys(problems))  # one rule may speak for two fields
