@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.models.protocols import OneSequence
 from attnlab.nn.moe import moe_layers
 from attnlab.viz.experts import Routing
 
@@ -39,7 +40,7 @@ def routing_json(run, text: str) -> dict | None:
     """The expert view's data for the HTML page and the explorer: {tokens, experts (L, T) first
     choices, gates (L, T) their gates, n experts}; None for a model without MoE layers, or not
     reading one token sequence (a translation model's two are not routed here)."""
-    if not moe_layers(run.model) or not hasattr(run.model, "tok"):
+    if not moe_layers(run.model) or not isinstance(run.model, OneSequence):
         return None
     r = expert_routing(run, text)
     return {"tokens": r.tokens, "experts": r.experts[..., 0].tolist(), "gates": np.round(r.gates[..., 0], 3).tolist(),

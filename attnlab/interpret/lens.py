@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
 from attnlab.interpret.trace import trace
+from attnlab.models.protocols import CausalLM, ReadOut
 from attnlab.viz.figures import pyplot, save_figure
 
 
@@ -36,13 +37,11 @@ class Lens:
 
 
 def _reader(model: nn.Module, src: Tensor | None) -> tuple[str, nn.Module, nn.Module]:
-    """The stack whose stream is read, and the final norm and head to read it through."""
-    if src is None and all(hasattr(model, a) for a in ("norm", "logits", "blocks")):
-        return "blocks", model.norm, model.logits
-    if src is not None and all(hasattr(model, a) for a in ("decoder", "dec_norm", "out")):
-        return "decoder", model.dec_norm, model.out
-    raise AttnlabError("the logit lens needs a decoder language model (a GPT run) or a translation "
-                       "Transformer with its source")  # fmt: skip
+    """The stack whose stream is read, and the final norm and head to read it through (models/protocols.py)."""
+    if not isinstance(model, ReadOut) or isinstance(model, CausalLM) != (src is None):
+        raise AttnlabError("the logit lens needs a decoder language model (a GPT run) or a translation "
+                           "Transformer with its source")  # fmt: skip
+    return model.readout()
 
 
 @torch.no_grad()

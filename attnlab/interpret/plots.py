@@ -16,18 +16,12 @@ import re
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.interpret.experts import expert_routing
 from attnlab.io import read_metrics
-from attnlab.nn.position import (
-    FixedPositions,
-    GridPositions,
-    LearnedPositions,
-    NoPositions,
-    Positions,
-    SinusoidalPositions,
-)
+from attnlab.models.protocols import Positioned, WordEmbedded
 from attnlab.runs.run import Run
 from attnlab.viz.curves import learning_rates, plot_loss, plot_lr
 from attnlab.viz.embeddings import embedding_pca, plot_embeddings, plot_positions
@@ -36,9 +30,6 @@ from attnlab.viz.experts import plot_expert_load, plot_routing
 # What `--what experts` routes when no --text is given: a line of Python and a line of prose.
 EXPERTS_TEXT = "for key in sorted(items):\n    print(key, items[key] + 1)  # 42\n"
 
-# Where the position module lives: `pos` in the GPT, encoder and ViT; the encoder-decoder has one
-# per side (`src_pos`, `tgt_pos`) and its encoder's is drawn.
-POSITION_MODULES = (("pos", ""), ("src_pos", "encoder "))
 _WORD = re.compile(r"\w+")  # letters, digits, underscores: words and identifiers
 
 
@@ -89,51 +80,33 @@ def _draw_loss(run: Run, out: Path, max_tokens: int, text: str | None) -> str:
     return f"training loss at {n_train} steps and validation loss at {n_val} evaluations"
 
 
-def position_table(model) -> tuple[np.ndarray, str]:
+def position_table(model: nn.Module) -> tuple[np.ndarray, str]:
     """The model's absolute position vectors (N, D) and what they are ("learned positions", ...).
 
     Learned tables are the trained weights; sinusoidal ones the fixed buffer; the ViT's 2-D
     table has [CLS] (a zero row) first, then the patches row by row. An encoder-decoder gives
     its encoder's (source) positions. Models without such vectors raise AttnlabError."""
     name = type(model).__name__
-    pos, side = _position_module(model)
-    if isinstance(pos, LearnedPositions):
-        table, kind = pos.embedding.weight, "learned positions"
-    elif isinstance(pos, GridPositions):
-        table, kind = pos.table, "2-D sinusoidal grid positions ([CLS] first, zero)"
-    elif isinstance(pos, SinusoidalPositions):
-        table, kind = pos.table, "sinusoidal positions"
-    elif isinstance(pos, FixedPositions):
-        table, kind = pos.table, "fixed positions"
-    elif isinstance(pos, NoPositions) or type(pos) is Positions:
-        raise AttnlabError(f"this {name} was trained with positions 'none': it has no position vectors to plot")
-    else:  # a scheme inside attention (rotary, relative) has no table of vectors
-        raise AttnlabError(f"this {name}'s positions ({type(pos).__name__}) act inside attention: no table to plot")
+    if not isinstance(model, Positioned):
+        raise AttnlabError(f"a {name} model has no position vectors to plot: only the Transformers have them")
+    pos, side = model.input_positions()
+    found = pos.vectors()
+    if found is None:
+        raise AttnlabError(f"this {name}{pos.why_no_vectors}")
+    table, kind = found
     return table.detach().float().cpu().numpy(), side + kind
-
-
-def _position_module(model) -> tuple[Positions, str]:
-    """The module adding positions, and which side it serves ("" or "encoder ")."""
-    for attr, side in POSITION_MODULES:
-        pos = getattr(model, attr, None)
-        if isinstance(pos, Positions):
-            return pos, side
-    raise AttnlabError(
-        f"a {type(model).__name__} model has no position vectors to plot: only the Transformers have them"
-    )
 
 
 def _draw_embeddings(run: Run, out: Path, max_tokens: int, text: str | None) -> str:
     family = run.config.get("family", type(run.model).__name__)
     if run.tokenizer is None:
         raise AttnlabError(f"{run.path} is an image run: it reads pixels and has no token embeddings")
-    found = _token_embedding(run.model)
-    if found is None:
+    if not isinstance(run.model, WordEmbedded) or run.model.word_embedding is None:
         raise AttnlabError(f"{run.path}: the {family} model has no token embedding to plot")
     if max_tokens < 0:
         raise AttnlabError(f"the number of tokens to label must be 0 or more, got {max_tokens}")
-    weight, shift = found
-    w = weight.detach().float().cpu().numpy()  # (V, D)
+    shift = run.model.token_shift
+    w = run.model.word_embedding.weight.detach().float().cpu().numpy()  # (V, D)
     v, d = w.shape
     if min(v, d) < 2:
         raise AttnlabError(f"{run.path}: a {v} x {d} embedding has no two principal components to plot")
@@ -146,16 +119,6 @@ def _draw_embeddings(run: Run, out: Path, max_tokens: int, text: str | None) -> 
     plot_embeddings(points, labels, out, title)
     return (f"token embeddings of {v} x {d} (token x dimension) on 2 principal components "
             f"({share:.0%} of the variance), {n} tokens labelled")  # fmt: skip
-
-
-def _token_embedding(model):
-    """(the token embedding's weight (V, D), model id - tokenizer id), or None if it has none.
-    Every text family names its (source) token embedding `word_embedding` (None for the bag of
-    words); the encoder-decoders put PAD, BOS and EOS below the tokenizer's ids (`token_shift`)."""
-    emb = getattr(model, "word_embedding", None)
-    if emb is None or not hasattr(emb, "weight"):
-        return None
-    return emb.weight, getattr(model, "token_shift", 0)
 
 
 def token_labels(tokenizer, n_rows: int, shift: int, max_tokens: int) -> list[str]:

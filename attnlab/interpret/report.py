@@ -24,6 +24,7 @@ from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.interpret.lens import logit_lens
 from attnlab.interpret.rollout import run_rollouts
 from attnlab.interpret.trace import trace
+from attnlab.models.protocols import CausalLM
 from attnlab.viz.html import views_json
 
 WHAT = ("lens", "heads", "ablate", "rollout", "flow")
@@ -32,7 +33,7 @@ TEXT_WHAT = WHAT  # all of them read an input; over-training reads the run's sna
 
 
 def _ids(run, text: str) -> torch.Tensor:
-    if run.tokenizer is None or not hasattr(run.model, "logits"):
+    if not isinstance(run.model, CausalLM):
         raise AttnlabError("lens, heads and ablate read a language-model run (attnlab train lm); "
                            "rollout and flow read any run")  # fmt: skip
     ids = torch.tensor([run.tokenizer.encode(text)], device=run.device)[:, : run.model.cfg.context]  # (1, T)
@@ -79,7 +80,7 @@ def repeated_ablation(run, batch: int = 8) -> dict:
     """Head ablation on random tokens repeated twice, scored by the loss of the repeated half: the
     part only copying from the first occurrence can predict, so it shows which heads do induction."""
 
-    if run.tokenizer is None or not hasattr(run.model, "logits"):
+    if not isinstance(run.model, CausalLM):
         raise AttnlabError("ablation on repeated tokens reads a language-model run (attnlab train lm)")
     n = min(run.model.cfg.context // 2, 50)
     ids, half = repeated_tokens(run.tokenizer.vocab_size, n, batch)
@@ -101,7 +102,7 @@ def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
     """Head ablation on the first `tokens` tokens of the run's own validation split, in full windows."""
 
     data = run.config.get("data", {})
-    if run.tokenizer is None or not hasattr(run.model, "logits") or "data" not in data:
+    if not isinstance(run.model, CausalLM) or "data" not in data:
         raise AttnlabError("ablation on the validation split reads a language-model run (attnlab train lm)")
     files = resolve_sources(data["data"], data.get("glob", "*"))
     arr = np.asarray(TokenData(build_token_cache(files, run.tokenizer, data.get("val_fraction", 0.05), False))

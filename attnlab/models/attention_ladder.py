@@ -43,7 +43,7 @@ class _Mixer(Baseline):
 
     def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
         y, _ = self.mix(ids, mask)  # (B, T, E)
-        if self.cfg.task == "classify":
+        if self.cfg.pooled:
             y = masked_mean(y, mask)  # (B, E)
         return self.head(self.drop(y))
 

@@ -23,8 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab.config import option
+from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
+from attnlab.models.protocols import OneSequence, WordEmbedded
+
+# What a labelled-text model predicts, by task: one label per sequence (its tokens pooled), or one per token.
+POOLED = {"classify": True, "tag": False}
 
 
 @dataclass
@@ -33,7 +37,7 @@ class BaselineConfig:
 
     vocab_size: int = option(10000, "vocabulary size (set from the tokenizer when training)")
     n_labels: int = option(2, "number of classes")
-    task: str = option("classify", "one label per sequence (classify) or per token (tag)", ("classify", "tag"))
+    task: str = option("classify", "one label per sequence (classify) or per token (tag)", names(POOLED))
     context: int = option(256, "longest sequence the model accepts")
     dropout: float = option(0.0, "dropout probability before each linear layer")
 
@@ -41,25 +45,30 @@ class BaselineConfig:
         for name, least in (("vocab_size", 2), ("n_labels", 2), ("context", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be at least {least}, got {getattr(self, name)}")
-        if self.task not in ("classify", "tag"):
-            raise ValueError(f"task must be 'classify' or 'tag', got {self.task!r}")
+        if self.task not in POOLED:
+            raise ValueError(f"task must be one of {tuple(POOLED)}, got {self.task!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
-    def _at_least_one(self, *names: str) -> None:
-        for name in names:
+    @property
+    def pooled(self) -> bool:
+        """One label per sequence (the tokens pooled), rather than one per token."""
+        return POOLED[self.task]
+
+    def _at_least_one(self, *fields: str) -> None:
+        for name in fields:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
-class Baseline(nn.Module):
+class Baseline(OneSequence, WordEmbedded, nn.Module):
     """forward(), the length check and the loss; a subclass defines `logits(ids, mask)`."""
 
     cfg: BaselineConfig
 
     @property
     def word_embedding(self) -> nn.Embedding | None:
-        return getattr(self, "embed", None)
+        return self.embed  # every baseline but the bag of words embeds its words
 
     def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
         raise NotImplementedError
@@ -94,7 +103,7 @@ class BagOfWordsConfig(BaselineConfig):
     def __post_init__(self):
         super().__post_init__()
         self._at_least_one("n_words", "hidden", "layers")
-        if self.task != "classify":
+        if not self.pooled:
             raise ValueError("the bag of words has no token order: it can only classify (task 'classify')")
 
     @property
@@ -105,6 +114,8 @@ class BagOfWordsConfig(BaselineConfig):
 
 class BagOfWords(Baseline):
     """Multi-hot (or count) vector over the most frequent words -> ReLU MLP -> logits (B, L)."""
+
+    word_embedding = None  # it reads counts of words, not their vectors
 
     def __init__(self, cfg: BagOfWordsConfig):
         super().__init__()
@@ -148,7 +159,7 @@ class Pooled(Baseline):
 
     def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
         x = self.embed(ids)  # (B, T, E)
-        if self.cfg.task == "classify":
+        if self.cfg.pooled:
             x = masked_mean(x, mask)  # (B, E)
         return self.head(self.drop(x))
 
@@ -189,14 +200,14 @@ class Conv1D(Baseline):
         m = mask.unsqueeze(1).to(x.dtype)  # (B, 1, T)
         for conv in self.convs:
             x = F.relu(conv(x * m)) * m  # (B, C, T)
-            if self.cfg.task == "classify":
+            if self.cfg.pooled:
                 # ceil_mode keeps a last odd position as its own window, so even a one-token
                 # sequence keeps one position. After ReLU and masking every value is >= 0, so a
                 # window half in padding takes the max of its real value: the padding's 0 never wins.
                 x = F.max_pool1d(x, 2, ceil_mode=True)  # (B, C, ceil(T/2))
                 m = F.max_pool1d(m, 2, ceil_mode=True)  # (B, 1, ceil(T/2)): windows with a real position
         x = x.transpose(1, 2)  # (B, T', C)
-        if self.cfg.task == "classify":
+        if self.cfg.pooled:
             x = masked_mean(x, m.squeeze(1).bool())  # (B, C)
         return self.head(self.drop(x))
 
@@ -247,7 +258,7 @@ class RNNClassifier(Baseline):
         lengths = mask.sum(1).clamp(min=1).cpu()
         packed = pack_padded_sequence(self.embed(ids), lengths, batch_first=True, enforce_sorted=False)
         out, h_n = self.rnn(packed)
-        if self.cfg.task == "classify" and self.cfg.pool == "last":
+        if self.cfg.pooled and self.cfg.pool == "last":
             h_n = h_n[0] if isinstance(h_n, tuple) else h_n  # the LSTM also returns its cells
             # h_n: (layers * D, B, C); the top layer's forward state is at its last real token,
             # its backward state (when bidirectional) at position 0, having read the whole sequence.
@@ -255,7 +266,7 @@ class RNNClassifier(Baseline):
             x = h_n[-D:].transpose(0, 1).reshape(B, -1)  # (B, D * C)
         else:
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, D * C), zeros at padding
-            x = masked_mean(out, mask) if self.cfg.task == "classify" else out
+            x = masked_mean(out, mask) if self.cfg.pooled else out
         return self.head(self.drop(x))
 
 

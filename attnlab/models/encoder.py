@@ -20,20 +20,97 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import option
+from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool, text_body
+from attnlab.models.protocols import OneSequence, Positioned, WordEmbedded
 from attnlab.nn import LayerNorm, build_norm
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
+from attnlab.nn.position import Positions
 
-HEADS = ("mlm", "classify", "tag")
+
+class EncoderHead:
+    """What an encoder predicts from its final states. A head puts its layers on the model under the
+    names checkpoints use (`out`, `transform`, `pooler`), so a run folder reads the same whatever the head."""
+
+    over_vocabulary = False  # predicts tokens (a masked LM), its output tied to the word embedding
+    pooled = False  # one label per sequence, from the pooled vector (BERT's pooler may sit before it)
+
+    def build(self, model: Encoder, cfg: EncoderConfig) -> None:
+        model.out = nn.Linear(cfg.d_model, cfg.n_labels)
+
+    def tie(self, model: Encoder) -> None:
+        """After initialization: weights shared with the body."""
+
+    def logits(self, model: Encoder, x: Tensor, ids: Tensor) -> Tensor:
+        return model.out(x)  # (B, T, L)
+
+    def output(self, model: Encoder, x: Tensor, ids: Tensor, labels: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+        """The logits of final states x (B, T, C), and with labels the mean cross-entropy."""
+        logits = self.logits(model, x, ids)
+        if labels is None:
+            return logits
+        return logits, F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE)
+
+
+class TokenHead(EncoderHead):
+    """tag: a label per token, (B, T, L)."""
+
+
+class SequenceHead(EncoderHead):
+    """classify: a label per sequence, (B, L), from [CLS] or the mean of the real tokens."""
+
+    pooled = True
+
+    def build(self, model: Encoder, cfg: EncoderConfig) -> None:
+        # BERT's pooler (dense + tanh on [CLS]) sits between the encoder and the classifier.
+        model.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
+        model.out = nn.Linear(cfg.d_model, cfg.n_labels)
+
+    def logits(self, model: Encoder, x: Tensor, ids: Tensor) -> Tensor:
+        pooled = pool(x, model.cfg.pooling, ids != PAD_ID)  # (B, C)
+        if model.pooler is not None:
+            pooled = torch.tanh(model.pooler(pooled))
+        return model.out(pooled)  # (B, L)
+
+
+class MaskedLMHead(EncoderHead):
+    """mlm: the original token at each masked position, (B, T, V). BERT's head: a transform (dense,
+    activation, norm), then the tied word embedding and a bias."""
+
+    over_vocabulary = True
+
+    def build(self, model: Encoder, cfg: EncoderConfig) -> None:
+        model.transform = nn.Linear(cfg.d_model, cfg.d_model)
+        model.transform_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
+        model.out = nn.Linear(cfg.d_model, cfg.vocab_size)
+
+    def tie(self, model: Encoder) -> None:
+        model.out.weight = model.tok.weight  # (V, C): the same matrix reads and predicts tokens
+
+    def logits(self, model: Encoder, x: Tensor, ids: Tensor) -> Tensor:
+        return model.out(model.transform_norm(ACTIVATIONS[model.cfg.activation](model.transform(x))))  # (B, T, V)
+
+    def output(self, model: Encoder, x: Tensor, ids: Tensor, labels: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+        if labels is None:
+            return self.logits(model, x, ids)
+        # Only the chosen ~15% of positions carry loss: the (C x V) head runs on those alone.
+        chosen = labels != IGNORE  # (B, T)
+        logits = self.logits(model, x[chosen], ids)  # (N, V)
+        if not chosen.any():  # nothing chosen (a tiny batch): no loss, but a graph to backpropagate
+            return logits, x.sum() * 0.0
+        return logits, F.cross_entropy(logits.float(), labels[chosen])
+
+
+# Encoder heads by config name (and by the task that trains each: mlm, classify, tag).
+HEADS: dict[str, EncoderHead] = {"mlm": MaskedLMHead(), "classify": SequenceHead(), "tag": TokenHead()}
 
 
 @dataclass
 class EncoderConfig(TransformerConfig, Presets):
     vocab_size: int = option(30522, "vocabulary size (set from the tokenizer when training)")
-    head: str = option("classify", "what the model predicts", HEADS)
+    head: str = option("classify", "what the model predicts", names(HEADS))
     n_labels: int = option(2, "number of classes (classify, tag)")
     pooling: str = option("cls", "sequence summary for classify: the [CLS] position or the mean", ("cls", "mean"))
     type_vocab_size: int = option(0, "token types (segments) as in BERT; every token is type 0; 0 = none")
@@ -42,12 +119,12 @@ class EncoderConfig(TransformerConfig, Presets):
     def __post_init__(self):
         super().__post_init__()
         if self.head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+            raise ValueError(f"head must be one of {tuple(HEADS)}, got {self.head!r}")
         if self.n_labels < 1:
             raise ValueError(f"n_labels must be at least 1, got {self.n_labels}")
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be 0 or more, got {self.type_vocab_size}")
-        if self.pooler and self.head != "classify":
+        if self.pooler and not HEADS[self.head].pooled:
             raise ValueError(f"pooler applies to head classify only, not {self.head!r}")
 
 
@@ -65,7 +142,7 @@ PRESETS: dict[str, EncoderConfig] = {
 PAPER_PARAMS = {"bert-base": 110e6, "bert-large": 340e6}
 
 
-class Encoder(Checkpointing, nn.Module):
+class Encoder(Checkpointing, OneSequence, WordEmbedded, Positioned, nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cfg = cfg
@@ -74,22 +151,17 @@ class Encoder(Checkpointing, nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # Post-norm stacks (BERT) normalize the embeddings; pre-norm ones normalize at the end.
         self.embed_norm = build_norm(cfg) if cfg.norm == "post" else nn.Identity()
-        if cfg.head == "mlm":
-            # BERT's MLM head: a transform (dense, activation, norm), then the tied embedding + a bias.
-            self.transform = nn.Linear(cfg.d_model, cfg.d_model)
-            self.transform_norm = LayerNorm(cfg.d_model, cfg.ln_eps, cfg.bias)
-            self.out = nn.Linear(cfg.d_model, cfg.vocab_size)
-        else:
-            # BERT's pooler (dense + tanh on [CLS]) sits between the encoder and the classifier.
-            self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
-            self.out = nn.Linear(cfg.d_model, cfg.n_labels)
+        self.task_head = HEADS[cfg.head]  # a plain object: its layers are the model's own (out, ...)
+        self.task_head.build(self, cfg)
         init_weights(self, cfg.n_layer, zero_out=cfg.zero_init)
-        if cfg.head == "mlm":
-            self.out.weight = self.tok.weight  # (V, C): the same matrix reads and predicts tokens
+        self.task_head.tie(self)
 
     @property
     def word_embedding(self) -> nn.Embedding:
         return self.tok
+
+    def input_positions(self) -> tuple[Positions, str]:
+        return self.pos, ""
 
     def hidden(self, ids: Tensor, return_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, C) of ids (B, T), and each layer's attention (B, H, T, T) if asked."""
@@ -107,29 +179,7 @@ class Encoder(Checkpointing, nn.Module):
         """ids (B, T) -> logits (mlm: (B, T, V), classify: (B, L), tag: (B, T, L)); with labels
         (classify: (B,), else (B, T), IGNORE where no loss) also the mean cross-entropy."""
         x, _ = self.hidden(ids)
-        if labels is not None and self.cfg.head == "mlm":
-            # Only the chosen ~15% of positions carry loss: the (C x V) head runs on those alone.
-            chosen = labels != IGNORE  # (B, T)
-            logits = self.head_logits(x[chosen], ids)  # (N, V)
-            if not chosen.any():  # nothing chosen (a tiny batch): no loss, but a graph to backpropagate
-                return logits, x.sum() * 0.0
-            return logits, F.cross_entropy(logits.float(), labels[chosen])
-        logits = self.head_logits(x, ids)
-        if labels is None:
-            return logits
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE)
-        return logits, loss
-
-    def head_logits(self, x: Tensor, ids: Tensor) -> Tensor:
-        if self.cfg.head == "mlm":
-            x = self.transform_norm(ACTIVATIONS[self.cfg.activation](self.transform(x)))
-            return self.out(x)  # (B, T, V)
-        if self.cfg.head == "tag":
-            return self.out(x)  # (B, T, L)
-        pooled = pool(x, self.cfg.pooling, ids != PAD_ID)  # (B, C)
-        if self.pooler is not None:
-            pooled = torch.tanh(self.pooler(pooled))
-        return self.out(pooled)  # (B, L)
+        return self.task_head.output(self, x, ids, labels)
 
     @torch.no_grad()
     def attention(self, ids: Tensor) -> list[Tensor]:

@@ -9,6 +9,7 @@ Legend: B batch, T time, C model width, V vocabulary, H heads.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,10 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
+from attnlab.models.protocols import CausalLM
 from attnlab.nn import KVCache
 from attnlab.nn.moe import inactive_params
-from attnlab.nn.position import Offset
+from attnlab.nn.position import Offset, Positions
 
 
 @dataclass
@@ -150,7 +152,7 @@ PAPER_PARAMS = {
 PAPER_ACTIVE_PARAMS = {"mixtral-8x7b": 12.9e9}
 
 
-class GPT(Checkpointing, nn.Module):
+class GPT(Checkpointing, CausalLM, nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -168,6 +170,12 @@ class GPT(Checkpointing, nn.Module):
     @property
     def word_embedding(self) -> nn.Embedding:
         return self.tok
+
+    def input_positions(self) -> tuple[Positions, str]:
+        return self.pos, ""
+
+    def readout(self) -> tuple[str, nn.Module, Callable[[Tensor], Tensor]]:
+        return "blocks", self.norm, self.logits
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
         """Parameters; non_embedding: without the token, position and bigram tables; active: only

@@ -34,6 +34,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.config import option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
+from attnlab.models.protocols import WordEmbedded
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -124,7 +125,7 @@ class RNNState:
         )
 
 
-class RNNSeq2Seq(nn.Module):
+class RNNSeq2Seq(WordEmbedded, nn.Module):
     """Encoder-decoder translation model; see the module docstring for the equations."""
 
     token_shift = N_SPECIAL  # model id = tokenizer id + token_shift (PAD, BOS, EOS below)
@@ -208,6 +209,11 @@ class RNNSeq2Seq(nn.Module):
             label_smoothing=self.cfg.label_smoothing if self.training else 0.0,  # eval: the plain loss
         )
         return logits, loss
+
+    @torch.no_grad()
+    def attention(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+        """The one attention of teacher-forced decoding, as a Transformer's maps: {"cross": [(B, 1, T, S)]}."""
+        return {"cross": [self.alignment(src, tgt_in)[:, 0]]}
 
     @torch.no_grad()
     def alignment(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ each decoder block's self-attention keys/values cached, so no prefix is processe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,10 @@ from torch import Tensor, nn
 from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
+from attnlab.models.protocols import Positioned, ReadOut, WordEmbedded
 from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack
 from attnlab.nn.attention import padding_mask
+from attnlab.nn.position import Positions
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Seq2SeqState:
         return self
 
 
-class Seq2Seq(Checkpointing, nn.Module):
+class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         self.cfg = cfg
@@ -139,6 +142,13 @@ class Seq2Seq(Checkpointing, nn.Module):
     def word_embedding(self) -> nn.Embedding:
         """The source side's token embedding."""
         return self.src_tok
+
+    def input_positions(self) -> tuple[Positions, str]:
+        return self.src_pos, "encoder "
+
+    def readout(self) -> tuple[str, nn.Module, Callable[[Tensor], Tensor]]:
+        """The decoder's stream (the logit lens needs the source too: trace(model, src, tgt_in))."""
+        return "decoder", self.dec_norm, self.out
 
     def _embed(self, tok: nn.Embedding, pos: nn.Module, ids: Tensor, offset: int = 0) -> Tensor:
         # Section 3.4: the embeddings are multiplied by sqrt(d_model) before positions are added.

@@ -32,7 +32,9 @@ from attnlab.models.common import (
     pool,
     positions,
 )
+from attnlab.models.protocols import Positioned
 from attnlab.nn import Stack
+from attnlab.nn.position import Positions
 
 PATCH_PATHS = ("conv", "linear")
 
@@ -124,7 +126,7 @@ class PatchEmbedding(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)  # (B, D, H/Ph, W/Pw) -> (B, N, D)
 
 
-class ViT(Checkpointing, nn.Module):
+class ViT(Checkpointing, Positioned, nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
@@ -138,6 +140,9 @@ class ViT(Checkpointing, nn.Module):
         init_weights(self, cfg.n_layer, zero_out=cfg.zero_init)
         nn.init.normal_(self.cls, std=0.02)
         nn.init.zeros_(self.out.weight)  # the paper's zero-initialized head: no class favoured at step 0
+
+    def input_positions(self) -> tuple[Positions, str]:
+        return self.pos, ""
 
     def hidden(self, images: Tensor, return_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, D) of images (B, C, H, W), and each layer's attention

@@ -13,6 +13,7 @@ is made of these.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -68,13 +69,23 @@ class GatedFeedForward(nn.Module):
 GATES = {"swiglu": "silu", "geglu": "gelu_tanh"}
 
 
+# Dense feed-forwards by kind, each from (d_model, d_ff, activation, bias): the plain MLP uses the
+# activation; a gated kind gates with its own (GATES).
+def _gated(gate: str) -> Callable[[int, int, str, bool], nn.Module]:
+    return lambda d_model, d_ff, activation, bias: GatedFeedForward(d_model, d_ff, gate, bias)
+
+
+DENSE: dict[str, Callable[[int, int, str, bool], nn.Module]] = {
+    "mlp": FeedForward,
+    **{kind: _gated(gate) for kind, gate in GATES.items()},  # swiglu, geglu
+}
+
+
 def dense_feedforward(kind: str, d_model: int, d_ff: int, activation: str, bias: bool) -> nn.Module:
-    """One dense feed-forward of a kind: "mlp" (with `activation`) or a key of GATES."""
-    if kind in GATES:
-        return GatedFeedForward(d_model, d_ff, GATES[kind], bias)
-    if kind == "mlp":
-        return FeedForward(d_model, d_ff, activation, bias)
-    raise ValueError(f"unknown dense feed-forward {kind!r}; choose from {['mlp', *GATES]}")
+    """One dense feed-forward of a kind of DENSE: "mlp" (with `activation`), "swiglu" or "geglu"."""
+    if kind not in DENSE:
+        raise ValueError(f"unknown dense feed-forward {kind!r}; choose from {list(DENSE)}")
+    return DENSE[kind](d_model, d_ff, activation, bias)
 
 
 def default_width(kind: str, d_model: int, expert: str = "mlp") -> int:

@@ -18,12 +18,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from attnlab.config import names, option
-from attnlab.nn.dense import ACTIVATIONS, GATES, default_width
+from attnlab.nn.dense import ACTIVATIONS, DENSE, default_width
 from attnlab.nn.feedforward import FEEDFORWARDS
 from attnlab.nn.norm import NORMS
 
 NORM_PLACES = ("pre", "post")
-DENSE_KINDS = {"mlp": "mlp", **{kind: kind for kind in GATES}}  # what each expert of a mixture may be
 
 
 @dataclass
@@ -43,7 +42,7 @@ class BlockOptions:
     feedforward: str = option("mlp", "the feed-forward of each block", names(FEEDFORWARDS))
     n_experts: int = option(4, "experts in each mixture-of-experts feed-forward (--feedforward moe)")
     experts_per_token: int = option(2, "experts each token is routed to (top-k of the router)")
-    expert_ff: str = option("mlp", "the feed-forward each expert is", names(DENSE_KINDS))
+    expert_ff: str = option("mlp", "the feed-forward each expert is", names(DENSE))
     capacity_factor: float | None = option(None, "cap each expert at this many times its even share of the "
                                            "tokens; the rest are dropped (default: no cap)")  # fmt: skip
     aux_loss_weight: float = option(0.01, "weight of the experts' load-balancing loss in the training loss")

@@ -11,7 +11,8 @@ A `Positions` module has three hooks, and every family's Stack calls all three:
   (ALiBi, relative-position biases) return a float (1|B, H|1, Tq, Tk) bias there.
 Queries and keys given to `qk_transform` are the new positions' only (before the key/value
 cache), so a cached key keeps the rotation of the position it was computed at.
-So adding a scheme is one class taking (max_len, d_model) and one `POSITIONS` entry.
+So adding a scheme is one class taking (max_len, d_model) (or its own `build` from a PositionSpec)
+and one `POSITIONS` entry.
 
 `offset` is an int, or a (B,) tensor when the rows of a batch sit at different positions (a
 server decoding many requests at once, serve/batching.py): row b's positions are then
@@ -21,6 +22,7 @@ offset[b], offset[b]+1, ..., and its keys are positions 0, 1, ... of its own seq
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -47,14 +49,40 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     return table
 
 
+@dataclass(frozen=True)
+class PositionSpec:
+    """What a scheme may be built from: the longest sequence and the model's width, the heads
+    (ALiBi's slopes), the rotary base, and for image patches their (rows, cols) grid after `lead`
+    tokens that are not on it (ViT's [CLS])."""
+
+    max_len: int
+    d_model: int
+    n_heads: int = 1
+    rope_theta: float = 10000.0
+    grid: tuple[int, int] | None = None
+    lead: int = 1
+
+
 class Positions(nn.Module):
     """Base class: no position information at all (the model sees a bag of tokens)."""
 
     qk_transform = None
+    on_grid = False  # on image patches, a table over the 2-D grid (then any number of patches fits)
+    why_no_vectors = "'s positions act inside attention: no table to plot"
 
     def __init__(self, max_len: int, d_model: int | None = None):
         super().__init__()
         self.max_len = max_len
+
+    @classmethod
+    def build(cls, spec: PositionSpec) -> Positions:
+        """The scheme for a model's shape (a new scheme overrides this if it needs more than these two)."""
+        return cls(spec.max_len, spec.d_model)
+
+    def vectors(self) -> tuple[Tensor, str] | None:
+        """The position vectors added to the inputs, (N, C), and what they are; None for a scheme
+        that adds none (why_no_vectors says why)."""
+        return None
 
     def score_bias(self, tq: int, tk: int, offset: Offset = 0) -> Tensor | None:
         """An additive bias on the attention scores of Tq queries at positions offset..offset+Tq-1
@@ -74,6 +102,8 @@ class Positions(nn.Module):
 class NoPositions(Positions):
     """Explicitly no positions: a block stack is then permutation-equivariant."""
 
+    why_no_vectors = " was trained with positions 'none': it has no position vectors to plot"
+
     def check(self, t: int, offset: Offset) -> None:
         return None
 
@@ -86,6 +116,9 @@ class FixedPositions(Positions):
         # Not saved in checkpoints: it is a function of the shape alone.
         self.register_buffer("table", table, persistent=False)
 
+    def vectors(self) -> tuple[Tensor, str]:
+        return self.table, "fixed positions"
+
     def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         t = x.shape[1]
         self.check(t, offset)
@@ -97,8 +130,20 @@ class FixedPositions(Positions):
 class SinusoidalPositions(FixedPositions):
     """The paper's sin/cos encodings of the position in the sequence."""
 
+    on_grid = True
+
     def __init__(self, max_len: int, d_model: int):
         super().__init__(sinusoidal_table(max_len, d_model))
+
+    @classmethod
+    def build(cls, spec: PositionSpec) -> Positions:
+        """The 1-D table, or on image patches the 2-D one (the 1-D table would ignore the grid's rows)."""
+        if spec.grid is not None:
+            return GridPositions(*spec.grid, spec.d_model, lead=spec.lead)
+        return cls(spec.max_len, spec.d_model)
+
+    def vectors(self) -> tuple[Tensor, str]:
+        return self.table, "sinusoidal positions"
 
 
 class LearnedPositions(Positions):
@@ -107,6 +152,9 @@ class LearnedPositions(Positions):
     def __init__(self, max_len: int, d_model: int):
         super().__init__(max_len)
         self.embedding = nn.Embedding(max_len, d_model)
+
+    def vectors(self) -> tuple[Tensor, str]:
+        return self.embedding.weight, "learned positions"
 
     def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         t = x.shape[1]
@@ -135,6 +183,9 @@ class GridPositions(FixedPositions):
 
     def __init__(self, rows: int, cols: int, d_model: int, lead: int = 1):
         super().__init__(torch.cat([torch.zeros(lead, d_model), sinusoidal_2d_table(rows, cols, d_model)]))
+
+    def vectors(self) -> tuple[Tensor, str]:
+        return self.table, "2-D sinusoidal grid positions ([CLS] first, zero)"
 
 
 def rotary_angles(n_positions: int, d_head: int, theta: float = 10000.0) -> Tensor:
@@ -173,6 +224,10 @@ class RotaryPositions(Positions):
         super().__init__(max_len)
         self.theta, self.interleaved = theta, interleaved
         self._tables: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+
+    @classmethod
+    def build(cls, spec: PositionSpec) -> Positions:
+        return cls(spec.max_len, spec.d_model, theta=spec.rope_theta)
 
     def _table(self, d_head: int, device: torch.device) -> tuple[Tensor, Tensor]:
         key = (d_head, device)
@@ -225,6 +280,10 @@ class ALiBiPositions(Positions):
         # Not saved in checkpoints: a function of the head count alone.
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
 
+    @classmethod
+    def build(cls, spec: PositionSpec) -> Positions:
+        return cls(spec.max_len, spec.d_model, spec.n_heads)
+
     def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:
         self.check(x.shape[1], offset)
         return x
@@ -252,25 +311,10 @@ POSITIONS: dict[str, type[Positions]] = {
 }
 
 
-def build_positions(
-    kind: str,
-    max_len: int,
-    d_model: int,
-    grid: tuple[int, int] | None = None,
-    n_heads: int = 1,
-    rope_theta: float = 10000.0,
-    lead: int = 1,
-) -> Positions:
-    """The position module named by a config value (a key of POSITIONS). `grid`: the (rows, cols)
-    of image patches after `lead` tokens off the grid (ViT's one [CLS]; a captioner's encoder has
-    none), where sinusoidal positions are the 2-D table; n_heads: ALiBi's slopes; rope_theta:
-    rotary's base."""
+def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int] | None = None, n_heads: int = 1,
+                    rope_theta: float = 10000.0, lead: int = 1) -> Positions:  # fmt: skip
+    """The position module named by a config value (a key of POSITIONS), built by its class from the
+    model's shape (see PositionSpec)."""
     if kind not in POSITIONS:
         raise ValueError(f"unknown positions {kind!r}; choose from {sorted(POSITIONS)}")
-    if kind == "sinusoidal" and grid is not None:
-        return GridPositions(*grid, d_model, lead=lead)  # the 1-D table would ignore the grid's rows
-    if kind == "alibi":
-        return ALiBiPositions(max_len, d_model, n_heads)
-    if kind == "rope":
-        return RotaryPositions(max_len, d_model, theta=rope_theta)
-    return POSITIONS[kind](max_len, d_model)
+    return POSITIONS[kind].build(PositionSpec(max_len, d_model, n_heads, rope_theta, grid, lead))

@@ -31,6 +31,7 @@ from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import EncoderConfig
+from attnlab.models.protocols import WordEmbedded
 from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
@@ -278,7 +279,7 @@ def _init_overrides(init, overrides: dict | None, task: str = "classify") -> dic
 
 def _load_vectors(model: nn.Module, path, tok: WordTokenizer, freeze: bool, report: bool) -> None:
 
-    if getattr(model, "word_embedding", None) is None:
+    if not isinstance(model, WordEmbedded) or model.word_embedding is None:
         raise AttnlabError("--word-vectors: this model has no word embedding (bow reads word counts)")
     found, missing = load_word_vectors(model.word_embedding, path, tok.itos, freeze)
     if report:

@@ -330,17 +330,14 @@ def alignment_picture(run, text: str, path: str | Path, beam: int = 1) -> str:
 
 def translation_views(run, text: str) -> list:
     """Encoder, decoder and cross-attention on the run's own greedy translation of `text` (the RNN:
-    its Bahdanau alignment alone)."""
-
+    its Bahdanau alignment alone, the one attention it has)."""
     src, tgt_in, hyp = decode_one(run, text)
     source = pieces(run.tokenizer, src[0].tolist())
     target = pieces(target_tokenizer(run), [*hyp, EOS_ID])  # what each step produced
-    if not hasattr(run.model, "attention"):  # the RNN: one alignment, no self-attention
-        return [AttentionView(TRANSLATION_VIEWS["cross"], target, source, cross_attention(run, src, tgt_in))]
-    maps = run.model.attention(src, tgt_in)
     inputs = pieces(target_tokenizer(run), [BOS_ID, *hyp])  # decoder self-attention reads its inputs
-    return [
-        AttentionView(TRANSLATION_VIEWS["encoder"], source, source, numpy_weights(maps["encoder"])),
-        AttentionView(TRANSLATION_VIEWS["decoder"], target, inputs, numpy_weights(maps["decoder"])),
-        AttentionView(TRANSLATION_VIEWS["cross"], target, source, numpy_weights(maps["cross"])),
-    ]
+    labels = {"encoder": (source, source), "decoder": (target, inputs), "cross": (target, source)}
+    try:
+        maps = run.model.attention(src, tgt_in)
+    except ValueError as e:  # the plain RNN has no attention to draw
+        raise AttnlabError(f"{run.path}: {e}") from None
+    return [AttentionView(TRANSLATION_VIEWS[name], *labels[name], numpy_weights(w)) for name, w in maps.items()]

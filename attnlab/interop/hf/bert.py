@@ -48,6 +48,7 @@ from attnlab.interop.hf import (
     map_weights,
 )
 from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, same_heads
+from attnlab.models.encoder import HEADS as ENCODER_HEADS
 from attnlab.models.encoder import Encoder, EncoderConfig
 
 # architecture -> our head; BertForPreTraining's next-sentence head is dropped, its MLM kept.
@@ -89,8 +90,9 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
             f"BERT hidden_act {hf['hidden_act']!r} is not supported; attnlab reads {', '.join(ACTIVATIONS)}"
         )
     head = HEADS[architecture]
-    labels = labels_from_hf(hf) if head != "mlm" else []
-    if head != "mlm" and not labels:
+    labelled = not ENCODER_HEADS[head].over_vocabulary  # a classifier or a tagger: its labels
+    labels = labels_from_hf(hf) if labelled else []
+    if labelled and not labels:
         raise AttnlabError("config.json: num_labels is 0 (a classifier without labels); give id2label")
     try:
         cfg = EncoderConfig(
@@ -98,11 +100,11 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
             d_ff=hf["intermediate_size"], context=hf["max_position_embeddings"], dropout=0.0, norm="post",
             activation=ACTIVATIONS[hf["hidden_act"]], positions="learned", bias=True, ln_eps=hf["layer_norm_eps"],
             vocab_size=hf["vocab_size"], head=head, n_labels=max(len(labels), 1), pooling="cls",
-            type_vocab_size=hf["type_vocab_size"], pooler=head == "classify",
+            type_vocab_size=hf["type_vocab_size"], pooler=ENCODER_HEADS[head].pooled,
         )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise AttnlabError(f"config.json describes a BERT attnlab cannot build: {e}") from None
-    task: dict[str, Any] = {"kind": head} if head == "mlm" else {"kind": head, "labels": labels}
+    task: dict[str, Any] = {"kind": head, "labels": labels} if labelled else {"kind": head}
     if architecture == "BertModel":
         task["head"] = "untrained"
     return "encoder", cfg, task
@@ -119,7 +121,7 @@ def pairs(cfg: EncoderConfig, prefix: str = "bert.") -> list[Pair]:
         layer = f"{prefix}encoder.layer.{i}."
         names += [(f"blocks.{i}.{ours}", layer + theirs) for ours, theirs in LAYER.items()]
         names.append((f"blocks.{i}.attn.qkv_proj", layer + STACKED))
-    if cfg.head == "mlm":
+    if ENCODER_HEADS[cfg.head].over_vocabulary:
         names += [("transform", "cls.predictions.transform.dense"),
                   ("transform_norm", "cls.predictions.transform.LayerNorm")]  # fmt: skip
     else:
@@ -127,7 +129,7 @@ def pairs(cfg: EncoderConfig, prefix: str = "bert.") -> list[Pair]:
     if cfg.pooler:
         names.append(("pooler", f"{prefix}pooler.dense"))
     out = [(f"{ours}.{kind}", f"{theirs}.{kind}", False) for ours, theirs in names for kind in ("weight", "bias")]
-    if cfg.head == "mlm":  # the decoder is the word embedding; its bias is cls.predictions.bias
+    if ENCODER_HEADS[cfg.head].over_vocabulary:  # the decoder is the word embedding; its bias is cls.predictions.bias
         out += [("out.weight", f"{emb}word_embeddings.weight", False), ("out.bias", "cls.predictions.bias", False)]
     return [p for p in out if not p[0].startswith(("tok.bias", "pos.embedding.bias", "token_type.bias"))]
 
@@ -173,7 +175,8 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
     tensors = _renamed(tensors)
     prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
     shapes = expected_shapes(Encoder, cfg)
-    if cfg.head != "mlm" and not prefix and not any(k.startswith("classifier.") for k in tensors):
+    labelled = not ENCODER_HEADS[cfg.head].over_vocabulary
+    if labelled and not prefix and not any(k.startswith("classifier.") for k in tensors):
         tensors = {**tensors, "classifier.weight": torch.zeros(shapes["out.weight"]),
                    "classifier.bias": torch.zeros(shapes["out.bias"])}  # fmt: skip
     ignore = {k for k in tensors if k.endswith("embeddings.position_ids") or k.startswith("cls.seq_relationship.")}
@@ -181,7 +184,7 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
         ignore |= {k for k in tensors if k.startswith(f"{prefix}pooler.")}
     for copy, of in (("cls.predictions.decoder.weight", f"{prefix}embeddings.word_embeddings.weight"),
                      ("cls.predictions.decoder.bias", "cls.predictions.bias")):  # fmt: skip
-        if cfg.head == "mlm" and copy in tensors:
+        if ENCODER_HEADS[cfg.head].over_vocabulary and copy in tensors:
             if of in tensors and not torch.equal(tensors[copy], tensors[of]):
                 raise AttnlabError(f"{copy} differs from {of}: attnlab's masked-LM head is tied to it")
             ignore.add(copy)
@@ -205,7 +208,7 @@ def check_exportable(cfg: EncoderConfig) -> None:
     problems = block_problems(cfg, SUPPORT, "BERT")
     if cfg.positions != "learned":
         problems.append(f"positions {cfg.positions!r} (BERT's are learned)")
-    if cfg.head == "classify" and (cfg.pooling != "cls" or not cfg.pooler):
+    if ENCODER_HEADS[cfg.head].pooled and (cfg.pooling != "cls" or not cfg.pooler):
         problems.append("a classify head without pooler=true on [CLS] (BertForSequenceClassification has one)")
     if problems:
         raise AttnlabError(f"this encoder does not fit HuggingFace's BERT: {'; '.join(problems)}")
@@ -223,7 +226,7 @@ def config_to_hf(cfg: EncoderConfig, labels: list[str] | None = None) -> dict[st
         "max_position_embeddings": cfg.context, "type_vocab_size": max(cfg.type_vocab_size, 1),
         "layer_norm_eps": cfg.ln_eps, "pad_token_id": 0, "tie_word_embeddings": True, "dtype": "float32",
     }  # fmt: skip
-    if cfg.head != "mlm":
+    if not ENCODER_HEADS[cfg.head].over_vocabulary:
         hf.update(labels_to_hf(labels, cfg.n_labels))
     return hf
 
@@ -233,7 +236,7 @@ def weights_to_hf(state: dict[str, Tensor], cfg: EncoderConfig) -> dict[str, Ten
     check_exportable(cfg)
     hf = {}
     for ours, theirs, _ in pairs(cfg):
-        if ours == "out.weight" and cfg.head == "mlm":
+        if ours == "out.weight" and ENCODER_HEADS[cfg.head].over_vocabulary:
             continue  # tied: stored once, as the word embedding
         hf[theirs] = state[ours]
     if not cfg.type_vocab_size:  # BERT always adds a token-type row: a zero one adds nothing
