@@ -6,7 +6,6 @@ command line (cli.py) and TOML files are generated from the dataclasses themselv
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -26,9 +25,12 @@ else:  # pragma: no cover - Python 3.10
 T = TypeVar("T")
 
 
-def option(default: Any, help: str, choices: Sequence | None = None) -> Any:
-    """A dataclass field with its command-line help (and allowed values: a tuple, or `names(registry)`)."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def option(default: Any, help: str, choices: Sequence | None = None, **cli: Any) -> Any:
+    """A dataclass field with its command-line help and allowed values (a tuple, or `names(registry)`).
+    `cli`: how the command line shows it, read by cli/generate.py: positional=True, nargs, metavar,
+    required=True, at_least=N (a whole number of at least N), group (mutually exclusive options),
+    repeat=True (a list, one value per use of the flag)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, **cli})
 
 
 class names(Sequence):  # noqa: N801  (read as a function: option(..., names(NORMS)))
@@ -124,53 +126,6 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise AttnlabError(f"{p}: not valid TOML ({e})") from None
-
-
-# ---- command-line flags generated from the dataclasses ---------------------------------------
-
-NOT_FLAGS = {"model": {"vocab_size"}}  # set from the tokenizer, not by hand
-
-
-def add_config_flags(
-    parser: argparse.ArgumentParser,
-    section: str,
-    cls: type | tuple[type, ...],
-    title: str,
-    skip: set[str] = frozenset(),
-    defaults: dict[str, Any] | None = None,
-) -> None:
-    """One --flag per dataclass field; defaults stay None so we know what the user set. Given
-    several classes, one flag per field name, its help naming the class it comes from. `defaults`:
-    the values the command uses in place of the fields' own (a preset, tuned settings), for --help."""
-    group = parser.add_argument_group(title)
-    classes = cls if isinstance(cls, tuple) else (cls,)
-    seen = set(skip) | NOT_FLAGS.get(section, set())
-    for c in classes:
-        for f in dataclasses.fields(c):
-            if f.name not in seen:
-                seen.add(f.name)
-                _add_flag(group, section, c, f, f" [{c.__name__}]" if len(classes) > 1 else "", defaults or {})
-
-
-def _add_flag(group, section: str, cls: type, f: dataclasses.Field, where: str, defaults: dict) -> None:
-    base, _ = field_type(cls, f)
-    default = f.default if f.default is not dataclasses.MISSING else None
-    default = defaults.get(f.name, default)
-    kw: dict[str, Any] = {
-        "dest": f"{section}__{f.name}",
-        "default": None,
-        "help": f"{f.metadata.get('help', '')} (default: {default}){where}",
-    }
-    if base is bool:
-        kw["action"] = argparse.BooleanOptionalAction
-    else:
-        kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else "{" + ",".join(f.metadata["choices"]) + "}"
-    group.add_argument("--" + f.name.replace("_", "-"), **kw)
-
-
-def flags_of(args: argparse.Namespace, section: str) -> dict[str, Any]:
-    prefix = section + "__"
-    return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
 
 
 def checked(cls: type, values: dict[str, Any], where: str) -> Any:

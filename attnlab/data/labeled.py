@@ -15,15 +15,16 @@ import io
 import json
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from attnlab.config import check_fraction, option
 from attnlab.data import sentiment, tagging
 from attnlab.data.text import read_text
 from attnlab.errors import AttnlabError
 
-BUILTIN_TASKS = {"sentiment": "classify", "tagging": "tag"}
 SPLIT_NAMES = ("train", "val", "test")
 
 
@@ -47,16 +48,15 @@ class LabeledDataConfig:
 
 
 def load_splits(cfg: LabeledDataConfig, task: str) -> dict[str, list]:
-    """{"train", "val", "test"} -> examples for task "classify" or "tag"."""
+    """{"train", "val", "test"} -> examples for a task of FORMATS ("classify" or "tag")."""
     if cfg.data in BUILTIN_TASKS:
         if BUILTIN_TASKS[cfg.data] != task:
             raise AttnlabError(f"--data {cfg.data} is a {BUILTIN_TASKS[cfg.data]} task, not {task}")
-
-        splits = (sentiment if cfg.data == "sentiment" else tagging).splits(cfg.data_seed)
+        splits = FORMATS[task].generated.splits(cfg.data_seed)
     else:
 
         def read(path: str) -> list:
-            return read_conll(path) if task == "tag" else read_table(path, cfg.text_column, cfg.label_column)
+            return FORMATS[task].read(path, cfg)
 
         splits = {"train": read(cfg.data)}
         given = {"val": cfg.val, "test": cfg.test}
@@ -141,3 +141,21 @@ def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
     if words:
         sentences.append((words, tags))
     return sentences
+
+
+@dataclass(frozen=True)
+class LabeledFormat:
+    """A task of labels: its generated data (a module with splits(seed)), its name, and how its files read."""
+
+    builtin: str
+    generated: ModuleType
+    read: Callable[[str, LabeledDataConfig], list]
+
+
+# By task: classification reads tables (text, label); tagging reads CoNLL sentences (words, tags).
+FORMATS = {
+    "classify": LabeledFormat("sentiment", sentiment, lambda path, cfg: read_table(path, cfg.text_column,
+                                                                                  cfg.label_column)),
+    "tag": LabeledFormat("tagging", tagging, lambda path, cfg: read_conll(path)),
+}  # fmt: skip
+BUILTIN_TASKS = {f.builtin: task for task, f in FORMATS.items()}  # generated data -> the task it is for

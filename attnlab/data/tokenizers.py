@@ -26,6 +26,8 @@ UNK = "<unk>"
 class CharTokenizer:
     """One token per character seen in training; unseen characters map to `<unk>`."""
 
+    wraps = False  # only a converted BERT's WordPiece frames its inputs in [CLS] ... [SEP]
+
     kind = "char"
     batch_pieces = 1  # encoding is one numpy lookup: batching pieces would only cost memory
 
@@ -83,6 +85,8 @@ class BPETokenizer:
 
     Byte-level means any text, in any script, encodes without unknown tokens.
     """
+
+    wraps = False  # only a converted BERT's WordPiece frames its inputs in [CLS] ... [SEP]
 
     kind = "bpe"
     batch_pieces = 8  # the Rust encoder spreads a batch over every core
@@ -144,6 +148,8 @@ class WordTokenizer:
     so "the N most frequent words" is the id range [len(SPECIALS), N). A line break is a token;
     other whitespace is not kept: decoding joins tokens with spaces.
     """
+
+    wraps = False  # only a converted BERT's WordPiece frames its inputs in [CLS] ... [SEP]
 
     kind = "word"
     batch_pieces = 1

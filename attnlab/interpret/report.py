@@ -8,9 +8,14 @@ inspect(run, text, what) -> the numbers, as JSON-ready dicts.
               text, on random tokens repeated twice, the loss of the repeated half (induction's job),
               or with on="val" the run's validation split (its first VAL_TOKENS tokens)
     rollout   attention rollout (or `flow`) of every attention: {kind: "views", views: views_json}
+    over-training  detector scores and the repeated half's loss at every weight snapshot: {kind:
+              "over-training", steps, scores: {detector: (S, L, H)}, repeat_loss, val_loss, chance}
+INSPECTIONS holds them by name; a new one is a function and one line there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,14 +27,14 @@ from attnlab.errors import AttnlabError
 from attnlab.interpret.ablation import head_ablation
 from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.interpret.lens import logit_lens
+from attnlab.interpret.over_training import over_training
 from attnlab.interpret.rollout import run_rollouts
 from attnlab.interpret.trace import trace
 from attnlab.models.protocols import CausalLM
+from attnlab.runs.run import Run
 from attnlab.viz.html import views_json
 
-WHAT = ("lens", "heads", "ablate", "rollout", "flow")
 VAL_TOKENS = 8192  # enough windows for a stable loss, few enough to zero every head in seconds
-TEXT_WHAT = WHAT  # all of them read an input; over-training reads the run's snapshots instead
 
 
 def _ids(run, text: str) -> torch.Tensor:
@@ -47,32 +52,63 @@ def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
 
 
 @torch.no_grad()
-def inspect(run, text: str | None, what: str, on: str = "repeats") -> dict:
-    """What `what` finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
-    if what not in WHAT:
-        raise AttnlabError(f"--what {what!r}: one of {', '.join(WHAT)}, or over-training")
+def inspect(run: Run, text: str | None, what: str, on: str = "repeats") -> dict:
+    """What `what` (a key of INSPECTIONS) finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
+    if what not in INSPECTIONS:
+        raise AttnlabError(f"--what {what!r}: one of {', '.join(INSPECTIONS)}")
     run.model.eval()
-    if what in ("rollout", "flow"):
-        return {"kind": "views", "what": what, **views_json(run_rollouts(run, text, what))}
-    if what == "ablate" and text is None:
-        return split_ablation(run) if on == "val" else repeated_ablation(run)
+    return INSPECTIONS[what](run, text, on)
+
+
+def needs_text(text: str | None, what: str) -> str:
     if text is None:
         raise AttnlabError(f"--what {what} needs an input (a text; an image file for image runs)")
-    if what == "lens":
-        ids, src, decode = run.task.lens_input(run, text)
-        return {"kind": "lens", "what": what, **logit_lens(run.model, ids, decode, src=src).as_json()}
-    ids = _ids(run, text)
-    if what == "heads":
-        return {"kind": "tables", "what": what, "tables": tables_json(detector_tables(run, ids)),
-                "title": "head detectors (previous, first, duplicate: on the input; induction: repeated random "
-                "tokens)"}  # fmt: skip
+    return text
 
+
+def _lens(run: Run, text: str | None, on: str) -> dict:
+    ids, src, decode = run.task.lens_input(run, needs_text(text, "lens"))
+    return {"kind": "lens", "what": "lens", **logit_lens(run.model, ids, decode, src=src).as_json()}
+
+
+def _heads(run: Run, text: str | None, on: str) -> dict:
+    tables = tables_json(detector_tables(run, _ids(run, needs_text(text, "heads"))))
+    return {
+        "kind": "tables",
+        "what": "heads",
+        "tables": tables,
+        "title": "head detectors (previous, first, duplicate: on the input; induction: repeated random tokens)",
+    }
+
+
+def _ablate(run: Run, text: str | None, on: str) -> dict:
+    """The loss change of zeroing each head on `text`; with no text, on repeated random tokens or the
+    validation split (`on`)."""
+    if text is None:
+        return ABLATION_INPUTS[on](run)
+    ids = _ids(run, text)
     x, y = ids[:, :-1], ids[:, 1:]
     loss = lambda: run.model(x, y)[1]
     table = head_ablation(run.model, loss, (x,), "zero")
-    return {"kind": "tables", "what": what, "tables": tables_json({"loss change when zeroed": table}),
+    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
             "title": "head ablation: loss with the head zeroed minus the loss", "loss": round(float(loss()), 4),
             "diverging": True}  # fmt: skip
+
+
+def _through(method: str) -> Callable[[Run, str | None, str], dict]:
+    """Attention rollout or flow of every attention of the run (interpret/rollout.py)."""
+
+    def views(run: Run, text: str | None, on: str) -> dict:
+        return {"kind": "views", "what": method, **views_json(run_rollouts(run, needs_text(text, method), method))}
+
+    return views
+
+
+def _over_training(run: Run, text: str | None, on: str) -> dict:
+    """Detector scores and the repeated half's loss at every weight snapshot (interpret/over_training.py)."""
+    result = over_training(run)
+    scores = {k: [tables_json({"": s})[""] for s in v] for k, v in result["scores"].items()}
+    return {"kind": "over-training", "what": "over-training", **result, "scores": scores}
 
 
 @torch.no_grad()
@@ -132,3 +168,18 @@ def detector_tables(run, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     rep, half = repeated_tokens(run.tokenizer.vocab_size, n, batch=8)
     scores["induction"] = head_scores(patterns(rep.to(run.device)), rep, half)["induction"]
     return scores
+
+
+# What `attnlab inspect --what` computes, by name (each: run, text or None, `on` -> a JSON-ready dict
+# whose "kind" says how it is shown: lens, tables, views or over-training).
+INSPECTIONS: dict[str, Callable[[Run, str | None, str], dict]] = {
+    "lens": _lens,
+    "heads": _heads,
+    "ablate": _ablate,
+    "rollout": _through("rollout"),
+    "flow": _through("flow"),
+    "over-training": _over_training,
+}
+FROM_SNAPSHOTS = {"over-training"}  # reads the run's weight snapshots, not an input
+WHAT = tuple(name for name in INSPECTIONS if name not in FROM_SNAPSHOTS)  # what reads an input (the explorer's)
+ABLATION_INPUTS = {"repeats": repeated_ablation, "val": split_ablation}  # --on, with no text

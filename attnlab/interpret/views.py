@@ -29,6 +29,7 @@ TRANSLATION_VIEWS = {
     "decoder": "decoder self-attention",
     "cross": "cross-attention",
 }
+VIEW_NAMES = ("self", *TRANSLATION_VIEWS)  # what `attnlab attention --view` picks
 
 
 def numpy_weights(weights: list[torch.Tensor]) -> np.ndarray:

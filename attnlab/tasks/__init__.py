@@ -18,17 +18,16 @@ from attnlab.errors import AttnlabError
 from attnlab.runs.kind import KINDS, kind_of
 from attnlab.tasks.base import Task
 from attnlab.tasks.caption import Captioning
+from attnlab.tasks.classify import Classify
 from attnlab.tasks.image import ImageClassification
-from attnlab.tasks.labeled import Labeled
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
+from attnlab.tasks.tag import Tag
 from attnlab.tasks.translate import Translation
 
 # Every task, by name: the same registry `attnlab.load` reads a run's kind from (runs/kind.py).
 TASKS: dict[str, Task] = KINDS  # type: ignore[assignment]
-for _task in (LanguageModel(), Labeled("classify", "a label per text", "a classifier"),
-              Labeled("tag", "a label per token", "a tagger"), MaskedLM(), Translation(), ImageClassification(),
-              Captioning()):  # fmt: skip
+for _task in (LanguageModel(), Classify(), Tag(), MaskedLM(), Translation(), ImageClassification(), Captioning()):
     TASKS[_task.name] = _task
 
 

@@ -1,22 +1,24 @@
-"""The Task: what a kind of run is, asked by every floor instead of probing config strings.
+"""The Task: what a kind of run is, and how it trains.
 
-A task knows the model families it trains, its tuned training settings, how it prepares data
-(through the shared engine), how a trained run predicts, evaluates and shows its attention, its
-command-line flags and how it prints results. `TASKS` (tasks/__init__.py) holds one of each;
-`task_of(config)` says which task a run directory belongs to. A new task is one subclass in its
-own file plus one registry line.
+A task is three small parts, each read on its own:
+    Task (here)          what it trains: its models and data, its tuned settings, its slow set-up,
+                         the batches and model of each run, its test scores at the end
+    RunKind (runs/kind.py)  what a trained run of it does: predict, evaluate, show its attention
+    Printer (printer.py) how the command line prints what the other two return
+`TASKS` (tasks/__init__.py) holds one of each; `task_of(config)` says which task wrote a run. A new
+task is one subclass in its own file plus one registry line; `attnlab train NAME` and its flags are
+generated from the task's option dataclasses (`options`, `data_config`, its models' configs).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from attnlab.config import add_config_flags, checked, flags_of
+from attnlab.config import checked, option
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
@@ -25,27 +27,44 @@ from attnlab.io import read_safetensors, write_json
 from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
 from attnlab.runtime.distributed import Dist
+from attnlab.tasks.printer import Printer
 
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """A model a task can train: the family stored in config.json, its config class, and the
-    settings the task fixes for it (e.g. the RNN without attention)."""
+    """A model a task can train: the family stored in config.json, its config class, the settings
+    the task fixes for it (e.g. the RNN without attention), and its named presets, if any."""
 
     family: str
     config: type
     fixed: tuple[tuple[str, Any], ...] = ()
+    presets: dict[str, Any] | None = None
+    default_preset: str | None = None
 
 
-class Task(RunKind):
-    """Base class: every hook a task may have, with the answer most tasks give. What its trained
-    runs do (predict, evaluate, views) is the RunKind part (runs/kind.py)."""
+@dataclass
+class TrainOptions:
+    """What `attnlab train TASK` takes beside the data, model and training settings (a task adds its
+    own in a subclass: word vectors, a TOML file)."""
+
+    out: str = option("", "run directory to create (or continue with --resume)", required=True)
+    resume: bool = option(False, "continue the run in --out from its last checkpoint")
+    force: bool = option(False, "replace --out if it is an attnlab run (it has attnlab.json); other folders are "
+                         "refused")  # fmt: skip
+    init: str | None = option(None, "start from this run's weights and tokenizer", metavar="RUN")
+    model: str | None = option(None, "which model")
+    preset: str | None = option(None, "a named model size")
+
+
+class Task(RunKind, Printer):
+    """Base class: every hook a task may have, with the answer most tasks give."""
 
     help: str = ""  # one line for `attnlab train --help`
     description: str = ""  # the paragraph of `attnlab train NAME --help`
     models: dict[str, ModelChoice] = {}
     default_model: str = ""
     data_config: type = object
+    options: type = TrainOptions  # the options of `attnlab train NAME`
     init_help: str = "start from this run's weights and tokenizer (a run of the same task); fine-tunes on --data"
     tuned: dict[str, dict[str, Any]] = {}  # model name -> its tuned training settings (read-only)
     # Model-config fields that the data decides: never flags.
@@ -99,61 +118,25 @@ class Task(RunKind):
             self.draw_test(s, prepared, req, test)
         return {"test": test}
 
-    def test_line(self, test: dict[str, Any]) -> str:
-        """The test scores in one line."""
-        return ""
-
-    def next_step(self, out: str) -> str:
-        """What to try with the trained run, with the punctuation that leads to it."""
-        return "."
-
-    def result_line(self, result: dict[str, Any], out: str) -> str:
-        """What `attnlab train` prints when done."""
-        if "test" in result:
-            return (f"{self.test_line(result['test'])} ({result['parameters']:,} parameters, "
-                    f"{result['train_seconds']:.0f} s){self.next_step(out)}")  # fmt: skip
-        val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
-        return f"done: step {result['step']}, validation loss {val}{self.next_step(out)}"
-
-    # ---- printing -----------------------------------------------------------------------------
-    def show_prediction(self, result: dict[str, Any]) -> str:
-        raise NotImplementedError
-
-    def show_evaluation(self, result: dict[str, Any]) -> str:
-        raise NotImplementedError
-
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        """The flags of `attnlab train NAME` beyond --out, --force, --resume and --init: by default
-        --model (when there is a choice), and one flag per field of the data, model and training configs."""
-        if len(self.models) > 1:
-            parser.add_argument("--model", default=self.default_model, choices=list(self.models),
-                                help=f"which model (default: {self.default_model})")  # fmt: skip
-        add_config_flags(parser, "data", self.data_config, "data")
-        add_model_choice_flags(parser, self, {}, self.default_model)
-
-    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
-        """A TrainRequest from parsed flags; `train` is already merged (tuned or saved < flags)."""
-        model = getattr(args, "model", None)
-        overrides = flags_of(args, "model")
-        if getattr(args, "preset", None):
-            overrides["preset"] = args.preset
-        if saved is not None and (overrides or flags_of(args, "data")):
+    # ---- from options, as the command line gives them -------------------------------------------
+    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        """A TrainRequest from `attnlab train NAME`'s options and the settings the user gave, by
+        section ("data", "model": {field: value}); `train` is already merged (tuned or saved < given)."""
+        overrides = dict(given["model"])
+        if opts.preset:
+            overrides["preset"] = opts.preset
+        if saved is not None and (overrides or given["data"]):
             raise AttnlabError("model and data settings cannot change when resuming (the weights and data are fixed)")
-        data = None if saved is not None else checked(self.data_config, flags_of(args, "data"), where="[data]")
-        return TrainRequest(args.out, model, overrides, train, data, resume=args.resume, force=args.force,
-                            init=getattr(args, "init", None))  # fmt: skip
+        data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
+        return TrainRequest(opts.out, opts.model, overrides, train, data, resume=opts.resume, force=opts.force,
+                            init=opts.init, options=own_options(opts))  # fmt: skip
 
 
-def add_model_choice_flags(parser: argparse.ArgumentParser, task: Task, preset: dict[str, Any], what: str) -> None:
-    """The model and training flags of a task that trains one of several models: one flag per field
-    of any model's config (its help naming the class), with the default model's preset and tuned
-    training settings shown as defaults."""
-    classes = tuple(dict.fromkeys(m.config for m in task.models.values()))
-    title = "model (fields of the chosen --model; the class each belongs to in brackets)"
-    add_config_flags(parser, "model", classes, title, task.set_by_data, defaults=preset)
-    title = f"training (tuned per --model; defaults shown: the {what}'s)"
-    add_config_flags(parser, "train", TrainConfig, title, defaults=task.train_defaults(task.default_model))
+def own_options(opts: TrainOptions) -> dict[str, Any]:
+    """The options a task's TrainOptions subclass adds (word vectors, ...), for TrainRequest.options."""
+    common = {f.name for f in fields(TrainOptions)}
+    return {f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in common}
 
 
 def load_body(model: nn.Module, init: str | Path, head: tuple[str, ...]) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import add_config_flags, from_dict
+from attnlab.config import from_dict
 from attnlab.data import strips
 from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
 from attnlab.data.captions import CaptionDataConfig, load_captions
@@ -36,7 +36,7 @@ from attnlab.models.rnn_captioner import RNNCaptionerConfig
 from attnlab.runs.folder import TOKENIZER
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
+from attnlab.tasks.base import ModelChoice, Task
 from attnlab.tasks.common import build_config, init_builder, preset_fields
 from attnlab.tasks.translate import (
     cross_attention,
@@ -76,8 +76,8 @@ def model_config(name: str, vocab: int, shape: tuple[int, ...], max_len: int, ov
     base: dict[str, Any] = {}
     if h == strips.HEIGHT and w % LINE_PATCH["patch_width"] == 0 and not {"patch_size", "patch_width"} & set(overrides):
         base.update(LINE_PATCH)
-    if choice.family == "captioner":
-        base = {**preset_fields(PRESETS, overrides.pop("preset", None), "captioner-tiny"), **base}
+    if choice.presets:  # the Transformer
+        base = {**preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset), **base}
         sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
     elif "preset" in overrides:
         raise AttnlabError("--preset names a Transformer size: it does not apply to the RNN")
@@ -95,7 +95,7 @@ class Captioning(Task):
     description = ("Train a captioner on images with captions (the built-in digits-strips, or a folder with "
                    "captions.jsonl), then caption its test split: exact match, BLEU, chrF.")  # fmt: skip
     models = {
-        "transformer": ModelChoice("captioner", CaptionerConfig),
+        "transformer": ModelChoice("captioner", CaptionerConfig, presets=PRESETS, default_preset="captioner-tiny"),
         "rnn-attention": ModelChoice("rnn-captioner", RNNCaptionerConfig),
     }
     default_model = "transformer"
@@ -171,15 +171,6 @@ class Captioning(Task):
 
     def stream_image(self, run: Run, pixels: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
         return stream_caption(run, pixels)
-
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser) -> None:
-        parser.add_argument("--model", default=self.default_model, choices=list(self.models),
-                            help=f"which model (default: {self.default_model})")  # fmt: skip
-        parser.add_argument("--preset", default=None, help=f"Transformer preset: {', '.join(PRESETS)} "
-                            "(default: captioner-tiny)")  # fmt: skip
-        add_config_flags(parser, "data", CaptionDataConfig, "data")
-        add_model_choice_flags(parser, self, dataclasses.asdict(PRESETS["captioner-tiny"]), "transformer")
 
 
 def caption_ids(model: nn.Module, images: np.ndarray, max_len: int, beam: int = 1, batch_size: int = 256,

@@ -1,59 +1,131 @@
-"""Train several models on one generated task with the same data and budget, and compare them.
+"""Train several models on one task with the same data and budget, and compare them.
 
-compare("sentiment", ["encoder", "bow"], Path("runs/compare")) -> rows of test accuracy,
-macro-F1, parameters and training time; writes compare.json and a bar chart compare.png.
+    run_comparison(CompareOptions(task="sentiment", models="encoder,bow"))
+      -> rows of test scores, parameters and training time; compare.json and a bar chart compare.png
+
+Each `--task` of `attnlab compare` is an entry of COMPARISONS: the task that trains the models, its
+data, the scores of a row. `lm` compares language-model recipes instead (tasks/lm_compare.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from attnlab.data.captions import CaptionDataConfig
+from attnlab.config import names, option
+from attnlab.data import captions
 from attnlab.data.images import ImageDataConfig
-from attnlab.data.labeled import BUILTIN_TASKS, LabeledDataConfig
+from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.models import FAMILIES
 from attnlab.tasks import TASKS
+from attnlab.tasks.lm_compare import compare_lm, format_lm_table
 from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
 from attnlab.wordvec import load_vectors
 
-
-def compare(task: str, models: list[str], out: Path, force: bool = False, progress: bool = True,
-            word_vectors: str | Path | None = None, freeze_vectors: bool = True) -> list[dict]:  # fmt: skip
-    """Train each model on the task with its tuned settings; a table row each (test scores,
-    parameters, time). With word_vectors (sentiment, tagging), each model that has a word
-    embedding is trained a second time from those vectors (kept frozen unless freeze_vectors is
-    False), as the row `MODEL+vectors`."""
-    if task in GENERATED:
-        return _compare_translation(task, models, out, force, progress)
-    if task == "digits":
-        return _compare_images(task, models, out, force, progress)
-    if task == "caption":
-        return _compare_captions(models, out, force, progress)
-    if task not in BUILTIN_TASKS:
-        raise AttnlabError(f"unknown task {task!r}; choose from {', '.join((*BUILTIN_TASKS, *GENERATED))}")
-    labeled = TASKS[BUILTIN_TASKS[task]]
-    _check_models(models, labeled.models, "")
-    if labeled.name == "tag" and "bow" in models:
-        raise AttnlabError("bow gives one label per text: it cannot tag; leave it out of --models")
-    one = _trainer(labeled, LabeledDataConfig(data=task), out, force, progress)
-    if word_vectors is not None:
-        one, models = _with_vectors(one, models, word_vectors, freeze_vectors)
-    rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
-    return _report(task, rows, out, f"{task}: test scores, same data and budget")
-
-
+COMPARISONS: dict[str, Any] = {}  # --task -> what it compares (filled below)
+# The text models from the simplest up, as the lectures climb: counts, averaged embeddings, the
+# parameter-free self-attention, one learned head, then convolutions, recurrence and the encoder.
+LADDER_MODELS = "bow,pooled,self-attention,qkv-attention,conv1d,rnn,encoder"
+TRANSLATION_BARS = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
 VECTORS = "+vectors"  # the suffix of a model trained from pretrained word vectors
 
 
-def _with_vectors(one, models: list[str], path, freeze: bool):
-    """Models that have a `d_embed` also start from the vectors (embedding width set to theirs)."""
+@dataclass
+class CompareOptions:
+    task: str = option("sentiment", "generated task: sentiment, tagging, a translation task, the digits images, "
+                       "caption (digits-strips: the Transformer captioner against Show-Attend-Tell's RNN), or lm: "
+                       "the language-model recipes, classic gpt-nano against gpt-nano-fast and its ablations",
+                       names(COMPARISONS))  # fmt: skip
+    models: str | None = option(None, f"comma-separated models (default: {LADDER_MODELS}; translation: "
+                                "transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
+    out: str = option("runs/compare", "folder for the runs, table and chart")
+    force: bool = option(False, "replace earlier runs in --out")
+    budget: str = option("2m", "lm: training time of each recipe (90s, 2m, 1.5h)")
+    data: str = option("stdlib", "lm: the corpus (a file, a folder or stdlib)")
+    parts: str | None = option(None, "lm: comma-separated parts of the fast recipe to ablate (default: every one)")
+    blocks: bool = option(False, "lm: compare blocks instead of recipes: the classic (gpt-nano), Llama (llama-nano) "
+                          "and mixture-of-experts (moe-nano) blocks, trained alike")  # fmt: skip
+    word_vectors: str | None = option(None, "sentiment, tagging: also train each model with a word embedding from "
+                                      "these vectors (an attnlab train vectors run, or a word2vec/GloVe file), as "
+                                      "the row MODEL+vectors", metavar="RUN_OR_FILE")  # fmt: skip
+    freeze_vectors: bool = option(True, "keep the pretrained vectors fixed while training")
 
+
+@dataclass(frozen=True)
+class ModelComparison:
+    """Models of one task trained on one dataset with their tuned settings: a table row each."""
+
+    task: str  # the task that trains them
+    data: Callable[[], Any]  # its data config
+    models: str  # the default models, comma-separated
+    scores: tuple[str, ...]
+    title: str
+    bars: tuple = CLASSIFY_BARS
+    label: str | None = None  # the data's name in compare.json (default: the --task)
+    reads_vectors: bool = False  # the models may start from pretrained word vectors
+
+    def run(self, opts: CompareOptions, progress: bool = True) -> tuple[list[dict], str]:
+        if opts.word_vectors and not self.reads_vectors:
+            raise AttnlabError("--word-vectors: only the text tasks (sentiment, tagging) read word vectors")
+        task, models, out = TASKS[self.task], (opts.models or self.models).split(","), Path(opts.out)
+        check_models(models, task, opts.task)
+        one = trainer(task, self.data(), out, opts.force, progress)
+        if opts.word_vectors:
+            one, models = with_vectors(one, models, opts.word_vectors, opts.freeze_vectors)
+        rows = train_each(models, one, self.scores, progress)
+        write_json(out / "compare.json", {"task": self.label or opts.task, "rows": rows})
+        plot_comparison(rows, out / "compare.png", self.title, self.bars)
+        return rows, format_table(rows)
+
+
+class RecipeComparison:
+    """--task lm: language-model recipes (or blocks) for one time budget (tasks/lm_compare.py)."""
+
+    def run(self, opts: CompareOptions, progress: bool = True) -> tuple[list[dict], str]:
+        parts = opts.parts.split(",") if opts.parts else None
+        rows = compare_lm(Path(opts.out), opts.budget, opts.data, parts, force=opts.force, progress=progress,
+                          blocks=opts.blocks)  # fmt: skip
+        return rows, format_lm_table(rows, blocks=opts.blocks)
+
+
+def run_comparison(opts: CompareOptions, progress: bool = True) -> tuple[list[dict], str]:
+    """The rows of the comparison opts.task names, and its table as text."""
+    if opts.task not in COMPARISONS:
+        raise AttnlabError(f"unknown task {opts.task!r}; choose from {', '.join(COMPARISONS)}")
+    return COMPARISONS[opts.task].run(opts, progress)
+
+
+def check_models(models: list[str], task, where: str) -> None:
+    """Every model is one of the task's, and one its settings fit (the bag of words cannot tag)."""
+    unknown = [m for m in models if m not in task.models]
+    if unknown:
+        raise AttnlabError(f"unknown model {unknown[0]!r} for {where}; choose from {', '.join(task.models)}")
+    for name in models:
+        try:
+            task.models[name].config(**dict(task.models[name].fixed))
+        except ValueError as e:
+            raise AttnlabError(f"{name}: {e}; leave it out of --models") from None
+
+
+def trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[..., dict]:
+    """Train one model of `task` on `data` into out/NAME, with the task's tuned settings."""
+
+    def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
+        return run(task, TrainRequest(out / (folder or name), name, fields or {}, data=data, force=force,
+                                      progress=progress, options=options or {}))  # fmt: skip
+
+    return one
+
+
+def with_vectors(one, models: list[str], path, freeze: bool):
+    """Models that have a `d_embed` also start from the vectors (embedding width set to theirs)."""
     dim = int(load_vectors(path).vectors.shape[1])
     embedded = {m for m in models if "d_embed" in {f.name for f in dataclasses.fields(FAMILIES[m][0])}}
     options = {"word_vectors": str(path), "freeze_vectors": freeze}
@@ -66,54 +138,7 @@ def _with_vectors(one, models: list[str], path, freeze: bool):
     return train, [v for m in models for v in ([m, m + VECTORS] if m in embedded else [m])]
 
 
-def _compare_translation(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
-    _check_models(models, TASKS["translate"].models, f" for {task}")
-    one = _trainer(TASKS["translate"], ParallelDataConfig(data=task), out, force, progress)
-
-    rows = _train_each(models, one, ("exact_match", "bleu", "chrf"), progress)
-    return _report(task, rows, out, f"{task}: test scores (greedy), same data and budget", TRANSLATION_BARS)
-
-
-def _compare_images(task: str, models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
-
-    _check_models(models, TASKS["image"].models, f" for {task}")
-    one = _trainer(TASKS["image"], ImageDataConfig(data=task), out, force, progress)
-
-    rows = _train_each(models, one, ("accuracy", "macro_f1"), progress)
-    return _report(task, rows, out, f"{task}: test scores, same data split")
-
-
-def _compare_captions(models: list[str], out: Path, force: bool, progress: bool) -> list[dict]:
-    """The captioners on digits-strips: exact match, BLEU, chrF, and how often a digit word's most
-    attended patch is on its digit."""
-
-    _check_models(models, TASKS["caption"].models, " for caption")
-    one = _trainer(TASKS["caption"], CaptionDataConfig(), out, force, progress)
-    rows = _train_each(models, one, ("exact_match", "bleu", "chrf", "attention_on_digit"), progress)
-    bars = (*TRANSLATION_BARS, ("attention_on_digit", "digit word's attention on its digit", 1.0))
-    return _report("digits-strips", rows, out, "digits-strips captions: test scores (greedy), same data", bars)
-
-
-TRANSLATION_BARS = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
-
-
-def _trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[[str], dict]:
-    """Train one model of `task` on `data` into out/NAME, with the task's tuned settings."""
-
-    def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
-        return run(task, TrainRequest(out / (folder or name), name, fields or {}, data=data, force=force,
-                                      progress=progress, options=options or {}))  # fmt: skip
-
-    return one
-
-
-def _check_models(models: list[str], known, where: str) -> None:
-    unknown = [m for m in models if m not in known]
-    if unknown:
-        raise AttnlabError(f"unknown model {unknown[0]!r}{where}; choose from {', '.join(known)}")
-
-
-def _train_each(models: list[str], train: Callable[[str], dict], scores: tuple, progress: bool) -> list[dict]:
+def train_each(models: list[str], train: Callable[[str], dict], scores: tuple, progress: bool) -> list[dict]:
     """One row per model: its test `scores`, parameters and training time."""
     rows = []
     for name in models:
@@ -122,14 +147,6 @@ def _train_each(models: list[str], train: Callable[[str], dict], scores: tuple, 
         r = train(name)
         rows.append({"model": name, **{k: r["test"][k] for k in scores},
                      "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
-    return rows
-
-
-def _report(task: str, rows: list[dict], out: Path, title: str, bars: tuple | None = None) -> list[dict]:
-    """compare.json and the bar chart compare.png of the rows."""
-    write_json(out / "compare.json", {"task": task, "rows": rows})
-
-    plot_comparison(rows, out / "compare.png", title, bars or CLASSIFY_BARS)
     return rows
 
 
@@ -147,3 +164,30 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['model']:<22} {r['accuracy']:>9.2%} {r['macro_f1']:>9.4f} {r['parameters']:>11,} "
                      f"{r['train_seconds']:>10.0f}s")  # fmt: skip
     return "\n".join(lines)
+
+
+def _labeled(data: str, task: str) -> ModelComparison:
+    return ModelComparison(task, lambda: LabeledDataConfig(data=data), LADDER_MODELS, ("accuracy", "macro_f1"),
+                           f"{data}: test scores, same data and budget", reads_vectors=True)  # fmt: skip
+
+
+def _translation(data: str) -> ModelComparison:
+    # ParallelDataConfig is read when the comparison runs (a test may shrink it).
+    return ModelComparison("translate", lambda: ParallelDataConfig(data=data), "transformer,rnn-attention,rnn",
+                           ("exact_match", "bleu", "chrf"), f"{data}: test scores (greedy), same data and budget",
+                           TRANSLATION_BARS)  # fmt: skip
+
+
+COMPARISONS.update({
+    "sentiment": _labeled("sentiment", "classify"),
+    "tagging": _labeled("tagging", "tag"),
+    **{name: _translation(name) for name in GENERATED},
+    "digits": ModelComparison("image", lambda: ImageDataConfig(data="digits"), "vit,mlp", ("accuracy", "macro_f1"),
+                              "digits: test scores, same data split"),
+    "caption": ModelComparison("caption", lambda: captions.CaptionDataConfig(), "transformer,rnn-attention",
+                               ("exact_match", "bleu", "chrf", "attention_on_digit"),
+                               "digits-strips captions: test scores (greedy), same data",
+                               (*TRANSLATION_BARS, ("attention_on_digit", "digit word's attention on its digit", 1.0)),
+                               label="digits-strips"),
+    "lm": RecipeComparison(),
+})  # fmt: skip

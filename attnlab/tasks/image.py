@@ -9,7 +9,6 @@ train_image("runs/digits", "vit", data=ImageDataConfig(data="digits"))
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import add_config_flags, from_dict
+from attnlab.config import from_dict
 from attnlab.data.images import (
     IMAGE_SPLITS,
     ImageDataConfig,
@@ -40,7 +39,7 @@ from attnlab.models.vit import PRESETS as VIT_PRESETS
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
+from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.labeled import show_scores
 from attnlab.tasks.metrics import confusion, scores
@@ -69,12 +68,13 @@ def model_config(name: str, images: ImageSet, overrides: dict) -> Any:
     sizes = {"image_size": h, "image_width": None if w == h else w, "channels": images.channels,
              "n_labels": len(images.classes)}  # fmt: skip
     base: dict[str, Any] = {}
-    if name == "vit":
-        preset = overrides.pop("preset", None) or "vit-nano"
-        base = preset_fields(VIT_PRESETS, preset, "vit-nano", "ViT")
+    choice = ImageClassification.models[name]
+    if choice.presets:  # the ViT
+        preset = overrides.pop("preset", None) or choice.default_preset
+        base = preset_fields(choice.presets, preset, choice.default_preset, "ViT")
         if preset in CPU_PRESETS and "patch_size" not in overrides:
             base["patch_size"] = patch_for(h, w)
-    return build_config(name, ImageClassification.models[name].config, base, overrides, sizes)
+    return build_config(name, choice.config, base, overrides, sizes)
 
 
 def patch_for(h: int, w: int) -> int:
@@ -96,7 +96,8 @@ class ImageClassification(Task):
     description = ("Train an image classifier on digits (built in), a folder with one sub-folder per class, "
                    "or a .npz; then score its test split and draw confusion.png, predictions.png and, "
                    "for the ViT, attention.png.")  # fmt: skip
-    models = {"vit": ModelChoice("vit", ViTConfig), "mlp": ModelChoice("mlp", MLPConfig)}
+    models = {"vit": ModelChoice("vit", ViTConfig, presets=VIT_PRESETS, default_preset="vit-nano"),
+              "mlp": ModelChoice("mlp", MLPConfig)}  # fmt: skip
     default_model = "vit"
     data_config = ImageDataConfig
     tokenized = False
@@ -187,14 +188,6 @@ class ImageClassification(Task):
     def picture(self, run, source: str, out: Path) -> str:
         label = image_attention(run, source, out)
         return f"{out}: [CLS] attention over the patches of {Path(source).name} (predicted {label})"
-
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", default="vit", choices=list(self.models), help="vit or mlp (default: vit)")
-        parser.add_argument("--preset", default=None, help=f"ViT preset: {', '.join(VIT_PRESETS)} (default: vit-nano; "
-                            "the small presets pick a patch size that fits the images)")  # fmt: skip
-        add_config_flags(parser, "data", ImageDataConfig, "data")
-        add_model_choice_flags(parser, self, dataclasses.asdict(VIT_PRESETS["vit-nano"]), "ViT")
 
 
 MODELS = ImageClassification.models  # model name -> ModelChoice

@@ -1,15 +1,16 @@
-"""Sequence classification and token tagging, with the encoder or any baseline, through the shared engine.
+"""What classification and tagging share: a label per text (tasks/classify.py) or per token
+(tasks/tag.py), with the encoder or any baseline, through the shared engine.
 
 setup:   word tokenizer (or the --init run's)
-prepare: examples encoded as [CLS] + words (classify) or words (tag), the model sized to the data
+prepare: examples encoded by the task (its `encode_one`), the model sized to the data
 finish:  test-set scores in eval.json and a confusion matrix in confusion.png
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,32 +18,30 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import add_config_flags, from_dict
+from attnlab.config import from_dict, option
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import self_attention_view
-from attnlab.models import build_model
+from attnlab.models import build_model, family_classes
 from attnlab.models.attention_ladder import LADDER
 from attnlab.models.baselines import BASELINES
 from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
-from attnlab.models.encoder import EncoderConfig
+from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.protocols import WordEmbedded
 from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
+from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags, load_body
+from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.metrics import confusion, scores
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 from attnlab.viz.confusion import plot_confusion
 from attnlab.wordvec.embedding import load_word_vectors
 
-# model name (= family in config.json) -> its config class
-MODEL_CLASSES: dict[str, tuple[type, Any]] = {"encoder": (EncoderConfig, None), **BASELINES, **LADDER}
 # Settings that train each model well on the built-in tasks in a few minutes on a laptop CPU.
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "encoder": dict(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.01, eval_interval=250),
@@ -52,99 +51,67 @@ for _name in [*BASELINES, *LADDER]:
     TRAIN_DEFAULTS.setdefault(_name, dict(TRAIN_DEFAULTS["bow"]))
 
 
-def model_config(name: str, task: str, vocab_size: int, n_labels: int, max_len: int, overrides: dict) -> Any:
-    """The model's config: its defaults (the encoder: a preset), the user's overrides, and the sizes
-    that come from the data."""
-    overrides = dict(overrides)
-    context = overrides.pop("context", None) or max(max_len, 1)  # a pretrained encoder keeps its own
-    if max_len > context:
-        raise AttnlabError(f"--max-len {max_len} is beyond the pretrained encoder's context of {context}")
-    sizes: dict[str, Any] = {"vocab_size": vocab_size, "n_labels": n_labels, "context": context}
-    if name == "encoder":
-        base = preset_fields(ENCODER_PRESETS, overrides.pop("preset", None), "encoder-tiny", "encoder")
-        sizes["head"] = task
-    else:
-        base, sizes["task"] = {}, task
-    return build_config(name, MODEL_CLASSES[name][0], base, overrides, sizes)
+@dataclass
+class LabeledOptions(TrainOptions):
+    preset: str | None = option(None, f"encoder preset: {', '.join(ENCODER_PRESETS)}")
+    word_vectors: str | None = option(None, "GloVe or word2vec text file", metavar="FILE")
+    freeze_vectors: bool = option(False, "keep the loaded word vectors fixed")
 
 
-def encode(tok: WordTokenizer, examples: list, task: str, label_ids: dict[str, int], max_len: int, split: str):
-    """Token ids and label ids of examples; texts longer than max_len are cut (one warning per split).
-    A converted BERT's WordPiece tokenizer frames every input as [CLS] pieces [SEP], as BERT was
-    trained, and a tagged word's label sits on its first piece (the others carry none)."""
-    wraps = getattr(tok, "wraps", False)
-    seqs, labels, cut = [], [], 0
-    for text, label in examples:
-        if task == "classify":
-            ids = [tok.cls_id] + tok.encode(text) + [tok.sep_id] * wraps
-            y = _label_id(label_ids, label, split)
-        else:
-            ids, y = _tagged(tok, text, [_label_id(label_ids, t, split) for t in label])
-        cut += len(ids) > max_len
-        seqs.append(np.array(ids[:max_len] or [tok.unk_id], dtype=np.int64))
-        labels.append(y if task == "classify" else y[:max_len])
-    if cut:
-        warnings.warn(
-            f"{cut} {split} examples longer than {max_len} tokens were truncated (raise --max-len)", stacklevel=2
-        )
-    return seqs, labels
-
-
-def _tagged(tok, words: list[str], tags: list[int]) -> tuple[list[int], np.ndarray]:
-    """(ids, labels) of a tagged sentence: one id per word (attnlab's word tokenizer), or the
-    words' pieces framed by [CLS] ... [SEP] with each tag on its word's first piece (WordPiece)."""
-    if not getattr(tok, "wraps", False):
-        return tok.encode_words(words), np.array(tags, dtype=np.int64)
-    ids, y = [tok.cls_id], [IGNORE]
-    for word, tag in zip(words, tags):
-        pieces = tok.encode_words(tok.split(word)) or [tok.unk_id]
-        ids += pieces
-        y += [tag] + [IGNORE] * (len(pieces) - 1)
-    return ids + [tok.sep_id], np.array(y + [IGNORE], dtype=np.int64)
-
-
-def _label_id(label_ids: dict[str, int], label: str, split: str) -> int:
+def label_id(label_ids: dict[str, int], label: str, split: str) -> int:
     if label not in label_ids:
         raise AttnlabError(f"unknown label {label!r} in the {split} split (training labels: {', '.join(label_ids)})")
     return label_ids[label]
 
 
-def label_set(train: list, task: str) -> list[str]:
-    found = {y for _, y in train} if task == "classify" else {t for _, tags in train for t in tags}
-    if len(found) < 2:  # accuracy would be 1.0 and mean nothing
-        only = f"only {next(iter(found))!r}" if found else "none"
-        raise AttnlabError(f"the training data has one label ({only}): a {task} model needs at least two")
-    return sorted(found)
-
-
 class Labeled(Task):
-    """classify (a label per text) and tag (a label per token): one class, two registry entries."""
+    """A label per text or per token: the encoder or a baseline, its head fixed by the task."""
 
-    models = {name: ModelChoice(name, cls) for name, (cls, _) in MODEL_CLASSES.items()}
     default_model = "encoder"
     data_config = LabeledDataConfig
+    options = LabeledOptions
     set_by_data = frozenset({"vocab_size", "n_labels", "task", "head", "context"})
     tuned = TRAIN_DEFAULTS
     init_help = "start the encoder from a masked-LM run (or a converted BERT)"
+    pooled = True  # one label per text, from the sequence pooled (classify); False: per token (tag)
+    cls_first = True  # attnlab's own encoders read [CLS] before the text
 
-    def __init__(self, name: str, what: str, noun: str):
-        self.name, self.noun = name, noun
-        self.help = f"{what}: the encoder or a baseline, on a file or a generated task"
-        self.description = f"Train a model that predicts {what}, then score it on the test split."
+    def __init__(self) -> None:
+        # The encoder's head and a baseline's task are this task: the models it trains predict what it labels.
+        encoder = ModelChoice("encoder", EncoderConfig, (("head", self.name),), ENCODER_PRESETS, "encoder-tiny")
+        self.models = {"encoder": encoder, **{name: ModelChoice(name, cls, (("task", self.name),))
+                                               for name, (cls, _) in {**BASELINES, **LADDER}.items()}}  # fmt: skip
+
+    # ---- what a task of labels says -------------------------------------------------------------
+    def labels_of(self, train: list) -> set[str]:
+        raise NotImplementedError
+
+    def texts(self, train: list) -> list[str]:
+        """What the word tokenizer is trained on."""
+        raise NotImplementedError
+
+    def encode_one(self, tok, example: tuple, label_ids: dict[str, int], split: str) -> tuple[list[int], Any]:
+        """(token ids, label ids) of one example."""
+        raise NotImplementedError
+
+    def answer(self, words: list[str], probs: torch.Tensor, first: int, labels: list[str]) -> dict[str, Any]:
+        raise NotImplementedError
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)
-        label_set(splits["train"], self.name)  # before anything is written: one label is an error
-        return {TOKENIZER: _tokenizer(req.init, splits["train"], self.name, req.data.vocab_size).to_json()}
+        self.label_set(splits["train"])  # before anything is written: one label is an error
+        tok = init_tokenizer(req.init) if req.init else WordTokenizer.train(self.texts(splits["train"]),
+                                                                             req.data.vocab_size)  # fmt: skip
+        return {TOKENIZER: tok.to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         splits = load_splits(req.data, self.name)
-        labels = label_set(splits["train"], self.name)
+        labels = self.label_set(splits["train"])
         label_ids = {y: i for i, y in enumerate(labels)}
         tok = load_tokenizer(Path(req.out))
-        overrides = req.model_config if req.resume else _init_overrides(req.init, req.model_config, self.name)
-        cfg = model_config(req.model, self.name, tok.vocab_size, len(labels), req.data.max_len, overrides)
-        encoded = {name: encode(tok, ex, self.name, label_ids, req.data.max_len, name) for name, ex in splits.items()}
+        overrides = req.model_config if req.resume else init_overrides(req.init, req.model_config, self.pooled)
+        cfg = self.model_config(req.model, tok.vocab_size, len(labels), req.data.max_len, overrides)
+        encoded = {name: self.encode(tok, ex, label_ids, req.data.max_len, name) for name, ex in splits.items()}
         vectors, freeze = req.options.get("word_vectors"), req.options.get("freeze_vectors", False)
         if req.saved is not None:  # a frozen embedding stays out of the optimizer, as it was
             freeze = req.saved["task"].get("freeze_vectors", False)
@@ -157,7 +124,7 @@ class Labeled(Task):
         def build() -> nn.Module:
             net = build_model(req.model, cfg)
             if req.init and not req.resume:
-                if req.model != "encoder":
+                if not isinstance(net, Encoder):
                     raise AttnlabError("--init starts an encoder from a masked-LM run: use --model encoder")
                 load_body(net, req.init, ("out.", "transform"))
             if vectors and not req.resume:
@@ -173,7 +140,7 @@ class Labeled(Task):
         return score(s.raw, prepared.batches, "test", prepared.state, s.device)
 
     def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
-        _confusion_png(s.run, test, f"{req.model} on {req.data.data}: test")
+        confusion_png(s.run, test, f"{req.model} on {req.data.data}: test")
 
     def test_line(self, t: dict[str, Any]) -> str:
         return f"test: accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f}"
@@ -182,22 +149,10 @@ class Labeled(Task):
         return f'. Try: attnlab predict {out} "some text"'
 
     # ---- a trained run ------------------------------------------------------------------------
-    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
-        words, ids, first = words_and_ids(run, text, cls_first=self.name == "classify")
+    def predict(self, run: Run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        words, ids, first = words_and_ids(run, text, cls_first=self.cls_first)
         probs = probabilities(run, ids)  # classify (L,), tag (T, L)
-        labels = run.config["task"]["labels"]
-        if self.name == "classify":
-            best = int(probs.argmax())
-            return {"kind": self.name, "label": labels[best], "probability": float(probs[best]),
-                    "probabilities": dict(zip(labels, probs.tolist()))}  # fmt: skip
-        p, best = probs[first : first + len(words)].max(-1)  # the words' own positions
-        return {"kind": self.name, "tokens": [{"token": w, "tag": labels[int(b)], "probability": float(q)}
-                                              for w, b, q in zip(words, best, p)]}  # fmt: skip
-
-    def show_prediction(self, result: dict[str, Any]) -> str:
-        if self.name == "classify":
-            return f"{result['label']}  ({result['probability']:.3f})"
-        return "\n".join(f"{t['token']:<20} {t['tag']:<10} {t['probability']:.3f}" for t in result["tokens"])
+        return {"kind": self.name, **self.answer(words, probs, first, run.config["task"]["labels"])}
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
         """Scores on a split of the run's data or of `data` (a built-in task or a file, read whole)."""
@@ -211,36 +166,53 @@ class Labeled(Task):
             raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
         examples = load_splits(cfg, self.name)[split]
         max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
-        ids, ys = encode(run.tokenizer, examples, self.name, {y: i for i, y in enumerate(labels)}, max_len, split)
+        ids, ys = self.encode(run.tokenizer, examples, {y: i for i, y in enumerate(labels)}, max_len, split)
         result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
         return {"data": cfg.data, "split": split, "examples": len(examples), **result}
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "examples")
 
-    def views(self, run, text: str) -> list:
-
-        if run.config["family"] != "encoder":
+    def views(self, run: Run, text: str) -> list:
+        if not isinstance(run.model, Encoder):  # the baselines have no attention to show
             return super().views(run, text)
-        _, ids, _ = words_and_ids(run, text, cls_first=self.name == "classify")
+        _, ids, _ = words_and_ids(run, text, cls_first=self.cls_first)
         return [self_attention_view(run, ids)]
 
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--model", default="encoder", choices=list(self.models), help="which model (default: encoder)"
-        )
-        parser.add_argument("--preset", default=None, help=f"encoder preset: {', '.join(ENCODER_PRESETS)}")
-        parser.add_argument("--word-vectors", default=None, metavar="FILE", help="GloVe or word2vec text file")
-        parser.add_argument("--freeze-vectors", action="store_true", help="keep the loaded word vectors fixed")
-        add_config_flags(parser, "data", LabeledDataConfig, "data")
-        preset = dataclasses.asdict(ENCODER_PRESETS["encoder-tiny"])
-        add_model_choice_flags(parser, self, preset, "encoder")
+    # ---- data and model -------------------------------------------------------------------------
+    def label_set(self, train: list) -> list[str]:
+        found = self.labels_of(train)
+        if len(found) < 2:  # accuracy would be 1.0 and mean nothing
+            only = f"only {next(iter(found))!r}" if found else "none"
+            raise AttnlabError(f"the training data has one label ({only}): a {self.name} model needs at least two")
+        return sorted(found)
 
-    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
-        req = super().request(args, train, saved)
-        req.options = {"word_vectors": args.word_vectors, "freeze_vectors": args.freeze_vectors}
-        return req
+    def model_config(self, name: str, vocab_size: int, n_labels: int, max_len: int, overrides: dict) -> Any:
+        """The model's config: its defaults (the encoder: a preset), the user's overrides, and the sizes
+        that come from the data."""
+        if name not in self.models:
+            raise AttnlabError(f"unknown model {name!r}; choose from {', '.join(self.models)}")
+        choice, overrides = self.models[name], dict(overrides)
+        context = overrides.pop("context", None) or max(max_len, 1)  # a pretrained encoder keeps its own
+        if max_len > context:
+            raise AttnlabError(f"--max-len {max_len} is beyond the pretrained encoder's context of {context}")
+        sizes = {"vocab_size": vocab_size, "n_labels": n_labels, "context": context, **dict(choice.fixed)}
+        base = preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset, name) \
+            if choice.presets else {}  # fmt: skip
+        return build_config(name, choice.config, base, overrides, sizes)
+
+    def encode(self, tok, examples: list, label_ids: dict[str, int], max_len: int, split: str):
+        """Token ids and label ids of examples; texts longer than max_len are cut (one warning per split)."""
+        seqs, labels, cut = [], [], 0
+        for example in examples:
+            ids, y = self.encode_one(tok, example, label_ids, split)
+            cut += len(ids) > max_len
+            seqs.append(np.array(ids[:max_len] or [tok.unk_id], dtype=np.int64))
+            labels.append(y if self.pooled else y[:max_len])
+        if cut:
+            warnings.warn(f"{cut} {split} examples longer than {max_len} tokens were truncated (raise --max-len)",
+                          stacklevel=2)  # fmt: skip
+        return seqs, labels
 
 
 def show_scores(r: dict[str, Any], unit: str) -> str:
@@ -252,27 +224,25 @@ def show_scores(r: dict[str, Any], unit: str) -> str:
     return "\n".join(lines)
 
 
-def _tokenizer(init, train: list, task: str, vocab_size: int) -> WordTokenizer:
-    if init:
-        tok = load_tokenizer(check_run_dir(init))
-        if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):  # attnlab's MLM runs, converted BERTs
-            raise AttnlabError(f"--init {init}: its tokenizer is not a word or WordPiece tokenizer")
-        return tok
-    texts = (t if task == "classify" else " ".join(t) for t, _ in train)
-    return WordTokenizer.train(texts, vocab_size)
+def init_tokenizer(init: str | Path) -> WordTokenizer | WordPieceTokenizer:
+    """The tokenizer of the --init run (attnlab's MLM runs, converted BERTs)."""
+    tok = load_tokenizer(check_run_dir(init))
+    if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):
+        raise AttnlabError(f"--init {init}: its tokenizer is not a word or WordPiece tokenizer")
+    return tok
 
 
-def _init_overrides(init, overrides: dict | None, task: str = "classify") -> dict:
+def init_overrides(init, overrides: dict | None, pooled: bool) -> dict:
     """With --init, the architecture is the pretrained run's; only dropout and pooling may change.
-    BERT's pooler (a converted classifier's) serves classification only: a tagger leaves it out."""
+    BERT's pooler (a converted classifier's) serves a pooled head only: a tagger leaves it out."""
     overrides = dict(overrides or {})
     if not init:
         return overrides
     base = read_run_config(check_run_dir(init))
-    if base.get("family") != "encoder":
+    if not issubclass(family_classes(base["family"])[1], Encoder):
         raise AttnlabError(f"--init {init} is not an encoder run (family {base.get('family')!r})")
     keep = {k: v for k, v in base["model"].items() if k not in ("head", "n_labels", "vocab_size")}
-    if task != "classify":
+    if not pooled:
         keep["pooler"] = False
     return {**keep, **{k: v for k, v in overrides.items() if k in ("dropout", "pooling")}}
 
@@ -308,6 +278,6 @@ def score(model: nn.Module, batches: Examples, split: str, labels: list[str], de
     return scores(confusion(gold, pred, len(labels)), labels)
 
 
-def _confusion_png(run: Path, result: dict, title: str) -> None:
+def confusion_png(run: Path, result: dict, title: str) -> None:
 
     plot_confusion(np.array(result["confusion"]), result["labels"], run / "confusion.png", title)

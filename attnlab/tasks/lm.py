@@ -7,17 +7,15 @@ a run:   attnlab sample continues text; eval gives nats/token, perplexity and bi
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnlab.config import add_config_flags, checked, flags_of, parse_value, read_toml
+from attnlab.config import checked, option, parse_value, read_toml
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
@@ -33,7 +31,7 @@ from attnlab.runs.run import Run
 from attnlab.runs.weights import load_weights
 from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task
+from attnlab.tasks.base import ModelChoice, Task, TrainOptions
 from attnlab.tasks.lm_eval import SPLITS, evaluate
 
 SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
@@ -93,11 +91,20 @@ def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
     return model
 
 
+@dataclass
+class LMOptions(TrainOptions):
+    preset: str | None = option(None, f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
+                                f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
+                                "flags")  # fmt: skip
+    config: str | None = option(None, "settings in [model], [train], [data] tables", metavar="FILE.toml")
+
+
 class LanguageModel(Task):
     name = "lm"
     help = "a GPT language model on text (next-token prediction)"
     description = "Train a GPT on a text file, a folder, or a built-in corpus ('stdlib', 'repeats')."
-    models = {"gpt": ModelChoice("gpt", GPTConfig)}
+    models = {"gpt": ModelChoice("gpt", GPTConfig, presets=PRESETS, default_preset="gpt-nano")}
+    options = LMOptions
     default_model = "gpt"
     data_config = DataConfig
     generates = True
@@ -181,52 +188,55 @@ class LanguageModel(Task):
         ids = run.tokenizer.encode(text)[-run.model.cfg.context :]  # the last window, as generation reads it
         return [self_attention_view(run, ids)]
 
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--preset", default=None, help=f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
-                            f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
-                            "flags")  # fmt: skip
-        parser.add_argument("--config", default=None, metavar="FILE.toml",
-                            help="settings in [model], [train], [data] tables")  # fmt: skip
-        add_config_flags(parser, "data", DataConfig, "data")
-        add_config_flags(parser, "model", GPTConfig, "model (override the preset)")
-        add_config_flags(parser, "train", TrainConfig, "training")
-
-    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
-        """defaults < preset < TOML file < command-line flags (resume: the run's own settings)."""
-        toml = read_toml(args.config) if args.config else {}
-        unknown = set(toml) - set(SECTIONS) - {"preset"}
-        if unknown or not all(isinstance(toml.get(name, {}), dict) for name in SECTIONS):
-            raise AttnlabError(f"{args.config}: use the tables [model], [train], [data] (and a top-level preset)")
-        flags = {name: {**toml.get(name, {}), **flags_of(args, name)} for name in SECTIONS}
+    # ---- from options, as the command line gives them ---------------------------------------------
+    def request(self, opts: LMOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        """defaults < preset < TOML file < the options given (resume: the run's own settings)."""
+        toml = read_sections(opts.config)
+        flags = {name: {**toml.get(name, {}), **given[name]} for name in SECTIONS}
+        preset = opts.preset or toml.get("preset")
         if saved is not None:
-            if flags["model"] or args.preset:
+            if flags["model"] or opts.preset:
                 raise AttnlabError("model settings cannot change when resuming (the weights have their shape)")
-            for k, v in flags["data"].items():
-                if k in FIXED_ON_RESUME and parse_value(DataConfig, k, v) != saved["data"].get(k):
-                    raise AttnlabError(
-                        f"{k} cannot change when resuming (the run's tokens and split stay as they were)"
-                    )
-            data = checked(DataConfig, {**saved["data"], **flags["data"]}, where="[data]")
-            model: dict[str, Any] = {}
-        elif args.init:
-            clash = [k for k in flags["model"] if k != "dropout"]
-            clash += [k for k in flags["data"] if k in ("tokenizer", "vocab_size")]
-            clash += ["preset"] if args.preset or "preset" in toml else []
-            if clash:
-                names = ", ".join("--" + k.replace("_", "-") for k in clash)
-                raise AttnlabError(
-                    f"--init takes the model and tokenizer of {args.init}: drop {names} (only --dropout may change)"
-                )
-            model = {**dataclasses.asdict(init_model(args.init)), **flags["model"]}
+            data, model = resumed_data(saved, flags["data"]), {}
+        elif opts.init:
+            model = init_fields(opts.init, flags, preset)
             data = checked(DataConfig, flags["data"], where="[data]")
         else:
-            model = {"preset": args.preset or toml.get("preset", "gpt-nano"), **flags["model"]}
+            model = {"preset": preset or self.models["gpt"].default_preset, **flags["model"]}
             data = checked(DataConfig, flags["data"], where="[data]")
         tuned = PRESET_TRAINING.get(model.get("preset"), {})  # a new run of a preset: its training settings
-        train = checked(TrainConfig, {**dataclasses.asdict(train), **tuned, **toml.get("train", {}),
-                                      **flags_of(args, "train")}, where="[train]")  # fmt: skip
-        return TrainRequest(args.out, "gpt", model, train, data, resume=args.resume, force=args.force, init=args.init)
+        train = checked(TrainConfig, {**asdict(train), **tuned, **toml.get("train", {}), **given["train"]},
+                        where="[train]")  # fmt: skip
+        return TrainRequest(opts.out, "gpt", model, train, data, resume=opts.resume, force=opts.force, init=opts.init)
+
+
+def read_sections(path: str | None) -> dict[str, Any]:
+    """A TOML file's [model], [train], [data] tables and top-level preset ({} without a file)."""
+    toml = read_toml(path) if path else {}
+    unknown = set(toml) - set(SECTIONS) - {"preset"}
+    if unknown or not all(isinstance(toml.get(name, {}), dict) for name in SECTIONS):
+        raise AttnlabError(f"{path}: use the tables [model], [train], [data] (and a top-level preset)")
+    return toml
+
+
+def resumed_data(saved: dict, given: dict[str, Any]) -> DataConfig:
+    """A resumed run's data settings: its own, with what may change (never its tokens or split)."""
+    for k, v in given.items():
+        if k in FIXED_ON_RESUME and parse_value(DataConfig, k, v) != saved["data"].get(k):
+            raise AttnlabError(f"{k} cannot change when resuming (the run's tokens and split stay as they were)")
+    return checked(DataConfig, {**saved["data"], **given}, where="[data]")
+
+
+def init_fields(init: str, flags: dict[str, dict], preset: str | None) -> dict[str, Any]:
+    """The model fields of a new run from --init: the init run's, of which only dropout may change."""
+    clash = [k for k in flags["model"] if k != "dropout"]
+    clash += [k for k in flags["data"] if k in ("tokenizer", "vocab_size")]
+    clash += ["preset"] if preset else []
+    if clash:
+        names = ", ".join("--" + k.replace("_", "-") for k in clash)
+        raise AttnlabError(f"--init takes the model and tokenizer of {init}: drop {names} (only --dropout may change)")
+    return {**asdict(init_model(init)), **flags["model"]}
 
 
 def prepare(out: str | Path, model: GPTConfig | None = None, train: TrainConfig | None = None,

@@ -7,12 +7,11 @@ a run:   attnlab predict RUN "import [MASK]" lists the candidates for each [MASK
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import add_config_flags, checked, flags_of
+from attnlab.config import checked
 from attnlab.data import DataConfig
 from attnlab.data.batches import MaskedWindows
 from attnlab.data.tokenizers import WORD_SPECIALS, load_tokenizer
@@ -20,11 +19,12 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import self_attention_view
+from attnlab.models import family_classes
 from attnlab.models.encoder import PRESETS, Encoder, EncoderConfig
 from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, load_body
+from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
 from attnlab.tasks.lm import checked_block_size, corpus_tokenizer, corpus_tokens
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 
@@ -38,7 +38,8 @@ class MaskedLM(Task):
     name = "mlm"
     help = "an encoder by masked-language modelling (BERT's pretraining)"
     description = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
-    models = {"encoder": ModelChoice("encoder", EncoderConfig, (("head", "mlm"),))}
+    models = {"encoder": ModelChoice("encoder", EncoderConfig, (("head", "mlm"),), presets=PRESETS,
+                                     default_preset=DEFAULT_PRESET)}  # fmt: skip
     default_model = "encoder"
     data_config = DataConfig
     noun = "a masked-LM"
@@ -123,24 +124,18 @@ class MaskedLM(Task):
         _, ids, _ = words_and_ids(run, text, cls_first=False)
         return [self_attention_view(run, ids)]
 
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--preset", default=None, help=f"{', '.join(PRESETS)} (default: {DEFAULT_PRESET})")
-        add_config_flags(parser, "data", DataConfig, "data", defaults=MLM_DATA)
-        preset = asdict(PRESETS[DEFAULT_PRESET])
-        add_config_flags(parser, "model", EncoderConfig, "model (override the preset)", defaults=preset)
-        add_config_flags(parser, "train", TrainConfig, "training", defaults=MLM_TRAIN)
-
-    def request(self, args: argparse.Namespace, train: TrainConfig, saved: dict | None) -> TrainRequest:
-        req = super().request(args, train, saved)
-        if saved is None:
-            req.data = checked(DataConfig, {**MLM_DATA, **flags_of(args, "data")}, where="[data]")
+    # ---- from options, as the command line gives them -----------------------------------------
+    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        req = super().request(opts, given, train, saved)
+        if saved is None:  # the data a masked LM trains on by default (the word tokenizer, which has [MASK])
+            req.data = checked(DataConfig, {**MLM_DATA, **given["data"]}, where="[data]")
         return req
 
 
 def init_encoder(init: str | Path) -> dict[str, Any]:
     """The model fields of an encoder run (attnlab's masked LM, or a converted BERT) to start from."""
     config = read_run_config(check_run_dir(init))
-    if config["family"] != "encoder":
+    if not issubclass(family_classes(config["family"])[1], Encoder):
         raise AttnlabError(f"--init {init} is a {kind_of(config).name} run, not an encoder run")
     return dict(config["model"])

@@ -16,7 +16,7 @@ def frame(tok, pieces: list[int], cls_first: bool, context: int) -> tuple[list[i
     """The ids an encoder reads for these word ids, and where the first word sits: attnlab's own
     runs put [CLS] before a classifier's input (cls_first); a converted BERT reads [CLS] ... [SEP]
     for every head, as it was trained. Texts longer than the context are cut (with a warning)."""
-    wraps = getattr(tok, "wraps", False)
+    wraps = tok.wraps
     first = 1 if wraps or cls_first else 0
     room = context - first - wraps
     if len(pieces) > room:
@@ -32,7 +32,7 @@ def words_and_ids(run, text: str, cls_first: bool) -> tuple[list[str], list[int]
         raise AttnlabError(f"{run.path} is a {run.config.get('family')} language model: use attnlab sample")
     words = tok.split(text, tok.lower)
     ids, first = frame(tok, tok.encode_words(words), cls_first, run.model.cfg.context)
-    words = words[: len(ids) - first - getattr(tok, "wraps", False)]
+    words = words[: len(ids) - first - tok.wraps]
     if not words:
         raise AttnlabError("the text has no words")
     return words, ids, first

@@ -9,7 +9,6 @@ attnlab.train("runs/numbers", Seq2SeqConfig(), data=ParallelDataConfig(data="num
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import sacrebleu
 import torch
 from torch import nn
 
-from attnlab.config import add_config_flags, from_dict
+from attnlab.config import from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
 from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
 from attnlab.data.shifted import pieces, to_ids, to_text
@@ -36,7 +35,7 @@ from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
 from attnlab.runs.folder import TOKENIZER
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, add_model_choice_flags
+from attnlab.tasks.base import ModelChoice, Task
 from attnlab.tasks.common import build_config, init_builder, preset_fields
 from attnlab.viz.alignment import plot_alignment
 from attnlab.viz.html import AttentionView
@@ -57,12 +56,12 @@ TRAIN_DEFAULTS["rnn"] = dict(TRAIN_DEFAULTS["rnn-attention"])
 def model_config(name: str, src_vocab: int, tgt_vocab: int, max_len: int, overrides: dict) -> Any:
     """The model's config: its defaults (the Transformer: a preset), the user's overrides, the data's sizes."""
     choice = Translation.models[name]
-    family, cls, fixed = choice.family, choice.config, dict(choice.fixed)
+    cls, fixed = choice.config, dict(choice.fixed)
     overrides = dict(overrides)
     base: dict[str, Any] = {}
     sizes: dict[str, Any] = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed}
-    if family == "seq2seq":
-        base = preset_fields(PRESETS, overrides.pop("preset", None), "transformer-tiny")
+    if choice.presets:  # the Transformer
+        base = preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset)
         sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
         base["share_embeddings"] = overrides.get("share_embeddings", False) and src_vocab == tgt_vocab
     elif "preset" in overrides:
@@ -99,7 +98,7 @@ class Translation(Task):
     description = ("Train an encoder-decoder on sentence pairs (a built-in task or a TSV/two files), then "
                    "decode its test split: exact match, BLEU, chrF.")  # fmt: skip
     models = {
-        "transformer": ModelChoice("seq2seq", Seq2SeqConfig),
+        "transformer": ModelChoice("seq2seq", Seq2SeqConfig, presets=PRESETS, default_preset="transformer-tiny"),
         "rnn-attention": ModelChoice("rnn-seq2seq", RNNSeq2SeqConfig, (("attention", True),)),
         "rnn": ModelChoice("rnn-seq2seq", RNNSeq2SeqConfig, (("attention", False),)),
     }
@@ -190,20 +189,6 @@ class Translation(Task):
 
     def views(self, run, text: str) -> list:
         return translation_views(run, text)
-
-    # ---- command line -------------------------------------------------------------------------
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--model",
-            default="transformer",
-            choices=list(self.models),
-            help="transformer, rnn-attention (Bahdanau) or rnn (no attention) (default: transformer)",
-        )
-        parser.add_argument(
-            "--preset", default=None, help=f"Transformer preset: {', '.join(PRESETS)} (default: transformer-tiny)"
-        )
-        add_config_flags(parser, "data", ParallelDataConfig, "data")
-        add_model_choice_flags(parser, self, dataclasses.asdict(PRESETS["transformer-tiny"]), "transformer")
 
 
 MODELS = Translation.models  # model name -> ModelChoice

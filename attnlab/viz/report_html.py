@@ -8,10 +8,12 @@ exact value in its tooltip: readable without a script, printable, and searchable
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.errors import AttnlabError
 from attnlab.io import atomic_write
 from attnlab.viz.html import AttentionView, write_attention_html
 
@@ -64,13 +66,28 @@ def head_tables(result: dict) -> str:
 
 
 def write_report_html(result: dict, path: str | Path, title: str) -> None:
-    """The page of an inspect result (see the module's docstring)."""
-    if result["kind"] == "views":
-        views = [AttentionView(v["name"], v["queries"], v["keys"], np.asarray(v["weights"])) for v in result["views"]]
-        write_attention_html(views, Path(path), title)
-        return
-    body = lens_tables(result) if result["kind"] == "lens" else head_tables(result)
-    note = f"<p>{html.escape(result.get('title', ''))}</p>" if result["kind"] == "tables" else ""
-    text = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{note}{body}</body></html>")  # fmt: skip
-    atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """The page of an inspect result (see the module's docstring), by the kind of numbers it holds."""
+    if result["kind"] not in PAGES:
+        raise AttnlabError(f"--what {result['what']} draws a .png or .svg, or writes .json")
+    PAGES[result["kind"]](result, Path(path), title)
+
+
+def _views_page(result: dict, path: Path, title: str) -> None:
+    views = [AttentionView(v["name"], v["queries"], v["keys"], np.asarray(v["weights"])) for v in result["views"]]
+    write_attention_html(views, path, title)
+
+
+def _tables_page(tables: Callable[[dict], str]) -> Callable[[dict, Path, str], None]:
+    """A page of tables (the lens's, the heads'), the result's title as a note above them."""
+
+    def write(result: dict, path: Path, title: str) -> None:
+        note = f"<p>{html.escape(result['title'])}</p>" if "title" in result else ""
+        text = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+                f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{note}{tables(result)}"
+                "</body></html>")  # fmt: skip
+        atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+    return write
+
+
+PAGES = {"views": _views_page, "lens": _tables_page(lens_tables), "tables": _tables_page(head_tables)}

@@ -1,0 +1,108 @@
+"""The commands that use a trained run (predict, translate, eval, sample), compare several, and the
+demo and size: each takes its options dataclass (cli/options.py) and calls the library."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from attnlab.cli.demo import run_demo
+from attnlab.cli.options import DemoOptions, EvalOptions, HeadsOut, PredictOptions, SampleOptions, SizeOptions
+from attnlab.config import checked
+from attnlab.decoding import sampling
+from attnlab.decoding.sampling import GenerateConfig
+from attnlab.errors import AttnlabError
+from attnlab.interpret.head_select import describe, head_hooks
+from attnlab.models.gpt import PRESETS
+from attnlab.models.size import ClusterConfig, cluster_estimate, estimate, format_cluster, format_estimate
+from attnlab.models.size import format_table as size_table
+from attnlab.nn.hooks import hooks
+from attnlab.runs.run import Run, load
+from attnlab.tasks.compare import CompareOptions, run_comparison
+
+
+def speaks() -> bool:
+    """Under torchrun, one process prints results."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+@contextlib.contextmanager
+def heads_removed(run: Run, opts: HeadsOut) -> Iterator[None]:
+    """The run's model with the heads of --keep / --remove zeroed (interpret/head_select.py)."""
+    fns = head_hooks(run.model, opts.keep, opts.remove)
+    if fns:
+        print(f"[{describe(run.model, fns)}]", file=sys.stderr)
+    with hooks(run.model, fns):
+        yield
+
+
+def run_predict(opts: PredictOptions) -> int:
+    """predict and translate: what the run's task answers for the input."""
+    run = load(opts.run, device=opts.device)
+    with heads_removed(run, opts):
+        result = run.task.predict(run, opts.text, dataclasses.asdict(opts))
+    print(json.dumps(result) if opts.json else run.task.show_prediction(result))
+    return 0
+
+
+def run_eval(opts: EvalOptions) -> int:
+    run = load(opts.run, device=opts.device)
+    result = run.task.evaluate(run, opts.data, opts.split, {**dataclasses.asdict(opts), "progress": not opts.json})
+    print(json.dumps({"run": str(opts.run), **result}) if opts.json else run.task.show_evaluation(result))
+    return 0
+
+
+def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
+    """One sample streams as it is generated; several are drawn as one batch."""
+    cfg = checked(GenerateConfig, gen, where="generation")
+    run = load(opts.run, device=opts.device)
+    if not run.task.generates:
+        raise AttnlabError(f"{opts.run} is not a language model run (it is {run.task.name}): attnlab sample needs "
+                           "a gpt run")  # fmt: skip
+    with heads_removed(run, opts):
+        if opts.num_samples == 1:
+            print(cfg.prompt, end="", flush=True)
+            for piece in sampling.stream_text(run.model, run.tokenizer, **dataclasses.asdict(cfg)):
+                print(piece, end="", flush=True)
+            print()
+            return 0
+        texts = sampling.sample_texts(run.model, run.tokenizer, num_samples=opts.num_samples, **dataclasses.asdict(cfg))
+        for i, text in enumerate(texts):
+            print(("\n" + "-" * 40 + "\n" if i else "") + cfg.prompt + text)
+    return 0
+
+
+def run_compare(opts: CompareOptions) -> int:
+    _, table = run_comparison(opts)
+    print(table)
+    print(f"chart: {Path(opts.out) / 'compare.png'}")
+    return 0
+
+
+def run_size(opts: SizeOptions, cluster: dict[str, Any]) -> int:
+    names = list(PRESETS) if opts.preset == "all" else [opts.preset]
+    for name in names:
+        if name not in PRESETS:
+            raise AttnlabError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)} or all")
+    plan = checked(ClusterConfig, cluster, where="cluster")
+    results = [estimate(PRESETS[n], n) for n in names]
+    for e in results:
+        e["cluster"] = cluster_estimate(e, plan)
+    if opts.json:
+        print(json.dumps(results[0] if len(results) == 1 else results))
+    elif len(results) > 1:
+        print(size_table(results))
+    else:
+        print(format_estimate(results[0]) + "\n" + format_cluster(results[0], results[0]["cluster"]))
+    return 0
+
+
+def run_demo_command(opts: DemoOptions) -> int:
+    run_demo(opts.out, opts.max_steps, opts.time_budget)
+    return 0

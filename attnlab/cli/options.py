@@ -1,0 +1,194 @@
+"""What each command takes, as small dataclasses: the parser is generated from them (cli/generate.py).
+
+Options shared by several commands are declared once and inherited: where a model runs (--device),
+which heads to take out (--keep / --remove), a JSON answer (--json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnlab.config import option
+from attnlab.interpret.plots import PLOTS
+from attnlab.interpret.report import INSPECTIONS
+from attnlab.interpret.views import VIEW_NAMES
+from attnlab.tasks.lm_eval import SPLITS
+from attnlab.viz.vectors import PROJECTIONS
+
+HEADS = "heads (see what they do by taking them out)"
+
+
+@dataclass
+class OnDevice:
+    device: str = option("auto", "where the model runs: auto, cpu, cuda, cuda:N or mps")
+
+
+@dataclass
+class ReadsRun(OnDevice):
+    run: str = option("", "run directory", positional=True)
+
+
+@dataclass
+class Answers:
+    json: bool = option(False, "print one JSON object")
+
+
+@dataclass
+class HeadsOut:
+    remove: str | None = option(None, "zero these heads' outputs: LAYER.HEAD from 1, comma-separated (2.3,1.1); a "
+                                "layer alone (2) is all its heads; encoder-decoder: encoder:, decoder: or cross: "
+                                "before it", metavar="HEADS", group=HEADS)  # fmt: skip
+    keep: str | None = option(None, "zero every other head of the same attention: only these remain (same syntax "
+                              "as --remove)", metavar="HEADS", group=HEADS)  # fmt: skip
+
+
+@dataclass
+class DemoOptions:
+    out: str = option("runs/demo", "run directory (a free name is picked if it exists)")
+    time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
+    max_steps: int | None = option(None, "train for this many steps instead of a budget", at_least=1)
+
+
+@dataclass
+class PredictOptions(Answers, HeadsOut, ReadsRun):
+    text: str = option("", 'text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); for an image '
+                       "run, an image file", positional=True)  # fmt: skip
+    top_k: int | None = option(None, "candidates per [MASK] (default: 5), classes shown for an image (default: 3)",
+                               at_least=1)  # fmt: skip
+    beam: int = option(1, "translation and caption runs: beam width, 1 = greedy", at_least=1)
+    attention: str | None = option(None, "translation runs: draw the alignment; ViT runs: draw [CLS]'s attention "
+                                   "to each patch over the image (.png, .svg or .json); caption runs: where each "
+                                   "word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
+                                   "where hovering a word moves the attention)", metavar="FILE")  # fmt: skip
+
+
+@dataclass
+class TranslateOptions(Answers, HeadsOut, ReadsRun):
+    text: str = option("", "source text", positional=True)
+    beam: int = option(1, "beam width; 1 is greedy decoding", at_least=1)
+    attention: str | None = option(None, "also draw the alignment (cross-attention): .png, .svg or .json",
+                                   metavar="FILE")  # fmt: skip
+
+
+@dataclass
+class SampleOptions(HeadsOut, ReadsRun):
+    num_samples: int = option(1, "how many samples, drawn as one batch", at_least=1)
+
+
+@dataclass
+class EvalOptions(Answers, ReadsRun):
+    data: str | None = option(None, "file, folder or stdlib; image runs: digits, a folder of class sub-folders or "
+                              "a .npz, scored whole (default: the run's own data)")  # fmt: skip
+    glob: str | None = option(None, "files of a folder to read (default: the run's, or *)")
+    split: str | None = option(None, "held-out part (same split as training), training part, or all (default: "
+                               "val; classifiers and taggers: test)", (*SPLITS, "test"))  # fmt: skip
+    max_tokens: int | None = option(None, "evaluate at most this many tokens", at_least=1)
+    confusion: str | None = option(None, "image runs: where to draw the confusion matrix, .png, .svg or .json "
+                                   "(default: RUN/eval_confusion.png)", metavar="FILE")  # fmt: skip
+    beam: int = option(1, "translation runs: beam width, 1 = greedy", at_least=1)
+
+
+@dataclass
+class SizeOptions(Answers):
+    preset: str = option("", "a preset name, or all", required=True)
+
+
+@dataclass
+class AttentionOptions(ReadsRun):
+    input: str = option("", "text to read (an image file for image runs)", positional=True)
+    out: str = option("", "what to write, by suffix: .png or .svg picture, .html page, .json numbers",
+                      required=True, metavar="FILE")  # fmt: skip
+    layer: int | None = option(None, "PNG, SVG, JSON: only this layer (1 = first), all its heads")
+    head: int | None = option(None, "PNG, SVG, JSON: only this head of --layer (1 = first)")
+    view: str | None = option(None, "a translation run: which attention (PNG, SVG default: cross; JSON default: all)",
+                              VIEW_NAMES)  # fmt: skip
+
+
+@dataclass
+class PlotOptions:
+    run: str = option("", "run directory", positional=True)
+    what: str = option("", "what to draw", tuple(PLOTS), required=True)
+    out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
+                      metavar="FILE")  # fmt: skip
+    tokens: int = option(60, "embeddings: how many tokens to label")
+    text: str | None = option(None, "experts: the text to route (default: a line of Python)")
+
+
+@dataclass
+class InspectOptions(ReadsRun):
+    text: str | None = option(None, "input text, or an image file for image runs (not needed for over-training, "
+                              "optional for ablate)", positional=True, nargs="?")  # fmt: skip
+    what: str = option("", "what to compute", tuple(INSPECTIONS), required=True)
+    out: str | None = option(None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)",
+                             metavar="FILE")  # fmt: skip
+    on: str = option("repeats", "ablate with no text: random tokens repeated twice, the loss of their repeated half, "
+                     "or the run's validation split", ("repeats", "val"))  # fmt: skip
+
+
+@dataclass
+class ServeOptions(OnDevice):
+    runs: list[str] = option(None, "run directories to serve", positional=True, nargs="+", metavar="RUN")
+    host: str = option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
+    port: int = option(8765, "port")
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every request but /health (default: "
+                                 "the ATTNLAB_API_KEY environment variable; needed with a --host beyond loopback)",
+                                 metavar="KEY")  # fmt: skip
+    insecure_no_key: bool = option(False, "serve a --host beyond loopback without a key: anyone who reaches it can "
+                                   "use it")  # fmt: skip
+    allowed_hosts: str | None = option(None, "comma-separated Host header names to answer besides loopback and "
+                                       "--host ('*': any); a name a browser page could use to reach the server "
+                                       "(DNS rebinding) is refused", metavar="NAMES")  # fmt: skip
+    cors_origin: list[str] = field(default_factory=list, metadata={
+        "help": "let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable (default: none, "
+                "CORS off)", "repeat": True, "metavar": "ORIGIN"})  # fmt: skip
+    max_streams: int = option(32, "sequences generated at once over all requests; more get 429", at_least=1)
+    max_batch: int = option(16, "sequences of one run decoded in one forward pass; more wait", at_least=1)
+    request_timeout: float = option(300.0, "a generation running longer is stopped with an error",
+                                    metavar="SECONDS")  # fmt: skip
+    threads: int | None = option(None, "CPU threads for the model (default: one per core but one, which the HTTP "
+                                 "side keeps)", at_least=1)  # fmt: skip
+
+    def __post_init__(self):
+        if not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be above 0, got {self.request_timeout}")
+
+
+@dataclass
+class ConvertOptions(Answers):
+    from_hf: str = option("", "HuggingFace-format model directory", required=True, metavar="DIR")
+    out: str = option("", "run directory to create", required=True, metavar="RUN")
+    force: bool = option(False, "replace --out if it is an attnlab run")
+
+
+@dataclass
+class ExportOptions:
+    run: str = option("", "run directory", positional=True)
+    to: str = option("", "target format", ("hf", "onnx"), required=True)
+    out: str = option("", "directory (hf) or .onnx file (onnx) to write", positional=True, metavar="OUT")
+    force: bool = option(False, "replace OUT if it is a HuggingFace model folder (hf) or an .onnx file (onnx)")
+
+
+@dataclass
+class TrainVectorsOptions:
+    out: str = option("", "run directory to create", required=True)
+    force: bool = option(False, "replace --out if it is an attnlab run")
+    data: str = option("english", "english (built in), a text file or a folder")
+
+
+@dataclass
+class VectorsOptions(Answers):
+    run: str = option("", "vectors run directory, .safetensors file, or word2vec/GloVe text file", positional=True)
+    neighbors: list[str] | None = option(None, "the nearest words to each WORD", nargs="+", metavar="WORD")
+    analogy: list[str] | None = option(None, "A is to B as C is to ?: the words nearest to B - A + C (man king "
+                                       "woman -> queen)", nargs=3, metavar=("A", "B", "C"))  # fmt: skip
+    similarity: list[str] | None = option(None, "the cosine similarity of two words", nargs=2, metavar=("A", "B"))
+    top: int = option(10, "how many words to list")
+    analogies: str | None = option(None, "score on analogy questions (questions-words.txt)", metavar="FILE")
+    wordsim: str | None = option(None, "score on similarity ratings (wordsim353.tsv): Spearman", metavar="FILE")
+    export: str | None = option(None, "write the vectors: .txt/.vec (word2vec text) or .safetensors", metavar="FILE")
+    plot: str | None = option(None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE")
+    words: str | None = option(None, "comma-separated words to draw (default: the most frequent)")
+    top_words: int = option(60, "how many frequent words to draw")
+    arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",
+                               metavar="A:B")  # fmt: skip
+    projection: str = option("pca", "2-D projection", tuple(PROJECTIONS))

@@ -1,0 +1,75 @@
+"""`attnlab train TASK`: one sub-command per task of TASKS, its flags generated from the task's
+option dataclasses (its TrainOptions, data config, its models' configs, TrainConfig), and
+`attnlab train vectors` beside them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from attnlab.cli.commands import speaks
+from attnlab.cli.generate import add_options, add_section, given, read_options
+from attnlab.cli.options import TrainVectorsOptions
+from attnlab.cli.vectors import run_train_vectors
+from attnlab.config import checked
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.train import run
+from attnlab.runs.folder import check_resumable, read_run_config
+from attnlab.tasks import TASKS, Task
+from attnlab.wordvec.config import VectorsConfig
+
+SECTIONS = ("data", "model", "train")
+
+
+def add_train_commands(sub, parser_class: type) -> None:
+    """`attnlab train TASK` for every registered task, and `attnlab train vectors`."""
+    train = sub.add_parser("train", help="train a model")
+    tasks = train.add_subparsers(dest="task", metavar="TASK", parser_class=parser_class)
+    tasks.required = True
+    for task in TASKS.values():
+        p = tasks.add_parser(task.name, help=task.help, description=task.description)
+        add_task_flags(p, task)
+        p.set_defaults(command=lambda args, task=task: run_train(task, args))
+    p = tasks.add_parser("vectors", help="word vectors: Word2Vec (skip-gram, CBOW), FastText or GloVe",
+                         description="Train word vectors on a text. --data english (the default) is the built-in "
+                         "corpus: the docstrings and comments of Python's standard library (about 545k words), no "
+                         "download.")  # fmt: skip
+    add_options(p, TrainVectorsOptions)
+    add_section(p, "vectors", VectorsConfig, "word vectors")
+    p.set_defaults(command=lambda args: run_train_vectors(read_options(args, TrainVectorsOptions),
+                                                          given(args, "vectors")))  # fmt: skip
+
+
+def add_task_flags(p: argparse.ArgumentParser, task: Task) -> None:
+    """The task's options, then its data, model and training settings, with the defaults it uses shown."""
+    choice = task.models[task.default_model]
+    several = len(task.models) > 1
+    overrides = {"init": {"help": task.init_help},
+                 "model": {"choices": list(task.models), "default": task.default_model,
+                           "help": f"which model (default: {task.default_model})"}}  # fmt: skip
+    if choice.presets and "preset" not in vars(task.options):  # a task's own --preset help stays
+        overrides["preset"] = {"help": f"preset: {', '.join(choice.presets)} (default: {choice.default_preset})"}
+    skip = frozenset({"model"} if not several else ()) | frozenset({"preset"} if not choice.presets else ())
+    add_options(p, task.options, overrides, skip)
+    add_section(p, "data", task.data_config, "data", defaults=asdict(task.default_data()))
+    classes = tuple(dict.fromkeys(m.config for m in task.models.values()))
+    title = "model (fields of the chosen --model; the class each belongs to in brackets)" if several else \
+        "model (override the preset)"  # fmt: skip
+    preset = asdict(choice.presets[choice.default_preset]) if choice.presets else {}
+    add_section(p, "model", classes, title, task.set_by_data, defaults=preset)
+    title = f"training (tuned per --model; defaults shown: the {task.default_model}'s)" if several else "training"
+    add_section(p, "train", TrainConfig, title, defaults=task.train_defaults(task.default_model))
+
+
+def run_train(task: Task, args: argparse.Namespace) -> int:
+    """Any task: its settings (tuned, or the run's own when resuming) < the flags, then the engine."""
+    opts = read_options(args, task.options)
+    flags: dict[str, dict[str, Any]] = {name: given(args, name) for name in SECTIONS}
+    saved = read_run_config(check_resumable(opts.out)) if opts.resume else None
+    tuned = saved["train"] if saved else task.train_defaults(opts.model or task.default_model)
+    train = checked(TrainConfig, {**tuned, **flags["train"]}, where="[train]")
+    result = run(task, task.request(opts, flags, train, saved))
+    if speaks():
+        print(task.result_line(result, opts.out))
+    return 0
