@@ -149,10 +149,7 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     # Library warnings (e.g. a prompt cropped to the context) as one plain line.
     warnings.formatwarning = lambda message, *args, **kwargs: f"attnlab: warning: {message}\n"
-    try:  # a usage error (or --help) is argparse's exit: its code is main's answer too
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
+    args = build_parser().parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
     try:
         return args.command(args)
     except AttnlabError as e:

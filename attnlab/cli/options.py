@@ -141,16 +141,17 @@ class ServeOptions(OnDevice):
     cors_origin: list[str] = field(default_factory=list, metadata={
         "help": "let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable (default: none, "
                 "CORS off)", "repeat": True, "metavar": "ORIGIN"})  # fmt: skip
-    max_streams: int = option(32, "sequences generated at once over all requests; more get 429", at_least=1)
-    max_batch: int = option(16, "sequences of one run decoded in one forward pass; more wait", at_least=1)
+    max_streams: int = option(32, "sequences generated at once over all requests; more get 429")
+    max_batch: int = option(16, "sequences of one run decoded in one forward pass; more wait")
     request_timeout: float = option(300.0, "a generation running longer is stopped with an error",
                                     metavar="SECONDS")  # fmt: skip
     threads: int | None = option(None, "CPU threads for the model (default: one per core but one, which the HTTP "
-                                 "side keeps)", at_least=1)  # fmt: skip
+                                 "side keeps)")  # fmt: skip
 
     def __post_init__(self):
-        if not self.request_timeout > 0:
-            raise ValueError(f"--request-timeout must be above 0, got {self.request_timeout}")
+        for name in ("max_streams", "max_batch", "request_timeout", "threads"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
 
 
 @dataclass

@@ -82,7 +82,7 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
 def _pixel_normalization(src: Path, module, cfg) -> tuple[list[float], list[float]] | None:
     """The (mean, std) an image model's preprocessor_config.json normalizes with, if any."""
     path = src / "preprocessor_config.json"
-    if not hasattr(module, "pixels_from_hf") or not path.is_file():
+    if module.pixels_from_hf is None or not path.is_file():
         return None
     return module.pixels_from_hf(read_json(path), cfg.channels)
 

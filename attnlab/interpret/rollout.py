@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 FLOW_MAX_TOKENS = 64  # T^2 max-flow problems on an (L + 1) * T node graph: ~4k of them at 64 tokens
 FLOW_SCALE = 1_000_000  # scipy's max-flow takes integer capacities: weights are counted in millionths
-METHODS = ("rollout", "flow")
 
 
 def as_array(x: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -129,7 +128,7 @@ def flow(
 
 def _follow(view: AttentionView, method: str, residual: float) -> AttentionView:
     """One self-attention view (L, H, T, T) -> its rollout or flow as a view of shape (1, 1, T, T)."""
-    through = rollout if method == "rollout" else flow
+    through = METHODS[method]
     return AttentionView(f"{view.name} {method}", view.queries, view.keys, through(view.weights, residual)[None, None])
 
 
@@ -165,3 +164,6 @@ def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5)
         encoder = next((v for v in out if v.name.startswith(TRANSLATION_VIEWS["encoder"])), None)
         out.append(cross if encoder is None else _through_encoder(cross, encoder, method))
     return out
+
+
+METHODS = {"rollout": rollout, "flow": flow}  # by name: what follows attention through the layers

@@ -24,7 +24,7 @@ from attnlab.config import names, option
 from attnlab.models.common import PatchGrid, check_images, positions
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.vit import PATCH_PATHS, PatchEmbedding
-from attnlab.nn import ACTIVATIONS, NORM_PLACES
+from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS
 
 
 @dataclass
@@ -47,7 +47,7 @@ class CaptionerConfig(Seq2SeqConfig, PatchGrid):
         super().__post_init__()
         self.check_patches()
         n = self.n_patches
-        if self.positions != "sinusoidal" and n > self.context:  # a 1-D table over the patches
+        if not POSITIONS[self.positions].on_grid and n > self.context:  # a 1-D table over the patches
             raise ValueError(f"{self.positions} positions cover {self.context} tokens but the image has {n} "
                              "patches: raise --context or use sinusoidal (2-D) positions")  # fmt: skip
         self.check_grid_positions()

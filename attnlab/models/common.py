@@ -91,7 +91,7 @@ class PatchGrid:
 
     def check_grid_positions(self) -> None:
         """2-D sin/cos positions split the width in four (row and column, sin and cos)."""
-        if self.positions == "sinusoidal" and self.d_model % 4:
+        if POSITIONS[self.positions].on_grid and self.d_model % 4:
             raise ValueError(f"2-D sinusoidal positions need d_model divisible by 4, got {self.d_model}")
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from attnlab.config import from_dict
 from attnlab.data import strips
 from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
-from attnlab.data.captions import CaptionDataConfig, load_captions
+from attnlab.data.captions import BUILTIN_CAPTIONS, CaptionDataConfig, load_captions
 from attnlab.data.images import read_image
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.engine.loop import Session
@@ -247,8 +247,7 @@ def _where(r: dict[str, Any]) -> str:
 def word_regions(model: nn.Module, tok: Tokenizer, hyps: list[list[int]], data: CaptionDataConfig,
                  split: str = "test") -> dict[str, Any]:  # fmt: skip
     """On digits-strips, whether each word looked at its digit (interpret/word_regions.py); {} on other data."""
-    if data.data != "digits-strips":
+    if data.data not in BUILTIN_CAPTIONS:  # only generated strips know where each digit is
         return {}
-
     count = {"train": data.n_train, "test": data.n_test}.get(split)
     return digit_attention(model, tok, strips.strips(split, count, data.data_seed), hyps)

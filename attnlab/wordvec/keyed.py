@@ -136,7 +136,7 @@ class WordVectors:
         with safe_open(str(path), "np") as f:
             meta = f.metadata() or {}
             arrays = {k: f.get_tensor(k) for k in f.keys()}
-        if "words" not in meta or "vectors" not in arrays:
+        if meta.get("words") is None or arrays.get("vectors") is None:
             raise AttnlabError(f"{path} holds no word vectors (it lacks 'words' or 'vectors')")
         sub = None
         if "subwords" in meta:

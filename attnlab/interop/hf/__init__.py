@@ -4,6 +4,7 @@ Each family module (gpt2.py, vit.py, ...) exposes
     ARCHITECTURES                       the config.json "architectures" values it reads
     config_from_hf(hf) -> (family, attnlab model config, task dict or None)
     weights_from_hf(tensors, cfg) -> attnlab state dict (exactly model.state_dict()'s keys)
+pixels_from_hf(preprocessor, channels) -> (mean, std) for image models (None for text models),
 and, where export is supported,
     config_to_hf(cfg) -> config.json dict;  weights_to_hf(state, cfg) -> HuggingFace tensors.
 `module_for(architecture)` finds the module; `map_weights` is the renaming and shape checking

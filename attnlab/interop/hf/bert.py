@@ -47,13 +47,14 @@ from attnlab.interop.hf import (
     labels_to_hf,
     map_weights,
 )
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, same_heads
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems, same_heads
 from attnlab.models.encoder import HEADS as ENCODER_HEADS
 from attnlab.models.encoder import Encoder, EncoderConfig
 
 # architecture -> our head; BertForPreTraining's next-sentence head is dropped, its MLM kept.
 HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "classify",
          "BertForTokenClassification": "tag", "BertModel": "classify"}  # fmt: skip
+pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = tuple(HEADS)
 EXPORT = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification", "tag": "BertForTokenClassification"}
 EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
@@ -206,8 +207,7 @@ SUPPORT: dict[str, Rule] = {
 def check_exportable(cfg: EncoderConfig) -> None:
     """BERT's layout is fixed: say which of the run's choices it cannot express."""
     problems = block_problems(cfg, SUPPORT, "BERT")
-    if cfg.positions != "learned":
-        problems.append(f"positions {cfg.positions!r} (BERT's are learned)")
+    problems += field_problems(cfg, {"positions": Only(("learned",), "BERT's are learned")})
     if ENCODER_HEADS[cfg.head].pooled and (cfg.pooling != "cls" or not cfg.pooler):
         problems.append("a classify head without pooler=true on [CLS] (BertForSequenceClassification has one)")
     if problems:

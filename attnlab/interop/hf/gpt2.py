@@ -17,9 +17,10 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, map_weights
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, same_heads
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems, same_heads
 from attnlab.models.gpt import GPT, GPTConfig
 
+pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = ("GPT2LMHeadModel",)
 
 # HuggingFace activation_function -> attnlab's. gelu_new is GPT-2's tanh GELU written out in
@@ -116,8 +117,7 @@ SUPPORT: dict[str, Rule] = {
 def check_exportable(cfg: GPTConfig) -> None:
     """GPT-2's block is fixed: say which of the run's choices it cannot express."""
     problems = block_problems(cfg, SUPPORT, "GPT-2")
-    if cfg.positions != "learned":
-        problems.append(f"positions {cfg.positions!r} (GPT-2's are learned)")
+    problems += field_problems(cfg, {"positions": Only(("learned",), "GPT-2's are learned")})
     if cfg.logit_softcap is not None:
         problems.append("logit_softcap (GPT-2's logits are not capped)")
     if cfg.bigram_vocab:

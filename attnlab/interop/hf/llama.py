@@ -22,9 +22,10 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import Pair, expected_shapes, map_weights
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems
+from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems
 from attnlab.models.gpt import GPT, GPTConfig
 
+pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM")
 
 # hidden_act -> the gated feed-forward that gates with it.
@@ -198,8 +199,7 @@ def check_exportable(cfg: GPTConfig) -> None:
     """Say which of the run's choices a HuggingFace Llama / Mixtral cannot express."""
     name = "Mixtral" if is_mixtral(cfg) else "Llama"
     problems = block_problems(cfg, SUPPORT, name)
-    if cfg.positions != "rope":
-        problems.append(f"positions {cfg.positions!r} ({name}'s are rotary)")
+    problems += field_problems(cfg, {"positions": Only(("rope",), f"{name}'s are rotary")})
     if cfg.logit_softcap is not None:
         problems.append(f"logit_softcap ({name} has uncapped logits)")
     if cfg.bigram_vocab:

@@ -68,3 +68,9 @@ def block_problems(cfg: Any, support: dict[str, Rule], name: str) -> list[str]:
         elif isinstance(rule, Only) and value not in rule.values:
             problems.append(f"{f.name} {value!r} ({rule.why})")
     return list(dict.fromkeys(problems))  # one rule may speak for two fields
+
+
+def field_problems(cfg: Any, rules: dict[str, Only]) -> list[str]:
+    """The same rules for a family's own fields (positions, ...): each listed field must fit its rule."""
+    return [f"{name} {getattr(cfg, name)!r} ({rule.why})" for name, rule in rules.items()
+            if getattr(cfg, name) not in rule.values]  # fmt: skip
