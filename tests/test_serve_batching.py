@@ -1,4 +1,4 @@
-"""Batching concurrent generations (serve/batching.py, slots.py, exact.py): a batched step computes
+"""Batching concurrent generations (decoding/engine.py, slots.py, exact.py): a batched step computes
 what each row computes alone, a draw from the batch's logits is never one a lone request would not
 make, and every request decoded in the batch gets the tokens stream_rows gives it alone."""
 
@@ -11,12 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from attnlab.decoding import engine as batching
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import Batcher
+from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.sampling import next_tokens, stream_rows
+from attnlab.decoding.slots import Slots
 from attnlab.models.gpt import GPT
-from attnlab.serve import batching
-from attnlab.serve.batching import Batcher, Draw
-from attnlab.serve.exact import certain_draws
-from attnlab.serve.slots import Slots
 from tests.conftest import perturb, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py

@@ -2,17 +2,22 @@
 
 Legend: T prompt + generated length, C the model's context, V vocabulary.
 
-With the key/value cache (the default) the prompt is run through the model once and each new
-token costs one position's work; without it every step re-runs the whole window. When the
-sequence outgrows the context, the window jumps forward to its last C/2 tokens and the cache
-is refilled from there: both modes follow the same rule, so their greedy outputs are identical.
+With the key/value cache (the default) a sequence is decoded by the model's one engine (engine.py),
+batched with whatever else that model is decoding (other samples, the explorer, /v1), and gets the
+tokens it gets alone: the prompt is run through the model once and each new token costs one
+position's work. `stream_rows` is that lone loop written out, and what use_cache=False runs: every
+step re-runs the whole window. When the sequence outgrows the context, the window jumps forward to
+its last C/2 tokens and the cache is refilled from there: both follow the same rule, so their greedy
+outputs are identical.
+
+A sequence without a seed draws one from torch's random state, so torch.manual_seed still makes it
+repeatable.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +25,14 @@ from torch import Tensor
 
 from attnlab.config import option
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.models.gpt import GPT
+from attnlab.decoding.draw import Draw, check_sampling, filter_logits, jump_keep, next_token, next_tokens
+from attnlab.decoding.engine import engine_for
+from attnlab.decoding.pieces import TextPieces, first_stop
+from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
+
+__all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "generate_text", "next_token",
+           "next_tokens", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
 
 
 @dataclass
@@ -44,54 +55,9 @@ class GenerateConfig:
             self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not (0 <= temperature < math.inf):  # NaN fails this too
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
-def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Set to -inf every logit outside the top k, and outside the smallest set of tokens
-    whose probabilities add up to at least top_p. logits: (V,) or (B, V)."""
-    if top_k is not None and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Mass of the tokens ranked above each one; keep a token while that is < top_p, so
-        # the most likely token is always kept.
-        before = torch.cumsum(probs, dim=-1) - probs
-        drop = (before >= top_p).scatter(-1, order, before >= top_p)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def next_tokens(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
-) -> Tensor:
-    """The next token of each row of (B, V) logits, (B,); temperature 0 is greedy."""
-    if temperature <= 0:
-        return torch.argmax(logits, dim=-1)
-    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-def next_token(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
-) -> int:
-    """Pick the next token from (V,) logits (next_tokens on one row: the same draws)."""
-    return int(next_tokens(logits[None], temperature, top_k, top_p, generator)[0])
-
-
 @torch.no_grad()
 def stream_rows(
-    model: GPT,
+    model: CausalLM,
     ids: list[int],
     rows: int = 1,
     max_new_tokens: int = 100,
@@ -147,8 +113,13 @@ def stream_rows(
         yield token
 
 
+def seed_of(seed: int | None) -> int:
+    """The seed of a sequence: the given one, or one drawn from torch's random state."""
+    return int(torch.randint(0, 2**62, ())) if seed is None else seed
+
+
 def stream(
-    model: GPT,
+    model: CausalLM,
     ids: list[int],
     max_new_tokens: int = 100,
     temperature: float = 1.0,
@@ -159,16 +130,31 @@ def stream(
     use_cache: bool = True,
     dtype: str = "auto",
 ) -> Iterator[int]:
-    """Yield new token ids one by one, continuing the prompt `ids` (see stream_rows)."""
-    for step in stream_rows(model, ids, 1, max_new_tokens, temperature, top_k, top_p, seed, use_cache, dtype):
-        token = int(step[0])
+    """Yield new token ids one by one, continuing the prompt `ids`: decoded by the model's engine (with
+    the cache), the tokens stream_rows draws for one row with this seed; without the cache, stream_rows."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if use_cache:
+        ids = _cropped(list(ids), model.cfg.context)
+        steps = engine_for(model, dtype).generate(ids, Draw(temperature, top_k, top_p, seed_of(seed)), max_new_tokens)
+        tokens = (step.token for step in steps)
+    else:
+        rows = stream_rows(model, ids, 1, max_new_tokens, temperature, top_k, top_p, seed_of(seed), False, dtype)
+        tokens = (int(step[0]) for step in rows)
+    for token in tokens:
         yield token
         if token == stop_token:
             return
 
 
+def _cropped(ids: list[int], context: int) -> list[int]:
+    if len(ids) > context:
+        warnings.warn(f"prompt of {len(ids)} tokens is longer than the context of {context}; keeping the last "
+                      f"{context}", stacklevel=4)  # fmt: skip
+    return ids[-context:]
+
+
 def sample_texts(
-    model: GPT,
+    model: CausalLM,
     tokenizer: Tokenizer,
     prompt: str = "",
     num_samples: int = 1,
@@ -181,30 +167,31 @@ def sample_texts(
     use_cache: bool = True,
     dtype: str = "auto",
 ) -> list[str]:
-    """`num_samples` continuations of `prompt`, sampled as one batch (each cut at its own `stop`);
-    decoding ends when every row has met its stop or max_new_tokens."""
-    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
-    rows: list[list[int]] = [[] for _ in range(num_samples)]
-    done = [False] * num_samples
-    steps = stream_rows(model, ids, num_samples, max_new_tokens, temperature, top_k, top_p, seed, use_cache, dtype)
-    for step in steps:
-        for i, token in enumerate(step.tolist()):
-            if not done[i]:
-                rows[i].append(token)
-                done[i] = bool(stop) and stop in tokenizer.decode(rows[i][-len(stop) * 4 - 8 :])
-        if all(done):
+    """`num_samples` continuations of `prompt`, decoded together: sample i draws with seed + i (what
+    stream_text gives with that seed), each cut at its own `stop`."""
+    base = seed_of(seed)
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
+              use_cache=use_cache, dtype=dtype)  # fmt: skip
+    streams = [stream_text(model, tokenizer, prompt, seed=base + i, **kw) for i in range(num_samples)]
+    texts = [""] * num_samples
+    while streams:  # the engine decodes every row each turn: reading them in turn never waits long
+        for i, pieces in enumerate(streams):
+            if pieces is not None:
+                piece = next(pieces, None)
+                texts[i] += piece or ""
+                streams[i] = pieces if piece is not None else None
+        if all(p is None for p in streams):
             break
-    texts = [tokenizer.decode(r) for r in rows]
-    return [t[: t.index(stop)] if stop and stop in t else t for t in texts]
+    return texts
 
 
-def generate_text(model: GPT, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
+def generate_text(model: CausalLM, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
     """Continue `prompt`; return prompt + continuation. Keyword arguments as in `stream_text`."""
     return prompt + "".join(stream_text(model, tokenizer, prompt, **kwargs))
 
 
 def stream_text(
-    model: GPT,
+    model: CausalLM,
     tokenizer: Tokenizer,
     prompt: str = "",
     max_new_tokens: int = 200,
@@ -234,59 +221,3 @@ def stream_text(
     tail = pieces.flush()  # the end came while a possible start of a stop text was held back
     if tail:
         yield tail
-
-
-def jump_keep(context: int) -> int:
-    """How many tokens the window keeps when the sequence outgrows the context: the last half."""
-    return context // 2
-
-
-class TextPieces:
-    """The text of tokens that come one by one, cut into pieces safe to show as they come.
-
-    A token that leaves a multi-byte character incomplete gives no piece (None) until the
-    character is whole; the text ends before the first of the `stops` texts, and a tail that may
-    be the start of one is held back (an empty piece) until the next tokens tell. The whole text
-    is decoded again at each token, so a tokenizer's merges across tokens are honoured.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()):
-        self.tokenizer = tokenizer
-        self.stops = [s for s in stops if s]
-        self.ids: list[int] = []
-        self.text = ""  # the text so far, up to its last complete character
-        self.emitted = 0  # characters of it given out as pieces
-        self.stopped = False
-
-    def add(self, token: int) -> str | None:
-        """The piece `token` completes: new text, '' while a tail may start a stop text, None while
-        a character is incomplete. After a stop text, `stopped` is set and the piece ends before it."""
-        self.ids.append(token)
-        decoded = self.tokenizer.decode(self.ids)
-        if decoded.endswith("\ufffd"):
-            return None
-        self.text = decoded
-        cut = first_stop(decoded, self.stops)
-        end = len(decoded) - max((_held_back(decoded, s) for s in self.stops), default=0) if cut is None else cut
-        piece, self.emitted = decoded[self.emitted : end], end
-        self.stopped = cut is not None
-        return piece
-
-    def flush(self) -> str:
-        """The text held back at the end, when no more tokens come."""
-        tail, self.emitted = self.text[self.emitted :], len(self.text)
-        return tail
-
-
-def first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Where the first of the stop texts that occur in `text` begins (None: none occurs)."""
-    found = [text.index(s) for s in stops if s in text]
-    return min(found) if found else None
-
-
-def _held_back(text: str, stop: str | None) -> int:
-    """Length of the longest end of `text` that is a proper start of `stop` (0 if none)."""
-    for k in range(min(len(stop or "") - 1, len(text)), 0, -1):
-        if stop.startswith(text[-k:]):
-            return k
-    return 0

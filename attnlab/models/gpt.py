@@ -197,7 +197,7 @@ class GPT(Checkpointing, CausalLM, nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, C) for tokens idx (B, T) at positions offset.., and the
         attention weights of each layer (B, H, T, T') when asked for. offset: one position, or
-        one per row (B,) with caches whose rows differ in length (serve/slots.py)."""
+        one per row (B,) with caches whose rows differ in length (decoding/slots.py)."""
         x = self.tok(idx)  # (B, T, C)
         if self.bigram is not None:
             x = x + self.bigram(self.bigram_ids(idx, caches))

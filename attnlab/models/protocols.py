@@ -8,6 +8,8 @@ attributes. A family inherits the ones it implements.
     ReadOut        what the logit lens reads: the stack whose residual stream it reads, the final
                    norm and the head that turn a stream into next-token logits
     CausalLM       a decoder-only language model: next-token logits from a key/value cache (GPT)
+    StepDecoding   an encoder-decoder decoded a token at a time from its encoded source (start,
+                   step), each step's attention over the source on request (captioners, translation)
 """
 
 from __future__ import annotations
@@ -57,4 +59,19 @@ class CausalLM(OneSequence, WordEmbedded, Positioned, ReadOut):
     (B, T, V), its keys and values kept in the caches that new_caches gives, one per block."""
 
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
+        raise NotImplementedError
+
+
+class StepDecoding:
+    """An encoder-decoder: `start(src)` encodes the sources (B, ...) once; `step(tokens (B,), state)` gives
+    the next-token logits (B, V) and the state after it; `state.select(rows)` keeps rows (beam search)."""
+
+    def start(self, src: Tensor):
+        raise NotImplementedError
+
+    def step(self, tokens: Tensor, state) -> tuple[Tensor, object]:
+        raise NotImplementedError
+
+    def step_weights(self, tokens: Tensor, state) -> tuple[Tensor, object, Tensor]:
+        """step, and where the new token's query looked in the source: (B, L, H, S)."""
         raise NotImplementedError

@@ -34,7 +34,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.config import option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
-from attnlab.models.protocols import WordEmbedded
+from attnlab.models.protocols import StepDecoding, WordEmbedded
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -125,7 +125,7 @@ class RNNState:
         )
 
 
-class RNNSeq2Seq(WordEmbedded, nn.Module):
+class RNNSeq2Seq(WordEmbedded, StepDecoding, nn.Module):
     """Encoder-decoder translation model; see the module docstring for the equations."""
 
     token_shift = N_SPECIAL  # model id = tokenizer id + token_shift (PAD, BOS, EOS below)
@@ -190,6 +190,13 @@ class RNNSeq2Seq(WordEmbedded, nn.Module):
         """tokens (B,) the previous target token of each row -> logits (B, V) for the next one, new state."""
         logits, state, _ = self._step(tokens, state)
         return logits, state
+
+    def step_weights(self, tokens: Tensor, state: RNNState) -> tuple[Tensor, RNNState, Tensor]:
+        """step, and the alignment it used, (B, 1, 1, S): one layer, one head (ValueError without attention)."""
+        if self.attn is None:
+            raise ValueError("the plain encoder-decoder has no attention to show: use attention=True")
+        logits, state, weights = self._step(tokens, state)
+        return logits, state, weights[:, None, None]
 
     def forward(self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """src (B, S), tgt_in (B, T) = BOS + target (teacher forcing) -> logits (B, T, V);

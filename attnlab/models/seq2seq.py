@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
-from attnlab.models.protocols import Positioned, ReadOut, WordEmbedded
+from attnlab.models.protocols import Positioned, ReadOut, StepDecoding, WordEmbedded
 from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.position import Positions
@@ -99,7 +99,7 @@ class Seq2SeqState:
         return self
 
 
-class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, nn.Module):
+class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn.Module):
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         self.cfg = cfg
@@ -191,12 +191,22 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, nn.Module):
 
     def step(self, tokens: Tensor, state: Seq2SeqState) -> tuple[Tensor, Seq2SeqState]:
         """tokens (B,): each row's latest target token -> logits (B, V) for the next one."""
+        logits, state, _ = self._step(tokens, state, False)
+        return logits, state
+
+    def step_weights(self, tokens: Tensor, state: Seq2SeqState) -> tuple[Tensor, Seq2SeqState, Tensor]:
+        """step, and each decoder layer's cross-attention of the new token, (B, L, H, S)."""
+        logits, state, weights = self._step(tokens, state, True)
+        return logits, state, torch.stack([w[:, :, -1] for w in weights["cross"]], dim=1)
+
+    def _step(self, tokens: Tensor, state: Seq2SeqState, return_weights: bool):
         x = self._embed(self.tgt_tok, self.tgt_pos, tokens[:, None], state.offset)  # (B, 1, C)
         first = state.offset == 0  # the memory's keys/values are projected on the first step only
-        x, _ = self.decoder(x, self.tgt_pos, memory=state.memory if first else None, memory_mask=state.memory_mask,
-                            caches=state.caches, cross_caches=state.cross, offset=state.offset)  # fmt: skip
+        x, weights = self.decoder(x, self.tgt_pos, memory=state.memory if first else None,
+                                  memory_mask=state.memory_mask, caches=state.caches, cross_caches=state.cross,
+                                  offset=state.offset, return_weights=return_weights)  # fmt: skip
         state.offset += 1
-        return self.out(self.dec_norm(x))[:, 0], state
+        return self.out(self.dec_norm(x))[:, 0], state, weights
 
     @torch.no_grad()
     def attention(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:

@@ -143,7 +143,7 @@ class KVCache:
     def key_bias(self) -> Tensor | None:
         """What to add to the scores of the keys update() returned, (B, 1, 1, Tk): -inf where a row may
         not look. None here, where every row has them all; a cache whose rows differ in length
-        (serve/slots.py) hides each row's positions past its own."""
+        (decoding/slots.py) hides each row's positions past its own."""
         return None
 
     @property

@@ -95,7 +95,31 @@ def _this_thread(fn: Hook) -> Hook:
     def scoped(x: Tensor) -> Tensor | None:
         return fn(x) if threading.get_ident() == owner else None
 
+    scoped.owner, scoped.hook = owner, fn  # what thread_hooks hands to a thread that computes for this one
     return scoped
+
+
+def thread_hooks(model: nn.Module) -> dict[str, Hook]:
+    """The hooks the calling thread has set on the model, by point, each point's in the order they run:
+    what a decoder that computes in another thread (decoding/engine.py) runs for this thread's requests."""
+    me, out = threading.get_ident(), {}
+    for name, tap in taps(model).items():
+        mine = [fn.hook for fn in tap.fns if fn.owner == me]
+        if mine:
+            out[name] = mine[0] if len(mine) == 1 else _chain(mine)
+    return out
+
+
+def _chain(fns: list[Hook]) -> Hook:
+    """Several hooks of one point as one, each given what the one before returned."""
+
+    def run(x: Tensor) -> Tensor | None:
+        for fn in fns:
+            y = fn(x)
+            x = x if y is None else y
+        return x
+
+    return run
 
 
 def zero_heads(heads: list[int]) -> Hook:

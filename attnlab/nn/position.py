@@ -15,7 +15,7 @@ So adding a scheme is one class taking (max_len, d_model) (or its own `build` fr
 and one `POSITIONS` entry.
 
 `offset` is an int, or a (B,) tensor when the rows of a batch sit at different positions (a
-server decoding many requests at once, serve/batching.py): row b's positions are then
+server decoding many requests at once, decoding/engine.py): row b's positions are then
 offset[b], offset[b]+1, ..., and its keys are positions 0, 1, ... of its own sequence.
 """
 
@@ -232,8 +232,11 @@ class RotaryPositions(Positions):
     def _table(self, d_head: int, device: torch.device) -> tuple[Tensor, Tensor]:
         key = (d_head, device)
         if key not in self._tables:
-            angles = rotary_angles(self.max_len, d_head, self.theta).to(device)  # (max_len, Dh/2)
-            self._tables[key] = (angles.cos(), angles.sin())
+            # Normal tensors even when first asked for under inference mode (the decoding engine's
+            # thread): the same tables serve training afterwards.
+            with torch.inference_mode(False), torch.no_grad():
+                angles = rotary_angles(self.max_len, d_head, self.theta).to(device)  # (max_len, Dh/2)
+                self._tables[key] = (angles.cos(), angles.sin())
         return self._tables[key]
 
     def forward(self, x: Tensor, offset: Offset = 0) -> Tensor:

@@ -20,8 +20,10 @@ import threading
 import weakref
 from collections.abc import AsyncIterator
 
-from attnlab.decoding.sampling import TextPieces
-from attnlab.serve.batching import Batcher, Draw, Row, Step
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import Batcher
+from attnlab.decoding.pieces import TextPieces
+from attnlab.decoding.rows import Row, Step
 from attnlab.serve.guard import Limits, StreamLimit
 
 

@@ -42,8 +42,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import engine_for
+from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
-from attnlab.serve.batching import Batcher, Draw, Step
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
 from attnlab.serve.openai_schema import CHAT_STOPS, BadField, ChatRequest, CompletionRequest, chat_prompt
@@ -65,8 +67,8 @@ class APIError(Exception):
 
 def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
     """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
-    batchers = {name: Batcher(s.run.model, limits.max_batch) for name, s in served.items() if s.run.task.generates}
-    app.state.batchers = batchers  # create_app's lifespan closes them
+    batchers = {name: engine_for(s.run.model) for name, s in served.items() if s.run.task.generates}
+    app.state.batchers = batchers  # each run's one engine, shared with the explorer (decoding/engine.py)
 
     def find(name: str):
         if name not in batchers:

@@ -27,6 +27,8 @@ from attnlab.data.batches import BOS_ID, EOS_ID, N_SPECIAL, ImagePairs
 from attnlab.data.captions import BUILTIN_CAPTIONS, CaptionDataConfig, load_captions
 from attnlab.data.images import read_image
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import engine_for
 from attnlab.engine.loop import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -188,24 +190,18 @@ def caption_attention(run, pixels: np.ndarray, beam: int = 1) -> tuple[list[str]
     return pieces(run.tokenizer, [*hyp, EOS_ID]), cross_attention(run, images, tgt_in)
 
 
-@torch.no_grad()
-def stream_caption(run, pixels: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-    """Caption one image (C, H, W) greedily, a word at a time as each is chosen: (word, where it
-    looked (L, H, N)), the last word </s>. Each step re-reads the caption so far (teacher forcing, no
-    cache: a caption is a few words), so the words are caption_attention's and so are the weights."""
-    model = run.model.eval()
-    images = torch.from_numpy(pixels)[None].to(run.device)  # (1, C, H, W)
-    ids, most = [BOS_ID], run.config["task"]["max_out"]
-    for step in range(most + 1):
-        tgt_in = torch.tensor([ids], device=run.device)  # (1, T)
-        logits = model(images, tgt_in)[0, -1]  # (V,)
-        logits[:EOS_ID] = float("-inf")  # PAD and BOS are never written, as in decoding/beam.py
-        token = int(logits.argmax()) if step < most else EOS_ID  # a caption cut at max_out still ends
-        weights = model.alignment(images, tgt_in)[0, :, :, -1].float().cpu().numpy()  # (L, H, N)
-        yield pieces(run.tokenizer, [token])[0], weights
+def stream_caption(run: Run, pixels: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """Caption one image (C, H, W) greedily, a word at a time as each is chosen: (word, where it looked
+    (L, H, N)), the last word </s>. Decoded by the model's engine, with its cache (the words are
+    greedy decoding's, caption_attention's); a caption that reaches max_out still ends, with </s>."""
+    images = torch.from_numpy(pixels)[None]  # (1, C, H, W)
+    most = run.config["task"]["max_out"]
+    steps = engine_for(run.model).generate([BOS_ID], Draw(temperature=0.0), most + 1, attention=True, source=images)
+    for n, step in enumerate(steps):
+        token = step.token if n < most else EOS_ID
+        yield pieces(run.tokenizer, [token])[0], step.attention
         if token == EOS_ID:
             return
-        ids.append(token)
 
 
 def caption_scores(tok: Tokenizer, hyps: list[list[int]], captions: list[str]) -> dict[str, Any]:

@@ -25,25 +25,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from attnlab.decoding.sampling import filter_logits
+from attnlab.decoding.draw import Draw, filter_logits
 
 ROUNDING = 1e-6  # the draw's own float32 arithmetic (softmax, division, logs): a slack on log p / q
 ULP = 1.2e-7  # float32 rounding of one term of a sum of probabilities
-
-
-@dataclass(frozen=True)
-class Draw:
-    """How one sequence picks its tokens: next_tokens' settings and the seed of its generator."""
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
 
 
 def certain_draws(
@@ -149,3 +138,33 @@ def multinomial_is_a_race(device: torch.device, vocab: int = 50) -> bool:
         if int(drawn) != int(raced) or not torch.equal(a.get_state(), b.get_state()):
             return False
     return True
+
+
+def calibrate(decoder, slots, rows: int = 4, steps: int = 6) -> float:
+    """The largest difference between a batched step's logits and the same rows' lone ones (relative to
+    1 + the largest logit), over `steps` steps of `rows` random sequences of different lengths: what
+    the engine's tolerance is made from (decoder: adapters.LMDecoder, slots: its slots.Slots)."""
+    steps = min(steps, decoder.context - 2)
+    if steps < 1:
+        return 0.0
+    g = torch.Generator().manual_seed(0)
+    lengths = [1 + (7 * i) % max(1, decoder.context - steps - 1) for i in range(rows)]
+    alone = []
+    for slot, n in enumerate(lengths):
+        state = decoder.start(None)
+        decoder.feed(state, torch.randint(decoder.vocab, (n,), generator=g).tolist(), 0)
+        slots.put(slot, state)
+        alone.append(state)
+    worst = 0.0
+    for _ in range(steps):
+        ids = torch.randint(decoder.vocab, (rows, 1), generator=g)
+        offsets = slots.table.begin(rows)
+        batched = decoder.feed_slots(slots, ids.to(decoder.device), offsets).float()
+        slots.table.end()
+        for b, state in enumerate(alone):
+            lone, _ = decoder.feed(state, ids[b].tolist(), state[0].length)
+            lone = lone.float()
+            worst = max(worst, float((batched[b] - lone[0]).abs().max()) / (1 + float(lone.abs().max())))
+    slots.table.lengths = [0] * slots.table.slots
+    slots.table.last = None
+    return worst

@@ -1,0 +1,115 @@
+"""What the decoding engine (engine.py) drives: a model that continues a sequence from caches, seen
+through the protocol it offers (models/protocols.py).
+
+Legend: B rows, T tokens fed, V vocabulary, L layers, H heads, Tk keys, S source positions.
+
+    LMDecoder     a CausalLM (GPT): rows batched into slots (slots.py), a row that outgrows the
+                  context jumping ahead as sampling.stream_rows does
+    StepDecoder   a StepDecoding model (the captioners, the translation models): each row encoded
+                  from its own source (an image) and decoded alone, a token at a time
+Both give a row's next-token logits from tokens fed at an offset, and, when the row asks, where the
+newest query looked: an LM's (L, Tk) mean over heads of its self-attention, a captioner's (L, H, S)
+cross-attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.data.batches import EOS_ID
+from attnlab.decoding.slots import Slots
+from attnlab.errors import AttnlabError
+from attnlab.models.protocols import CausalLM, StepDecoding
+from attnlab.runtime.device import autocast, pick_dtype
+
+DECIMALS = 3  # attention rows as they are sent on (a web page shows them)
+
+
+class LMDecoder:
+    """A decoder-only language model: one row's caches are its blocks' KV caches."""
+
+    batched = True  # rows can share a forward pass (slots.py)
+
+    def __init__(self, model: CausalLM, dtype: str = "auto"):
+        self.model = model.eval()
+        self.context, self.vocab = model.cfg.context, model.cfg.vocab_size
+        self.device = next(model.parameters()).device
+        self.precision = pick_dtype(dtype, self.device, model.cfg.d_model)
+
+    def start(self, source: Tensor | None) -> list:
+        return self.model.new_caches(self.context)
+
+    def outgrown(self, length: int) -> bool:
+        """A window longer than the context jumps ahead (engine.py), as stream_rows does."""
+        return length > self.context
+
+    def feed(self, state: list, ids: list[int], offset: int, attention: bool = False) -> tuple[Tensor, list | None]:
+        """(1, V) next-token logits of `ids` fed at `offset` alone, and (attention) each layer's row of
+        the newest query over the keys so far, mean of the heads (L, Tk)."""
+        x = torch.tensor([ids], device=self.device)  # (1, T)
+        with autocast(self.device, self.precision):
+            if not attention:
+                return self.model(x, caches=state, offset=offset)[:, -1], None
+            hidden, weights = self.model.hidden(x, state, offset, return_weights=True)  # L x (1, H, T, Tk)
+            logits = self.model.logits(hidden)[:, -1]
+        rows = [[round(float(w), DECIMALS) for w in layer[0, :, -1].float().mean(0)] for layer in weights]
+        return logits, rows
+
+    def slots(self, max_batch: int) -> Slots:
+        return Slots(len(self.model.blocks), max_batch, self.context, self.device)
+
+    def feed_slots(self, slots: Slots, ids: Tensor, offsets: Tensor) -> Tensor:
+        """(B, V) logits of each slotted row's newest token ids (B, 1), each at its own position."""
+        with autocast(self.device, self.precision):
+            return self.model(ids, caches=slots.caches, offset=offsets)[:, -1]
+
+    def mask(self, logits: Tensor) -> Tensor:
+        return logits
+
+
+class StepDecoder:
+    """An encoder-decoder: a row's state is its encoded source and caches (model.start)."""
+
+    batched = False  # each row has its own source: decoded alone
+
+    def __init__(self, model: StepDecoding, dtype: str = "float32"):
+        self.model = model.eval()
+        self.vocab = model.cfg.tgt_vocab
+        self.device = next(model.parameters()).device
+
+    def outgrown(self, length: int) -> bool:
+        return False  # a caption or translation ends within its max_tokens
+
+    def start(self, source: Tensor | None):
+        if source is None:
+            raise AttnlabError("an encoder-decoder decodes from a source: give one")
+        return self.model.start(source.to(self.device))
+
+    def feed(self, state, ids: list[int], offset: int, attention: bool = False) -> tuple[Tensor, list | None]:
+        """The ids one at a time (the model steps a token at a time); the last one's logits (1, V) and
+        (attention) where it looked, (L, H, S)."""
+        for token in ids:
+            tokens = torch.tensor([token], device=self.device)
+            if attention:
+                logits, _, weights = self.model.step_weights(tokens, state)
+            else:
+                logits, _ = self.model.step(tokens, state)
+        rows = weights[0].float().cpu().numpy() if attention else None  # (L, H, S)
+        return logits, rows
+
+    def mask(self, logits: Tensor) -> Tensor:
+        """PAD and BOS are never written (as decoding/beam.py decodes)."""
+        logits = logits.clone()
+        logits[:, :EOS_ID] = float("-inf")
+        return logits
+
+
+def decoder_for(model, dtype: str = "auto") -> LMDecoder | StepDecoder:
+    """The decoder for a model, by the protocol it offers."""
+    if isinstance(model, CausalLM):
+        return LMDecoder(model, dtype)
+    if isinstance(model, StepDecoding):
+        return StepDecoder(model)
+    raise AttnlabError(f"a {type(model).__name__} does not generate: it is neither a language model nor an "
+                       "encoder-decoder")  # fmt: skip

@@ -1,0 +1,76 @@
+"""How the next token is drawn from a model's logits: greedy, temperature, top-k and top-p (nucleus).
+
+Legend: B rows, V vocabulary, C the model's context.
+
+Every decoder of attnlab draws with `next_tokens`, whether a sequence is decoded alone (sampling.py
+stream_rows) or in a batch with others (engine.py): a Draw says how, and its seed makes the draws
+of one sequence the same wherever it is decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How one sequence picks its tokens: next_tokens' settings and the seed of its generator."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not (0 <= temperature < math.inf):  # NaN fails this too
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set to -inf every logit outside the top k, and outside the smallest set of tokens
+    whose probabilities add up to at least top_p. logits: (V,) or (B, V)."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Mass of the tokens ranked above each one; keep a token while that is < top_p, so
+        # the most likely token is always kept.
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop = (before >= top_p).scatter(-1, order, before >= top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_tokens(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> Tensor:
+    """The next token of each row of (B, V) logits, (B,); temperature 0 is greedy."""
+    if temperature <= 0:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def next_token(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> int:
+    """Pick the next token from (V,) logits (next_tokens on one row: the same draws)."""
+    return int(next_tokens(logits[None], temperature, top_k, top_p, generator)[0])
+
+
+def jump_keep(context: int) -> int:
+    """How many tokens the window keeps when the sequence outgrows the context: the last half."""
+    return context // 2

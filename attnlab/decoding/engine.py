@@ -1,0 +1,382 @@
+"""The one decoding engine: a step loop that continues every sequence of one model, batched.
+
+Legend: B rows in a batched step, V vocabulary, C the model's context.
+
+Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
+/api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Batcher. A
+request `submit`s a prompt's ids, how to draw (draw.Draw: temperature, top-k, top-p, seed) and how
+many tokens, and receives Steps (a token, with log-probabilities or attention when asked) through a
+callback, then None when done. A thread of the engine's own runs the loop; each turn of it:
+
+1. admits waiting sequences while there are free slots (`max_batch`): each prompt is run alone,
+   exactly as sampling.stream_rows runs it (an encoder-decoder's source encoded first), giving the
+   first token's logits and the state that goes into a slot (slots.py);
+2. runs one forward pass over every sequence in a slot, each fed its newest token at its own
+   position: the pass that makes batching pay, the weights read once for all rows;
+3. draws each row's token with its own generator, hands it over, and retires the rows that are
+   done or whose reader went away (`cancel`); a row that outgrows the context jumps ahead as
+   stream_rows does (its last C/2 tokens are run again alone, into a fresh state).
+Decoded alone instead, in the same turn: a sequence alone in the engine (one request costs what it
+costs without one), a row that asks for each step's attention, a row whose caller set hooks on the
+model (nn/hooks.py: they run for it here), and every row of an encoder-decoder (adapters.py).
+
+A seeded request gets the tokens it gets alone (stream_rows with one row): prompts and refills are
+run alone, each row draws from its own generator, and a draw from the batch's logits stands only
+when exact.py finds that the lone request's logits could not change it; otherwise the row is
+replayed: its caches are rebuilt alone from its last refill, a token at a time as stream_rows
+feeds them, and the token is drawn from those logits. A row replayed REPLAYS times finishes alone.
+The tolerance those checks use is measured when the thread starts (`calibrate`: SAFETY times the
+largest difference between batched and lone logits) and raised if a replay ever shows a larger
+one. Should torch's multinomial on the device not be the draw exact.py reproduces, or the batched
+step fail on the model, every row is decoded alone: slower, as exact.
+
+Measured (tests/test_serve_batching.py, benchmarks/serve_load.py): the batched logits differ from
+the lone ones by about 1e-6 of their size (float32 on a CPU); of the benchmark's runs' batched
+draws (greedy, temperature, top-k with top-p) 0 to 5 in 10,000 were replayed; the tokens were the
+lone ones in every request checked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import queue
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.decoding.adapters import decoder_for
+from attnlab.decoding.draw import Draw, jump_keep, next_tokens
+from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
+from attnlab.decoding.rows import Emit, Row, Step, step_of
+from attnlab.nn.hooks import hooks, thread_hooks
+
+REPLAYS = 2  # a row in doubt this often finishes alone
+SAFETY = 32.0  # the tolerance is this many times the largest difference measured
+FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
+
+__all__ = ["Batcher", "Draw", "Step", "engine_for"]
+
+
+class Batcher:
+    """The decode loop of one model, shared by every request for it (see the module's docstring)."""
+
+    def __init__(self, model: nn.Module, max_batch: int = 16, dtype: str = "auto"):
+        self.model, self.max_batch = model, max_batch
+        self.decoder = decoder_for(model, dtype)
+        self.device = self.decoder.device
+        self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
+        self.slotted: list[Row] = []  # by slot
+        self.rows: list[Row] = []  # every sequence being decoded
+        self.waiting: collections.deque[Row] = collections.deque()
+        self.inbox: queue.SimpleQueue[Row | None] = queue.SimpleQueue()
+        self.tolerance: float | None = None
+        self.batched = self.decoder.batched  # False: every row is decoded alone (see _run)
+        self.stats = collections.Counter()  # steps, batched rows, replays, solo rows
+        self.closed = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ---- the requests' side (any thread) ----------------------------------------------------------
+
+    def submit(self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, logprobs: int | None = None,
+               seconds: float | None = None, on_exit: Callable[[], None] | None = None,
+               wake: Callable[[], None] | None = None, attention: bool = False, source: Tensor | None = None,
+               tag: str = "") -> Row:  # fmt: skip
+        """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
+        exception: TimeoutError after `seconds`). on_exit() runs once when it leaves, however it ends;
+        wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
+        so that a reader can collect a turn's steps in one go. attention: each Step says where its
+        query looked; source: an encoder-decoder's input (1, ...). The hooks the calling thread has set
+        on the model run on the sequence's forward passes. Returns the row, to cancel."""
+        if not ids:
+            raise ValueError("generation needs at least one prompt token")
+        row = Row(ids[-self.decoder.context :] if self.decoder.batched else ids, draw, max_tokens, logprobs, emit,
+                  self.device)  # fmt: skip
+        row.deadline = None if seconds is None else time.monotonic() + seconds
+        row.on_exit, row.wake, row.attention, row.source, row.tag = on_exit, wake, attention, source, tag
+        row.hooks = thread_hooks(self.model)
+        row.solo = attention or bool(row.hooks)
+        if max_tokens <= 0:
+            self._finish(row)
+            return row
+        self.inbox.put(row)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="attnlab-engine")
+                self._thread.start()
+                _RUNNING.add(self)
+        return row
+
+    def generate(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None,
+                 **ask) -> Iterator[Step]:  # fmt: skip
+        """submit() as an iterator of Steps, for code that may block (the command line, tests)."""
+        steps: queue.Queue = queue.Queue()
+        row = self.submit(ids, draw, max_tokens, steps.put, logprobs, **ask)
+        try:
+            while (item := steps.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            row.cancel()
+
+    def close(self, wait: float = 0.0) -> None:
+        """Stop the loop after its current turn (waiting up to `wait` seconds for it)."""
+        self.closed = True
+        self.inbox.put(None)
+        if wait and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(wait)
+
+    # ---- the loop (its own thread) ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():  # per thread; no autograd bookkeeping at all
+            if self.batched:
+                try:
+                    self.batched = multinomial_is_a_race(self.device)
+                    self.tolerance = self.calibrate()
+                except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
+                    warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
+                    self.batched, self.tolerance = False, FLOOR
+            while not self.closed:
+                self._admit()
+                if self.rows:
+                    self._turn()
+
+    def _admit(self) -> None:
+        """Take new sequences from the inbox (waiting for one when idle); start those that fit."""
+        block = not self.rows and not self.waiting
+        while (row := self._take(block)) is not None:
+            self.waiting.append(row)
+            block = False
+        self._expire()
+        while self.waiting and len(self.rows) < self.max_batch:
+            row = self.waiting.popleft()
+            if row.cancelled:
+                self._retire(row)
+                continue
+            try:
+                row.state = self.decoder.start(row.source)
+                self._alone(row, row.window, 0)  # the prompt, as stream_rows runs it
+            except Exception as e:  # e.g. out of memory: this request fails, the others go on
+                self._fail(row, e)
+                continue
+            self.rows.append(row)
+
+    def _take(self, block: bool) -> Row | None:
+        try:
+            return self.inbox.get(block=block)  # None: close()
+        except queue.Empty:
+            return None
+
+    def _alone(self, row: Row, ids: list[int], offset: int) -> None:
+        """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
+        with its caller's hooks."""
+        with hooks(self.model, row.hooks):
+            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.attention)
+
+    def _fail(self, row: Row, error: Exception) -> None:
+        """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
+        hears of the end finds its stream freed."""
+        self._retire(row)
+        _tell(row, error)
+
+    def _finish(self, row: Row) -> None:
+        self._retire(row)
+        _tell(row, None)
+
+    def _turn(self) -> None:
+        """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
+        wakes = {row.wake for row in self.rows if row.wake is not None}
+        try:
+            self._step()
+        except Exception as e:  # a bug: the rows of this turn hear it, the loop goes on
+            for row in list(self.rows):
+                self._fail(row, e)
+        finally:
+            for wake in wakes:
+                _call(wake)
+
+    def _step(self) -> None:
+        lone = len(self.rows) == 1 or not self.batched
+        for row in self.rows:
+            if row.exact is None and row.slot is None and not (row.solo or lone):
+                self._enter(row)
+        try:
+            batched = self._batched_logits() if self.slotted else None
+            for row in self.rows:
+                if row.exact is None and row.slot is None:  # alone: its own state
+                    self._alone(row, row.window[-1:], len(row.window) - 1)
+        except Exception as e:  # the whole step failed: every row hears it
+            for row in list(self.rows):
+                self._fail(row, e)
+            return
+        picks = self._draw_batched(batched) if batched is not None else {}
+        for row in list(self.rows):
+            try:
+                token, logits = picks.get(id(row)) or self._draw_exact(row)
+                self._advance(row, token, logits)
+            except Exception as e:  # e.g. NaN logits, or a reader that cannot take the token
+                self._fail(row, e)
+
+    def _batched_logits(self) -> Tensor:
+        """(B, V) logits of the slotted rows' newest tokens, one forward pass."""
+        ids = torch.tensor([[row.window[-1]] for row in self.slotted], device=self.device)  # (B, 1)
+        offsets = self.slots.table.begin(len(self.slotted))  # (B,) each row's position
+        logits = self.decoder.feed_slots(self.slots, ids, offsets)
+        self.slots.table.end()
+        self.stats["steps"] += 1
+        self.stats["batched rows"] += len(self.slotted)
+        return logits
+
+    def _draw_batched(self, logits: Tensor) -> dict[int, tuple[int, Tensor]]:
+        """{id(row): (token, its logits)} for the slotted rows whose draw is sure; the others get their
+        exact logits (a replay), drawn in _draw_exact."""
+        live = [row for row in self.slotted if not row.cancelled]
+        index = {id(row): i for i, row in enumerate(self.slotted)}  # before a replay moves any slot
+        z = logits[[index[id(row)] for row in live]]  # (b, V)
+        picks = certain_draws(z, [row.draw for row in live], [row.generator for row in live], self.tolerance)
+        out = {}
+        for i, (row, token) in enumerate(zip(live, picks)):
+            if token is not None:
+                out[id(row)] = (token, z[i : i + 1])
+            else:
+                self._replay(row, z[i : i + 1])
+        return out
+
+    def _draw_exact(self, row: Row) -> tuple[int, Tensor]:
+        """The row's token from logits computed as alone, with next_tokens itself."""
+        logits, row.exact = row.exact, None
+        if logits is None:  # cancelled before its draw: nothing to draw
+            return -1, logits
+        d, logits = row.draw, self.decoder.mask(logits)
+        return int(next_tokens(logits, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
+
+    def _replay(self, row: Row, batched: Tensor) -> None:
+        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
+        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
+        row.state = self.decoder.start(row.source)
+        self._alone(row, row.window[: row.base], 0)
+        for j in range(row.base, len(row.window)):
+            self._alone(row, row.window[j : j + 1], j)
+        logits = row.exact
+        seen = float((batched.float() - logits.float()).abs().max()) / (1 + float(logits.float().abs().max()))
+        self.tolerance = max(self.tolerance, SAFETY * seen)  # a larger difference than calibrated: widen
+        row.replays += 1
+        self.stats["replays"] += 1
+        if row.replays >= REPLAYS:  # in doubt too often: finish alone, from these exact caches
+            self._leave(row)
+            row.solo = True
+            self.stats["solo rows"] += 1
+        else:  # exact caches from here on
+            self.slots.put(row.slot, row.state)
+            row.state = None
+
+    def _advance(self, row: Row, token: int, logits: Tensor | None) -> None:
+        """Hand the token over; retire the row when done, refill it when it outgrows the context."""
+        if row.cancelled:
+            self._retire(row)
+            return
+        row.emit(step_of(token, logits, row.logprobs, row.seen))
+        row.window.append(token)
+        row.left -= 1
+        if row.left <= 0:
+            self._finish(row)
+        elif self.decoder.outgrown(len(row.window)):  # jump ahead as stream_rows does: its last C/2 tokens, alone
+            self._leave(row)
+            keep = jump_keep(self.decoder.context)
+            row.window, row.base = row.window[-keep:], keep
+            row.state = self.decoder.start(row.source)
+            self._alone(row, row.window, 0)
+
+    # ---- slots ------------------------------------------------------------------------------------------
+
+    def _enter(self, row: Row) -> None:
+        row.slot = len(self.slotted)
+        self.slots.put(row.slot, row.state)
+        self.slotted.append(row)
+        row.state = None
+
+    def _leave(self, row: Row) -> None:
+        if row.slot is None:
+            return
+        last = self.slotted.pop()
+        if last is not row:  # the last row fills the hole, so the rows stay slots 0..B-1
+            self.slots.move(last.slot, row.slot)
+            last.slot = row.slot
+            self.slotted[row.slot] = last
+        row.slot = None
+
+    def _retire(self, row: Row) -> None:
+        self._leave(row)
+        if row in self.rows:
+            self.rows.remove(row)
+        row.state = row.exact = None
+        if row.on_exit is not None:
+            exit_, row.on_exit = row.on_exit, None
+            exit_()
+
+    def _expire(self) -> None:
+        """Fail the rows (running or waiting) past their deadline."""
+        now = time.monotonic()
+        for row in [*self.rows, *self.waiting]:
+            if row.deadline is not None and now > row.deadline and not row.cancelled:
+                if row in self.waiting:
+                    self.waiting.remove(row)
+                self._fail(row, TimeoutError("the generation ran past its time limit"))
+
+    def calibrate(self, rows: int = 4, steps: int = 6) -> float:
+        """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
+        (exact.calibrate), never below FLOOR."""
+        return max(SAFETY * calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps), FLOOR)
+
+
+def _call(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # a reader whose event loop has closed: nobody to tell
+        pass
+
+
+def _tell(row: Row, item: Exception | None) -> None:
+    """The end of a row to its reader, then its wake-up."""
+    _call(lambda: row.emit(item))
+    if row.wake is not None:
+        _call(row.wake)
+
+
+# Every model's engine, by its precision: what every caller decodes through (see the module's docstring).
+_ENGINES: weakref.WeakKeyDictionary[nn.Module, dict[str, Batcher]] = weakref.WeakKeyDictionary()
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None) -> Batcher:
+    """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
+    idle engine of another size is replaced."""
+    with _ENGINES_LOCK:
+        engines = _ENGINES.setdefault(model, {})
+        engine = engines.get(dtype)
+        stale = engine is None or engine.closed
+        if not stale and max_batch is not None and max_batch != engine.max_batch and not engine.rows:
+            engine.close()
+            stale = True
+        if stale:
+            engine = engines[dtype] = Batcher(model, max_batch or 16, dtype)
+        return engine
+
+
+# Engines whose thread runs. At exit each is stopped and waited for: a thread still inside a torch
+# operation when the interpreter tears down its threads takes the process down with it (abort).
+_RUNNING: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for engine in list(_RUNNING):
+        engine.close(wait=5.0)

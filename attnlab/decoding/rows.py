@@ -1,0 +1,69 @@
+"""One sequence being decoded by the engine (engine.py), and each token it hands over.
+
+Legend: V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.decoding.draw import Draw
+
+
+@dataclass
+class Step:
+    """A drawn token; with logprobs asked, its log-probability under the model (before temperature
+    and filtering) and the `top` most likely tokens' [(id, log-probability)]; with attention asked,
+    where the query that produced it looked (the decoder's rows: adapters.py)."""
+
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+    attention: Any = None
+
+
+Emit = Callable[[Step | Exception | None], None]
+
+
+class Row:
+    """One sequence: its window of tokens (as stream_rows keeps it), how it draws, what it asks for
+    besides tokens, and where its keys/values are (a slot, or a state of its own)."""
+
+    def __init__(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None, emit: Emit, device):
+        self.deadline: float | None = None  # time.monotonic() past which the row fails (TimeoutError)
+        self.on_exit: Callable[[], None] | None = None  # called once when the row leaves the engine
+        self.wake: Callable[[], None] | None = None  # called after each turn's emits (see Batcher.submit)
+        self.window = list(ids)
+        self.base = len(ids)  # tokens run at once at the last (re)fill: a replay starts there
+        self.draw, self.left, self.logprobs, self.emit = draw, max_tokens, logprobs, emit
+        self.generator = torch.Generator(device=device).manual_seed(draw.seed)
+        self.exact: Tensor | None = None  # (1, V) the next token's logits, computed as alone
+        self.seen: Any = None  # with them, where the query looked (attention rows, when asked)
+        self.state: Any = None  # its own caches (or encoded source), while it is not in a slot
+        self.slot: int | None = None
+        self.replays = 0
+        self.solo = False  # decoded alone to the end
+        self.cancelled = False
+        self.attention = False  # each step comes with where its query looked (decoded alone)
+        self.hooks: dict = {}  # hooks its caller set on the model, run on its forward passes (alone)
+        self.source: Tensor | None = None  # an encoder-decoder's input (an image), (1, ...)
+        self.tag = ""  # who asked (the explorer, /v1, the command line): for statistics
+
+    def cancel(self) -> None:
+        """The reader is gone (or has what it needs): the engine drops the row at its next step."""
+        self.cancelled = True
+
+
+def step_of(token: int, logits: Tensor, logprobs: int | None, seen: Any = None) -> Step:
+    """The Step of a token drawn from (1, V) logits, with log-probabilities when asked."""
+    if logprobs is None:
+        return Step(token, attention=seen)
+    lp = torch.log_softmax(logits[0].float(), dim=-1)  # (V,) the model's own distribution
+    top = lp.topk(min(logprobs, lp.shape[-1])) if logprobs else None
+    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+    return Step(token, float(lp[token]), alternatives, seen)

@@ -1,0 +1,53 @@
+"""The runs a server holds: each loaded once, named by its directory, with what the page shows of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+from attnlab.runs.run import Run, load
+from attnlab.serve.errors import one_line
+
+
+@dataclass
+class Served:
+    """A loaded run and what the page shows about it."""
+
+    name: str
+    run: Run
+    parameters: int
+
+    @property
+    def kind(self) -> str:
+        return self.run.task.name  # lm, classify, tag, mlm, translate or image
+
+    def summary(self) -> dict:
+        family = self.run.config["family"]
+        return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
+                "parameters": self.parameters, "step": self.run.step, "config": self.run.config}  # fmt: skip
+
+
+def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
+    """Each run by its directory name (a second "lm" becomes "lm-2"); a run that fails to load stops
+    the server before it starts, with the run's path in the message."""
+    if not paths:
+        raise AttnlabError("give at least one run directory to serve")
+    served: dict[str, Served] = {}
+    seen: set[Path] = set()
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            continue
+        seen.add(resolved)
+        try:
+            run = load(resolved, device)
+        except AttnlabError as e:
+            raise AttnlabError(f"cannot serve {path}: {e}") from None
+        except Exception as e:  # e.g. a weights file cut short: still one line naming the run
+            raise AttnlabError(f"cannot serve {path}: {type(e).__name__}: {one_line(e)}") from None
+        name, k = resolved.name or "run", 2
+        while name in served:
+            name, k = f"{resolved.name}-{k}", k + 1
+        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()))
+    return served
