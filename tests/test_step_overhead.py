@@ -12,6 +12,7 @@ import torch
 
 import attnlab
 import attnlab.engine.loop as loop_mod
+import attnlab.engine.saving as saving_mod
 from attnlab.engine.loop import eval_batches
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors
@@ -61,7 +62,7 @@ def test_a_validation_pass_draws_the_batches_of_the_rule(tmp_path, corpus, monke
 def hold_writes_until(monkeypatch, step_reached: threading.Event, record: list) -> None:
     """Each checkpoint write after step 0 waits (up to 60 s) until training has gone on to a later
     step: a write on the training's own thread would wait the whole time and then fail the test."""
-    real = loop_mod.write_checkpoint
+    real = saving_mod.write_checkpoint
 
     def held(run, files):
         step = int(files.state[1]["step"])
@@ -70,7 +71,7 @@ def hold_writes_until(monkeypatch, step_reached: threading.Event, record: list) 
             step_reached.clear()
         real(run, files)
 
-    monkeypatch.setattr(loop_mod, "write_checkpoint", held)
+    monkeypatch.setattr(saving_mod, "write_checkpoint", held)
 
 
 def test_checkpoints_are_written_while_training_goes_on(tmp_path, corpus, monkeypatch):
@@ -107,13 +108,13 @@ def test_checkpoints_are_written_while_training_goes_on(tmp_path, corpus, monkey
 
 def test_the_last_checkpoint_is_on_disk_when_training_returns(tmp_path, corpus, monkeypatch):
     """The final checkpoint is written in the background too, and train() waits for it."""
-    record, real = [], loop_mod.write_checkpoint
+    record, real = [], saving_mod.write_checkpoint
 
     def recorded(run, files):
         real(run, files)
         record.append((files.state[1]["step"], threading.current_thread() is not threading.main_thread()))
 
-    monkeypatch.setattr(loop_mod, "write_checkpoint", recorded)
+    monkeypatch.setattr(saving_mod, "write_checkpoint", recorded)
     run = tmp_path / "run"
     attnlab.train(run, tiny_model(), tiny_train(max_steps=8, eval_interval=4), tiny_data(corpus), progress=False)
     assert record == [("0", True), ("4", True), ("8", True)]  # by the writer's thread (step 0 awaited at once)
@@ -126,14 +127,14 @@ def test_the_last_checkpoint_is_on_disk_when_training_returns(tmp_path, corpus, 
 def test_a_checkpoint_that_fails_in_the_background_stops_the_run(tmp_path, corpus, monkeypatch):
     """A full disk at step 5's checkpoint is one error, raised in training by the next checkpoint
     at the latest, and the step-0 checkpoint stays whole."""
-    real = loop_mod.write_checkpoint
+    real = saving_mod.write_checkpoint
 
     def full(run, files):
         if files.state[1]["step"] != "0":
             raise AttnlabError("disk full writing train_state.safetensors: free some space")
         real(run, files)
 
-    monkeypatch.setattr(loop_mod, "write_checkpoint", full)
+    monkeypatch.setattr(saving_mod, "write_checkpoint", full)
     run = tmp_path / "run"
     with pytest.raises(AttnlabError, match="disk full"):
         attnlab.train(run, tiny_model(), tiny_train(max_steps=40, eval_interval=5), tiny_data(corpus), progress=False)

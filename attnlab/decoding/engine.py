@@ -53,7 +53,9 @@ from torch import Tensor, nn
 from attnlab.decoding.adapters import decoder_for
 from attnlab.decoding.draw import Draw, jump_keep, next_tokens
 from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
-from attnlab.decoding.rows import Emit, Row, Step, step_of
+from attnlab.decoding.inbox import Inbox
+from attnlab.decoding.rows import Emit, Row, Step, quietly, step_of
+from attnlab.decoding.seats import Seats
 from attnlab.nn.hooks import hooks, thread_hooks
 
 REPLAYS = 2  # a row in doubt this often finishes alone
@@ -71,10 +73,9 @@ class Batcher:
         self.decoder = decoder_for(model, dtype)
         self.device = self.decoder.device
         self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
-        self.slotted: list[Row] = []  # by slot
+        self.seats = Seats(self.slots)  # the rows decoded together (seats.py)
         self.rows: list[Row] = []  # every sequence being decoded
-        self.waiting: collections.deque[Row] = collections.deque()
-        self.inbox: queue.SimpleQueue[Row | None] = queue.SimpleQueue()
+        self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
         self.batched = self.decoder.batched  # False: every row is decoded alone (see _run)
         self.stats = collections.Counter()  # steps, batched rows, replays, solo rows
@@ -151,13 +152,10 @@ class Batcher:
 
     def _admit(self) -> None:
         """Take new sequences from the inbox (waiting for one when idle); start those that fit."""
-        block = not self.rows and not self.waiting
-        while (row := self._take(block)) is not None:
-            self.waiting.append(row)
-            block = False
+        self.inbox.collect(block=not self.rows and not self.inbox)
         self._expire()
-        while self.waiting and len(self.rows) < self.max_batch:
-            row = self.waiting.popleft()
+        while self.inbox and len(self.rows) < self.max_batch:
+            row = self.inbox.next()
             if row.cancelled:
                 self._retire(row)
                 continue
@@ -169,12 +167,6 @@ class Batcher:
                 continue
             self.rows.append(row)
 
-    def _take(self, block: bool) -> Row | None:
-        try:
-            return self.inbox.get(block=block)  # None: close()
-        except queue.Empty:
-            return None
-
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
         """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
         with its caller's hooks."""
@@ -185,11 +177,11 @@ class Batcher:
         """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
         hears of the end finds its stream freed."""
         self._retire(row)
-        _tell(row, error)
+        row.tell(error)
 
     def _finish(self, row: Row) -> None:
         self._retire(row)
-        _tell(row, None)
+        row.tell(None)
 
     def _turn(self) -> None:
         """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
@@ -201,13 +193,13 @@ class Batcher:
                 self._fail(row, e)
         finally:
             for wake in wakes:
-                _call(wake)
+                quietly(wake)
 
     def _step(self) -> None:
         lone = len(self.rows) == 1 or not self.batched
         for row in self.rows:
             if row.exact is None and row.slot is None and not (row.solo or lone):
-                self._enter(row)
+                self.seats.enter(row)
         try:
             batched = self._batched_logits() if self.slotted else None
             for row in self.rows:
@@ -225,12 +217,14 @@ class Batcher:
             except Exception as e:  # e.g. NaN logits, or a reader that cannot take the token
                 self._fail(row, e)
 
+    @property
+    def slotted(self) -> list[Row]:
+        """The rows decoded together, by slot."""
+        return self.seats.rows
+
     def _batched_logits(self) -> Tensor:
         """(B, V) logits of the slotted rows' newest tokens, one forward pass."""
-        ids = torch.tensor([[row.window[-1]] for row in self.slotted], device=self.device)  # (B, 1)
-        offsets = self.slots.table.begin(len(self.slotted))  # (B,) each row's position
-        logits = self.decoder.feed_slots(self.slots, ids, offsets)
-        self.slots.table.end()
+        logits = self.seats.logits(self.decoder)
         self.stats["steps"] += 1
         self.stats["batched rows"] += len(self.slotted)
         return logits
@@ -271,12 +265,11 @@ class Batcher:
         row.replays += 1
         self.stats["replays"] += 1
         if row.replays >= REPLAYS:  # in doubt too often: finish alone, from these exact caches
-            self._leave(row)
+            self.seats.leave(row)
             row.solo = True
             self.stats["solo rows"] += 1
         else:  # exact caches from here on
-            self.slots.put(row.slot, row.state)
-            row.state = None
+            self.seats.reseat(row)
 
     def _advance(self, row: Row, token: int, logits: Tensor | None) -> None:
         """Hand the token over; retire the row when done, refill it when it outgrows the context."""
@@ -289,32 +282,16 @@ class Batcher:
         if row.left <= 0:
             self._finish(row)
         elif self.decoder.outgrown(len(row.window)):  # jump ahead as stream_rows does: its last C/2 tokens, alone
-            self._leave(row)
+            self.seats.leave(row)
             keep = jump_keep(self.decoder.context)
             row.window, row.base = row.window[-keep:], keep
             row.state = self.decoder.start(row.source)
             self._alone(row, row.window, 0)
 
-    # ---- slots ------------------------------------------------------------------------------------------
-
-    def _enter(self, row: Row) -> None:
-        row.slot = len(self.slotted)
-        self.slots.put(row.slot, row.state)
-        self.slotted.append(row)
-        row.state = None
-
-    def _leave(self, row: Row) -> None:
-        if row.slot is None:
-            return
-        last = self.slotted.pop()
-        if last is not row:  # the last row fills the hole, so the rows stay slots 0..B-1
-            self.slots.move(last.slot, row.slot)
-            last.slot = row.slot
-            self.slotted[row.slot] = last
-        row.slot = None
+    # ---- leaving ----------------------------------------------------------------------------------------
 
     def _retire(self, row: Row) -> None:
-        self._leave(row)
+        self.seats.leave(row)
         if row in self.rows:
             self.rows.remove(row)
         row.state = row.exact = None
@@ -325,30 +302,13 @@ class Batcher:
     def _expire(self) -> None:
         """Fail the rows (running or waiting) past their deadline."""
         now = time.monotonic()
-        for row in [*self.rows, *self.waiting]:
-            if row.deadline is not None and now > row.deadline and not row.cancelled:
-                if row in self.waiting:
-                    self.waiting.remove(row)
-                self._fail(row, TimeoutError("the generation ran past its time limit"))
+        for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now):
+            self._fail(row, TimeoutError("the generation ran past its time limit"))
 
     def calibrate(self, rows: int = 4, steps: int = 6) -> float:
         """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
         (exact.calibrate), never below FLOOR."""
         return max(SAFETY * calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps), FLOOR)
-
-
-def _call(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception:  # a reader whose event loop has closed: nobody to tell
-        pass
-
-
-def _tell(row: Row, item: Exception | None) -> None:
-    """The end of a row to its reader, then its wake-up."""
-    _call(lambda: row.emit(item))
-    if row.wake is not None:
-        _call(row.wake)
 
 
 # Every model's engine, by its precision: what every caller decodes through (see the module's docstring).

@@ -58,6 +58,23 @@ class Row:
         """The reader is gone (or has what it needs): the engine drops the row at its next step."""
         self.cancelled = True
 
+    def tell(self, end: Exception | None) -> None:
+        """The row's end (None, or what stopped it) to its reader, then its wake-up."""
+        quietly(lambda: self.emit(end))
+        if self.wake is not None:
+            quietly(self.wake)
+
+    def overdue(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline and not self.cancelled
+
+
+def quietly(call: Callable[[], None]) -> None:
+    """Call a reader's callback; a reader whose event loop has closed has nobody to tell."""
+    try:
+        call()
+    except Exception:
+        pass
+
 
 def step_of(token: int, logits: Tensor, logprobs: int | None, seen: Any = None) -> Step:
     """The Step of a token drawn from (1, V) logits, with log-probabilities when asked."""

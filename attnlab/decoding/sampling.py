@@ -154,24 +154,12 @@ def _cropped(ids: list[int], context: int) -> list[int]:
 
 
 def sample_texts(
-    model: CausalLM,
-    tokenizer: Tokenizer,
-    prompt: str = "",
-    num_samples: int = 1,
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: str | None = None,
-    use_cache: bool = True,
-    dtype: str = "auto",
+    model: CausalLM, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, seed: int | None = None, **kw
 ) -> list[str]:
     """`num_samples` continuations of `prompt`, decoded together: sample i draws with seed + i (what
-    stream_text gives with that seed), each cut at its own `stop`."""
+    stream_text gives with that seed), each cut at its own `stop`. Other keyword arguments (length,
+    temperature, top-k/top-p, stop, use_cache, dtype) as in `stream_text`."""
     base = seed_of(seed)
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
-              use_cache=use_cache, dtype=dtype)  # fmt: skip
     streams = [stream_text(model, tokenizer, prompt, seed=base + i, **kw) for i in range(num_samples)]
     texts = [""] * num_samples
     while streams:  # the engine decodes every row each turn: reading them in turn never waits long

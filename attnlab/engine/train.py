@@ -6,7 +6,7 @@
     -> new runs: task.setup (tokenizers, caches: slow work that may fail, so before --force
        replaces an old run), then a fresh directory with the files setup made (rank 0)
     -> task.prepare: batches, model builder, config.json (every process, new or resumed)
-    -> loop.start + loop.loop: the shared training loop, checkpoints, Ctrl-C
+    -> session.start + loop.loop: the shared training loop, checkpoints, Ctrl-C
     -> task.finish: test scores, eval.json, pictures
 The task decides what its data and model are; this module decides the order, once for all.
 """
@@ -24,7 +24,8 @@ from torch import nn
 from attnlab.config import from_dict
 from attnlab.data.batches import Batches
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.loop import Session, loop, start
+from attnlab.engine.loop import loop
+from attnlab.engine.session import Session, start
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
 from attnlab.runs.folder import check_dir, check_resumable, discard_unstarted, fresh_dir, read_run_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.engine.loop import SNAPSHOTS
+from attnlab.engine.saving import SNAPSHOTS
 from attnlab.errors import AttnlabError
 from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.interpret.trace import trace

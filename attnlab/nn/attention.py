@@ -86,23 +86,32 @@ def attend(
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
             return out, None
 
-    if causal:
-        cm = causal_mask(tq, tk, q.device)
-        mask = cm if mask is None else mask & cm
-    # Rows with no visible key would be softmax over all -inf = NaN. Let them see every key
-    # (so the arithmetic stays finite, also in backward) and zero them afterwards.
-    live = None
-    if mask is not None:
-        live = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        mask = mask | ~live
-
+    mask, live = _visible(mask, causal, tq, tk, q.device)
     if not return_weights:
         # The kernel takes one attn_mask: boolean, or a float one added to the scores. A bias and a
         # mask together become one float mask, -inf where the boolean mask says no.
         attn_mask = mask if bias is None else _masked_bias(bias.to(q.dtype), mask)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
         return (out if live is None else out * live), None
+    return _written_out(q, k, v, mask, live, bias, scale, dropout_p)
 
+
+def _visible(mask: Tensor | None, causal: bool, tq: int, tk: int, device) -> tuple[Tensor | None, Tensor | None]:
+    """The boolean mask with the causal one added, and which query rows see any key at all (..., Tq, 1).
+
+    Rows with no visible key would be softmax over all -inf = NaN. They are let see every key (so
+    the arithmetic stays finite, also in backward) and zeroed afterwards by `live`."""
+    if causal:
+        cm = causal_mask(tq, tk, device)
+        mask = cm if mask is None else mask & cm
+    if mask is None:
+        return None, None
+    live = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+    return mask | ~live, live
+
+
+def _written_out(q, k, v, mask, live, bias, scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+    """The formula as the lectures write it, keeping the (..., Tq, Tk) probabilities to look at."""
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
     if bias is not None:
         scores = scores + bias

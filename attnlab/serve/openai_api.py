@@ -65,10 +65,45 @@ class APIError(Exception):
         self.status, self.code, self.param = status, code, param
 
 
+class Jobs:
+    """Starts a request's sequences in its model's engine, within the server's limit on streams."""
+
+    def __init__(self, engines: dict, streams: StreamLimit, limits: Limits):
+        self.engines, self.streams, self.limits = engines, streams, limits
+
+    def begin(
+        self, req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False
+    ) -> Job:
+        """Reserve the streams and start every (prompt, choice) sequence in the model's batcher."""
+        n, streams = len(prompts) * req.n, self.streams
+        if n > streams.limit:
+            raise BadField(f"this request asks for {n} sequences; the server generates at most {streams.limit} at once",
+                           "n")  # fmt: skip
+        if not streams.take(n):
+            raise APIError(429, f"the server is generating {streams.active} streams (limit {streams.limit}); "
+                                "retry later", "rate_limit_exceeded")  # fmt: skip
+        job = Job(self.engines[req.model], streams, self.limits)
+        seed = secrets.randbelow(2**62) if req.seed is None else req.seed
+        eot = None if req.ignore_eos else s.run.tokenizer.eot_id
+        try:
+            for p, (text, ids) in enumerate(prompts):
+                for j in range(req.n):
+                    draw = Draw(req.temperature, req.top_k_or_none(), req.top_p_or_none(), seed + j)
+                    choice = Choice(p * req.n + j, TextPieces(s.run.tokenizer, stops), eot,
+                                    logprobs is not None, text if echo else "")  # fmt: skip
+                    job.start(choice, ids, draw, max_tokens, logprobs)
+        except Exception:
+            job.cancel()
+            streams.give(n - len(job.choices))
+            raise
+        return job
+
+
 def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
     """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
     batchers = {name: engine_for(s.run.model) for name, s in served.items() if s.run.task.generates}
     app.state.batchers = batchers  # each run's one engine, shared with the explorer (decoding/engine.py)
+    begin = Jobs(batchers, streams, limits).begin
 
     def find(name: str):
         if name not in batchers:
@@ -109,31 +144,6 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
         k = (req.top_logprobs or 0) if req.logprobs else None
         job = begin(req, s, prompts, req.limit(), [*req.stops(), *CHAT_STOPS], k)
         return await respond(Reply("chatcmpl", "chat.completion", req, s, job, prompts), request)
-
-    def begin(req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False) -> Job:
-        """Reserve the streams and start every (prompt, choice) sequence in the model's batcher."""
-        n = len(prompts) * req.n
-        if n > streams.limit:
-            raise BadField(f"this request asks for {n} sequences; the server generates at most {streams.limit} at once",
-                           "n")  # fmt: skip
-        if not streams.take(n):
-            raise APIError(429, f"the server is generating {streams.active} streams (limit {streams.limit}); "
-                                "retry later", "rate_limit_exceeded")  # fmt: skip
-        job = Job(batchers[req.model], streams, limits)
-        seed = secrets.randbelow(2**62) if req.seed is None else req.seed
-        eot = None if req.ignore_eos else s.run.tokenizer.eot_id
-        try:
-            for p, (text, ids) in enumerate(prompts):
-                for j in range(req.n):
-                    draw = Draw(req.temperature, req.top_k_or_none(), req.top_p_or_none(), seed + j)
-                    choice = Choice(p * req.n + j, TextPieces(s.run.tokenizer, stops), eot,
-                                    logprobs is not None, text if echo else "")  # fmt: skip
-                    job.start(choice, ids, draw, max_tokens, logprobs)
-        except Exception:
-            job.cancel()
-            streams.give(n - len(job.choices))
-            raise
-        return job
 
 
 class Reply:

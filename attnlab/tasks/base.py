@@ -20,7 +20,7 @@ from torch import nn
 
 from attnlab.config import checked, option
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, write_json

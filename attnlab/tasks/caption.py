@@ -29,7 +29,7 @@ from attnlab.data.images import read_image
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.word_regions import digit_attention

@@ -28,7 +28,7 @@ from attnlab.data.images import (
     load_source,
     read_image,
 )
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
 from attnlab.interpret.patches import cls_maps, plot_patch_attention

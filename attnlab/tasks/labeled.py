@@ -22,7 +22,7 @@ from attnlab.config import from_dict, option
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import self_attention_view

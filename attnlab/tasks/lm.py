@@ -20,7 +20,7 @@ from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, r
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import self_attention_view

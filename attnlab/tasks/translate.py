@@ -26,7 +26,7 @@ from attnlab.data.parallel import ParallelDataConfig, load_pairs, tokenizer_kind
 from attnlab.data.shifted import pieces, to_ids, to_text
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.decoding.beam import beam_search, greedy
-from attnlab.engine.loop import Session
+from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import TRANSLATION_VIEWS, numpy_weights

@@ -91,6 +91,84 @@ def _score(h, w_out, target, label, alpha, grad, measure):
     return -math.log(s + 1e-12) if label == 1.0 else -math.log(1.0 - s + 1e-12)
 
 
+@njit(inline="always")
+def _against_noise(h, w_out, predicted, negative, noise_keep, noise_alias, alpha, grad, state):
+    """h scores `predicted` (label 1) and `negative` noise words (label 0), grad gathering h's
+    gradient; returns the generator's state, the loss of the scores measured (one in 16, drawn at
+    random) and how many were."""
+    loss, scored = 0.0, 0.0
+    for k in range(negative + 1):
+        target = predicted
+        state = _next(state)
+        if k > 0:
+            target = _noise(state, noise_keep, noise_alias)
+            if target == predicted:
+                continue
+        measure = (_bits(state) & np.uint64(15)) == 0
+        loss += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
+        scored += measure
+    return state, loss, scored
+
+
+@njit(inline="always")
+def _kept(ids, begin, end, keep, sen, state):
+    """The sentence ids[begin:end] after subsampling, written to sen; returns how many words and the
+    generator's state."""
+    n = 0
+    for i in range(begin, end):
+        state = _next(state)
+        if keep[ids[i]] >= 1.0 or _uniform(state) < keep[ids[i]]:
+            sen[n] = ids[i]
+            n += 1
+    return n, state
+
+
+@njit(inline="always")
+def _cbow(sen, i, lo, hi, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad, state):
+    """CBOW for the word sen[i]: the mean of its context's input rows predicts it."""
+    if hi - lo < 2:
+        return state, 0.0, 0.0  # a word alone in its (subsampled) sentence has no context
+    h[:] = 0.0
+    for j in range(lo, hi):
+        if j != i:
+            h += w_in[sen[j]]
+    h /= hi - lo - 1
+    state, loss, scored = _against_noise(h, w_out, sen[i], negative, noise_keep, noise_alias, alpha, grad, state)
+    for j in range(lo, hi):
+        if j != i:
+            w_in[sen[j]] += grad
+    return state, loss, scored
+
+
+@njit(inline="always")
+def _skipgram(sen, i, lo, hi, rows_at, rows, subwords, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad,
+              state):  # fmt: skip
+    """Skip-gram for the word sen[i]. FastText: the centre's rows (the word and its n-grams) predict
+    each context word, as fastText does. Word2Vec: each context word's row predicts the centre, as
+    word2vec and gensim do."""
+    loss, scored = 0.0, 0.0
+    a, z = rows_at[sen[i]], rows_at[sen[i] + 1]
+    if subwords:
+        h[:] = 0.0
+        for r in range(a, z):
+            h += w_in[rows[r]]
+        h /= z - a
+    for j in range(lo, hi):
+        if j == i:
+            continue
+        predicted = sen[j] if subwords else sen[i]
+        if not subwords:
+            a, z = sen[j], sen[j] + 1
+            h[:] = w_in[sen[j]]
+        grad[:] = 0.0
+        state, lj, sj = _against_noise(h, w_out, predicted, negative, noise_keep, noise_alias, alpha, grad, state)
+        loss, scored = loss + lj, scored + sj
+        for r in range(a, z):
+            w_in[rows[r]] += grad
+        h += grad  # the mean of the rows, each moved by grad
+    return state, loss, scored
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,
                  cbow, alpha0, min_alpha, done, total, seed, loss, scored):  # fmt: skip
@@ -107,12 +185,7 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
     grad = np.empty(dim, dtype=np.float32)
     sen = np.empty(10_000, dtype=np.int32)
     for s in range(bounds[c], bounds[c + 1]):
-        n = 0  # the sentence's kept words
-        for i in range(starts[s], starts[s + 1]):
-            state = _next(state)
-            if keep[ids[i]] >= 1.0 or _uniform(state) < keep[ids[i]]:
-                sen[n] = ids[i]
-                n += 1
+        n, state = _kept(ids, starts[s], starts[s + 1], keep, sen, state)
         progress = (done + starts[s] - origin) / total
         alpha = max(min_alpha, alpha0 - (alpha0 - min_alpha) * progress)
         for i in range(n):
@@ -121,58 +194,12 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
             lo, hi = max(0, i - window + b), min(n, i + window - b + 1)
             grad[:] = 0.0
             if cbow:
-                if hi - lo < 2:
-                    continue  # a word alone in its (subsampled) sentence has no context
-                h[:] = 0.0
-                for j in range(lo, hi):
-                    if j != i:
-                        h += w_in[sen[j]]
-                h /= hi - lo - 1
-                for k in range(negative + 1):
-                    target = sen[i]
-                    state = _next(state)
-                    if k > 0:
-                        target = _noise(state, noise_keep, noise_alias)
-                        if target == sen[i]:
-                            continue
-                    measure = (_bits(state) & np.uint64(15)) == 0
-                    total_loss += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                    total_scored += measure
-                for j in range(lo, hi):
-                    if j != i:
-                        w_in[sen[j]] += grad
-                continue
-            # FastText: the centre's rows (the word and its n-grams) predict each context word,
-            # as fastText does. Word2Vec: each context word's row predicts the centre, as
-            # word2vec and gensim do.
-            a, z = rows_at[sen[i]], rows_at[sen[i] + 1]
-            if subwords:
-                h[:] = 0.0
-                for r in range(a, z):
-                    h += w_in[rows[r]]
-                h /= z - a
-            for j in range(lo, hi):
-                if j == i:
-                    continue
-                predicted = sen[j] if subwords else sen[i]
-                if not subwords:
-                    a, z = sen[j], sen[j] + 1
-                    h[:] = w_in[sen[j]]
-                grad[:] = 0.0
-                for k in range(negative + 1):
-                    target = predicted
-                    state = _next(state)
-                    if k > 0:
-                        target = _noise(state, noise_keep, noise_alias)
-                        if target == predicted:
-                            continue
-                    measure = (_bits(state) & np.uint64(15)) == 0
-                    total_loss += _score(h, w_out, target, 1.0 if k == 0 else 0.0, alpha, grad, measure)
-                    total_scored += measure
-                for r in range(a, z):
-                    w_in[rows[r]] += grad
-                h += grad  # the mean of the rows, each moved by grad
-
+                state, lw, sw = _cbow(sen, i, lo, hi, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad,
+                                      state)  # fmt: skip
+            else:
+                state, lw, sw = _skipgram(sen, i, lo, hi, rows_at, rows, subwords, w_in, w_out, negative, noise_keep,
+                                          noise_alias, alpha, h, grad, state)  # fmt: skip
+            total_loss, total_scored = total_loss + lw, total_scored + sw
     loss[c] = total_loss
     scored[c] = total_scored
 

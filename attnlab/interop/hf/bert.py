@@ -47,7 +47,13 @@ from attnlab.interop.hf import (
     labels_to_hf,
     map_weights,
 )
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems, same_heads
+from attnlab.interop.hf.support import (
+    Only,
+    Rule,
+    block_problems,
+    classic_block,
+    field_problems,
+)
 from attnlab.models.encoder import HEADS as ENCODER_HEADS
 from attnlab.models.encoder import Encoder, EncoderConfig
 
@@ -193,15 +199,7 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
 
 
 # What BERT's block expresses of each block option (interop/hf/support.py).
-SUPPORT: dict[str, Rule] = {
-    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": same_heads("BERT"), "n_kv_head": same_heads("BERT"),
-    "dropout": ANY, "norm": Only(("post",), "BERT is post-norm"),
-    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"BERT takes {', '.join(EXPORT_ACTIVATIONS)}"),
-    "feedforward": Only(("mlp",), "BERT's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
-    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
-    "norm_kind": Only(("layernorm",), "BERT uses LayerNorm"), "bias": Only((True,), "BERT has biases"),
-    "ln_eps": ANY, "qk_norm": Only((False,), "BERT has no QK-norm"),
-}  # fmt: skip
+SUPPORT: dict[str, Rule] = classic_block("BERT", "post", EXPORT_ACTIVATIONS)
 
 
 def check_exportable(cfg: EncoderConfig) -> None:

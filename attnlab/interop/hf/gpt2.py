@@ -17,7 +17,13 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, map_weights
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems, same_heads
+from attnlab.interop.hf.support import (
+    Only,
+    Rule,
+    block_problems,
+    classic_block,
+    field_problems,
+)
 from attnlab.models.gpt import GPT, GPTConfig
 
 pixels_from_hf = None  # a text model: no preprocessor normalizes its input
@@ -103,15 +109,7 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
 
 
 # What GPT-2's block expresses of each block option (interop/hf/support.py).
-SUPPORT: dict[str, Rule] = {
-    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": same_heads("GPT-2"), "n_kv_head": same_heads("GPT-2"),
-    "dropout": ANY, "norm": Only(("pre",), "GPT-2 is pre-norm"),
-    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"GPT-2 takes {', '.join(EXPORT_ACTIVATIONS)}"),
-    "feedforward": Only(("mlp",), "GPT-2's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
-    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
-    "norm_kind": Only(("layernorm",), "GPT-2 uses LayerNorm"), "bias": Only((True,), "GPT-2 has biases"),
-    "ln_eps": ANY, "qk_norm": Only((False,), "GPT-2 has no QK-norm"),
-}  # fmt: skip
+SUPPORT: dict[str, Rule] = classic_block("GPT-2", "pre", EXPORT_ACTIVATIONS)
 
 
 def check_exportable(cfg: GPTConfig) -> None:

@@ -49,6 +49,24 @@ def same_heads(name: str) -> Callable[[Any], str | None]:
     return rule
 
 
+def classic_block(
+    name: str, norm: str, activations, heads: Callable[[Any], str | None] | None = None
+) -> dict[str, Rule]:
+    """The rules of the first Transformers' block (GPT-2, BERT, ViT): an MLP with one of
+    `activations` (attnlab's names), LayerNorm at `norm` ("pre" or "post"), biases, no experts and
+    no QK-norm; its heads follow `heads` (default: same_heads)."""
+    heads = heads or same_heads(name)
+    return {
+        "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": heads, "n_kv_head": heads, "dropout": ANY,
+        "norm": Only((norm,), f"{name} is {norm}-norm"),
+        "activation": Only(tuple(activations), f"{name} takes {', '.join(activations)}"),
+        "feedforward": Only(("mlp",), f"{name}'s feed-forward is an MLP"), "n_experts": UNUSED,
+        "experts_per_token": UNUSED, "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
+        "norm_kind": Only(("layernorm",), f"{name} uses LayerNorm"), "bias": Only((True,), f"{name} has biases"),
+        "ln_eps": ANY, "qk_norm": Only((False,), f"{name} has no QK-norm"),
+    }  # fmt: skip
+
+
 def undeclared(support: dict[str, Rule]) -> list[str]:
     """The block options an exporter names no rule for."""
     return [f.name for f in fields(BlockOptions) if f.name not in support]

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems
+from attnlab.interop.hf.support import Rule, block_problems, classic_block
 from attnlab.models.vit import ViT, ViTConfig
 
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
@@ -227,15 +227,7 @@ def _one_kv_per_head(cfg: ViTConfig) -> str | None:
 
 
 # What HuggingFace's ViT block expresses of each block option (interop/hf/support.py).
-SUPPORT: dict[str, Rule] = {
-    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": ANY, "n_kv_head": _one_kv_per_head, "dropout": ANY,
-    "norm": Only(("pre",), "ViT is pre-norm"),
-    "activation": Only(tuple(EXPORT_ACTIVATIONS), f"ViT takes {', '.join(EXPORT_ACTIVATIONS)}"),
-    "feedforward": Only(("mlp",), "ViT's feed-forward is an MLP"), "n_experts": UNUSED, "experts_per_token": UNUSED,
-    "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
-    "norm_kind": Only(("layernorm",), "ViT uses LayerNorm"), "bias": Only((True,), "ViT has biases"),
-    "ln_eps": ANY, "qk_norm": Only((False,), "ViT has no QK-norm"),
-}  # fmt: skip
+SUPPORT: dict[str, Rule] = classic_block("ViT", "pre", EXPORT_ACTIVATIONS, heads=_one_kv_per_head)
 
 
 def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
