@@ -23,8 +23,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
@@ -424,6 +422,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, w, tmp_path, cap
 
 @pytest.fixture(scope="module")
 def client(w):
+    pytest.importorskip("httpx", reason="fastapi's TestClient needs httpx, a dev extra: pip install -e .[dev]")
     from fastapi.testclient import TestClient
 
     from attnlab.serve.app import create_app
@@ -497,10 +496,17 @@ def test_bad_request_is_a_4xx_with_one_line(name, method, path, kw, status, says
 
 # ---- property-based: random values and bodies ------------------------------------------------------
 
-ANY_VALUE = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(), st.none(),
-    st.text(max_size=12), st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", "", " 3 ", "True", "none"]),
-)  # fmt: skip
+
+def hypothesis():
+    """hypothesis is a dev extra: without it the property-based tests skip, the rest run."""
+    return pytest.importorskip("hypothesis", reason="hypothesis is a dev extra: pip install -e .[dev]")
+
+
+def any_value(st):
+    return st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(), st.none(),
+        st.text(max_size=12), st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", "", " 3 ", "True", "none"]),
+    )  # fmt: skip
 
 
 def config_classes() -> list[type]:
@@ -519,10 +525,11 @@ def config_classes() -> list[type]:
 def test_config_parsers_give_a_config_or_one_user_error(cls):
     """Whatever values a flag, a TOML file or a config.json holds: a config whose floats are all
     finite, or an AttnlabError; never another exception."""
-    names = [f.name for f in fields(cls)] + ["unknown_key"]
+    h, names = hypothesis(), [f.name for f in fields(cls)] + ["unknown_key"]
+    st = h.strategies
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.dictionaries(st.sampled_from(names), ANY_VALUE, max_size=4))
+    @h.settings(max_examples=150, deadline=None, suppress_health_check=[h.HealthCheck.too_slow])
+    @h.given(st.dictionaries(st.sampled_from(names), any_value(st), max_size=4))
     def check(values):
         try:
             cfg = checked(cls, values, "test")
@@ -536,42 +543,43 @@ def test_config_parsers_give_a_config_or_one_user_error(cls):
     check()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(max_size=60))
-def test_toml_files_read_or_say_why(tmp_path_factory, text):
+def test_toml_files_read_or_say_why(tmp_path):
     from attnlab.config import read_toml
 
-    path = tmp_path_factory.mktemp("toml") / "c.toml"
-    path.write_text(text, encoding="utf-8")
-    try:
-        assert isinstance(read_toml(path), dict)
-    except AttnlabError as e:
-        assert str(e).count("\n") <= 1  # TOML's own message may name a line and column
+    h = hypothesis()
+
+    @h.settings(max_examples=60, deadline=None, suppress_health_check=[h.HealthCheck.too_slow])
+    @h.given(h.strategies.text(max_size=60))
+    def check(text):
+        path = tmp_path / "c.toml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            assert isinstance(read_toml(path), dict)
+        except AttnlabError as e:
+            assert str(e).count("\n") <= 1  # TOML's own message may name a line and column
+
+    check()
 
 
-BODY = st.dictionaries(
-    st.sampled_from(
-        ["run", "prompt", "text", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "beam"]
-    ),
-    st.one_of(
-        st.sampled_from(["lm", "cls", "tr", "img", "x"]),
-        st.integers(-5, 40),
-        st.floats(-2, 3),
-        st.text(max_size=20),
-        st.none(),
-        st.booleans(),
-    ),
-    max_size=6,
-)
+def bodies(st):
+    """Request bodies of the fields the endpoints read, each a value of any kind."""
+    names = ["run", "prompt", "text", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "beam"]
+    values = st.one_of(st.sampled_from(["lm", "cls", "tr", "img", "x"]), st.integers(-5, 40), st.floats(-2, 3),
+                       st.text(max_size=20), st.none(), st.booleans())  # fmt: skip
+    return st.dictionaries(st.sampled_from(names), values, max_size=6)
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-)
-@given(path=st.sampled_from(["/api/generate", "/api/predict", "/api/attention"]), body=BODY)
-def test_random_api_bodies_never_break_the_server(client, path, body):
-    r = client.post(path, json=body)
-    assert r.status_code in (200, 400, 404, 422), (r.status_code, r.text)
-    if r.status_code != 200:
-        error = r.json()["error"]
-        assert isinstance(error, str) and "\n" not in error
+def test_random_api_bodies_never_break_the_server(client):
+    h = hypothesis()
+    st = h.strategies
+
+    @h.settings(max_examples=80, deadline=None, suppress_health_check=[h.HealthCheck.too_slow])
+    @h.given(path=st.sampled_from(["/api/generate", "/api/predict", "/api/attention"]), body=bodies(st))
+    def check(path, body):
+        r = client.post(path, json=body)
+        assert r.status_code in (200, 400, 404, 422), (r.status_code, r.text)
+        if r.status_code != 200:
+            error = r.json()["error"]
+            assert isinstance(error, str) and "\n" not in error
+
+    check()

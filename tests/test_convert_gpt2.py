@@ -15,7 +15,6 @@ from functools import cache
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import GPT2Config, GPT2LMHeadModel
 
 import attnlab
 from attnlab.cli.main import main
@@ -25,6 +24,8 @@ from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
 from tests.conftest import TEXT
 
+transformers = pytest.importorskip("transformers", reason="transformers, the reference here, is a dev extra")
+GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # name -> GPT2Config keys, the BPE vocabulary to train, and extra (padding) rows beyond it.

@@ -8,7 +8,6 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import torch
 
@@ -50,6 +49,7 @@ def lone(model, ids: list[int], n: int, seed: int, temperature: float = 1.0) -> 
 def test_the_explorer_and_v1_are_decoded_in_shared_steps(run_dir, monkeypatch):
     """Three /api/generate requests and three /v1 completions at once, through a real server: some
     batched step held rows of both, and every text is its seed's text alone."""
+    httpx = pytest.importorskip("httpx", reason="httpx, the client here, is a dev extra: pip install -e .[dev]")
     seen: list[set[int]] = []  # the seeds of the rows of each batched step
     real = Batcher._batched_logits
 

@@ -9,7 +9,6 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import torch
 
@@ -19,6 +18,7 @@ from attnlab.decoding.sampling import generate_text
 from attnlab.serve.app import create_app, running
 from attnlab.serve.openai_schema import CHAT_STOPS, Message, chat_prompt
 
+httpx = pytest.importorskip("httpx", reason="httpx (the client here, and TestClient's) is a dev extra")
 openai = pytest.importorskip("openai", reason="the openai client is a dev extra: pip install -e .[dev]")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

@@ -4,7 +4,6 @@ reordering, learning to copy with each cell and variant, config errors."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -160,7 +159,6 @@ def test_a_tiny_model_learns_to_copy(cell, attention):
     src, tgt_in, labels = Pairs({"train": seqs}, {"train": seqs}).collate("train", range(4))
     model = RNNSeq2Seq(RNNSeq2SeqConfig(**TINY, cell=cell, attention=attention, dropout=0.0, label_smoothing=0.0))
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    begin = time.perf_counter()
     for _ in range(300):
         _, loss = model(src, tgt_in, labels)
         opt.zero_grad()
@@ -169,7 +167,6 @@ def test_a_tiny_model_learns_to_copy(cell, attention):
         if loss.item() < 0.01:
             break
     assert loss.item() < 0.05, loss.item()
-    assert time.perf_counter() - begin < 20  # a few seconds on one thread
     assert greedy(model.eval(), src) == [s.tolist() for s in seqs]
 
 

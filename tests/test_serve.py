@@ -3,22 +3,20 @@ and 20 concurrent generations through a real server, each equal to its seed's si
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import numpy as np
 import pytest
 import torch
-from fastapi.testclient import TestClient
 from PIL import Image
 
 import attnlab.serve.app
@@ -33,6 +31,8 @@ from attnlab.tasks.text_predict import predict
 from attnlab.viz.curves import read_metrics
 from attnlab.viz.html import views_json
 
+httpx = pytest.importorskip("httpx", reason="httpx (the client here, and TestClient's) is a dev extra")
+TestClient = pytest.importorskip("fastapi.testclient").TestClient
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
@@ -128,25 +128,30 @@ def test_a_port_in_use_is_one_line():
             listen("127.0.0.1", port)
 
 
-def test_answers_on_a_kept_alive_connection_wait_for_nothing(runs):
+def test_answers_on_a_kept_alive_connection_wait_for_nothing(runs, monkeypatch):
     """Nagle's algorithm is off on the server's connections: listen() makes a socket that says it is
     TCP, so asyncio sets TCP_NODELAY on each connection. Before, every answer after the first on a
-    kept-alive connection waited for the client's delayed ACK: 40 ms each, on Linux."""
+    kept-alive connection waited for the client's delayed ACK: 40 ms each, on Linux (measured in
+    benchmarks, not here: the test reads the connection's socket option)."""
     with listen("127.0.0.1", 0) as sock:
         assert sock.proto == socket.IPPROTO_TCP
+    nodelay, real = [], asyncio.base_events._set_nodelay
+
+    def recorded(sock):  # asyncio calls it on each new connection's socket
+        real(sock)
+        nodelay.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    monkeypatch.setattr(asyncio.base_events, "_set_nodelay", recorded)
     with running(create_app([runs["lm"]])) as url:
         host, port = url.removeprefix("http://").split(":")
         conn = socket.create_connection((host, int(port)))
-        times = []
         for _ in range(7):
-            t0 = time.perf_counter()
             conn.sendall(b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             answer = b""
             while not answer.endswith(b"]"):
                 answer += conn.recv(65536)
-            times.append(time.perf_counter() - t0)
         conn.close()
-    assert statistics.median(times[1:]) < 0.025, times  # 0.040 and more with the delay
+    assert nodelay and all(nodelay), nodelay  # the connection's socket: TCP_NODELAY on
 
 
 def test_metrics_are_the_rows_of_metrics_jsonl(client, runs):
