@@ -93,11 +93,16 @@ def test_runs_lists_each_run_with_its_size_and_settings(client, runs):
     listed = {r["name"]: r for r in client.get("/api/runs").json()}
     assert set(listed) == set(TASKS)
     assert {name: r["kind"] for name, r in listed.items()} == {k: k for k in TASKS}
+    assert [n for n, r in listed.items() if r["generates"]] == ["lm"]
+    assert {n for n, r in listed.items() if r["reads_images"]} == {n for n in TASKS if n in ("image", "caption")}
     for name, r in listed.items():
         run = load(runs[name], "cpu")
         assert r["parameters"] == sum(p.numel() for p in run.model.parameters())
         assert r["step"] == 5 and r["family"] == run.config["family"] and r["config"] == run.config
         assert r["path"] == str(runs[name].resolve())
+        # what the page asks instead of the task's name: where inputs go, and what the run does with them
+        assert (r["endpoint"], r["generates"], r["reads_images"]) == (
+            run.task.endpoint, run.task.generates, run.task.reads_images)  # fmt: skip
 
 
 def test_runs_are_named_by_directory_duplicates_numbered(runs, tmp_path):

@@ -24,8 +24,10 @@ class Served:
 
     def summary(self) -> dict:
         family = self.run.config["family"]
+        task = self.run.task  # what the page asks of a run: where its inputs go, whether it generates or reads images
         return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
-                "parameters": self.parameters, "step": self.run.step, "config": self.run.config}  # fmt: skip
+                "parameters": self.parameters, "step": self.run.step, "config": self.run.config,
+                "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images}  # fmt: skip
 
 
 def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:

@@ -9,7 +9,6 @@ const TASKS = {
   caption: ["Caption an image", "Choose an image file: its caption, word by word as it is written, and where "
     + "each word looked (the attention moves as the words come; hover a word to go back to it)."],
 };
-const IMAGES = ["image", "caption"]; // runs that read an image file, not text
 let runs = [];
 const current = () => runs.find((r) => r.name === $("run").value);
 
@@ -57,8 +56,8 @@ async function chooseRun() {
   $("config").textContent = JSON.stringify(r.config, null, 2);
   $("task-title").textContent = $("go").textContent = title;
   $("task-hint").textContent = hint;
-  $("sampling").hidden = r.kind !== "lm";
-  const image = IMAGES.includes(r.kind);
+  $("sampling").hidden = !r.generates;
+  const image = r.reads_images; // an image file, not text
   $("text-input").hidden = image;
   $("image-input").hidden = !image;
   $("attention-go").disabled = image;
@@ -70,7 +69,7 @@ async function chooseRun() {
   $("inside-go").disabled = image;
   const open = { lm: ["lens", "heads", "ablate", "rollout"], translate: ["lens", "rollout"] }[r.kind] || ["rollout"];
   for (const o of $("inside-what").options) o.disabled = !open.includes(o.value);
-  if (r.kind !== "lm") $("inside-what").value = "rollout";
+  if (!open.includes($("inside-what").value) || !r.generates) $("inside-what").value = "rollout";
   $("inside-output").replaceChildren();
   status("inside-status", "");
   $("enlarged").hidden = true;
@@ -365,11 +364,12 @@ async function run() {
   const r = current();
   if (!r) return;
   $("go").disabled = true;
-  status("status", r.kind === "lm" ? "generating..." : "working...");
+  status("status", r.generates ? "generating..." : "working...");
   try {
-    if (r.kind === "lm") return await generate(r); // its last line writes the status
-    if (r.kind === "image") await predictImage(r);
-    else if (r.kind === "caption") return await captionImage(r); // its last line writes the status
+    // The run says where its inputs go (its task's endpoint); generating and captioning write the status last.
+    if (r.endpoint === "/api/generate") return await generate(r);
+    if (r.endpoint === "/api/caption") return await captionImage(r);
+    if (r.endpoint === "/api/predict_image") await predictImage(r);
     else {
       const response = await post("/api/predict", { run: r.name, text: $("prompt").value });
       fill($("output"), RENDER[r.kind](await response.json()));
