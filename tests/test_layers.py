@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attnlab"
 DOC = ROOT / "docs" / "architecture.md"
@@ -163,3 +165,19 @@ def test_the_command_line_starts_without_the_heavy_libraries():
     code = f"import sys, attnlab.cli.main as m; m.build_parser(); print([n for n in {HEAVY!r} if n in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_git_keeps_every_file_of_the_package():
+    """A package whose name an ignore rule matches (`runs/`, the users' run folders) would be missing
+    from every clone: no file under attnlab/ may be ignored."""
+    files = "\n".join(
+        str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
+    try:
+        found = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input=files, capture_output=True,
+                               text=True, cwd=ROOT)  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("git is not installed")
+    if found.returncode == 128:  # not a git checkout (an unpacked sdist): nothing to check
+        pytest.skip(found.stderr.strip())
+    assert found.stdout.split() == [], "ignored by .gitignore"

@@ -1,0 +1,66 @@
+"""A trained run loaded back: model, tokenizer, settings and task, ready to use.
+
+run = attnlab.load("runs/demo")
+logits = run.model(idx)                      # (B, T, vocab)
+print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+run.task.predict(run, "some text", {})       # whatever its task does with an input
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.decoding.sampling import generate_text
+from attnlab.errors import AttnlabError
+from attnlab.models import FAMILIES, build_model
+from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
+from attnlab.runs.kind import RunKind, kind_of
+from attnlab.runs.weights import load_weights
+from attnlab.runtime.device import pick_device
+
+__all__ = ["FAMILIES", "Run", "build_model", "load"]
+
+
+@dataclass
+class Run:
+    path: Path
+    model: nn.Module
+    tokenizer: Tokenizer | None  # None for image runs, which read pixels
+    config: dict[str, Any]  # the run's config.json: family, model, train, data, task
+    step: int
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def task(self) -> RunKind:
+        """What kind of run this is: the object that predicts, evaluates and draws for it."""
+        return kind_of(self.config)
+
+    def generate(self, prompt: str = "", **kwargs) -> str:
+        """Continue `prompt`; keyword arguments as in `attnlab.decoding.sampling.generate_text`."""
+        return generate_text(self.model, self.tokenizer, prompt, **kwargs)
+
+
+def load(path: str | Path, device: str = "auto") -> Run:
+    """Load a run directory written by training (weights read from safetensors, no pickle)."""
+    p = check_run_dir(path)
+    config = read_run_config(p)
+    task = kind_of(config)
+    if task.tokenized and not (p / TOKENIZER).is_file():
+        raise AttnlabError(f"{p} is not a complete run: {TOKENIZER} is missing")
+    try:
+        model = build_model(config["family"], config["model"])
+    except (TypeError, ValueError) as e:
+        raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
+    meta = load_weights(model, p / WEIGHTS)
+    model.to(pick_device(device)).eval()
+    tok = load_tokenizer(p) if task.tokenized else None
+    return Run(p, model, tok, config, int(meta.get("step", 0)))
