@@ -5,6 +5,7 @@ A tool asks a run's task (runs/kind.py), a model's protocols (models/protocols.p
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from attnlab.interpret.plots import PLOTS
@@ -31,11 +32,13 @@ def strings(node: ast.AST) -> list[str]:
     return []
 
 
+@functools.cache  # both tests read the one walk
 def calls_and_compares() -> tuple[list[str], list[str]]:
     named, probes = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+            where = f"{name}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Compare):
                 if any(s in NAMES for side in (node.left, *node.comparators) for s in strings(side)):
                     named.append(f"{where} {ast.unparse(node)}")
