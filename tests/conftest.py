@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -13,6 +17,27 @@ TEXT = (
     "def add(a, b):\n    return a + b\n\n"
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
 )
+
+
+class Extra:
+    """A dev extra, imported when a test first reads one of its names (see `extra`)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):  # pytest asks every module-level object for markers: not a use
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def extra(name: str, why: str) -> ModuleType:
+    """The optional library `name` for a test module: the module skips (with `why`) where it is not
+    installed, and it is imported when a test first uses it, not while the suite is collected.
+    Collecting imports every test module in every worker: transformers' models alone take 5 s each."""
+    if importlib.util.find_spec(name.split(".")[0]) is None or importlib.util.find_spec(name) is None:
+        pytest.skip(why, allow_module_level=True)
+    return Extra(name)  # type: ignore[return-value]
 
 
 def pytest_configure(config):

@@ -19,9 +19,9 @@ from attnlab.interop.hf import module_for
 from attnlab.interop.hf.bert import config_from_hf, config_to_hf, weights_from_hf, weights_to_hf
 from attnlab.interop.hf.io import write_hf_dir
 from attnlab.models.encoder import Encoder, EncoderConfig
-from tests.conftest import random_hf_model
+from tests.conftest import extra, random_hf_model
 
-transformers = pytest.importorskip("transformers")
+transformers = extra("transformers", "transformers, the reference here, is a dev extra")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

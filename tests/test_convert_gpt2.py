@@ -22,10 +22,9 @@ from attnlab.data.tokenizers import BPETokenizer
 from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
-from tests.conftest import TEXT
+from tests.conftest import TEXT, extra
 
-transformers = pytest.importorskip("transformers", reason="transformers, the reference here, is a dev extra")
-GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
+transformers = extra("transformers", "transformers, the reference here, is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # name -> GPT2Config keys, the BPE vocabulary to train, and extra (padding) rows beyond it.
@@ -53,16 +52,16 @@ def tokenizer(vocab_size: int) -> BPETokenizer:
     return BPETokenizer.train([CORPUS] * 20, vocab_size)
 
 
-def save_hf(path, name: str, seed: int = 0) -> GPT2LMHeadModel:
+def save_hf(path, name: str, seed: int = 0):
     """A random GPT2LMHeadModel saved by save_pretrained, with a tokenizer.json beside it."""
     keys, vocab, pad = CONFIGS[name]
     tok = tokenizer(vocab)
     torch.manual_seed(seed)
     # initializer_range 0.2, not GPT-2's 0.02: at 0.02 a tied random model mostly predicts the token
     # it just read, so greedy decoding repeats one token and would prove little.
-    cfg = GPT2Config(vocab_size=tok.vocab_size + pad, bos_token_id=None, eos_token_id=None, initializer_range=0.2,
-                     attn_implementation="eager", **keys)  # fmt: skip
-    hf = GPT2LMHeadModel(cfg).eval()
+    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size + pad, bos_token_id=None, eos_token_id=None,
+                                  initializer_range=0.2, attn_implementation="eager", **keys)  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(path)
     (path / "tokenizer.json").write_text(tok.to_json())
     return hf
@@ -137,7 +136,7 @@ def test_export_round_trip(converted, tmp_path, name):
     assert summary["tokenizer"] == "tokenizer.json"
     stored = load_file(tmp_path / "hf" / "model.safetensors")
     assert ("lm_head.weight" in stored) == (name == "untied_relu")  # a tied head is stored once, as wte
-    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.dtype == torch.float32
     idx = batch(run)
     assert logit_diff(run, hf, idx) < 1e-5
@@ -159,7 +158,7 @@ def test_trained_run_round_trip(tmp_path, corpus):
     assert config["activation_function"] == "gelu" and config["eos_token_id"] == 0  # <|endoftext|> is BPE's first
     run = attnlab.load(tmp_path / "bpe", device="cpu")
     idx = batch(run)
-    assert logit_diff(run, GPT2LMHeadModel.from_pretrained(tmp_path / "bpe-hf").eval(), idx) < 1e-5
+    assert logit_diff(run, transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "bpe-hf").eval(), idx) < 1e-5
     convert_from_hf(tmp_path / "bpe-hf", tmp_path / "back")
     with torch.no_grad():
         assert torch.equal(run.model(idx), attnlab.load(tmp_path / "back", device="cpu").model(idx))

@@ -19,10 +19,10 @@ from attnlab.cli.main import main
 from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
-from tests.conftest import TEXT, random_hf_model
+from tests.conftest import TEXT, extra, random_hf_model
 from tests.test_convert_gpt2 import tokenizer
 
-pytest.importorskip("transformers", reason="transformers, the reference here, is a dev extra")
+extra("transformers", "transformers, the reference here, is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB = 300

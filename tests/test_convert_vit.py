@@ -27,9 +27,9 @@ from attnlab.interop.hf.vit import (
     weights_to_hf,
 )
 from attnlab.models.vit import ViT, ViTConfig
-from tests.conftest import perturb, random_hf_model
+from tests.conftest import extra, perturb, random_hf_model
 
-transformers = pytest.importorskip("transformers")
+transformers = extra("transformers", "transformers, the reference here, is a dev extra")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 

@@ -13,13 +13,11 @@ import torch
 import attnlab
 from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
-from tests.conftest import TEXT
+from tests.conftest import TEXT, extra
 
-ort = pytest.importorskip(
-    "onnxruntime", reason="onnxruntime is not installed (pip install onnx onnxruntime onnxscript)"
-)
-pytest.importorskip("onnx", reason="onnx is not installed (pip install onnx onnxruntime onnxscript)")
-pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install onnx onnxruntime onnxscript)")
+ort = extra("onnxruntime", "onnxruntime is not installed (pip install onnx onnxruntime onnxscript)")
+extra("onnx", "onnx is not installed (pip install onnx onnxruntime onnxscript)")
+extra("onnxscript", "onnxscript is not installed (pip install onnx onnxruntime onnxscript)")
 
 from attnlab.interop.onnx import export_onnx  # noqa: E402
 

@@ -17,9 +17,10 @@ from attnlab.cli.main import main
 from attnlab.decoding.sampling import generate_text
 from attnlab.serve.app import create_app, running
 from attnlab.serve.openai_schema import CHAT_STOPS, Message, chat_prompt
+from tests.conftest import extra
 
-httpx = pytest.importorskip("httpx", reason="httpx (the client here, and TestClient's) is a dev extra")
-openai = pytest.importorskip("openai", reason="the openai client is a dev extra: pip install -e .[dev]")
+httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
+openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
@@ -55,7 +56,7 @@ def run(run_dir):
     return load(run_dir, "cpu")
 
 
-def complete(client, prompt="def ", **kw) -> openai.types.Completion:
+def complete(client, prompt="def ", **kw):
     return client.completions.create(**{"model": "lm", "prompt": prompt, "max_tokens": 20, "seed": 7, **PLAIN, **kw})
 
 

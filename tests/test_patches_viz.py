@@ -1,6 +1,5 @@
 """ViT pictures: attention rollout against a loop reference, [CLS] maps on the grid, PNGs written."""
 
-import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -102,6 +101,8 @@ def test_patch_panels_titles_and_maps():
 def read_png(path):
     assert path.is_file()
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+    import matplotlib.image  # read back only by the tests that draw
+
     return matplotlib.image.imread(path)  # (height, width, channels)
 
 

@@ -17,8 +17,9 @@ from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.serve.app import create_app, running
 from attnlab.serve.guard import Access, Limits, allowed_hosts_for, check_exposure, host_allowed
+from tests.conftest import extra
 
-httpx = pytest.importorskip("httpx", reason="httpx (the client here, and TestClient's) is a dev extra")
+httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
