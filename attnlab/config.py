@@ -7,6 +7,7 @@ command line (cli.py) and TOML files are generated from the dataclasses themselv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import types
@@ -56,9 +57,17 @@ class names(Sequence):  # noqa: N801  (read as a function: option(..., names(NOR
         return repr(tuple(self))
 
 
+@functools.cache
+def _hints(cls: type, names: tuple[str, ...]) -> dict[str, Any]:
+    """The class's resolved type hints. Resolving them evaluates every annotation string, and the
+    generated command line asks for each of its ~630 flags: once per class is enough. The field
+    names are part of the key because `add_block_option` changes a class in place."""
+    return typing.get_type_hints(cls)
+
+
 def field_type(cls: type, f: dataclasses.Field) -> tuple[type, bool]:
     """The field's base type (int, float, str, bool) and whether None is allowed."""
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = _hints(cls, tuple(cls.__dataclass_fields__))[f.name]
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         (base,) = [a for a in args if a is not type(None)]

@@ -160,3 +160,31 @@ def test_every_task_trains_under_torchrun(tmp_path, pair, task):
     assert max(abs(x - y) for x, y in zip(a, b)) < tolerance, (a, b)
     scored = [json.loads((run / "eval.json").read_text()) for run in (single, double)]
     assert scored[0].keys() == scored[1].keys()
+
+
+def _late_looker(out: str, corpus: str) -> None:
+    """Rank 1 looks at the run folder half a second late; rank 0 must not have written into it by
+    then, or rank 1 could find a half-written file and refuse the folder as not a run."""
+    import time
+
+    from attnlab.engine import train
+
+    check = train.check_dir
+
+    def late(path, resume, force):
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            if path.exists():
+                raise AssertionError(f"rank 0 wrote {sorted(p.name for p in path.iterdir())} before rank 1 looked")
+        check(path, resume, force)
+
+    train.check_dir = late
+    try:
+        _worker(out, corpus, 1, "ddp", 2)
+    finally:
+        train.check_dir = check
+
+
+def test_every_process_checks_the_folder_before_any_writes(tmp_path, corpus, pair):
+    pair(_late_looker, str(tmp_path / "run"), str(corpus))
+    assert losses(tmp_path / "run")

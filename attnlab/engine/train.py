@@ -112,6 +112,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
     d, device = distributed.init(cfg.device)
     try:
         check_dir(out, req.resume, req.force)
+        distributed.barrier(d)  # every process has looked at `out` before the first one writes into it
         if not req.resume:
             with distributed.main_first(d):
                 if d.main:
