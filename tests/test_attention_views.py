@@ -53,7 +53,7 @@ def test_attention_png_of_every_layer_one_layer_and_one_head(gpt_run, tmp_path, 
     code, _, err = run_cli(["attention", gpt_run, "def", "--out", tmp_path / "x.png", "--layer", "3"], capsys)
     assert code == 2 and "layers 1 to 2" in err
     code, _, err = run_cli(["attention", gpt_run, "def", "--out", tmp_path / "x.jpg"], capsys)
-    assert code == 2 and ".png or .svg picture, a .html page or .json" in err
+    assert code == 2 and "the suffix picks the format, .png, .svg, .html or .json" in err
 
 
 def test_attention_html_is_one_self_contained_page(gpt_run, tmp_path, capsys):

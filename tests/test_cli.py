@@ -224,9 +224,10 @@ def test_bad_input_is_one_line_and_exit_2(case, fragment, tmp_path, text, capsys
 
 def test_force_replaces_an_existing_run(tmp_path, trained, text, capsys):
     (trained / "old.txt").write_text("x")
-    code, _, err = run_cli(["train", "lm", "--data", text, "--out", trained, "--force", *TINY], capsys)
+    with pytest.warns(UserWarning, match="kept old.txt"):  # the user's file stays, and is named
+        code, _, err = run_cli(["train", "lm", "--data", text, "--out", trained, "--force", *TINY], capsys)
     assert code == 0, err
-    assert not (trained / "old.txt").exists() and (trained / "model.safetensors").exists()
+    assert (trained / "old.txt").read_text() == "x" and (trained / "model.safetensors").exists()
     assert (tmp_path / "code.txt").exists()  # a folder that is not a run is never replaced (see error cases)
 
 

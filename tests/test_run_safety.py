@@ -49,7 +49,7 @@ def test_force_replaces_a_run_but_never_a_folder_with_a_config_json(tmp_path, co
     (run / MARKER).unlink()  # a run made before markers: known by its config.json's tables
     (run / "notes.txt").write_text("mine")
     assert train(capsys, "--data", corpus, "--out", run, "--force", *TINY)[0] == 0
-    assert not (run / "notes.txt").exists() and (run / MARKER).is_file()
+    assert (run / "notes.txt").read_text() == "mine" and (run / MARKER).is_file()  # the user's file stays
 
 
 def test_a_start_that_never_checkpointed_restarts_with_the_same_command(tmp_path, corpus, capsys):

@@ -25,6 +25,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.engine.train import run as run_task
 from attnlab.models import FAMILIES, build_model
+from attnlab.runs.marker import owned
 from attnlab.tasks import TASKS, task_of
 from attnlab.tasks.base import ModelChoice, Task
 from tests.conftest import run_cli
@@ -208,6 +209,8 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     if "test" in result:  # the resumed run is scored as the uninterrupted one was
         assert json.loads((full / "eval.json").read_text()) == json.loads((cut / "eval.json").read_text())
+    for run in (full, cut):  # the marker lists every file of the run: --force would remove them all
+        assert owned(run) == {p.name for p in run.iterdir()}
 
 
 def validation_rows(run) -> list[dict]:

@@ -22,9 +22,7 @@ def run_attention(opts: AttentionOptions) -> int:
 
 
 def run_plot(opts: PlotOptions) -> int:
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    print(plot_run(load(opts.run, device="cpu"), opts.what, out, opts.tokens, opts.text))
+    print(plot_run(load(opts.run, device="cpu"), opts.what, Path(opts.out), opts.tokens, opts.text))
     return 0
 
 

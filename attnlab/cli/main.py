@@ -40,6 +40,7 @@ from attnlab.cli.vectors import run_vectors
 from attnlab.decoding.sampling import GenerateConfig
 from attnlab.errors import AttnlabError
 from attnlab.models.size import ClusterConfig
+from attnlab.runs.outputs import check_outputs
 from attnlab.tasks.compare import CompareOptions
 from attnlab.version import __version__
 
@@ -129,7 +130,9 @@ def add_command(sub, command: Command) -> None:
 
     def run(args: argparse.Namespace) -> int:
         sections = [given(args, section) for section, _, _ in command.sections]
-        return command.run(read_options(args, command.options), *sections)
+        opts = read_options(args, command.options)
+        check_outputs(opts)  # before any work: no file of the user's replaced, nothing written into a run
+        return command.run(opts, *sections)
 
     p.set_defaults(command=run)
 

@@ -43,6 +43,16 @@ class HeadsOut:
 
 
 @dataclass
+class WritesFiles:
+    """A command that writes files the user names (their flags carry `writes=`: runs/outputs.py)."""
+
+    force: bool = option(False, "replace an output file that exists (never one inside a run folder)")
+
+
+PICTURE, PAGE = (".png", ".svg", ".json"), (".png", ".svg", ".html", ".json")
+
+
+@dataclass
 class DemoOptions:
     out: str = option("runs/demo", "run directory (a free name is picked if it exists)")
     time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
@@ -50,7 +60,7 @@ class DemoOptions:
 
 
 @dataclass
-class PredictOptions(Answers, HeadsOut, ReadsRun):
+class PredictOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     text: str = option("", 'text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); for an image '
                        "run, an image file", positional=True)  # fmt: skip
     top_k: int | None = option(None, "candidates per [MASK] (default: 5), classes shown for an image (default: 3)",
@@ -59,15 +69,15 @@ class PredictOptions(Answers, HeadsOut, ReadsRun):
     attention: str | None = option(None, "translation runs: draw the alignment; ViT runs: draw [CLS]'s attention "
                                    "to each patch over the image (.png, .svg or .json); caption runs: where each "
                                    "word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
-                                   "where hovering a word moves the attention)", metavar="FILE")  # fmt: skip
+                                   "where hovering a word moves the attention)", metavar="FILE", writes=PAGE)  # fmt: skip
 
 
 @dataclass
-class TranslateOptions(Answers, HeadsOut, ReadsRun):
+class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     text: str = option("", "source text", positional=True)
     beam: int = option(1, "beam width; 1 is greedy decoding", at_least=1)
     attention: str | None = option(None, "also draw the alignment (cross-attention): .png, .svg or .json",
-                                   metavar="FILE")  # fmt: skip
+                                   metavar="FILE", writes=PICTURE)  # fmt: skip
 
 
 @dataclass
@@ -76,7 +86,7 @@ class SampleOptions(HeadsOut, ReadsRun):
 
 
 @dataclass
-class EvalOptions(Answers, ReadsRun):
+class EvalOptions(WritesFiles, Answers, ReadsRun):
     data: str | None = option(None, "file, folder or stdlib; image runs: digits, a folder of class sub-folders or "
                               "a .npz, scored whole (default: the run's own data)")  # fmt: skip
     glob: str | None = option(None, "files of a folder to read (default: the run's, or *)")
@@ -84,7 +94,7 @@ class EvalOptions(Answers, ReadsRun):
                                "val; classifiers and taggers: test)", (*SPLITS, "test"))  # fmt: skip
     max_tokens: int | None = option(None, "evaluate at most this many tokens", at_least=1)
     confusion: str | None = option(None, "image runs: where to draw the confusion matrix, .png, .svg or .json "
-                                   "(default: RUN/eval_confusion.png)", metavar="FILE")  # fmt: skip
+                                   "(default: RUN/eval_confusion.png)", metavar="FILE", writes=PICTURE)  # fmt: skip
     beam: int = option(1, "translation runs: beam width, 1 = greedy", at_least=1)
 
 
@@ -94,10 +104,10 @@ class SizeOptions(Answers):
 
 
 @dataclass
-class AttentionOptions(ReadsRun):
+class AttentionOptions(WritesFiles, ReadsRun):
     input: str = option("", "text to read (an image file for image runs)", positional=True)
     out: str = option("", "what to write, by suffix: .png or .svg picture, .html page, .json numbers",
-                      required=True, metavar="FILE")  # fmt: skip
+                      required=True, metavar="FILE", writes=PAGE)  # fmt: skip
     layer: int | None = option(None, "PNG, SVG, JSON: only this layer (1 = first), all its heads")
     head: int | None = option(None, "PNG, SVG, JSON: only this head of --layer (1 = first)")
     view: str | None = option(None, "a translation run: which attention (PNG, SVG default: cross; JSON default: all)",
@@ -105,22 +115,22 @@ class AttentionOptions(ReadsRun):
 
 
 @dataclass
-class PlotOptions:
+class PlotOptions(WritesFiles):
     run: str = option("", "run directory", positional=True)
     what: str = option("", "what to draw", tuple(PLOTS), required=True)
     out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
-                      metavar="FILE")  # fmt: skip
+                      metavar="FILE", writes=PICTURE)  # fmt: skip
     tokens: int = option(60, "embeddings: how many tokens to label")
     text: str | None = option(None, "experts: the text to route (default: a line of Python)")
 
 
 @dataclass
-class InspectOptions(ReadsRun):
+class InspectOptions(WritesFiles, ReadsRun):
     text: str | None = option(None, "input text, or an image file for image runs (not needed for over-training, "
                               "optional for ablate)", positional=True, nargs="?")  # fmt: skip
     what: str = option("", "what to compute", tuple(INSPECTIONS), required=True)
     out: str | None = option(None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)",
-                             metavar="FILE")  # fmt: skip
+                             metavar="FILE", writes=PAGE)  # fmt: skip
     on: str = option("repeats", "ablate with no text: random tokens repeated twice, the loss of their repeated half, "
                      "or the run's validation split", ("repeats", "val"))  # fmt: skip
 
@@ -177,7 +187,7 @@ class TrainVectorsOptions:
 
 
 @dataclass
-class VectorsOptions(Answers):
+class VectorsOptions(WritesFiles, Answers):
     run: str = option("", "vectors run directory, .safetensors file, or word2vec/GloVe text file", positional=True)
     neighbors: list[str] | None = option(None, "the nearest words to each WORD", nargs="+", metavar="WORD")
     analogy: list[str] | None = option(None, "A is to B as C is to ?: the words nearest to B - A + C (man king "
@@ -186,8 +196,10 @@ class VectorsOptions(Answers):
     top: int = option(10, "how many words to list")
     analogies: str | None = option(None, "score on analogy questions (questions-words.txt)", metavar="FILE")
     wordsim: str | None = option(None, "score on similarity ratings (wordsim353.tsv): Spearman", metavar="FILE")
-    export: str | None = option(None, "write the vectors: .txt/.vec (word2vec text) or .safetensors", metavar="FILE")
-    plot: str | None = option(None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE")
+    export: str | None = option(None, "write the vectors: .txt/.vec (word2vec text) or .safetensors", metavar="FILE",
+                                writes=(".txt", ".vec", ".safetensors"))  # fmt: skip
+    plot: str | None = option(None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE",
+                              writes=PICTURE)  # fmt: skip
     words: str | None = option(None, "comma-separated words to draw (default: the most frequent)")
     top_words: int = option(60, "how many frequent words to draw")
     arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",

@@ -21,12 +21,13 @@ from attnlab.data.batches import Batches
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.fits import check_training_fits
 from attnlab.engine.optim import apply_settings, make_optimizer
-from attnlab.engine.saving import save_checkpoint
+from attnlab.engine.saving import SNAPSHOTS, save_checkpoint
 from attnlab.io import truncate_metrics, write_json
 from attnlab.models import build_model
 from attnlab.nn.stack import set_grad_checkpoint, stacks_of
 from attnlab.runs.checkpoint import BackgroundWriter, load_train_state
-from attnlab.runs.folder import CONFIG, STATE
+from attnlab.runs.folder import CONFIG, STATE, WEIGHTS
+from attnlab.runs.marker import record
 from attnlab.runs.weights import load_state, state_dict_api
 from attnlab.runtime.device import dtype_choice
 from attnlab.runtime.distributed import Dist
@@ -102,6 +103,7 @@ def start(
     if d.main and resume:
         truncate_metrics(run / "metrics.jsonl", s.step)
     if d.main:
+        record(run, CONFIG, STATE, WEIGHTS, "metrics.jsonl", "loss.png", *[SNAPSHOTS] * bool(cfg.snapshot_every))
         write_json(run / CONFIG, config)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable

@@ -29,6 +29,7 @@ from attnlab.engine.session import Session, start
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
 from attnlab.runs.folder import check_dir, check_resumable, discard_unstarted, fresh_dir, read_run_config
+from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
 
@@ -118,6 +119,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
                 if d.main:
                     files = task.setup(req)
                     fresh_dir(out)
+                    record(out, *files)
                     for name, text in files.items():
                         write_text(out / name, text)
         prepared = task.prepare(req, d)

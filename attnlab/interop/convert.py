@@ -32,6 +32,7 @@ from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write
 from attnlab.io import read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
+from attnlab.runs.marker import record
 from attnlab.runs.weights import load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
@@ -72,6 +73,7 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
         config["task"] = task
     config["source"] = {"hf": str(src), "architecture": arch}
     fresh_dir(out)  # only now: a failed conversion never costs an old run
+    record(out, CONFIG, WEIGHTS, TOKENIZER)
     write_json(out / CONFIG, config)
     save_weights(model, out / WEIGHTS, {"step": "0"})
     if tokenizer_json is not None:

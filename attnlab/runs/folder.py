@@ -1,30 +1,29 @@
 """Run folders: what makes a folder an attnlab run, and the checks before one is read or replaced.
 
 A run folder holds
-    attnlab.json              the run marker, written first: only a folder that has it (or a run
-                              made before markers existed) is ever replaced by --force
+    attnlab.json              the run marker, written first, listing every name attnlab writes
+                              here (runs/marker.py): --force removes those and nothing else
     config.json               family, model, training and data settings (JSON)
     model.safetensors         the weights
     tokenizer.json            the tokenizer
     train_state.safetensors   what resuming needs (runs/checkpoint.py)
     metrics.jsonl, loss.png   what training measured
-Anything else in a folder is the user's: a folder that is not a run is never replaced.
+Anything else in a folder is the user's: it is never removed, and a folder that is not a run is
+never written into.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.io import read_json, write_json
-from attnlab.version import __version__
+from attnlab.io import read_json
+from attnlab.runs.marker import MARKER, read_marker, remove_owned, write_marker
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
 STATE = "train_state.safetensors"
-MARKER = "attnlab.json"  # {"attnlab": "run", "format": 1, "version": ...}
 SECTIONS = ("model", "train", "data")
 
 
@@ -72,15 +71,13 @@ def check_resumable(path: str | Path) -> Path:
 
 def is_marked(d: Path) -> bool:
     """The folder carries attnlab's run marker."""
-    try:
-        marker = json.loads((d / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("attnlab") == "run"
+    return read_marker(d) is not None
 
 
 def is_run(d: Path) -> bool:
-    """An attnlab run folder: marked, or made before markers (a config.json with attnlab's tables)."""
+    """An attnlab run folder: marked, or made before markers: a config.json with attnlab's tables and
+    the weights or training state beside it (a config.json alone with model/train/data keys may be
+    anybody's)."""
     if not d.is_dir():
         return False
     if is_marked(d):
@@ -89,7 +86,7 @@ def is_run(d: Path) -> bool:
         read_run_config(d)
     except AttnlabError:
         return False
-    return True
+    return (d / WEIGHTS).is_file() or (d / STATE).is_file()
 
 
 def unstarted(d: Path) -> bool:
@@ -126,16 +123,21 @@ def describe(p: Path) -> str:
 
 def fresh_dir(out: Path) -> None:
     """Called once the new run is ready to be written (after check_dir said `out` may be replaced),
-    so a failed start never costs an old run. The marker comes first."""
+    so a failed start never costs an old run. Of a run replaced with --force, only what attnlab wrote
+    goes; the user's files stay, and are named. The marker comes first."""
     if out.is_dir():
-        shutil.rmtree(out)
+        kept = remove_owned(out)
+        if kept:
+            more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+            warnings.warn(f"{out}: kept {', '.join(kept[:5])}{more} (not written by attnlab)", stacklevel=2)
     elif out.exists():
         out.unlink()
-    out.mkdir(parents=True)
-    write_json(out / MARKER, {"attnlab": "run", "format": 1, "version": __version__})
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out)
 
 
 def discard_unstarted(out: Path) -> None:
-    """After a failed start: remove what it wrote, if it never reached its first checkpoint."""
-    if out.is_dir() and unstarted(out):
-        shutil.rmtree(out, ignore_errors=True)
+    """After a failed start: remove what it wrote, if it never reached its first checkpoint (and the
+    folder too, unless something of the user's is in it)."""
+    if out.is_dir() and unstarted(out) and not remove_owned(out):
+        out.rmdir()

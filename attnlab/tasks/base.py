@@ -26,6 +26,7 @@ from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, write_json
 from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
+from attnlab.runs.marker import record
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.printer import Printer
 
@@ -114,6 +115,7 @@ class Task(RunKind, Printer):
         if test is None:
             return {}
         if s.dist.main:
+            record(s.run, "eval.json")
             write_json(s.run / "eval.json", {"split": "test", **test})
             self.draw_test(s, prepared, req, test)
         return {"test": test}

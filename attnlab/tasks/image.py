@@ -37,6 +37,7 @@ from attnlab.models import build_model
 from attnlab.models.mlp import MLPConfig
 from attnlab.models.vit import PRESETS as VIT_PRESETS
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.runs.marker import record
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
@@ -159,7 +160,10 @@ class ImageClassification(Task):
         return "\n".join(lines)
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        plot = options.get("confusion") or str(Path(run.path) / "eval_confusion.png")
+        plot = options.get("confusion")
+        if not plot:  # the run's own picture, listed among its files
+            record(Path(run.path), "eval_confusion.png")
+            plot = str(Path(run.path) / "eval_confusion.png")
         return {**evaluate_image(run, data, split or "test", plot), "confusion_png": plot}
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
@@ -213,7 +217,7 @@ def predict_split(model: nn.Module, images: ImageSet, split: str, device, batch_
 
 def pictures(run: Path, model: nn.Module, images: ImageSet, gold: np.ndarray, probs: np.ndarray, title: str) -> None:
     """confusion.png and predictions.png of the test split; for a ViT also attention.png."""
-
+    record(run, "confusion.png", "predictions.png", "attention.png")
     classes = images.classes
     pred = probs.argmax(1)
     plot_confusion(confusion(gold, pred, len(classes)), classes, run / "confusion.png", f"{title}: test")

@@ -33,6 +33,7 @@ from attnlab.models.encoder import PRESETS as ENCODER_PRESETS
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.protocols import WordEmbedded
 from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
+from attnlab.runs.marker import record
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
@@ -279,5 +280,5 @@ def score(model: nn.Module, batches: Examples, split: str, labels: list[str], de
 
 
 def confusion_png(run: Path, result: dict, title: str) -> None:
-
+    record(run, "confusion.png")
     plot_confusion(np.array(result["confusion"]), result["labels"], run / "confusion.png", title)

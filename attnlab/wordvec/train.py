@@ -25,6 +25,7 @@ from attnlab.data.text import read_texts, resolve_sources
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json, write_safetensors
 from attnlab.runs.folder import CONFIG, WEIGHTS, check_dir, fresh_dir
+from attnlab.runs.marker import record
 from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.corpus import Corpus, Vocab, keep_probability, noise_table, sentences
 from attnlab.wordvec.glove import cooccurrence, fit_epoch
@@ -146,6 +147,7 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
     if len(corpus.ids) < 2:
         raise AttnlabError("the corpus has fewer than two words of the vocabulary: give more text")
     fresh_dir(out)
+    record(out, "metrics.jsonl", WEIGHTS, CONFIG)
     log = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed below
     rows: list[dict] = []
 
