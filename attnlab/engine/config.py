@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 from attnlab.config import option
@@ -96,3 +97,17 @@ class TrainConfig:
             raise ValueError(f"muon_lr must be a finite number above 0, got {self.muon_lr}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """A decay that climbs is refused; a warmup the run never finishes is said in words."""
+        if self.min_lr is not None and self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
+                             f"give a min_lr below lr (default lr / 10)")  # fmt: skip
+        if self.warmup_steps > self.max_steps > 0:
+            # lr_at ramps lr * (step + 1) / warmup_steps: the last step, max_steps - 1, reaches this
+            peak = self.lr * self.max_steps / self.warmup_steps
+            warnings.warn(f"warmup_steps {self.warmup_steps} is more than max_steps {self.max_steps}: the "
+                          f"learning rate is still warming up when training ends and peaks at {peak:.3g}, "
+                          f"{self.max_steps / self.warmup_steps:.0%} of lr {self.lr:g} (lower warmup_steps "
+                          f"to reach lr)", stacklevel=3)  # fmt: skip
