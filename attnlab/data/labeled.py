@@ -123,15 +123,15 @@ def _csv_rows(f: io.StringIO, path, delimiter: str, label_column: str) -> list[d
             end = reader.line_num
             label = row.get(label_column)
             if isinstance(label, str) and "\n" in label.strip("\r\n"):  # a label never spans lines
-                raise AttnlabError(f"{path}: row {n} (line {start}): its {label_column!r} runs over lines "
-                                   f"{start}-{end}: a quote opened on line {start} closes only on line {end}")  # fmt: skip
+                raise AttnlabError(f"{path}: row {n} (line {start}): its {label_column!r} runs over lines {start}"
+                                   f"-{end}: a quote opened on line {start} closes only on line {end}")  # fmt: skip
             rows.append(row)
             start = end + 1
     except csv.Error as e:
         open_quote = "end of data" in str(e)
         why = "a quote opened on this line is never closed" if open_quote else f"not valid CSV ({e})"
         raise AttnlabError(f"{path}: row {len(rows) + 1} (line {start}): {why}; a quote inside a field "
-                           f'is written "" and the field quoted')  # fmt: skip
+                           f'is written "" and the field quoted') from None  # fmt: skip
     return rows
 
 

@@ -22,6 +22,7 @@ from attnlab.config import from_dict, option
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
+from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -100,8 +101,11 @@ class Labeled(Task):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)
         self.label_set(splits["train"])  # before anything is written: one label is an error
-        tok = init_tokenizer(req.init) if req.init else WordTokenizer.train(self.texts(splits["train"]),
-                                                                             req.data.vocab_size)  # fmt: skip
+        if not req.init:
+            return {TOKENIZER: WordTokenizer.train(self.texts(splits["train"]), req.data.vocab_size).to_json()}
+        tok = init_tokenizer(req.init)  # the pretrained run's vocabulary, which may not cover this data
+        warn_unknown(tok, unknown_share(tok, self.texts(splits["train"])), f"--data {req.data.data}",
+                     f"fine-tuning from {req.init} learns from {tok.unk_name} in their place")  # fmt: skip
         return {TOKENIZER: tok.to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
@@ -165,6 +169,9 @@ class Labeled(Task):
         if split not in SPLIT_NAMES:
             raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
         examples = load_splits(cfg, self.name)[split]
+        if data is not None:
+            warn_unknown(run.tokenizer, unknown_share(run.tokenizer, self.texts(examples)), data,
+                         "the scores are the model's on what it can read")  # fmt: skip
         max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
         ids, ys = self.encode(run.tokenizer, examples, {y: i for i, y in enumerate(labels)}, max_len, split)
         result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
