@@ -42,7 +42,7 @@ from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.labeled import show_scores
-from attnlab.tasks.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.viz.confusion import plot_confusion
 from attnlab.viz.html import AttentionView
 from attnlab.viz.patches import plot_prediction_grid
@@ -132,7 +132,9 @@ class ImageClassification(Task):
         images = prepared.state
         gold, probs = predict_split(s.raw, images, "test", s.device)
         prepared.state = images, gold, probs  # for draw_test
-        return {"examples": len(gold), **scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)}
+        m = confusion(gold, probs.argmax(1), len(images.classes))
+        warn_small_split("test", len(gold), m, images.classes)
+        return {"examples": len(gold), **scores(m, images.classes)}
 
     def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
         pictures(s.run, s.raw, *prepared.state, f"{req.model} on {req.data.data}")
@@ -291,7 +293,9 @@ def evaluate_image(run, data: str | None = None, split: str = "test", plot: str 
         images = load_images(cfg, labels, size, channels)
         name = cfg.test if split == "test" and cfg.test else cfg.data
     gold, probs = predict_split(run.model, images, split, run.device)
-    result = scores(confusion(gold, probs.argmax(1), len(labels)), labels)
+    m = confusion(gold, probs.argmax(1), len(labels))
+    warn_small_split(split, len(gold), m, labels)
+    result = scores(m, labels)
     if plot:
         title = f"{run.path.name} on {Path(name).name} ({split}): accuracy {result['accuracy']:.2%}"
         plot_confusion(np.array(result["confusion"]), labels, Path(plot), title)

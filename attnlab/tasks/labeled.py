@@ -38,7 +38,7 @@ from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tasks.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 from attnlab.viz.confusion import plot_confusion
 from attnlab.wordvec.embedding import load_word_vectors
@@ -282,7 +282,9 @@ def predict_batches(model: nn.Module, batches: Examples, split: str, device, bat
 
 def score(model: nn.Module, batches: Examples, split: str, labels: list[str], device) -> dict:
     gold, pred = predict_batches(model, batches, split, device)
-    return scores(confusion(gold, pred, len(labels)), labels)
+    m = confusion(gold, pred, len(labels))
+    warn_small_split(split, len(batches.seqs[split]), m, labels)
+    return scores(m, labels)
 
 
 def confusion_png(run: Path, result: dict, title: str) -> None:
