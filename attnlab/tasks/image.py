@@ -27,7 +27,9 @@ from attnlab.data.images import (
     load_images,
     load_source,
     read_image,
+    resize,
 )
+from attnlab.data.polarity import background, fit_polarity
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
@@ -114,7 +116,13 @@ class ImageClassification(Task):
         else:
             images = load_images(req.data)
         cfg = model_config(req.model, images, self.model_fields(req))
-        task = {"kind": self.name, "labels": images.classes, "size": list(images.size), "channels": images.channels}
+        task = {
+            "kind": self.name,
+            "labels": images.classes,
+            "size": list(images.size),
+            "channels": images.channels,
+            "background": background(images.splits["train"][0]),
+        }  # what predict makes a user's image look like
         config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
                   "data": dataclasses.asdict(req.data), "task": task}  # fmt: skip
         if req.init is not None:
@@ -236,9 +244,12 @@ def _task(run) -> dict:
 
 
 def load_image(run, path: str | Path) -> np.ndarray:
-    """One image file as the run's model reads it: (C, H, W) in [0, 1] at the run's size and channels."""
+    """One image file as the run's model reads it: (C, H, W) in [0, 1] at the run's size and channels,
+    inverted when its background is the opposite of the training images' (said in a warning)."""
     task = _task(run)
-    return read_image(path, tuple(task["size"]), task["channels"])
+    x = read_image(path, None, task["channels"])  # (C, H, W) at its own size, which the warning names
+    size = tuple(task["size"])
+    return fit_polarity(resize(x, size), x.shape[1:], size, task.get("background"), path)  # runs before: None
 
 
 @torch.no_grad()
