@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import from_dict, option
+from attnlab.config import checked, from_dict, option
 from attnlab.data.batches import IGNORE, Examples
-from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
+from attnlab.data.labeled import BUILTIN_TASKS, FORMATS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
 from attnlab.data.unknown import unknown_share, warn_unknown
+from attnlab.engine.config import TrainConfig
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -82,6 +83,17 @@ class Labeled(Task):
         encoder = ModelChoice("encoder", EncoderConfig, (("head", self.name),), ENCODER_PRESETS, "encoder-tiny")
         self.models = {"encoder": encoder, **{name: ModelChoice(name, cls, (("task", self.name),))
                                                for name, (cls, _) in {**BASELINES, **LADDER}.items()}}  # fmt: skip
+
+    def default_data(self) -> LabeledDataConfig:
+        """The task's own generated data when --data is not given: classify sentiment, tag tagging."""
+        return LabeledDataConfig(data=FORMATS[self.name].builtin)
+
+    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        req = super().request(opts, given, train, saved)
+        if saved is None:  # the flags over this task's default data (the dataclass's own default is classify's)
+            req.data = checked(LabeledDataConfig, {"data": self.default_data().data, **given["data"]}, where="[data]")
+        return req
 
     # ---- what a task of labels says -------------------------------------------------------------
     def labels_of(self, train: list) -> set[str]:
