@@ -31,6 +31,15 @@ def budget_seconds(text: str) -> float:
     return value
 
 
+@functools.cache  # once: a command builds its TrainConfig more than once (flags, then the task's request)
+def warn_short_warmup(warmup_steps: int, max_steps: int, lr: float) -> None:
+    """The warmup a run never finishes, and the peak rate it reaches instead, in words."""
+    peak = lr * max_steps / warmup_steps  # lr_at ramps lr * (step + 1) / warmup_steps up to step max_steps - 1
+    warnings.warn(f"warmup_steps {warmup_steps} is more than max_steps {max_steps}: the learning rate is still "
+                  f"warming up when training ends and peaks at {peak:.3g}, {max_steps / warmup_steps:.0%} of lr "
+                  f"{lr:g} (lower warmup_steps to reach lr)", stacklevel=5)  # fmt: skip
+
+
 @dataclass
 class TrainConfig:
     max_steps: int = option(2000, "optimizer steps to train for")
@@ -105,9 +114,4 @@ class TrainConfig:
             raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
                              f"give a min_lr below lr (default lr / 10)")  # fmt: skip
         if self.warmup_steps > self.max_steps > 0:
-            # lr_at ramps lr * (step + 1) / warmup_steps: the last step, max_steps - 1, reaches this
-            peak = self.lr * self.max_steps / self.warmup_steps
-            warnings.warn(f"warmup_steps {self.warmup_steps} is more than max_steps {self.max_steps}: the "
-                          f"learning rate is still warming up when training ends and peaks at {peak:.3g}, "
-                          f"{self.max_steps / self.warmup_steps:.0%} of lr {self.lr:g} (lower warmup_steps "
-                          f"to reach lr)", stacklevel=3)  # fmt: skip
+            warn_short_warmup(self.warmup_steps, self.max_steps, self.lr)
