@@ -69,10 +69,12 @@ class CharTokenizer:
 
     def unknown_in(self, text: str) -> tuple[int, Counter[str]]:
         """(characters in `text`, the characters of it read as <unk> and their counts): one lookup."""
-        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        unknown, counts = np.unique(cps[self._table[np.minimum(cps, len(self._table) - 1)] == self.unk_id],
-                                    return_counts=True)  # fmt: skip
-        return len(cps), Counter(dict(zip(map(chr, unknown.tolist()), counts.tolist())))
+        unknown = self.encode_array(text) == self.unk_id
+        if not unknown.any():  # the common case, at the speed of encoding
+            return len(unknown), Counter()
+        width = (np.uint8, "ascii") if text.isascii() else (np.uint32, "utf-32-le")  # as encode_array reads it
+        cps, counts = np.unique(np.frombuffer(text.encode(width[1]), dtype=width[0])[unknown], return_counts=True)
+        return len(unknown), Counter(dict(zip(map(chr, cps.tolist()), counts.tolist())))
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [self.encode_array(t) for t in texts]
