@@ -237,7 +237,7 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, channels: 
         reason = "cannot identify image file" if isinstance(e, UnidentifiedImageError) else None
         raise AttnlabError(f"cannot read image {path}: {reason or getattr(e, 'strerror', None) or e}") from None
     x = np.asarray(img, dtype=np.float32) / 255
-    return np.ascontiguousarray(_resize(x[None] if x.ndim == 2 else x.transpose(2, 0, 1), size))  # (C, H, W)
+    return np.ascontiguousarray(resize(x[None] if x.ndim == 2 else x.transpose(2, 0, 1), size))  # (C, H, W)
 
 
 MAX_PIXELS = 25_000_000  # 5000x5000: a 12-megapixel photo reads, a decompression bomb does not
@@ -250,7 +250,7 @@ def check_pixels(size: tuple[int, int], path) -> None:
                            "scale it down first")  # fmt: skip
 
 
-def _resize(x: np.ndarray, size) -> np.ndarray:
+def resize(x: np.ndarray, size) -> np.ndarray:
     """(C, H, W) -> (C, *size), bilinear, one channel at a time in float (Pillow's mode F)."""
     if size is None or x.shape[1:] == tuple(size):
         return x
@@ -289,7 +289,7 @@ def _fit(images, size, channels, quiet: bool = False) -> np.ndarray:
         warnings.warn(f"{_many(converted, kinds[0] + ' image')} converted to {kinds[1]}", stacklevel=4)
     if not resized and not converted and isinstance(images, np.ndarray):
         return images  # already one shape: skip the per-image work on a large array
-    return np.stack([_convert(_resize(x, size), channels) for x in images]).astype(np.float32)
+    return np.stack([_convert(resize(x, size), channels) for x in images]).astype(np.float32)
 
 
 def _many(n: int, noun: str) -> str:

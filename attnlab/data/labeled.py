@@ -97,7 +97,7 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> list[tu
         if suffix in (".jsonl", ".json"):
             rows = [_json_row(line, path, n) for n, line in enumerate(f, 1) if line.strip()]
         else:
-            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+            rows = _csv_rows(f, path, delimiter="\t" if suffix == ".tsv" else ",", label_column=label_column)
     for n, row in enumerate(rows, 1):
         missing = [c for c in (text_column, label_column) if c not in row]
         if missing:
@@ -111,6 +111,28 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> list[tu
         warnings.warn(f"{path}: {len(pairs) - len(kept):,} of {len(pairs):,} rows have an empty text or label "
                       "and were dropped", stacklevel=2)  # fmt: skip
     return kept
+
+
+def _csv_rows(f: io.StringIO, path, delimiter: str, label_column: str) -> list[dict]:
+    """The rows of a CSV/TSV file; a quote left open (which would swallow the rows after it into
+    one field, a fake class when that field is the label) is an error naming its row and line."""
+    reader = csv.DictReader(f, delimiter=delimiter, strict=True)
+    rows, start = [], 2  # line 1 is the header
+    try:
+        for n, row in enumerate(reader, 1):
+            end = reader.line_num
+            label = row.get(label_column)
+            if isinstance(label, str) and "\n" in label.strip("\r\n"):  # a label never spans lines
+                raise AttnlabError(f"{path}: row {n} (line {start}): its {label_column!r} runs over lines {start}"
+                                   f"-{end}: a quote opened on line {start} closes only on line {end}")  # fmt: skip
+            rows.append(row)
+            start = end + 1
+    except csv.Error as e:
+        open_quote = "end of data" in str(e)
+        why = "a quote opened on this line is never closed" if open_quote else f"not valid CSV ({e})"
+        raise AttnlabError(f"{path}: row {len(rows) + 1} (line {start}): {why}; a quote inside a field "
+                           f'is written "" and the field quoted') from None  # fmt: skip
+    return rows
 
 
 def _json_row(line: str, path, n: int) -> dict:

@@ -85,6 +85,18 @@ def resolve_sources(data: str, glob: str = "*") -> list[Path]:
 
 
 PIECE_BYTES = 4 << 20  # read large files 4 MB at a time, so memory stays small whatever their size
+# No text holds this many NUL bytes in a row; a file padded with zeros, a disk image or a binary does.
+NUL_RUN = b"\0" * 16
+
+
+def refuse_nul_run(path: Path, block: bytes, offset: int, before: bytes = b"") -> None:
+    """An error if `block` (at byte `offset` of `path`, after the bytes `before`) holds a run of NULs."""
+    carry = before[-(len(NUL_RUN) - 1) :] if before else b""  # a run across the two blocks
+    where = (carry + block).find(NUL_RUN) if carry else block.find(NUL_RUN)
+    if where >= 0:
+        at = offset - len(carry) + where
+        raise AttnlabError(f"{path} is not text: it holds a run of NUL bytes from byte {at:,} (a file padded "
+                           f"with zeros, a disk image or a binary?): give a text file")  # fmt: skip
 
 
 def _trim_heap() -> None:
@@ -123,6 +135,7 @@ def warn_undecodable(path: Path, bad: int, sample: bytes) -> None:
 def read_text(path: Path) -> str:
     """A whole (small) text file as UTF-8, with the warning of read_pieces for bytes that are not."""
     data, bad = Path(path).read_bytes(), [0]
+    refuse_nul_run(path, data, 0)
     text = decode(data, bad)
     warn_undecodable(path, bad[0], data[:65536])
     return text
@@ -131,14 +144,17 @@ def read_text(path: Path) -> str:
 def read_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[str, int, bool]]:
     """The files' text in pieces of about piece_bytes: (text, its size in bytes, last piece of
     its file). Pieces end at a line break where there is one, so no character or line is cut
-    in two; undecodable bytes become U+FFFD rather than an error, with one warning per file."""
+    in two; undecodable bytes become U+FFFD rather than an error, with one warning per file; a run
+    of NUL bytes anywhere is an error (resolve_sources looks only at a file's first 8 KB)."""
     for f in files:
         bad = [0]
         with open(f, "rb") as fh:
-            pending = b""
+            pending, previous, offset = b"", b"", 0
             head = fh.read(65536)  # what the encoding is guessed from
             fh.seek(0)
             while block := fh.read(piece_bytes):
+                refuse_nul_run(f, block, offset, previous)  # before a NUL is trained on or cached
+                previous, offset = block, offset + len(block)
                 if len(block) == piece_bytes:  # a large file: give back what the last piece used
                     _trim_heap()
                 cut = block.rfind(b"\n") + 1

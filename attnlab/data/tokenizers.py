@@ -21,6 +21,7 @@ from attnlab.errors import AttnlabError
 
 EOT = "<|endoftext|>"
 UNK = "<unk>"
+WORD_SPECIALS_UNK = "[UNK]"  # WORD_SPECIALS[1]: the word tokenizers' unknown token
 
 
 class CharTokenizer:
@@ -30,6 +31,7 @@ class CharTokenizer:
 
     kind = "char"
     batch_pieces = 1  # encoding is one numpy lookup: batching pieces would only cost memory
+    unit, unk_name = "character", UNK  # what unknown_in counts, and what an unknown one becomes
 
     def __init__(self, chars: str):
         self.specials = [UNK, EOT]
@@ -65,6 +67,15 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def unknown_in(self, text: str) -> tuple[int, Counter[str]]:
+        """(characters in `text`, the characters of it read as <unk> and their counts): one lookup."""
+        unknown = self.encode_array(text) == self.unk_id
+        if not unknown.any():  # the common case, at the speed of encoding
+            return len(unknown), Counter()
+        width = (np.uint8, "ascii") if text.isascii() else (np.uint32, "utf-32-le")  # as encode_array reads it
+        cps, counts = np.unique(np.frombuffer(text.encode(width[1]), dtype=width[0])[unknown], return_counts=True)
+        return len(unknown), Counter(dict(zip(map(chr, cps.tolist()), counts.tolist())))
+
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [self.encode_array(t) for t in texts]
 
@@ -90,6 +101,11 @@ class BPETokenizer:
 
     kind = "bpe"
     batch_pieces = 8  # the Rust encoder spreads a batch over every core
+    unit, unk_name = "token", "nothing"
+
+    def unknown_in(self, text: str) -> tuple[int, Counter[str]]:
+        """Byte-level: every text encodes, nothing is unknown (and nothing is counted)."""
+        return 0, Counter()
 
     def __init__(self, tok):
         self.tok = tok
@@ -153,6 +169,7 @@ class WordTokenizer:
 
     kind = "word"
     batch_pieces = 1
+    unit, unk_name = "word", WORD_SPECIALS_UNK
 
     def __init__(self, words: list[str], lower: bool = False):
         self.itos = list(WORD_SPECIALS) + [w for w in words if w not in WORD_SPECIALS]
@@ -190,6 +207,11 @@ class WordTokenizer:
     def encode_words(self, words: list[str]) -> list[int]:
         return [self.stoi.get(w.lower() if self.lower and w not in WORD_SPECIALS else w, self.unk_id) for w in words]
 
+    def unknown_in(self, text: str) -> tuple[int, Counter[str]]:
+        """(words in `text`, the words of it read as [UNK] and their counts)."""
+        words = self.split(text, self.lower)
+        return len(words), Counter(w for w in words if w not in self.stoi)
+
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int64)
 
@@ -215,6 +237,7 @@ class WordPieceTokenizer:
     kind = "wordpiece"
     batch_pieces = 8
     wraps = True
+    unit, unk_name = "token", WORD_SPECIALS_UNK
     lower = False  # the tokenizer's own normalizer lowercases, if the model was uncased
 
     def __init__(self, tok):
@@ -240,6 +263,11 @@ class WordPieceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
+
+    def unknown_in(self, text: str) -> tuple[int, Counter[str]]:
+        """(word pieces of `text`, the words of it read as [UNK], by their place in the text, and their counts)."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return len(enc.ids), Counter(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == self.unk_id)
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 from attnlab.config import option
@@ -28,6 +29,15 @@ def budget_seconds(text: str) -> float:
     if not (0 < value < math.inf):
         raise ValueError(f"time_budget must be a finite duration above 0, got {text!r}")
     return value
+
+
+@functools.cache  # once: a command builds its TrainConfig more than once (flags, then the task's request)
+def warn_short_warmup(warmup_steps: int, max_steps: int, lr: float) -> None:
+    """The warmup a run never finishes, and the peak rate it reaches instead, in words."""
+    peak = lr * max_steps / warmup_steps  # lr_at ramps lr * (step + 1) / warmup_steps up to step max_steps - 1
+    warnings.warn(f"warmup_steps {warmup_steps} is more than max_steps {max_steps}: the learning rate is still "
+                  f"warming up when training ends and peaks at {peak:.3g}, {max_steps / warmup_steps:.0%} of lr "
+                  f"{lr:g} (lower warmup_steps to reach lr)", stacklevel=5)  # fmt: skip
 
 
 @dataclass
@@ -96,3 +106,12 @@ class TrainConfig:
             raise ValueError(f"muon_lr must be a finite number above 0, got {self.muon_lr}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """A decay that climbs is refused; a warmup the run never finishes is said in words."""
+        if self.min_lr is not None and self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
+                             f"give a min_lr below lr (default lr / 10)")  # fmt: skip
+        if self.warmup_steps > self.max_steps > 0:
+            warn_short_warmup(self.warmup_steps, self.max_steps, self.lr)

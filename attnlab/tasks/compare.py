@@ -20,6 +20,7 @@ from attnlab.data import captions
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
+from attnlab.engine.config import TrainConfig, budget_seconds
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
@@ -35,6 +36,7 @@ COMPARISONS: dict[str, Any] = {}  # --task -> what it compares (filled below)
 LADDER_MODELS = "bow,pooled,self-attention,qkv-attention,conv1d,rnn,encoder"
 TRANSLATION_BARS = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
 VECTORS = "+vectors"  # the suffix of a model trained from pretrained word vectors
+LM_BUDGET = "2m"  # each recipe's training time when --budget is not given
 
 
 @dataclass
@@ -47,7 +49,9 @@ class CompareOptions:
                                 "transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
     out: str = option("runs/compare", "folder for the runs, table and chart")
     force: bool = option(False, "replace earlier runs in --out")
-    budget: str = option("2m", "lm: training time of each recipe (90s, 2m, 1.5h)")
+    budget: str | None = option(None, "training time of EACH model (90s, 2m, 1.5h), not of the whole comparison: "
+                                "a model stops at its budget or its tuned step count, whichever comes first "
+                                "(default: the tuned steps; lm: 2m for each recipe)")  # fmt: skip
     data: str = option("stdlib", "lm: the corpus (a file, a folder or stdlib)")
     parts: str | None = option(None, "lm: comma-separated parts of the fast recipe to ablate (default: every one)")
     blocks: bool = option(False, "lm: compare blocks instead of recipes: the classic (gpt-nano), Llama (llama-nano) "
@@ -56,6 +60,10 @@ class CompareOptions:
                                       "these vectors (an attnlab train vectors run, or a word2vec/GloVe file), as "
                                       "the row MODEL+vectors", metavar="RUN_OR_FILE")  # fmt: skip
     freeze_vectors: bool = option(True, "keep the pretrained vectors fixed while training")
+
+    def __post_init__(self):
+        if self.budget is not None:
+            budget_seconds(self.budget)  # a clear error now, not after the first model
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class ModelComparison:
             raise AttnlabError("--word-vectors: only the text tasks (sentiment, tagging) read word vectors")
         task, models, out = TASKS[self.task], (opts.models or self.models).split(","), Path(opts.out)
         check_models(models, task, opts.task)
-        one = trainer(task, self.data(), out, opts.force, progress)
+        one = trainer(task, self.data(), out, opts.force, progress, opts.budget)
         if opts.word_vectors:
             one, models = with_vectors(one, models, opts.word_vectors, opts.freeze_vectors)
         rows = train_each(models, one, self.scores, progress)
@@ -90,8 +98,8 @@ class RecipeComparison:
 
     def run(self, opts: CompareOptions, progress: bool = True) -> tuple[list[dict], str]:
         parts = opts.parts.split(",") if opts.parts else None
-        rows = compare_lm(Path(opts.out), opts.budget, opts.data, parts, force=opts.force, progress=progress,
-                          blocks=opts.blocks)  # fmt: skip
+        rows = compare_lm(Path(opts.out), opts.budget or LM_BUDGET, opts.data, parts, force=opts.force,
+                          progress=progress, blocks=opts.blocks)  # fmt: skip
         return rows, format_lm_table(rows, blocks=opts.blocks)
 
 
@@ -114,12 +122,14 @@ def check_models(models: list[str], task, where: str) -> None:
             raise AttnlabError(f"{name}: {e}; leave it out of --models") from None
 
 
-def trainer(task, data, out: Path, force: bool, progress: bool) -> Callable[..., dict]:
-    """Train one model of `task` on `data` into out/NAME, with the task's tuned settings."""
+def trainer(task, data, out: Path, force: bool, progress: bool, budget: str | None = None) -> Callable[..., dict]:
+    """Train one model of `task` on `data` into out/NAME, with the task's tuned settings; `budget`: each
+    model's training time at most (its schedule then follows the clock, see TrainConfig.time_budget)."""
 
     def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
-        return run(task, TrainRequest(out / (folder or name), name, fields or {}, data=data, force=force,
-                                      progress=progress, options=options or {}))  # fmt: skip
+        train = TrainConfig(**{**task.train_defaults(name), "time_budget": budget}) if budget else None
+        return run(task, TrainRequest(out / (folder or name), name, fields or {}, train=train, data=data,
+                                      force=force, progress=progress, options=options or {}))  # fmt: skip
 
     return one
 

@@ -27,7 +27,9 @@ from attnlab.data.images import (
     load_images,
     load_source,
     read_image,
+    resize,
 )
+from attnlab.data.polarity import background, fit_polarity
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, run
 from attnlab.errors import AttnlabError
@@ -43,7 +45,7 @@ from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.labeled import show_scores
-from attnlab.tasks.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.viz.confusion import plot_confusion
 from attnlab.viz.html import AttentionView
 from attnlab.viz.patches import plot_prediction_grid
@@ -115,7 +117,13 @@ class ImageClassification(Task):
         else:
             images = load_images(req.data)
         cfg = model_config(req.model, images, self.model_fields(req))
-        task = {"kind": self.name, "labels": images.classes, "size": list(images.size), "channels": images.channels}
+        task = {
+            "kind": self.name,
+            "labels": images.classes,
+            "size": list(images.size),
+            "channels": images.channels,
+            "background": background(images.splits["train"][0]),
+        }  # what predict makes a user's image look like
         config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
                   "data": dataclasses.asdict(req.data), "task": task}  # fmt: skip
         if req.init is not None:
@@ -133,7 +141,9 @@ class ImageClassification(Task):
         images = prepared.state
         gold, probs = predict_split(s.raw, images, "test", s.device)
         prepared.state = images, gold, probs  # for draw_test
-        return {"examples": len(gold), **scores(confusion(gold, probs.argmax(1), len(images.classes)), images.classes)}
+        m = confusion(gold, probs.argmax(1), len(images.classes))
+        warn_small_split("test", len(gold), m, images.classes)
+        return {"examples": len(gold), **scores(m, images.classes)}
 
     def draw_test(self, s: Session, prepared: Prepared, req: TrainRequest, test: dict[str, Any]) -> None:
         pictures(s.run, s.raw, *prepared.state, f"{req.model} on {req.data.data}")
@@ -238,9 +248,12 @@ def _task(run) -> dict:
 
 
 def load_image(run, path: str | Path) -> np.ndarray:
-    """One image file as the run's model reads it: (C, H, W) in [0, 1] at the run's size and channels."""
+    """One image file as the run's model reads it: (C, H, W) in [0, 1] at the run's size and channels,
+    inverted when its background is the opposite of the training images' (said in a warning)."""
     task = _task(run)
-    return read_image(path, tuple(task["size"]), task["channels"])
+    x = read_image(path, None, task["channels"])  # (C, H, W) at its own size, which the warning names
+    size = tuple(task["size"])
+    return fit_polarity(resize(x, size), x.shape[1:], size, task.get("background"), path)  # runs before: None
 
 
 @torch.no_grad()
@@ -295,7 +308,9 @@ def evaluate_image(run, data: str | None = None, split: str = "test", plot: str 
         images = load_images(cfg, labels, size, channels)
         name = cfg.test if split == "test" and cfg.test else cfg.data
     gold, probs = predict_split(run.model, images, split, run.device)
-    result = scores(confusion(gold, probs.argmax(1), len(labels)), labels)
+    m = confusion(gold, probs.argmax(1), len(labels))
+    warn_small_split(split, len(gold), m, labels)
+    result = scores(m, labels)
     if plot:
         title = f"{run.path.name} on {Path(name).name} ({split}): accuracy {result['accuracy']:.2%}"
         plot_confusion(np.array(result["confusion"]), labels, Path(plot), title)

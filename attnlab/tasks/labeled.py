@@ -18,10 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import from_dict, option
+from attnlab.config import checked, from_dict, option
 from attnlab.data.batches import IGNORE, Examples
-from attnlab.data.labeled import BUILTIN_TASKS, SPLIT_NAMES, LabeledDataConfig, load_splits
+from attnlab.data.labeled import BUILTIN_TASKS, FORMATS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
+from attnlab.data.unknown import unknown_share, warn_unknown
+from attnlab.engine.config import TrainConfig
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -38,7 +40,7 @@ from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
 from attnlab.tasks.common import build_config, preset_fields
-from attnlab.tasks.metrics import confusion, scores
+from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 from attnlab.viz.confusion import plot_confusion
 from attnlab.wordvec.embedding import load_word_vectors
@@ -83,6 +85,17 @@ class Labeled(Task):
         self.models = {"encoder": encoder, **{name: ModelChoice(name, cls, (("task", self.name),))
                                                for name, (cls, _) in {**BASELINES, **LADDER}.items()}}  # fmt: skip
 
+    def default_data(self) -> LabeledDataConfig:
+        """The task's own generated data when --data is not given: classify sentiment, tag tagging."""
+        return LabeledDataConfig(data=FORMATS[self.name].builtin)
+
+    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        req = super().request(opts, given, train, saved)
+        if saved is None:  # the flags over this task's default data (the dataclass's own default is classify's)
+            req.data = checked(LabeledDataConfig, {"data": self.default_data().data, **given["data"]}, where="[data]")
+        return req
+
     # ---- what a task of labels says -------------------------------------------------------------
     def labels_of(self, train: list) -> set[str]:
         raise NotImplementedError
@@ -101,8 +114,11 @@ class Labeled(Task):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         splits = load_splits(req.data, self.name)
         self.label_set(splits["train"])  # before anything is written: one label is an error
-        tok = init_tokenizer(req.init) if req.init else WordTokenizer.train(self.texts(splits["train"]),
-                                                                             req.data.vocab_size)  # fmt: skip
+        if not req.init:
+            return {TOKENIZER: WordTokenizer.train(self.texts(splits["train"]), req.data.vocab_size).to_json()}
+        tok = init_tokenizer(req.init)  # the pretrained run's vocabulary, which may not cover this data
+        warn_unknown(tok, unknown_share(tok, self.texts(splits["train"])), f"--data {req.data.data}",
+                     f"fine-tuning from {req.init} learns from {tok.unk_name} in their place")  # fmt: skip
         return {TOKENIZER: tok.to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
@@ -166,6 +182,9 @@ class Labeled(Task):
         if split not in SPLIT_NAMES:
             raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
         examples = load_splits(cfg, self.name)[split]
+        if data is not None:
+            warn_unknown(run.tokenizer, unknown_share(run.tokenizer, self.texts(examples)), data,
+                         "the scores are the model's on what it can read")  # fmt: skip
         max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
         ids, ys = self.encode(run.tokenizer, examples, {y: i for i, y in enumerate(labels)}, max_len, split)
         result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
@@ -276,7 +295,9 @@ def predict_batches(model: nn.Module, batches: Examples, split: str, device, bat
 
 def score(model: nn.Module, batches: Examples, split: str, labels: list[str], device) -> dict:
     gold, pred = predict_batches(model, batches, split, device)
-    return scores(confusion(gold, pred, len(labels)), labels)
+    m = confusion(gold, pred, len(labels))
+    warn_small_split(split, len(batches.seqs[split]), m, labels)
+    return scores(m, labels)
 
 
 def confusion_png(run: Path, result: dict, title: str) -> None:

@@ -19,6 +19,7 @@ from attnlab.config import checked, option, parse_value, read_toml
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
+from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
@@ -53,6 +54,9 @@ def corpus_tokenizer(data: DataConfig, progress: bool, tok: Tokenizer | None = N
     if tok is None:
         texts = read_texts(files, "reading the corpus" if progress else None)
         tok = train_tokenizer(data.tokenizer, texts, data.vocab_size, workers_for(files))
+    else:  # the --init run's tokenizer: what of this corpus it cannot read is trained on as unknown
+        share = unknown_share(tok, read_texts(files, "counting unknown tokens" if progress else None))
+        warn_unknown(tok, share, f"--data {data.data}", f"fine-tuning learns {tok.unk_name} in their place")
     build_token_cache(files, tok, data.val_fraction, progress)
     return tok
 

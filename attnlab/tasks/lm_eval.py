@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from attnlab.data import TokenData, build_token_cache, resolve_sources
+from attnlab.data import TokenData, build_token_cache, read_texts, resolve_sources
 from attnlab.data.batches import windows
+from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.errors import AttnlabError
 from attnlab.runtime.device import autocast, pick_dtype
 
@@ -40,6 +41,9 @@ def evaluate(
     if split not in SPLITS:
         raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLITS)}")
     files = resolve_sources(data, glob)
+    tok = run.tokenizer
+    share = unknown_share(tok, read_texts(files, "counting unknown tokens" if progress else None))
+    warn_unknown(tok, share, data, f"the loss is the model's on {tok.unk_name}, not on this text")
     val_fraction = run.config.get("data", {}).get("val_fraction", 0.05)
     tokens = TokenData(build_token_cache(files, run.tokenizer, val_fraction, progress))
     if split == "all":

@@ -9,6 +9,7 @@ import warnings
 import torch
 
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer
+from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.errors import AttnlabError
 
 
@@ -31,6 +32,7 @@ def words_and_ids(run, text: str, cls_first: bool) -> tuple[list[str], list[int]
     if not isinstance(tok, (WordTokenizer, WordPieceTokenizer)):
         raise AttnlabError(f"{run.path} is a {run.config.get('family')} language model: use attnlab sample")
     words = tok.split(text, tok.lower)
+    warn_unknown(tok, unknown_share(tok, [text]), "the text", "the model reads little of it", stacklevel=3)
     ids, first = frame(tok, tok.encode_words(words), cls_first, run.model.cfg.context)
     words = words[: len(ids) - first - tok.wraps]
     if not words:
