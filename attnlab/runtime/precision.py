@@ -101,10 +101,17 @@ def entry(value: object) -> Measurement | None:
         return None
 
 
+def chosen(m: Measurement) -> torch.dtype:
+    """What a trusted measurement chooses: bf16 where it was at least BF16_MARGIN faster."""
+    return torch.bfloat16 if m.ratio >= BF16_MARGIN else torch.float32
+
+
 def clear_cache() -> list[str]:
-    """Remove dtype.json; the keys it held (nothing else in the cache folder is touched)."""
+    """Remove dtype.json and forget this process's answers; the keys the file held (nothing else in
+    the cache folder is touched)."""
     known = read_cache()
     cache_path().unlink(missing_ok=True)
+    _DECIDED.clear()
     return list(known)
 
 
@@ -141,8 +148,7 @@ def _measured(device: torch.device, use: str, width: int, k: str) -> Decision:
         warnings.warn(f"--dtype auto ({use}, width {width}): {why_not}; using float32, the safe choice, and not "
                       f"keeping it (`attnlab doctor --measure {width}` measures again)", stacklevel=2)  # fmt: skip
         return Decision(torch.float32, f"float32: {why_not}", m)
-    chosen = torch.bfloat16 if m.ratio >= BF16_MARGIN else torch.float32
-    return Decision(chosen, f"bf16 measured {m.ratio:.2g}x float32 here", m, _keep(k, m, use, width))
+    return Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, _keep(k, m, use, width))
 
 
 def decide(device: torch.device, use: str, width: int, fresh: bool = False) -> Decision:
@@ -156,8 +162,7 @@ def decide(device: torch.device, use: str, width: int, fresh: bool = False) -> D
     if native_bf16(cpu_flags()) is False:
         decision = Decision(torch.float32, "float32: this CPU has no bf16 instructions (emulated: 15-55x slower)")
     elif (m := None if fresh else entry(read_cache().get(k))) is not None:
-        chosen = torch.bfloat16 if m.ratio >= BF16_MARGIN else torch.float32
-        decision = Decision(chosen, f"bf16 measured {m.ratio:.2g}x float32 here", m, True)
+        decision = Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, True)
     else:
         decision = _measured(device, use, width, k)
     _DECIDED[k] = decision
