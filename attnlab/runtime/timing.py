@@ -23,7 +23,7 @@ import torch
 REPEATS = 7  # pairs per round: the median of 7 shrugs off up to 3 samples hit by a neighbour
 MIN_PAIRS = 3  # fewer samples have no spread worth the name
 ROUNDS = 3  # a noisy round is measured again, at most this many rounds in all
-BUDGET = 3.0  # seconds: no round begins, and a round takes no pair past MIN_PAIRS, after this. A quiet
+BUDGET = 2.0  # seconds: no round begins, and a round takes no pair past MIN_PAIRS, after this. A quiet
 # 2-core AMD EPYC measures a round at width 384 in 0.6 s; a loaded one took 10-29 s for 3 rounds.
 SPREAD_LIMIT = 0.3  # interquartile range over the median of either side above this: too noisy
 Timer = Callable[[torch.dtype], float]  # seconds of one run of the work in that dtype
