@@ -63,7 +63,7 @@ def test_consistent_samples_are_kept_and_read_back_without_measuring(monkeypatch
     dtype, note = dev.dtype_choice("auto", CPU, 128)
     assert dtype == BF16 and note == "bf16 measured 2x float32 here"
     assert fake.calls == 2 + 2 * timing.REPEATS  # a warm-up of each, then the interleaved pairs: one round
-    (key, entry), = json.loads(precision.cache_path().read_text()).items()
+    ((key, entry),) = json.loads(precision.cache_path().read_text()).items()
     assert key.endswith("|train|width 128") and precision.cpu_model() in key and torch.__version__ in key
     assert entry["float32"]["samples"] == timing.REPEATS and entry["float32"]["spread"] < SPREAD_LIMIT
     monkeypatch.setattr(precision, "_DECIDED", {})  # a later process reads the file
