@@ -50,9 +50,9 @@ def measurements(widths: list[int], n: int) -> None:
                     print(f"{use:<7}{width:>6}  {NAMES[d.dtype]:<9}  {d.note}")
                     continue
                 f, b = m.float32, m.bfloat16
-                why = "yes" if d.kept else "no: " + d.note.removeprefix("float32: ")
-                print(f"{use:<7}{width:>6}  {NAMES[d.dtype]:<9}{m.ratio:>10.2f}x  {f.median * 1e3:>9.2f} ±{f.spread:>5.0%}"
-                      f"  {b.median * 1e3:>9.2f} ±{b.spread:>5.0%}  {why}")  # fmt: skip
+                why = "yes" if d.kept else "no: " + d.note.removeprefix("the safe choice: ")
+                print(f"{use:<7}{width:>6}  {NAMES[d.dtype]:<9}{m.ratio:>10.2f}x  {f.median * 1e3:>9.2f} "
+                      f"±{f.spread:>5.0%}  {b.median * 1e3:>9.2f} ±{b.spread:>5.0%}  {why}")  # fmt: skip
 
 
 def decode_speed(width: int, tokens: int, repeats: int) -> dict[str, float]:

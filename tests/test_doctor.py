@@ -86,7 +86,8 @@ def test_doctor_says_why_a_measurement_was_not_kept(capsys, monkeypatch):
     timers(monkeypatch, train=Fake(noisy, noisy[::-1]), decode=Fake(STEADY_F32, STEADY_BF16))
     code, out, err = run_cli(["doctor", "--measure", "64"], capsys)
     assert code == 0 and err == ""  # the reason is in the table, not in a second warning
-    assert "train: not kept: timings too noisy to trust" in out and "decode: not kept" not in out
+    assert "train: not kept, float32 (the safe choice: timings too noisy to trust" in out
+    assert "decode: not kept" not in out
 
 
 def test_doctor_without_cpuinfo(capsys, monkeypatch):

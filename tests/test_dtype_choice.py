@@ -78,7 +78,7 @@ def test_noisy_samples_are_measured_again_then_not_kept(monkeypatch):
         warnings.simplefilter("always")
         dtype, note = dev.dtype_choice("auto", CPU, 128)
         assert dev.dtype_choice("auto", CPU, 128)[0] == F32  # the same process: not measured, not said, again
-    assert dtype == F32 and note.startswith("float32: timings too noisy to trust")
+    assert dtype == F32 and note.startswith("the safe choice: timings too noisy to trust")
     assert fake.calls == ROUNDS * (2 + 2 * timing.REPEATS)  # every round measured, none steady
     assert not precision.cache_path().exists()
     assert len(said) == 1 and "using float32, the safe choice, and not keeping it" in str(said[0].message)

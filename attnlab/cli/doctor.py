@@ -97,7 +97,7 @@ def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict
     if now:
         lines += ["", "measured now:", HEAD]
         lines += [row(r) if "float32" in r else f"  {r['width']:>5}  {r['use']:<6}  {r['dtype']:<8}" for r in now]
-        lines += [f"  {r['use']}: not kept: {r['note'].removeprefix('float32: ')}" for r in now if not r["kept"]]
+        lines += [f"  {r['use']}: not kept, float32 ({r['note']})" for r in now if not r["kept"]]
     here = [r for r in rows if r.get("here")]
     lines += ["", "--dtype auto, kept for this CPU, PyTorch and thread count: bf16 where it ran at least "
               f"{precision.BF16_MARGIN:g}x", "the speed of float32 (timings: median ±spread, the interquartile range "

@@ -147,7 +147,7 @@ def _measured(device: torch.device, use: str, width: int, k: str) -> Decision:
     if why_not:
         warnings.warn(f"--dtype auto ({use}, width {width}): {why_not}; using float32, the safe choice, and not "
                       f"keeping it (`attnlab doctor --measure {width}` measures again)", stacklevel=2)  # fmt: skip
-        return Decision(torch.float32, f"float32: {why_not}", m)
+        return Decision(torch.float32, f"the safe choice: {why_not}", m)
     return Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, _keep(k, m, use, width))
 
 
@@ -160,7 +160,7 @@ def decide(device: torch.device, use: str, width: int, fresh: bool = False) -> D
     if k in _DECIDED and not fresh:
         return _DECIDED[k]
     if native_bf16(cpu_flags()) is False:
-        decision = Decision(torch.float32, "float32: this CPU has no bf16 instructions (emulated: 15-55x slower)")
+        decision = Decision(torch.float32, "no bf16 instructions on this CPU: emulated, 15-55x slower")
     elif (m := None if fresh else entry(read_cache().get(k))) is not None:
         decision = Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, True)
     else:

@@ -129,11 +129,11 @@ def distrust(m: Measurement, native: bool | None, amx: bool) -> str | None:
     if m.samples < MIN_PAIRS and not (native is not True and m.ratio < 1 / EMULATED):
         return f"only {m.samples} timing{'s' * (m.samples > 1)} of each in the time allowed"
     if m.spread > SPREAD_LIMIT:
-        return f"timings too noisy to trust (spread {m.spread:.0%}, above {SPREAD_LIMIT:.0%}, after {m.rounds} " \
-               f"round{'s' * (m.rounds > 1)})"  # fmt: skip
+        return f"timings too noisy to trust, spread {m.spread:.0%} > {SPREAD_LIMIT:.0%} after {m.rounds} " \
+               f"round{'s' * (m.rounds > 1)}"  # fmt: skip
     low, high = bounds(native, amx)
     if m.ratio > high:
-        return f"bf16 measured {m.ratio:.2g}x float32, more than a CPU can gain ({high:g}x at most)"
+        return f"bf16 measured {m.ratio:.2g}x float32, more than a CPU can gain, {high:g}x at most"
     if m.ratio < low:
         return f"bf16 measured {m.ratio:.2g}x float32, slower than a CPU with bf16 instructions can be"
     return None
