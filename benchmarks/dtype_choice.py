@@ -13,6 +13,7 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/dtype_choice.py
     .venv/bin/python benchmarks/dtype_choice.py --widths 128 --measurements 1 --repeats 2 --tokens 16  # smoke
+    .venv/bin/python benchmarks/dtype_choice.py --threads 1  # a thread count is a key of its own
 
 Speeds depend on the machine and on what else runs on it: say which CPU, and how loaded it was.
 """
@@ -76,7 +77,10 @@ def main() -> None:
     p.add_argument("--measurements", type=int, default=3, help="fresh measurements per use and width")
     p.add_argument("--repeats", type=int, default=5, help="decoding calls per dtype")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per decoding call")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-dtype-")  # the user's cache is untouched
     print(f"CPU {precision.cpu_model()}, PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} (1 min)")  # fmt: skip

@@ -5,6 +5,7 @@ the middle of the sampled text. The norm now computes in its gain's dtype: the s
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,7 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.cli.main import main
 from attnlab.nn.norm import RMSNorm
+from attnlab.runtime import precision
+from tests.conftest import run_cli
+from tests.test_dtype_choice import Fake
 
 ROOT = Path(__file__).parent.parent
 
@@ -65,3 +70,26 @@ def test_rmsnorm_under_autocast_computes_what_torch_fallback_computed():
     theirs.backward(grad)
     assert ours.dtype == theirs.dtype == torch.bfloat16 and torch.equal(ours, theirs)
     assert torch.equal(ours_grads[0], x.grad) and torch.equal(ours_grads[1], norm.weight.grad)
+
+
+def test_sample_says_why_before_the_text_never_inside_it(tmp_path, corpus, capsys, monkeypatch):
+    """`attnlab sample` with --dtype auto on a machine too noisy to trust: the warning is written
+    before the prompt, not between the prompt and its continuation (stdout and stderr share a terminal)."""
+    run = tmp_path / "run"
+    tiny = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4", "--max-steps",
+            "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    assert run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)[0] == 0
+    monkeypatch.setattr(precision, "_DECIDED", {})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
+    noisy = Fake([0.010, 0.050, 0.003, 0.020, 0.009, 0.090], [0.090, 0.009, 0.020, 0.003, 0.050, 0.010])
+    monkeypatch.setattr(precision, "timer_for", lambda device, use, width: noisy)
+    terminal = io.StringIO()  # one screen for both streams, in the order they were written
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with warnings.catch_warnings():  # as outside pytest: warnings written to sys.stderr as they come
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda *w, **kw: sys.stderr.write(warnings.formatwarning(*w[:4]))
+        assert main(["sample", str(run), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "0"]) == 0
+    first, text = terminal.getvalue().split("\n", 1)
+    assert first.startswith("attnlab: warning: --dtype auto (decode, width 16): timings too noisy to trust")
+    assert text.startswith("def ") and "warning" not in text
