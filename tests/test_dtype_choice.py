@@ -156,3 +156,15 @@ def test_explicit_precisions_are_not_measured(monkeypatch):
 def test_the_real_workloads_run_in_both_dtypes(use, width):
     seconds = precision.timer_for(CPU, use, width)
     assert seconds(F32) > 0 and seconds(BF16) > 0
+
+
+def test_a_kept_answer_no_cpu_can_give_is_measured_again(monkeypatch):
+    fake = Fake(STEADY_F32, STEADY_BF16)
+    timers(monkeypatch, train=fake)
+    k = precision.key(CPU, "train", 64)
+    precision.cache_path().parent.mkdir(parents=True, exist_ok=True)
+    steady = {"spread": 0.01, "samples": 7}
+    kept = {"float32": {"median": 0.014, **steady}, "bfloat16": {"median": 0.001, **steady}}  # bf16 14x: no CPU
+    precision.cache_path().write_text(json.dumps({k: kept}))
+    assert dev.dtype_choice("auto", CPU, 64) == (BF16, "bf16 measured 2x float32 here")  # not the 14x on file
+    assert fake.calls > 0 and json.loads(precision.cache_path().read_text())[k]["ratio"] == pytest.approx(2, rel=0.05)

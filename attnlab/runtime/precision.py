@@ -138,12 +138,16 @@ def timer_for(device: torch.device, use: str, width: int) -> Callable[[torch.dty
     return seconds
 
 
+def _doubt(m: Measurement) -> str | None:
+    """Why `m` cannot be believed on this CPU, or None."""
+    flags = cpu_flags()
+    return distrust(m, native_bf16(flags), flags is not None and "amx_bf16" in flags)
+
+
 def _measured(device: torch.device, use: str, width: int, k: str) -> Decision:
     """Time the workload; keep the answer only if it can be trusted."""
-    flags = cpu_flags()
-    native = native_bf16(flags)
-    m = measure(timer_for(device, use, width), native)
-    why_not = distrust(m, native, flags is not None and "amx_bf16" in flags)
+    m = measure(timer_for(device, use, width), native_bf16(cpu_flags()))
+    why_not = _doubt(m)
     if why_not:
         warnings.warn(f"--dtype auto ({use}, width {width}): {why_not}; using float32, the safe choice, and not "
                       f"keeping it (`attnlab doctor --measure {width}` measures again)", stacklevel=2)  # fmt: skip
@@ -161,7 +165,7 @@ def decide(device: torch.device, use: str, width: int, fresh: bool = False) -> D
         return _DECIDED[k]
     if native_bf16(cpu_flags()) is False:
         decision = Decision(torch.float32, "no bf16 instructions on this CPU: emulated, 15-55x slower")
-    elif (m := None if fresh else entry(read_cache().get(k))) is not None:
+    elif (m := None if fresh else entry(read_cache().get(k))) is not None and _doubt(m) is None:  # kept, believable
         decision = Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, True)
     else:
         decision = _measured(device, use, width, k)
