@@ -76,20 +76,28 @@ def timing(t: dict) -> str:
 def row(r: dict) -> str:
     m = Measurement.from_json(r)
     return (f"  {r['width']:>5}  {r['use']:<6}  {r['dtype']:<8}  {m.ratio:>9.2f}x  {timing(r['float32']):<22}"
-            f"{timing(r['bfloat16']):<22}{r.get('measured') or ''}")  # fmt: skip
+            f"{timing(r['bfloat16']):<22}{r.get('measured') or 'now'}")  # fmt: skip
 
 
 HEAD = f"  {'width':>5}  {'use':<6}  {'choice':<8}  {'bf16 speed':>10}  {'float32':<22}{'bfloat16':<22}measured"
 
 
-def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict]) -> str:
-    lines = [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
+BF16 = {True: "yes", False: "no (float32 without measuring)", None: "unknown"}
+
+
+def about(info: dict) -> list[str]:
+    """The machine, in four lines."""
+    return [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
              f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto is bf16 where it supports it; the "
                                               "measurements below serve --device cpu)" if info["gpu"] else ""),
-             f"CPU      {info['cpu']}; bf16 instructions: "
-             f"{ {True: 'yes', False: 'no (float32 without measuring)', None: 'unknown'}[info['bf16_instructions']]}"
-             + (", AMX" if info["amx"] else ""),
+             f"CPU      {info['cpu']}; bf16 instructions: {BF16[info['bf16_instructions']]}" +
+             (", AMX" if info["amx"] else ""),
              f"cache    {info['cache']}"]  # fmt: skip
+
+
+def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict]) -> str:
+    """What doctor prints: the machine, what --clear removed, what --measure found, what is kept."""
+    lines = about(info)
     if cleared is not None:
         lines.append(f"cleared  {len(cleared)} measurement{'s' * (len(cleared) != 1)} removed" +
                      (":" if cleared else " (there were none)"))  # fmt: skip
