@@ -24,6 +24,7 @@ from attnlab.models.size import ClusterConfig, cluster_estimate, estimate, forma
 from attnlab.models.size import format_table as size_table
 from attnlab.nn.hooks import hooks
 from attnlab.runs.run import Run, load
+from attnlab.runtime.device import pick_dtype
 from attnlab.tasks.compare import CompareOptions, run_comparison
 
 
@@ -65,6 +66,7 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     if not run.task.generates:
         raise AttnlabError(f"{opts.run} is not a language model run (it is {run.task.name}): attnlab sample needs "
                            "a gpt run")  # fmt: skip
+    pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
         if opts.num_samples == 1:
             print(cfg.prompt, end="", flush=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
 from attnlab.cli.convert import run_convert, run_export
+from attnlab.cli.doctor import DoctorOptions, run_doctor
 from attnlab.cli.generate import add_options, add_section, given, read_options
 from attnlab.cli.inspect import run_attention, run_plot, run_serve
 from attnlab.cli.interpret import run_inspect
@@ -119,6 +120,11 @@ COMMANDS = [
             "BLEU, an image model's accuracy", EvalOptions, run_eval),
     Command("size", "parameters, FLOPs per token and memory of a preset", SizeOptions, run_size,
             sections=(("cluster", ClusterConfig, "planning a training run"),)),
+    Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
+            DoctorOptions, run_doctor, "Print the device, PyTorch's version and threads, the CPU and its bf16 "
+            "instructions, and for each width measured here the precision --dtype auto chose for training and for "
+            "decoding, with the medians and spreads of the interleaved float32 and bf16 timings behind it. "
+            "--measure WIDTH measures now; --clear forgets the kept measurements."),
 ]  # fmt: skip
 
 

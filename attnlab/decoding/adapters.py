@@ -35,7 +35,7 @@ class LMDecoder:
         self.model = model.eval()
         self.context, self.vocab = model.cfg.context, model.cfg.vocab_size
         self.device = next(model.parameters()).device
-        self.precision = pick_dtype(dtype, self.device, model.cfg.d_model)
+        self.precision = pick_dtype(dtype, self.device, model.cfg.d_model, use="decode")
 
     def start(self, source: Tensor | None) -> list:
         return self.model.new_caches(self.context)

@@ -77,7 +77,7 @@ def stream_rows(
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
-    precision = pick_dtype(dtype, device, model.cfg.d_model)
+    precision = pick_dtype(dtype, device, model.cfg.d_model, use="decode")
     ids = list(ids)
     if len(ids) > ctx:
         warnings.warn(

@@ -69,6 +69,12 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype != self.weight.dtype:
+            # Under bf16 autocast, QK-norm gets bf16 queries and keys while its gain stays float32:
+            # F.rms_norm would fall back to its unfused path and print PyTorch's "Mismatch dtype
+            # between input and weight" warning into sampled text. Normalizing in the gain's dtype
+            # is what that fallback computes (forward and backward bit-identical, tested) without it.
+            return F.rms_norm(x.to(self.weight.dtype), self.weight.shape, self.weight, self.eps).to(x.dtype)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def forward_math(self, x: Tensor) -> Tensor:
