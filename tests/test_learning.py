@@ -27,3 +27,23 @@ def test_vit_reads_digits_at_97_percent_or_better(tmp_path):
     """The tuned defaults, as `attnlab train image --data digits` runs them (3,000 steps, ~1 min)."""
     result = train_image(tmp_path / "vit", "vit", progress=False)
     assert result["test"]["accuracy"] >= 0.97, result["test"]["accuracy"]
+
+
+def test_the_demo_cannot_end_untrained_and_says_how_it_did(tmp_path, monkeypatch, capsys):
+    """Under its time budget the demo has a floor of steps, and its last lines compare what it reached
+    with what a quiet machine reaches (the issue's loaded machine: 64 steps, 1.83 nats/char)."""
+    import attnlab.cli.demo as demo
+
+    seen = {}
+
+    def fake_train(out, model, cfg, data):
+        seen["cfg"] = cfg
+        raise SystemExit  # stop before any training: only the request is looked at
+
+    monkeypatch.setattr(demo, "train", fake_train)
+    with pytest.raises(SystemExit):
+        demo.run_demo(tmp_path / "demo")
+    assert seen["cfg"].time_budget == demo.BUDGET and seen["cfg"].min_steps == demo.FLOOR > 0
+    slow = demo.verdict(64, 1.83, 120.0)
+    assert "reached 64 steps and 1.83 nats/char" in slow and "13% of those steps" in slow and "--time-budget" in slow
+    assert "of those steps" not in demo.verdict(510, 1.18, 120.0)

@@ -79,3 +79,26 @@ def corpus(tmp_path):
     path = tmp_path / "code.txt"
     path.write_text(TEXT * 30)
     return path
+
+
+def test_a_floor_of_steps_trains_past_the_budget_and_says_why(tmp_path, capsys, monkeypatch):
+    """A slow or busy machine spends the budget early: --min-steps trains on to the floor, says so
+    once, and the decay ends with the steps instead of the clock."""
+    fake_clock(monkeypatch, 1.0)  # 3 s a step: the 9 s budget is spent after 3 steps
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", "lm", "--data", corpus(tmp_path), "--out", run, *TINY, "--max-steps", "500",
+                            "--warmup-steps", "2", "--time-budget", "9s", "--min-steps", "12"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert err.count("short of the 12 steps") == 1 and "training on to step 12" in err
+    assert "time budget of 9s spent: 12 steps (at least 12)" in err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert len(lrs) == 12 and all(a > b for a, b in zip(lrs[2:], lrs[3:]))  # still decaying after the budget
+    assert lrs[-1] < 0.2 * max(lrs)
+
+
+def test_the_decay_ends_with_the_floor_or_the_budget_whichever_comes_last():
+    cfg = TrainConfig(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=10**6, time_budget="100s", min_steps=100)
+    assert lr_at(50, cfg, 100.0) == pytest.approx(0.5)  # budget spent at step 50: the steps lead the decay
+    assert lr_at(100, cfg, 50.0) == pytest.approx(0.5)  # floor reached at half the budget: the clock leads
+    assert lr_at(100, cfg, 100.0) == pytest.approx(0.0)

@@ -45,6 +45,8 @@ class TrainConfig:
     max_steps: int = option(2000, "optimizer steps to train for")
     time_budget: str | None = option(None, "train for this long (90s, 2m, 1.5h): the cosine decay follows elapsed "
                                      "time and ends with it; max_steps still caps the steps")  # fmt: skip
+    min_steps: int = option(0, "with --time-budget: train at least this many steps, past the budget if this "
+                            "machine is slow or busy (the decay then ends with the steps)")  # fmt: skip
     batch_size: int = option(32, "sequences per optimizer step (the global batch)")
     grad_accum: int = option(1, "micro-batches per step, each of batch_size / grad_accum sequences")
     block_size: int | None = option(None, "tokens per training sequence (default: the model's context)")
@@ -80,8 +82,8 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps < 0 or self.warmup_steps < 0 or self.snapshot_every < 0:
-            raise ValueError("max_steps, warmup_steps and snapshot_every must be >= 0")
+        if min(self.max_steps, self.min_steps, self.warmup_steps, self.snapshot_every) < 0:
+            raise ValueError("max_steps, min_steps, warmup_steps and snapshot_every must be >= 0")
         # Written as `not (...)`: NaN fails every comparison, so `lr <= 0` would let it through.
         if not (0 < self.lr < math.inf):
             raise ValueError(f"lr must be a finite number above 0, got {self.lr}")

@@ -191,6 +191,7 @@ class Progress:
     next_plot: float = 0.0
     recent: list[float] = field(default_factory=list)  # the last 50 training losses
     val: float | None = None
+    past_budget: bool = False  # said once: training goes on past the budget to --min-steps
 
 
 def loop(s: Session, progress: bool = True) -> dict:
@@ -204,7 +205,7 @@ def loop(s: Session, progress: bool = True) -> dict:
     try:
         if cfg.snapshot_every and s.step == 0:
             save_snapshot(s)  # the untrained model: where every curve starts
-        while s.step < cfg.max_steps and not spent(s, budget):
+        while s.step < cfg.max_steps and not done(s, budget):
             one_step(s, p)
         if s.step > first_step:
             _draw(s)  # while the last checkpoint is written
@@ -222,7 +223,8 @@ def loop(s: Session, progress: bool = True) -> dict:
             s.log = None
     bar.close()
     if budget and s.step < cfg.max_steps and s.dist.main:
-        print(f"time budget of {cfg.time_budget} spent: {s.step} steps", file=sys.stderr)
+        floor = f" (at least {cfg.min_steps})" if p.past_budget else ""
+        print(f"time budget of {cfg.time_budget} spent: {s.step} steps{floor}", file=sys.stderr)
     train = sum(p.recent) / max(1, len(p.recent))
     return {"step": s.step, "val_loss": p.val, "train_loss": train, "elapsed": s.elapsed}
 
@@ -245,7 +247,13 @@ def one_step(s: Session, p: Progress) -> None:
     shown = {"step": s.step} if budget else {}
     p.bar.set_postfix({**shown, "loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{rate:,.0f}"}, refresh=False)
     p.bar.update(min(s.elapsed, budget) - p.bar.n if budget else 1)
-    last = s.step == cfg.max_steps or spent(s, budget)
+    last = s.step == cfg.max_steps or done(s, budget)
+    if spent(s, budget) and s.step < cfg.min_steps and not p.past_budget:
+        p.past_budget = True
+        if s.dist.main:
+            p.bar.write(f"time budget of {cfg.time_budget} spent at step {s.step}, short of the {cfg.min_steps} steps "
+                        f"a trained model needs here: training on to step {cfg.min_steps} (this machine is slower "
+                        "than expected, or busy)", file=sys.stderr)  # fmt: skip
     if cfg.snapshot_every and s.step % cfg.snapshot_every == 0:
         save_snapshot(s)
     if s.step % cfg.eval_interval == 0 or last:
@@ -282,6 +290,11 @@ def progress_bar(s: Session, budget: float | None, disable: bool) -> tqdm:
 
 def spent(s: Session, budget: float | None) -> bool:
     return budget is not None and s.elapsed >= budget
+
+
+def done(s: Session, budget: float | None) -> bool:
+    """The budget is spent and the floor of steps (--min-steps) reached."""
+    return spent(s, budget) and s.step >= s.cfg.min_steps
 
 
 def agreed(s: Session, elapsed: float) -> float:

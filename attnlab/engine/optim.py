@@ -37,6 +37,8 @@ def lr_at(step: int, cfg: TrainConfig, elapsed: float | None = None) -> float:
         return cfg.lr * math.sqrt(max(1, cfg.warmup_steps) / (step + 1))
     if cfg.time_budget is not None and elapsed is not None:
         progress = min(1.0, elapsed / budget_seconds(cfg.time_budget))
+        if cfg.min_steps:  # a floor of steps as well: the decay ends with whichever is met last
+            progress = min(progress, (step - cfg.warmup_steps) / max(1, cfg.min_steps - cfg.warmup_steps))
     else:
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     if cfg.schedule == "wsd":
