@@ -121,8 +121,9 @@ class InspectOptions(ReadsRun):
     what: str = option("", "what to compute", tuple(INSPECTIONS), required=True)
     out: str | None = option(None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)",
                              metavar="FILE")  # fmt: skip
-    on: str = option("repeats", "ablate with no text: random tokens repeated twice, the loss of their repeated half, "
-                     "or the run's validation split", ("repeats", "val"))  # fmt: skip
+    on: str | None = option(None, "ablate with no text: random tokens repeated twice, the loss of their repeated "
+                            "half (default: repeats), or the run's validation split; other inspections refuse it",
+                            ("repeats", "val"))  # fmt: skip
 
 
 @dataclass
