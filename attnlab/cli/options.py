@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnlab.config import option
+from attnlab.interop.hf import architectures
 from attnlab.interpret.plots import PLOTS
 from attnlab.interpret.report import INSPECTIONS
 from attnlab.interpret.views import VIEW_NAMES
@@ -157,7 +158,8 @@ class ServeOptions(OnDevice):
 
 @dataclass
 class ConvertOptions(Answers):
-    from_hf: str = option("", "HuggingFace-format model directory", required=True, metavar="DIR")
+    from_hf: str = option("", f"HuggingFace-format model directory whose config.json names one of: "
+                          f"{', '.join(architectures())}", required=True, metavar="DIR")  # fmt: skip
     out: str = option("", "run directory to create", required=True, metavar="RUN")
     force: bool = option(False, "replace --out if it is an attnlab run")
 
