@@ -88,8 +88,8 @@ def check_more_to_train(run: Path, cfg: TrainConfig) -> int | None:
             f"is at step {step}, beyond --max-steps {cfg.max_steps}"  # fmt: skip
         raise AttnlabError(f"{run} {where}: nothing to train; give a --max-steps above {step} to go on")
     if cfg.time_budget is not None and elapsed >= budget_seconds(cfg.time_budget):
-        raise AttnlabError(f"{run} has spent its time budget of {cfg.time_budget} ({math.floor(elapsed)} s of "
-                           f"training, at step {step}): nothing to train; give a larger --time-budget to go on")
+        raise AttnlabError(f"{run} has spent its time budget of {cfg.time_budget} ({math.floor(elapsed)} s "
+                           f"of training, at step {step}): nothing to train; give a larger --time-budget")  # fmt: skip
     return step
 
 

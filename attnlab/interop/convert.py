@@ -121,8 +121,8 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     load_weights(model, run / WEIGHTS)
     tok = load_tokenizer(run)
     tokenizer_json = hf_tokenizer_json(tok, run)  # a character tokenizer too: the folder converts back
-    note = "tokenizer.json" if tokenizer_json is not None else \
-        f"not exported: HuggingFace has no {tok.kind} tokenizer format, so the folder cannot be converted back"  # fmt: skip
+    missing = f"not exported: HuggingFace has no {tok.kind} tokenizer format; the folder cannot be converted back"
+    note = "tokenizer.json" if tokenizer_json is not None else missing
     if tokenizer_json is not None and "eos_token_id" in hf_config:  # a causal LM: end-of-text begins and ends texts
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)

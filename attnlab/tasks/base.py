@@ -138,15 +138,15 @@ class Task(RunKind, Printer):
         return TrainRequest(opts.out, opts.model, overrides, train, data, resume=opts.resume, force=opts.force,
                             init=opts.init, options=own_options(opts))  # fmt: skip
 
-
     def check_resumed(self, saved: dict[str, Any], model: str | None, preset: str | None,
                       flags: dict[str, Any]) -> None:  # fmt: skip
         """--resume given the model settings of the command that started the run: those equal to the
         run's own pass (that command runs again with --resume appended); a change is refused by name."""
         name = self.model_of(saved)
         if model is not None and model != name:
-            raise AttnlabError(f"--model {model} differs from the run's {name}: model settings cannot change when "
-                               f"resuming (the weights have their shape); give --model {name} or leave it out")
+            raise AttnlabError(f"--model {model} differs from the run's {name}: model settings cannot change "
+                               f"when resuming (the weights have their shape); give --model {name} or leave it "
+                               "out")  # fmt: skip
         choice = self.models[name]
         given = as_given(flags)
         if preset is not None:

@@ -187,6 +187,8 @@ SUPPORT: dict[str, Rule] = {
     "bias": Only((False,), "Llama has no biases: train with --no-bias"), "ln_eps": ANY,
     "qk_norm": Only((False,), "Llama has no QK-norm"),
 }  # fmt: skip
+
+
 def target_name(cfg: GPTConfig) -> str:
     return "Mixtral" if is_mixtral(cfg) else "Llama"
 
