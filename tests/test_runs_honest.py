@@ -206,9 +206,9 @@ def test_export_of_a_fast_recipe_run_names_what_gpt2_and_llama_each_lack(made, t
     with pytest.raises(AttnlabError) as e:
         export_hf(fast, tmp_path / "hf")
     said = str(e.value)
-    assert "\n" not in said and "fits no HuggingFace GPT-2 or Llama model" in said
-    assert "GPT-2 has no place for" in said and "positions 'rope' (GPT-2's are learned)" in said
-    assert "Llama has no place for" in said and "bias True (Llama has no biases" in said
+    assert "\n" not in said and f"{fast} does not fit HuggingFace's GPT-2: " in said
+    assert "positions 'rope' (GPT-2's are learned)" in said and "nor does it fit HuggingFace's Llama: " in said
+    assert "bias True (Llama has no biases" in said
     assert "--to onnx" in said and not (tmp_path / "hf").exists()
 
 

@@ -49,9 +49,9 @@ def exporter(family: str, cfg, run: Path | str = "this run") -> ModuleType:
     for m in targets:
         if not needs[m.target_name(cfg)]:
             return m
-    said = " -- ".join(f"{name} has no place for {'; '.join(problems)}" for name, problems in needs.items())
-    raise AttnlabError(f"{run} fits no HuggingFace {' or '.join(needs)} model: {said}. "
-                       f"Export it with --to onnx, or train a run without those choices")  # fmt: skip
+    said = " -- nor does it fit ".join(f"HuggingFace's {name}: {'; '.join(why)}" for name, why in needs.items())
+    raise AttnlabError(f"{run} does not fit {said}. Export it with --to onnx, or train a run without those "
+                       "choices")  # fmt: skip
 
 
 PADDING_ROWS = 128  # rows beyond the tokenizer's tokens that an embedding may have as padding
