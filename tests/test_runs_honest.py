@@ -196,6 +196,23 @@ def test_convert_refuses_weights_that_are_not_numbers(hf_dir, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_masked_lm_with_padding_rows_beyond_its_tokenizer_proposes_only_its_tokens(tmp_path, capsys):
+    """A converted BERT whose embedding has 30 rows more than its tokenizer (padding, accepted): the
+    [MASK] candidates are tokens, even when the padding rows score highest (an IndexError before)."""
+    from tests.test_convert_bert import CONFIGS, hf_model, wordpiece_json
+
+    hf = hf_model("BertForMaskedLM", **{**CONFIGS["2x32"], "vocab_size": 150})
+    with torch.no_grad():
+        hf.cls.predictions.bias[120:] = 100.0  # the padding rows win every [MASK]
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(wordpiece_json(120))
+    convert_from_hf(tmp_path / "hf", tmp_path / "run")
+    code, out, err = run_cli(["predict", tmp_path / "run", "abc [MASK] d", "--json"], capsys)
+    assert code == 0, err
+    candidates = json.loads(out)["masks"][0]["candidates"]
+    assert len(candidates) == 5 and all(c["token"] and c["probability"] < 1e-6 for c in candidates)
+
+
 # ---- 5. export says what each HuggingFace target needs --------------------------------------------
 def test_export_of_a_fast_recipe_run_names_what_gpt2_and_llama_each_lack(made, tmp_path, capsys):
     _, command = made
