@@ -147,8 +147,7 @@ def test_export_round_trip(converted, tmp_path, name):
 
 
 def test_trained_run_round_trip(tmp_path, corpus):
-    """A run trained by attnlab (plain GELU, BPE) exports; a character-level one exports without
-    its tokenizer, which HuggingFace cannot read, and so cannot come back."""
+    """A run trained by attnlab (plain GELU, BPE) exports and converts back; so does a character-level one."""
     tiny = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32", "--batch-size", "4",
             "--max-steps", "3", "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
     args = ["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "bpe"), "--tokenizer", "bpe"]
@@ -163,11 +162,19 @@ def test_trained_run_round_trip(tmp_path, corpus):
     with torch.no_grad():
         assert torch.equal(run.model(idx), attnlab.load(tmp_path / "back", device="cpu").model(idx))
 
+    # A character-level run exports its tokenizer as a WordLevel tokenizer.json, and so comes back.
     assert main(["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "char"), *tiny]) == 0
-    assert export_hf(tmp_path / "char", tmp_path / "char-hf")["tokenizer"].startswith("not exported")
-    assert not (tmp_path / "char-hf" / "tokenizer.json").exists()
-    with pytest.raises(AttnlabError, match="tokenizer.json is missing"):
-        convert_from_hf(tmp_path / "char-hf", tmp_path / "char-back")
+    assert export_hf(tmp_path / "char", tmp_path / "char-hf")["tokenizer"] == "tokenizer.json"
+    convert_from_hf(tmp_path / "char-hf", tmp_path / "char-back")
+    run, back = attnlab.load(tmp_path / "char", device="cpu"), attnlab.load(tmp_path / "char-back", device="cpu")
+    text = "def f(x):\n\treturn x  # \u00e9 unseen: \u20ac<|endoftext|>"
+    assert back.tokenizer.encode(text) == run.tokenizer.encode(text)
+    ids = list(range(run.tokenizer.vocab_size))
+    assert back.tokenizer.decode(ids) == run.tokenizer.decode(ids)
+    idx = batch(run)
+    with torch.no_grad():
+        assert torch.equal(run.model(idx), back.model(idx))
+    assert run.generate("def ", max_new_tokens=20, seed=1) == back.generate("def ", max_new_tokens=20, seed=1)
 
 
 def test_pickled_checkpoint(tmp_path):

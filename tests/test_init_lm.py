@@ -112,8 +112,12 @@ def test_resume_of_a_fine_tuned_run(base, corpus, tmp_path, capsys):
     assert read_run_config(b)["init"] == str(base)  # still says where it came from
     _, meta = read_safetensors(b / WEIGHTS)
     assert meta["step"] == "5"
-    code, _, err = run_cli(["train", "lm", "--out", b, "--resume", "--init", base], capsys)
-    assert_one_line_error(code, err, "give only one of them")
+    # The command that started it, --resume appended: its --init names the run it came from, so it passes.
+    code, _, err = fine_tune(corpus, base, b, capsys, "--max-steps", "7", "--resume")
+    assert code == 0, err
+    assert f"resuming {b} from step 5 of 7" in err
+    code, _, err = run_cli(["train", "lm", "--out", b, "--resume", "--max-steps", "9", "--init", b], capsys)
+    assert_one_line_error(code, err, f"--init {b} differs from the run's --init {base}")
 
 
 def test_init_from_a_converted_huggingface_gpt2(tmp_path, corpus, capsys):

@@ -31,7 +31,7 @@ def run_inspect(opts: InspectOptions) -> int:
     result = inspect(run, opts.text, opts.what, opts.on)
     lines = SUMMARIES[result["kind"]](result)
     if opts.out:
-        on = ON[opts.on] if opts.text is None else repr(opts.text)
+        on = ON[opts.on or "repeats"] if opts.text is None else repr(opts.text)
         write(result, opts.out, f"{run.path.name}, {opts.what}: {on}")
         lines.append(f"wrote {opts.out}")
     print("\n".join(lines))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnlab.config import option
+from attnlab.interop.hf import architectures
 from attnlab.interpret.plots import PLOTS
 from attnlab.interpret.report import INSPECTIONS
 from attnlab.interpret.views import VIEW_NAMES
@@ -131,8 +132,9 @@ class InspectOptions(WritesFiles, ReadsRun):
     what: str = option("", "what to compute", tuple(INSPECTIONS), required=True)
     out: str | None = option(None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)",
                              metavar="FILE", writes=PAGE)  # fmt: skip
-    on: str = option("repeats", "ablate with no text: random tokens repeated twice, the loss of their repeated half, "
-                     "or the run's validation split", ("repeats", "val"))  # fmt: skip
+    on: str | None = option(None, "ablate with no text: random tokens repeated twice, the loss of their repeated "
+                            "half (default: repeats), or the run's validation split; other inspections refuse it",
+                            ("repeats", "val"))  # fmt: skip
 
 
 @dataclass
@@ -166,7 +168,8 @@ class ServeOptions(OnDevice):
 
 @dataclass
 class ConvertOptions(Answers):
-    from_hf: str = option("", "HuggingFace-format model directory", required=True, metavar="DIR")
+    from_hf: str = option("", f"HuggingFace-format model directory whose config.json names one of: "
+                          f"{', '.join(architectures())}", required=True, metavar="DIR")  # fmt: skip
     out: str = option("", "run directory to create", required=True, metavar="RUN")
     force: bool = option(False, "replace --out if it is an attnlab run")
 

@@ -13,6 +13,7 @@ The task decides what its data and model are; this module decides the order, onc
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from attnlab.config import from_dict
 from attnlab.data.batches import Batches
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import loop
+from attnlab.engine.resume import check_more_to_train, check_same_init
 from attnlab.engine.session import Session, start
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
@@ -87,10 +89,10 @@ class Prepared:
 def completed(task: Task, req: TrainRequest) -> TrainRequest:
     """The request with every default filled in; on resume, the run's own model and data."""
     if req.resume:
-        if req.init is not None:
-            raise AttnlabError("--init starts a new run and --resume continues one: give only one of them")
         saved = read_run_config(check_resumable(req.out))
+        check_same_init(req.init, saved)  # the original command with --resume appended may repeat it
         train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
+        check_more_to_train(Path(req.out), train)  # before the run's config.json takes the new settings
         data = req.data or from_dict(task.data_config, saved["data"], where="data config")
         return replace(req, model=task.model_of(saved), model_config=dict(saved["model"]), train=train, data=data,
                        init=saved.get("init") or None, saved=saved)  # fmt: skip
@@ -123,8 +125,14 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
                     for name, text in files.items():
                         write_text(out / name, text)
         prepared = task.prepare(req, d)
+        preset = (req.saved or {}).get("preset") if req.resume else req.model_config.get("preset")
+        if preset is not None:  # what a --preset given again on --resume is compared with
+            prepared.config["preset"] = preset
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
                   command=task.name)  # fmt: skip
+        if req.resume and d.main:
+            spent = f" ({s.elapsed:.0f} s of the {cfg.time_budget} budget spent)" if cfg.time_budget else ""
+            print(f"resuming {out} from step {s.step} of {cfg.max_steps}{spent}", file=sys.stderr)
     except BaseException:
         if not req.resume and d.main:  # a start that failed before its first checkpoint leaves nothing
             discard_unstarted(out)

@@ -14,12 +14,12 @@ export_hf("runs/demo", "demo-hf")
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnlab.config import from_dict
@@ -29,6 +29,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import bert, gpt2, llama, module_for
 from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
+from attnlab.interop.hf.tokenizer import hf_tokenizer_json, largest_id
 from attnlab.io import read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
@@ -36,17 +37,25 @@ from attnlab.runs.marker import record
 from attnlab.runs.weights import load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
-# Families that export, by the module that maps each run's config: a GPT with any of the Llama
-# block's parts goes out as a Llama (or a Mixtral, with experts), else as GPT-2.
-EXPORTERS: dict[str, Callable[[Any], ModuleType]] = {
-    "gpt": lambda cfg: llama if llama.has_llama_parts(cfg) else gpt2,
-    "encoder": lambda cfg: bert,
-}
+# Families that export, by the HuggingFace targets that may take a run, tried in order: a GPT goes
+# out as GPT-2 or as a Llama (a Mixtral with experts), whichever expresses every one of its choices.
+EXPORTERS: dict[str, tuple[ModuleType, ...]] = {"gpt": (gpt2, llama), "encoder": (bert,)}
 
 
-def exporter(family: str, cfg) -> ModuleType:
-    """The module that maps this run's config to HuggingFace."""
-    return EXPORTERS[family](cfg)
+def exporter(family: str, cfg, run: Path | str = "this run") -> ModuleType:
+    """The module that maps this run's config to HuggingFace: the first target that fits it; when
+    none does, one line that says, for each target, what of the run it cannot express."""
+    targets = EXPORTERS[family]
+    needs = {m.target_name(cfg): m.export_problems(cfg) for m in targets}
+    for m in targets:
+        if not needs[m.target_name(cfg)]:
+            return m
+    said = " -- nor does it fit ".join(f"HuggingFace's {name}: {'; '.join(why)}" for name, why in needs.items())
+    raise AttnlabError(f"{run} does not fit {said}. Export it with --to onnx, or train a run without those "
+                       "choices")  # fmt: skip
+
+
+PADDING_ROWS = 128  # rows beyond the tokenizer's tokens that an embedding may have as padding
 
 
 def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
@@ -59,7 +68,9 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     arch = _architecture(hf, src)
     module = module_for(arch)
     family, cfg, task = module.config_from_hf(hf)
+    cfg = _as_loaded(cfg, src)
     weights = module.weights_from_hf(tensors, cfg)  # names and shapes checked before any allocation
+    _check_finite(weights, src)
     model = build_model(family, cfg)
     kind = task_of({"family": family, "model": asdict(cfg), **({"task": task} if task else {})})
     pixels = _pixel_normalization(src, module, cfg)
@@ -106,16 +117,16 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
                                "replace it; choose another directory")  # fmt: skip
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
-    module = exporter(family, cfg)
-    hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))  # says at once what does not fit
+    module = exporter(family, cfg, run)
+    hf_config = module.config_to_hf(cfg, config.get("task", {}).get("labels"))
     model = model_cls(cfg)
     load_weights(model, run / WEIGHTS)
     tok = load_tokenizer(run)
-    tokenizer_json, note = None, f"not exported: HuggingFace has no {tok.kind} tokenizer format"
-    if tok.kind in ("bpe", "wordpiece"):  # already HuggingFace's tokenizer.json
-        tokenizer_json, note = (run / TOKENIZER).read_text(encoding="utf-8"), "tokenizer.json"
-        if "eos_token_id" in hf_config:  # a causal LM's config: its end-of-text token begins and ends texts
-            hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
+    tokenizer_json = hf_tokenizer_json(tok, run)  # a character tokenizer too: the folder converts back
+    missing = f"not exported: HuggingFace has no {tok.kind} tokenizer format; the folder cannot be converted back"
+    note = "tokenizer.json" if tokenizer_json is not None else missing
+    if tokenizer_json is not None and "eos_token_id" in hf_config:  # a causal LM: end-of-text begins and ends texts
+        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
     return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),
             "out": str(out), "tokenizer": note}  # fmt: skip
@@ -166,9 +177,43 @@ def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: Task) -
     except Exception as e:  # any unreadable tokenizer is the same user error
         raise AttnlabError(f"cannot read {src / TOKENIZER}: {e}") from None
     vocab = getattr(cfg, "vocab_size", None)
-    if vocab is not None and tok.vocab_size > vocab:
-        raise AttnlabError(f"{src}: tokenizer.json has {tok.vocab_size} tokens, more than the model's {vocab}")
+    if vocab is not None:
+        _check_vocabulary(tok.vocab_size, largest_id(text, tok.vocab_size), vocab, src)
     return tok
+
+
+def _check_vocabulary(size: int, top: int, vocab: int, src: Path) -> None:
+    """The tokenizer must fit the model both ways. Every id it gives must have a row of the
+    embedding. The model may have more rows than the tokenizer has tokens: checkpoints pad their
+    embedding to a round size for speed (GPT-2's 50,257 tokens to 50,304 rows), and a model trained
+    with its tokenizer never writes the padding ids. Beyond such padding (at most PADDING_ROWS rows,
+    or 5% of the vocabulary) the tokenizer is not the model's: most of what it writes would decode
+    to nothing, so the folder is refused."""
+    if size > vocab:
+        raise AttnlabError(f"{src}: tokenizer.json has {size} tokens, more than the model's {vocab}")
+    if top >= vocab:
+        raise AttnlabError(f"{src}: tokenizer.json gives ids up to {top}, beyond the model's vocabulary of {vocab}")
+    padding = max(PADDING_ROWS, vocab // 20)
+    if vocab - size > padding:
+        raise AttnlabError(f"{src}: tokenizer.json has {size} tokens for a model of {vocab}: {vocab - size} of the "
+                           f"model's ids would decode to nothing, more than an embedding's padding (at most "
+                           f"{padding} here); give the model's own tokenizer.json")  # fmt: skip
+
+
+def _as_loaded(cfg: Any, src: Path) -> Any:
+    """The model config as `attnlab.load` reads it back from config.json: a value it would refuse
+    there (a NaN epsilon, a size below 1) is refused now, before anything is written."""
+    try:
+        return from_dict(type(cfg), json.loads(json.dumps(asdict(cfg))), where="model config")
+    except (AttnlabError, ValueError, TypeError) as e:
+        raise AttnlabError(f"{src / CONFIG} gives a model attnlab could not load back ({e})") from None
+
+
+def _check_finite(weights: dict[str, torch.Tensor], src: Path) -> None:
+    """A weight that is not a finite number would make the run refuse to load: refused now."""
+    bad = next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise AttnlabError(f"{src}: the checkpoint's weights hold NaN or infinite values (first in attnlab's {bad})")
 
 
 def _data_config(task: Task, tok: Tokenizer | None) -> Any:

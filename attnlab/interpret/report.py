@@ -52,12 +52,23 @@ def tables_json(tables: dict[str, torch.Tensor]) -> dict[str, list]:
 
 
 @torch.no_grad()
-def inspect(run: Run, text: str | None, what: str, on: str = "repeats") -> dict:
-    """What `what` (a key of INSPECTIONS) finds in `run` (attnlab.load) on `text` (see the module's docstring)."""
+def inspect(run: Run, text: str | None, what: str, on: str | None = None) -> dict:
+    """What `what` (a key of INSPECTIONS) finds in `run` (attnlab.load) on `text` (see the module's
+    docstring). `on`: what an inspection of TAKES_ON reads when no text is given (default: repeats);
+    given to any other inspection, or beside a text, it would be ignored, so it is refused."""
     if what not in INSPECTIONS:
         raise AttnlabError(f"--what {what!r}: one of {', '.join(INSPECTIONS)}")
+    if on is not None:
+        if on not in ABLATION_INPUTS:
+            raise AttnlabError(f"--on {on!r}: one of {', '.join(ABLATION_INPUTS)}")
+        if what not in TAKES_ON:
+            raise AttnlabError(f"--on {on} does not apply to --what {what}, which reads "
+                               f"{'the given input' if what not in FROM_SNAPSHOTS else 'the weight snapshots'}; "
+                               f"--on chooses the data of --what {' or '.join(TAKES_ON)} with no text")  # fmt: skip
+        if text is not None:
+            raise AttnlabError(f"--on {on} reads {ON_WHAT[on]} in place of a text: give the text or --on, not both")
     run.model.eval()
-    return INSPECTIONS[what](run, text, on)
+    return INSPECTIONS[what](run, text, on or "repeats")
 
 
 def needs_text(text: str | None, what: str) -> str:
@@ -183,3 +194,5 @@ INSPECTIONS: dict[str, Callable[[Run, str | None, str], dict]] = {
 FROM_SNAPSHOTS = {"over-training"}  # reads the run's weight snapshots, not an input
 WHAT = tuple(name for name in INSPECTIONS if name not in FROM_SNAPSHOTS)  # what reads an input (the explorer's)
 ABLATION_INPUTS = {"repeats": repeated_ablation, "val": split_ablation}  # --on, with no text
+ON_WHAT = {"repeats": "random tokens repeated twice", "val": "the run's validation split"}
+TAKES_ON = ("ablate",)  # the inspections that read ABLATION_INPUTS[on] when given no text

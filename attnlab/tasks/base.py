@@ -12,7 +12,7 @@ generated from the task's option dataclasses (`options`, `data_config`, its mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch import nn
 
 from attnlab.config import checked, option
 from attnlab.engine.config import TrainConfig
+from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -126,13 +127,51 @@ class Task(RunKind, Printer):
         """A TrainRequest from `attnlab train NAME`'s options and the settings the user gave, by
         section ("data", "model": {field: value}); `train` is already merged (tuned or saved < given)."""
         overrides = dict(given["model"])
+        choice = self.models.get(opts.model or self.default_model)
         if opts.preset:
             overrides["preset"] = opts.preset
-        if saved is not None and (overrides or given["data"]):
-            raise AttnlabError("model and data settings cannot change when resuming (the weights and data are fixed)")
+        elif saved is None and opts.init is None and choice is not None and choice.presets:
+            overrides["preset"] = choice.default_preset  # recorded in config.json, for --resume to compare
+        if saved is not None:
+            self.check_resumed(saved, opts.model, opts.preset, given["model"])
+            check_unchanged("data", self.data_config, saved["data"], as_given(given["data"]),
+                            "the run's examples and labels stay as they were")  # fmt: skip
         data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
         return TrainRequest(opts.out, opts.model, overrides, train, data, resume=opts.resume, force=opts.force,
                             init=opts.init, options=own_options(opts))  # fmt: skip
+
+    def check_resumed(self, saved: dict[str, Any], model: str | None, preset: str | None,
+                      flags: dict[str, Any]) -> None:  # fmt: skip
+        """--resume given the model settings of the command that started the run: those equal to the
+        run's own pass (that command runs again with --resume appended); a change is refused by name."""
+        name = self.model_of(saved)
+        if model is not None and model != name:
+            raise AttnlabError(f"--model {model} differs from the run's {name}: model settings cannot change "
+                               f"when resuming (the weights have their shape); give --model {name} or leave it "
+                               "out")  # fmt: skip
+        choice = self.models[name]
+        given = as_given(flags)
+        if preset is not None:
+            given = {**self.preset_fields_given(saved, choice, preset), **given}
+        check_unchanged("model", choice.config, saved["model"], given, "the weights have their shape")
+
+    def preset_fields_given(self, saved: dict[str, Any], choice: ModelChoice, preset: str) -> dict[str, Any]:
+        """What a --preset given on --resume says of the model: nothing more to compare when the run
+        recorded its preset (the same name passes); for a run that did not (made from Python, or
+        before presets were recorded), the preset's fields but those the data decides."""
+        recorded = saved.get("preset")
+        if recorded is not None:
+            if preset != recorded:
+                raise AttnlabError(f"--preset {preset} differs from the run's {recorded}: model settings cannot change "
+                                   f"when resuming (the weights have their shape); give --preset {recorded} or "
+                                   "leave it out")  # fmt: skip
+            return {}
+        if not choice.presets or preset not in choice.presets:
+            known = f"; choose from {', '.join(choice.presets)}" if choice.presets else ""
+            raise AttnlabError(f"--preset {preset} does not apply to this run's model{known}")
+        derived = self.set_by_data | {k for k, _ in choice.fixed}
+        fields = {k: v for k, v in asdict(choice.presets[preset]).items() if k not in derived}
+        return as_given(fields, f"--preset {preset}")
 
 
 def own_options(opts: TrainOptions) -> dict[str, Any]:

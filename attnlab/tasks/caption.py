@@ -135,7 +135,7 @@ class Captioning(Task):
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         (images, captions), tok, max_out, data = prepared.state
-        hyps = caption_ids(s.raw, images, max_out, device=s.device)
+        hyps = caption_ids(s.raw, images, max_out, device=s.device, progress=req.progress and s.dist.main)
         return {"decoding": "greedy", **caption_scores(tok, hyps, captions), **word_regions(s.raw, tok, hyps, data)}
 
     def test_line(self, t: dict[str, Any]) -> str:
@@ -163,7 +163,8 @@ class Captioning(Task):
         return result["caption"] + (f"\nattention: {result['attention']}" if result.get("attention") else "")
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        return evaluate_captions(run, data, split or "test", options.get("beam") or 1)
+        return evaluate_captions(run, data, split or "test", options.get("beam") or 1,
+                                 progress=options.get("progress", True))  # fmt: skip
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "images") + _where(r)
@@ -176,9 +177,9 @@ class Captioning(Task):
 
 
 def caption_ids(model: nn.Module, images: np.ndarray, max_len: int, beam: int = 1, batch_size: int = 256,
-                device=None) -> list[list[int]]:  # fmt: skip
-    """Decoded caption ids for each image of (N, C, H, W) (greedy when beam is 1)."""
-    return decode_all(model, images, torch.from_numpy, max_len, beam, batch_size, device)
+                device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
+    """Decoded caption ids for each image of (N, C, H, W) (greedy when beam is 1; progress: a bar on stderr)."""
+    return decode_all(model, images, torch.from_numpy, max_len, beam, batch_size, device, progress)
 
 
 def caption_attention(run, pixels: np.ndarray, beam: int = 1) -> tuple[list[str], np.ndarray]:
@@ -211,14 +212,15 @@ def caption_scores(tok: Tokenizer, hyps: list[list[int]], captions: list[str]) -
     return scores(hyp, ref)
 
 
-def evaluate_captions(run, data: str | None = None, split: str = "test", beam: int = 1) -> dict[str, Any]:
+def evaluate_captions(run, data: str | None = None, split: str = "test", beam: int = 1,
+                      progress: bool = False) -> dict[str, Any]:  # fmt: skip
     """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on other data."""
     cfg = from_dict(CaptionDataConfig, run.config["data"], where="data config")
     if data is not None:
         cfg = dataclasses.replace(cfg, data=data)
     model_cfg = run.model.cfg
     images, captions = load_captions(cfg, model_cfg.size, model_cfg.channels)[split]
-    hyps = caption_ids(run.model, images, run.config["task"]["max_out"], beam)
+    hyps = caption_ids(run.model, images, run.config["task"]["max_out"], beam, progress=progress)
     targets = [to_ids(run.tokenizer, c)[: cfg.max_len] for c in captions]
     loss = teacher_forced_loss(run.model, ImagePairs({split: images}, {split: targets}), split)
     where = (

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from attnlab.config import checked, option, parse_value, read_toml
+from attnlab.config import checked, option, read_toml
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.engine.config import TrainConfig
+from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
@@ -111,6 +112,7 @@ class LanguageModel(Task):
     options = LMOptions
     default_model = "gpt"
     data_config = DataConfig
+    set_by_data = frozenset({"vocab_size"})  # the tokenizer's
     generates = True
     noun = "a language-model"
     endpoint = "/api/generate"
@@ -200,8 +202,7 @@ class LanguageModel(Task):
         flags = {name: {**toml.get(name, {}), **given[name]} for name in SECTIONS}
         preset = opts.preset or toml.get("preset")
         if saved is not None:
-            if flags["model"] or opts.preset:
-                raise AttnlabError("model settings cannot change when resuming (the weights have their shape)")
+            self.check_resumed(saved, None, preset, flags["model"])
             data, model = resumed_data(saved, flags["data"]), {}
         elif opts.init:
             model = init_fields(opts.init, flags, preset)
@@ -226,9 +227,8 @@ def read_sections(path: str | None) -> dict[str, Any]:
 
 def resumed_data(saved: dict, given: dict[str, Any]) -> DataConfig:
     """A resumed run's data settings: its own, with what may change (never its tokens or split)."""
-    for k, v in given.items():
-        if k in FIXED_ON_RESUME and parse_value(DataConfig, k, v) != saved["data"].get(k):
-            raise AttnlabError(f"{k} cannot change when resuming (the run's tokens and split stay as they were)")
+    fixed = {k: v for k, v in given.items() if k in FIXED_ON_RESUME}
+    check_unchanged("data", DataConfig, saved["data"], as_given(fixed), "the run's tokens and split stay as they were")
     return checked(DataConfig, {**saved["data"], **given}, where="[data]")
 
 

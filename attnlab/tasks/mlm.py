@@ -100,7 +100,8 @@ class MaskedLM(Task):
         masks = [i for i, t in enumerate(ids) if t == tok.mask_id]
         if not masks:
             raise AttnlabError("a masked-LM run fills [MASK]: put [MASK] in the text")
-        probs = probabilities(run, ids)  # (T, V)
+        # (T, V'): the ids the tokenizer has; a converted model's embedding may have padding rows beyond them
+        probs = probabilities(run, ids)[:, : len(tok.itos)]
         out = []
         for i in masks:
             p, top = probs[i].topk(options.get("top_k") or 5)

@@ -19,6 +19,7 @@ import numpy as np
 import sacrebleu
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from attnlab.config import from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
@@ -150,7 +151,7 @@ class Translation(Task):
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         sources, pairs, tgt_tok, max_out = prepared.state
-        hyps = translate_ids(s.raw, sources, max_out, device=s.device)
+        hyps = translate_ids(s.raw, sources, max_out, device=s.device, progress=req.progress and s.dist.main)
         return {"decoding": "greedy", **scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])}
 
     def test_line(self, t: dict[str, Any]) -> str:
@@ -174,7 +175,8 @@ class Translation(Task):
         return result["translation"] + (f"\nalignment: {picture}" if picture else "")
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        return evaluate_translation(run, data, split or "test", options.get("beam") or 1)
+        return evaluate_translation(run, data, split or "test", options.get("beam") or 1,
+                                    progress=options.get("progress", True))  # fmt: skip
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "pairs")
@@ -196,23 +198,28 @@ MODELS = Translation.models  # model name -> ModelChoice
 
 @torch.no_grad()
 def decode_all(model: nn.Module, sources, collate, max_len: int, beam: int = 1, batch_size: int = 256,
-               device=None) -> list[list[int]]:  # fmt: skip
+               device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
     """Decoded target ids for each source, batch_size at a time as collate(sources[a:b]) makes them
-    (greedy when beam is 1): token id arrays for translation, an image array for captioning."""
+    (greedy when beam is 1): token id arrays for translation, an image array for captioning.
+    progress: a bar on stderr, source by source (a test set takes 30-50 s on a CPU, beam search more)."""
     model.eval()
     device = device or next(model.parameters()).device
     out: list[list[int]] = []
-    for start in range(0, len(sources), batch_size):
-        src = collate(sources[start : start + batch_size]).to(device)
-        out += greedy(model, src, max_len) if beam == 1 else beam_search(model, src, beam, max_len)
+    how = "greedy" if beam == 1 else f"beam {beam}"
+    with tqdm(total=len(sources), desc=f"decoding ({how})", unit=" examples", disable=not progress,
+              leave=False) as bar:  # fmt: skip
+        for start in range(0, len(sources), batch_size):
+            src = collate(sources[start : start + batch_size]).to(device)
+            out += greedy(model, src, max_len) if beam == 1 else beam_search(model, src, beam, max_len)
+            bar.update(len(src))
     return out
 
 
 def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
-                  batch_size: int = 256, device=None) -> list[list[int]]:  # fmt: skip
+                  batch_size: int = 256, device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
     """Decoded target ids for each source id array (greedy when beam is 1)."""
     collate = lambda part: pad([torch.as_tensor(s) for s in part], PAD_ID)  # (B, S)
-    return decode_all(model, sources, collate, max_len, beam, batch_size, device)
+    return decode_all(model, sources, collate, max_len, beam, batch_size, device, progress)
 
 
 def scores_line(t: dict[str, Any]) -> str:
@@ -252,15 +259,17 @@ def translate(run, texts: list[str], beam: int = 1) -> list[str]:
     return [to_text(target_tokenizer(run), h) for h in hyps]
 
 
-def evaluate_translation(run, data: str | None = None, split: str = "test", beam: int = 1) -> dict:
-    """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on a file `data`."""
+def evaluate_translation(run, data: str | None = None, split: str = "test", beam: int = 1,
+                         progress: bool = False) -> dict:  # fmt: skip
+    """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on a file `data`
+    (progress: a bar on stderr while it decodes)."""
     cfg = from_dict(ParallelDataConfig, run.config["data"], where="data config")
     if data is not None:
         cfg = dataclasses.replace(cfg, data=data, target=None, val=data, test=data)
     pairs = load_pairs(cfg)[split]
     tgt_tok = target_tokenizer(run)
     src, tgt = encode_pairs(run.tokenizer, tgt_tok, pairs, cfg.max_len, split)
-    hyps = translate_ids(run.model, src, run.config["task"]["max_out"], beam)
+    hyps = translate_ids(run.model, src, run.config["task"]["max_out"], beam, progress=progress)
     result = scores([to_text(tgt_tok, h) for h in hyps], [t for _, t in pairs])
     loss = teacher_forced_loss(run.model, Pairs({split: src}, {split: tgt}), split)
     return {"data": cfg.data, "split": split, "beam": beam, **result, "loss": loss}

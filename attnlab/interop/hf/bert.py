@@ -202,12 +202,21 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
 SUPPORT: dict[str, Rule] = classic_block("BERT", "post", EXPORT_ACTIVATIONS)
 
 
-def check_exportable(cfg: EncoderConfig) -> None:
-    """BERT's layout is fixed: say which of the run's choices it cannot express."""
+def target_name(cfg: EncoderConfig) -> str:
+    return "BERT"
+
+
+def export_problems(cfg: EncoderConfig) -> list[str]:
+    """BERT's layout is fixed: which of the run's choices it cannot express ([] if it fits)."""
     problems = block_problems(cfg, SUPPORT, "BERT")
     problems += field_problems(cfg, {"positions": Only(("learned",), "BERT's are learned")})
     if ENCODER_HEADS[cfg.head].pooled and (cfg.pooling != "cls" or not cfg.pooler):
         problems.append("a classify head without pooler=true on [CLS] (BertForSequenceClassification has one)")
+    return problems
+
+
+def check_exportable(cfg: EncoderConfig) -> None:
+    problems = export_problems(cfg)
     if problems:
         raise AttnlabError(f"this encoder does not fit HuggingFace's BERT: {'; '.join(problems)}")
 

@@ -112,14 +112,23 @@ def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[st
 SUPPORT: dict[str, Rule] = classic_block("GPT-2", "pre", EXPORT_ACTIVATIONS)
 
 
-def check_exportable(cfg: GPTConfig) -> None:
-    """GPT-2's block is fixed: say which of the run's choices it cannot express."""
+def target_name(cfg: GPTConfig) -> str:
+    return "GPT-2"
+
+
+def export_problems(cfg: GPTConfig) -> list[str]:
+    """GPT-2's block is fixed: which of the run's choices it cannot express ([] if it fits)."""
     problems = block_problems(cfg, SUPPORT, "GPT-2")
     problems += field_problems(cfg, {"positions": Only(("learned",), "GPT-2's are learned")})
     if cfg.logit_softcap is not None:
         problems.append("logit_softcap (GPT-2's logits are not capped)")
     if cfg.bigram_vocab:
         problems.append("bigram_vocab (GPT-2 has no bigram embedding)")
+    return problems
+
+
+def check_exportable(cfg: GPTConfig) -> None:
+    problems = export_problems(cfg)
     if problems:
         raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
 

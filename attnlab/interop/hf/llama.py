@@ -187,25 +187,28 @@ SUPPORT: dict[str, Rule] = {
     "bias": Only((False,), "Llama has no biases: train with --no-bias"), "ln_eps": ANY,
     "qk_norm": Only((False,), "Llama has no QK-norm"),
 }  # fmt: skip
-# The parts that make a GPT a Llama rather than a GPT-2 when it is exported.
-LLAMA_PARTS = {"norm_kind": ("rmsnorm",), "positions": ("rope",), "feedforward": ("swiglu", "geglu", "moe")}
 
 
-def has_llama_parts(cfg: GPTConfig) -> bool:
-    return any(getattr(cfg, name) in values for name, values in LLAMA_PARTS.items())
+def target_name(cfg: GPTConfig) -> str:
+    return "Mixtral" if is_mixtral(cfg) else "Llama"
 
 
-def check_exportable(cfg: GPTConfig) -> None:
-    """Say which of the run's choices a HuggingFace Llama / Mixtral cannot express."""
-    name = "Mixtral" if is_mixtral(cfg) else "Llama"
+def export_problems(cfg: GPTConfig) -> list[str]:
+    """Which of the run's choices a HuggingFace Llama / Mixtral cannot express ([] if it fits)."""
+    name = target_name(cfg)
     problems = block_problems(cfg, SUPPORT, name)
     problems += field_problems(cfg, {"positions": Only(("rope",), f"{name}'s are rotary")})
     if cfg.logit_softcap is not None:
         problems.append(f"logit_softcap ({name} has uncapped logits)")
     if cfg.bigram_vocab:
         problems.append(f"bigram_vocab ({name} has no bigram embedding)")
+    return problems
+
+
+def check_exportable(cfg: GPTConfig) -> None:
+    problems = export_problems(cfg)
     if problems:
-        raise AttnlabError(f"this GPT does not fit HuggingFace's {name}: {'; '.join(problems)}")
+        raise AttnlabError(f"this GPT does not fit HuggingFace's {target_name(cfg)}: {'; '.join(problems)}")
 
 
 def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, Any]:
