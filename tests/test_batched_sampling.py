@@ -51,3 +51,15 @@ def test_batched_draws_follow_each_rows_filter():
     assert (drawn[:, 0] == 1).all() and (drawn[:, 1] == 0).all()
     assert next_tokens(logits, 0.0, None, None, None).tolist() == [1, 0]
     assert next_token(logits[1], 0.0, None, None, None) == 0
+
+
+def test_an_empty_prompt_needs_an_end_of_text_token(model):
+    """A converted Llama's tokenizer has no <|endoftext|>: an empty prompt is one line, not a crash
+    deep in torch ("Could not infer dtype of NoneType")."""
+    from attnlab.errors import AttnlabError
+
+    tok = CharTokenizer("abcdefgh ?!\n")
+    tok.eot_id = None
+    with pytest.raises(AttnlabError, match="give a prompt"):
+        sample_texts(model, tok, "", num_samples=2, max_new_tokens=3, dtype="float32")
+    assert len(sample_texts(model, tok, "ab", num_samples=2, max_new_tokens=3, dtype="float32")) == 2

@@ -109,6 +109,21 @@ def test_train_sample_eval_resume(tmp_path, trained, text, capsys):
     assert max(r["step"] for r in rows) == 9
 
 
+def test_many_samples_are_drawn_a_batch_at_a_time_with_the_same_texts(trained, capsys, monkeypatch):
+    """--num-samples N decodes SAMPLE_BATCH rows at a time (memory bounded however large N is), and
+    sample i is the same text whatever the batch it falls in."""
+    from attnlab.cli import commands
+    from attnlab.decoding import sampling
+
+    args = ["sample", trained, "--prompt", "de", "--max-new-tokens", "8", "--seed", "4", "--num-samples", "5"]
+    whole = run_cli(args, capsys)[1]
+    batches, real = [], sampling.sample_texts
+    monkeypatch.setattr(commands, "SAMPLE_BATCH", 2)
+    monkeypatch.setattr(sampling, "sample_texts", lambda *a, **kw: batches.append(kw["num_samples"]) or real(*a, **kw))
+    assert run_cli(args, capsys)[1] == whole and batches == [2, 2, 1]
+    assert whole.count("-" * 40) == 4
+
+
 def test_preset_then_toml_then_flags(tmp_path, text, capsys):
     """defaults < preset < TOML < flags, and widths derived from d_model follow an override."""
     cfg = tmp_path / "c.toml"

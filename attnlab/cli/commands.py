@@ -59,6 +59,9 @@ def run_eval(opts: EvalOptions) -> int:
     return 0
 
 
+SAMPLE_BATCH = 64  # rows decoded together by `attnlab sample --num-samples N`
+
+
 def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     """One sample streams as it is generated; several are drawn as one batch."""
     cfg = checked(GenerateConfig, gen, where="generation")
@@ -74,9 +77,13 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
                 print(piece, end="", flush=True)
             print()
             return 0
-        texts = sampling.sample_texts(run.model, run.tokenizer, num_samples=opts.num_samples, **dataclasses.asdict(cfg))
-        for i, text in enumerate(texts):
-            print(("\n" + "-" * 40 + "\n" if i else "") + cfg.prompt + text)
+        # Batches of SAMPLE_BATCH, each printed when done: memory stays that of one batch, however many
+        # samples are asked for (10^9 once grew to 9 GB in a minute). Sample i still draws with seed + i.
+        kw, base = dataclasses.asdict(cfg), sampling.seed_of(cfg.seed)
+        for start in range(0, opts.num_samples, SAMPLE_BATCH):
+            kw["seed"], n = base + start, min(SAMPLE_BATCH, opts.num_samples - start)
+            for i, text in enumerate(sampling.sample_texts(run.model, run.tokenizer, num_samples=n, **kw), start):
+                print(("\n" + "-" * 40 + "\n" if i else "") + cfg.prompt + text, flush=True)
     return 0
 
 

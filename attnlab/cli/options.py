@@ -83,7 +83,8 @@ class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 
 @dataclass
 class SampleOptions(HeadsOut, ReadsRun):
-    num_samples: int = option(1, "how many samples, drawn as one batch", at_least=1)
+    num_samples: int = option(1, "how many samples, drawn 64 at a time as one batch, each batch printed when done",
+                              at_least=1)  # fmt: skip
 
 
 @dataclass

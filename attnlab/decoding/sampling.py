@@ -28,6 +28,7 @@ from attnlab.data.tokenizers import Tokenizer
 from attnlab.decoding.draw import Draw, check_sampling, filter_logits, jump_keep, next_token, next_tokens
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.pieces import TextPieces, first_stop
+from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
 
@@ -194,6 +195,9 @@ def stream_text(
 ) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced, until
     max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
+    if not prompt and tokenizer.eot_id is None:  # a converted Llama's tokenizer has no <|endoftext|> to start from
+        raise AttnlabError("an empty prompt starts from the end-of-text token, which this run's tokenizer does not "
+                           "have: give a prompt")  # fmt: skip
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
     pieces = TextPieces(tokenizer, [stop] if stop else [])
