@@ -237,6 +237,26 @@ def _big_tokenizer(d):
     (d / "tokenizer.json").write_text(tokenizer(320).to_json())
 
 
+def _two_token_tokenizer(d):
+    (d / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ""}))
+
+
+def _far_id(d):
+    """A tokenizer of 300 tokens, one of whose ids lies beyond the model's 300 rows."""
+    data = json.loads((d / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab[max(vocab, key=vocab.get)] = 400
+    (d / "tokenizer.json").write_text(json.dumps(data))
+
+
+def _nan_weight(d):
+    from safetensors.torch import save_file
+
+    tensors = load_file(d / "model.safetensors")
+    tensors[next(k for k in tensors if k.endswith("ln_f.weight"))][0] = float("nan")
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
 BROKEN = {
     "no_config": (_no_config, "no config.json (not a HuggingFace model directory)"),
     "mamba": (_edit_config(architectures=["MambaForCausalLM"]), "attnlab converts GPT2LMHeadModel"),
@@ -249,6 +269,12 @@ BROKEN = {
     "layer_scaling": (_edit_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
     "no_tokenizer": (_no_tokenizer, "tokenizer.json is missing"),
     "big_tokenizer": (_big_tokenizer, "tokenizer.json has 320 tokens, more than the model's 300"),
+    # a folder that converts, but to a run that could not load back or decode
+    "nan_epsilon": (_edit_config(layer_norm_epsilon=float("nan")), "ln_eps: must be a finite number"),
+    "inf_epsilon": (_edit_config(layer_norm_epsilon=float("inf")), "could not load back"),
+    "two_token_tokenizer": (_two_token_tokenizer, "tokenizer.json has 2 tokens for a model of 300"),
+    "id_beyond_the_model": (_far_id, "gives ids up to 400, beyond the model's vocabulary of 300"),
+    "nan_weight": (_nan_weight, "NaN or infinite"),
 }
 
 

@@ -133,69 +133,6 @@ def test_inspect_on_val_ablates_on_the_validation_split(made, capsys):
 
 
 # ---- 4. convert validates the run before writing it ---------------------------------------------
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    from tests.test_convert_gpt2 import save_hf
-
-    path = tmp_path_factory.mktemp("hf") / "hf"
-    save_hf(path, "2x32")  # GPT-2, vocabulary 300, its own 300-token BPE tokenizer
-    return path
-
-
-def _set(name: str, value):
-    def edit(d):
-        config = json.loads((d / "config.json").read_text())
-        (d / "config.json").write_text(json.dumps({**config, name: value}))
-
-    return edit
-
-
-def _tokenizer(text: str):
-    return lambda d: (d / "tokenizer.json").write_text(text)
-
-
-def _far_id(d):
-    """A tokenizer of 300 tokens, one of whose ids lies beyond the model's 300 rows."""
-    data = json.loads((d / "tokenizer.json").read_text())
-    vocab = data["model"]["vocab"]
-    last = max(vocab, key=vocab.get)
-    vocab[last] = 400
-    (d / "tokenizer.json").write_text(json.dumps(data))
-
-
-UNLOADABLE = {
-    "nan_epsilon": (_set("layer_norm_epsilon", float("nan")), "ln_eps: must be a finite number"),
-    "inf_epsilon": (_set("layer_norm_epsilon", float("inf")), "could not load back"),
-    "two_token_tokenizer": (_tokenizer(json.dumps({"type": "char", "chars": ""})),
-                            "tokenizer.json has 2 tokens for a model of 300"),
-    "id_beyond_the_model": (_far_id, "gives ids up to 400, beyond the model's vocabulary of 300"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("case", UNLOADABLE)
-def test_convert_refuses_a_run_that_could_not_load_or_decode(hf_dir, tmp_path, case):
-    spoil, said = UNLOADABLE[case]
-    shutil.copytree(hf_dir, tmp_path / "hf")
-    spoil(tmp_path / "hf")
-    with pytest.raises(AttnlabError) as e:
-        convert_from_hf(tmp_path / "hf", tmp_path / "run")
-    assert said in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "run").exists()
-
-
-def test_convert_refuses_weights_that_are_not_numbers(hf_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(hf_dir, tmp_path / "hf")
-    tensors = load_file(tmp_path / "hf" / "model.safetensors")
-    name = next(k for k in tensors if k.endswith("ln_f.weight"))
-    tensors[name][0] = float("nan")
-    save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(AttnlabError, match="NaN or infinite"):
-        convert_from_hf(tmp_path / "hf", tmp_path / "run")
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_masked_lm_with_padding_rows_beyond_its_tokenizer_proposes_only_its_tokens(tmp_path, capsys):
     """A converted BERT whose embedding has 30 rows more than its tokenizer (padding, accepted): the
     [MASK] candidates are tokens, even when the padding rows score highest (an IndexError before)."""

@@ -64,9 +64,9 @@ def train_step(device: torch.device, width: int) -> Callable[[torch.dtype], None
     def run(dtype: torch.dtype) -> None:
         for p in block.parameters():
             p.grad = None
-        with _autocast(device, dtype):
+        with torch.enable_grad(), _autocast(device, dtype):  # callers may measure from inside no_grad (eval)
             loss = block(x).float().square().mean()
-        loss.backward()
+            loss.backward()
         loss.item()  # wait for the device
 
     return run
