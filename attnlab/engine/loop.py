@@ -211,17 +211,17 @@ def loop(s: Session, progress: bool = True) -> dict:
             _draw(s)  # while the last checkpoint is written
         s.writer.wait()
     except KeyboardInterrupt:
-        bar.close()
+        p.bar.close()
         stop_on_interrupt(s, p.snapshot)
     except BaseException:  # a diverged loss, a full disk, ...: the bar ends before the message
-        bar.close()
+        p.bar.close()
         s.writer.wait()  # the checkpoint the message names is whole on disk (or its error is raised)
         raise
     finally:
         if s.log is not None:
             s.log.close()
             s.log = None
-    bar.close()
+    p.bar.close()
     if budget and s.step < cfg.max_steps and s.dist.main:
         floor = f" (at least {cfg.min_steps})" if p.past_budget else ""
         print(f"time budget of {cfg.time_budget} spent: {s.step} steps{floor}", file=sys.stderr)
@@ -246,14 +246,10 @@ def one_step(s: Session, p: Progress) -> None:
     _log(s, {"step": s.step, "loss": loss, "lr": lr, f"{unit}_per_s": rate})
     shown = {"step": s.step} if budget else {}
     p.bar.set_postfix({**shown, "loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{rate:,.0f}"}, refresh=False)
-    p.bar.update(min(s.elapsed, budget) - p.bar.n if budget else 1)
+    p.bar.update(min(s.elapsed, budget) - p.bar.n if budget and not p.past_budget else 1)
     last = s.step == cfg.max_steps or done(s, budget)
     if spent(s, budget) and s.step < cfg.min_steps and not p.past_budget:
-        p.past_budget = True
-        if s.dist.main:
-            p.bar.write(f"time budget of {cfg.time_budget} spent at step {s.step}, short of the {cfg.min_steps} steps "
-                        f"a trained model needs here: training on to step {cfg.min_steps} (this machine is slower "
-                        "than expected, or busy)", file=sys.stderr)  # fmt: skip
+        past_the_budget(s, p)
     if cfg.snapshot_every and s.step % cfg.snapshot_every == 0:
         save_snapshot(s)
     if s.step % cfg.eval_interval == 0 or last:
@@ -263,6 +259,19 @@ def one_step(s: Session, p: Progress) -> None:
                 p.next_plot = _draw(s)
     if s.interrupted:
         raise KeyboardInterrupt
+
+
+def past_the_budget(s: Session, p: Progress) -> None:
+    """The budget is spent short of --min-steps: say so once, and count the steps left on a new bar."""
+    cfg, disable = s.cfg, p.bar.disable
+    p.past_budget = True
+    p.bar.close()
+    if s.dist.main:
+        print(f"time budget of {cfg.time_budget} spent at step {s.step}, short of the {cfg.min_steps} steps a "
+              f"trained model needs here: training on to step {cfg.min_steps} (this machine is slower than "
+              "expected, or busy)", file=sys.stderr)  # fmt: skip
+    p.bar = tqdm(total=cfg.min_steps, initial=s.step, desc="training on", unit="step", disable=disable,
+                 dynamic_ncols=True)  # fmt: skip
 
 
 def stop_on_interrupt(s: Session, snapshot: dict) -> None:
