@@ -7,6 +7,7 @@ a run:   attnlab predict RUN "import [MASK]" lists the candidates for each [MASK
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,11 @@ class MaskedLM(Task):
         if not masks:
             raise AttnlabError("a masked-LM run fills [MASK]: put [MASK] in the text")
         probs = probabilities(run, ids)  # (T, V)
+        if probs.shape[-1] > len(tok.itos):  # a converted model whose tokenizer.json is the smaller
+            known = len(tok.itos)
+            warnings.warn(f"the model has {probs.shape[-1]} tokens but its tokenizer only {known}: the candidates "
+                          f"are the tokens the tokenizer can write (ids below {known})", stacklevel=2)  # fmt: skip
+            probs = probs[:, : len(tok.itos)]  # (T, V_tok)
         out = []
         for i in masks:
             p, top = probs[i].topk(options.get("top_k") or 5)
