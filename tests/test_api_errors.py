@@ -68,6 +68,10 @@ CALLS = [
     Call("train_data_path", lambda r, tmp: attnlab.train(tmp / "r", None, None, "code.txt"), TypeError,
          "data must be a DataConfig"),
     Call("train_task_unknown", lambda r, tmp: attnlab.train(tmp / "r", task="lmm"), ValueError, "unknown task 'lmm'"),
+    Call("train_option_unknown", lambda r, tmp: attnlab.train(tmp / "r", lr=0.1), TypeError,
+         "unknown option 'lr' for task lm (its own: config); lr is a training setting: pass train=TrainConfig"),
+    Call("train_option_mistyped", lambda r, tmp: attnlab.train(tmp / "r", task="classify", word_vector="v.txt"),
+         TypeError, "did you mean word_vectors?"),
     Call("train_init_int", lambda r, tmp: attnlab.train(tmp / "r", init=7), TypeError, "train: init: expected a path"),
     # configs built by hand
     Call("train_config_str", lambda r, tmp: TrainConfig(max_steps="5"), TypeError,
@@ -112,6 +116,9 @@ CALLS = [
          "max_new_tokens: expected a whole number"),
     Call("generate_seed_str", lambda r, tmp: r.generate("a", seed="x"), TypeError, "seed: expected a whole number"),
     Call("generate_seed_negative", lambda r, tmp: r.generate("a", seed=-1), ValueError, "seed must be"),
+    Call("generate_stop_int", lambda r, tmp: r.generate("a", stop=5), TypeError, "stop: expected a text (str)"),
+    Call("ids_one_dimensional", lambda r, tmp: r.model(torch.tensor([1, 2])), ValueError, "(batch, time) tensor"),
+    Call("ids_none", lambda r, tmp: r.model(torch.zeros(1, 0, dtype=torch.long)), ValueError, "at least one token"),
     Call("generate_top_k_float", lambda r, tmp: r.generate("a", top_k=2.5), TypeError, "top_k: expected"),
 ]  # fmt: skip
 
@@ -174,7 +181,9 @@ def test_ctrl_c_in_the_first_second_of_a_real_command(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("attnlab: warning:")]
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    # 130, or killed by SIGINT, which a shell shows as 130 too: CPython ends that way when the Ctrl-C
+    # landed in code a C extension runs while it is imported (seen once in 24 tries at 0.8 s)
+    assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err
     assert len(lines) == 1 and lines[0].startswith("attnlab: interrupted"), err
 
 

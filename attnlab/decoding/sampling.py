@@ -196,8 +196,9 @@ def stream_text(
 ) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced, until
     max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
-    if not isinstance(prompt, str):
-        raise ArgumentTypeError(f"prompt: expected a text (str), got {kind(prompt)}")
+    for name, text in (("prompt", prompt), ("stop", stop)):
+        if text is not None and not isinstance(text, str):
+            raise ArgumentTypeError(f"{name}: expected a text (str), got {kind(text)}")
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
     pieces = TextPieces(tokenizer, [stop] if stop else [])
