@@ -7,8 +7,10 @@ command line (cli.py) and TOML files are generated from the dataclasses themselv
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
+import numbers
 import sys
 import types
 import typing
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, kind
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,10 +107,57 @@ def parse_value(cls: type, name: str, raw: Any) -> Any:
     return value
 
 
+def check_finite(name: str, value: float, raw: Any = None) -> None:
+    """A float setting must be a number: NaN passes every range check (a timeout of NaN never fires),
+    inf trains to NaN or waits forever."""
+    if not math.isfinite(value):
+        raise ArgumentValueError(f"{name}: must be a finite number, got {value if raw is None else raw!r}")
+
+
+SEED_LIMIT = 2**63  # torch.manual_seed takes a signed 64-bit number, numpy's generators a non-negative one
+
+
+def check_seed(name: str, seed: int | None) -> None:
+    """A seed numpy and torch both accept: a whole number in [0, 2**63)."""
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise ArgumentValueError(f"{name} must be a whole number from 0 to 2**63 - 1, got {seed}")
+
+
+def _fits(value: Any, base: Any) -> bool:
+    """Whether `value` is of the field type `base` (an int is a float; a bool is not an int)."""
+    if base is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if base is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if base in (str, bool):
+        return isinstance(value, base)
+    if typing.get_origin(base) in (list, tuple):
+        return isinstance(value, list | tuple)
+    return True  # a type of its own: the class checks it
+
+
+def check_types(cfg: Any) -> None:
+    """Every field of a config dataclass of its declared type, floats finite: for a library caller who
+    builds one by hand (TrainConfig(max_steps="5") would fail later with "'<' not supported")."""
+    cls = type(cfg)
+    for f in dataclasses.fields(cfg):
+        base, optional = field_type(cls, f)
+        value = getattr(cfg, f.name)
+        if value is None and optional:
+            continue
+        if not _fits(value, base):
+            expected = getattr(base, "__name__", str(base)) + (" or None" if optional else "")
+            raise ArgumentTypeError(f"{cls.__name__}.{f.name}: expected {expected}, got {kind(value)}")
+        if base is float:
+            check_finite(f"{cls.__name__}.{f.name}", value)
+
+
 def check_fraction(cfg: Any, *names: str, high: float = 1.0) -> None:
     """Each named field a share in [0, high): written as `not (...)` so that NaN fails too."""
     for name in names:
         value = getattr(cfg, name)
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise ArgumentTypeError(f"{type(cfg).__name__}.{name}: expected a number, got {kind(value)}")
         if not 0 <= value < high:
             raise ValueError(f"{name} must be in [0, {high:g}), got {value}")
 
@@ -118,7 +167,9 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise AttnlabError(f"unknown option(s) in {where}: {', '.join(unknown)}")
+        near = difflib.get_close_matches(unknown[0], sorted(names), n=1)
+        raise AttnlabError(f"unknown option(s) in {where}: {', '.join(unknown)}"
+                           + (f" (did you mean {near[0]}?)" if near else ""))  # fmt: skip
     return cls(**{k: parse_value(cls, k, v) for k, v in values.items()})
 
 

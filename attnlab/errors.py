@@ -2,8 +2,63 @@
 
 An `AttnlabError` is a mistake a user can fix (bad path, unknown preset, ...). The command
 line prints its message on one line and exits with status 2, without a traceback.
+
+A library call given a value of the wrong kind raises `ArgumentTypeError` (or `ArgumentValueError`),
+which is both an AttnlabError and the TypeError (ValueError) a Python caller expects; its message
+names the argument and what it takes: "TrainConfig.max_steps: expected int, got '5' (str)".
 """
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 
 class AttnlabError(Exception):
     """A problem with the user's input, reported as one line by the CLI (exit code 2)."""
+
+
+class ArgumentTypeError(AttnlabError, TypeError):
+    """A library argument of the wrong type, named in the message."""
+
+
+class ArgumentValueError(AttnlabError, ValueError):
+    """A library argument of the right type but an impossible value, named in the message."""
+
+
+def kind(value: object) -> str:
+    """A value and its type for a message: "'5' (str)"."""
+    text = repr(value)
+    return f"{text[:40]}{'...' if len(text) > 40 else ''} ({type(value).__name__})"
+
+
+def path_argument(value: object, name: str) -> Path:
+    """A path argument (str or os.PathLike) as a Path, or an ArgumentTypeError naming `name`."""
+    if not isinstance(value, str | os.PathLike):
+        raise ArgumentTypeError(f"{name}: expected a path (str or pathlib.Path), got {kind(value)}")
+    return Path(value)
+
+
+def _is_command_line() -> bool:
+    """Whether this process is the `attnlab` command (its script, or python -m attnlab[.cli.main])."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1].startswith("attnlab"):
+        return True
+    return Path(sys.argv[0]).name == "attnlab"
+
+
+@contextlib.contextmanager
+def interrupt_quietly_at_start() -> Iterator[None]:
+    """Ctrl-C while the command line starts (importing torch takes seconds): one line and exit
+    status 130, not a traceback through the imports. A program that imports attnlab still gets
+    its KeyboardInterrupt."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not _is_command_line():
+            raise
+        print("attnlab: interrupted while starting", file=sys.stderr)
+        raise SystemExit(130) from None

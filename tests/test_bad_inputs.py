@@ -160,6 +160,21 @@ def cls(data: Callable, *extra) -> Callable:
                            *SMALL, *extra]  # fmt: skip
 
 
+def vectors(*extra) -> Callable:
+    return lambda w, tmp: ["train", "vectors", "--data", w.corpus, "--out", tmp / "run", "--min-count", "1",
+                           "--epochs", "1", *extra]  # fmt: skip
+
+
+def family(name: str) -> Callable[[Path], None]:
+    """A change for `spoiled`: config.json names a model family attnlab does not have."""
+
+    def change(run: Path) -> None:
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "family": name}))
+
+    return change
+
+
 def toml(text: str) -> Callable:
     return lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "run", *LM, "--config",
                            write(tmp, "c.toml", text)]  # fmt: skip
@@ -393,6 +408,47 @@ CASES = [
     ),
     Case("export_missing_run", lambda w, tmp: ["export", "--to", "hf", tmp / "none", tmp / "out"], "not found"),
     Case("size_unknown_preset", lambda w, tmp: ["size", "--preset", "gpt-9"], "unknown preset"),
+    # issue 32: tracebacks, numbers, keys
+    Case("seed_negative", lm("--seed", "-5"), "seed must be a whole number from 0"),
+    Case("seed_23_digits", lm("--seed", "1" * 23), "seed must be a whole number from 0"),
+    Case("sample_seed_negative", lambda w, tmp: ["sample", w.lm, "--seed", "-1"], "seed must be"),
+    Case("vectors_seed_negative", vectors("--seed", "-5"), "seed must be"),
+    Case("vectors_buckets_0", vectors("--method", "fasttext", "--buckets", "0"), "buckets must be at least 1"),
+    Case("vectors_dim_huge", vectors("--dim", str(10**12)), "needs ~"),
+    Case("vectors_glove_dim_huge", vectors("--method", "glove", "--dim", str(10**12)), "needs ~"),
+    Case("vectors_threads_negative", vectors("--threads", "-2"), "threads must be 0 or more"),
+    Case("vectors_eta_0", vectors("--method", "glove", "--eta", "0"), "eta must be above 0"),
+    Case("vectors_min_alpha_above_alpha", vectors("--min-alpha", "0.5"), "min_alpha"),
+    Case("vectors_top_negative", lambda w, tmp: ["vectors", w.lm, "--neighbors", "a", "--top", "-3"], "at least 1"),
+    Case("vectors_top_words_0", lambda w, tmp: ["vectors", w.lm, "--top-words", "0"], "at least 1"),
+    Case(
+        "plot_tokens_0",
+        lambda w, tmp: ["plot", w.lm, "--what", "embeddings", "--tokens", "0", "--out", tmp / "e.png"],
+        "at least 1",
+    ),  # fmt: skip
+    Case(
+        "family_unknown_resume",
+        lambda w, tmp: ["train", "lm", "--out", spoiled(family("zorro"))(w, tmp), "--resume"],
+        "model family 'zorro'",
+    ),
+    Case("serve_port_70000", lambda w, tmp: ["serve", w.lm, "--port", "70000"], "--port must be from 0 to 65535"),
+    Case("serve_port_negative", lambda w, tmp: ["serve", w.lm, "--port", "-1"], "--port must be from 0 to 65535"),
+    Case("serve_timeout_nan", lambda w, tmp: ["serve", w.lm, "--request-timeout", "nan"], "finite"),
+    Case("serve_timeout_inf", lambda w, tmp: ["serve", w.lm, "--request-timeout", "inf"], "finite"),
+    Case(
+        "serve_one_letter_key_public",
+        lambda w, tmp: ["serve", w.lm, "--host", "0.0.0.0", "--api-key", "k"],
+        "at least 16 characters",
+    ),  # fmt: skip
+    Case("serve_blank_key", lambda w, tmp: ["serve", w.lm, "--api-key", " "], "blank"),
+    Case("serve_blank_key_public", lambda w, tmp: ["serve", w.lm, "--host", "0.0.0.0", "--api-key", "   "], "blank"),
+    Case("flag_mistyped", lambda w, tmp: ["sample", w.lm, "--temprature", "1"], "did you mean --temperature?"),
+    Case("train_flag_mistyped", lm("--lerning-rate", "0.1"), "unrecognized arguments"),
+    Case("train_flag_mistyped_near", lm("--warmup-step", "3", "--wramup-steps", "2"), "did you mean --warmup-steps"),
+    Case("command_mistyped", lambda w, tmp: ["smaple", w.lm], "did you mean 'sample'?"),
+    Case("task_mistyped", lambda w, tmp: ["train", "lmm", "--out", tmp / "run"], "did you mean 'lm'?"),
+    Case("choice_mistyped", lambda w, tmp: ["plot", w.lm, "--what", "los", "--out", tmp / "l.png"], "'loss'?"),
+    Case("toml_key_mistyped", toml("[train]\nwarmup_step = 3\n"), "did you mean warmup_steps?"),
 ]
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
         "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
         "--tokenizer", "char"]  # fmt: skip
-KEY = "s3cret-key"
+KEY = "s3cret-key-0123456789"  # 21 characters: beyond loopback a key needs 16
 FAST = Limits(header_timeout=0.6, body_timeout=0.6, max_streams=3, request_timeout=30)
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from typing import Any
 
-from attnlab.config import field_type
+from attnlab.config import check_types, field_type
 from attnlab.errors import AttnlabError
 
 NOT_FLAGS = {"model": {"vocab_size"}}  # set from the tokenizer, not by hand
@@ -36,6 +37,14 @@ def whole_number(least: int):
         return n
 
     return parse
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite number (float() takes nan, which passes every range check, and inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, dict] | None = None,
@@ -74,6 +83,7 @@ def _argument(cls: type, f: dataclasses.Field, meta: dict) -> tuple[list[str], d
     else:
         element = typing.get_args(base)[0] if typing.get_origin(base) is list else base
         kw["type"] = whole_number(meta["at_least"]) if meta.get("at_least") is not None else element
+        kw["type"] = finite if element is float else kw["type"]
         if meta.get("choices") is not None:
             kw["choices"] = list(meta["choices"])
         for key in ("nargs", "metavar"):
@@ -89,7 +99,9 @@ def read_options(args: argparse.Namespace, cls: type) -> Any:
     """The options dataclass from parsed arguments; a value its checks refuse is one user error."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     try:
-        return cls(**values)
+        options = cls(**values)
+        check_types(options)
+        return options
     except ValueError as e:
         raise AttnlabError(str(e)) from None
 

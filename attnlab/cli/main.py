@@ -15,42 +15,58 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
-from attnlab.cli.convert import run_convert, run_export
-from attnlab.cli.doctor import DoctorOptions, run_doctor
-from attnlab.cli.generate import add_options, add_section, given, read_options
-from attnlab.cli.inspect import run_attention, run_plot, run_serve
-from attnlab.cli.interpret import run_inspect
-from attnlab.cli.options import (
-    AttentionOptions,
-    ConvertOptions,
-    DemoOptions,
-    EvalOptions,
-    ExportOptions,
-    InspectOptions,
-    PlotOptions,
-    PredictOptions,
-    SampleOptions,
-    ServeOptions,
-    SizeOptions,
-    TranslateOptions,
-    VectorsOptions,
-)
-from attnlab.cli.train import add_train_commands
-from attnlab.cli.vectors import run_vectors
-from attnlab.decoding.sampling import GenerateConfig
-from attnlab.errors import AttnlabError
-from attnlab.models.size import ClusterConfig
-from attnlab.runs.outputs import check_outputs
-from attnlab.tasks.compare import CompareOptions
-from attnlab.version import __version__
+from attnlab.errors import AttnlabError, interrupt_quietly_at_start
+
+with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: one line, exit 130
+    from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
+    from attnlab.cli.convert import run_convert, run_export
+    from attnlab.cli.doctor import DoctorOptions, run_doctor
+    from attnlab.cli.generate import add_options, add_section, given, read_options
+    from attnlab.cli.inspect import run_attention, run_plot, run_serve
+    from attnlab.cli.interpret import run_inspect
+    from attnlab.cli.options import (
+        AttentionOptions,
+        ConvertOptions,
+        DemoOptions,
+        EvalOptions,
+        ExportOptions,
+        InspectOptions,
+        PlotOptions,
+        PredictOptions,
+        SampleOptions,
+        ServeOptions,
+        SizeOptions,
+        TranslateOptions,
+        VectorsOptions,
+    )
+    from attnlab.cli.suggest import UNRECOGNIZED_BY, unrecognized, with_suggestion
+    from attnlab.cli.train import add_train_commands
+    from attnlab.cli.vectors import run_vectors
+    from attnlab.decoding.sampling import GenerateConfig
+    from attnlab.models.size import ClusterConfig
+    from attnlab.runs.outputs import check_outputs
+    from attnlab.tasks.compare import CompareOptions
+    from attnlab.version import __version__
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2), not a usage dump."""
 
     def error(self, message: str):
-        self.exit(2, f"attnlab: error: {message} (see: {self.prog} --help)\n")
+        self.exit(2, f"attnlab: error: {with_suggestion(message)} (see: {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(ns, UNRECOGNIZED_BY):  # the innermost parser: it knows the flags
+            setattr(ns, UNRECOGNIZED_BY, self)
+        return ns, extras
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:  # reported by the sub-command's parser, with the flag meant ("did you mean")
+            where = getattr(ns, UNRECOGNIZED_BY, self)
+            where.error(unrecognized(where, extras))
+        return ns
 
 
 @dataclass(frozen=True)
@@ -95,7 +111,8 @@ COMMANDS = [
             "the model view. JSON API under /api (see /openapi.json); an OpenAI-compatible API under /v1 (models, "
             "completions, chat completions; streaming; concurrent requests decoded as one batch). Beyond this "
             "machine (a --host other than loopback) it needs a key."),
-    Command("convert", "a local HuggingFace checkpoint (GPT-2, BERT, ViT, Llama) -> an attnlab run", ConvertOptions,
+    Command("convert", "a local HuggingFace checkpoint -> an attnlab run (the architectures it reads: convert "
+            "--help)", ConvertOptions,
             run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or "
             "pytorch_model.bin, tokenizer.json) and write an attnlab run that every command works on. Nothing is "
             "downloaded."),
@@ -158,8 +175,8 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     # Library warnings (e.g. a prompt cropped to the context) as one plain line.
     warnings.formatwarning = lambda message, *args, **kwargs: f"attnlab: warning: {message}\n"
-    args = build_parser().parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
     try:
+        args = build_parser().parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
         return args.command(args)
     except AttnlabError as e:
         print(f"attnlab: error: {e}", file=sys.stderr)

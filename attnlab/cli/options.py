@@ -122,7 +122,7 @@ class PlotOptions(WritesFiles):
     what: str = option("", "what to draw", tuple(PLOTS), required=True)
     out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
                       metavar="FILE", writes=PICTURE)  # fmt: skip
-    tokens: int = option(60, "embeddings: how many tokens to label")
+    tokens: int = option(60, "embeddings: how many tokens to label", at_least=1)
     text: str | None = option(None, "experts: the text to route (default: a line of Python)")
 
 
@@ -142,7 +142,7 @@ class InspectOptions(WritesFiles, ReadsRun):
 class ServeOptions(OnDevice):
     runs: list[str] = option(None, "run directories to serve", positional=True, nargs="+", metavar="RUN")
     host: str = option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
-    port: int = option(8765, "port")
+    port: int = option(8765, "port (0: any free one)")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every request but /health (default: "
                                  "the ATTNLAB_API_KEY environment variable; needed with a --host beyond loopback)",
                                  metavar="KEY")  # fmt: skip
@@ -162,6 +162,8 @@ class ServeOptions(OnDevice):
                                  "side keeps)")  # fmt: skip
 
     def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be from 0 to 65535 (0: any free one), got {self.port}")
         for name in ("max_streams", "max_batch", "request_timeout", "threads"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
@@ -197,7 +199,7 @@ class VectorsOptions(WritesFiles, Answers):
     analogy: list[str] | None = option(None, "A is to B as C is to ?: the words nearest to B - A + C (man king "
                                        "woman -> queen)", nargs=3, metavar=("A", "B", "C"))  # fmt: skip
     similarity: list[str] | None = option(None, "the cosine similarity of two words", nargs=2, metavar=("A", "B"))
-    top: int = option(10, "how many words to list")
+    top: int = option(10, "how many words to list", at_least=1)
     analogies: str | None = option(None, "score on analogy questions (questions-words.txt)", metavar="FILE")
     wordsim: str | None = option(None, "score on similarity ratings (wordsim353.tsv): Spearman", metavar="FILE")
     export: str | None = option(None, "write the vectors: .txt/.vec (word2vec text) or .safetensors", metavar="FILE",
@@ -205,7 +207,7 @@ class VectorsOptions(WritesFiles, Answers):
     plot: str | None = option(None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE",
                               writes=PICTURE)  # fmt: skip
     words: str | None = option(None, "comma-separated words to draw (default: the most frequent)")
-    top_words: int = option(60, "how many frequent words to draw")
+    top_words: int = option(60, "how many frequent words to draw", at_least=1)
     arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",
                                metavar="A:B")  # fmt: skip
     projection: str = option("pca", "2-D projection", tuple(PROJECTIONS))

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.config import option
+from attnlab.config import check_types, option
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decoding.draw import Draw, check_sampling, filter_logits, jump_keep, next_token, next_tokens
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.pieces import TextPieces, first_stop
-from attnlab.errors import AttnlabError
+from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
 
@@ -51,7 +51,8 @@ class GenerateConfig:
     dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
 
     def __post_init__(self):
-        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+        check_types(self)
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
         if self.stop:  # typed on a command line, "\n" means a newline
             self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")
 
@@ -74,7 +75,7 @@ def stream_rows(
 
     dtype: 'auto' (bf16 autocast where measured faster), 'float32' or 'bfloat16'.
     """
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
@@ -133,7 +134,7 @@ def stream(
 ) -> Iterator[int]:
     """Yield new token ids one by one, continuing the prompt `ids`: decoded by the model's engine (with
     the cache), the tokens stream_rows draws for one row with this seed; without the cache, stream_rows."""
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     if use_cache:
         ids = _cropped(list(ids), model.cfg.context)
         steps = engine_for(model, dtype).generate(ids, Draw(temperature, top_k, top_p, seed_of(seed)), max_new_tokens)
@@ -195,6 +196,9 @@ def stream_text(
 ) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced, until
     max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
+    for name, text in (("prompt", prompt), ("stop", stop)):
+        if text is not None and not isinstance(text, str):
+            raise ArgumentTypeError(f"{name}: expected a text (str), got {kind(text)}")
     if not prompt and tokenizer.eot_id is None:  # a converted Llama's tokenizer has no <|endoftext|> to start from
         raise AttnlabError("an empty prompt starts from the end-of-text token, which this run's tokenizer does not "
                            "have: give a prompt")  # fmt: skip

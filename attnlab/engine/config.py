@@ -7,7 +7,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from attnlab.config import option
+from attnlab.config import check_seed, check_types, option
 from attnlab.runtime.device import DTYPE_NAMES
 
 SCHEDULES = ("cosine", "wsd", "inverse_sqrt")
@@ -77,6 +77,8 @@ class TrainConfig:
     dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
 
     def __post_init__(self):
+        check_types(self)  # TrainConfig(max_steps="5"): named here, not "'<' not supported" below
+        check_seed("seed", self.seed)
         if self.time_budget is not None:
             budget_seconds(self.time_budget)  # a clear error now, not at the first step
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches"):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.nn.hooks import Hook, hooks, taps
 from attnlab.runs.run import Run
 
@@ -63,6 +63,11 @@ def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module
             raise AttnlabError("trace: a text input needs a run with a tokenizer; give the model's tensors instead")
         device = next(model.parameters()).device
         inputs = (torch.tensor([target.tokenizer.encode(inputs[0])], device=device),)  # (1, T)
+    for x in inputs:
+        if not isinstance(x, Tensor):
+            text = "a text, or " if isinstance(target, Run) and target.tokenizer is not None else ""
+            raise ArgumentTypeError(f"trace: the input must be {text}the model's tensors (token ids (B, T)), got "
+                                    f"{kind(x)}")  # fmt: skip
     return model, inputs
 
 

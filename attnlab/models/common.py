@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -10,7 +11,16 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import names, option
-from attnlab.nn import POSITIONS, BlockConfig, BlockOptions, Stack, build_positions, set_grad_checkpoint
+from attnlab.errors import AttnlabError
+from attnlab.nn import POSITIONS, BlockConfig, BlockOptions, Stack, TokenEmbedding, build_positions, set_grad_checkpoint
+
+
+class UnknownPreset(AttnlabError, KeyError):
+    """A preset name the family lacks: an AttnlabError (one line on the command line) and the KeyError
+    a lookup by name gives, with a message rather than the bare name."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0])
 
 
 class Presets:
@@ -19,8 +29,11 @@ class Presets:
     @classmethod
     def from_preset(cls, name: str, **overrides):
         presets = sys.modules[cls.__module__].PRESETS
-        if name not in presets:
-            raise KeyError(name)
+        if not isinstance(name, str) or name not in presets:
+            near = difflib.get_close_matches(name, list(presets), n=1) if isinstance(name, str) else []
+            raise UnknownPreset(f"unknown preset {name!r} for {cls.__name__}"
+                                + (f" (did you mean {near[0]!r}?)" if near else "")
+                                + f"; choose from {', '.join(presets)}")  # fmt: skip
         return replace(presets[name], **overrides)
 
 
@@ -104,7 +117,7 @@ def positions(cfg: TransformerConfig, grid: tuple[int, int] | None = None, lead:
 def text_body(model: nn.Module, cfg: TransformerConfig, vocab_size: int, causal: bool) -> None:
     """What every token-in Transformer has, set on `model` under the names its checkpoints use: the
     token embedding `tok`, the positions `pos`, dropout `drop`, the Stack `blocks` and its final `norm`."""
-    model.tok = nn.Embedding(vocab_size, cfg.d_model)
+    model.tok = TokenEmbedding(vocab_size, cfg.d_model)
     model.pos = positions(cfg)
     model.drop = nn.Dropout(cfg.dropout)
     model.blocks = Stack(cfg.block_config(causal=causal), cfg.n_layer)

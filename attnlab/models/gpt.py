@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import option
+from attnlab.errors import ArgumentTypeError, ArgumentValueError, kind
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
 from attnlab.models.protocols import CausalLM
 from attnlab.nn import KVCache
@@ -154,6 +155,8 @@ PAPER_ACTIVE_PARAMS = {"mixtral-8x7b": 12.9e9}
 
 class GPT(Checkpointing, CausalLM, nn.Module):
     def __init__(self, cfg: GPTConfig):
+        if not isinstance(cfg, GPTConfig):  # GPT("gpt-nano"): named here, not "'str' has no attribute"
+            raise ArgumentTypeError(f"GPT: expected a GPTConfig (GPTConfig.from_preset('gpt-nano')), got {kind(cfg)}")
         super().__init__()
         self.cfg = cfg
         text_body(self, cfg, cfg.vocab_size, causal=True)  # tok, pos, drop, blocks (causal), norm
@@ -237,6 +240,9 @@ class GPT(Checkpointing, CausalLM, nn.Module):
 
         Targets equal to -1 are ignored.
         """
+        if idx.dim() != 2 or idx.shape[1] == 0:  # a (T,) list of ids, or none: named, not "tuple index"
+            raise ArgumentValueError(f"GPT: token ids must be a (batch, time) tensor with at least one token, "
+                                     f"got shape {tuple(idx.shape)}")  # fmt: skip
         if caches is None and idx.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x, _ = self.hidden(idx, caches, offset)

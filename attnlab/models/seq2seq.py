@@ -32,7 +32,7 @@ from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
 from attnlab.models.protocols import Positioned, ReadOut, StepDecoding, WordEmbedded
-from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack
+from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack, TokenEmbedding
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.position import Positions
 
@@ -105,7 +105,7 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
         self.cfg = cfg
         c = cfg.d_model
         self.src_tok = self.source_embedding(cfg)  # (an image captioner's: its patch embedding)
-        self.tgt_tok = self.src_tok if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab, c)
+        self.tgt_tok = self.src_tok if cfg.share_embeddings else TokenEmbedding(cfg.tgt_vocab, c)
         self.src_pos = self.source_positions(cfg)
         self.tgt_pos = positions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -119,7 +119,7 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
 
     def source_embedding(self, cfg: Seq2SeqConfig) -> nn.Module:
         """What turns the source into vectors: token embeddings here; a subclass may read other inputs."""
-        return nn.Embedding(cfg.src_vocab, cfg.d_model)
+        return TokenEmbedding(cfg.src_vocab, cfg.d_model)
 
     def source_positions(self, cfg: Seq2SeqConfig) -> nn.Module:
         return positions(cfg)

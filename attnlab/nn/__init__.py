@@ -2,6 +2,7 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
 from attnlab.nn.block import Block
+from attnlab.nn.embedding import TokenEmbedding
 from attnlab.nn.feedforward import (
     ACTIVATIONS,
     FEEDFORWARDS,
@@ -36,6 +37,7 @@ __all__ = [
     "NORM_PLACES",
     "POSITIONS",
     "Stack",
+    "TokenEmbedding",
     "build_feedforward",
     "default_width",
     "aux_loss",

@@ -236,7 +236,7 @@ class MultiHeadAttention(nn.Module):
         if qk_norm:
             self.q_norm, self.k_norm = RMSNorm(d_head), RMSNorm(d_head)
         self.qk_norm = qk_norm
-        self.hook_pattern, self.hook_head_out = Tap(), Tap()  # see nn/hooks.py
+        self.hook_pattern, self.hook_head_out = Tap(heads=n_heads), Tap(heads=n_heads)  # see nn/hooks.py
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
         """x @ W[rows]^T + b[rows]: the chosen part of the stacked Q/K/V projection."""

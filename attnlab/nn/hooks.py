@@ -28,12 +28,13 @@ requests from one model can ablate a head for one request while another generate
 from __future__ import annotations
 
 import contextlib
+import numbers
 import threading
 from collections.abc import Callable, Iterator
 
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, kind
 
 Hook = Callable[[Tensor], Tensor | None]
 
@@ -41,9 +42,10 @@ Hook = Callable[[Tensor], Tensor | None]
 class Tap(nn.Module):
     """The identity, unless hooks are set: each may read the tensor or return a replacement."""
 
-    def __init__(self) -> None:
+    def __init__(self, heads: int | None = None) -> None:
         super().__init__()
         self.fns: list[Hook] = []
+        self.heads = heads  # a point of attention heads (B, H, ...): H, so zero_head(99) is refused at once
 
     def __call__(self, x: Tensor) -> Tensor:  # not Module.__call__: a point with no hook costs one test
         if not self.fns:
@@ -70,12 +72,21 @@ def hooks(model: nn.Module, fns: dict[str, Hook]) -> Iterator[nn.Module]:
     with hooks(model, {"blocks.1.attn.hook_head_out": zero_head(3)}):
         logits = model(ids)
     """
+    if not isinstance(model, nn.Module):
+        raise ArgumentTypeError(f"hooks: expected a torch model (run.model), got {kind(model)}")
+    if not isinstance(fns, dict):
+        raise ArgumentTypeError(f"hooks: expected a dict of point name -> function, got {kind(fns)}")
     points = taps(model)
     unknown = [name for name in fns if name not in points]
     if unknown:
         close = [n for n in points if n.rsplit(".", 1)[-1] == unknown[0].rsplit(".", 1)[-1]][:3]
         raise AttnlabError(f"no hook point {unknown[0]!r} in this model"
                            + (f" (e.g. {', '.join(close)})" if close else "; see trace(...).names()"))  # fmt: skip
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise ArgumentTypeError(f"hooks: the hook of {name!r} must be a function of the tensor, got {kind(fn)}")
+        if isinstance(fn, HeadMask):
+            fn.check(name, points[name].heads)
     added = []
     try:
         for name, fn in fns.items():
@@ -122,16 +133,35 @@ def _chain(fns: list[Hook]) -> Hook:
     return run
 
 
-def zero_heads(heads: list[int]) -> Hook:
-    """A hook for `...attn.hook_head_out` that zeroes these heads' outputs (0-based): head ablation."""
+class HeadMask:
+    """A hook for `...attn.hook_head_out` (or `hook_pattern`) that zeroes these heads (0-based): head
+    ablation. `heads`: what it removes, for messages. hooks() checks them against the point's heads."""
 
-    def fn(x: Tensor) -> Tensor:
+    def __init__(self, heads: list[int]):
+        for h in heads:
+            if not isinstance(h, numbers.Integral) or isinstance(h, bool):
+                raise ArgumentTypeError(f"zero_head: a head is a whole number (0: the first head), got {kind(h)}")
+            if h < 0:
+                raise ArgumentValueError(f"zero_head: heads are numbered from 0 (the first head), got {h}")
+        self.heads = [int(h) for h in heads]
+
+    def check(self, point: str, n_heads: int | None) -> None:
+        if n_heads is None:
+            raise ArgumentValueError(f"zero_head: {point!r} has no heads; use an ...attn.hook_head_out point")
+        if max(self.heads, default=0) >= n_heads:
+            raise ArgumentValueError(f"zero_head({max(self.heads)}): {point} has {n_heads} heads, numbered 0 to "
+                                     f"{n_heads - 1}")  # fmt: skip
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.check("this attention", x.shape[1])  # a hook set on a Tap directly, without hooks()
         x = x.clone()
-        x[:, heads] = 0  # x (B, H, T, Dh)
+        x[:, self.heads] = 0  # x (B, H, T, Dh)
         return x
 
-    fn.heads = list(heads)  # what it removes, for messages
-    return fn
+
+def zero_heads(heads: list[int]) -> Hook:
+    """A HeadMask: these heads' outputs zeroed (0-based)."""
+    return HeadMask(list(heads))
 
 
 def zero_head(head: int) -> Hook:

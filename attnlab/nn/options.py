@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from attnlab.config import names, option
+from attnlab.config import check_types, names, option
 from attnlab.nn.dense import ACTIVATIONS, DENSE, default_width
 from attnlab.nn.feedforward import FEEDFORWARDS
 from attnlab.nn.norm import NORMS
@@ -52,6 +52,7 @@ class BlockOptions:
     qk_norm: bool = option(False, "RMS-normalize each head's queries and keys (QK-norm): steadier at high lr")
 
     def __post_init__(self):
+        check_types(self)  # GPTConfig(n_layer="2"): named here, not "'<' not supported" below
         # d_ff and d_head stay None when derived, so overriding d_model in a preset re-derives them.
         for name in ("n_head", "d_model"):
             if getattr(self, name) < 1:

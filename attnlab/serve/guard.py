@@ -80,8 +80,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MIN_KEY_LENGTH = 16  # beyond loopback: a key a client on the network cannot guess in a few tries
+
+
 def check_exposure(host: str, api_key: str | None, insecure_no_key: bool = False) -> None:
-    """Refuse to listen beyond this machine without a key (unless told to)."""
+    """Refuse to listen beyond this machine without a key (unless told to), or with a key that is
+    blank, holds spaces (no client can send it in a Bearer header) or is short enough to guess."""
+    if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
+        raise AttnlabError(
+            "--api-key (or ATTNLAB_API_KEY) is blank or holds spaces: give a key of letters, digits "
+            "and symbols, e.g. python -c 'import secrets; print(secrets.token_urlsafe())'"
+        )
+    if not is_loopback(host) and api_key and len(api_key) < MIN_KEY_LENGTH:
+        raise AttnlabError(
+            f"--host {host} lets other machines reach the server: its key must have at least "
+            f"{MIN_KEY_LENGTH} characters, not {len(api_key)} (e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe())')"
+        )
     if not is_loopback(host) and not api_key and not insecure_no_key:
         raise AttnlabError(
             f"--host {host} lets other machines reach the server: give it a key (--api-key KEY, or the "

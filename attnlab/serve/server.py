@@ -47,6 +47,8 @@ def listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port, or an AttnlabError that says why not (e.g. the port is taken)."""
     # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
     # that say they are TCP; with it on, every answer on a kept-alive connection waited 40 ms for an ACK.
+    if not 0 <= port <= 65535:  # socket.bind's OverflowError otherwise
+        raise AttnlabError(f"--port must be from 0 to 65535 (0: any free port), got {port}")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait for TIME_WAIT
     try:

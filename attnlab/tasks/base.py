@@ -82,7 +82,14 @@ class Task(RunKind, Printer):
 
     def model_of(self, config: dict[str, Any]) -> str:
         """The model name (one of self.models) of a saved run's config.json."""
-        return next(name for name, m in self.models.items() if m.family == config["family"])
+        family = config.get("family")
+        for name, m in self.models.items():
+            if m.family == family:
+                return name
+        raise AttnlabError(
+            f"the run's config.json names the model family {family!r}, which is not one of the "
+            f"{self.name} task's ({', '.join(sorted({m.family for m in self.models.values()}))})"
+        )
 
     def model_fields(self, req: TrainRequest) -> dict[str, Any]:
         """The model-config fields to build from: the request's, or for a new run with --init the init

@@ -35,7 +35,8 @@ def plot_loss(metrics: Path, out: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or val:  # a run stopped before its first step has no curve: matplotlib would warn of no labels
+        ax.legend()
     fig.tight_layout()
     save_figure(fig, out, dpi=fig.dpi)
 
