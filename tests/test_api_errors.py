@@ -73,6 +73,8 @@ CALLS = [
     Call("train_option_mistyped", lambda r, tmp: attnlab.train(tmp / "r", task="classify", word_vector="v.txt"),
          TypeError, "did you mean word_vectors?"),
     Call("train_init_int", lambda r, tmp: attnlab.train(tmp / "r", init=7), TypeError, "train: init: expected a path"),
+    Call("load_none", lambda r, tmp: attnlab.load(None), TypeError, "load: path: expected a path"),
+    Call("load_int", lambda r, tmp: attnlab.load(123), TypeError, "got 123 (int)"),
     # configs built by hand
     Call("train_config_str", lambda r, tmp: TrainConfig(max_steps="5"), TypeError,
          "TrainConfig.max_steps: expected int, got '5' (str)"),

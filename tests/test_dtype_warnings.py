@@ -91,6 +91,7 @@ def test_sample_says_why_before_the_text_never_inside_it(tmp_path, corpus, capsy
         warnings.showwarning = lambda *w, **kw: sys.stderr.write(warnings.formatwarning(*w[:4]))
         assert main(["sample", str(run), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "0"]) == 0
     first, text = terminal.getvalue().split("\n", 1)
-    assert first.startswith("attnlab: warning: --dtype auto (decode, width 16): timings too noisy to trust"), \
+    assert first.startswith("attnlab: warning: --dtype auto (decode, width 16): timings too noisy to trust"), (
         terminal.getvalue()[:600]
+    )
     assert text.startswith("def ") and "warning" not in text

@@ -44,8 +44,16 @@ FLAGS = [(c, name, suffixes) for c in COMMANDS for name, suffixes in output_flag
 
 def test_the_commands_that_write_files_declare_them():
     declared = {(c.name, name) for c, name, _ in FLAGS}
-    assert {("attention", "out"), ("plot", "out"), ("inspect", "out"), ("predict", "attention"),
-            ("translate", "attention"), ("eval", "confusion"), ("vectors", "export"), ("vectors", "plot")} <= declared
+    assert {
+        ("attention", "out"),
+        ("plot", "out"),
+        ("inspect", "out"),
+        ("predict", "attention"),
+        ("translate", "attention"),
+        ("eval", "confusion"),
+        ("vectors", "export"),
+        ("vectors", "plot"),
+    } <= declared
 
 
 @pytest.mark.parametrize("command, flag, suffixes", FLAGS, ids=[f"{c.name}--{n}" for c, n, _ in FLAGS])

@@ -13,7 +13,8 @@ from safetensors import SafetensorError
 import attnlab
 import attnlab.io as io_mod
 from attnlab.io import read_metrics, write_json
-from attnlab.runs.folder import MARKER, TOKENIZER, WEIGHTS
+from attnlab.runs.folder import TOKENIZER, WEIGHTS
+from attnlab.runs.marker import MARKER
 from tests.conftest import TEXT, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py

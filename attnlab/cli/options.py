@@ -70,7 +70,8 @@ class PredictOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     attention: str | None = option(None, "translation runs: draw the alignment; ViT runs: draw [CLS]'s attention "
                                    "to each patch over the image (.png, .svg or .json); caption runs: where each "
                                    "word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
-                                   "where hovering a word moves the attention)", metavar="FILE", writes=PAGE)  # fmt: skip
+                                   "where hovering a word moves the attention)", metavar="FILE",
+                                   writes=PAGE)  # fmt: skip
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.io import read_json
-from attnlab.runs.marker import MARKER, read_marker, remove_owned, write_marker
+from attnlab.runs.marker import read_marker, remove_owned, write_marker
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
 STATE = "train_state.safetensors"

@@ -53,7 +53,8 @@ def output_flags(options: Any) -> list[tuple[str, tuple[str, ...]]]:
 def check_outputs(options: Any) -> None:
     """check_output for every file flag given on a command's options (a dataclass with `force`), then
     the folders they go in made, as a user who names pics/attention.png expects."""
-    given = [(getattr(options, name), suffixes, "--" + name.replace("_", "-")) for name, suffixes in output_flags(options)]
-    paths = [check_output(value, getattr(options, "force", False), suffixes, flag) for value, suffixes, flag in given if value]
+    force = getattr(options, "force", False)
+    paths = [check_output(value, force, suffixes, "--" + name.replace("_", "-"))
+             for name, suffixes in output_flags(options) if (value := getattr(options, name))]  # fmt: skip
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.sampling import generate_text
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, path_argument
 from attnlab.models import FAMILIES, build_model
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
@@ -51,7 +51,7 @@ class Run:
 
 def load(path: str | Path, device: str = "auto") -> Run:
     """Load a run directory written by training (weights read from safetensors, no pickle)."""
-    p = check_run_dir(path)
+    p = check_run_dir(path_argument(path, "load: path"))
     config = read_run_config(p)
     task = kind_of(config)
     if task.tokenized and not (p / TOKENIZER).is_file():

@@ -7,7 +7,6 @@ a run:   attnlab predict RUN "import [MASK]" lists the candidates for each [MASK
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
