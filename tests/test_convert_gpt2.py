@@ -271,7 +271,7 @@ BROKEN = {
     "big_tokenizer": (_big_tokenizer, "tokenizer.json has 320 tokens, more than the model's 300"),
     # a folder that converts, but to a run that could not load back or decode
     "nan_epsilon": (_edit_config(layer_norm_epsilon=float("nan")), "ln_eps: must be a finite number"),
-    "inf_epsilon": (_edit_config(layer_norm_epsilon=float("inf")), "could not load back"),
+    "inf_epsilon": (_edit_config(layer_norm_epsilon=float("inf")), "ln_eps: must be a finite number, got inf"),
     "two_token_tokenizer": (_two_token_tokenizer, "tokenizer.json has 2 tokens for a model of 300"),
     "id_beyond_the_model": (_far_id, "gives ids up to 400, beyond the model's vocabulary of 300"),
     "nan_weight": (_nan_weight, "NaN or infinite"),

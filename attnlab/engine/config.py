@@ -31,13 +31,16 @@ def budget_seconds(text: str) -> float:
     return value
 
 
-@functools.cache  # once: a command builds its TrainConfig more than once (flags, then the task's request)
-def warn_short_warmup(warmup_steps: int, max_steps: int, lr: float) -> None:
-    """The warmup a run never finishes, and the peak rate it reaches instead, in words."""
-    peak = lr * max_steps / warmup_steps  # lr_at ramps lr * (step + 1) / warmup_steps up to step max_steps - 1
-    warnings.warn(f"warmup_steps {warmup_steps} is more than max_steps {max_steps}: the learning rate is still "
-                  f"warming up when training ends and peaks at {peak:.3g}, {max_steps / warmup_steps:.0%} of lr "
-                  f"{lr:g} (lower warmup_steps to reach lr)", stacklevel=5)  # fmt: skip
+def warn_short_warmup(cfg: TrainConfig) -> None:
+    """The warmup a run never finishes, and the peak rate it reaches instead, in words (said by the
+    training loop as it starts: once a run, however many times the config is built)."""
+    if not cfg.warmup_steps > cfg.max_steps > 0:
+        return
+    peak = cfg.lr * cfg.max_steps / cfg.warmup_steps  # lr_at: lr * (step + 1) / warmup_steps up to max_steps - 1
+    share = cfg.max_steps / cfg.warmup_steps
+    warnings.warn(f"warmup_steps {cfg.warmup_steps} is more than max_steps {cfg.max_steps}: the learning rate is "
+                  f"still warming up when training ends and peaks at {peak:.3g}, {share:.0%} of lr {cfg.lr:g} "
+                  "(lower warmup_steps to reach lr)", stacklevel=2)  # fmt: skip
 
 
 @dataclass
@@ -117,5 +120,3 @@ class TrainConfig:
         if self.min_lr is not None and self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
                              f"give a min_lr below lr (default lr / 10)")  # fmt: skip
-        if self.warmup_steps > self.max_steps > 0:
-            warn_short_warmup(self.warmup_steps, self.max_steps, self.lr)

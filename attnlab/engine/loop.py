@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.engine.config import TrainConfig, budget_seconds
+from attnlab.engine.config import TrainConfig, budget_seconds, warn_short_warmup
 from attnlab.engine.optim import lr_at, set_lr
 from attnlab.engine.saving import restore_rng, rng_snapshot, save_checkpoint, save_snapshot
 from attnlab.engine.session import Session
@@ -173,6 +173,7 @@ def announce(s: Session) -> None:
     """One line before the first step: the model's size, the data, where and in what precision."""
     if not s.dist.main:
         return
+    warn_short_warmup(s.cfg)
     n_params = sum(p.numel() for p in s.model.parameters())
     procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
     why = f" ({s.dtype_note})" if s.cfg.dtype == "auto" else ""
