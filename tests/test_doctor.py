@@ -16,7 +16,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch):
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))  # fake decisions stay out of later tests' cache
     monkeypatch.setattr(precision, "_DECIDED", {})
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
     precision.cache_path().unlink(missing_ok=True)

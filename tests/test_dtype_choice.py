@@ -24,7 +24,8 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch):
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))  # fake decisions stay out of later tests' cache
     monkeypatch.setattr(precision, "_DECIDED", {})  # as a new process: only the cache file remembers
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})  # a CPU with bf16 instructions
     precision.cache_path().unlink(missing_ok=True)

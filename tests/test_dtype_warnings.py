@@ -80,6 +80,7 @@ def test_sample_says_why_before_the_text_never_inside_it(tmp_path, corpus, capsy
             "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
     assert run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)[0] == 0
     monkeypatch.setattr(precision, "_DECIDED", {})
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))  # not a decision kept by an earlier test
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
     noisy = Fake([0.010, 0.050, 0.003, 0.020, 0.009, 0.090], [0.090, 0.009, 0.020, 0.003, 0.050, 0.010])
     monkeypatch.setattr(precision, "timer_for", lambda device, use, width: noisy)
