@@ -85,6 +85,7 @@ CALLS = [
     Call("gpt_config_str", lambda r, tmp: GPTConfig(n_layer="2"), TypeError, "GPTConfig.n_layer: expected int"),
     Call("gpt_config_dropout_str", lambda r, tmp: GPTConfig(dropout="0.1"), TypeError, "dropout: expected float"),
     Call("data_config_fraction", lambda r, tmp: DataConfig(val_fraction="x"), TypeError, "val_fraction: expected"),
+    Call("data_config_data_int", lambda r, tmp: DataConfig(data=5), TypeError, "DataConfig.data: expected str"),
     Call("generate_config_str", lambda r, tmp: GenerateConfig(temperature="hot"), TypeError, "temperature"),
     Call("vectors_config_str", lambda r, tmp: VectorsConfig(dim="100"), TypeError, "VectorsConfig.dim: expected int"),
     Call("preset_unknown", lambda r, tmp: GPTConfig.from_preset("nope"), KeyError,

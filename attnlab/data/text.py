@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from attnlab.config import check_fraction, option
+from attnlab.config import check_fraction, check_types, option
 from attnlab.data.repeats import repeats_file
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root
@@ -35,6 +35,7 @@ class DataConfig:
     val_fraction: float = option(0.05, "share of the corpus held out for validation")
 
     def __post_init__(self):
+        check_types(self)  # DataConfig(data=5), built by hand, is named here rather than deep in the reader
         check_fraction(self, "val_fraction")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be at least 1, got {self.vocab_size}")
