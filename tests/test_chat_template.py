@@ -96,3 +96,37 @@ def test_a_huggingface_folders_template_is_read(tmp_path):
     assert hf_template(tmp_path).source == CHATML
     (tmp_path / "tokenizer_config.json").write_text("{}")
     assert hf_template(tmp_path) is None
+
+
+def test_only_the_assistant_turns_are_trained_by_default():
+    from attnlab.data.conversations import Conversation
+    from attnlab.data.supervised import encode, show
+    from attnlab.data.tokenizers import CharTokenizer
+
+    template = ChatTemplate()
+    conv = Conversation(tuple(THREE_TURNS))
+    text, spans = template.assistant_spans(conv.messages)
+    tok = CharTokenizer(sorted(set(text)))
+    ex = encode(conv, template, tok)
+    assert tok.decode(ex.ids.tolist()) == text and len(ex.ids) == len(ex.trained) == len(text)
+    trained_chars = {i for a, b in spans for i in range(a, b)}
+    assert {i for i, t in enumerate(ex.trained) if t} == trained_chars  # exactly the three assistant turns
+    assert encode(conv, template, tok, train_on="all").trained.all()
+    assert show(ex, tok, ("[", "]")).count("[") == 3 and "[You're welcome.<|im_end|>\n]" in show(ex, tok, ("[", "]"))
+    plain = Conversation((Message("assistant", "def f(): pass"),), plain=True)
+    assert encode(plain, template, CharTokenizer("def(): pas")).trained.all()  # a {"text"} row: every token
+
+
+def test_a_bpe_token_never_straddles_what_is_trained_and_what_is_not():
+    from attnlab.data.conversations import Conversation
+    from attnlab.data.supervised import encode
+    from attnlab.data.tokenizers import BPETokenizer
+
+    template = ChatTemplate()
+    conv = Conversation(tuple(THREE_TURNS))
+    text, spans = template.assistant_spans(conv.messages)
+    tok = BPETokenizer.train([text * 20], 300)
+    ex = encode(conv, template, tok)
+    assert tok.decode(ex.ids.tolist()) == text
+    trained = tok.decode(ex.ids[ex.trained].tolist())
+    assert trained == "".join(text[a:b] for a, b in spans)  # the trained tokens decode to the spans exactly
