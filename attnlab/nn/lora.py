@@ -175,16 +175,23 @@ def block_sites(model: nn.Module) -> list[dict[str, Site]]:
     return sites
 
 
+def available_targets(model: nn.Module) -> list[str]:
+    """The target names this model's blocks have matrices for, in TARGETS' order."""
+    sites = block_sites(model)
+    return [t for t in TARGETS if any(t in s for s in sites)]
+
+
 def add_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """Wrap the targeted matrices of every block in LoRALinear and freeze everything else; returns the
     names of the wrapped layers. The model computes exactly what it did (B = 0)."""
     if has_lora(model):
         raise AttnlabError("this model has LoRA adapters already: merge them (merge_lora) before adding more")
     sites = block_sites(model)
-    available = [t for t in TARGETS if any(t in s for s in sites)]
+    available = available_targets(model)
     if missing := [t for t in cfg.targets if t not in available]:
+        choices = ", ".join(available) or "nothing (it has no Transformer blocks)"
         raise AttnlabError(f"this model's blocks have no {missing[0]!r} matrix to adapt; "
-                           f"choose LoRA targets from {', '.join(available) or 'nothing (no Transformer blocks)'}")  # fmt: skip
+                           f"choose LoRA targets from {choices}")  # fmt: skip
     model.requires_grad_(False)
     for s in sites:
         layers: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}  # (owner, attribute) -> parts
