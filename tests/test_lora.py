@@ -3,6 +3,7 @@ base exactly, merged == unmerged, only adapters train, and the adapter's state d
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.config import from_dict, to_dict
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
@@ -247,3 +249,11 @@ def test_bad_targets_and_settings_are_one_clear_error():
     add_lora(model, LoRAConfig())
     with pytest.raises(AttnlabError, match="has LoRA adapters already"):
         add_lora(model, LoRAConfig())
+
+
+def test_the_config_round_trips_through_json_and_reads_a_comma_list():
+    cfg = LoRAConfig(rank=4, alpha=8.0, dropout=0.1, targets=("q", "v", "up"))
+    assert from_dict(LoRAConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+    assert LoRAConfig(targets="q, v,up").targets == ("q", "v", "up") and cfg.scaling == 2.0
+    with pytest.raises(AttnlabError, match="unknown LoRA target 'qv'"):
+        LoRAConfig(targets="qv")

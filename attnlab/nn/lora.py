@@ -61,6 +61,8 @@ class LoRAConfig:
                                       nargs="+")  # fmt: skip
 
     def __post_init__(self):
+        if isinstance(self.targets, str):  # "q,v": tuple("qv") would read it letter by letter
+            self.targets = tuple(t.strip() for t in self.targets.split(","))
         self.targets = tuple(self.targets)
         check_types(self)
         if self.rank < 1:
