@@ -3,6 +3,7 @@ base exactly, merged == unmerged, only adapters train, and the adapter's state d
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import from_dict, to_dict
+from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
@@ -29,6 +31,7 @@ from attnlab.nn.lora import (
     lora_state_dict,
     merge_lora,
 )
+from attnlab.nn.stack import set_grad_checkpoint
 
 
 def _ids(vocab: int, t: int = 12) -> Tensor:
@@ -257,3 +260,51 @@ def test_the_config_round_trips_through_json_and_reads_a_comma_list():
     assert LoRAConfig(targets="q, v,up").targets == ("q", "v", "up") and cfg.scaling == 2.0
     with pytest.raises(AttnlabError, match="unknown LoRA target 'qv'"):
         LoRAConfig(targets="qv")
+
+
+def test_an_adapted_model_decodes_through_the_engine_as_its_merged_self():
+    """The cached step loop (self-attention's cache; cross-attention's source keys, computed once from
+    LoRALinear.weight) gives an adapted model's tokens: the merged model's, also without the cache."""
+    model, _ = built("gpt-nano-fast")
+    add_lora(model, LoRAConfig(rank=4, targets=("q", "k", "v", "out")))
+    perturb(model)
+    prompt = [5, 6, 7, 8]
+    adapted = list(stream(model, prompt, max_new_tokens=20, temperature=0, seed=0, dtype="float32"))
+    uncached = list(stream(model, prompt, max_new_tokens=20, temperature=0, seed=0, use_cache=False, dtype="float32"))
+    merge_lora(model)
+    merged = list(stream(model, prompt, max_new_tokens=20, temperature=0, seed=0, dtype="float32"))
+    assert len(adapted) == 20 and adapted == uncached == merged
+    translator, (src, tgt) = built("seq2seq")
+    add_lora(translator, LoRAConfig(rank=4, targets=("q", "k", "v", "out", "up")))
+    perturb(translator)
+    adapted, merged = stepped(translator, src, tgt), stepped(merged_copy(translator), src, tgt)
+    torch.testing.assert_close(adapted, merged, atol=1e-5, rtol=1e-5)
+
+
+def stepped(model: Seq2Seq, src: Tensor, tgt: Tensor) -> Tensor:
+    """The decoder's logits (T, B, V) fed tgt one token at a time through its caches."""
+    with torch.no_grad():
+        state, out = model.start(src), []
+        for t in range(tgt.shape[1]):
+            logits, state = model.step(tgt[:, t], state)
+            out.append(logits)
+    return torch.stack(out)
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    merged = copy.deepcopy(model)
+    merge_lora(merged)
+    return merged
+
+
+def test_activation_checkpointing_gives_the_adapters_the_same_gradients():
+    grads = []
+    for recompute in (False, True):
+        model, (ids,) = built("gpt-nano-fast")
+        add_lora(model, LoRAConfig(rank=4, targets=("q", "v", "up"), dropout=0.1))
+        perturb(model)
+        set_grad_checkpoint(model.train(), recompute)
+        torch.manual_seed(7)  # the same dropout masks, also when a block is run again in backward
+        model(ids).float().square().mean().backward()
+        grads.append([p.grad for p in lora_parameters(model)])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
