@@ -308,3 +308,17 @@ def test_activation_checkpointing_gives_the_adapters_the_same_gradients():
         model(ids).float().square().mean().backward()
         grads.append([p.grad for p in lora_parameters(model)])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
+
+
+def test_adapters_train_in_float32_on_a_bfloat16_base():
+    torch.manual_seed(0)
+    base = nn.Linear(8, 6).to(torch.bfloat16)
+    lora = LoRALinear(base, {"up": (0, 6)}, rank=2, alpha=2.0)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    assert lora.lora_A["up"].dtype == lora.lora_B["up"].dtype == torch.float32
+    assert lora(x).dtype == torch.bfloat16 and torch.equal(lora(x), base(x))
+    perturb(lora)
+    want = base(x).float() + x.float() @ lora.lora_A["up"].T @ lora.lora_B["up"].T
+    torch.testing.assert_close(lora(x).float(), want, atol=2e-2, rtol=2e-2)  # bf16's rounding of the sum
+    lora(x).float().sum().backward()
+    assert lora.lora_B["up"].grad.dtype == torch.float32

@@ -94,8 +94,10 @@ class LoRALinear(nn.Module):
         self.rank, self.scaling = rank, alpha / rank
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.enabled = True  # adapters_off() turns the update off: the base alone (DPO's reference)
+        # The adapters train in float32 whatever the base's precision (a bf16 or quantized base), as
+        # PEFT's autocast_adapter_dtype does: small updates to B would round away in bf16.
         like = next(iter([*base.parameters(), *base.buffers()]))
-        kw = dict(device=like.device, dtype=like.dtype if like.is_floating_point() else torch.float32)
+        kw = dict(device=like.device, dtype=torch.float64 if like.dtype == torch.float64 else torch.float32)
         self.lora_A, self.lora_B = nn.ParameterDict(), nn.ParameterDict()
         for name, (lo, hi) in self.parts.items():
             a = torch.empty(rank, self.in_features, **kw)  # (r, I)
@@ -112,7 +114,8 @@ class LoRALinear(nn.Module):
         if not self.enabled:
             return y
         for name, (lo, hi) in self.parts.items():
-            h = F.linear(self.drop(x), self.lora_A[name])  # (N, r): r numbers per position, the bottleneck
+            a = self.lora_A[name]
+            h = F.linear(self.drop(x).to(a.dtype), a)  # (N, r): r numbers per position, the bottleneck
             d = F.linear(h, self.lora_B[name]) * self.scaling  # (N, O_part)
             if hi - lo < self.out_features:  # a part of the rows: zeros around it, (N, O)
                 d = F.pad(d, (lo, self.out_features - hi))
