@@ -151,25 +151,26 @@ class LoRALinear(nn.Module):
         return f"rank={self.rank}, scaling={self.scaling:g}, parts={self.parts}"
 
 
-# A site: the module holding a linear layer, that layer's attribute name, and the rows a target adapts
-# (None: all of them).
-Site = tuple[nn.Module, str, tuple[int, int] | None]
+# The adaptable matrices of one attention or one dense feed-forward: that module, and for each target
+# name the attribute holding its linear layer and the output rows it adapts (None: all of them).
+Sites = tuple[nn.Module, dict[str, tuple[str, tuple[int, int] | None]]]
 
 
-def _attention_sites(attn: MultiHeadAttention) -> dict[str, Site]:
+def _attention_sites(attn: MultiHeadAttention) -> Sites:
     q, kv = attn.inner, attn.kv_inner  # qkv_proj's rows: H*Dh queries, then Hkv*Dh keys and values
-    return {"q": (attn, "qkv_proj", (0, q)), "k": (attn, "qkv_proj", (q, q + kv)),
-            "v": (attn, "qkv_proj", (q + kv, q + 2 * kv)), "out": (attn, "out_proj", None)}  # fmt: skip
+    return attn, {"q": ("qkv_proj", (0, q)), "k": ("qkv_proj", (q, q + kv)),
+                  "v": ("qkv_proj", (q + kv, q + 2 * kv)), "out": ("out_proj", None)}  # fmt: skip
 
 
-def _feedforward_sites(ff: nn.Module) -> list[dict[str, Site]]:
-    dense = list(ff.experts) if isinstance(ff, MixtureOfExperts) else [ff]  # an attention-only block: none
-    return [{m: (d, m, None) for m in FEEDFORWARD_MATRICES.get(type(d), ())} for d in dense]
+def _feedforward_sites(ff: nn.Module) -> list[Sites]:
+    dense = list(ff.experts) if isinstance(ff, MixtureOfExperts) else [ff]
+    # an attention-only block's NoFeedForward has no matrices: an empty dict
+    return [(d, {m: (m, None) for m in FEEDFORWARD_MATRICES.get(type(d), ())}) for d in dense]
 
 
-def block_sites(model: nn.Module) -> list[dict[str, Site]]:
-    """Every adaptable matrix of every block, asked of the blocks and their parts: one dict of
-    target name -> site per attention and per dense feed-forward."""
+def block_sites(model: nn.Module) -> list[Sites]:
+    """Every adaptable matrix of every block, asked of the blocks and their parts (never of module
+    paths): one entry per attention (cross-attention too) and per dense feed-forward."""
     sites = []
     for stack in stacks_of(model):
         for block in stack:
@@ -183,7 +184,7 @@ def block_sites(model: nn.Module) -> list[dict[str, Site]]:
 def available_targets(model: nn.Module) -> list[str]:
     """The target names this model's blocks have matrices for, in TARGETS' order."""
     sites = block_sites(model)
-    return [t for t in TARGETS if any(t in s for s in sites)]
+    return [t for t in TARGETS if any(t in names for _, names in sites)]
 
 
 def add_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
@@ -191,23 +192,20 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     names of the wrapped layers. The model computes exactly what it did (B = 0)."""
     if has_lora(model):
         raise AttnlabError("this model has LoRA adapters already: merge them (merge_lora) before adding more")
-    sites = block_sites(model)
     available = available_targets(model)
     if missing := [t for t in cfg.targets if t not in available]:
         choices = ", ".join(available) or "nothing (it has no Transformer blocks)"
         raise AttnlabError(f"this model's blocks have no {missing[0]!r} matrix to adapt; "
                            f"choose LoRA targets from {choices}")  # fmt: skip
     model.requires_grad_(False)
-    for s in sites:
-        layers: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}  # (owner, attribute) -> parts
-        for target in (t for t in cfg.targets if t in s):
-            owner, attr, rows = s[target]
-            layer = owner.get_submodule(attr)
-            layers.setdefault((id(owner), attr), {})[target] = rows or (0, layer.out_features)
-        for (_, attr), parts in layers.items():
-            owner = s[next(iter(parts))][0]
-            setattr(owner, attr, LoRALinear(owner.get_submodule(attr), parts, cfg.rank, cfg.alpha, cfg.dropout))
-    return [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    for owner, names in block_sites(model):
+        parts: dict[str, dict[str, tuple[int, int]]] = {}  # attribute -> {target: rows}: q and v share qkv_proj
+        for target in (t for t in cfg.targets if t in names):
+            attr, rows = names[target]
+            parts.setdefault(attr, {})[target] = rows or (0, owner.get_submodule(attr).out_features)
+        for attr, own in parts.items():
+            setattr(owner, attr, LoRALinear(owner.get_submodule(attr), own, cfg.rank, cfg.alpha, cfg.dropout))
+    return list(lora_layers(model))
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
