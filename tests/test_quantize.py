@@ -124,6 +124,18 @@ def test_forward_is_nn_linear_with_the_dequantized_weight(kind, bias):
     assert q(x.to(torch.bfloat16)).dtype == torch.bfloat16  # computed in the input's dtype
 
 
+def test_a_cast_model_keeps_its_scales_in_float32():
+    model = _tiny_gpt()
+    quantize_model(model, "nf4")
+    q = model.blocks[0].ff.up
+    scales = q.scales.clone()
+    model.to(torch.bfloat16)
+    assert q.scales.dtype == torch.float32 and torch.equal(q.scales, scales)  # not rounded to bfloat16
+    assert q.bias.dtype == torch.bfloat16  # the bias casts as nn.Linear's would
+    with torch.no_grad():
+        assert model(torch.randint(0, 97, (1, 8))).dtype == torch.bfloat16
+
+
 def test_gradients_reach_the_input_never_the_codes():
     q = QuantizedLinear.from_linear(nn.Linear(64, 32), "nf4")
     assert list(q.parameters()) == []  # frozen: nothing for an optimizer
