@@ -10,6 +10,7 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors
+from attnlab.models import FAMILIES
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.quantize import (
     NF4_LEVELS,
@@ -173,6 +174,21 @@ def test_a_quantized_gpt_stays_close_to_the_float_one(kind, bound):
     assert outside == [] and type(model.head) is nn.Linear  # embeddings and the head stay float
     rel = ((got - want).norm() / want.norm()).item()
     assert 0 < rel < bound, rel  # measured: int8 7.1e-3, nf4 0.109 (per-weight rms ~0.6%, ~10%)
+
+
+def test_every_stack_is_quantized_cross_attention_included():
+    # The encoder-decoder has two Stacks, and cross-attention reads row slices of its projection's
+    # weight (nn/attention.py _project): the dequantized weight answers there.
+    cfg, cls = FAMILIES["seq2seq"]
+    torch.manual_seed(0)
+    model = cls(cfg(n_head=2, d_model=32, n_layer=2, n_dec_layer=2, context=16, src_vocab=30, tgt_vocab=30)).eval()
+    src, tgt = torch.randint(3, 30, (2, 10)), torch.randint(3, 30, (2, 8))
+    with torch.no_grad():
+        want = model(src, tgt)
+        report = quantize_model(model, "int8")
+        got = model(src, tgt)
+    assert len(report.replaced) == 20 and "decoder.1.cross.qkv_proj" in report.replaced  # 2 x 4 + 2 x 6
+    assert 0 < ((got - want).norm() / want.norm()).item() < 1e-2
 
 
 def test_skip_keeps_named_layers_float():

@@ -17,10 +17,9 @@ saved) is left out, so NF4 costs 4 + 32/64 = 4.5 bits per weight.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -168,7 +167,7 @@ class QuantizedLinear(nn.Module):
         return self.dequantize()
 
     def forward(self, x: Tensor) -> Tensor:
-        # Computed in the input's float dtype (bfloat16 autocast-free training), float32 otherwise.
+        # In the input's dtype (a bfloat16 model computes in bfloat16; autocast casts F.linear itself).
         dtype = x.dtype if x.is_floating_point() else torch.float32
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x, self.dequantize().to(dtype), bias)
