@@ -150,6 +150,18 @@ def test_gradients_reach_the_input_never_the_codes():
     assert torch.allclose(x.grad, x2.grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_backward_keeps_no_float_weight_alive(kind):
+    # What autograd saves between forward and backward: the input, never a (O, I) float weight,
+    # so a quantized base stays small while an adapter on top trains.
+    q = QuantizedLinear.from_linear(nn.Linear(256, 512), kind)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = q(torch.randn(3, 256, requires_grad=True))
+    assert all(t.numel() < 512 * 256 for t in saved), [tuple(t.shape) for t in saved]
+    y.sum().backward()
+
+
 def _tiny_gpt(seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=32, vocab_size=97)).eval()

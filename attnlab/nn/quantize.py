@@ -108,6 +108,24 @@ def quantized_bytes(out_features: int, in_features: int, kind: str) -> int:
     return blocks * BLOCK // 2 + 4 * blocks  # half a byte a weight (padded) + a float32 per block
 
 
+class _DequantizedMatmul(torch.autograd.Function):
+    """y = x @ W_deq^T + b that saves nothing of the weight for backward and dequantizes it again
+    there (dL/dx = dL/dy @ W_deq): F.linear would keep each layer's float W_deq alive until backward,
+    as much memory as the float base the quantization was to save."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, layer: QuantizedLinear) -> Tensor:
+        ctx.layer, ctx.x_dtype = layer, x.dtype
+        dtype = x.dtype if x.is_floating_point() else torch.float32
+        bias = None if layer.bias is None else layer.bias.to(dtype)
+        return F.linear(x, layer.dequantize().to(dtype), bias)  # autocast, when on, casts it further
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        w = ctx.layer.dequantize().to(grad.dtype)  # (O, I)
+        return (grad @ w).to(ctx.x_dtype), None  # (..., O) @ (O, I) -> (..., I)
+
+
 class QuantizedLinear(nn.Module):
     """A frozen nn.Linear whose weight is stored as int8 or NF4 codes: (..., I) -> (..., O).
 
@@ -167,10 +185,8 @@ class QuantizedLinear(nn.Module):
         return self.dequantize()
 
     def forward(self, x: Tensor) -> Tensor:
-        # In the input's dtype (a bfloat16 model computes in bfloat16; autocast casts F.linear itself).
-        dtype = x.dtype if x.is_floating_point() else torch.float32
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return F.linear(x, self.dequantize().to(dtype), bias)
+        """(..., I) -> (..., O) in the input's dtype (a bfloat16 model computes in bfloat16)."""
+        return _DequantizedMatmul.apply(x, self)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, " \
