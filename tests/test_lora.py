@@ -322,3 +322,30 @@ def test_adapters_train_in_float32_on_a_bfloat16_base():
     torch.testing.assert_close(lora(x).float(), want, atol=2e-2, rtol=2e-2)  # bf16's rounding of the sum
     lora(x).float().sum().backward()
     assert lora.lora_B["up"].grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_lora_on_a_quantized_base_is_qlora(kind):
+    """The two halves together: the blocks' matrices quantized and frozen, adapters on top (QLoRA).
+    B = 0 gives the quantized model's logits exactly; only the adapters learn; merging is refused."""
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.nn.lora import LoRAConfig, add_lora, lora_parameters, merge_lora
+    from attnlab.nn.quantize import quantize_model
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=16, vocab_size=50, dropout=0.0)).eval()
+    quantize_model(model, kind)
+    idx = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        before = model(idx)
+    wrapped = add_lora(model, LoRAConfig(rank=4, alpha=8, targets=("q", "v", "up", "down")))
+    assert wrapped
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)
+    model.train()
+    model(idx, idx)[1].backward()
+    adapters = {id(p) for p in lora_parameters(model)}
+    assert all(p.grad is not None for p in lora_parameters(model))
+    assert all(p.grad is None for p in model.parameters() if id(p) not in adapters)
+    with pytest.raises(AttnlabError):
+        merge_lora(model)
