@@ -19,6 +19,13 @@ TEXT = (
 )
 
 
+def code_file(folder, repeats: int = 30):
+    """folder/code.txt: TEXT repeated (Python-like code, ~4 KB at 30), the corpus of a module's tiny runs."""
+    path = folder / "code.txt"
+    path.write_text(TEXT * repeats)
+    return path
+
+
 class Extra:
     """A dev extra, imported when a test first reads one of its names (see `extra`)."""
 

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.config import checked
 from attnlab.errors import AttnlabError
-from tests.conftest import TEXT, run_cli
+from tests.conftest import code_file, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -52,8 +52,7 @@ def train(args: list) -> None:
 def w(tmp_path_factory):
     """The world every case runs in: data files, a sentinel folder and four small trained runs."""
     root = tmp_path_factory.mktemp("bad")
-    corpus = root / "code.txt"
-    corpus.write_text(TEXT * 30)
+    corpus = code_file(root)
     table = root / "reviews.csv"
     table.write_text(
         "text,label\n" + "".join(f"a fine film number {i},{'pos' if i % 2 else 'neg'}\n" for i in range(80))

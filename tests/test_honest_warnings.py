@@ -27,7 +27,7 @@ from attnlab.errors import AttnlabError
 from attnlab.runs.run import load
 from attnlab.tasks.image import load_image
 from attnlab.tasks.metrics import confusion, scores
-from tests.conftest import TEXT, extra
+from tests.conftest import TEXT, code_file, extra
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -73,8 +73,7 @@ def csv_rows(n: int, words: tuple[str, str] = ("fine", "dull")) -> str:
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
     root = tmp_path_factory.mktemp("honest")
-    corpus = root / "code.txt"
-    corpus.write_text(TEXT * 30)
+    corpus = code_file(root)
     table = root / "reviews.csv"
     table.write_text(csv_rows(80))
     trained(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])

@@ -13,7 +13,7 @@ import torch
 import attnlab
 from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
-from tests.conftest import TEXT, extra
+from tests.conftest import code_file, extra
 
 ort = extra("onnxruntime", "onnxruntime is not installed (pip install onnx onnxruntime onnxscript)")
 extra("onnx", "onnx is not installed (pip install onnx onnxruntime onnxscript)")
@@ -31,8 +31,7 @@ TOLERANCE = 1e-4
 def gpt_run(tmp_path_factory):
     """A 2-layer GPT with a character vocabulary, trained for 3 steps."""
     root = tmp_path_factory.mktemp("onnx")
-    text = root / "code.txt"
-    text.write_text(TEXT * 30)
+    text = code_file(root)
     out = root / "run"
     args = ["train", "lm", "--data", str(text), "--out", str(out), "--preset", "gpt-nano", "--n-layer", "2"]
     args += ["--d-model", "32", "--n-head", "2", "--context", str(CONTEXT), "--max-steps", "3", "--batch-size", "4"]

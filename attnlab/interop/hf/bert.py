@@ -53,6 +53,7 @@ from attnlab.interop.hf.support import (
     block_problems,
     classic_block,
     field_problems,
+    refuse_unfit,
 )
 from attnlab.models.encoder import HEADS as ENCODER_HEADS
 from attnlab.models.encoder import Encoder, EncoderConfig
@@ -216,9 +217,7 @@ def export_problems(cfg: EncoderConfig) -> list[str]:
 
 
 def check_exportable(cfg: EncoderConfig) -> None:
-    problems = export_problems(cfg)
-    if problems:
-        raise AttnlabError(f"this encoder does not fit HuggingFace's BERT: {'; '.join(problems)}")
+    refuse_unfit("encoder", "BERT", export_problems(cfg))
 
 
 def config_to_hf(cfg: EncoderConfig, labels: list[str] | None = None) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from attnlab.interop.hf.support import (
     block_problems,
     classic_block,
     field_problems,
+    gpt_head_problems,
+    refuse_unfit,
 )
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -120,17 +122,11 @@ def export_problems(cfg: GPTConfig) -> list[str]:
     """GPT-2's block is fixed: which of the run's choices it cannot express ([] if it fits)."""
     problems = block_problems(cfg, SUPPORT, "GPT-2")
     problems += field_problems(cfg, {"positions": Only(("learned",), "GPT-2's are learned")})
-    if cfg.logit_softcap is not None:
-        problems.append("logit_softcap (GPT-2's logits are not capped)")
-    if cfg.bigram_vocab:
-        problems.append("bigram_vocab (GPT-2 has no bigram embedding)")
-    return problems
+    return problems + gpt_head_problems(cfg, "GPT-2")
 
 
 def check_exportable(cfg: GPTConfig) -> None:
-    problems = export_problems(cfg)
-    if problems:
-        raise AttnlabError(f"this GPT does not fit HuggingFace's GPT-2: {'; '.join(problems)}")
+    refuse_unfit("GPT", "GPT-2", export_problems(cfg))
 
 
 def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, Any]:

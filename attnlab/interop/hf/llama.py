@@ -22,7 +22,16 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import Pair, expected_shapes, map_weights
-from attnlab.interop.hf.support import ANY, UNUSED, Only, Rule, block_problems, field_problems
+from attnlab.interop.hf.support import (
+    ANY,
+    UNUSED,
+    Only,
+    Rule,
+    block_problems,
+    field_problems,
+    gpt_head_problems,
+    refuse_unfit,
+)
 from attnlab.models.gpt import GPT, GPTConfig
 
 pixels_from_hf = None  # a text model: no preprocessor normalizes its input
@@ -198,17 +207,11 @@ def export_problems(cfg: GPTConfig) -> list[str]:
     name = target_name(cfg)
     problems = block_problems(cfg, SUPPORT, name)
     problems += field_problems(cfg, {"positions": Only(("rope",), f"{name}'s are rotary")})
-    if cfg.logit_softcap is not None:
-        problems.append(f"logit_softcap ({name} has uncapped logits)")
-    if cfg.bigram_vocab:
-        problems.append(f"bigram_vocab ({name} has no bigram embedding)")
-    return problems
+    return problems + gpt_head_problems(cfg, name)
 
 
 def check_exportable(cfg: GPTConfig) -> None:
-    problems = export_problems(cfg)
-    if problems:
-        raise AttnlabError(f"this GPT does not fit HuggingFace's {target_name(cfg)}: {'; '.join(problems)}")
+    refuse_unfit("GPT", target_name(cfg), export_problems(cfg))
 
 
 def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from attnlab.errors import AttnlabError
 from attnlab.nn.options import BlockOptions
 
 ANY = "any value"
@@ -92,3 +93,15 @@ def field_problems(cfg: Any, rules: dict[str, Only]) -> list[str]:
     """The same rules for a family's own fields (positions, ...): each listed field must fit its rule."""
     return [f"{name} {getattr(cfg, name)!r} ({rule.why})" for name, rule in rules.items()
             if getattr(cfg, name) not in rule.values]  # fmt: skip
+
+
+def gpt_head_problems(cfg: Any, name: str) -> list[str]:
+    """A modern GPT's extras around the stack, which neither GPT-2 nor Llama has."""
+    problems = [f"logit_softcap ({name} has uncapped logits)"] if cfg.logit_softcap is not None else []
+    return problems + ([f"bigram_vocab ({name} has no bigram embedding)"] if cfg.bigram_vocab else [])
+
+
+def refuse_unfit(what: str, target: str, problems: list[str]) -> None:
+    """One line naming everything of the run that the HuggingFace layout cannot hold."""
+    if problems:
+        raise AttnlabError(f"this {what} does not fit HuggingFace's {target}: {'; '.join(problems)}")
