@@ -99,8 +99,8 @@ def parse_value(cls: type, name: str, raw: Any) -> Any:
         value = base(raw)
     except (TypeError, ValueError, OverflowError):
         raise AttnlabError(f"{name}: expected {base.__name__}, got {raw!r}") from None
-    if base is float and not math.isfinite(value):  # NaN passes every range check, inf trains to NaN
-        raise AttnlabError(f"{name}: must be a finite number, got {raw!r}")
+    if base is float:
+        check_finite(name, value, raw)
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise AttnlabError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
@@ -156,7 +156,7 @@ def check_fraction(cfg: Any, *names: str, high: float = 1.0) -> None:
     """Each named field a share in [0, high): written as `not (...)` so that NaN fails too."""
     for name in names:
         value = getattr(cfg, name)
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        if not _fits(value, float):
             raise ArgumentTypeError(f"{type(cfg).__name__}.{name}: expected a number, got {kind(value)}")
         if not 0 <= value < high:
             raise ValueError(f"{name} must be in [0, {high:g}), got {value}")

@@ -82,8 +82,10 @@ def _argument(cls: type, f: dataclasses.Field, meta: dict) -> tuple[list[str], d
         kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
     else:
         element = typing.get_args(base)[0] if typing.get_origin(base) is list else base
-        kw["type"] = whole_number(meta["at_least"]) if meta.get("at_least") is not None else element
-        kw["type"] = finite if element is float else kw["type"]
+        if meta.get("at_least") is not None:
+            kw["type"] = whole_number(meta["at_least"])
+        else:
+            kw["type"] = finite if element is float else element
         if meta.get("choices") is not None:
             kw["choices"] = list(meta["choices"])
         for key in ("nargs", "metavar"):

@@ -116,7 +116,8 @@ class TrainConfig:
         self._check_schedule()
 
     def _check_schedule(self) -> None:
-        """A decay that climbs is refused; a warmup the run never finishes is said in words."""
+        """A decay that climbs is refused (a warmup the run never finishes is said by the loop as it
+        starts: warn_short_warmup)."""
         if self.min_lr is not None and self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
                              f"give a min_lr below lr (default lr / 10)")  # fmt: skip

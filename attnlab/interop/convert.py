@@ -34,7 +34,7 @@ from attnlab.io import read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
 from attnlab.runs.marker import record
-from attnlab.runs.weights import load_weights, save_weights
+from attnlab.runs.weights import first_not_finite, load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
 # Families that export, by the HuggingFace targets that may take a run, tried in order: a GPT goes
@@ -211,7 +211,7 @@ def _as_loaded(cfg: Any, src: Path) -> Any:
 
 def _check_finite(weights: dict[str, torch.Tensor], src: Path) -> None:
     """A weight that is not a finite number would make the run refuse to load: refused now."""
-    bad = next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    bad = first_not_finite(weights)
     if bad is not None:
         raise AttnlabError(f"{src}: the checkpoint's weights hold NaN or infinite values (first in attnlab's {bad})")
 

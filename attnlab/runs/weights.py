@@ -51,10 +51,15 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
     return meta
 
 
+def first_not_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or an infinity, if any."""
+    return next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
 def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
     """model.load_state_dict that reports a mismatch, or a weight that is not a finite number, as one
     line. Tied weights may be absent."""
-    bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    bad = first_not_finite(tensors)
     if bad is not None:
         raise AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {bad}): this run diverged; "
                            "train it again, with a lower --lr")  # fmt: skip
