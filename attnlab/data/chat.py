@@ -62,6 +62,28 @@ class ChatTemplate:
         except TemplateError as e:  # the sandbox's SecurityError is one too
             raise AttnlabError(f"the chat template failed on this conversation ({e})") from None
 
+    def to_dict(self) -> dict[str, str]:
+        """What a run stores of its template (chat_template.json), read back by from_dict."""
+        return {"template": self.source, "bos_token": self.bos_token, "eos_token": self.eos_token}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "chat template") -> ChatTemplate:
+        if not isinstance(d, dict) or not isinstance(d.get("template"), str):
+            raise AttnlabError(f'{where} is corrupt: it needs a "template" text')
+        return cls(d["template"], str(d.get("bos_token", "")), str(d.get("eos_token", "")))
+
+    def prompt(self, messages: Sequence[Message]) -> str:
+        """The text a model continues to answer the conversation: the turns and the answer's start."""
+        return self.render(messages, add_generation_prompt=True)
+
+    def end_of_turn(self) -> str:
+        """What the template writes after an answer's text (ChatML's "<|im_end|>", Llama 3's
+        "<|eot_id|>"), found by rendering a sentinel answer: generation stops where it appears."""
+        probe = "\x00answer\x00"
+        text = self.render([Message("user", "hi"), Message("assistant", probe)])
+        after = text[text.index(probe) + len(probe) :] if probe in text else ""
+        return after.strip() or self.eos_token
+
     def assistant_spans(self, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the [start, end) character spans of its assistant turns."""
         text, spans = self.render(messages), []

@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+from torch import Tensor
 
+from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
-from attnlab.data.conversations import Conversation
+from attnlab.data.conversations import Conversation, Preference
 from attnlab.data.tokenizers import Tokenizer
 
-TRAIN_ON = ("assistant", "all")
+TRAIN_ON = ("assistant", "all")  # "last" (the final answer alone) is what preference pairs train
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,13 @@ def pieces(text: str, spans: list[tuple[int, int]]) -> list[tuple[str, bool]]:
 
 def encode(conv: Conversation, template: ChatTemplate, tok: Tokenizer, train_on: str = "assistant") -> Example:
     """The conversation's ids and which of them are trained."""
-    if train_on not in TRAIN_ON:
+    if train_on not in (*TRAIN_ON, "last"):
         raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
     if conv.plain:  # a {"text"} row: the text itself, every token trained
         text, spans = conv.messages[0].content, [(0, len(conv.messages[0].content))]
     else:
         text, spans = template.assistant_spans(conv.messages)
+        spans = spans[-1:] if train_on == "last" else spans
     ids, trained = [], []
     for piece, inside in pieces(text, spans):
         piece_ids = tok.encode(piece)
@@ -63,3 +67,74 @@ def show(example: Example, tok: Tokenizer, mark: tuple[str, str] = ("\x1b[1;32m"
             inside = trained
         out.append(tok.decode([token]))
     return "".join(out) + (mark[1] if inside else "")
+
+
+def pair_examples(pair: Preference, template: ChatTemplate, tok: Tokenizer) -> tuple[Example, Example]:
+    """A preference pair as two examples, prompt + chosen and prompt + rejected, each training only its
+    final answer (an earlier assistant turn of the prompt is context, the same in both)."""
+    return tuple(encode(Conversation((*pair.prompt, *answer)), template, tok, "last")
+                 for answer in (pair.chosen, pair.rejected))  # fmt: skip
+
+
+def _shifted(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """Inputs (B, T - 1) and targets (B, T - 1) of examples padded to the longest: the target of
+    position t is token t + 1, -1 where it is not trained or is padding (GPT's ignored label)."""
+    t = max(len(e.ids) for e in examples)
+    x = torch.full((len(examples), t - 1), pad, dtype=torch.long)
+    y = torch.full((len(examples), t - 1), -1, dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e.ids)
+        x[i, : n - 1] = torch.from_numpy(e.ids[:-1])
+        y[i, : n - 1] = torch.from_numpy(np.where(e.trained[1:], e.ids[1:], -1))
+    return x, y
+
+
+def padded(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """Whole rows padded to the longest (B, T), and each row's last position (B,)."""
+    t = max(len(e.ids) for e in examples)
+    x = torch.full((len(examples), t), pad, dtype=torch.long)
+    for i, e in enumerate(examples):
+        x[i, : len(e.ids)] = torch.from_numpy(e.ids)
+    return x, torch.tensor([len(e.ids) - 1 for e in examples])
+
+
+class Supervised:
+    """Supervised fine-tuning: conversations padded per batch, loss on their trained tokens."""
+
+    def __init__(self, examples: dict[str, list[Example]]):
+        self.examples = examples
+        self.per_example = (round(float(np.mean([len(e.ids) for e in examples["train"]]))), "tokens")
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        rows = rank_slice(rng.integers(0, len(self.examples[split]), size=n), part)
+        return _shifted([self.examples[split][i] for i in rows])
+
+    def has(self, split: str) -> bool:
+        return bool(self.examples.get(split))
+
+    def describe(self) -> str:
+        return f"{len(self.examples['train']):,} training conversations"
+
+
+class Pairs:
+    """Preference pairs: the chosen answers' rows then the rejected ones', padded alike, with (for DPO)
+    each answer's log-probability under the reference model, or (a reward model) each row's last token."""
+
+    def __init__(self, pairs: dict[str, list[tuple[Example, Example]]], refs: dict[str, np.ndarray] | None = None):
+        self.pairs, self.refs = pairs, refs  # refs[split]: (N, 2) float, chosen and rejected
+        self.per_example = (round(float(np.mean([len(c.ids) + len(r.ids) for c, r in pairs["train"]]))), "tokens")
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
+        rows = rank_slice(rng.integers(0, len(self.pairs[split]), size=n), part)
+        chosen, rejected = zip(*[self.pairs[split][i] for i in rows], strict=True)
+        if self.refs is None:  # a reward model reads whole rows and scores each at its last token
+            return padded([*chosen, *rejected])
+        x, y = _shifted([*chosen, *rejected])  # (2B, T - 1)
+        ref = torch.from_numpy(self.refs[split][rows].T.reshape(-1).astype(np.float32))  # (2B,) chosen, rejected
+        return x, y, ref
+
+    def has(self, split: str) -> bool:
+        return bool(self.pairs.get(split))
+
+    def describe(self) -> str:
+        return f"{len(self.pairs['train']):,} preference pairs"

@@ -34,6 +34,7 @@ from attnlab.engine.saving import restore_rng, rng_snapshot, save_checkpoint, sa
 from attnlab.engine.session import Session
 from attnlab.errors import AttnlabError
 from attnlab.nn.moe import aux_loss, routing_stats
+from attnlab.nn.objective import Objective
 from attnlab.runtime import distributed
 from attnlab.runtime.device import autocast
 from attnlab.viz.curves import plot_loss
@@ -244,8 +245,9 @@ def one_step(s: Session, p: Progress) -> None:
     p.recent = (p.recent + [loss])[-50:]
     items, unit = s.data.per_example  # tokens (or examples) in each sequence of a batch
     rate = cfg.batch_size * items / dt
-    _log(s, {"step": s.step, "loss": loss, "lr": lr, f"{unit}_per_s": rate})
-    shown = {"step": s.step} if budget else {}
+    extra = s.raw.metrics() if isinstance(s.raw, Objective) else {}  # e.g. DPO's reward accuracy
+    _log(s, {"step": s.step, "loss": loss, "lr": lr, f"{unit}_per_s": rate, **extra})
+    shown = {**({"step": s.step} if budget else {}), **{k: f"{v:.2f}" for k, v in extra.items()}}
     p.bar.set_postfix({**shown, "loss": f"{loss:.3f}", f"{unit[:3]}/s": f"{rate:,.0f}"}, refresh=False)
     p.bar.update(min(s.elapsed, budget) - p.bar.n if budget and not p.past_budget else 1)
     last = s.step == cfg.max_steps or done(s, budget)

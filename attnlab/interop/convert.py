@@ -13,7 +13,9 @@ export_hf("runs/demo", "demo-hf")
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
@@ -24,14 +26,16 @@ from torch import nn
 
 from attnlab.config import from_dict
 from attnlab.data import DataConfig
+from attnlab.data.chat import hf_template
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import bert, gpt2, llama, module_for
 from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
 from attnlab.interop.hf.tokenizer import hf_tokenizer_json, largest_id
-from attnlab.io import read_json, write_json, write_text
+from attnlab.io import cache_root, read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
+from attnlab.runs.adapted import CHAT_TEMPLATE, READERS
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runs.weights import first_not_finite, load_weights, save_weights
@@ -83,9 +87,12 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     if task is not None:
         config["task"] = task
     config["source"] = {"hf": str(src), "architecture": arch}
+    template = hf_template(src)  # the checkpoint's own chat template, if it has one
     fresh_dir(out)  # only now: a failed conversion never costs an old run
-    record(out, CONFIG, WEIGHTS, TOKENIZER)
+    record(out, CONFIG, WEIGHTS, TOKENIZER, *[CHAT_TEMPLATE] * (template is not None))
     write_json(out / CONFIG, config)
+    if template is not None:
+        write_json(out / CHAT_TEMPLATE, template.to_dict())
     save_weights(model, out / WEIGHTS, {"step": "0"})
     if tokenizer_json is not None:
         write_text(out / TOKENIZER, tokenizer_json)
@@ -144,6 +151,23 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
     if not is_run(out):
         raise AttnlabError(f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; "
                            "choose another --out")  # fmt: skip
+
+
+def converted(src: Path) -> Path | None:
+    """A HuggingFace folder as a run (runs.adapted's reader, so `--init` takes one): converted once
+    into the cache, keyed by its path and its files' sizes and times, and reused after."""
+    if not is_hf_dir(src):
+        return None
+    stamp = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in src.iterdir() if f.is_file())
+    key = hashlib.sha256(json.dumps([str(src.resolve()), stamp]).encode()).hexdigest()[:16]
+    out = cache_root() / "converted" / f"{src.resolve().name}-{key}"
+    if not is_run(out) or not (out / WEIGHTS).is_file():
+        print(f"converting {src} (HuggingFace) into {out}, once", file=sys.stderr)
+        convert_from_hf(src, out, force=True)
+    return out
+
+
+READERS.append(converted)
 
 
 def is_hf_dir(d: Path) -> bool:

@@ -221,6 +221,12 @@ def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for m in lora_layers(model).values() for p in (*m.lora_A.values(), *m.lora_B.values())]
 
 
+def adapter_names(model: nn.Module) -> set[str]:
+    """The state-dict names of the adapters' tensors: all a LoRA run saves of its model."""
+    return {f"{name}.lora_{ab}.{part}" for name, m in lora_layers(model).items()
+            for ab, mats in (("A", m.lora_A), ("B", m.lora_B)) for part in mats}  # fmt: skip
+
+
 def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """Only the adapters' tensors, keyed as in the model's state dict (`blocks.0.attn.qkv_proj.lora_A.q`)."""
     return {f"{name}.lora_{ab}.{part}": t.detach().clone()

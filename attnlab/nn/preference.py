@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from attnlab.nn.objective import Objective
 
 
 def sequence_logprobs(logits: Tensor, targets: Tensor, trained: Tensor) -> Tensor:
@@ -62,3 +64,38 @@ def bradley_terry_loss(chosen: Tensor, rejected: Tensor) -> Tensor:
 
 def preference_accuracy(chosen: Tensor, rejected: Tensor) -> float:
     return (chosen > rejected).float().mean().item()
+
+
+def _answer_logprobs(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """Each row's log-probability of its trained targets: x (B, T) ids, y (B, T) targets, -1 where a
+    position is not part of the answer (the prompt, the padding) -> (B,)."""
+    logits = model(x)  # (B, T, V)
+    return sequence_logprobs(logits, y.clamp(min=0), y >= 0)
+
+
+class DPOObjective(Objective):
+    """DPO on a language model: a batch of pairs, chosen rows then rejected rows padded alike, with the
+    reference model's log-probabilities of each answer (computed once, before training)."""
+
+    def __init__(self, model: nn.Module, beta: float = 0.1):
+        super().__init__(model)
+        self.beta = beta
+
+    def forward(self, x: Tensor, y: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
+        # x, y (2B, T): the B chosen answers, then their B rejected ones; ref (2B,)
+        logp = _answer_logprobs(self.model, x, y)  # (2B,): one forward for both halves
+        b = x.shape[0] // 2
+        r = dpo_loss(logp[:b], logp[b:], ref[:b], ref[b:], self.beta)
+        self.last = {"reward_acc": r.accuracy, "margin": r.margin}
+        return r.chosen_rewards - r.rejected_rewards, r.loss
+
+
+class RewardObjective(Objective):
+    """A reward model's training: the score of each answer's last token, chosen against rejected."""
+
+    def forward(self, x: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+        # x (2B, T): chosen rows then rejected rows; last (2B,): the index of each row's last token
+        scores = self.model.score(x, last)  # (2B,)
+        b = x.shape[0] // 2
+        self.last = {"pair_acc": preference_accuracy(scores[:b], scores[b:])}
+        return scores, bradley_terry_loss(scores[:b], scores[b:])

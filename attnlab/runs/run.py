@@ -19,6 +19,7 @@ from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.sampling import generate_text
 from attnlab.errors import AttnlabError, path_argument
 from attnlab.models import FAMILIES, build_model
+from attnlab.runs.adapted import adapter_of, build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
 from attnlab.runs.weights import load_weights
@@ -57,7 +58,7 @@ def load(path: str | Path, device: str = "auto") -> Run:
     if task.tokenized and not (p / TOKENIZER).is_file():
         raise AttnlabError(f"{p} is not a complete run: {TOKENIZER} is missing")
     try:
-        model = build_model(config["family"], config["model"])
+        model = build_adapted(config) if adapter_of(config) else build_model(config["family"], config["model"])
     except (TypeError, ValueError) as e:
         raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
     meta = load_weights(model, p / WEIGHTS)

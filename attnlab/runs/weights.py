@@ -11,6 +11,8 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, snapshot, write_safetensors
+from attnlab.nn.lora import adapter_names, has_lora
+from attnlab.nn.objective import inner
 
 
 def state_dict_api() -> ModuleType:
@@ -26,7 +28,11 @@ def model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     FSDP; rank 0 gets them), each stored once: a tied weight only under its first name."""
     api = state_dict_api()
     options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model = inner(model)  # an objective's (DPO's, a reward model's) weights are its model's
     weights = api.get_model_state_dict(model, options=options)
+    if has_lora(model):  # a LoRA run saves what trains; its frozen base is the base run's
+        keep = trained_names(model)
+        return {k: v for k, v in weights.items() if k in keep}
     tied = tied_names(model)  # once: asked per tensor, it made a save quadratic in depth (152 s at 500 layers)
     return {k: v for k, v in weights.items() if k not in tied}
 
@@ -37,6 +43,11 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     write_safetensors(path, {k: snapshot(v, copy=False) for k, v in tensors.items()}, metadata or {})
+
+
+def trained_names(model: nn.Module) -> set[str]:
+    """The parameters a LoRA run trains and saves: its adapters, and a new head beside them."""
+    return {n for n, p in model.named_parameters() if p.requires_grad} | adapter_names(model)
 
 
 def tied_names(model: nn.Module) -> set[str]:
@@ -59,6 +70,7 @@ def first_not_finite(tensors: dict[str, torch.Tensor]) -> str | None:
 def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
     """model.load_state_dict that reports a mismatch, or a weight that is not a finite number, as one
     line. Tied weights may be absent."""
+    model = inner(model)
     bad = first_not_finite(tensors)
     if bad is not None:
         raise AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {bad}): this run diverged; "
@@ -68,7 +80,8 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -
     except RuntimeError as e:  # shapes that do not fit
         raise AttnlabError(f"{path}: weights do not fit the model ({str(e).splitlines()[-1].strip()})") from None
     tied = tied_names(model)
-    missing = [k for k in result.missing_keys if k not in tied]
+    keep = trained_names(model) if has_lora(model) else None  # a LoRA run's file: what trains alone
+    missing = [k for k in result.missing_keys if k not in tied and (keep is None or k in keep)]
     if missing or result.unexpected_keys:
         raise AttnlabError(
             f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"

@@ -1,0 +1,43 @@
+"""Answers to conversations: a chat template's prompt, decoded by the one engine until the template's
+end-of-turn marker (ChatML's "<|im_end|>", Llama 3's "<|eot_id|>").
+
+    answers(model, tok, template, [[Message("user", "What is 2 + 3?")]])   -> ["5"]
+
+Many conversations are decoded together (the engine batches their rows), each cut at its own end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Message
+from attnlab.data.tokenizers import Tokenizer
+from attnlab.decoding.sampling import seed_of, stream_text
+from attnlab.models.protocols import CausalLM
+
+
+def stream_answer(model: CausalLM, tok: Tokenizer, template: ChatTemplate, messages: Sequence[Message],
+                  **kw: Any) -> Iterator[str]:  # fmt: skip
+    """The assistant's next turn, piece by piece (keyword arguments as in stream_text, but stop: the
+    template's end of turn)."""
+    kw.setdefault("max_new_tokens", 256)
+    return stream_text(model, tok, template.prompt(messages), stop=template.end_of_turn(), **kw)
+
+
+def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Sequence[Message]],
+            seed: int | None = None, **kw: Any) -> list[str]:  # fmt: skip
+    """The next assistant turn of each conversation, decoded together; conversation i samples with
+    seed + i (greedy with temperature=0)."""
+    base = seed_of(seed)
+    streams: list[Iterator[str] | None] = [stream_answer(model, tok, template, m, seed=base + i, **kw)
+                                           for i, m in enumerate(conversations)]  # fmt: skip
+    texts = [""] * len(streams)
+    while any(s is not None for s in streams):  # one piece of each in turn: the engine steps all rows at once
+        for i, s in enumerate(streams):
+            if s is not None:
+                piece = next(s, None)
+                texts[i] += piece or ""
+                streams[i] = s if piece is not None else None
+    return [t.strip() for t in texts]
