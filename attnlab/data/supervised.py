@@ -76,7 +76,7 @@ def pair_examples(pair: Preference, template: ChatTemplate, tok: Tokenizer) -> t
                  for answer in (pair.chosen, pair.rejected))  # fmt: skip
 
 
-def _shifted(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
+def shifted(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
     """Inputs (B, T - 1) and targets (B, T - 1) of examples padded to the longest: the target of
     position t is token t + 1, -1 where it is not trained or is padding (GPT's ignored label)."""
     t = max(len(e.ids) for e in examples)
@@ -107,7 +107,7 @@ class Supervised:
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
         rows = rank_slice(rng.integers(0, len(self.examples[split]), size=n), part)
-        return _shifted([self.examples[split][i] for i in rows])
+        return shifted([self.examples[split][i] for i in rows])
 
     def has(self, split: str) -> bool:
         return bool(self.examples.get(split))
@@ -129,7 +129,7 @@ class Pairs:
         chosen, rejected = zip(*[self.pairs[split][i] for i in rows], strict=True)
         if self.refs is None:  # a reward model reads whole rows and scores each at its last token
             return padded([*chosen, *rejected])
-        x, y = _shifted([*chosen, *rejected])  # (2B, T - 1)
+        x, y = shifted([*chosen, *rejected])  # (2B, T - 1)
         ref = torch.from_numpy(self.refs[split][rows].T.reshape(-1).astype(np.float32))  # (2B,) chosen, rejected
         return x, y, ref
 

@@ -66,7 +66,7 @@ def preference_accuracy(chosen: Tensor, rejected: Tensor) -> float:
     return (chosen > rejected).float().mean().item()
 
 
-def _answer_logprobs(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+def answer_logprobs(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Each row's log-probability of its trained targets: x (B, T) ids, y (B, T) targets, -1 where a
     position is not part of the answer (the prompt, the padding) -> (B,)."""
     logits = model(x)  # (B, T, V)
@@ -83,7 +83,7 @@ class DPOObjective(Objective):
 
     def forward(self, x: Tensor, y: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
         # x, y (2B, T): the B chosen answers, then their B rejected ones; ref (2B,)
-        logp = _answer_logprobs(self.model, x, y)  # (2B,): one forward for both halves
+        logp = answer_logprobs(self.model, x, y)  # (2B,): one forward for both halves
         b = x.shape[0] // 2
         r = dpo_loss(logp[:b], logp[b:], ref[:b], ref[b:], self.beta)
         self.last = {"reward_acc": r.accuracy, "margin": r.margin}

@@ -2,8 +2,9 @@
 
     config.json "init":     the run (or HuggingFace folder) it was fine-tuned from
     config.json "adapter":  {"base": the base run, "lora": LoRAConfig's fields, "quantize_base": null,
-                             "int8" or "nf4"}: the model is the base's weights (quantized as said),
-                             LoRA adapters on top; model.safetensors holds the adapters alone
+                             "int8" or "nf4", "also": names trained beside the adapters (a new head)}:
+                             the model is the base's weights (quantized as said), LoRA adapters on
+                             top; model.safetensors holds what trains (the adapters, the head)
     chat_template.json:     the template its conversations were rendered with (data/chat.py)
 
 A folder that is not a run (a HuggingFace checkpoint) is read through the readers registered in
@@ -12,20 +13,20 @@ READERS from above (interop converts it once into the cache), so `--init` takes 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.data.chat import ChatTemplate
 from attnlab.errors import AttnlabError
-from attnlab.io import read_json
+from attnlab.io import read_json, read_safetensors
 from attnlab.models import build_model
-from attnlab.nn.lora import LoRAConfig, add_lora
+from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
 from attnlab.nn.quantize import quantize_model
-from attnlab.runs.folder import WEIGHTS, check_run_dir, is_run
-from attnlab.runs.weights import load_weights
+from attnlab.runs.folder import WEIGHTS, check_run_dir, is_run, read_run_config
+from attnlab.runs.weights import load_state, load_weights
 
 ADAPTER = "adapter"
 CHAT_TEMPLATE = "chat_template.json"
@@ -55,24 +56,49 @@ def adapter_of(config: dict[str, Any]) -> dict[str, Any] | None:
     return adapter
 
 
-def build_base(base: str | Path, family: str, model: dict[str, Any], quantize: str | None = None) -> nn.Module:
-    """The base model of a fine-tuning: `family` built from `model`, the weights of the run `base`,
-    its block matrices quantized (int8, nf4) when asked."""
+def base_weights(base: Path) -> dict[str, Tensor]:
+    """The whole weights of the run `base`: its weights file, or for a LoRA run the adapters merged
+    into its float base (a run fine-tuned from it starts from what it computes)."""
+    config = read_run_config(base)
+    adapter = adapter_of(config)
+    if adapter is None:
+        return read_safetensors(base / WEIGHTS)[0]
+    if adapter.get("quantize_base"):
+        raise AttnlabError(f"{base} is a LoRA run on a {adapter['quantize_base']} base: merge it first "
+                           f"(attnlab merge {base} --out DIR) and start from DIR")  # fmt: skip
+    net = build_adapted(config)
+    load_weights(net, base / WEIGHTS)
+    merge_lora(net)
+    return net.state_dict()
+
+
+def build_base(base: str | Path, family: str, model: dict[str, Any], quantize: str | None = None,
+               new: Collection[str] = ()) -> nn.Module:  # fmt: skip
+    """The model a fine-tuning starts from: `family` built from `model` with the weights of the run
+    `base` (all but those named in `new`: a head the base has not got), its block matrices quantized
+    (int8, nf4) when asked."""
+    path = as_run(base)
     net = build_model(family, model)
-    load_weights(net, as_run(base) / WEIGHTS)
+    load_state(net, base_weights(path), path / WEIGHTS, new=new)
     if quantize:
         quantize_model(net, quantize)
     return net
 
 
 def build_adapted(config: dict[str, Any]) -> nn.Module:
-    """The model of a LoRA run, adapters at B = 0 (its weights file then fills them)."""
+    """The model of a LoRA run, adapters at B = 0 (its weights file then fills them). Its base is the
+    run it names, or (that run gone, e.g. a cleared cache) what --init named, read again."""
     adapter = adapter_of(config)
+    base = adapter["base"] if Path(adapter["base"]).is_dir() else config.get("init") or adapter["base"]
+    also = adapter.get("also", [])
     try:
-        net = build_base(adapter["base"], config["family"], config["model"], adapter.get("quantize_base"))
+        net = build_base(base, config["family"], config["model"], adapter.get("quantize_base"), also)
     except AttnlabError as e:
-        raise AttnlabError(f"this LoRA run's base {adapter['base']} cannot be read: {e}") from None
+        raise AttnlabError(f"this LoRA run's base {base} cannot be read: {e}") from None
     add_lora(net, LoRAConfig(**adapter["lora"]))
+    params = dict(net.named_parameters())
+    for name in also:  # trained beside the adapters (a new head)
+        params[name].requires_grad_(True)
     return net
 
 

@@ -3,6 +3,7 @@ tied weight stored once, every mismatch or non-finite value one line."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from types import ModuleType
 
@@ -67,9 +68,9 @@ def first_not_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     return next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
-def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
+def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, new: Collection[str] = ()) -> None:
     """model.load_state_dict that reports a mismatch, or a weight that is not a finite number, as one
-    line. Tied weights may be absent."""
+    line. Tied weights may be absent, and those named in `new` (a head the file's model has not got)."""
     model = inner(model)
     bad = first_not_finite(tensors)
     if bad is not None:
@@ -81,7 +82,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -
         raise AttnlabError(f"{path}: weights do not fit the model ({str(e).splitlines()[-1].strip()})") from None
     tied = tied_names(model)
     keep = trained_names(model) if has_lora(model) else None  # a LoRA run's file: what trains alone
-    missing = [k for k in result.missing_keys if k not in tied and (keep is None or k in keep)]
+    missing = [k for k in result.missing_keys if k not in tied and k not in new and (keep is None or k in keep)]
     if missing or result.unexpected_keys:
         raise AttnlabError(
             f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"

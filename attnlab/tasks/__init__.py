@@ -20,15 +20,29 @@ from attnlab.runs.kind import KINDS, kind_of
 from attnlab.tasks.base import Task, TrainOptions
 from attnlab.tasks.caption import Captioning
 from attnlab.tasks.classify import Classify
+from attnlab.tasks.dpo import DirectPreference
 from attnlab.tasks.image import ImageClassification
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
+from attnlab.tasks.reward import RewardModelling
+from attnlab.tasks.sft import SupervisedFineTuning
 from attnlab.tasks.tag import Tag
 from attnlab.tasks.translate import Translation
 
 # Every task, by name: the same registry `attnlab.load` reads a run's kind from (runs/kind.py).
 TASKS: dict[str, Task] = KINDS  # type: ignore[assignment]
-for _task in (LanguageModel(), Classify(), Tag(), MaskedLM(), Translation(), ImageClassification(), Captioning()):
+for _task in (
+    LanguageModel(),
+    Classify(),
+    Tag(),
+    MaskedLM(),
+    Translation(),
+    ImageClassification(),
+    Captioning(),
+    SupervisedFineTuning(),
+    DirectPreference(),
+    RewardModelling(),
+):
     TASKS[_task.name] = _task
 
 

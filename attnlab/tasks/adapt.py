@@ -1,0 +1,205 @@
+"""What every task that adapts a pretrained language model shares (sft, dpo, reward).
+
+setup:   the --init model as a run (a HuggingFace folder is converted once), its tokenizer and chat
+         template copied into the new run
+prepare: the task's examples encoded with the template; the model: the base's weights, its block
+         matrices quantized (--quantize-base), LoRA adapters on top (--lora-rank > 0), or every
+         weight trained (--lora-rank 0); config.json names the base and the adapters
+a run:   attnlab sample / chat answer through its template; eval scores the held-out answers
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from attnlab.config import checked, option
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Conversation
+from attnlab.data.finetune import held_out
+from attnlab.data.supervised import Example, show
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.decoding.chat import answers
+from attnlab.engine.config import TrainConfig
+from attnlab.engine.resume import as_given, check_unchanged
+from attnlab.engine.train import TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPTConfig
+from attnlab.nn.lora import LoRAConfig, add_lora
+from attnlab.nn.quantize import KINDS as QUANTIZED
+from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template
+from attnlab.runs.folder import TOKENIZER, read_run_config
+from attnlab.runs.kind import kind_of
+from attnlab.tasks.base import ModelChoice, Task, TrainOptions, own_options
+
+# A fine-tuning's training settings: a smaller step than pretraining's (the base knows much already),
+# no weight decay pulling the adapters to zero, and validation often enough to watch a short run.
+TUNED = dict(lr=1e-3, batch_size=32, max_steps=600, warmup_steps=30, weight_decay=0.0, eval_interval=100,
+             eval_batches=4)  # fmt: skip
+
+
+@dataclass
+class AdaptOptions(TrainOptions):
+    init: str | None = option(None, "the model to adapt: an attnlab GPT run (lm, sft, dpo; a LoRA run's adapters "
+                              "are merged in) or a HuggingFace folder (GPT-2, Llama, Mixtral: converted once)",
+                              metavar="RUN")  # fmt: skip
+    lora_rank: int = option(0, "LoRA rank: train low-rank adapters of this rank on the frozen base (0: train "
+                            "every weight)")  # fmt: skip
+    lora_alpha: float = option(16.0, "LoRA scale: the update is multiplied by alpha / rank")
+    lora_dropout: float = option(0.0, "dropout on the adapters' input, in [0, 1)")
+    lora_targets: tuple[str, ...] = option(("q", "v"), "the block matrices to adapt: q, k, v (attention's "
+                                           "query/key/value rows), out, gate, up, down", nargs="+")  # fmt: skip
+    quantize_base: str | None = option(None, "keep the frozen base's block matrices quantized: int8 (per channel) "
+                                       "or nf4 (4-bit NormalFloat in blocks of 64, as QLoRA); needs --lora-rank",
+                                       QUANTIZED)  # fmt: skip
+    show_masks: bool = option(False, "print one training example with the tokens the loss reads marked")
+
+
+def adapter_section(options: dict[str, Any], also: tuple[str, ...]) -> dict[str, Any] | None:
+    """config.json's adapter section from the options (None: every weight trains)."""
+    if not options.get("lora_rank"):
+        if options.get("quantize_base"):
+            raise AttnlabError("--quantize-base freezes the base: give --lora-rank too (e.g. --lora-rank 8)")
+        return None
+    lora = LoRAConfig(options["lora_rank"], options.get("lora_alpha", 16.0), options.get("lora_dropout", 0.0),
+                      tuple(options.get("lora_targets", ("q", "v"))))  # fmt: skip
+    return {"lora": asdict(lora), "quantize_base": options.get("quantize_base"), "also": list(also)}
+
+
+class Adapting(Task):
+    """A task that starts from a pretrained GPT (--init) and adapts it on conversations or pairs."""
+
+    models = {"gpt": ModelChoice("gpt", GPTConfig)}
+    default_model = "gpt"
+    options = AdaptOptions
+    generates = True
+    endpoint = "/api/generate"
+    family = "gpt"  # the family of the runs it writes
+    new_weights: tuple[str, ...] = ()  # weights the base has not got (a head): trained from their init
+    builtin = "instructions"  # the built-in data's name
+    init_help = AdaptOptions.__dataclass_fields__["init"].metadata.get("help", "")
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(TUNED)
+
+    def model_of(self, config: dict[str, Any]) -> str:
+        return "gpt"
+
+    # ---- the run's files and model --------------------------------------------------------------
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        init = self.init_run(req.init)
+        tok, template = load_tokenizer(init), run_template(init)
+        if req.options.get("show_masks"):
+            self.show_example(tok, template, req)
+        return {TOKENIZER: tok.to_json(), CHAT_TEMPLATE: json.dumps(template.to_dict(), ensure_ascii=False)}
+
+    def init_run(self, init: str | Path | None) -> Path:
+        """The --init model as a run folder, checked to be a language model."""
+        if init is None:
+            raise AttnlabError(f"attnlab train {self.name} adapts a pretrained model: give --init RUN (an attnlab "
+                               "GPT run or a HuggingFace folder)")  # fmt: skip
+        path = as_run(init)
+        config = read_run_config(path)
+        if not kind_of(config).generates:
+            raise AttnlabError(f"--init {init} is {kind_of(config).noun} run: {self.name} adapts a language model")
+        return path
+
+    def show_example(self, tok: Tokenizer, template: ChatTemplate, req: TrainRequest) -> None:
+        example = self.examples(tok, template, req.data)["train"][0]
+        first = example[0] if isinstance(example, tuple) else example
+        print(f"one training example, the tokens the loss reads in green:\n{show(first, tok)}", file=sys.stderr)
+
+    def model_config(self, req: TrainRequest) -> dict[str, Any]:
+        if req.resume:
+            return dict(req.model_config)
+        return dict(read_run_config(self.init_run(req.init))["model"])
+
+    def builder(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None):
+        """The model to train: the base's weights, quantized and adapted as `adapter` says."""
+        base = self.init_run(req.init)
+
+        def build() -> nn.Module:
+            if adapter is None:
+                return build_base(base, self.family, model, new=self.new_weights)
+            net = build_base(base, self.family, model, adapter["quantize_base"], new=self.new_weights)
+            add_lora(net, LoRAConfig(**adapter["lora"]))
+            params = dict(net.named_parameters())
+            for name in adapter["also"]:
+                params[name].requires_grad_(True)
+            return net
+
+        return build
+
+    def run_config(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None) -> dict:
+        config = {"family": self.family, "model": model, "train": asdict(req.train), "data": asdict(req.data),
+                  "task": {"kind": self.name}, "init": str(req.init)}  # fmt: skip
+        if adapter is not None:
+            config["adapter"] = {"base": str(self.init_run(req.init).resolve()), **adapter}
+        return config
+
+    def adapter(self, req: TrainRequest) -> dict[str, Any] | None:
+        """The run's adapter settings: a resumed run's own, or from the options."""
+        if req.resume:
+            return adapter_of(req.saved)
+        return adapter_section(req.options, self.new_weights)
+
+    def examples(self, tok: Tokenizer, template: ChatTemplate, data: Any) -> dict[str, list]:
+        """The task's encoded examples by split (Example, or a pair of them)."""
+        raise NotImplementedError
+
+    # ---- from options, as the command line gives them -------------------------------------------
+    def request(self, opts: AdaptOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
+                saved: dict | None) -> TrainRequest:  # fmt: skip
+        clash = [f"--{k.replace('_', '-')}" for k in given["model"]] + ["--preset"] * bool(opts.preset)
+        if clash:
+            raise AttnlabError(f"--init decides the model of a fine-tuning: drop {', '.join(clash)}")
+        if saved is not None:
+            check_unchanged("data", self.data_config, saved["data"], as_given(given["data"]),
+                            "the run's examples stay as they were")  # fmt: skip
+        data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
+        return TrainRequest(opts.out, self.default_model, {}, train, data, resume=opts.resume, force=opts.force,
+                            init=opts.init, options=own_options(opts))  # fmt: skip
+
+    # ---- a trained run --------------------------------------------------------------------------
+    def next_step(self, out: str) -> str:
+        return f". Try: attnlab chat {out}"
+
+    def exact(self, model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation]) -> dict:
+        """The share of conversations whose final answer the model gives exactly (greedy)."""
+        if not convs:
+            return {"exact": None, "examples": 0}
+        expected = [c.messages[-1].content.strip() for c in convs]
+        longest = max(len(tok.encode(e)) for e in expected)
+        got = answers(model, tok, template, [c.messages[:-1] for c in convs], temperature=0.0,
+                      max_new_tokens=longest + 16, seed=0)  # fmt: skip
+        right = sum(g == e for g, e in zip(got, expected, strict=True))
+        return {"exact": right / len(convs), "examples": len(convs)}
+
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """Exact answers on the held-out conversations (the built-in instructions' test split, or a file's)."""
+        cfg = checked(self.data_config, run.config["data"], where=f"{run.path} data")
+        convs, held = held_out(cfg, data)
+        if split not in (None, held):
+            raise AttnlabError(f"this data's held-out split is {held}: use --split {held} or leave it out")
+        scores = self.exact(run.model, run.tokenizer, run_template(run.path), convs)
+        return {"data": data or cfg.data, "split": held, **scores, **self.more_scores(run, data)}
+
+    def more_scores(self, run, data: str | None) -> dict[str, Any]:
+        """What a task measures beside the exact answers (DPO: its preference accuracy)."""
+        return {}
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        exact = "n/a" if r["exact"] is None else f"{r['exact']:.1%}"
+        return f"{r['data']} ({r['split']}): exact answers {exact} of {r['examples']}"
+
+    def test_line(self, test: dict[str, Any]) -> str:
+        return f"exact answers on the held-out instructions {test['exact']:.1%} ({test['examples']})"
+
+
+def encoded_ids(examples: list[Example]) -> list[int]:
+    return [len(e.ids) for e in examples]

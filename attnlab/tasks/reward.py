@@ -1,0 +1,121 @@
+"""reward: a reward model, the GPT that scores an answer, trained on preference pairs (Bradley-Terry).
+
+attnlab train reward --init runs/sft --data preferences --out runs/rm
+attnlab sample runs/dpo --chat "What is 2 + 3?" --best-of 8 --reward runs/rm
+
+The model is the --init GPT with a new head giving one number for the conversation it reads (its
+last token's); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the
+chosen answer of a held-out pair first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.config import checked
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Conversation, Message
+from attnlab.data.finetune import PreferenceData, fitting, splits
+from attnlab.data.supervised import Example, Pairs, encode, padded, pair_examples
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.engine.session import Session
+from attnlab.engine.train import Prepared, TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPTConfig
+from attnlab.nn.objective import inner
+from attnlab.nn.preference import RewardObjective
+from attnlab.runs.adapted import run_template
+from attnlab.runtime.distributed import Dist
+from attnlab.tasks.adapt import Adapting
+from attnlab.tasks.base import ModelChoice
+
+SCORE_BATCH = 32
+
+
+@torch.no_grad()
+def scores(model: nn.Module, examples: list[Example]) -> torch.Tensor:
+    """The reward model's score of each example (a whole conversation): (N,)."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for i in range(0, len(examples), SCORE_BATCH):
+        x, last = padded(examples[i : i + SCORE_BATCH])
+        out.append(model.score(x.to(device), last.to(device)).cpu())
+    return torch.cat(out)
+
+
+def pair_accuracy(model: nn.Module, pairs: list[tuple[Example, Example]]) -> dict[str, Any]:
+    r = scores(model, [e for pair in pairs for e in pair]).view(-1, 2)  # (N, 2) chosen, rejected
+    return {"pair_accuracy": float((r[:, 0] > r[:, 1]).float().mean()), "pairs": len(pairs)}
+
+
+def score_answers(run, messages: list[Message], answers: list[str]) -> list[float]:
+    """The reward run's score of each answer to the conversation `messages` (rendered with its template)."""
+    template = run_template(run.path)
+    examples = [encode(Conversation((*messages, Message("assistant", a))), template, run.tokenizer) for a in answers]
+    context = run.model.cfg.context
+    examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]  # the end: where it scores
+    return scores(run.model, examples).tolist()
+
+
+class RewardModelling(Adapting):
+    name = "reward"
+    help = "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)"
+    description = ("Train a reward model from a GPT run (--init) on preference pairs: the built-in pairs or a "
+                   "JSON/JSONL file of {prompt, chosen, rejected} rows. Use it for best-of-N sampling.")  # fmt: skip
+    noun = "a reward-model"
+    data_config = PreferenceData
+    models = {"reward": ModelChoice("reward", GPTConfig)}
+    default_model = "reward"
+    family = "reward"
+    new_weights = ("reward_head.weight", "reward_head.bias")
+    generates = False
+    endpoint = "/api/predict"
+
+    def model_of(self, config: dict[str, Any]) -> str:
+        return "reward"
+
+    def examples(self, tok: Tokenizer, template: ChatTemplate, data: PreferenceData) -> dict[str, list]:
+        return {k: [pair_examples(p, template, tok) for p in v] for k, v in splits(data, "preferences").items()}
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        tok, template = load_tokenizer(req.out), run_template(req.out)
+        model, adapter = self.model_config(req), self.adapter(req)
+        pairs = {k: fitting(v, [max(len(c.ids), len(r.ids)) for c, r in v], model["context"] + 1, "pair") if v else v
+                 for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
+        build = self.builder(req, model, adapter)
+        config = self.run_config(req, model, adapter)
+        return Prepared(Pairs(pairs), lambda: RewardObjective(build()), config, state=pairs["test"])
+
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
+        return pair_accuracy(inner(s.raw), prepared.state) if prepared.state else None
+
+    # ---- a trained run --------------------------------------------------------------------------
+    def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        cfg = checked(PreferenceData, {**run.config["data"], **({"data": data} if data else {})}, where="data")
+        held = "test" if cfg.data == "preferences" else "val"
+        if split not in (None, held):
+            raise AttnlabError(f"this data's held-out split is {held}: use --split {held} or leave it out")
+        pairs = self.examples(run.tokenizer, run_template(run.path), cfg)[held]
+        return {"data": cfg.data, "split": held, **pair_accuracy(run.model, pairs)}
+
+    def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
+        """The score of `text` as an answer (options["prompt"]: the question it answers)."""
+        prompt = [Message("user", options["prompt"])] if options.get("prompt") else []
+        return {"kind": self.name, "text": text, "score": score_answers(run, prompt, [text])[0]}
+
+    def show_prediction(self, r: dict[str, Any]) -> str:
+        return f"reward {r['score']:+.4f}"
+
+    def show_evaluation(self, r: dict[str, Any]) -> str:
+        first = f"{r['pair_accuracy']:.1%} of {r['pairs']} pairs"
+        return f"{r['data']} ({r['split']}): the chosen answer ranked first in {first}"
+
+    def test_line(self, test: dict[str, Any]) -> str:
+        return f"chosen answer ranked first in {test['pair_accuracy']:.1%} of {test['pairs']} held-out pairs"
+
+    def next_step(self, out: str) -> str:
+        return f". Try: attnlab sample RUN --chat QUESTION --best-of 8 --reward {out}"

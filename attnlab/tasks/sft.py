@@ -1,0 +1,50 @@
+"""sft: supervised fine-tuning of a pretrained GPT on conversations, every weight or LoRA adapters.
+
+attnlab train sft --init runs/base --data instructions --out runs/sft [--lora-rank 8 --quantize-base nf4]
+
+Each conversation is rendered with the run's chat template; the loss reads the assistant's turns
+(--train-on assistant, the default) or every token (--train-on all). After training, eval.json holds
+the share of held-out instructions answered exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.finetune import ChatData, fitting, splits
+from attnlab.data.supervised import Example, Supervised, encode
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.engine.session import Session
+from attnlab.engine.train import Prepared, TrainRequest
+from attnlab.nn.objective import inner
+from attnlab.runs.adapted import run_template
+from attnlab.runtime.distributed import Dist
+from attnlab.tasks.adapt import Adapting
+
+
+class SupervisedFineTuning(Adapting):
+    name = "sft"
+    help = "supervised fine-tuning of a pretrained GPT on conversations (every weight, or LoRA)"
+    description = ("Fine-tune a GPT run or a HuggingFace checkpoint (--init) on instructions or chats: the "
+                   "built-in generated instructions, or a JSON/JSONL file of conversations.")  # fmt: skip
+    noun = "a fine-tuned (sft)"
+    data_config = ChatData
+
+    def examples(self, tok: Tokenizer, template: ChatTemplate, data: ChatData) -> dict[str, list[Example]]:
+        return {
+            k: [encode(c, template, tok, data.train_on) for c in v] for k, v in splits(data, "instructions").items()
+        }
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        tok, template = load_tokenizer(req.out), run_template(req.out)
+        model, adapter = self.model_config(req), self.adapter(req)
+        encoded = {k: fitting(v, [len(e.ids) for e in v], model["context"], "conversation") if v else v
+                   for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
+        test = splits(req.data, "instructions")["test"]
+        return Prepared(Supervised(encoded), self.builder(req, model, adapter), self.run_config(req, model, adapter),
+                        state=(tok, template, test))  # fmt: skip
+
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
+        tok, template, test = prepared.state
+        return self.exact(inner(s.raw).eval(), tok, template, test) if test else None
