@@ -143,3 +143,18 @@ def tiny_train(**kw) -> TrainConfig:
 
 def tiny_data(path, **kw) -> DataConfig:
     return DataConfig(data=str(path), **kw)
+
+
+def tiny_chat_base(folder, dropout: float = 0.1):
+    """A tiny GPT run pretrained for a step on rendered instructions (so its character tokenizer knows
+    them), with a context that fits them: the base the fine-tuning tasks' tests start from."""
+    import attnlab
+    from attnlab.data.chat import ChatTemplate
+    from attnlab.data.instructions import instructions
+
+    corpus = folder / "chats.txt"
+    corpus.write_text("".join(ChatTemplate().render(c.messages) for c in instructions("train", 300, 5)))
+    model = tiny_model(n_layer=1, d_model=16, context=256, dropout=dropout)
+    attnlab.train(folder / "base", model, tiny_train(max_steps=1), DataConfig(data=str(corpus), tokenizer="char"),
+                  progress=False)  # fmt: skip
+    return folder / "base"

@@ -18,6 +18,7 @@ import attnlab
 import attnlab.engine.loop as loop_mod
 from attnlab.config import option
 from attnlab.data import DataConfig
+from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import ParallelDataConfig
@@ -28,7 +29,7 @@ from attnlab.models import FAMILIES, build_model
 from attnlab.runs.marker import owned
 from attnlab.tasks import TASKS, task_of
 from attnlab.tasks.base import ModelChoice, Task
-from tests.conftest import run_cli
+from tests.conftest import run_cli, tiny_chat_base
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -149,7 +150,19 @@ TINY = dict(max_steps=12, batch_size=8, eval_interval=6, eval_batches=1, warmup_
 
 
 def case(name: str, tmp_path):
-    """(task, model, model fields, data) of a small run of each task, with dropout on."""
+    """(task, model, model fields, data[, request extras]) of a small run of each task, with dropout on."""
+    if name in ("sft-lora", "dpo"):  # from a base; LoRA's own dropout on, and the base's
+        base = tiny_chat_base(tmp_path)
+        if name == "dpo":
+            return (
+                "dpo",
+                "gpt",
+                {},
+                PreferenceData(examples=40, test_examples=4),
+                dict(init=base, options={"beta": 0.5}),
+            )
+        options = {"lora_rank": 2, "lora_dropout": 0.1, "lora_targets": ("q", "v", "down")}
+        return "sft", "gpt", {}, ChatData(examples=40, test_examples=4), dict(init=base, options=options)
     if name == "mlm":
         corpus = tmp_path / "corpus.txt"
         corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    pass\n" * 200)  # a val split too
@@ -165,17 +178,18 @@ def case(name: str, tmp_path):
     return "image", "vit", dict(n_layer=1, d_model=16, n_head=2, dropout=0.1), ImageDataConfig(data="digits")
 
 
-@pytest.mark.parametrize("name", ["classify", "tag", "mlm", "translate", "image"])
+@pytest.mark.parametrize("name", ["classify", "tag", "mlm", "translate", "image", "sft-lora", "dpo"])
 def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
     """Interrupt a 12-step run twice, by a real Ctrl-C during the validation pass of step 6 and in
     the middle of step 8, resuming each time: the same losses, validation rows and weights, bit for
     bit, as 12 uninterrupted steps (float32 on the CPU; dropout on, so every RNG must return)."""
-    task, model, fields, data = case(name, tmp_path)
+    task, model, fields, data, *extras = case(name, tmp_path)
     block = {"block_size": 16} if task == "mlm" else {}
     full, cut = tmp_path / "full", tmp_path / "cut"
 
     def request(out, **kw):
-        return TrainRequest(out, model, dict(fields), TrainConfig(**TINY, **block), data, progress=False, **kw)
+        return TrainRequest(out, model, dict(fields), TrainConfig(**TINY, **block), data, progress=False, **kw,
+                            **(extras[0] if extras else {}))  # fmt: skip
 
     run_task(TASKS[task], request(full))
     real_step, real_estimate = loop_mod.train_step, loop_mod.estimate_loss

@@ -94,8 +94,10 @@ class Adapting(Task):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         init = self.init_run(req.init)
         tok, template = load_tokenizer(init), run_template(init)
+        example = self.examples(tok, template, req.data)["train"][0]  # a row it cannot read fails here, first
         if req.options.get("show_masks"):
-            self.show_example(tok, template, req)
+            first = example[0] if isinstance(example, tuple) else example
+            print(f"one training example, the tokens the loss reads in green:\n{show(first, tok)}", file=sys.stderr)
         return {TOKENIZER: tok.to_json(), CHAT_TEMPLATE: json.dumps(template.to_dict(), ensure_ascii=False)}
 
     def init_run(self, init: str | Path | None) -> Path:
@@ -108,11 +110,6 @@ class Adapting(Task):
         if not kind_of(config).generates:
             raise AttnlabError(f"--init {init} is {kind_of(config).noun} run: {self.name} adapts a language model")
         return path
-
-    def show_example(self, tok: Tokenizer, template: ChatTemplate, req: TrainRequest) -> None:
-        example = self.examples(tok, template, req.data)["train"][0]
-        first = example[0] if isinstance(example, tuple) else example
-        print(f"one training example, the tokens the loss reads in green:\n{show(first, tok)}", file=sys.stderr)
 
     def model_config(self, req: TrainRequest) -> dict[str, Any]:
         if req.resume:

@@ -1,0 +1,166 @@
+"""The sft, dpo and reward tasks: what a fine-tuned run holds, what its model computes, what it logs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.finetune import ChatData, PreferenceData
+from attnlab.data.instructions import instructions, preferences
+from attnlab.data.supervised import Pairs, pair_examples
+from attnlab.engine.train import TrainRequest
+from attnlab.io import read_safetensors
+from attnlab.nn.lora import LoRALinear, adapters_off
+from attnlab.nn.preference import RewardObjective
+from attnlab.nn.quantize import QuantizedLinear
+from attnlab.runs.adapted import build_base
+from attnlab.runtime.distributed import Dist
+from attnlab.tasks import TASKS
+from tests.conftest import run_cli, tiny_chat_base, tiny_train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SFT = ChatData(examples=48, test_examples=6)
+PAIRS = PreferenceData(examples=48, test_examples=6)
+LORA = {"lora_rank": 4, "lora_alpha": 8.0, "lora_targets": ("q", "v", "up")}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tiny_chat_base(tmp_path_factory.mktemp("base"))
+
+
+def train(task, out, base, data, steps=3, **options):
+    return attnlab.train(out, None, tiny_train(max_steps=steps, eval_interval=steps), data, init=base, task=task,
+                         progress=False, **options)  # fmt: skip
+
+
+def logits(model, n=2):
+    torch.manual_seed(3)
+    return model.eval()(torch.randint(0, 20, (n, 12)))
+
+
+def test_a_lora_run_saves_only_its_adapters_and_loads_as_trained(base, tmp_path):
+    result = train("sft", tmp_path / "s", base, SFT, **LORA)
+    tensors, _ = read_safetensors(tmp_path / "s" / "model.safetensors")
+    assert tensors and all(".lora_A." in k or ".lora_B." in k for k in tensors)
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["adapter"]["lora"]["rank"] == 4 and config["adapter"]["base"] == str(base.resolve())
+    run = attnlab.load(tmp_path / "s")
+    assert any(isinstance(m, LoRALinear) for m in run.model.modules())
+    assert any(t.abs().sum() > 0 for k, t in tensors.items() if ".lora_B." in k)  # it trained
+    # the adapted model differs from its base, which it computes with its adapters off
+    plain = build_base(base, "gpt", config["model"])
+    with adapters_off(run.model):
+        assert torch.equal(logits(run.model), logits(plain))
+    assert not torch.allclose(logits(run.model), logits(plain))
+    assert 0 <= result["test"]["exact"] <= 1 and result["test"]["examples"] == 6
+
+
+def test_a_new_lora_model_computes_its_base_exactly(base, tmp_path):
+    task = TASKS["sft"]
+    req = TrainRequest(tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA)
+    model = task.model_config(req)
+    adapted = task.builder(req, model, task.adapter(req))()
+    assert torch.equal(logits(adapted), logits(build_base(base, "gpt", model)))
+    trainable = {n for n, p in adapted.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_lora_on_a_quantized_base(base, tmp_path, kind):
+    train("sft", tmp_path / "q", base, SFT, quantize_base=kind, **LORA)
+    run = attnlab.load(tmp_path / "q")
+    quantized = [m for m in run.model.modules() if isinstance(m, QuantizedLinear)]
+    assert quantized and all(m.kind == kind for m in quantized)
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["adapter"]["quantize_base"] == kind
+
+
+def test_a_quantized_base_needs_adapters(base, tmp_path, capsys):
+    code, _, err = run_cli(["train", "sft", "--init", base, "--out", tmp_path / "q", "--quantize-base", "nf4"], capsys)
+    assert code == 2 and "--lora-rank" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_full_fine_tune_trains_every_weight_and_answers(base, tmp_path, capsys):
+    train("sft", tmp_path / "f", base, SFT)
+    capsys.readouterr()
+    tensors, _ = read_safetensors(tmp_path / "f" / "model.safetensors")
+    assert "blocks.0.attn.qkv_proj.weight" in tensors
+    code, out, _ = run_cli(["eval", tmp_path / "f", "--json"], capsys)
+    assert code == 0 and json.loads(out)["examples"] == 6 and 0 <= json.loads(out)["exact"] <= 1
+
+
+def test_show_masks_marks_the_trained_tokens(base, tmp_path, capsys):
+    args = ["train", "sft", "--init", base, "--out", tmp_path / "m", "--show-masks", "--examples", "8",
+            "--test-examples", "2", "--max-steps", "1", "--device", "cpu"]  # fmt: skip
+    code, _, err = run_cli(args, capsys)
+    assert code == 0
+    shown = err.split("in green:\n", 1)[1]
+    first = instructions("train", 8, 0)[0]
+    answer = first.messages[-1].content
+    assert f"\x1b[1;32m{answer}<|im_end|>" in shown and shown.count("\x1b[1;32m") == 1  # one assistant turn
+
+
+def test_a_conversation_file_and_a_bad_row(base, tmp_path, capsys):
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+            ]
+        },
+        {"prompt": "2 + 2?", "completion": "4"},
+        {"instruction": "Say yes", "input": "", "output": "yes"},
+    ] * 10
+    good = tmp_path / "chats.jsonl"
+    good.write_text("\n".join(json.dumps(r) for r in rows))
+    train("sft", tmp_path / "c", base, ChatData(data=str(good), val_fraction=0.2), steps=2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(r) for r in [rows[0], {"messages": [{"role": "user", "content": 5}]}]))
+    capsys.readouterr()
+    code, _, err = run_cli(["train", "sft", "--init", base, "--out", tmp_path / "b", "--data", bad], capsys)
+    assert code == 2 and "row 2" in err and "messages" in err and len(err.strip().splitlines()) == 1
+
+
+def by_loop(model, example) -> float:
+    """log p(answer | prompt), one trained token at a time."""
+    ids = torch.tensor(example.ids)
+    with torch.no_grad():
+        logp = F.log_softmax(model.eval()(ids[None, :-1])[0].double(), -1)  # (T - 1, V)
+    return sum(float(logp[t - 1, ids[t]]) for t in range(1, len(ids)) if example.trained[t])
+
+
+def test_dpo_reference_is_the_init_model_and_its_accuracy_is_logged(base, tmp_path):
+    sft = tmp_path / "sft"
+    train("sft", sft, base, SFT)
+    result = train("dpo", tmp_path / "d", sft, PAIRS, steps=2, beta=0.1)
+    rows = [json.loads(line) for line in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward_acc" in r and "margin" in r for r in rows if "loss" in r)
+    assert {"preference_accuracy", "exact", "pairs"} <= set(result["test"])
+    # the reference log-probabilities the batches carry are the init model's, answer tokens only
+    req = TrainRequest(tmp_path / "d", "gpt", {}, tiny_train(), PAIRS, init=sft, options={"beta": 0.1})
+    prepared = TASKS["dpo"].prepare(req, Dist())
+    init = attnlab.load(sft).model
+    for (chosen, rejected), ref in list(zip(prepared.batches.pairs["train"], prepared.batches.refs["train"]))[:3]:
+        assert ref == pytest.approx([by_loop(init, chosen), by_loop(init, rejected)], abs=1e-4)
+
+
+def test_the_reward_models_loss_is_bradley_terry(base, tmp_path):
+    train("reward", tmp_path / "r", base, PAIRS, steps=2)
+    run = attnlab.load(tmp_path / "r")
+    assert run.config["family"] == "reward"
+    tok = run.tokenizer
+    pairs = [pair_examples(p, ChatTemplate(), tok) for p in preferences("test", 4, 1)]
+    x, last = Pairs({"train": pairs}).batch("train", 4, np.random.default_rng(0), (0, 1))
+    scores, loss = RewardObjective(run.model)(x, last)
+    by_hand = torch.stack([-F.logsigmoid(scores[i] - scores[4 + i]) for i in range(4)]).mean()
+    assert torch.allclose(loss, by_hand)
+    # each row's score is read at its own last token: padding after it changes nothing
+    alone = run.model.score(x[:1, : int(last[0]) + 1])
+    assert torch.allclose(alone, scores[:1], atol=1e-5)
