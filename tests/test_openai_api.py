@@ -14,9 +14,13 @@ import torch
 
 from attnlab import load
 from attnlab.cli.main import main
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Message
 from attnlab.decoding.sampling import generate_text
+from attnlab.io import write_json
+from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
+from attnlab.runs.marker import record
 from attnlab.serve.app import create_app, running
-from attnlab.serve.openai_schema import CHAT_STOPS, Message, chat_prompt
 from tests.conftest import extra
 
 httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
@@ -27,6 +31,10 @@ TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval
         "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
         "--tokenizer", "char"]  # fmt: skip
 PLAIN = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}  # a plain draw: what `attnlab sample` does
+# A chat template short enough for a context of 32 (tests/test_chat.py has Llama 3's and ChatML): each
+# turn a line "u:TEXT", the answer after "a:" ending at the newline (its eos_token).
+SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}" \
+        "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +44,8 @@ def run_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
         assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *TINY]) == 0
+    record(root / "lm", CHAT_TEMPLATE)
+    write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
     return root / "lm"
 
 
@@ -166,22 +176,26 @@ def test_logprobs_are_the_model_s_and_count_the_tokens(client, run):
     assert len(echo.choices[0].logprobs.tokens) == 4 + 3
 
 
-def test_chat_is_the_completion_of_its_template(client):
+def test_chat_is_the_completion_of_the_run_s_template(client, run_dir):
     messages = [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]
-    r = client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=2, **PLAIN)
+    r = client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=7, **PLAIN)
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
     (choice,) = r.choices
-    prompt = chat_prompt([Message(**m) for m in messages])
-    assert prompt == "System: a\nUser: b\nAssistant:"
-    plain = complete(client, prompt=prompt, max_tokens=25, seed=2, stop=list(CHAT_STOPS))
+    template = run_template(run_dir)
+    prompt = template.prompt([Message(**m) for m in messages])
+    assert prompt == "s:a\nu:b\na:" and template.end_of_turn() == "\n"
+    plain = complete(client, prompt=prompt, max_tokens=25, seed=7, stop="\n")
     assert choice.message.role == "assistant" and choice.message.content == plain.choices[0].text
-    assert r.usage.prompt_tokens == plain.usage.prompt_tokens
-    stream = list(client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=2, stream=True,
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens == len(prompt)  # a character tokenizer
+    uncut = complete(client, prompt=prompt, max_tokens=25, seed=7).choices[0].text
+    assert "\n" in uncut and choice.message.content == uncut[: uncut.index("\n")]  # the end of turn was drawn
+    assert choice.finish_reason == "stop"
+    stream = list(client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=7, stream=True,
                                                  **PLAIN))  # fmt: skip
     assert all(c.object == "chat.completion.chunk" for c in stream) and stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == choice.message.content
     assert stream[-1].choices[0].finish_reason == choice.finish_reason
-    with_lp = client.chat.completions.create(model="lm", messages=messages, max_tokens=5, seed=2, logprobs=True,
+    with_lp = client.chat.completions.create(model="lm", messages=messages, max_tokens=5, seed=7, logprobs=True,
                                              top_logprobs=2, **PLAIN)  # fmt: skip
     content = with_lp.choices[0].logprobs.content
     assert len(content) == with_lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)

@@ -12,10 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from attnlab.cli.chat import generating_run, template_of
 from attnlab.cli.demo import run_demo
 from attnlab.cli.options import DemoOptions, EvalOptions, HeadsOut, PredictOptions, SampleOptions, SizeOptions
 from attnlab.config import checked
+from attnlab.data.conversations import Message
 from attnlab.decoding import sampling
+from attnlab.decoding.chat import answers, stream_answer
+from attnlab.decoding.dialogue import trimmed
 from attnlab.decoding.sampling import GenerateConfig
 from attnlab.errors import AttnlabError
 from attnlab.interpret.head_select import describe, head_hooks
@@ -65,12 +69,14 @@ SAMPLE_BATCH = 64  # rows decoded together by `attnlab sample --num-samples N`
 def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     """One sample streams as it is generated; several are drawn as one batch."""
     cfg = checked(GenerateConfig, gen, where="generation")
-    run = load(opts.run, device=opts.device)
-    if not run.task.generates:
-        raise AttnlabError(f"{opts.run} is not a language model run (it is {run.task.name}): attnlab sample needs "
-                           "a gpt run")  # fmt: skip
+    if opts.chat is not None and ({"prompt", "stop"} & set(gen)):
+        raise AttnlabError("--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
+                           "--prompt and --stop")  # fmt: skip
+    run = generating_run(opts.run, opts.device, "sample")
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
+        if opts.chat is not None:
+            return sample_answers(run, opts, cfg)
         if opts.num_samples == 1:
             print(cfg.prompt, end="", flush=True)
             for piece in sampling.stream_text(run.model, run.tokenizer, **dataclasses.asdict(cfg)):
@@ -84,6 +90,25 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
             kw["seed"], n = base + start, min(SAMPLE_BATCH, opts.num_samples - start)
             for i, text in enumerate(sampling.sample_texts(run.model, run.tokenizer, num_samples=n, **kw), start):
                 print(("\n" + "-" * 40 + "\n" if i else "") + cfg.prompt + text, flush=True)
+    return 0
+
+
+def sample_answers(run: Run, opts: SampleOptions, cfg: GenerateConfig) -> int:
+    """--chat: the answers to one user message, as `attnlab chat` would give them (one streams; several
+    are decoded together, answer i drawing with seed + i)."""
+    template, messages = template_of(run), [Message("user", opts.chat)]
+    kw = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("prompt", "stop", "seed")}
+    if opts.num_samples == 1:
+        for piece in trimmed(stream_answer(run.model, run.tokenizer, template, messages, seed=cfg.seed, **kw)):
+            print(piece, end="", flush=True)
+        print()
+        return 0
+    base = sampling.seed_of(cfg.seed)
+    for start in range(0, opts.num_samples, SAMPLE_BATCH):  # batches, as plain samples are drawn
+        n = min(SAMPLE_BATCH, opts.num_samples - start)
+        for i, text in enumerate(answers(run.model, run.tokenizer, template, [messages] * n, seed=base + start, **kw),
+                                 start):  # fmt: skip
+            print(("\n" + "-" * 40 + "\n" if i else "") + text, flush=True)
     return 0
 
 

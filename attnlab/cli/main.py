@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from attnlab.errors import AttnlabError, interrupt_quietly_at_start
 
 with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: one line, exit 130
+    from attnlab.cli.chat import run_chat
     from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
     from attnlab.cli.convert import run_convert, run_export
     from attnlab.cli.doctor import DoctorOptions, run_doctor
@@ -26,6 +27,7 @@ with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: 
     from attnlab.cli.interpret import run_inspect
     from attnlab.cli.options import (
         AttentionOptions,
+        ChatOptions,
         ConvertOptions,
         DemoOptions,
         EvalOptions,
@@ -132,7 +134,16 @@ COMMANDS = [
             "tokens at every weight snapshot (train with --snapshot-every N).",
             overrides={"device": {"default": "cpu"}}),
     Command("sample", "generate text from a trained run", SampleOptions, run_sample,
+            "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
+            "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",
             sections=(("gen", GenerateConfig, "generation"),)),
+    Command("chat", "talk with a language model run in the terminal, through its chat template", ChatOptions,
+            run_chat, "An interactive conversation: type a message after 'you> ' and the answer streams as the "
+            "model writes it. Every turn is rendered with the run's chat template (its chat_template.json, as a "
+            "fine-tuned or converted run keeps it; attnlab's built-in ChatML otherwise) and the answer ends at the "
+            "template's end of turn. The conversation is kept, so later answers see earlier turns; when it outgrows "
+            "the model's context the oldest turns are dropped (the --system text stays). /reset starts over; "
+            "/quit, Ctrl-D or Ctrl-C leaves."),
     Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
             "BLEU, an image model's accuracy", EvalOptions, run_eval),
     Command("size", "parameters, FLOPs per token and memory of a preset", SizeOptions, run_size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnlab.config import option
+from attnlab.decoding.draw import check_sampling
 from attnlab.interop.hf import architectures
 from attnlab.interpret.plots import PLOTS
 from attnlab.interpret.report import INSPECTIONS
@@ -86,6 +87,24 @@ class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 class SampleOptions(HeadsOut, ReadsRun):
     num_samples: int = option(1, "how many samples, drawn 64 at a time as one batch, each batch printed when done",
                               at_least=1)  # fmt: skip
+    chat: str | None = option(None, "answer MESSAGE as a user's turn: rendered with the run's chat template, only "
+                              "the answer printed (it ends at the template's end of turn); not with --prompt or "
+                              "--stop", metavar="MESSAGE")  # fmt: skip
+
+
+@dataclass
+class ChatOptions(ReadsRun):
+    system: str | None = option(None, "a system message that opens the conversation (kept when the oldest turns "
+                                "are dropped)", metavar="TEXT")  # fmt: skip
+    max_new_tokens: int = option(256, "an answer's length at most, in tokens", at_least=1)
+    temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
+    top_k: int | None = option(None, "sample only among the k most likely tokens", at_least=1)
+    top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
+    seed: int | None = option(None, "random seed: answer k draws with seed + k, so the same messages give the same "
+                              "conversation")  # fmt: skip
+
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
 
 
 @dataclass

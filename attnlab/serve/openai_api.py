@@ -14,8 +14,9 @@ last chunk of a choice carrying its finish_reason, then `data: [DONE]`; with
 stream_options.include_usage, a chunk with no choices and the usage comes before it.
 
 What the fields mean here (requests: see openai_schema.py):
-- finish_reason "stop": a stop text (cut from the text) or the end-of-text token (unless
-  ignore_eos); "length": max_tokens drawn.
+- finish_reason "stop": a stop text (cut from the text; for chat also the end of turn of the run's
+  chat template, openai_schema.py) or the end-of-text token (unless ignore_eos); "length":
+  max_tokens drawn.
 - usage: prompt_tokens are the prompts' tokens by the run's tokenizer (an empty prompt is one
   end-of-text token), each prompt once however many choices; completion_tokens are the tokens drawn,
   a cut stop text's and an end-of-text token included.
@@ -46,9 +47,10 @@ from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
+from attnlab.errors import AttnlabError
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
-from attnlab.serve.openai_schema import CHAT_STOPS, BadField, ChatRequest, CompletionRequest, chat_prompt
+from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, conversation
 from attnlab.version import __version__
 
 FINGERPRINT = f"attnlab-{__version__}"
@@ -136,13 +138,17 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
         reply = Reply("cmpl", "text_completion", req, s, job, prompts, echo_lp)
         return await respond(reply, request)
 
-    @app.post("/v1/chat/completions", summary="reply to a conversation (OpenAI's chat API, plain template)")
+    @app.post("/v1/chat/completions", summary="reply to a conversation (OpenAI's chat API, the run's chat template)")
     async def chat(req: ChatRequest, request: Request):
         req.check()
         s = find(req.model)
-        prompts = prompt_ids(s.run.tokenizer, chat_prompt(req.messages), s.run.model.cfg.context, "messages")
+        try:
+            text = s.template.prompt(conversation(req.messages))
+        except AttnlabError as e:  # the template refuses the conversation (e.g. roles that do not alternate)
+            raise BadField(str(e), "messages") from None
+        prompts = prompt_ids(s.run.tokenizer, text, s.run.model.cfg.context, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
-        job = begin(req, s, prompts, req.limit(), [*req.stops(), *CHAT_STOPS], k)
+        job = begin(req, s, prompts, req.limit(), [*req.stops(), s.template.end_of_turn()], k)
         return await respond(Reply("chatcmpl", "chat.completion", req, s, job, prompts), request)
 
 

@@ -14,14 +14,11 @@ none, response_format text. `user` is accepted and ignored. Any other field is a
 Extensions, with the names vLLM uses so that scripts written for it work: top_k (sample among the k
 most likely tokens; 0 or -1 = off) and ignore_eos (go on past the end-of-text token).
 
-Chat template (base models have none of their own): each message becomes a line "Role: content"
-(System, User or Assistant; a developer message counts as System), and the prompt ends with
-"Assistant:"; the reply is the model's continuation, cut at the first "\\nUser:" or "\\nSystem:"
-(the model starting the next turn) as well as at the request's own stop texts:
-
-    System: You are terse.
-    User: Name a prime.
-    Assistant:
+Chat template: the run's own (chat_template.json, which a fine-tuned or converted run keeps; a run
+without one gets attnlab's built-in ChatML, data/chat.py), rendered with the generation prompt (a
+developer message counts as a system message); the reply is the model's continuation, cut at the
+template's end of turn (ChatML's "<|im_end|>", Llama 3's "<|eot_id|>", never part of the reply) as
+well as at the request's own stop texts.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from attnlab.data.conversations import Message as Turn
 from attnlab.errors import AttnlabError
 
 MAX_COMPLETION_TOKENS = 2048
@@ -37,9 +35,8 @@ MAX_N = 16  # choices per prompt
 MAX_PROMPTS = 16  # prompts per completion request
 MAX_PROMPT_CHARS = 100_000
 MAX_STOPS = 4
-CHAT_STOPS = ("\nUser:", "\nSystem:")
 CHAT_MAX_TOKENS = 256  # a chat reply's default length
-ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}  # as the template sees it
 
 Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 StopText = Annotated[str, Field(max_length=100)]
@@ -163,10 +160,9 @@ class ChatRequest(Sampling):
         return CHAT_MAX_TOKENS if given is None else given
 
 
-def chat_prompt(messages: list[Message]) -> str:
-    """The messages as one prompt for a base model (the module's docstring shows the template)."""
-    lines = [f"{ROLES[m.role]}: {m.text()}" for m in messages]
-    return "\n".join(lines) + "\nAssistant:"
+def conversation(messages: list[Message]) -> list[Turn]:
+    """The request's messages as a chat template reads them (roles system, user, assistant)."""
+    return [Turn(ROLES[m.role], m.text()) for m in messages]
 
 
 class BadField(AttnlabError):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.data.chat import ChatTemplate
 from attnlab.errors import AttnlabError
+from attnlab.runs.adapted import run_template
 from attnlab.runs.run import Run, load
 from attnlab.serve.errors import one_line
 
@@ -17,6 +19,7 @@ class Served:
     name: str
     run: Run
     parameters: int
+    template: ChatTemplate | None = None  # a run that generates: its chat template (/v1/chat/completions)
 
     @property
     def kind(self) -> str:
@@ -44,6 +47,7 @@ def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
         seen.add(resolved)
         try:
             run = load(resolved, device)
+            template = run_template(resolved) if run.task.generates else None
         except AttnlabError as e:
             raise AttnlabError(f"cannot serve {path}: {e}") from None
         except Exception as e:  # e.g. a weights file cut short: still one line naming the run
@@ -51,5 +55,5 @@ def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
         name, k = resolved.name or "run", 2
         while name in served:
             name, k = f"{resolved.name}-{k}", k + 1
-        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()))
+        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()), template)
     return served
