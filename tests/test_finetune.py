@@ -11,9 +11,11 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Message
 from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.data.instructions import instructions, preferences
 from attnlab.data.supervised import Pairs, pair_examples
+from attnlab.decoding.chat import answers
 from attnlab.engine.train import TrainRequest
 from attnlab.io import read_safetensors
 from attnlab.nn.lora import LoRALinear, adapters_off
@@ -22,6 +24,7 @@ from attnlab.nn.quantize import QuantizedLinear
 from attnlab.runs.adapted import build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks import TASKS
+from attnlab.tasks.reward import best_of, score_answers
 from tests.conftest import run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -164,3 +167,20 @@ def test_the_reward_models_loss_is_bradley_terry(base, tmp_path):
     # each row's score is read at its own last token: padding after it changes nothing
     alone = run.model.score(x[:1, : int(last[0]) + 1])
     assert torch.allclose(alone, scores[:1], atol=1e-5)
+
+
+def test_best_of_n_picks_the_answer_the_reward_model_scores_highest(base, tmp_path, capsys):
+    train("reward", tmp_path / "r", base, PAIRS, steps=2)
+    policy, reward = attnlab.load(base), attnlab.load(tmp_path / "r")
+    with torch.no_grad():  # a reward head that is not flat, so the answers' scores differ
+        reward.model.reward_head.weight.normal_()
+    messages = [Message("user", "What is 2 + 3?")]
+    ranked = best_of(policy, reward, messages, 5, seed=4, temperature=1.0, max_new_tokens=8)
+    drawn = answers(policy.model, policy.tokenizer, ChatTemplate(), [messages] * 5, seed=4, temperature=1.0,
+                    max_new_tokens=8)  # fmt: skip
+    assert sorted(a for _, a in ranked) == sorted(drawn)
+    assert [s for s, _ in ranked] == sorted(score_answers(reward, messages, drawn), reverse=True)
+    code, _, err = run_cli(["sample", base, "--best-of", "3"], capsys)
+    assert code == 2 and "--reward" in err
+    code, _, err = run_cli(["sample", base, "--chat", "Hi", "--best-of", "2", "--reward", base], capsys)
+    assert code == 2 and "give a reward run" in err

@@ -30,6 +30,7 @@ from attnlab.nn.hooks import hooks
 from attnlab.runs.run import Run, load
 from attnlab.runtime.device import pick_dtype
 from attnlab.tasks.compare import CompareOptions, run_comparison
+from attnlab.tasks.reward import best_of
 
 
 def speaks() -> bool:
@@ -69,6 +70,9 @@ SAMPLE_BATCH = 64  # rows decoded together by `attnlab sample --num-samples N`
 def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     """One sample streams as it is generated; several are drawn as one batch."""
     cfg = checked(GenerateConfig, gen, where="generation")
+    if (opts.best_of > 1 or opts.reward is not None) and (opts.chat is None or opts.reward is None):
+        raise AttnlabError("best-of-N answers a chat message and scores it with a reward model: give --chat MESSAGE, "
+                           "--best-of N and --reward RUN")  # fmt: skip
     if opts.chat is not None and ({"prompt", "stop"} & set(gen)):
         raise AttnlabError("--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
                            "--prompt and --stop")  # fmt: skip
@@ -98,6 +102,8 @@ def sample_answers(run: Run, opts: SampleOptions, cfg: GenerateConfig) -> int:
     are decoded together, answer i drawing with seed + i)."""
     template, messages = template_of(run), [Message("user", opts.chat)]
     kw = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("prompt", "stop", "seed")}
+    if opts.reward is not None:
+        return sample_best(run, opts, cfg, messages, kw)
     if opts.num_samples == 1:
         for piece in trimmed(stream_answer(run.model, run.tokenizer, template, messages, seed=cfg.seed, **kw)):
             print(piece, end="", flush=True)
@@ -109,6 +115,18 @@ def sample_answers(run: Run, opts: SampleOptions, cfg: GenerateConfig) -> int:
         for i, text in enumerate(answers(run.model, run.tokenizer, template, [messages] * n, seed=base + start, **kw),
                                  start):  # fmt: skip
             print(("\n" + "-" * 40 + "\n" if i else "") + text, flush=True)
+    return 0
+
+
+def sample_best(run: Run, opts: SampleOptions, cfg: GenerateConfig, messages: list[Message], kw: dict) -> int:
+    """--best-of N --reward RUN: the answer the reward model scores highest of N drawn (each sample)."""
+    reward = load(opts.reward, device=opts.device)
+    base = sampling.seed_of(cfg.seed)
+    for i in range(opts.num_samples):
+        ranked = best_of(run, reward, messages, opts.best_of, seed=base + i * opts.best_of, **kw)
+        scores = ", ".join(f"{s:+.2f}" for s, _ in ranked)
+        print(f"best of {opts.best_of} by {opts.reward} (scores {scores})", file=sys.stderr)
+        print(("\n" + "-" * 40 + "\n" if i else "") + ranked[0][1], flush=True)
     return 0
 
 

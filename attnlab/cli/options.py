@@ -90,6 +90,10 @@ class SampleOptions(HeadsOut, ReadsRun):
     chat: str | None = option(None, "answer MESSAGE as a user's turn: rendered with the run's chat template, only "
                               "the answer printed (it ends at the template's end of turn); not with --prompt or "
                               "--stop", metavar="MESSAGE")  # fmt: skip
+    best_of: int = option(1, "with --chat and --reward: draw N answers and print the one the reward model scores "
+                          "highest (best-of-N)", at_least=1, metavar="N")  # fmt: skip
+    reward: str | None = option(None, "a reward run (attnlab train reward) that scores --best-of's answers",
+                                metavar="RUN")  # fmt: skip
 
 
 @dataclass

@@ -21,6 +21,7 @@ from attnlab.data.conversations import Conversation, Message
 from attnlab.data.finetune import PreferenceData, fitting, splits
 from attnlab.data.supervised import Example, Pairs, encode, padded, pair_examples
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.decoding.chat import answers
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -59,6 +60,19 @@ def score_answers(run, messages: list[Message], answers: list[str]) -> list[floa
     context = run.model.cfg.context
     examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]  # the end: where it scores
     return scores(run.model, examples).tolist()
+
+
+def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = None,
+            **kw: Any) -> list[tuple[float, str]]:  # fmt: skip
+    """Best-of-N: n answers of the run `policy` to the conversation, each scored by the reward run;
+    (score, answer) best first. Keyword arguments as in decoding.chat.answers (temperature, top_p, ...)."""
+    if not isinstance(reward.task, RewardModelling):
+        raise AttnlabError(
+            f"--reward {reward.path} is {reward.task.noun} run: give a reward run (attnlab train reward)"
+        )
+    drawn = answers(policy.model, policy.tokenizer, run_template(policy.path), [messages] * n, seed=seed, **kw)
+    scored = zip(score_answers(reward, messages, drawn), drawn, strict=True)
+    return sorted(scored, key=lambda pair: -pair[0])
 
 
 class RewardModelling(Adapting):
