@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import shutil
+from dataclasses import asdict
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -11,7 +14,13 @@ import torch
 
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
+from attnlab.io import write_json
 from attnlab.models.gpt import GPTConfig
+from attnlab.nn.lora import LoRAConfig, lora_parameters, lora_state_dict
+from attnlab.runs.adapted import build_adapted
+from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir, read_run_config
+from attnlab.runs.marker import record
+from attnlab.runs.weights import write_weights
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
@@ -158,3 +167,25 @@ def tiny_chat_base(folder, dropout: float = 0.1):
     attnlab.train(folder / "base", model, tiny_train(max_steps=1), DataConfig(data=str(corpus), tokenizer="char"),
                   progress=False)  # fmt: skip
     return folder / "base"
+
+
+def write_lora_run(base, out, lora: LoRAConfig, quantize: str | None = None, seed: int = 1, kind: str = "sft") -> Path:
+    """A LoRA run over run `base`, written by hand as the sft task writes one (runs/adapted.py): config.json
+    with its adapter section, the adapters alone in model.safetensors (A and B drawn away from zero, so
+    the adapters change the model), the base's tokenizer.json; every file in the marker. Returns `out`."""
+    base, out = Path(base), Path(out)
+    based = read_run_config(base)
+    config = {**{k: based[k] for k in ("family", "model", "train", "data")}, "task": {"kind": kind},
+              "init": str(base), "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": quantize,
+                                             "also": []}}  # fmt: skip
+    net = build_adapted(config)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in lora_parameters(net):
+            p.normal_(0, 0.1)
+    fresh_dir(out)
+    record(out, CONFIG, WEIGHTS, TOKENIZER)
+    write_json(out / CONFIG, config)
+    write_weights(lora_state_dict(net), out / WEIGHTS, {"step": "0"})
+    shutil.copyfile(base / TOKENIZER, out / TOKENIZER)
+    return out

@@ -20,7 +20,7 @@ from attnlab.errors import AttnlabError, interrupt_quietly_at_start
 with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: one line, exit 130
     from attnlab.cli.chat import run_chat
     from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
-    from attnlab.cli.convert import run_convert, run_export
+    from attnlab.cli.convert import run_convert, run_export, run_merge
     from attnlab.cli.doctor import DoctorOptions, run_doctor
     from attnlab.cli.generate import add_options, add_section, given, read_options
     from attnlab.cli.inspect import run_attention, run_plot, run_serve
@@ -33,6 +33,7 @@ with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: 
         EvalOptions,
         ExportOptions,
         InspectOptions,
+        MergeOptions,
         PlotOptions,
         PredictOptions,
         SampleOptions,
@@ -118,10 +119,18 @@ COMMANDS = [
             run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or "
             "pytorch_model.bin, tokenizer.json) and write an attnlab run that every command works on. Nothing is "
             "downloaded."),
-    Command("export", "a run -> a HuggingFace directory or an ONNX file", ExportOptions, run_export,
-            "Write a run in another format: --to hf, a directory that transformers' from_pretrained loads (GPT runs "
-            "as GPT-2 or Llama, encoder runs as BERT); --to onnx, a file with dynamic batch and length, checked "
+    Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder or an ONNX file", ExportOptions,
+            run_export, "Write a run in another format: --to hf, a directory that transformers' from_pretrained "
+            "loads (GPT runs as GPT-2 or Llama, encoder runs as BERT); --to peft, a LoRA run's adapter as "
+            "adapter_config.json and adapter_model.safetensors, which PEFT's PeftModel.from_pretrained loads over "
+            "the base (named by base_model_name_or_path: the HuggingFace folder the base was converted from, else "
+            "the base run, to export with --to hf first); --to onnx, a file with dynamic batch and length, checked "
             "with onnxruntime (GPT runs)."),
+    Command("merge", "a LoRA run -> a full run: its adapters folded into its base's weights", MergeOptions,
+            run_merge, "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted matrix) and "
+            "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "
+            "template, no adapter. A base the run quantized (int8, NF4) is merged in float, from the base run's "
+            "own weights. The merged run exports with --to hf."),
     Command("vectors", "query, evaluate, draw or export trained word vectors", VectorsOptions, run_vectors,
             "Ask a vectors run (or a word2vec/GloVe text file) for neighbours, analogies and similarities; score it "
             "on analogy questions and similarity ratings; draw or export it."),

@@ -204,9 +204,19 @@ class ConvertOptions(Answers):
 @dataclass
 class ExportOptions:
     run: str = option("", "run directory", positional=True)
-    to: str = option("", "target format", ("hf", "onnx"), required=True)
-    out: str = option("", "directory (hf) or .onnx file (onnx) to write", positional=True, metavar="OUT")
-    force: bool = option(False, "replace OUT if it is a HuggingFace model folder (hf) or an .onnx file (onnx)")
+    to: str = option("", "target format: hf, a HuggingFace model folder; peft, a LoRA run's adapter as PEFT's "
+                     "adapter folder; onnx, an ONNX file", ("hf", "peft", "onnx"), required=True)  # fmt: skip
+    out: str = option("", "directory (hf, peft) or .onnx file (onnx) to write", positional=True, metavar="OUT")
+    force: bool = option(False, "replace OUT if it is a HuggingFace model folder (hf), a PEFT adapter folder "
+                         "(peft) or an .onnx file (onnx)")  # fmt: skip
+
+
+@dataclass
+class MergeOptions(Answers):
+    run: str = option("", "LoRA run directory (its model is a base run's plus adapters)", positional=True)
+    out: str = option("", "run directory to create: the base's weights with the adapters folded in",
+                      required=True, metavar="RUN")  # fmt: skip
+    force: bool = option(False, "replace --out if it is an attnlab run")
 
 
 @dataclass

@@ -35,8 +35,18 @@ from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write
 from attnlab.interop.hf.tokenizer import hf_tokenizer_json, largest_id
 from attnlab.io import cache_root, read_json, write_json, write_text
 from attnlab.models import build_model, family_classes
-from attnlab.runs.adapted import CHAT_TEMPLATE, READERS
-from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
+from attnlab.runs.adapted import CHAT_TEMPLATE, READERS, adapter_of
+from attnlab.runs.folder import (
+    CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    check_new_run,
+    check_run_dir,
+    describe,
+    fresh_dir,
+    is_run,
+    read_run_config,
+)
 from attnlab.runs.marker import record
 from attnlab.runs.weights import first_not_finite, load_weights, save_weights
 from attnlab.tasks import Task, task_of
@@ -67,7 +77,7 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     summary: family, architecture, parameters, run. An existing `out` is replaced only with
     force, and only if it is an attnlab run."""
     src, out = Path(src), Path(out)
-    _check_out(src, out, force)
+    check_new_run(out, force, {src: "the model being converted"})
     hf, tensors, tokenizer_json = read_hf_dir(src)
     arch = _architecture(hf, src)
     module = module_for(arch)
@@ -114,6 +124,9 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     run, out = check_run_dir(run_dir), Path(out_dir)
     config = read_run_config(run)
     family = config["family"]
+    if adapter_of(config) is not None:  # its weights file holds the adapters alone
+        raise AttnlabError(f"{run} is a LoRA run: export its adapter with --to peft, or merge it into its base "
+                           f"first (attnlab merge {run} --out DIR) and export that")  # fmt: skip
     if family not in EXPORTERS:
         raise AttnlabError(f"{run} is a {family} run: export to hf supports {' and '.join(EXPORTERS)} runs")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -137,20 +150,6 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
     return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),
             "out": str(out), "tokenizer": note}  # fmt: skip
-
-
-def _check_out(src: Path, out: Path, force: bool) -> None:
-    """Refuse an existing `out` unless force; never replace what is not an attnlab run (checked by
-    its config.json's sections: a HuggingFace directory has a config.json too), nor the source."""
-    if out.resolve() == src.resolve() or out.resolve() in src.resolve().parents:
-        raise AttnlabError(f"--out {out} would replace the model being converted: choose another directory")
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not force:
-        raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
-    if not is_run(out):
-        raise AttnlabError(f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; "
-                           "choose another --out")  # fmt: skip
 
 
 def converted(src: Path) -> Path | None:

@@ -112,6 +112,23 @@ def check_dir(out: Path, resume: bool, force: bool) -> None:
         raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
 
 
+def check_new_run(out: Path, force: bool, sources: dict[Path, str]) -> None:
+    """Before a command writes a new run from others (convert, merge): refuse an `out` that would
+    replace one of `sources` ({path: what it is}), an existing `out` unless force, and never replace
+    what is not an attnlab run (checked by its config.json's sections: a HuggingFace directory has a
+    config.json too)."""
+    for src, what in sources.items():
+        if out.resolve() == src.resolve() or out.resolve() in src.resolve().parents:
+            raise AttnlabError(f"--out {out} would replace {what}: choose another directory")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
+    if not is_run(out):
+        raise AttnlabError(f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; "
+                           "choose another --out")  # fmt: skip
+
+
 def describe(p: Path) -> str:
     """What a folder holds, in a few words: "it holds config.json, src and 3 more"."""
     if not p.is_dir():
