@@ -12,6 +12,7 @@ from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, 
 with interrupt_quietly_at_start():  # `attnlab ...` spends its first seconds here, importing torch
     from attnlab.data import DataConfig
     from attnlab.engine.config import TrainConfig
+    from attnlab.interop import adapter_runs  # noqa: F401  registers the readers --init takes: HF and PEFT folders
     from attnlab.interpret.trace import Trace, trace
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.nn.hooks import hooks, zero_head

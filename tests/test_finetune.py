@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -184,3 +186,40 @@ def test_best_of_n_picks_the_answer_the_reward_model_scores_highest(base, tmp_pa
     assert code == 2 and "--reward" in err
     code, _, err = run_cli(["sample", base, "--chat", "Hi", "--best-of", "2", "--reward", base], capsys)
     assert code == 2 and "give a reward run" in err
+
+
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="transformers, the reference here, is a dev extra")
+    from attnlab.data.tokenizers import BPETokenizer
+
+    hf_dir = tmp_path / "hf"
+    texts = [ChatTemplate(LLAMA3_STYLE).render(c.messages) for c in instructions("train", 200, 2)]
+    tok = BPETokenizer.train(texts, 300)
+    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_layer=1, n_embd=16, n_head=2, n_positions=256,
+                                  bos_token_id=None, eos_token_id=None, attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(hf_dir)
+    (hf_dir / "tokenizer.json").write_text(tok.to_json())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": LLAMA3_STYLE, "bos_token": "<s>"}))
+    train("sft", tmp_path / "s", hf_dir, SFT, **LORA)
+    stored = json.loads((tmp_path / "s" / "chat_template.json").read_text())
+    assert stored["template"] == LLAMA3_STYLE and stored["bos_token"] == "<s>"
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    converted = config["adapter"]["base"]
+    assert converted.startswith(os.environ["ATTNLAB_CACHE"]) and config["init"] == str(hf_dir)
+    ids = torch.randint(0, tok.vocab_size, (2, 10))
+    run = attnlab.load(tmp_path / "s")
+    with torch.no_grad(), adapters_off(run.model):
+        assert torch.allclose(run.model(ids), hf(ids).logits, atol=1e-4)
+    shutil.rmtree(converted)  # the cache cleared: the run reads its --init folder again
+    again = attnlab.load(tmp_path / "s")
+    with torch.no_grad():
+        assert torch.equal(again.model(ids), run.model(ids))

@@ -30,15 +30,16 @@ from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig, load_lora_state
 from attnlab.runs.adapted import CHAT_TEMPLATE, READERS, adapter_of, as_run, build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
+from attnlab.runs.kind import kind_of
 from attnlab.runs.marker import record
 from attnlab.runs.weights import write_weights
 
 
 def _gpt_config(config: dict[str, Any], what: str) -> GPTConfig:
     """The GPT of a run's config.json; PEFT's layouts are GPT-2's and a Llama's."""
-    if config["family"] != "gpt":
-        raise AttnlabError(f"{what} is a {config['family']} run: PEFT adapters are mapped for GPT runs "
-                           "(as GPT-2 or a Llama)")  # fmt: skip
+    if not kind_of(config).generates:  # a language model's GPT: what GPT-2's and a Llama's layouts map
+        raise AttnlabError(f"{what} is {kind_of(config).noun} run: PEFT adapters are mapped for GPT language "
+                           "models (as GPT-2 or a Llama)")  # fmt: skip
     return from_dict(GPTConfig, config["model"], where="model config")
 
 
