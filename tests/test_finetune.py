@@ -223,3 +223,21 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
     again = attnlab.load(tmp_path / "s")
     with torch.no_grad():
         assert torch.equal(again.model(ids), run.model(ids))
+
+
+def test_the_chat_demo_chains_the_tasks(base, tmp_path, monkeypatch, capsys):
+    import attnlab.cli.demo_chat as demo
+
+    quick = dict(max_steps=2, time_budget=None, min_steps=0, batch_size=4, eval_interval=2, eval_batches=1,
+                 warmup_steps=1, device="cpu", dtype="float32")  # fmt: skip
+    for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"):
+        monkeypatch.setattr(demo, name, {**getattr(demo, name), **quick})
+    monkeypatch.setattr(demo, "TEST", 4)
+    monkeypatch.setattr(demo, "SAMPLED", 2)
+    monkeypatch.setattr(demo, "BEST_OF", 2)
+    code, out, _ = run_cli(["demo", "--chat", "--base", base, "--out", tmp_path / "chat"], capsys)
+    assert code == 0
+    for run in ("sft", "dpo", "reward"):
+        assert (tmp_path / "chat" / run / "eval.json").is_file()
+    assert "exact answers on 4 held-out instructions: before" in out and "best of 2 by the reward model" in out
+    assert not (tmp_path / "chat" / "base").exists()  # --base reused, not pretrained

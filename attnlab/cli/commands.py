@@ -14,6 +14,7 @@ from typing import Any
 
 from attnlab.cli.chat import generating_run, template_of
 from attnlab.cli.demo import run_demo
+from attnlab.cli.demo_chat import run_chat_demo
 from attnlab.cli.options import DemoOptions, EvalOptions, HeadsOut, PredictOptions, SampleOptions, SizeOptions
 from attnlab.config import checked
 from attnlab.data.conversations import Message
@@ -156,5 +157,10 @@ def run_size(opts: SizeOptions, cluster: dict[str, Any]) -> int:
 
 
 def run_demo_command(opts: DemoOptions) -> int:
+    if opts.chat:
+        run_chat_demo("runs/chat" if opts.out == "runs/demo" else opts.out, opts.base)
+        return 0
+    if opts.base:
+        raise AttnlabError("--base is the start of the assistant chain: give --chat too")
     run_demo(opts.out, opts.max_steps, opts.time_budget)
     return 0

@@ -87,7 +87,8 @@ class Command:
 
 
 COMMANDS = [
-    Command("demo", "train gpt-nano-fast on Python's standard library for 2 minutes, then sample", DemoOptions,
+    Command("demo", "train gpt-nano-fast on Python's standard library for 2 minutes, then sample (--chat: base, "
+            "sft, dpo, reward model, best-of-8)", DemoOptions,
             run_demo_command),
     Command("predict", "a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, a translation, "
             "an image's class", PredictOptions, run_predict),

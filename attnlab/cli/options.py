@@ -59,6 +59,11 @@ class DemoOptions:
     out: str = option("runs/demo", "run directory (a free name is picked if it exists)")
     time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
     max_steps: int | None = option(None, "train for this many steps instead of a budget", at_least=1)
+    chat: bool = option(False, "the assistant chain instead (about 10 minutes on 2 cores): pretrain a small base, "
+                        "fine-tune it on instructions (sft), tune it on preferences (dpo), train a reward model "
+                        "and sample best-of-8 through it; --out defaults to runs/chat")  # fmt: skip
+    base: str | None = option(None, "with --chat: start from this GPT run instead of pretraining a base",
+                              metavar="RUN")  # fmt: skip
 
 
 @dataclass
