@@ -21,9 +21,10 @@ from attnlab.models.protocols import CausalLM
 def stream_answer(model: CausalLM, tok: Tokenizer, template: ChatTemplate, messages: Sequence[Message],
                   **kw: Any) -> Iterator[str]:  # fmt: skip
     """The assistant's next turn, piece by piece (keyword arguments as in stream_text, but stop: the
-    template's end of turn)."""
+    template's end of turn, or the tokenizer's end of text)."""
     kw.setdefault("max_new_tokens", 256)
-    return stream_text(model, tok, template.prompt(messages), stop=template.end_of_turn(), **kw)
+    return stream_text(model, tok, template.prompt(messages), stop=template.end_of_turn(), stop_token=tok.eot_id,
+                       **kw)  # fmt: skip
 
 
 def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Sequence[Message]],

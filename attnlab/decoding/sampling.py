@@ -193,9 +193,11 @@ def stream_text(
     use_cache: bool = True,
     dtype: str = "auto",
     on_token: Callable[[int], None] | None = None,
+    stop_token: int | None = None,
 ) -> Iterator[str]:
     """Yield the continuation's text piece by piece as tokens are produced, until
-    max_new_tokens or the `stop` text (which is not included); on_token(id) sees each token first."""
+    max_new_tokens, the `stop` text or the token `stop_token` (neither included); on_token(id) sees
+    each token first."""
     for name, text in (("prompt", prompt), ("stop", stop)):
         if text is not None and not isinstance(text, str):
             raise ArgumentTypeError(f"{name}: expected a text (str), got {kind(text)}")
@@ -206,6 +208,8 @@ def stream_text(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype)
     pieces = TextPieces(tokenizer, [stop] if stop else [])
     for token in stream(model, ids, max_new_tokens, **sampling):
+        if token == stop_token and stop_token is not None:  # the end of a text: not part of it
+            break
         if on_token is not None:
             on_token(token)
         piece = pieces.add(token)
