@@ -176,9 +176,11 @@ def announce(s: Session) -> None:
         return
     warn_short_warmup(s.cfg)
     n_params = sum(p.numel() for p in s.model.parameters())
+    trained = sum(p.numel() for p in s.model.parameters() if p.requires_grad)
+    frozen = f" ({trained / 1e6:.3f}M trained, the rest frozen)" if trained < n_params else ""
     procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
     why = f" ({s.dtype_note})" if s.cfg.dtype == "auto" else ""
-    print(f"model {n_params / 1e6:.2f}M parameters | {s.data.describe()} | {s.device.type}{procs} "
+    print(f"model {n_params / 1e6:.2f}M parameters{frozen} | {s.data.describe()} | {s.device.type}{procs} "
           f"{str(s.dtype).removeprefix('torch.')}{why} | batch {s.cfg.batch_size}", file=sys.stderr)  # fmt: skip
 
 

@@ -149,6 +149,7 @@ def run(task: Task, req: TrainRequest) -> dict[str, Any]:
         result = loop(s, req.progress)
         result["train_seconds"] = time.perf_counter() - t0
         result["parameters"] = sum(p.numel() for p in s.raw.parameters())
+        result["trained_parameters"] = sum(p.numel() for p in s.raw.parameters() if p.requires_grad)
         result.update(task.finish(s, prepared, req))
         return result
     finally:

@@ -23,8 +23,9 @@ class Printer:
     def result_line(self, result: dict[str, Any], out: str) -> str:
         """What `attnlab train` prints when done."""
         if "test" in result:
-            return (f"{self.test_line(result['test'])} ({result['parameters']:,} parameters, "
-                    f"{result['train_seconds']:.0f} s){self.next_step(out)}")  # fmt: skip
+            n, trained = result["parameters"], result.get("trained_parameters", result["parameters"])
+            size = f"{trained:,} of {n:,} parameters trained" if trained < n else f"{n:,} parameters"
+            return f"{self.test_line(result['test'])} ({size}, {result['train_seconds']:.0f} s){self.next_step(out)}"
         val = "n/a" if result["val_loss"] is None else f"{result['val_loss']:.4f}"
         return f"done: step {result['step']}, validation loss {val}{self.next_step(out)}"
 
