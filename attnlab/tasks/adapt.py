@@ -21,8 +21,8 @@ from torch import nn
 from attnlab.config import checked, option
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
-from attnlab.data.finetune import held_out
-from attnlab.data.supervised import Example, show
+from attnlab.data.finetune import fitting, held_out, splits
+from attnlab.data.supervised import Example, pair_examples, show
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.chat import answers
 from attnlab.engine.config import TrainConfig
@@ -71,6 +71,19 @@ def adapter_section(options: dict[str, Any], also: tuple[str, ...]) -> dict[str,
     return {"lora": asdict(lora), "quantize_base": options.get("quantize_base"), "also": list(also)}
 
 
+@dataclass
+class Encoded:
+    tok: Tokenizer
+    template: ChatTemplate
+    model: dict[str, Any]  # the GPT's config fields
+    adapter: dict[str, Any] | None  # config.json's adapter section (None: every weight trains)
+    parts: dict[str, list]  # split -> examples that fit the context
+
+
+def longest(example: Example | tuple[Example, Example]) -> int:
+    return max(len(e.ids) for e in example) if isinstance(example, tuple) else len(example.ids)
+
+
 class Adapting(Task):
     """A task that starts from a pretrained GPT (--init) and adapts it on conversations or pairs."""
 
@@ -81,7 +94,8 @@ class Adapting(Task):
     endpoint = "/api/generate"
     family = "gpt"  # the family of the runs it writes
     new_weights: tuple[str, ...] = ()  # weights the base has not got (a head): trained from their init
-    builtin = "instructions"  # the built-in data's name
+    unit = "pair"  # what an example is, for messages
+    reads_whole_rows = False  # True: the model reads all of an example's tokens (not shifted by one)
     init_help = AdaptOptions.__dataclass_fields__["init"].metadata.get("help", "")
 
     def train_defaults(self, model: str) -> dict[str, Any]:
@@ -146,8 +160,20 @@ class Adapting(Task):
         return adapter_section(req.options, self.new_weights)
 
     def examples(self, tok: Tokenizer, template: ChatTemplate, data: Any) -> dict[str, list]:
-        """The task's encoded examples by split (Example, or a pair of them)."""
-        raise NotImplementedError
+        """The task's encoded examples by split (Example, or a pair of them): preference pairs here,
+        conversations in sft."""
+        return {k: [pair_examples(p, template, tok) for p in v] for k, v in splits(data, "preferences").items()}
+
+    def encoded(self, req: TrainRequest) -> Encoded:
+        """What every prepare starts from: the run's tokenizer and template, the model's settings and
+        adapters, and the examples that fit its context (a pair: both rows)."""
+        tok, template = load_tokenizer(req.out), run_template(req.out)
+        model, adapter = self.model_config(req), self.adapter(req)
+        # the model reads an example's tokens shifted by one (sft, dpo) or whole (a reward model)
+        room = model["context"] - self.reads_whole_rows
+        parts = {k: fitting(v, [longest(e) for e in v], room, self.unit) if v else v
+                 for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
+        return Encoded(tok, template, model, adapter, parts)
 
     # ---- from options, as the command line gives them -------------------------------------------
     def request(self, opts: AdaptOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
@@ -196,7 +222,3 @@ class Adapting(Task):
 
     def test_line(self, test: dict[str, Any]) -> str:
         return f"exact answers on the held-out instructions {test['exact']:.1%} ({test['examples']})"
-
-
-def encoded_ids(examples: list[Example]) -> list[int]:
-    return [len(e.ids) for e in examples]

@@ -18,11 +18,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.config import checked, option
-from attnlab.data.chat import ChatTemplate
-from attnlab.data.finetune import PreferenceData, fitting, splits
+from attnlab.data.finetune import PreferenceData
 from attnlab.data.instructions import instructions
-from attnlab.data.supervised import Example, Pairs, pair_examples, shifted
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.supervised import Example, Pairs, shifted
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.nn.lora import adapters_off, has_lora
@@ -74,20 +72,15 @@ class DirectPreference(Adapting):
     data_config = PreferenceData
     options = DPOOptions
 
-    def examples(self, tok: Tokenizer, template: ChatTemplate, data: PreferenceData) -> dict[str, list[Pair]]:
-        return {k: [pair_examples(p, template, tok) for p in v] for k, v in splits(data, "preferences").items()}
-
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
-        tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
-        pairs = {k: fitting(v, [max(len(c.ids), len(r.ids)) for c, r in v], model["context"], "pair") if v else v
-                 for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
-        build = self.builder(req, model, adapter)
+        e = self.encoded(req)
+        tok, template, pairs = e.tok, e.template, e.parts
+        build = self.builder(req, e.model, e.adapter)
         reference = build()  # the --init model: adapters start at zero
         show = "reference log-probabilities" if req.progress and d.main else None
         refs = {k: logprobs(reference, v, show) for k, v in pairs.items() if v}
         beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.get("beta", 0.1)
-        config = self.run_config(req, model, adapter)
+        config = self.run_config(req, e.model, e.adapter)
         config["task"]["beta"] = beta
         state = (tok, template, pairs["test"], refs.get("test"), req.data)
         return Prepared(Pairs(pairs, refs), lambda: DPOObjective(build(), beta), config, state=state)

@@ -16,11 +16,9 @@ import torch
 from torch import nn
 
 from attnlab.config import checked
-from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Message
-from attnlab.data.finetune import PreferenceData, fitting, splits
-from attnlab.data.supervised import Example, Pairs, encode, padded, pair_examples
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.finetune import PreferenceData
+from attnlab.data.supervised import Example, Pairs, encode, padded
 from attnlab.decoding.chat import answers
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
@@ -87,22 +85,17 @@ class RewardModelling(Adapting):
     family = "reward"
     new_weights = ("reward_head.weight", "reward_head.bias")
     generates = False
+    reads_whole_rows = True
     endpoint = "/api/predict"
 
     def model_of(self, config: dict[str, Any]) -> str:
         return "reward"
 
-    def examples(self, tok: Tokenizer, template: ChatTemplate, data: PreferenceData) -> dict[str, list]:
-        return {k: [pair_examples(p, template, tok) for p in v] for k, v in splits(data, "preferences").items()}
-
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
-        tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
-        pairs = {k: fitting(v, [max(len(c.ids), len(r.ids)) for c, r in v], model["context"] + 1, "pair") if v else v
-                 for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
-        build = self.builder(req, model, adapter)
-        config = self.run_config(req, model, adapter)
-        return Prepared(Pairs(pairs), lambda: RewardObjective(build()), config, state=pairs["test"])
+        e = self.encoded(req)
+        build = self.builder(req, e.model, e.adapter)
+        config = self.run_config(req, e.model, e.adapter)
+        return Prepared(Pairs(e.parts), lambda: RewardObjective(build()), config, state=e.parts["test"])
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         return pair_accuracy(inner(s.raw), prepared.state) if prepared.state else None

@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.data.chat import ChatTemplate
-from attnlab.data.finetune import ChatData, fitting, splits
+from attnlab.data.finetune import ChatData, splits
 from attnlab.data.supervised import Example, Supervised, encode
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.tokenizers import Tokenizer
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.nn.objective import inner
-from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting
 
@@ -30,6 +29,7 @@ class SupervisedFineTuning(Adapting):
                    "built-in generated instructions, or a JSON/JSONL file of conversations.")  # fmt: skip
     noun = "a fine-tuned (sft)"
     data_config = ChatData
+    unit = "conversation"
 
     def examples(self, tok: Tokenizer, template: ChatTemplate, data: ChatData) -> dict[str, list[Example]]:
         return {
@@ -37,13 +37,10 @@ class SupervisedFineTuning(Adapting):
         }
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
-        tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
-        encoded = {k: fitting(v, [len(e.ids) for e in v], model["context"], "conversation") if v else v
-                   for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
+        e = self.encoded(req)
         test = splits(req.data, "instructions")["test"]
-        return Prepared(Supervised(encoded), self.builder(req, model, adapter), self.run_config(req, model, adapter),
-                        state=(tok, template, test))  # fmt: skip
+        return Prepared(Supervised(e.parts), self.builder(req, e.model, e.adapter),
+                        self.run_config(req, e.model, e.adapter), state=(e.tok, e.template, test))  # fmt: skip
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state
