@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import pytest
 
 from attnlab.data.conversations import Message, RowError, kind_of, read_conversations, read_preferences
 from attnlab.data.instructions import in_test, instructions, preferences
-from attnlab.data.numbers import english
 
 U, A, S = "user", "assistant", "system"
 
@@ -79,22 +79,30 @@ def test_preferences_need_both_answers(tmp_path):
         read_preferences(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "completion": "b"}]))
 
 
-def right_answer(turns: list[str]) -> str:
-    """The answer to the generated questions, worked out independently of the generator."""
-    q = turns[-1]
-    if m := re.fullmatch(r"And times (\d+)\?", q):
-        a, b = map(int, re.fullmatch(r"What is (\d+) \+ (\d+)\?", turns[0]).groups())
-        return str((a + b) * int(m.group(1)))
-    if m := re.fullmatch(r"What is (\d+) \+ (\d+)\?", q):
-        return str(int(m.group(1)) + int(m.group(2)))
-    if m := re.fullmatch(r"Write (\d+) in words\.", q):
-        return english(int(m.group(1)))
-    if m := re.fullmatch(r'Spell "(\w+)" backwards\.', q):
-        return "".join(reversed(m.group(1)))
-    if m := re.fullmatch(r'How many letters are in "(\w+)"\?', q):
-        return str(len(m.group(1)))
-    a, b = map(int, re.fullmatch(r"Which is larger, (\d+) or (\d+)\?", q).groups())
-    return str(max(a, b))
+DIGITS = "zero one two three four five six seven eight nine".split()
+# The kinds of generated question, each with its answer worked out independently of the generator:
+# (pattern of the last user turn, answer from its groups and the first user turn).
+QUESTIONS = {
+    "reverse": (r'Reverse "([a-z]+)"\.', lambda g, first: "".join(reversed(g[0]))),
+    "capitals": (r'Write "([a-z]+)" in capitals\.', lambda g, first: "".join(chr(ord(c) - 32) for c in g[0])),
+    "first": (r'First letter of "([a-z]+)"\?', lambda g, first: g[0][:1]),
+    "last": (r'Last letter of "([a-z]+)"\?', lambda g, first: g[0][-1:]),
+    "length": (r'How many letters in "([a-z]+)"\?', lambda g, first: str(len(g[0]))),
+    "after": (r"What comes after (\d+)\?", lambda g, first: str(int(g[0]) + 1)),
+    "larger": (r"Which is larger, (\d+) or (\d+)\?", lambda g, first: g[0] if int(g[0]) > int(g[1]) else g[1]),
+    "digits": (r"Say (\d+) digit by digit\.", lambda g, first: " ".join(DIGITS[int(d)] for d in g[0])),
+    "the last too": (r"And the last\?", lambda g, first: re.fullmatch(r'First letter of "([a-z]+)"\?', first)[1][-1]),
+    "after that": (r"And after that\?",
+                   lambda g, first: str(int(re.fullmatch(r"What comes after (\d+)\?", first)[1]) + 2)),
+}  # fmt: skip
+
+
+def kind_and_answer(turns: list[str]) -> tuple[str, str]:
+    """The kind of a generated question (its user turns) and its right answer."""
+    for kind, (pattern, answer) in QUESTIONS.items():
+        if m := re.fullmatch(pattern, turns[-1]):
+            return kind, answer(m.groups(), turns[0])
+    raise AssertionError(f"not a generated question: {turns}")
 
 
 def test_the_built_in_instructions_are_right_and_their_splits_disjoint():
@@ -104,12 +112,21 @@ def test_the_built_in_instructions_are_right_and_their_splits_disjoint():
     assert all(in_test("\n".join(key(c))) for c in test) and not any(in_test("\n".join(key(c))) for c in train)
     for c in train + test:
         users = [m.content for m in c.messages if m.role == U]
-        assert c.messages[-1] == Message(A, right_answer(users))
+        assert c.messages[-1] == Message(A, kind_and_answer(users)[1])
+        if len(users) == 2:  # a follow-up: the first turn is answered rightly too
+            assert c.messages[1] == Message(A, kind_and_answer(users[:1])[1])
     assert instructions("test", 50, seed=3) == instructions("test", 50, seed=3)
-    assert any(len(c.messages) == 4 for c in test)  # follow-ups are there
+    assert instructions("test", 50, seed=3) != instructions("test", 50, seed=4)
+
+
+def test_every_kind_has_a_fair_share_of_the_test_questions():
+    counts = Counter(kind_and_answer([m.content for m in c.messages if m.role == U])[0]
+                     for c in instructions("test", 300, seed=1))  # fmt: skip
+    assert set(counts) == set(QUESTIONS) and min(counts.values()) >= 300 / len(QUESTIONS) / 2, counts
 
 
 def test_preferences_choose_the_right_answer_over_a_near_miss():
-    for p in preferences("test", 200):
+    for p in preferences("test", 300) + preferences("train", 300, seed=2):
         users = [m.content for m in p.prompt if m.role == U]
-        assert p.chosen[0].content == right_answer(users) != p.rejected[0].content
+        right = kind_and_answer(users)[1]
+        assert p.chosen[0].content == right != p.rejected[0].content and p.rejected[0].content

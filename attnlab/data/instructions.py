@@ -1,64 +1,134 @@
 """Built-in instruction data, generated (nothing downloaded): small tasks with one checkable answer,
-that a tiny model can learn on a CPU, and preference pairs made from them.
+that a tiny character-level model can learn on a CPU, and preference pairs made from them.
 
-    What is 17 + 25?                       42
-    Write 73 in words.                     seventy-three
-    Spell "house" backwards.               esuoh
-    How many letters are in "garden"?      6
+    Reverse "kxqp".                        pqxk
+    Write "kxq" in capitals.               KXQ
+    First letter of "kxqp"?                k
+    Last letter of "kxqp"?                 p
+    How many letters in "kxqp"?            4
+    What comes after 399?                  400
     Which is larger, 31 or 13?             31
-    What is 3 + 4?  7  And times 2?  14    (a follow-up: two user turns, two answers)
+    Say 307 digit by digit.                three zero seven
+    First letter of "abc"?  a  And the last?       c     (follow-ups: two user turns, two answers;
+    What comes after 19?  20  And after that?     21      the second answer needs the first turn)
 
-Every question is drawn from a seeded generator; a question lies in the test split when a hash of its
-text says so (about one in eight), so the splits never share a question, whatever the seed or size.
-A preference pair keeps the right answer as chosen and a near miss as rejected (off by one, two
-letters swapped, the other number).
+Every kind draws from a large space (random letter strings, numbers to 999), so that a hash of the
+question text can put about one question in eight into the test split and every kind still has its
+fair share of test questions that training never saw: the model has to learn the rule, not the
+answers. The splits never share a question, whatever the seed or size. The kinds are ones a 4 x 128
+character-level GPT learns from scratch in about 800 steps (sums of two-digit numbers, tried, were
+not). A preference pair keeps the right answer as chosen and a near miss as rejected (two letters
+swapped, one letter left small or moved on, off by one, the other number, one digit read wrong); a
+near miss always differs from the right answer.
 """
 
 from __future__ import annotations
 
 import random
+import string
 import zlib
 from collections.abc import Callable
 
 from attnlab.data.conversations import Conversation, Message, Preference
-from attnlab.data.numbers import english
+from attnlab.data.numbers import ONES
 
-WORDS = ("cat", "house", "garden", "river", "window", "planet", "bottle", "candle", "forest", "market", "pencil",
-         "rabbit", "silver", "tunnel", "yellow", "orange", "bridge", "castle", "dragon", "engine", "flower", "guitar",
-         "island", "jacket", "kitten", "ladder", "mirror", "needle", "pepper", "rocket", "saddle", "ticket", "violin",
-         "wallet", "zipper", "anchor", "basket", "cookie", "desert", "feather")  # fmt: skip
 TEST_SHARE = 8  # one question in 8 is a test question
 
-
-def _sum(rng: random.Random) -> tuple[str, str, str]:
-    a, b = rng.randint(0, 49), rng.randint(0, 49)
-    return f"What is {a} + {b}?", str(a + b), str(a + b + rng.choice((-1, 1)))
+Turns = tuple[Message, ...]
+Example = tuple[Turns, str, str]  # (the turns before the answer, the right answer, a near miss)
 
 
-def _words(rng: random.Random) -> tuple[str, str, str]:
-    n = rng.randint(1, 99)
-    return f"Write {n} in words.", english(n), english(n + 1 if n < 99 else n - 1)
+def _letters(rng: random.Random, low: int = 3, high: int = 6) -> str:
+    """A random lowercase string: the question space is large, so test strings are unseen ones."""
+    return "".join(rng.choices(string.ascii_lowercase, k=rng.randint(low, high)))
 
 
-def _backwards(rng: random.Random) -> tuple[str, str, str]:
-    w = rng.choice(WORDS)
-    right = w[::-1]
-    i = rng.randrange(len(w) - 1)
-    near = right[:i] + right[i + 1] + right[i] + right[i + 2 :] if right[i] != right[i + 1] else right[1:]
-    return f'Spell "{w}" backwards.', right, near
+def _other_letter(c: str) -> str:
+    """The letter after `c` in the alphabet (z wraps to a), in c's case: a near miss of one letter."""
+    alphabet = string.ascii_uppercase if c.isupper() else string.ascii_lowercase
+    return alphabet[(alphabet.index(c) + 1) % 26]
 
 
-def _count(rng: random.Random) -> tuple[str, str, str]:
-    w = rng.choice(WORDS)
-    return f'How many letters are in "{w}"?', str(len(w)), str(len(w) + rng.choice((-1, 1)))
+def _swapped(text: str, rng: random.Random) -> str:
+    """`text` with two neighbouring letters that differ swapped, or one letter changed if none differ."""
+    spots = [i for i in range(len(text) - 1) if text[i] != text[i + 1]]
+    if not spots:
+        return _other_letter(text[0]) + text[1:]
+    i = rng.choice(spots)
+    return text[:i] + text[i + 1] + text[i] + text[i + 2 :]
 
 
-def _larger(rng: random.Random) -> tuple[str, str, str]:
-    a, b = rng.sample(range(1, 100), 2)
-    return f"Which is larger, {a} or {b}?", str(max(a, b)), str(min(a, b))
+def _off_by_one(n: int, rng: random.Random) -> str:
+    return str(n + 1 if n == 0 else n + rng.choice((-1, 1)))
 
 
-SINGLE: tuple[Callable[[random.Random], tuple[str, str, str]], ...] = (_sum, _words, _backwards, _count, _larger)
+def _one(question: str) -> Turns:
+    return (Message("user", question),)
+
+
+def _reverse(rng: random.Random) -> Example:
+    w = _letters(rng, 3, 5)
+    return _one(f'Reverse "{w}".'), w[::-1], _swapped(w[::-1], rng)
+
+
+def _capitals(rng: random.Random) -> Example:
+    w = _letters(rng, 3, 5)
+    i = rng.randrange(len(w))  # the near miss leaves one letter small
+    return _one(f'Write "{w}" in capitals.'), w.upper(), w.upper()[:i] + w[i] + w.upper()[i + 1 :]
+
+
+def _first(rng: random.Random) -> Example:
+    w = _letters(rng)
+    return _one(f'First letter of "{w}"?'), w[0], _other_letter(w[0])
+
+
+def _last(rng: random.Random) -> Example:
+    w = _letters(rng)
+    return _one(f'Last letter of "{w}"?'), w[-1], _other_letter(w[-1])
+
+
+def _length(rng: random.Random) -> Example:
+    w = _letters(rng, 2, 9)
+    return _one(f'How many letters in "{w}"?'), str(len(w)), _off_by_one(len(w), rng)
+
+
+def _after(rng: random.Random) -> Example:
+    n = rng.randint(0, 998)
+    return _one(f"What comes after {n}?"), str(n + 1), str(n + 2)
+
+
+def _larger(rng: random.Random) -> Example:
+    a, b = rng.sample(range(100), 2)
+    return _one(f"Which is larger, {a} or {b}?"), str(max(a, b)), str(min(a, b))
+
+
+def _digits(rng: random.Random) -> Example:
+    """A number read out digit by digit: words for numbers that a small model can compose."""
+    n = str(rng.randint(0, 999))
+    i = rng.randrange(len(n))  # the near miss reads one digit as the next one
+    near = n[:i] + str((int(n[i]) + 1) % 10) + n[i + 1 :]
+    say = lambda digits: " ".join(ONES[int(d)] for d in digits)
+    return _one(f"Say {n} digit by digit."), say(n), say(near)
+
+
+def _first_then_last(rng: random.Random) -> Example:
+    """First letter of "abc"? / a / And the last? -> c: the second answer needs the first turn's word."""
+    w = _letters(rng)
+    turns = (*_one(f'First letter of "{w}"?'), Message("assistant", w[0]), Message("user", "And the last?"))
+    return turns, w[-1], _other_letter(w[-1])
+
+
+def _after_then_after(rng: random.Random) -> Example:
+    """What comes after n? / n+1 / And after that? -> n+2: the second answer needs the first turn."""
+    n = rng.randint(0, 997)
+    turns = (*_one(f"What comes after {n}?"), Message("assistant", str(n + 1)), Message("user", "And after that?"))
+    return turns, str(n + 2), str(n + 1)
+
+
+# Each kind is drawn equally often, so a test set holds them in about equal shares.
+KINDS: tuple[Callable[[random.Random], Example], ...] = (
+    _reverse, _capitals, _first, _last, _length, _after, _larger, _digits, _first_then_last, _after_then_after,
+)  # fmt: skip
 
 
 def in_test(question: str) -> bool:
@@ -66,29 +136,13 @@ def in_test(question: str) -> bool:
     return zlib.crc32(question.encode()) % TEST_SHARE == 0
 
 
-def _follow_up(rng: random.Random) -> tuple[tuple[Message, ...], str, str]:
-    """What is a + b? / a+b / And times k? -> (a+b)*k: the second answer needs the first turn."""
-    a, b, k = rng.randint(0, 20), rng.randint(0, 20), rng.randint(2, 3)
-    first = f"What is {a} + {b}?"
-    turns = (Message("user", first), Message("assistant", str(a + b)), Message("user", f"And times {k}?"))
-    return turns, str((a + b) * k), str((a + b) * k + rng.choice((-1, 1)))
-
-
-def _example(rng: random.Random) -> tuple[tuple[Message, ...], str, str]:
-    """(the turns before the answer, the right answer, a near miss); one in six a follow-up."""
-    if rng.randrange(6) == 0:
-        return _follow_up(rng)
-    question, right, near = rng.choice(SINGLE)(rng)
-    return (Message("user", question),), right, near
-
-
-def _examples(split: str, n: int, seed: int) -> list[tuple[tuple[Message, ...], str, str]]:
+def _examples(split: str, n: int, seed: int) -> list[Example]:
     """n distinct examples of `split` (train or test), drawn until there are enough."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
     rng, seen, out = random.Random(seed), set(), []
-    for _ in range(100 * n + 10_000):  # a bound: the questions are finitely many
-        turns, right, near = _example(rng)
+    for _ in range(100 * n + 10_000):  # a bound, should someone ask for more questions than there are
+        turns, right, near = rng.choice(KINDS)(rng)
         key = "\n".join(m.content for m in turns)
         if in_test(key) == (split == "test") and key not in seen:
             seen.add(key)
