@@ -29,14 +29,16 @@ from attnlab.tasks.reward import best_of
 
 # The base: a small character GPT whose context holds a conversation, pretrained briefly.
 BASE_MODEL = GPTConfig(n_layer=4, n_head=4, d_model=128, context=256, dropout=0.0)
-BASE_TRAIN = dict(lr=2e-3, batch_size=32, warmup_steps=50, max_steps=100_000, eval_interval=200, eval_batches=4,
-                  time_budget="60s", min_steps=100)  # fmt: skip
-# Each stage's training: a time budget with a floor of steps under it (a busy machine trains on).
-SFT_TRAIN = dict(lr=2e-3, batch_size=32, warmup_steps=50, max_steps=100_000, eval_interval=200, eval_batches=4,
-                 weight_decay=0.0, time_budget="4m", min_steps=700)  # fmt: skip
-DPO_TRAIN = dict(lr=2e-4, batch_size=16, warmup_steps=10, max_steps=100_000, eval_interval=100, eval_batches=2,
-                 weight_decay=0.0, time_budget="60s", min_steps=100)  # fmt: skip
-REWARD_TRAIN = dict(DPO_TRAIN, lr=5e-4)
+BASE_TRAIN = dict(lr=2e-3, batch_size=32, warmup_steps=20, max_steps=100, eval_interval=50, eval_batches=4)
+# SFT: Muon on the blocks' matrices (AdamW alone reached 61% exact in the same 800 steps, Muon 93%:
+# reversing and capitalizing unseen strings are what it learns faster), no weight decay.
+SFT_TRAIN = dict(optimizer="muon", lr=3e-3, muon_lr=0.02, batch_size=32, warmup_steps=50, max_steps=800,
+                 weight_decay=0.0, eval_interval=200, eval_batches=4)  # fmt: skip
+DPO_TRAIN = dict(lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_decay=0.0, eval_interval=50,
+                 eval_batches=2)  # fmt: skip
+# The reward model: a new head on the sft model (3e-4 for 200 steps ranked 57.5% of held-out pairs
+# right, 1e-3 for 300 steps 69%, and 4x the pairs no better).
+REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
 BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
 SAMPLED = 100  # of them, answered by plain sampling and by best-of-8
