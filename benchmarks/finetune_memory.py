@@ -59,7 +59,7 @@ def vm(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def one(name: str, base: str, out: str, steps: int, batch: int) -> None:
+def one(name: str, base: str, out: str, steps: int, batch: int, accum: int) -> None:
     """Child process: one fine-tuning, its figures as one JSON line on stdout."""
     import torch
 
@@ -89,8 +89,8 @@ def one(name: str, base: str, out: str, steps: int, batch: int) -> None:
     train_mod.start = measured_start
     import attnlab
 
-    cfg = TrainConfig(max_steps=steps, batch_size=batch, eval_interval=steps, eval_batches=1, warmup_steps=2,
-                      lr=1e-3, weight_decay=0.0, device="cpu", dtype="float32")  # fmt: skip
+    cfg = TrainConfig(max_steps=steps, batch_size=batch, grad_accum=accum, eval_interval=steps, eval_batches=1,
+                      warmup_steps=2, lr=1e-3, weight_decay=0.0, device="cpu", dtype="float32")  # fmt: skip
     data = ChatData(examples=400, test_examples=8)
     attnlab.train(out, None, cfg, data, init=base, task="sft", progress=False, **ROWS[name])
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -106,23 +106,25 @@ def main() -> None:
     ap.add_argument("--base", help="a run (or HuggingFace folder) to start from instead of a random base")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--grad-accum", type=int, default=8, help="micro-batches per step (8: one conversation each)")
     ap.add_argument("--only", nargs="+", choices=list(ROWS), default=list(ROWS))
     ap.add_argument("--one", choices=list(ROWS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        one(args.one, args.base, args.out, args.steps, args.batch_size)
+        one(args.one, args.base, args.out, args.steps, args.batch_size, args.grad_accum)
         return
     with tempfile.TemporaryDirectory() as tmp:
         base = args.base or str(make_base(Path(tmp) / "base", args.preset))
-        print(f"CPU: {cpu_name()}; base {args.base or 'random ' + args.preset}; {args.steps} steps of "
-              f"batch {args.batch_size}, float32, 2 threads", flush=True)  # fmt: skip
+        print(f"CPU: {cpu_name()}; base {args.base or 'random ' + args.preset}; {args.steps} steps of batch "
+              f"{args.batch_size} in {args.grad_accum} micro-batches, float32, 2 threads", flush=True)  # fmt: skip
         print("| | trainable parameters | peak memory, loading | peak memory, training | tokens/s | loss |")
         print("|---|---:|---:|---:|---:|---:|")
         results = {}
         for name in args.only:
             cmd = [sys.executable, __file__, "--one", name, "--base", base, "--out", f"{tmp}/{name}",
-                   "--steps", str(args.steps), "--batch-size", str(args.batch_size)]  # fmt: skip
+                   "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+                   "--grad-accum", str(args.grad_accum)]  # fmt: skip
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{name} failed:\n{done.stderr[-2000:]}")

@@ -26,7 +26,7 @@ from attnlab.models import build_model
 from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
 from attnlab.nn.quantize import quantize_model
 from attnlab.runs.folder import WEIGHTS, check_run_dir, is_run, read_run_config
-from attnlab.runs.weights import load_state, load_weights
+from attnlab.runs.weights import load_state, load_streamed, load_weights
 
 ADAPTER = "adapter"
 CHAT_TEMPLATE = "chat_template.json"
@@ -79,7 +79,10 @@ def build_base(base: str | Path, family: str, model: dict[str, Any], quantize: s
     (int8, nf4) when asked."""
     path = as_run(base)
     net = build_model(family, model)
-    load_state(net, base_weights(path), path / WEIGHTS, new=new)
+    if adapter_of(read_run_config(path)) is None:  # a whole weights file: read a tensor at a time
+        load_streamed(net, path / WEIGHTS, new)
+    else:
+        load_state(net, base_weights(path), path / WEIGHTS, new=new)
     if quantize:
         quantize_model(net, quantize)
     return net
