@@ -83,10 +83,16 @@ def one(name: str, base: str, out: str, steps: int, batch: int, accum: int) -> N
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         return s
 
-    session.start = measured_start
     import attnlab.engine.train as train_mod
 
-    train_mod.start = measured_start
+    loop = train_mod.loop
+
+    def measured_loop(*args, **kw):  # the training steps' peak, before the test split is scored
+        result = loop(*args, **kw)
+        marks["train_peak"] = vm("VmHWM")
+        return result
+
+    train_mod.start, train_mod.loop = measured_start, measured_loop
     import attnlab
 
     cfg = TrainConfig(max_steps=steps, batch_size=batch, grad_accum=accum, eval_interval=steps, eval_batches=1,
@@ -97,7 +103,7 @@ def one(name: str, base: str, out: str, steps: int, batch: int, accum: int) -> N
     steps_rows = [r for r in rows if "loss" in r]
     rate = statistics.median(r["tokens_per_s"] for r in steps_rows[1:])  # the first step warms up
     last = statistics.mean(r["loss"] for r in steps_rows[-3:])
-    print(json.dumps({"name": name, **marks, "train_peak": vm("VmHWM"), "tokens_per_s": rate, "loss": last}))
+    print(json.dumps({"name": name, **marks, "tokens_per_s": rate, "loss": last}))
 
 
 def main() -> None:

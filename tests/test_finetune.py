@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -241,3 +242,22 @@ def test_the_chat_demo_chains_the_tasks(base, tmp_path, monkeypatch, capsys):
         assert (tmp_path / "chat" / run / "eval.json").is_file()
     assert "exact answers on 4 held-out instructions: before" in out and "best of 2 by the reward model" in out
     assert not (tmp_path / "chat" / "base").exists()  # --base reused, not pretrained
+
+
+def test_a_base_read_a_tensor_at_a_time_checks_what_load_checks(base, tmp_path):
+    from attnlab.io import write_safetensors
+    from attnlab.runs.weights import load_streamed
+
+    model = json.loads((base / "config.json").read_text())["model"]
+    tensors, _ = read_safetensors(base / "model.safetensors")
+    streamed, whole = build_base(base, "gpt", model), attnlab.load(base).model
+    assert all(torch.equal(streamed.state_dict()[k], whole.state_dict()[k]) for k in whole.state_dict())
+    cases = {"nan": {**tensors, "norm.weight": torch.full_like(tensors["norm.weight"], float("nan"))},
+             "shape": {**tensors, "norm.weight": torch.ones(3)},
+             "missing": {k: v for k, v in tensors.items() if k != "norm.weight"}}  # fmt: skip
+    says = {"nan": "NaN or infinite values (first in norm.weight)", "shape": "norm.weight is (3,)",
+            "missing": "missing ['norm.weight']"}  # fmt: skip
+    for name, bad in cases.items():
+        write_safetensors(tmp_path / f"{name}.safetensors", bad, {})
+        with pytest.raises(attnlab.AttnlabError, match=re.escape(says[name])):
+            load_streamed(build_base(base, "gpt", model), tmp_path / f"{name}.safetensors")

@@ -28,12 +28,15 @@ def state_dict_api() -> ModuleType:
 def model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole weights of a plain or FSDP-sharded model (every process must call it under
     FSDP; rank 0 gets them), each stored once: a tied weight only under its first name."""
-    api = state_dict_api()
-    options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = inner(model)  # an objective's (DPO's, a reward model's) weights are its model's
-    weights = api.get_model_state_dict(model, options=options)
     if has_lora(model):  # a LoRA run saves what trains; its frozen base is the base run's
         keep = trained_names(model)
+        if not any(hasattr(p, "full_tensor") for p in model.parameters()):  # unsharded: only those, not a
+            return {k: v.detach().cpu() for k, v in model.state_dict().items() if k in keep}  # whole copy
+    api = state_dict_api()
+    options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = api.get_model_state_dict(model, options=options)
+    if has_lora(model):
         return {k: v for k, v in weights.items() if k in keep}
     tied = tied_names(model)  # once: asked per tensor, it made a save quadratic in depth (152 s at 500 layers)
     return {k: v for k, v in weights.items() if k not in tied}
