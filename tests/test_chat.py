@@ -14,6 +14,7 @@ import attnlab
 from attnlab import load
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Message
+from attnlab.data.finetune import ChatData
 from attnlab.decoding import chat as chat_module
 from attnlab.decoding.chat import answers, stream_answer
 from attnlab.decoding.dialogue import PROMPT, Dialogue, talk, trimmed
@@ -76,6 +77,11 @@ def runs(tmp_path_factory):
         shutil.copytree(root / "llama", root / name)
     write_template(root / "llama", ChatTemplate(LLAMA3, BOS, "<|eot_id|>"))
     write_template(root / "strict", ChatTemplate(STRICT))
+    with pytest.MonkeyPatch.context() as mp:  # an sft run (LoRA) from "llama": it keeps Llama 3's template
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        data = ChatData(examples=16, test_examples=2)
+        attnlab.train(root / "sft", None, tiny_train(max_steps=2, eval_interval=2), data, init=root / "llama",
+                      task="sft", lora_rank=2, progress=False)  # fmt: skip
     run = load(root / "cut", "cpu")
     raw = "".join(stream_text(run.model, run.tokenizer, ChatTemplate(CUT, BOS).prompt([Message("user", QUESTION)]),
                               max_new_tokens=LENGTH, temperature=1.0, seed=SEED))  # fmt: skip
@@ -87,7 +93,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(runs):
     root = runs[0]
-    with running(create_app([root / name for name in ("llama", "chatml", "cut", "strict")])) as url:
+    with running(create_app([root / name for name in ("llama", "chatml", "cut", "strict", "sft")])) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -103,7 +109,7 @@ def test_v1_chat_prompts_with_each_run_s_own_template(client, runs):
     turns = [Message("system", "Be terse."), Message("user", QUESTION)]
     asked = [{"role": m.role, "content": m.content} for m in turns]
     counts = {}
-    for name in ("llama", "chatml"):
+    for name in ("llama", "chatml", "sft"):
         run = load(runs[0] / name, "cpu")
         template = run_template(run.path)
         r = client.chat.completions.create(model=name, messages=asked, max_tokens=10, seed=3, **PLAIN)
@@ -117,6 +123,7 @@ def test_v1_chat_prompts_with_each_run_s_own_template(client, runs):
         assert again.choices[0].message.content == expected and again.usage.prompt_tokens == counts[name]
     old = len(run.tokenizer.encode(f"System: Be terse.\nUser: {QUESTION}\nAssistant:"))
     assert len({counts["llama"], counts["chatml"], old}) == 3  # a server on another template would fail above
+    assert counts["sft"] == counts["llama"]  # the sft run answers in the template it was trained with
     assert counts["llama"] == len("<|begin_of_text|>") + 2 * len("<|start_header_id|><|end_header_id|>\n\n<|eot_id|>") \
         + len("systemBe terse.user" + QUESTION) + len("<|start_header_id|>assistant<|end_header_id|>\n\n")  # fmt: skip
 
