@@ -141,7 +141,8 @@ def test_generate_config_fields_match_generate_text():
 
     from attnlab.decoding.sampling import GenerateConfig, stream_text
 
-    params = set(inspect.signature(stream_text).parameters) - {"model", "tokenizer", "on_token"}  # a callback
+    # on_token: a callback; stop_token: an id, which chat passes (the tokenizer's end of text), not a flag
+    params = set(inspect.signature(stream_text).parameters) - {"model", "tokenizer", "on_token", "stop_token"}
     assert {f.name for f in dataclasses.fields(GenerateConfig)} == params
 
 
