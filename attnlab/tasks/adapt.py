@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,7 @@ class Adapting(Task):
 
     models = {"gpt": ModelChoice("gpt", GPTConfig)}
     default_model = "gpt"
+    set_by_data = frozenset(f.name for f in fields(GPTConfig))  # the --init model's, all of them: no flags
     options = AdaptOptions
     generates = True
     endpoint = "/api/generate"
