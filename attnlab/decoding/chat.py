@@ -14,7 +14,7 @@ from typing import Any
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Message
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.sampling import seed_of, stream_text
+from attnlab.decoding.sampling import read_together, seed_of, stream_text
 from attnlab.models.protocols import CausalLM
 
 
@@ -32,13 +32,6 @@ def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversatio
     """The next assistant turn of each conversation, decoded together; conversation i samples with
     seed + i (greedy with temperature=0)."""
     base = seed_of(seed)
-    streams: list[Iterator[str] | None] = [stream_answer(model, tok, template, m, seed=base + i, **kw)
-                                           for i, m in enumerate(conversations)]  # fmt: skip
-    texts = [""] * len(streams)
-    while any(s is not None for s in streams):  # one piece of each in turn: the engine steps all rows at once
-        for i, s in enumerate(streams):
-            if s is not None:
-                piece = next(s, None)
-                texts[i] += piece or ""
-                streams[i] = s if piece is not None else None
+    texts = read_together([stream_answer(model, tok, template, m, seed=base + i, **kw)
+                           for i, m in enumerate(conversations)])  # fmt: skip
     return [t.strip() for t in texts]

@@ -33,7 +33,7 @@ from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
 
 __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "generate_text", "next_token",
-           "next_tokens", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
+           "next_tokens", "read_together", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
 
 
 @dataclass
@@ -162,16 +162,20 @@ def sample_texts(
     stream_text gives with that seed), each cut at its own `stop`. Other keyword arguments (length,
     temperature, top-k/top-p, stop, use_cache, dtype) as in `stream_text`."""
     base = seed_of(seed)
-    streams = [stream_text(model, tokenizer, prompt, seed=base + i, **kw) for i in range(num_samples)]
-    texts = [""] * num_samples
-    while streams:  # the engine decodes every row each turn: reading them in turn never waits long
-        for i, pieces in enumerate(streams):
-            if pieces is not None:
-                piece = next(pieces, None)
+    return read_together([stream_text(model, tokenizer, prompt, seed=base + i, **kw) for i in range(num_samples)])
+
+
+def read_together(streams: list[Iterator[str]]) -> list[str]:
+    """The whole text of each stream, read one piece of each in turn: the engine decodes every row
+    each turn, so reading them in turn never waits long."""
+    texts = [""] * len(streams)
+    live: list[Iterator[str] | None] = list(streams)
+    while any(s is not None for s in live):
+        for i, s in enumerate(live):
+            if s is not None:
+                piece = next(s, None)
                 texts[i] += piece or ""
-                streams[i] = pieces if piece is not None else None
-        if all(p is None for p in streams):
-            break
+                live[i] = s if piece is not None else None
     return texts
 
 
