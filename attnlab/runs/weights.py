@@ -72,14 +72,22 @@ def first_not_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     return next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
+def _diverged(path: Path, name: str) -> AttnlabError:
+    return AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {name}): this run diverged; "
+                        "train it again, with a lower --lr")  # fmt: skip
+
+
+def _misfit(path: Path, missing: list[str], unexpected: list[str]) -> AttnlabError:
+    return AttnlabError(f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
 def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, new: Collection[str] = ()) -> None:
     """model.load_state_dict that reports a mismatch, or a weight that is not a finite number, as one
     line. Tied weights may be absent, and those named in `new` (a head the file's model has not got)."""
     model = inner(model)
     bad = first_not_finite(tensors)
     if bad is not None:
-        raise AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {bad}): this run diverged; "
-                           "train it again, with a lower --lr")  # fmt: skip
+        raise _diverged(path, bad)
     try:
         result = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shapes that do not fit
@@ -88,9 +96,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, n
     keep = trained_names(model) if has_lora(model) else None  # a LoRA run's file: what trains alone
     missing = [k for k in result.missing_keys if k not in tied and k not in new and (keep is None or k in keep)]
     if missing or result.unexpected_keys:
-        raise AttnlabError(
-            f"{path}: weights do not fit the model (missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"
-        )
+        raise _misfit(path, missing, result.unexpected_keys)
 
 
 def load_streamed(model: nn.Module, path: Path, new: Collection[str] = ()) -> None:
@@ -101,19 +107,17 @@ def load_streamed(model: nn.Module, path: Path, new: Collection[str] = ()) -> No
     skip = tied_names(model) | set(new)
     try:
         with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            missing, unexpected = sorted(set(own) - names - skip), sorted(names - set(own))
+            names = list(f.keys())  # the file's order: the first bad tensor is the one load_state names
+            missing, unexpected = sorted(set(own) - set(names) - skip), sorted(set(names) - set(own))
             if missing or unexpected:
-                raise AttnlabError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
-                                   f"unexpected {unexpected[:3]})")  # fmt: skip
+                raise _misfit(path, missing, unexpected)
             for name in names:
                 t = f.get_tensor(name)
                 if t.shape != own[name].shape:
                     raise AttnlabError(f"{path}: weights do not fit the model ({name} is {tuple(t.shape)}, "
                                        f"the model's {tuple(own[name].shape)})")  # fmt: skip
                 if first_not_finite({name: t}):
-                    raise AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {name}): "
-                                       "this run diverged; train it again, with a lower --lr")  # fmt: skip
+                    raise _diverged(path, name)
                 with torch.no_grad():
                     own[name].copy_(t)
     except (SafetensorError, OSError) as e:
