@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnlab.data.chat import ChatTemplate
 from attnlab.errors import AttnlabError
-from attnlab.io import read_json, read_safetensors
+from attnlab.io import read_json
 from attnlab.models import build_model
 from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
 from attnlab.nn.quantize import quantize_model
@@ -56,15 +56,12 @@ def adapter_of(config: dict[str, Any]) -> dict[str, Any] | None:
     return adapter
 
 
-def base_weights(base: Path) -> dict[str, Tensor]:
-    """The whole weights of the run `base`: its weights file, or for a LoRA run the adapters merged
-    into its float base (a run fine-tuned from it starts from what it computes)."""
-    config = read_run_config(base)
-    adapter = adapter_of(config)
-    if adapter is None:
-        return read_safetensors(base / WEIGHTS)[0]
-    if adapter.get("quantize_base"):
-        raise AttnlabError(f"{base} is a LoRA run on a {adapter['quantize_base']} base: merge it first "
+def merged_weights(base: Path, config: dict[str, Any]) -> dict[str, Tensor]:
+    """The whole weights of the LoRA run `base` (its config.json `config`): the adapters merged into
+    its float base, so that a run fine-tuned from it starts from what it computes."""
+    quantized = adapter_of(config).get("quantize_base")
+    if quantized:
+        raise AttnlabError(f"{base} is a LoRA run on a {quantized} base: merge it first "
                            f"(attnlab merge {base} --out DIR) and start from DIR")  # fmt: skip
     net = build_adapted(config)
     load_weights(net, base / WEIGHTS)
@@ -78,13 +75,24 @@ def build_base(base: str | Path, family: str, model: dict[str, Any], quantize: s
     `base` (all but those named in `new`: a head the base has not got), its block matrices quantized
     (int8, nf4) when asked."""
     path = as_run(base)
+    config = read_run_config(path)
     net = build_model(family, model)
-    if adapter_of(read_run_config(path)) is None:  # a whole weights file: read a tensor at a time
+    if adapter_of(config) is None:  # a whole weights file: read a tensor at a time
         load_streamed(net, path / WEIGHTS, new)
     else:
-        load_state(net, base_weights(path), path / WEIGHTS, new=new)
+        load_state(net, merged_weights(path, config), path / WEIGHTS, new=new)
     if quantize:
         quantize_model(net, quantize)
+    return net
+
+
+def with_adapters(net: nn.Module, adapter: dict[str, Any]) -> nn.Module:
+    """LoRA adapters (B = 0) on `net` as config.json's adapter section says, and what it trains beside
+    them (`also`: a new head) trainable again."""
+    add_lora(net, LoRAConfig(**adapter["lora"]))
+    params = dict(net.named_parameters())
+    for name in adapter.get("also", []):
+        params[name].requires_grad_(True)
     return net
 
 
@@ -93,16 +101,12 @@ def build_adapted(config: dict[str, Any]) -> nn.Module:
     run it names, or (that run gone, e.g. a cleared cache) what --init named, read again."""
     adapter = adapter_of(config)
     base = adapter["base"] if Path(adapter["base"]).is_dir() else config.get("init") or adapter["base"]
-    also = adapter.get("also", [])
     try:
-        net = build_base(base, config["family"], config["model"], adapter.get("quantize_base"), also)
+        net = build_base(base, config["family"], config["model"], adapter.get("quantize_base"),
+                         adapter.get("also", []))  # fmt: skip
     except AttnlabError as e:
         raise AttnlabError(f"this LoRA run's base {base} cannot be read: {e}") from None
-    add_lora(net, LoRAConfig(**adapter["lora"]))
-    params = dict(net.named_parameters())
-    for name in also:  # trained beside the adapters (a new head)
-        params[name].requires_grad_(True)
-    return net
+    return with_adapters(net, adapter)
 
 
 def run_template(run: str | Path) -> ChatTemplate:

@@ -30,9 +30,9 @@ from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
-from attnlab.nn.lora import LoRAConfig, add_lora
+from attnlab.nn.lora import LoRAConfig
 from attnlab.nn.quantize import KINDS as QUANTIZED
-from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template
+from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template, with_adapters
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions, own_options
@@ -139,11 +139,7 @@ class Adapting(Task):
             if adapter is None:
                 return build_base(base, self.family, model, new=self.new_weights)
             net = build_base(base, self.family, model, adapter["quantize_base"], new=self.new_weights)
-            add_lora(net, LoRAConfig(**adapter["lora"]))
-            params = dict(net.named_parameters())
-            for name in adapter["also"]:
-                params[name].requires_grad_(True)
-            return net
+            return with_adapters(net, adapter)
 
         return build
 
