@@ -21,7 +21,7 @@ from torch import nn
 from attnlab.config import checked, option
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
-from attnlab.data.finetune import fitting, held_out, splits
+from attnlab.data.finetune import PreferenceData, fitting, held_out, splits
 from attnlab.data.supervised import Example, pair_examples, show
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.chat import answers
@@ -78,6 +78,12 @@ class Encoded:
     model: dict[str, Any]  # the GPT's config fields
     adapter: dict[str, Any] | None  # config.json's adapter section (None: every weight trains)
     parts: dict[str, list]  # split -> examples that fit the context
+
+
+def check_split(split: str | None, held: str) -> None:
+    """`attnlab eval --split` of a fine-tuned run: its data's held-out split, or none given."""
+    if split not in (None, held):
+        raise AttnlabError(f"this data's held-out split is {held}: use --split {held} or leave it out")
 
 
 def longest(example: Example | tuple[Example, Example]) -> int:
@@ -204,10 +210,17 @@ class Adapting(Task):
         """Exact answers on the held-out conversations (the built-in instructions' test split, or a file's)."""
         cfg = checked(self.data_config, run.config["data"], where=f"{run.path} data")
         convs, held = held_out(cfg, data)
-        if split not in (None, held):
-            raise AttnlabError(f"this data's held-out split is {held}: use --split {held} or leave it out")
+        check_split(split, held)
         scores = self.exact(run.model, run.tokenizer, run_template(run.path), convs)
         return {"data": data or cfg.data, "split": held, **scores, **self.more_scores(run, data)}
+
+    def held_out_pairs(self, run, data: str | None) -> tuple[list, str, str]:
+        """The held-out preference pairs `attnlab eval` scores, their split and their data: the built-in
+        pairs' test split (for --data instructions too: the same questions), or a file's held-out rows."""
+        given = {} if data is None else {"data": "preferences" if data == "instructions" else data}
+        cfg = checked(PreferenceData, {**run.config["data"], **given}, where="data")
+        held = "test" if cfg.data == "preferences" else "val"
+        return self.examples(run.tokenizer, run_template(run.path), cfg)[held], held, cfg.data
 
     def more_scores(self, run, data: str | None) -> dict[str, Any]:
         """What a task measures beside the exact answers (DPO: its preference accuracy)."""

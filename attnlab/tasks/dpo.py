@@ -17,16 +17,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.config import checked, option
-from attnlab.data.finetune import PreferenceData
-from attnlab.data.instructions import instructions
+from attnlab.config import option
+from attnlab.data.finetune import PreferenceData, held_out
 from attnlab.data.supervised import Example, Pairs, shifted
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.nn.lora import adapters_off, has_lora
 from attnlab.nn.objective import inner
 from attnlab.nn.preference import DPOObjective, answer_logprobs
-from attnlab.runs.adapted import as_run, build_base, run_template
+from attnlab.runs.adapted import as_run, build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting, AdaptOptions
 
@@ -92,15 +91,11 @@ class DirectPreference(Adapting):
         model = inner(s.raw).eval()
         scores = preference_scores(logprobs(model, pairs), refs)
         if data.data == "preferences":  # the pairs' questions, answered
-            scores.update(self.exact(model, tok, template, instructions("test", data.test_examples, 1)))
+            scores.update(self.exact(model, tok, template, held_out(data)[0]))
         return scores
 
     def more_scores(self, run, data: str | None) -> dict[str, Any]:
-        cfg = checked(PreferenceData, {**run.config["data"], **({"data": data} if data else {})}, where="data")
-        if cfg.data == "instructions":
-            cfg.data = "preferences"
-        tok, template = run.tokenizer, run_template(run.path)
-        pairs = self.examples(tok, template, cfg)["test" if cfg.data == "preferences" else "val"]
+        pairs, _, _ = self.held_out_pairs(run, data)
         policy = logprobs(run.model, pairs)
         if has_lora(run.model):
             with adapters_off(run.model):

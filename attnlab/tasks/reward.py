@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.config import checked
 from attnlab.data.conversations import Conversation, Message
 from attnlab.data.finetune import PreferenceData
 from attnlab.data.supervised import Example, Pairs, encode, padded
@@ -28,7 +27,7 @@ from attnlab.nn.objective import inner
 from attnlab.nn.preference import RewardObjective
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.adapt import Adapting
+from attnlab.tasks.adapt import Adapting, check_split
 from attnlab.tasks.base import ModelChoice
 
 SCORE_BATCH = 32
@@ -102,12 +101,9 @@ class RewardModelling(Adapting):
 
     # ---- a trained run --------------------------------------------------------------------------
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        cfg = checked(PreferenceData, {**run.config["data"], **({"data": data} if data else {})}, where="data")
-        held = "test" if cfg.data == "preferences" else "val"
-        if split not in (None, held):
-            raise AttnlabError(f"this data's held-out split is {held}: use --split {held} or leave it out")
-        pairs = self.examples(run.tokenizer, run_template(run.path), cfg)[held]
-        return {"data": cfg.data, "split": held, **pair_accuracy(run.model, pairs)}
+        pairs, held, source = self.held_out_pairs(run, data)
+        check_split(split, held)
+        return {"data": source, "split": held, **pair_accuracy(run.model, pairs)}
 
     def predict(self, run, text: str, options: dict[str, Any]) -> dict[str, Any]:
         """The score of `text` as an answer (options["prompt"]: the question it answers)."""
