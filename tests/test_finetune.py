@@ -261,3 +261,15 @@ def test_a_base_read_a_tensor_at_a_time_checks_what_load_checks(base, tmp_path):
         write_safetensors(tmp_path / f"{name}.safetensors", bad, {})
         with pytest.raises(attnlab.AttnlabError, match=re.escape(says[name])):
             load_streamed(build_base(base, "gpt", model), tmp_path / f"{name}.safetensors")
+
+
+def test_a_reward_lora_run_merges_with_the_head_it_trained(base, tmp_path):
+    from attnlab.runs.merge import merge_run
+
+    train("reward", tmp_path / "r", base, PAIRS, steps=2, lora_rank=2)
+    merge_run(tmp_path / "r", tmp_path / "m")
+    lora, merged = attnlab.load(tmp_path / "r").model, attnlab.load(tmp_path / "m").model
+    ids = torch.randint(0, 20, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(lora.score(ids), merged.score(ids), atol=1e-5)
+        assert lora.reward_head.weight.abs().sum() > 0  # the head trained, and the merged run kept it

@@ -96,14 +96,16 @@ def with_adapters(net: nn.Module, adapter: dict[str, Any]) -> nn.Module:
     return net
 
 
-def build_adapted(config: dict[str, Any]) -> nn.Module:
+def build_adapted(config: dict[str, Any], float_base: bool = False) -> nn.Module:
     """The model of a LoRA run, adapters at B = 0 (its weights file then fills them). Its base is the
-    run it names, or (that run gone, e.g. a cleared cache) what --init named, read again."""
+    run it names, or (that run gone, e.g. a cleared cache) what --init named, read again; quantized as
+    the run trained it, unless float_base (merging: an update folded into 4-bit weights would round
+    away)."""
     adapter = adapter_of(config)
     base = adapter["base"] if Path(adapter["base"]).is_dir() else config.get("init") or adapter["base"]
+    quantize = None if float_base else adapter.get("quantize_base")
     try:
-        net = build_base(base, config["family"], config["model"], adapter.get("quantize_base"),
-                         adapter.get("also", []))  # fmt: skip
+        net = build_base(base, config["family"], config["model"], quantize, adapter.get("also", []))
     except AttnlabError as e:
         raise AttnlabError(f"this LoRA run's base {base} cannot be read: {e}") from None
     return with_adapters(net, adapter)

@@ -21,8 +21,8 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
-from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
-from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base
+from attnlab.nn.lora import merge_lora
+from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_new_run, check_run_dir, fresh_dir, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runs.weights import load_weights, save_weights
@@ -41,12 +41,8 @@ def float_adapted(run: str | Path) -> tuple[nn.Module, dict[str, str]]:
     metadata."""
     run = check_run_dir(run)
     config = read_run_config(run)
-    adapter = lora_section(run, config)
-    try:
-        net = build_base(adapter["base"], config["family"], config["model"])
-    except AttnlabError as e:
-        raise AttnlabError(f"this LoRA run's base {adapter['base']} cannot be read: {e}") from None
-    add_lora(net, LoRAConfig(**adapter["lora"]))
+    lora_section(run, config)
+    net = build_adapted(config, float_base=True)
     return net, load_weights(net, run / WEIGHTS)
 
 
