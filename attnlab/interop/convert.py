@@ -26,7 +26,7 @@ from torch import nn
 
 from attnlab.config import from_dict
 from attnlab.data import DataConfig
-from attnlab.data.chat import hf_template
+from attnlab.data.chat import ChatTemplate, hf_template
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
@@ -79,6 +79,22 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
     src, out = Path(src), Path(out)
     check_new_run(out, force, {src: "the model being converted"})
     hf, tensors, tokenizer_json = read_hf_dir(src)
+    return convert_hf_parts(hf, tensors, tokenizer_json, src, out, {"hf": str(src)}, hf_template(src))
+
+
+def convert_hf_parts(
+    hf: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    tokenizer_json: str | None,
+    src: Path,
+    out: Path,
+    source: dict[str, Any],
+    template: ChatTemplate | None = None,
+) -> dict[str, Any]:
+    """A HuggingFace model's parts (config.json as a dict, its tensors by HuggingFace name, its
+    tokenizer.json text, its chat template) as an attnlab run in `out`, which check_new_run has
+    allowed: the one path every source of a HuggingFace-shaped model takes (a folder, a GGUF file).
+    `source` is what config.json records of where the model came from."""
     arch = _architecture(hf, src)
     module = module_for(arch)
     family, cfg, task = module.config_from_hf(hf)
@@ -96,8 +112,7 @@ def convert_from_hf(src: str | Path, out: str | Path, force: bool = False) -> di
               "data": asdict(_data_config(kind, tok))}  # fmt: skip
     if task is not None:
         config["task"] = task
-    config["source"] = {"hf": str(src), "architecture": arch}
-    template = hf_template(src)  # the checkpoint's own chat template, if it has one
+    config["source"] = {**source, "architecture": arch}
     fresh_dir(out)  # only now: a failed conversion never costs an old run
     record(out, CONFIG, WEIGHTS, TOKENIZER, *[CHAT_TEMPLATE] * (template is not None))
     write_json(out / CONFIG, config)
