@@ -1,0 +1,167 @@
+"""attnlab export RUN --to gguf FILE: a GPT run as one GGUF file, the format llama.cpp and ollama run.
+
+    run -> interop/hf: HuggingFace's config and tensors (GPT-2, or Llama / Mixtral: `exporter`)
+        -> gguf_layout: GGUF's settings, names and layouts;  gguf_vocab: the tokenizer
+        -> each tensor stored as --type says -> gguf.GGUFWriter, into a temporary file renamed over FILE
+
+What --type stores, the choices llama.cpp's convert_hf_to_gguf makes:
+  f32   every tensor float32
+  f16   matrices float16
+  q8_0  matrices in blocks of 32 weights, each an 8-bit integer times the block's f16 scale (8.5 bits a
+        weight), the token embedding and the output matrix too: they are the largest matrices of a small
+        model, and 8 bits keep their error under the block's absmax / 254
+  q4_0  the blocks' matrices 4-bit (4.5 bits a weight); the token embedding and the output stay q8_0:
+        every logit goes through the output and every token through the embedding, so 4-bit rows there
+        cost the most (llama.cpp's llama-quantize keeps them wider for the same reason)
+In every type 1-D tensors (norms, biases), the position embedding and a mixture's router stay float32,
+and a matrix whose rows are not whole blocks of 32 is stored f16, as llama.cpp's converter falls back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from attnlab.config import from_dict
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.tokenizers import load_tokenizer
+from attnlab.errors import AttnlabError
+from attnlab.interop.convert import exporter
+from attnlab.interop.gguf_layout import Layout, layout_of, settings_to_gguf, tensors_to_gguf
+from attnlab.interop.gguf_vocab import Vocab, vocab_of_run
+from attnlab.io import atomic_write, read_json
+from attnlab.models import family_classes
+from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of
+from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
+from attnlab.runs.outputs import check_output
+from attnlab.runs.weights import load_weights
+
+Q = gguf.GGMLQuantizationType
+# --type -> (the type of block matrices, of the token embedding and output, general.file_type)
+TYPES = {
+    "f32": (Q.F32, Q.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (Q.F16, Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "q8_0": (Q.Q8_0, Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (Q.Q4_0, Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+}
+T = gguf.MODEL_TENSOR
+KEEP_F32 = (T.POS_EMBD, T.FFN_GATE_INP)  # float32 in every file (llama.cpp's converter's rule)
+VOCAB_ROWS = (T.TOKEN_EMBD, T.OUTPUT)
+
+
+def export_gguf(run_dir: str | Path, path: str | Path, qtype: str = "f32", force: bool = False) -> dict[str, Any]:
+    """Write GPT run `run_dir` as GGUF file `path` of weight type `qtype` (f32, f16, q8_0, q4_0).
+    Everything is checked before the file is written; an existing `path` is replaced only with force.
+    Returns {"architecture", "type", "out", "bytes", "tensors": {type: count}, "tokenizer"}."""
+    if qtype not in TYPES:
+        raise AttnlabError(f"--type {qtype!r} is not a GGUF weight type attnlab writes: {', '.join(TYPES)}")
+    out = check_output(path, force, (".gguf",), "FILE")
+    run = check_run_dir(run_dir)
+    model, cfg, layout = _model(run)
+    hf = layout.module.config_to_hf(cfg)
+    _check_computes(hf, layout, run)
+    vocab = vocab_of_run(load_tokenizer(run), cfg.vocab_size, str(run))  # refuses a word-level tokenizer
+    vocab.template = _template(run)
+    tensors = tensors_to_gguf(layout.module.weights_to_hf(model.state_dict(), cfg), hf, layout)
+    named = roles(layout, cfg.n_layer)
+    stored = {name: _stored(name, t, qtype, named) for name, t in tensors.items()}
+    settings = settings_to_gguf(hf, layout) | {f"{layout.arch}.vocab_size": cfg.vocab_size}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: _write(tmp, layout.arch, str(run.name), qtype, settings, vocab, stored))
+    return {"architecture": layout.arch, "type": qtype, "out": str(out), "bytes": out.stat().st_size,
+            "tensors": dict(Counter(kind.name for _, kind in stored.values())),
+            "tokenizer": f"{vocab.model} ({'characters' if vocab.unk is not None else 'BPE'})"}  # fmt: skip
+
+
+def _model(run: Path) -> tuple[torch.nn.Module, Any, Layout]:
+    """The run's GPT with its weights, its config, and the GGUF layout that expresses its blocks."""
+    config = read_run_config(run)
+    family = config["family"]
+    if adapter_of(config) is not None:
+        raise AttnlabError(f"{run} is a LoRA run: merge its adapters into its base first (attnlab merge {run} "
+                           "--out DIR) and export that")  # fmt: skip
+    if family != "gpt":
+        raise AttnlabError(f"{run} is a {family} run: GGUF export writes GPT runs (llama.cpp's gpt2 and llama)")
+    config_cls, model_cls = family_classes(family)
+    cfg = from_dict(config_cls, config["model"], where="model config")
+    layout = layout_of(exporter(family, cfg, run))  # one line saying what neither GPT-2 nor Llama expresses
+    model = model_cls(cfg)
+    load_weights(model, run / WEIGHTS)
+    return model, cfg, layout
+
+
+def _check_computes(hf: dict[str, Any], layout: Layout, run: Path) -> None:
+    key, value, why = layout.computes
+    if hf.get(key) != value:
+        raise AttnlabError(f"{run} does not fit GGUF's {layout.arch}: its {key} is {hf.get(key)} and {why}")
+
+
+def _template(run: Path) -> str | None:
+    """The run's chat template (chat_template.json), which llama.cpp and ollama read from the file."""
+    path = run / CHAT_TEMPLATE
+    return ChatTemplate.from_dict(read_json(path), str(path)).source if path.is_file() else None
+
+
+def _stored(name: str, t: torch.Tensor, qtype: str, role_of: dict[str, T]) -> tuple[np.ndarray, Q]:
+    """One tensor as the file stores it: (its data, quantized blocks as bytes, and its type)."""
+    data = t.detach().to(torch.float32).contiguous().numpy()
+    kind = _kind(name, data.shape, qtype, role_of)
+    if kind == Q.F32:
+        return data, kind
+    if kind == Q.F16:
+        return data.astype(np.float16), kind
+    return gguf.quants.quantize(data, kind), kind
+
+
+def _kind(name: str, shape: tuple[int, ...], qtype: str, role_of: dict[str, T]) -> Q:
+    """The type one tensor is stored in (the module's docstring says why)."""
+    matrices, vocab_rows, _ = TYPES[qtype]
+    role = role_of.get(name.rsplit(".", 1)[0])
+    if len(shape) < 2 or role in KEEP_F32:
+        return Q.F32
+    kind = vocab_rows if role in VOCAB_ROWS else matrices
+    block = gguf.GGML_QUANT_SIZES[kind][0]
+    return kind if shape[-1] % block == 0 else Q.F16
+
+
+def roles(layout: Layout, n_layer: int) -> dict[str, T]:
+    """Every tensor name of the architecture (without .weight / .bias) -> what it is, from gguf's table."""
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == layout.arch)
+    return {gguf.TENSOR_NAMES[role].format(bid=i): role for role in gguf.MODEL_TENSORS[arch] for i in range(n_layer)}
+
+
+def _write(tmp: Path, arch: str, name: str, qtype: str, settings: dict, vocab: Vocab, stored: dict) -> None:
+    writer = gguf.GGUFWriter(tmp, arch)
+    writer.add_name(name)
+    writer.add_file_type(TYPES[qtype][2])
+    if qtype.startswith("q"):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, value in settings.items():
+        (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+    for key, value in vocab.to_metadata().items():
+        _add(writer, key, value)
+    for tensor_name, (data, kind) in stored.items():
+        writer.add_tensor(tensor_name, data, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
+    """One tokenizer key by its Python type (token types and ids are GGUF's int32 / uint32)."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
+        writer.add_array(key, [int(v) for v in value])  # int32 as llama.cpp's converter writes them
+    else:
+        writer.add_array(key, value)
