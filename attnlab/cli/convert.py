@@ -1,6 +1,6 @@
 """Commands that move models between attnlab and the rest of the ecosystem: convert (from a local
-HuggingFace directory), export (to a HuggingFace directory, a PEFT adapter folder, or ONNX) and merge
-(a LoRA run's adapters folded into its base: a full run, which exports to HuggingFace)."""
+HuggingFace directory or a GGUF file), export (to a HuggingFace directory, a PEFT adapter folder, ONNX
+or GGUF) and merge (a LoRA run's adapters folded into its base: a full run, which exports)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from attnlab.cli.options import ConvertOptions, ExportOptions, MergeOptions
 from attnlab.interop.adapter_runs import export_peft
 from attnlab.interop.convert import convert_from_hf, export_hf
+from attnlab.interop.gguf_in import convert_from_gguf
+from attnlab.interop.gguf_out import export_gguf
 from attnlab.interop.onnx import check_target, export_onnx
 from attnlab.runs.folder import read_run_config
 from attnlab.runs.kind import kind_of
@@ -18,11 +20,16 @@ from attnlab.runs.run import load
 
 
 def run_convert(opts: ConvertOptions) -> int:
-    summary = convert_from_hf(opts.from_hf, opts.out, force=opts.force)
+    source = Path(opts.source or opts.from_hf)
+    if source.is_file():  # a model file: GGUF (the reader says in one line if it is not one)
+        summary = convert_from_gguf(source, opts.out, force=opts.force)
+        what = f"GGUF tensors {', '.join(f'{n} {kind}' for kind, n in summary['types'].items())}; "
+    else:
+        summary, what = convert_from_hf(source, opts.out, force=opts.force), ""
     try_next = "sample" if kind_of(read_run_config(Path(opts.out))).generates else "predict"  # images: RUN image.png
     print(json.dumps(summary) if opts.json else
           f"{opts.out}: {summary['family']} run from {summary['architecture']} "
-          f"({summary['parameters']:,} parameters). Try: attnlab {try_next} {opts.out} ...")  # fmt: skip
+          f"({what}{summary['parameters']:,} parameters). Try: attnlab {try_next} {opts.out} ...")  # fmt: skip
     return 0
 
 
@@ -39,7 +46,11 @@ def _to_peft(opts: ExportOptions) -> dict:
     return export_peft(opts.run, opts.out, force=opts.force)
 
 
-EXPORTS = {"hf": _to_hf, "peft": _to_peft, "onnx": _to_onnx}  # --to
+def _to_gguf(opts: ExportOptions) -> dict:
+    return export_gguf(opts.run, opts.out, opts.type or "f32", force=opts.force)
+
+
+EXPORTS = {"hf": _to_hf, "peft": _to_peft, "onnx": _to_onnx, "gguf": _to_gguf}  # --to
 
 
 def run_export(opts: ExportOptions) -> int:

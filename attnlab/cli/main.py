@@ -115,18 +115,22 @@ COMMANDS = [
             "the model view. JSON API under /api (see /openapi.json); an OpenAI-compatible API under /v1 (models, "
             "completions, chat completions; streaming; concurrent requests decoded as one batch). Beyond this "
             "machine (a --host other than loopback) it needs a key."),
-    Command("convert", "a local HuggingFace checkpoint -> an attnlab run (the architectures it reads: convert "
+    Command("convert", "a local HuggingFace checkpoint or a GGUF file -> an attnlab run (what it reads: convert "
             "--help)", ConvertOptions,
             run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or "
-            "pytorch_model.bin, tokenizer.json) and write an attnlab run that every command works on. Nothing is "
-            "downloaded."),
-    Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder or an ONNX file", ExportOptions,
+            "pytorch_model.bin, tokenizer.json) or a GGUF file (llama.cpp's and ollama's format: a llama or gpt2 "
+            "model; quantized weights are read as the float32 values they stand for) and write an attnlab run "
+            "that every command works on. SOURCE is either; --from-hf DIR is the same as a directory SOURCE. "
+            "Nothing is downloaded."),
+    Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder, an ONNX file or a GGUF file",
+            ExportOptions,
             run_export, "Write a run in another format: --to hf, a directory that transformers' from_pretrained "
             "loads (GPT runs as GPT-2 or Llama, encoder runs as BERT); --to peft, a LoRA run's adapter as "
             "adapter_config.json and adapter_model.safetensors, which PEFT's PeftModel.from_pretrained loads over "
             "the base (named by base_model_name_or_path: the HuggingFace folder the base was converted from, else "
             "the base run, to export with --to hf first); --to onnx, a file with dynamic batch and length, checked "
-            "with onnxruntime (GPT runs)."),
+            "with onnxruntime (GPT runs); --to gguf, one file that llama.cpp and ollama run (GPT runs with GPT-2's "
+            "block or Llama's, a Mixtral's experts too; the tokenizer inside), its matrices stored as --type says."),
     Command("merge", "a LoRA run -> a full run: its adapters folded into its base's weights", MergeOptions,
             run_merge, "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted matrix) and "
             "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "

@@ -200,20 +200,38 @@ class ServeOptions(OnDevice):
 
 @dataclass
 class ConvertOptions(Answers):
-    from_hf: str = option("", f"HuggingFace-format model directory whose config.json names one of: "
-                          f"{', '.join(architectures())}", required=True, metavar="DIR")  # fmt: skip
+    source: str | None = option(None, f"what to convert: a HuggingFace-format model directory whose config.json names "
+                                f"one of {', '.join(architectures())}; or a .gguf file (llama.cpp's llama or gpt2, "
+                                "weights F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)", positional=True,
+                                nargs="?", metavar="SOURCE")  # fmt: skip
+    from_hf: str | None = option(None, "a HuggingFace model directory: the same as giving it as SOURCE",
+                                 metavar="DIR")  # fmt: skip
     out: str = option("", "run directory to create", required=True, metavar="RUN")
     force: bool = option(False, "replace --out if it is an attnlab run")
+
+    def __post_init__(self):
+        if (self.source is None) == (self.from_hf is None):
+            raise ValueError("convert takes one source: a HuggingFace directory or a .gguf file as SOURCE (or the "
+                             "directory as --from-hf DIR)")  # fmt: skip
 
 
 @dataclass
 class ExportOptions:
     run: str = option("", "run directory", positional=True)
     to: str = option("", "target format: hf, a HuggingFace model folder; peft, a LoRA run's adapter as PEFT's "
-                     "adapter folder; onnx, an ONNX file", ("hf", "peft", "onnx"), required=True)  # fmt: skip
-    out: str = option("", "directory (hf, peft) or .onnx file (onnx) to write", positional=True, metavar="OUT")
+                     "adapter folder; onnx, an ONNX file; gguf, a .gguf file for llama.cpp and ollama",
+                     ("hf", "peft", "onnx", "gguf"), required=True)  # fmt: skip
+    out: str = option("", "directory (hf, peft), .onnx file (onnx) or .gguf file (gguf) to write", positional=True,
+                      metavar="OUT")  # fmt: skip
+    type: str | None = option(None, "--to gguf: how weight matrices are stored: f32, f16, q8_0 (8 bits in blocks of "
+                              "32), q4_0 (4 bits; the token embedding and output stay q8_0); norms and biases stay "
+                              "f32 (default: f32)", ("f32", "f16", "q8_0", "q4_0"))  # fmt: skip
     force: bool = option(False, "replace OUT if it is a HuggingFace model folder (hf), a PEFT adapter folder "
-                         "(peft) or an .onnx file (onnx)")  # fmt: skip
+                         "(peft), an .onnx file (onnx) or a file (gguf)")  # fmt: skip
+
+    def __post_init__(self):
+        if self.type is not None and self.to != "gguf":
+            raise ValueError(f"--type is a GGUF weight type: it goes with --to gguf, not --to {self.to}")
 
 
 @dataclass
