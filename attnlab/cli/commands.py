@@ -16,6 +16,7 @@ from attnlab.cli.chat import generating_run, template_of
 from attnlab.cli.demo import run_demo
 from attnlab.cli.demo_chat import run_chat_demo
 from attnlab.cli.options import DemoOptions, EvalOptions, HeadsOut, PredictOptions, SampleOptions, SizeOptions
+from attnlab.cli.quantize import note_quantized
 from attnlab.config import checked
 from attnlab.data.conversations import Message
 from attnlab.decoding import sampling
@@ -59,7 +60,7 @@ def run_predict(opts: PredictOptions) -> int:
 
 
 def run_eval(opts: EvalOptions) -> int:
-    run = load(opts.run, device=opts.device)
+    run = note_quantized(load(opts.run, device=opts.device, quantize=opts.quantize))
     result = run.task.evaluate(run, opts.data, opts.split, {**dataclasses.asdict(opts), "progress": not opts.json})
     print(json.dumps({"run": str(opts.run), **result}) if opts.json else run.task.show_evaluation(result))
     return 0
@@ -77,7 +78,7 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     if opts.chat is not None and ({"prompt", "stop"} & set(gen)):
         raise AttnlabError("--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
                            "--prompt and --stop")  # fmt: skip
-    run = generating_run(opts.run, opts.device, "sample")
+    run = generating_run(opts.run, opts.device, "sample", opts.quantize)
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
         if opts.chat is not None:

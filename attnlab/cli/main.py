@@ -36,12 +36,14 @@ with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: 
         MergeOptions,
         PlotOptions,
         PredictOptions,
+        QuantizeOptions,
         SampleOptions,
         ServeOptions,
         SizeOptions,
         TranslateOptions,
         VectorsOptions,
     )
+    from attnlab.cli.quantize import run_quantize
     from attnlab.cli.suggest import UNRECOGNIZED_BY, unrecognized, with_suggestion
     from attnlab.cli.train import add_train_commands
     from attnlab.cli.vectors import run_vectors
@@ -136,6 +138,13 @@ COMMANDS = [
             "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "
             "template, no adapter. A base the run quantized (int8, NF4) is merged in float, from the base run's "
             "own weights. The merged run exports with --to hf."),
+    Command("quantize", "a language model run -> a run whose weights are stored int8, int4 or bf16 for decoding",
+            QuantizeOptions, run_quantize, "Store a language model run's block matrices and LM head small, for "
+            "inference: int8 (one byte a weight and a scale per output channel), int4 (half a byte, a scale and a "
+            "zero per group of 32) or bf16 (two bytes). A decode step reads every weight once, so fewer bytes are "
+            "more tokens per second on a CPU. A layer stays float32 where this machine measured float32 faster for "
+            "its shape. The new run is a folder every command loads (sample, chat, eval, serve, inspect); "
+            "--quantize on those commands does the same in memory. Weights only: it does not train."),
     Command("vectors", "query, evaluate, draw or export trained word vectors", VectorsOptions, run_vectors,
             "Ask a vectors run (or a word2vec/GloVe text file) for neighbours, analogies and similarities; score it "
             "on analogy questions and similarity ratings; draw or export it."),

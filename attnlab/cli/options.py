@@ -14,6 +14,7 @@ from attnlab.interop.hf import architectures
 from attnlab.interpret.plots import PLOTS
 from attnlab.interpret.report import INSPECTIONS
 from attnlab.interpret.views import VIEW_NAMES
+from attnlab.nn.packed import KINDS as QUANTIZED
 from attnlab.tasks.lm_eval import SPLITS
 from attnlab.viz.vectors import PROJECTIONS
 
@@ -28,6 +29,14 @@ class OnDevice:
 @dataclass
 class ReadsRun(OnDevice):
     run: str = option("", "run directory", positional=True)
+
+
+@dataclass
+class Quantizes:
+    quantize: str | None = option(None, "decode from weights stored small: int8 (per output channel), int4 (groups "
+                                  "of 32) or bf16; the blocks' matrices and the LM head, each kept float32 where "
+                                  "this machine measured float32 faster for its shape (a run written by attnlab "
+                                  "quantize already is quantized)", QUANTIZED)  # fmt: skip
 
 
 @dataclass
@@ -89,7 +98,7 @@ class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 
 
 @dataclass
-class SampleOptions(HeadsOut, ReadsRun):
+class SampleOptions(Quantizes, HeadsOut, ReadsRun):
     num_samples: int = option(1, "how many samples, drawn 64 at a time as one batch, each batch printed when done",
                               at_least=1)  # fmt: skip
     chat: str | None = option(None, "answer MESSAGE as a user's turn: rendered with the run's chat template, only "
@@ -102,7 +111,7 @@ class SampleOptions(HeadsOut, ReadsRun):
 
 
 @dataclass
-class ChatOptions(ReadsRun):
+class ChatOptions(Quantizes, ReadsRun):
     system: str | None = option(None, "a system message that opens the conversation (kept when the oldest turns "
                                 "are dropped)", metavar="TEXT")  # fmt: skip
     max_new_tokens: int = option(256, "an answer's length at most, in tokens", at_least=1)
@@ -117,7 +126,7 @@ class ChatOptions(ReadsRun):
 
 
 @dataclass
-class EvalOptions(WritesFiles, Answers, ReadsRun):
+class EvalOptions(Quantizes, WritesFiles, Answers, ReadsRun):
     data: str | None = option(None, "file, folder or stdlib; image runs: digits, a folder of class sub-folders or "
                               "a .npz, scored whole (default: the run's own data)")  # fmt: skip
     glob: str | None = option(None, "files of a folder to read (default: the run's, or *)")
@@ -168,7 +177,7 @@ class InspectOptions(WritesFiles, ReadsRun):
 
 
 @dataclass
-class ServeOptions(OnDevice):
+class ServeOptions(Quantizes, OnDevice):
     runs: list[str] = option(None, "run directories to serve", positional=True, nargs="+", metavar="RUN")
     host: str = option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = option(8765, "port (0: any free one)")
@@ -232,6 +241,18 @@ class ExportOptions:
     def __post_init__(self):
         if self.type is not None and self.to != "gguf":
             raise ValueError(f"--type is a GGUF weight type: it goes with --to gguf, not --to {self.to}")
+
+
+@dataclass
+class QuantizeOptions(Answers):
+    run: str = option("", "language model run directory (a GPT run, or a converted Llama or Mixtral)",
+                      positional=True)  # fmt: skip
+    to: str = option("", "int8: per output channel, 1 byte a weight; int4: groups of 32, 5 bits a weight with their "
+                     "scales; bf16: 2 bytes a weight", QUANTIZED, required=True)  # fmt: skip
+    out: str = option("", "run directory to create", required=True, metavar="RUN")
+    force: bool = option(False, "replace --out if it is an attnlab run")
+    every_layer: bool = option(False, "pack every layer the kernel takes, also those float32 ran faster here (for "
+                               "the memory, or to measure what the precision costs)")  # fmt: skip
 
 
 @dataclass

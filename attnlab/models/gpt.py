@@ -174,6 +174,9 @@ class GPT(Checkpointing, CausalLM, nn.Module):
     def word_embedding(self) -> nn.Embedding:
         return self.tok
 
+    def output_layer(self) -> nn.Module:
+        return self.head
+
     def input_positions(self) -> tuple[Positions, str]:
         return self.pos, ""
 

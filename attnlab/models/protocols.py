@@ -61,6 +61,11 @@ class CausalLM(OneSequence, WordEmbedded, Positioned, ReadOut):
     def new_caches(self, max_len: int | None = None) -> list[KVCache]:
         raise NotImplementedError
 
+    def output_layer(self) -> nn.Module:
+        """The layer that turns final hidden states into logits, (..., C) -> (..., V): what a decode
+        step reads most of in a small model (quantization stores it small too)."""
+        raise NotImplementedError
+
 
 class StepDecoding:
     """An encoder-decoder: `start(src)` encodes the sources (B, ...) once; `step(tokens (B,), state)` gives

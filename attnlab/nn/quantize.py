@@ -202,7 +202,7 @@ class QuantizeReport:
     bytes_after: int = 0
 
 
-def _block_linears(model: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Module, str, nn.Module]]:
+def block_linears(model: nn.Module, kind: type | tuple[type, ...]) -> list[tuple[str, nn.Module, str, nn.Module]]:
     """(qualified name, parent, attribute, module) of every `kind` module inside the model's blocks:
     the attention and feed-forward (and experts') matrices, never embeddings or the head."""
     blocks = {id(b) for stack in stacks_of(model) for b in stack}
@@ -227,7 +227,7 @@ def quantize_model(model: nn.Module, kind: str = "nf4", skip: Collection[str] = 
     if kind not in KINDS:
         raise ValueError(f"quantization kind must be one of {', '.join(KINDS)}, got {kind!r}")
     report = QuantizeReport()
-    for name, parent, attr, linear in _block_linears(model, nn.Linear):
+    for name, parent, attr, linear in block_linears(model, nn.Linear):
         if _skipped(name, skip):
             continue
         q = QuantizedLinear.from_linear(linear, kind)
@@ -244,7 +244,7 @@ def rebuild_quantized(model: nn.Module, tensors: Mapping[str, Tensor]) -> list[s
     quantized state dict holds (a `NAME.codes` tensor), empty, ready for load_state_dict. The kind is
     read from the codes' dtype: int8 codes are int8, NF4 codes packed uint8. Returns the names rebuilt."""
     rebuilt = []
-    for name, parent, attr, linear in _block_linears(model, nn.Linear):
+    for name, parent, attr, linear in block_linears(model, nn.Linear):
         codes = tensors.get(f"{name}.codes")
         if codes is None:
             continue

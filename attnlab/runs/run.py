@@ -22,6 +22,7 @@ from attnlab.models import FAMILIES, build_model
 from attnlab.runs.adapted import adapter_of, build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
+from attnlab.runs.quantized import Quantization, check_kind, quantize_for_inference, quantized_of, rebuild_packed
 from attnlab.runs.weights import load_weights
 from attnlab.runtime.device import pick_device
 
@@ -35,6 +36,7 @@ class Run:
     tokenizer: Tokenizer | None  # None for image runs, which read pixels
     config: dict[str, Any]  # the run's config.json: family, model, train, data, task
     step: int
+    quantization: Quantization | None = None  # what load(..., quantize=) packed, if it was asked
 
     @property
     def device(self) -> torch.device:
@@ -50,18 +52,28 @@ class Run:
         return generate_text(self.model, self.tokenizer, prompt, **kwargs)
 
 
-def load(path: str | Path, device: str = "auto") -> Run:
-    """Load a run directory written by training (weights read from safetensors, no pickle)."""
+def load(path: str | Path, device: str = "auto", quantize: str | None = None, every_layer: bool = False) -> Run:
+    """Load a run directory written by training (weights read from safetensors, no pickle). quantize:
+    "int8", "int4" or "bf16" stores the language model's block matrices and head that way for
+    inference (runs/quantized.py), each kept float32 where float32 measured faster here unless
+    `every_layer`; a run written by `attnlab quantize` loads as it was stored."""
     p = check_run_dir(path_argument(path, "load: path"))
     config = read_run_config(p)
     task = kind_of(config)
     if task.tokenized and not (p / TOKENIZER).is_file():
         raise AttnlabError(f"{p} is not a complete run: {TOKENIZER} is missing")
+    stored = quantized_of(config)
+    if quantize is not None and stored is not None:
+        raise AttnlabError(f"{p} is already quantized ({stored.get('kind')}); quantize its source run "
+                           f"{stored.get('from', '')} instead")  # fmt: skip
     try:
         model = build_adapted(config) if adapter_of(config) else build_model(config["family"], config["model"])
     except (TypeError, ValueError) as e:
         raise AttnlabError(f"{p / CONFIG} is corrupt ({e})") from None
+    if stored is not None:
+        rebuild_packed(model, stored)
     meta = load_weights(model, p / WEIGHTS)
+    report = None if quantize is None else quantize_for_inference(model, check_kind(quantize), every_layer)
     model.to(pick_device(device)).eval()
     tok = load_tokenizer(p) if task.tokenized else None
-    return Run(p, model, tok, config, int(meta.get("step", 0)))
+    return Run(p, model, tok, config, int(meta.get("step", 0)), report)

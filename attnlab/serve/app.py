@@ -138,12 +138,17 @@ class InspectRequest(TextRequest):
 
 
 def create_app(
-    runs: list[str | Path], device: str = "cpu", access: Access | None = None, limits: Limits | None = None
+    runs: list[str | Path],
+    device: str = "cpu",
+    access: Access | None = None,
+    limits: Limits | None = None,
+    quantize: str | None = None,
 ) -> FastAPI:
     """The explorer's app and the OpenAI-compatible API over the run directories `runs`, loaded once
     onto `device`. access: the key, the Host names answered (default: any Host; `attnlab serve`
-    always names them) and CORS origins; limits: see guard.Limits."""
-    served = load_runs(runs, device)
+    always names them) and CORS origins; limits: see guard.Limits; quantize: the language models'
+    weights stored int8, int4 or bf16 for decoding (runs/quantized.py)."""
+    served = load_runs(runs, device, quantize)
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say
         if s.run.task.generates:
@@ -323,13 +328,14 @@ def serve(
     allowed_hosts: list[str] | None = None,
     cors_origins: list[str] | None = None,
     limits: Limits | None = None,
+    quantize: str | None = None,
 ) -> None:
     """Load `runs` and serve the explorer and the OpenAI-compatible API at http://host:port/ until
     Ctrl-C. Beyond loopback it needs `api_key` (or insecure_no_key); it answers the Host names of
     guard.allowed_hosts_for(host, allowed_hosts)."""
     check_exposure(host, api_key, insecure_no_key)
     access = Access(api_key, allowed_hosts_for(host, allowed_hosts), list(cors_origins or []))
-    app = create_app(runs, device, access, limits)
+    app = create_app(runs, device, access, limits, quantize)
     sock = listen(host, port)
     if not is_loopback(host) and not api_key:
         print(f"attnlab: warning: --host {host} --insecure-no-key: anyone who reaches this machine can use these runs")

@@ -8,6 +8,8 @@ from pathlib import Path
 from attnlab.data.chat import ChatTemplate
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import run_template
+from attnlab.runs.folder import check_run_dir, read_run_config
+from attnlab.runs.kind import kind_of
 from attnlab.runs.run import Run, load
 from attnlab.serve.errors import one_line
 
@@ -30,12 +32,21 @@ class Served:
         task = self.run.task  # what the page asks of a run: where its inputs go, whether it generates or reads images
         return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
                 "parameters": self.parameters, "step": self.run.step, "config": self.run.config,
-                "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images}  # fmt: skip
+                "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images,
+                "quantized": self.quantized}  # fmt: skip
+
+    @property
+    def quantized(self) -> str | None:
+        """How its weights are stored for decoding: as `attnlab quantize` wrote them, or as --quantize asked."""
+        stored = self.run.config.get("quantized")
+        asked = self.run.quantization
+        return asked.kind if asked is not None else stored.get("kind") if isinstance(stored, dict) else None
 
 
-def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
+def load_runs(paths: list[str | Path], device: str, quantize: str | None = None) -> dict[str, Served]:
     """Each run by its directory name (a second "lm" becomes "lm-2"); a run that fails to load stops
-    the server before it starts, with the run's path in the message."""
+    the server before it starts, with the run's path in the message. quantize: the language models'
+    weights stored that way for decoding (runs/quantized.py); the other runs load as they are."""
     if not paths:
         raise AttnlabError("give at least one run directory to serve")
     served: dict[str, Served] = {}
@@ -46,7 +57,8 @@ def load_runs(paths: list[str | Path], device: str) -> dict[str, Served]:
             continue
         seen.add(resolved)
         try:
-            run = load(resolved, device)
+            generates = kind_of(read_run_config(check_run_dir(resolved))).generates
+            run = load(resolved, device, quantize if generates else None)
             template = run_template(resolved) if run.task.generates else None
         except AttnlabError as e:
             raise AttnlabError(f"cannot serve {path}: {e}") from None

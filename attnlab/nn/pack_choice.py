@@ -1,0 +1,117 @@
+"""Whether a packed layer (nn/packed.py) runs faster than float32 at its shape on this machine: measured
+once per CPU, torch version, thread count, kind and shape, and kept in the cache folder (kernels.json).
+
+A packed product reads fewer bytes but pays to widen them again, and PyTorch's kernels are tuned for
+some shapes more than others: on one 2-core Xeon the bf16 product of a 1152 x 384 matrix by one row
+took 2.6x as long as float32's, while the int8 one of 2304 x 768 took 0.45x. So, as `--dtype auto`
+does for compute, a layer is packed where it measured faster and stays float32 where float32 measured
+faster by MARGIN; an answer too noisy to trust (runtime/timing.py) packs, since the user asked for the
+smaller weights. The product timed is the one a decode step runs: one row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.errors import AttnlabError
+from attnlab.io import cache_root, read_json, write_json
+from attnlab.nn.packed import PackedLinear
+from attnlab.runtime.precision import cpu_model
+from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
+
+CACHE = "kernels.json"
+MARGIN = 1.1  # float32 is kept only when it ran this much faster: a tie packs (fewer bytes held)
+CALLS = 20  # products per timed sample: a 384 x 384 one takes microseconds, too short to time alone
+
+
+@dataclass
+class Choice:
+    """Pack this shape or keep it float32, and why (a few words)."""
+
+    pack: bool
+    note: str
+
+
+_CHOSEN: dict[str, Choice] = {}
+
+
+def _key(kind: str, shape: tuple[int, int], device: torch.device) -> str:
+    return f"{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{kind}|{shape[0]}x{shape[1]}"
+
+
+def _timer(kind: str, shape: tuple[int, int]):
+    """seconds(side): CALLS one-row products, float32 for the torch.float32 side, packed for the other
+    (timing.measure alternates two sides named by dtype; here they are the two layers)."""
+    linear = nn.Linear(shape[1], shape[0])
+    packed = PackedLinear.from_linear(linear, kind)
+    x = torch.randn(1, shape[1])
+
+    def seconds(side: torch.dtype) -> float:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                F.linear(x, linear.weight, linear.bias) if side == torch.float32 else packed(x)
+            return time.perf_counter() - start
+
+    return seconds
+
+
+def choose(kind: str, shape: tuple[int, int], device: torch.device) -> Choice:
+    """Pack an (O, I) layer as `kind` on `device`, or keep it float32 (measured on a CPU; elsewhere it
+    is packed: the memory is what is asked for there)."""
+    if device.type != "cpu":
+        return Choice(True, f"not measured on {device.type}")
+    k = _key(kind, shape, device)
+    if k in _CHOSEN:
+        return _CHOSEN[k]
+    kept = _read().get(k)
+    if isinstance(kept, dict) and isinstance(kept.get("ratio"), (int, float)):
+        choice = _decided(kind, float(kept["ratio"]))
+    else:
+        m = measure(_timer(kind, shape))
+        doubt = _doubt(m)
+        choice = Choice(True, f"packed: timing not trusted ({doubt})") if doubt else _decided(kind, m.ratio)
+        if not doubt:
+            _keep(k, m.ratio)
+    _CHOSEN[k] = choice
+    return choice
+
+
+def _doubt(m: Measurement) -> str | None:
+    """Why a timing cannot be believed: too few samples or too much spread (no bounds on the ratio: an
+    int4 product may honestly run 8x faster, or a kernel's slow path 30x slower)."""
+    if m.samples < MIN_PAIRS:
+        return f"only {m.samples} timings of each"
+    if m.spread > SPREAD_LIMIT:
+        return f"spread {m.spread:.0%} after {m.rounds} rounds"
+    return None
+
+
+def _decided(kind: str, ratio: float) -> Choice:
+    """ratio: float32's time over the packed layer's."""
+    if ratio * MARGIN < 1:
+        return Choice(False, f"float32 measured {1 / ratio:.2g}x faster than {kind} here")
+    return Choice(True, f"{kind} measured {ratio:.2g}x float32 here")
+
+
+def _read() -> dict:
+    try:
+        known = read_json(cache_root() / CACHE)
+    except AttnlabError:  # no file, or a corrupt one: measure again
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _keep(k: str, ratio: float) -> None:
+    known = _read()
+    known[k] = {"ratio": round(ratio, 4), "measured": time.strftime("%Y-%m-%d %H:%M")}
+    try:
+        (cache_root() / CACHE).parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache_root() / CACHE, known)
+    except (OSError, AttnlabError):  # an unwritable cache costs a measurement next time
+        pass

@@ -1,0 +1,182 @@
+"""Linear layers for inference whose weights are stored small: int8, int4 or bfloat16.
+
+Legend: M rows of input, O output features, I input features, G = I / GROUP groups per row.
+
+A decode step at batch 1 reads every weight once, so on a CPU its speed is memory bandwidth over the
+bytes of the weights: fewer bytes per weight, more tokens per second. Weight-only: the activations
+stay floating point, only the stored weights shrink.
+
+    int8: per output channel, symmetric:   w = code * scale_o        codes int8 (O, I), scales (O,)
+          (absmax / 127, nn/quantize.py's quantize_int8, the frozen QLoRA base's format)
+    int4: per group of GROUP weights of a row, asymmetric (min to max in 16 steps):
+          w = (code - 8) * scale_og + zero_og      codes uint8 (O, I/2), two per byte (the even
+          column in the low nibble); scales, zeros (O, G)
+    bf16: the weight rounded to bfloat16, (O, I)
+
+GROUP = 32, as GGUF's q4_0 and q8_0 blocks: a scale and a zero per 32 weights (5 bits a weight in all,
+with bf16 scale and zero) where 128, torchao's default, would save half a bit but let one large weight
+coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row already put
+float32's held-out loss within 0.1% (README's table).
+
+The kernels are PyTorch's own weight-only products, measured fastest on the CPU (benchmarks/
+quantize_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both with bfloat16
+activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16 weights a
+plain F.linear in bfloat16. The int4 kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu,
+O a multiple of 16): the saved codes stay in the portable layout above and are packed when the layer
+reaches its device. Another device (CUDA, MPS) computes x @ dequantize(W)^T: correct, not fast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.nn.quantize import _safe, dequantize_int8, quantize_int8
+
+KINDS = ("int8", "int4", "bf16")
+GROUP = 32  # int4 weights per scale and zero
+COMPUTE = torch.bfloat16  # the activations' dtype inside the kernels (see the module's docstring)
+INT4_ROWS = 16  # the CPU int4 kernel takes O a multiple of this: the packed weight is padded with zero rows
+INNER_TILES = 2  # the int4 packing's inner K tiles (the CPU kernel's layout; 2 is what it is tuned for)
+
+
+def quantize_int4(w: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """W (O, I), I a multiple of `group` -> codes uint8 (O, I/2), scales (O, G), zeros (O, G) with
+    |W - dequantize_int4| <= scale / 2: each group's min to max in 15 steps."""
+    o, i = w.shape
+    g = w.detach().float().view(o, i // group, group)  # (O, G, group)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)  # (O, G)
+    scale = (hi - lo) / 15
+    codes = torch.round((g - lo[..., None]) / _safe(scale)[..., None]).clamp_(0, 15).to(torch.uint8)
+    zero = lo + 8 * scale  # w = (code - 8) * scale + zero = code * scale + lo
+    codes = codes.view(o, i)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, zero
+
+
+def unpack_int4(codes: Tensor) -> Tensor:
+    """uint8 (O, I/2) -> codes 0..15 (O, I) as int32, the even column from the low nibble."""
+    low, high = codes & 0x0F, codes >> 4
+    return torch.stack((low, high), dim=2).view(codes.shape[0], -1).to(torch.int32)
+
+
+def dequantize_int4(codes: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
+    """Codes (O, I/2), scales and zeros (O, G) -> float32 W (O, I)."""
+    q = unpack_int4(codes).float()  # (O, I)
+    group = q.shape[1] // scales.shape[1]
+    return (q - 8) * scales.repeat_interleave(group, dim=1) + zeros.repeat_interleave(group, dim=1)
+
+
+def packable(linear: nn.Linear, kind: str, group: int = GROUP) -> bool:
+    """Whether this layer's shape takes `kind`: int4 needs whole groups in a row, and the CPU int8
+    kernel whole blocks of 32 inputs (it crashed the process on 344 inputs and 20 rows: torch 2.13)."""
+    return kind == "bf16" or linear.in_features % group == 0
+
+
+class PackedLinear(nn.Module):
+    """A frozen nn.Linear for inference with its weight stored as `kind`: (..., I) -> (..., O) in the
+    input's dtype. What is saved (state_dict): int8 `codes`, `scales`; int4 `codes`, `scales`, `zeros`;
+    bf16 `weight`; and `bias` (float32) if the layer has one. Nothing here trains."""
+
+    def __init__(self, in_features: int, out_features: int, kind: str, bias: bool = True, group: int = GROUP):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"quantization kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        self.in_features, self.out_features, self.kind, self.group = in_features, out_features, kind, group
+        o, i = out_features, in_features
+        if kind == "int8":
+            self.register_buffer("codes", torch.zeros(o, i, dtype=torch.int8))
+            self.register_buffer("scales", torch.zeros(o))
+        elif kind == "int4":
+            self.register_buffer("codes", torch.zeros(o, i // 2, dtype=torch.uint8))
+            self.register_buffer("scales", torch.zeros(o, i // group))
+            self.register_buffer("zeros", torch.zeros(o, i // group))
+        else:
+            self.register_buffer("weight", torch.zeros(o, i, dtype=torch.bfloat16))
+        self.register_buffer("bias", torch.zeros(o) if bias else None)
+        self._packed: tuple[Tensor, ...] | None = None  # the kernel's operands, made on first use per device
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> PackedLinear:
+        """The packed copy of `linear`, on its device (the float weight is not kept)."""
+        layer = cls(linear.in_features, linear.out_features, kind, linear.bias is not None, group)
+        w = linear.weight.detach()
+        if kind == "int8":
+            layer.codes, layer.scales = quantize_int8(w)
+        elif kind == "int4":
+            layer.codes, layer.scales, layer.zeros = quantize_int4(w, group)
+        else:
+            layer.weight = w.to(torch.bfloat16)
+        if linear.bias is not None:
+            layer.bias = linear.bias.detach().float().clone()
+        return layer.to(w.device)
+
+    def dequantize(self) -> Tensor:
+        """The float32 weight (O, I) the layer multiplies by: the kernels take the scales and zeros
+        rounded to bfloat16, and so does this."""
+        rounded = lambda t: t.to(COMPUTE).float()
+        if self.kind == "int8":
+            return dequantize_int8(self.codes, rounded(self.scales))
+        if self.kind == "int4":
+            return dequantize_int4(self.codes, rounded(self.scales), rounded(self.zeros))
+        return self.weight.float()
+
+    def stored_bytes(self) -> int:
+        """Bytes of what is saved: codes, scales, zeros (or the bf16 weight) and the bias."""
+        return sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
+
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) would round the float32 scales, zeros and bias too: they keep their
+        # dtype and move devices only. Any move drops the packed operands: they are made again there.
+        kept = {n: b for n, b in self._buffers.items() if b is not None and b.dtype == torch.float32}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            if self._buffers[name].dtype != before.dtype:
+                self._buffers[name] = before.to(self._buffers[name].device)
+        self._packed = None
+        return self
+
+    def _operands(self) -> tuple[Tensor, ...]:
+        """What the CPU kernel takes besides x, made once (the weight never changes)."""
+        if self._packed is None:
+            self._packed = PACKERS[self.kind](self)
+        return self._packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., I) -> (..., O) in x's dtype."""
+        if x.device.type != "cpu":  # no kernel of ours there: the dequantized weight, in x's dtype
+            return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        y = KERNELS[self.kind](x.reshape(-1, self.in_features).to(COMPUTE), *self._operands())  # (M, O)
+        y = y[:, : self.out_features].view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        group = f", group={self.group}" if self.kind == "int4" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}{group}, " \
+               f"bias={self.bias is not None}"  # fmt: skip
+
+
+def _int8_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
+    return layer.codes, layer.scales.to(COMPUTE)
+
+
+def _int4_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
+    q = unpack_int4(layer.codes)  # (O, I) int32, 0..15
+    pad = -q.shape[0] % INT4_ROWS  # rows of zeros; their outputs are cut off in forward
+    q = F.pad(q, (0, 0, 0, pad))
+    scales_zeros = torch.stack((layer.scales, layer.zeros), dim=2)  # (O, G, 2)
+    scales_zeros = F.pad(scales_zeros, (0, 0, 0, 0, 0, pad)).transpose(0, 1).contiguous()  # (G, O', 2)
+    return torch._convert_weight_to_int4pack_for_cpu(q, INNER_TILES), layer.group, scales_zeros.to(COMPUTE)
+
+
+def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
+    return (layer.weight,)
+
+
+# By kind: the operands made once from the stored tensors, and the product x (M, I) in COMPUTE -> (M, O').
+PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
+KERNELS = {
+    "int8": torch._weight_int8pack_mm,
+    "int4": torch._weight_int4pack_mm_for_cpu,
+    "bf16": lambda x, w: F.linear(x, w),
+}
