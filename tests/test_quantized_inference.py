@@ -149,7 +149,13 @@ def lm_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qrun")
     corpus = folder / "code.txt"
     corpus.write_text(TEXT * 30)
-    attnlab.train(folder / "lm", tiny_model(d_model=64), tiny_train(max_steps=2, warmup_steps=1), tiny_data(corpus), progress=False)
+    attnlab.train(
+        folder / "lm",
+        tiny_model(d_model=64),
+        tiny_train(max_steps=2, warmup_steps=1),
+        tiny_data(corpus),
+        progress=False,
+    )
     return folder / "lm"
 
 
