@@ -390,7 +390,7 @@ def test_an_existing_file_needs_force(runs, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("keys", "tok", "says"),
     [
-        (dict(GPT2_BLOCK, activation="gelu"), "char", "activation_function is gelu and llama.cpp's GPT-2 computes"),
+        (dict(GPT2_BLOCK, activation="gelu"), "char", "llama.cpp's GPT-2 computes the tanh GELU: train with --act"),
         (dict(LLAMA_BLOCK, feedforward="geglu"), "char", "llama.cpp's llama gates with SiLU"),
         (dict(GPT2_BLOCK, positions="alibi"), "char", "does not fit HuggingFace's GPT-2: positions 'alibi'"),
         (dict(GPT2_BLOCK), "word", "has a word tokenizer: GGUF holds byte-level BPE and character tokenizers"),

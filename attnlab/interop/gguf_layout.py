@@ -157,10 +157,11 @@ LLAMA_KEYS = (
 
 LAYOUTS = {
     "gpt2": Layout("gpt2", gpt2, GPT2_KEYS, _conv1d_flipped, _conv1d_flipped,
-                   ("activation_function", "gelu_new", "llama.cpp's GPT-2 computes the tanh GELU (gelu_tanh)"),
+                   ("activation_function", "gelu_new", "llama.cpp's GPT-2 computes the tanh GELU: train with "
+                    "--activation gelu_tanh"),
                    lambda hf: "GPT2LMHeadModel"),
     "llama": Layout("llama", llama, LLAMA_KEYS, _llama_to_gguf, _llama_from_gguf,
-                    ("hidden_act", "silu", "llama.cpp's llama gates with SiLU (swiglu)"),
+                    ("hidden_act", "silu", "llama.cpp's llama gates with SiLU: train with --feedforward swiglu"),
                     lambda hf: "MixtralForCausalLM" if hf.get("num_local_experts") else "LlamaForCausalLM"),
 }  # fmt: skip
 

@@ -60,7 +60,7 @@ def export_gguf(run_dir: str | Path, path: str | Path, qtype: str = "f32", force
     Returns {"architecture", "type", "out", "bytes", "tensors": {type: count}, "tokenizer"}."""
     if qtype not in TYPES:
         raise AttnlabError(f"--type {qtype!r} is not a GGUF weight type attnlab writes: {', '.join(TYPES)}")
-    out = check_output(path, force, (".gguf",), "FILE")
+    out = check_output(path, force, (".gguf",), "OUT")
     run = check_run_dir(run_dir)
     model, cfg, layout = _model(run)
     hf = layout.module.config_to_hf(cfg)
@@ -98,7 +98,8 @@ def _model(run: Path) -> tuple[torch.nn.Module, Any, Layout]:
 def _check_computes(hf: dict[str, Any], layout: Layout, run: Path) -> None:
     key, value, why = layout.computes
     if hf.get(key) != value:
-        raise AttnlabError(f"{run} does not fit GGUF's {layout.arch}: its {key} is {hf.get(key)} and {why}")
+        raise AttnlabError(f"{run} does not fit GGUF's {layout.arch}: {why} (HuggingFace's {key} is {hf.get(key)} "
+                           "here)")  # fmt: skip
 
 
 def _template(run: Path) -> str | None:
