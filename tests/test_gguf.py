@@ -25,7 +25,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import export_hf
 from attnlab.interop.gguf_in import convert_from_gguf
-from attnlab.interop.gguf_out import export_gguf
+from attnlab.interop.gguf_out import export_gguf, write_gguf
 from attnlab.io import write_json, write_text
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir
@@ -345,6 +345,19 @@ def test_quantized_round_trip_stays_within_the_blocks(runs, tmp_path):
             assert torch.equal(ours, theirs), k
         else:  # q4_0's worst case is a full step (absmax / 8) at the block's far end; q8_0's far less
             assert (err.reshape(-1, 32) <= blocks / 8 * (1 + 2**-10) + 1e-7).all(), k
+
+
+def test_a_model_without_a_run_is_written_with_placeholder_tokens(tmp_path):
+    """write_gguf takes a GPT held in memory (what a benchmark builds): ids 0..255 are written as the
+    bytes and the rest as [PAD] tokens; the file converts back to the same model."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**GPT2_BLOCK, context=32, vocab_size=300)).eval()
+    summary = write_gguf(model, tmp_path / "m.gguf", "f32")
+    assert summary["tokenizer"].startswith("placeholders")
+    convert_from_gguf(tmp_path / "m.gguf", tmp_path / "back")
+    back = attnlab.load(tmp_path / "back", device="cpu")
+    idx = torch.randint(0, 300, (2, 16))
+    assert torch.equal(logits(back.model, idx), logits(model, idx)) and back.tokenizer.vocab_size == 256
 
 
 def test_a_converted_checkpoint_keeps_its_padding_rows(tmp_path):

@@ -16,8 +16,8 @@ import torch
 import attnlab
 from attnlab.decoding.sampling import stream
 from attnlab.interop.gguf_in import convert_from_gguf
-from attnlab.interop.gguf_out import export_gguf
-from attnlab.models.gpt import GPTConfig
+from attnlab.interop.gguf_out import export_gguf, write_gguf
+from attnlab.models.gpt import GPT, GPTConfig
 from tests.conftest import TEXT
 from tests.test_gguf import (
     CORPUS,
@@ -71,6 +71,20 @@ def test_llamacpp_decodes_attnlabs_greedy_tokens(runs, tmp_path, name):
     theirs, per_second = greedy(tmp_path / "m.gguf", prompt, 32)
     print(f"{name}: llama.cpp {per_second:,.0f} tokens/s; {len(set(ours))} distinct tokens; same: {ours == theirs}")
     assert len(set(ours)) > 3 and ours == theirs
+
+
+def test_llamacpp_decodes_a_model_written_from_memory(tmp_path):
+    """The benchmark's way in: a GPT built in memory (GPT-2's block, vocabulary 256), written by
+    write_gguf with placeholder tokens and fed token ids."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=128, vocab_size=256, activation="gelu_tanh"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    write_gguf(model.eval(), tmp_path / "m.gguf")
+    prompt = list(range(40, 56))
+    theirs, _ = greedy(tmp_path / "m.gguf", prompt, 32)
+    assert theirs == list(stream(model, prompt, 32, temperature=0, dtype="float32"))
 
 
 def test_quantized_files_decode_in_llamacpp(runs, tmp_path):

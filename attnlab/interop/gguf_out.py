@@ -33,9 +33,10 @@ from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import exporter
 from attnlab.interop.gguf_layout import Layout, layout_of, settings_to_gguf, tensors_to_gguf
-from attnlab.interop.gguf_vocab import Vocab, vocab_of_run
+from attnlab.interop.gguf_vocab import Vocab, ids_only, vocab_of_run
 from attnlab.io import atomic_write, read_json
 from attnlab.models import family_classes
+from attnlab.models.gpt import GPT
 from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of
 from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.outputs import check_output
@@ -55,31 +56,50 @@ VOCAB_ROWS = (T.TOKEN_EMBD, T.OUTPUT)
 
 
 def export_gguf(run_dir: str | Path, path: str | Path, qtype: str = "f32", force: bool = False) -> dict[str, Any]:
-    """Write GPT run `run_dir` as GGUF file `path` of weight type `qtype` (f32, f16, q8_0, q4_0).
-    Everything is checked before the file is written; an existing `path` is replaced only with force.
+    """Write GPT run `run_dir` as GGUF file `path` of weight type `qtype` (f32, f16, q8_0, q4_0), its
+    tokenizer and chat template inside. Everything is checked before the file is written; an existing
+    `path` is replaced only with force.
     Returns {"architecture", "type", "out", "bytes", "tensors": {type: count}, "tokenizer"}."""
+    check_output(path, force, (".gguf",), "OUT")  # before the run is read
+    run = check_run_dir(run_dir)
+    model = _model(run)
+    vocab = vocab_of_run(load_tokenizer(run), model.cfg.vocab_size, str(run))  # refuses a word-level tokenizer
+    vocab.template = _template(run)
+    return write_gguf(model, path, qtype, force, vocab, run.name, str(run))
+
+
+def write_gguf(
+    model: GPT,
+    path: str | Path,
+    qtype: str = "f32",
+    force: bool = False,
+    vocab: Vocab | None = None,
+    name: str = "attnlab",
+    where: str = "this model",
+) -> dict[str, Any]:
+    """Write an attnlab GPT held in memory as GGUF file `path`, as export_gguf writes a run's. Without a
+    vocabulary (`gguf_vocab.vocab_of_run`) the file's tokens are placeholders, for a caller that feeds
+    llama.cpp token ids (benchmarks/): ids 0..255 stand for the bytes, any beyond for nothing."""
     if qtype not in TYPES:
         raise AttnlabError(f"--type {qtype!r} is not a GGUF weight type attnlab writes: {', '.join(TYPES)}")
     out = check_output(path, force, (".gguf",), "OUT")
-    run = check_run_dir(run_dir)
-    model, cfg, layout = _model(run)
+    cfg = model.cfg
+    layout = layout_of(exporter("gpt", cfg, where))  # one line saying what neither GPT-2 nor Llama expresses
     hf = layout.module.config_to_hf(cfg)
-    _check_computes(hf, layout, run)
-    vocab = vocab_of_run(load_tokenizer(run), cfg.vocab_size, str(run))  # refuses a word-level tokenizer
-    vocab.template = _template(run)
+    _check_computes(hf, layout, where)
+    vocab = vocab or ids_only(cfg.vocab_size)
     tensors = tensors_to_gguf(layout.module.weights_to_hf(model.state_dict(), cfg), hf, layout)
     named = roles(layout, cfg.n_layer)
     stored = {name: _stored(name, t, qtype, named) for name, t in tensors.items()}
     settings = settings_to_gguf(hf, layout) | {f"{layout.arch}.vocab_size": cfg.vocab_size}
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: _write(tmp, layout.arch, str(run.name), qtype, settings, vocab, stored))
+    atomic_write(out, lambda tmp: _write(tmp, layout.arch, name, qtype, settings, vocab, stored))
     return {"architecture": layout.arch, "type": qtype, "out": str(out), "bytes": out.stat().st_size,
-            "tensors": dict(Counter(kind.name for _, kind in stored.values())),
-            "tokenizer": f"{vocab.model} ({'characters' if vocab.unk is not None else 'BPE'})"}  # fmt: skip
+            "tensors": dict(Counter(kind.name for _, kind in stored.values())), "tokenizer": vocab.note}  # fmt: skip
 
 
-def _model(run: Path) -> tuple[torch.nn.Module, Any, Layout]:
-    """The run's GPT with its weights, its config, and the GGUF layout that expresses its blocks."""
+def _model(run: Path) -> GPT:
+    """The run's GPT with its weights (a GPT run's, not a LoRA run's adapters alone)."""
     config = read_run_config(run)
     family = config["family"]
     if adapter_of(config) is not None:
@@ -88,17 +108,15 @@ def _model(run: Path) -> tuple[torch.nn.Module, Any, Layout]:
     if family != "gpt":
         raise AttnlabError(f"{run} is a {family} run: GGUF export writes GPT runs (llama.cpp's gpt2 and llama)")
     config_cls, model_cls = family_classes(family)
-    cfg = from_dict(config_cls, config["model"], where="model config")
-    layout = layout_of(exporter(family, cfg, run))  # one line saying what neither GPT-2 nor Llama expresses
-    model = model_cls(cfg)
+    model = model_cls(from_dict(config_cls, config["model"], where="model config"))
     load_weights(model, run / WEIGHTS)
-    return model, cfg, layout
+    return model
 
 
-def _check_computes(hf: dict[str, Any], layout: Layout, run: Path) -> None:
+def _check_computes(hf: dict[str, Any], layout: Layout, where: str) -> None:
     key, value, why = layout.computes
     if hf.get(key) != value:
-        raise AttnlabError(f"{run} does not fit GGUF's {layout.arch}: {why} (HuggingFace's {key} is {hf.get(key)} "
+        raise AttnlabError(f"{where} does not fit GGUF's {layout.arch}: {why} (HuggingFace's {key} is {hf.get(key)} "
                            "here)")  # fmt: skip
 
 

@@ -57,6 +57,7 @@ class Vocab:
     unk: int | None = None
     add_bos: bool = False
     template: str | None = None
+    note: str = ""  # what export's summary says of it
 
     def to_metadata(self) -> dict[str, Any]:
         """The keys a GGUFWriter writes (None and empty lists left out)."""
@@ -82,6 +83,10 @@ def byte_alphabet() -> list[str]:
 
 BYTES = byte_alphabet()
 FROM_BYTES = {c: b for b, c in enumerate(BYTES)}
+# A merge that never applies (no word of a text is ever split into these two symbols), for a
+# vocabulary with no merges of its own: llama.cpp refuses a gpt2 vocabulary without merges, and gguf
+# writes no empty list.
+NO_MERGE = f"{UNK} {EOT}"
 
 
 def as_byte_symbols(text: str) -> str:
@@ -109,16 +114,20 @@ def vocab_of_run(tok: Tokenizer, rows: int, run: str) -> Vocab:
     return vocab
 
 
+def ids_only(rows: int) -> Vocab:
+    """Placeholder tokens for a model without a tokenizer: ids 0..255 are the bytes (a byte-level
+    vocabulary with no merges), ids beyond are [PAD] tokens. For callers that feed token ids."""
+    tokens = BYTES[:rows] + [f"[PAD{i}]" for i in range(rows - len(BYTES))]
+    types = [T.NORMAL] * min(rows, 256) + [T.UNUSED] * (rows - min(rows, 256))
+    return Vocab("gpt2", "gpt-2", tokens, types, [NO_MERGE], note="placeholders (ids 0-255 as bytes)")
+
+
 def _char_vocab(tok: CharTokenizer) -> Vocab:
     tokens = [UNK, EOT] + [as_byte_symbols(c) for c in tok.chars]
+    note = (f"gpt2: the run's {len(tok.chars)} characters as byte-level tokens (a character outside them is "
+            "<unk> to attnlab, dropped by llama.cpp)")  # fmt: skip
     return Vocab("gpt2", "gpt-2", tokens, [T.UNKNOWN, T.CONTROL] + [T.NORMAL] * len(tok.chars),
-                 char_merges(tok.chars), unk=tok.unk_id)  # fmt: skip
-
-
-# A merge that never applies (no word of a text is ever split into these two symbols), for a
-# vocabulary with no multi-byte character: llama.cpp refuses a gpt2 vocabulary without merges, and
-# gguf writes no empty list.
-NO_MERGE = f"{UNK} {EOT}"
+                 char_merges(tok.chars), unk=tok.unk_id, note=note)  # fmt: skip
 
 
 def char_merges(chars: str) -> list[str]:
@@ -149,7 +158,8 @@ def _bpe_vocab(data: dict[str, Any], run: str) -> Vocab:
     types = [T.NORMAL if i not in added else T.CONTROL if added[i]["special"] else T.USER_DEFINED
              for i in range(len(by_id))]  # fmt: skip
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    return Vocab("gpt2", "gpt-2", [by_id[i] for i in range(len(by_id))], types, merges)
+    return Vocab("gpt2", "gpt-2", [by_id[i] for i in range(len(by_id))], types, merges or [NO_MERGE],
+                 note=f"gpt2: byte-level BPE, {len(by_id)} tokens, {len(merges)} merges")  # fmt: skip
 
 
 # ---- in
@@ -206,8 +216,9 @@ def _byte_level(vocab: Vocab, where: str) -> HFTokenizer:
         raise AttnlabError(f"{where}: its tokenizer splits words as {vocab.pre!r}; attnlab reads the "
                            f"pre-tokenizers {', '.join(PRE_SPLITS)}")  # fmt: skip
     tokens = _used(vocab)
-    merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
     ids = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in vocab.merges]
+    merges = [(a, b) for a, b in pairs if a in ids and b in ids and a + b in ids]  # what a tokenizers BPE holds
     hf = HFTokenizer(models.BPE(ids, merges, ignore_merges=vocab.pre == "llama-bpe"))  # as Llama 3's file says
     if vocab.pre == "llama-bpe":
         hf.pre_tokenizer = pre_tokenizers.Sequence([
