@@ -418,6 +418,15 @@ def test_runs_gguf_cannot_express_are_refused(tmp_path, keys, tok, says):
     assert "\n" not in str(e.value) and no_file(tmp_path / "m.gguf")
 
 
+def test_families_gguf_has_no_form_for_are_refused(tmp_path):
+    from attnlab.models.encoder import Encoder, EncoderConfig
+
+    model = Encoder(EncoderConfig(n_layer=1, n_head=2, d_model=16, context=16, vocab_size=50))
+    with pytest.raises(AttnlabError, match="holds a model of the encoder family: GGUF export writes gpt runs"):
+        write_gguf(model, tmp_path / "m.gguf")
+    assert no_file(tmp_path / "m.gguf")
+
+
 def test_other_architectures_and_weight_types_are_refused(references, tmp_path):
     w = gguf.GGUFWriter(tmp_path / "qwen.gguf", "qwen2")
     w.add_block_count(1)

@@ -31,12 +31,11 @@ from attnlab.config import from_dict
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.interop.convert import exporter
-from attnlab.interop.gguf_layout import Layout, layout_of, settings_to_gguf, tensors_to_gguf
+from attnlab.interop.convert import EXPORTERS, exporter
+from attnlab.interop.gguf_layout import LAYOUTS, Layout, layout_of, settings_to_gguf, tensors_to_gguf
 from attnlab.interop.gguf_vocab import Vocab, ids_only, vocab_of_run
 from attnlab.io import atomic_write, read_json
-from attnlab.models import family_classes
-from attnlab.models.gpt import GPT
+from attnlab.models import FAMILIES, family_classes
 from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of
 from attnlab.runs.folder import WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.outputs import check_output
@@ -62,14 +61,15 @@ def export_gguf(run_dir: str | Path, path: str | Path, qtype: str = "f32", force
     Returns {"architecture", "type", "out", "bytes", "tensors": {type: count}, "tokenizer"}."""
     check_output(path, force, (".gguf",), "OUT")  # before the run is read
     run = check_run_dir(run_dir)
-    model = _model(run)
+    model = _model(run)  # a LoRA run's adapters alone are refused
+    _layout(model, str(run))  # a model GGUF cannot hold is refused before its tokenizer is looked at
     vocab = vocab_of_run(load_tokenizer(run), model.cfg.vocab_size, str(run))  # refuses a word-level tokenizer
     vocab.template = _template(run)
     return write_gguf(model, path, qtype, force, vocab, run.name, str(run))
 
 
 def write_gguf(
-    model: GPT,
+    model: torch.nn.Module,
     path: str | Path,
     qtype: str = "f32",
     force: bool = False,
@@ -77,14 +77,15 @@ def write_gguf(
     name: str = "attnlab",
     where: str = "this model",
 ) -> dict[str, Any]:
-    """Write an attnlab GPT held in memory as GGUF file `path`, as export_gguf writes a run's. Without a
+    """Write an attnlab GPT (a model of a family that exports as GPT-2 or a Llama) held in memory as
+    GGUF file `path`, as export_gguf writes a run's. Without a
     vocabulary (`gguf_vocab.vocab_of_run`) the file's tokens are placeholders, for a caller that feeds
     llama.cpp token ids (benchmarks/): ids 0..255 stand for the bytes, any beyond for nothing."""
     if qtype not in TYPES:
         raise AttnlabError(f"--type {qtype!r} is not a GGUF weight type attnlab writes: {', '.join(TYPES)}")
     out = check_output(path, force, (".gguf",), "OUT")
     cfg = model.cfg
-    layout = layout_of(exporter("gpt", cfg, where))  # one line saying what neither GPT-2 nor Llama expresses
+    layout = _layout(model, where)
     hf = layout.module.config_to_hf(cfg)
     _check_computes(hf, layout, where)
     vocab = vocab or ids_only(cfg.vocab_size)
@@ -98,19 +99,28 @@ def write_gguf(
             "tensors": dict(Counter(kind.name for _, kind in stored.values())), "tokenizer": vocab.note}  # fmt: skip
 
 
-def _model(run: Path) -> GPT:
-    """The run's GPT with its weights (a GPT run's, not a LoRA run's adapters alone)."""
+def _model(run: Path) -> torch.nn.Module:
+    """The run's model with its weights (a LoRA run's weights file holds its adapters alone: refused)."""
     config = read_run_config(run)
-    family = config["family"]
     if adapter_of(config) is not None:
         raise AttnlabError(f"{run} is a LoRA run: merge its adapters into its base first (attnlab merge {run} "
                            "--out DIR) and export that")  # fmt: skip
-    if family != "gpt":
-        raise AttnlabError(f"{run} is a {family} run: GGUF export writes GPT runs (llama.cpp's gpt2 and llama)")
-    config_cls, model_cls = family_classes(family)
+    config_cls, model_cls = family_classes(config["family"])
     model = model_cls(from_dict(config_cls, config["model"], where="model config"))
     load_weights(model, run / WEIGHTS)
     return model
+
+
+def _layout(model: torch.nn.Module, where: str) -> Layout:
+    """The GGUF layout of the HuggingFace form `exporter` picks for the model's family (GPT-2 or Llama);
+    a family with no such form, or a model neither form expresses, is refused in one line."""
+    family = next(name for name, (_, cls) in FAMILIES.items() if type(model) is cls)
+    with_layout = {layout.module for layout in LAYOUTS.values()}
+    if not with_layout & set(EXPORTERS.get(family, ())):
+        writes = [f for f, modules in EXPORTERS.items() if with_layout & set(modules)]
+        raise AttnlabError(f"{where} holds a model of the {family} family: GGUF export writes {', '.join(writes)} "
+                           "runs (llama.cpp's gpt2 and llama)")  # fmt: skip
+    return layout_of(exporter(family, model.cfg, where))  # one line saying what neither GPT-2 nor Llama expresses
 
 
 def _check_computes(hf: dict[str, Any], layout: Layout, where: str) -> None:
