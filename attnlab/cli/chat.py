@@ -16,12 +16,12 @@ from attnlab.runs.kind import kind_of
 from attnlab.runs.run import Run, load
 
 
-def generating_run(path: str, device: str, command: str, quantize: str | None = None) -> Run:
+def generating_run(path: str, device: str, command: str, quantize: str | None = None, compiled: bool = False) -> Run:
     """The run at `path`, which must be a language model (one line naming its kind otherwise); its
     weights quantized for decoding when asked (the note on stderr)."""
     if quantize is not None and not kind_of(read_run_config(check_run_dir(path))).generates:
         raise AttnlabError(f"{path} is not a language model run: --quantize is for decoding")
-    run = load(path, device=device, quantize=quantize)
+    run = load(path, device=device, quantize=quantize, compiled=compiled)
     if not run.task.generates:
         raise AttnlabError(f"{path} is not a language model run (it is {run.task.name}): attnlab {command} needs "
                            "a gpt run")  # fmt: skip

@@ -78,7 +78,7 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     if opts.chat is not None and ({"prompt", "stop"} & set(gen)):
         raise AttnlabError("--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
                            "--prompt and --stop")  # fmt: skip
-    run = generating_run(opts.run, opts.device, "sample", opts.quantize)
+    run = generating_run(opts.run, opts.device, "sample", opts.quantize, cfg.compile)
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
         if opts.chat is not None:

@@ -12,6 +12,7 @@ import torch
 
 from attnlab.cli.options import Answers, OnDevice
 from attnlab.config import option
+from attnlab.nn import pack_choice
 from attnlab.runtime import precision
 from attnlab.runtime.device import pick_device
 from attnlab.runtime.timing import Measurement, Timing
@@ -26,8 +27,9 @@ class DoctorOptions(Answers, OnDevice):
     measure: int | None = option(None, "measure --dtype auto's choice at this width now, for training and for "
                                  "decoding (a few seconds), and keep what can be trusted", metavar="WIDTH",
                                  at_least=1)  # fmt: skip
-    clear: bool = option(False, "forget every kept precision measurement (dtype.json in the cache folder; "
-                         "nothing else there is touched) and say what was removed")  # fmt: skip
+    clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
+                         "--quantize's float32-or-packed choice per shape; nothing else in the cache folder is "
+                         "touched) and say what was removed")  # fmt: skip
 
 
 def machine(device: torch.device) -> dict:
@@ -121,7 +123,7 @@ def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict
 
 def run_doctor(opts: DoctorOptions) -> int:
     device = pick_device(opts.device)
-    cleared = precision.clear_cache() if opts.clear else None
+    cleared = precision.clear_cache() + pack_choice.clear_cache() if opts.clear else None
     now = measure_now(opts.measure) if opts.measure else []
     info, rows = machine(device), kept()
     if opts.json:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data.batches import EOS_ID
+from attnlab.decoding.compiled import CompiledStep
 from attnlab.decoding.slots import Slots
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM, StepDecoding
@@ -31,22 +32,35 @@ class LMDecoder:
 
     batched = True  # rows can share a forward pass (slots.py)
 
-    def __init__(self, model: CausalLM, dtype: str = "auto"):
+    def __init__(self, model: CausalLM, dtype: str = "auto", compiled: bool = False):
         self.model = model.eval()
         self.context, self.vocab = model.cfg.context, model.cfg.vocab_size
         self.device = next(model.parameters()).device
         self.precision = pick_dtype(dtype, self.device, model.cfg.d_model, use="decode")
+        # A lone row's one-token steps through torch.compile (compiled.py), when asked.
+        self.compiled = CompiledStep(model, self.context, self.device) if compiled else None
 
     def start(self, source: Tensor | None) -> list:
-        return self.model.new_caches(self.context)
+        # A compiled step reads the first L keys of its buffers, L symbolic: one position more than the
+        # context keeps L below the buffers' length, or the last position would compile again (L == C).
+        return self.model.new_caches(self.context + (self.compiled is not None))
 
     def outgrown(self, length: int) -> bool:
         """A window longer than the context jumps ahead (engine.py), as stream_rows does."""
         return length > self.context
 
-    def feed(self, state: list, ids: list[int], offset: int, attention: bool = False) -> tuple[Tensor, list | None]:
+    def feed(self, state: list, ids: list[int], offset: int, attention: bool = False,
+             hooked: bool = False) -> tuple[Tensor, list | None]:  # fmt: skip
         """(1, V) next-token logits of `ids` fed at `offset` alone, and (attention) each layer's row of
-        the newest query over the keys so far, mean of the heads (L, Tk)."""
+        the newest query over the keys so far, mean of the heads (L, Tk). One token of a row without
+        attention or hooks (`hooked`) takes the compiled step when there is one."""
+        step = self.compiled
+        if step is not None and len(ids) == 1 and not (attention or hooked) and step.usable(state) \
+                and state[0].length == offset:  # fmt: skip
+            with autocast(self.device, self.precision):
+                logits = step.feed(state, ids[0])
+            if logits is not None:
+                return logits, None
         x = torch.tensor([ids], device=self.device)  # (1, T)
         with autocast(self.device, self.precision):
             if not attention:
@@ -86,7 +100,8 @@ class StepDecoder:
             raise AttnlabError("an encoder-decoder decodes from a source: give one")
         return self.model.start(source.to(self.device))
 
-    def feed(self, state, ids: list[int], offset: int, attention: bool = False) -> tuple[Tensor, list | None]:
+    def feed(self, state, ids: list[int], offset: int, attention: bool = False,
+             hooked: bool = False) -> tuple[Tensor, list | None]:  # fmt: skip
         """The ids one at a time (the model steps a token at a time); the last one's logits (1, V) and
         (attention) where it looked, (L, H, S)."""
         for token in ids:
@@ -105,10 +120,11 @@ class StepDecoder:
         return logits
 
 
-def decoder_for(model, dtype: str = "auto") -> LMDecoder | StepDecoder:
-    """The decoder for a model, by the protocol it offers."""
+def decoder_for(model, dtype: str = "auto", compiled: bool = False) -> LMDecoder | StepDecoder:
+    """The decoder for a model, by the protocol it offers (compiled: a language model's one-token steps
+    through torch.compile)."""
     if isinstance(model, CausalLM):
-        return LMDecoder(model, dtype)
+        return LMDecoder(model, dtype, compiled)
     if isinstance(model, StepDecoding):
         return StepDecoder(model)
     raise AttnlabError(f"a {type(model).__name__} does not generate: it is neither a language model nor an "

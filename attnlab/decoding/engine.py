@@ -6,7 +6,9 @@ Every caller decodes through it: `attnlab sample` and run.generate (sampling.str
 /api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Batcher. A
 request `submit`s a prompt's ids, how to draw (draw.Draw: temperature, top-k, top-p, seed) and how
 many tokens, and receives Steps (a token, with log-probabilities or attention when asked) through a
-callback, then None when done. A thread of the engine's own runs the loop; each turn of it:
+callback, then None when done. A thread of the engine's own runs the loop once a submit() starts it
+(the server); until then the readers of generate() (the command line, run.generate) run its turns
+themselves whenever they wait for a step, one at a time; each turn:
 
 1. admits waiting sequences while there are free slots (`max_batch`): each prompt is run alone,
    exactly as sampling.stream_rows runs it (an encoder-decoder's source encoded first), giving the
@@ -68,9 +70,9 @@ __all__ = ["Batcher", "Draw", "Step", "engine_for"]
 class Batcher:
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
-    def __init__(self, model: nn.Module, max_batch: int = 16, dtype: str = "auto"):
+    def __init__(self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False):
         self.model, self.max_batch = model, max_batch
-        self.decoder = decoder_for(model, dtype)
+        self.decoder = decoder_for(model, dtype, compiled)
         self.device = self.decoder.device
         self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
         self.seats = Seats(self.slots)  # the rows decoded together (seats.py)
@@ -82,19 +84,22 @@ class Batcher:
         self.closed = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._turns = threading.Lock()  # held for each turn: by the engine's thread, or a reader that steps
+        self._prepared = False
 
     # ---- the requests' side (any thread) ----------------------------------------------------------
 
     def submit(self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, logprobs: int | None = None,
                seconds: float | None = None, on_exit: Callable[[], None] | None = None,
                wake: Callable[[], None] | None = None, attention: bool = False, source: Tensor | None = None,
-               tag: str = "") -> Row:  # fmt: skip
+               tag: str = "", start: bool = True) -> Row:  # fmt: skip
         """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
         exception: TimeoutError after `seconds`). on_exit() runs once when it leaves, however it ends;
         wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
         so that a reader can collect a turn's steps in one go. attention: each Step says where its
         query looked; source: an encoder-decoder's input (1, ...). The hooks the calling thread has set
-        on the model run on the sequence's forward passes. Returns the row, to cancel."""
+        on the model run on the sequence's forward passes. start: run the engine's thread if it does not
+        run yet (generate() steps the engine itself instead). Returns the row, to cancel."""
         if not ids:
             raise ValueError("generation needs at least one prompt token")
         row = Row(ids[-self.decoder.context :] if self.decoder.batched else ids, draw, max_tokens, logprobs, emit,
@@ -108,7 +113,7 @@ class Batcher:
             return row
         self.inbox.put(row)
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and start:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="attnlab-engine")
                 self._thread.start()
                 _RUNNING.add(self)
@@ -116,16 +121,43 @@ class Batcher:
 
     def generate(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None,
                  **ask) -> Iterator[Step]:  # fmt: skip
-        """submit() as an iterator of Steps, for code that may block (the command line, tests)."""
-        steps: queue.Queue = queue.Queue()
-        row = self.submit(ids, draw, max_tokens, steps.put, logprobs, **ask)
+        """submit() as an iterator of Steps, for code that may block (the command line, tests). While the
+        engine has no thread of its own (no submit() started one), the reader runs the turns itself
+        when it waits for a step: on a CPU a second thread computing costs each step a hand-over, and
+        its own OpenMP team, whose workers then sleep between operations (a 6 x 384 GPT decoded at 2/3
+        the speed in one). Readers in several threads, or several generators read in turn (sample
+        --num-samples) share those turns as they share the thread's."""
+        steps: queue.SimpleQueue = queue.SimpleQueue()
+        row = self.submit(ids, draw, max_tokens, steps.put, logprobs, start=False, **ask)
         try:
-            while (item := steps.get()) is not None:
+            while (item := self._next(steps)) is not None:
                 if isinstance(item, Exception):
                     raise item
                 yield item
         finally:
             row.cancel()
+
+    def _next(self, steps: queue.SimpleQueue) -> Step | Exception | None:
+        """The reader's next item: already there, made by a turn it runs, or waited for from the thread."""
+        while True:
+            try:
+                return steps.get_nowait()
+            except queue.Empty:
+                pass
+            with self._lock:
+                threaded = self._thread is not None
+            if threaded:
+                return steps.get()
+            self._step_once()
+
+    def _step_once(self) -> None:
+        """One turn in the calling thread (another reader's turn first, if it holds them)."""
+        with self._turns, torch.inference_mode():
+            self._prepare()
+            self.inbox.collect(block=False)
+            self._admit()
+            if self.rows:
+                self._turn()
 
     def close(self, wait: float = 0.0) -> None:
         """Stop the loop after its current turn (waiting up to `wait` seconds for it)."""
@@ -137,22 +169,29 @@ class Batcher:
     # ---- the loop (its own thread) ------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.inference_mode():  # per thread; no autograd bookkeeping at all
-            if self.batched:
-                try:
-                    self.batched = multinomial_is_a_race(self.device)
-                    self.tolerance = self.calibrate()
-                except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
-                    warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
-                    self.batched, self.tolerance = False, FLOOR
-            while not self.closed:
+        while not self.closed:
+            self.inbox.collect(block=not self.rows and not self.inbox)  # idle: wait for a sequence
+            with self._turns, torch.inference_mode():  # no autograd bookkeeping at all
+                self._prepare()
                 self._admit()
                 if self.rows:
                     self._turn()
 
+    def _prepare(self) -> None:
+        """Once, before the first turn: whether rows can be batched exactly, and the tolerance."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.batched:
+            try:
+                self.batched = multinomial_is_a_race(self.device)
+                self.tolerance = self.calibrate()
+            except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
+                warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
+                self.batched, self.tolerance = False, FLOOR
+
     def _admit(self) -> None:
-        """Take new sequences from the inbox (waiting for one when idle); start those that fit."""
-        self.inbox.collect(block=not self.rows and not self.inbox)
+        """Start the waiting sequences that fit (the inbox collected by the caller)."""
         self._expire()
         while self.inbox and len(self.rows) < self.max_batch:
             row = self.inbox.next()
@@ -171,7 +210,7 @@ class Batcher:
         """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
         with its caller's hooks."""
         with hooks(self.model, row.hooks):
-            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.attention)
+            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.attention, bool(row.hooks))
 
     def _fail(self, row: Row, error: Exception) -> None:
         """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
@@ -316,18 +355,20 @@ _ENGINES: weakref.WeakKeyDictionary[nn.Module, dict[str, Batcher]] = weakref.Wea
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None) -> Batcher:
+def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None, compiled: bool = False) -> Batcher:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
-    idle engine of another size is replaced."""
+    idle engine of another size is replaced. compiled: a lone row's steps through torch.compile
+    (compiled.py); an engine of its own."""
     with _ENGINES_LOCK:
         engines = _ENGINES.setdefault(model, {})
-        engine = engines.get(dtype)
+        key = f"{dtype}|compiled" if compiled else dtype
+        engine = engines.get(key)
         stale = engine is None or engine.closed
         if not stale and max_batch is not None and max_batch != engine.max_batch and not engine.rows:
             engine.close()
             stale = True
         if stale:
-            engine = engines[dtype] = Batcher(model, max_batch or 16, dtype)
+            engine = engines[key] = Batcher(model, max_batch or 16, dtype, compiled)
         return engine
 
 

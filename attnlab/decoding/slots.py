@@ -93,6 +93,9 @@ class SlotCache(KVCache):
     def key_bias(self) -> Tensor | None:
         return self.table.bias
 
+    def keys_after(self, offset: int | Tensor, t: int) -> int:
+        return self.table.keys  # known from the slots' lengths, not read back from `offset`
+
     def put(self, slot: int, cache: KVCache) -> None:
         """Copy a one-row cache's positions into `slot`."""
         n = cache.length

@@ -6,7 +6,7 @@ some shapes more than others: on one 2-core Xeon the bf16 product of a 1152 x 38
 took 2.6x as long as float32's, while the int8 one of 2304 x 768 took 0.45x. So, as `--dtype auto`
 does for compute, a layer is packed where it measured faster and stays float32 where float32 measured
 faster by MARGIN; an answer too noisy to trust (runtime/timing.py) packs, since the user asked for the
-smaller weights. The product timed is the one a decode step runs: one row.
+smaller weights. The products timed are the kernels a decode step runs, on one row.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
-from attnlab.nn.packed import PackedLinear
+from attnlab.nn.packed import COMPUTE, KERNELS, ONE_ROW, PackedLinear
 from attnlab.runtime.precision import cpu_model
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 
@@ -45,27 +45,34 @@ def _key(kind: str, shape: tuple[int, int], device: torch.device) -> str:
 
 
 def _timer(kind: str, shape: tuple[int, int]):
-    """seconds(side): CALLS one-row products, float32 for the torch.float32 side, packed for the other
-    (timing.measure alternates two sides named by dtype; here they are the two layers)."""
+    """seconds(side): CALLS one-row products, float32's for the torch.float32 side, the packed kernel's
+    for the other (timing.measure alternates two sides named by dtype; here they are the two kernels).
+    The kernels alone: the casts around a packed product are fused away in a compiled step."""
     linear = nn.Linear(shape[1], shape[0])
-    packed = PackedLinear.from_linear(linear, kind)
+    operands = PackedLinear.from_linear(linear, kind).operands()
     x = torch.randn(1, shape[1])
+    x_packed = x.to(COMPUTE)
+    kernel = KERNELS[kind]
 
     def seconds(side: torch.dtype) -> float:
         with torch.inference_mode():
             start = time.perf_counter()
             for _ in range(CALLS):
-                F.linear(x, linear.weight, linear.bias) if side == torch.float32 else packed(x)
+                F.linear(x, linear.weight, linear.bias) if side == torch.float32 else kernel(x_packed, *operands)
             return time.perf_counter() - start
 
     return seconds
 
 
-def choose(kind: str, shape: tuple[int, int], device: torch.device) -> Choice:
+def choose(kind: str, shape: tuple[int, int], device: torch.device, compiled: bool = False) -> Choice:
     """Pack an (O, I) layer as `kind` on `device`, or keep it float32 (measured on a CPU; elsewhere it
-    is packed: the memory is what is asked for there)."""
+    is packed: the memory is what is asked for there). compiled: the model decodes through compiled
+    steps, where a bf16 row is a sum that reads the stored bytes (packed.py, ONE_ROW): half float32's
+    bytes in the same memory-bound loop, whatever PyTorch's bf16 product measures here."""
     if device.type != "cpu":
         return Choice(True, f"not measured on {device.type}")
+    if compiled and kind in ONE_ROW:
+        return Choice(True, f"{kind}: a compiled step's sum over the stored rows")
     k = _key(kind, shape, device)
     if k in _CHOSEN:
         return _CHOSEN[k]
@@ -97,6 +104,14 @@ def _decided(kind: str, ratio: float) -> Choice:
     if ratio * MARGIN < 1:
         return Choice(False, f"float32 measured {1 / ratio:.2g}x faster than {kind} here")
     return Choice(True, f"{kind} measured {ratio:.2g}x float32 here")
+
+
+def clear_cache() -> list[str]:
+    """Remove kernels.json and forget this process's answers; the keys the file held."""
+    known = _read()
+    (cache_root() / CACHE).unlink(missing_ok=True)
+    _CHOSEN.clear()
+    return list(known)
 
 
 def _read() -> dict:

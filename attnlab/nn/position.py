@@ -91,6 +91,8 @@ class Positions(nn.Module):
         return None
 
     def check(self, t: int, offset: Offset) -> None:
+        if isinstance(offset, Tensor) and torch.compiler.is_compiling():
+            return  # a compiled decode step (decoding/compiled.py): its caller keeps positions in the context
         first = offset if isinstance(offset, int) else int(offset.max())  # per-row offsets: the furthest row
         if first + t > self.max_len:
             raise ValueError(f"positions {first}..{first + t - 1} exceed the context of {self.max_len}")

@@ -67,8 +67,7 @@ class Stack(nn.ModuleList):
         bias: added to every self-attention's scores, (1|B, H|1, T, T'), with the positions' own.
         offset: the position of x[:, 0], or one per row (B,) with caches whose rows differ in length."""
         t = x.shape[1]
-        # With caches the keys are every position so far (per-row offsets: as far as the furthest row).
-        tk = t if caches is None else (offset if isinstance(offset, int) else int(offset.max())) + t
+        tk = t if caches is None else caches[0].keys_after(offset, t)  # with caches: every position so far
         qk_transform = None if positions is None else positions.qk_transform
         bias = _add(bias, None if positions is None else positions.score_bias(t, tk, offset))
         # A recomputed block would append its keys/values to a cache twice: caches mean decoding anyway.

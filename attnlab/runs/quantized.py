@@ -78,17 +78,20 @@ def inference_linears(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Mo
     return found
 
 
-def quantize_for_inference(model: nn.Module, kind: str, every_layer: bool = False) -> Quantization:
+def quantize_for_inference(
+    model: nn.Module, kind: str, every_layer: bool = False, compiled: bool = False
+) -> Quantization:
     """Replace, in place, the model's decode-step linears (inference_linears) by PackedLinear layers of
     `kind`, except those kept float32: SKIP, a shape the kernel cannot take, and (unless `every_layer`)
-    a shape measured faster in float32 here. The model is put in eval mode: packed layers do not train."""
+    a shape measured faster in float32 here (`compiled`: by the products a compiled decode step runs,
+    nn/pack_choice.py). The model is put in eval mode: packed layers do not train."""
     report = Quantization(check_kind(kind))
     device = next(model.parameters()).device
     for name, parent, attr, layer in inference_linears(model):
         if not isinstance(layer, nn.Linear):
             raise AttnlabError(f"quantize: {name} is already {layer.kind}; quantize the float run instead")
         before = sum(p.numel() * p.element_size() for p in layer.parameters())
-        why = _kept_float(name, layer, kind, device, not every_layer)
+        why = _kept_float(name, layer, kind, device, not every_layer, compiled)
         if why:
             report.layers[name], report.kept[name] = FLOAT, why
             after = before
@@ -100,14 +103,15 @@ def quantize_for_inference(model: nn.Module, kind: str, every_layer: bool = Fals
     return _evaluating(model, report)
 
 
-def _kept_float(name: str, layer: nn.Linear, kind: str, device: torch.device, measure: bool) -> str | None:
+def _kept_float(name: str, layer: nn.Linear, kind: str, device: torch.device, measure: bool,
+                compiled: bool) -> str | None:  # fmt: skip
     """Why this layer stays float32, or None to pack it."""
     if any(name == s or name.endswith("." + s) for s in SKIP):
         return "a mixture's router: its choice of experts is kept exact"
     if not packable(layer, kind):
         return f"{layer.in_features} inputs are not whole blocks of {GROUP}, which the {kind} kernel needs"
     if measure:
-        choice = choose(kind, (layer.out_features, layer.in_features), device)
+        choice = choose(kind, (layer.out_features, layer.in_features), device, compiled)
         return None if choice.pack else choice.note
     return None
 

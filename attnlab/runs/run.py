@@ -52,11 +52,13 @@ class Run:
         return generate_text(self.model, self.tokenizer, prompt, **kwargs)
 
 
-def load(path: str | Path, device: str = "auto", quantize: str | None = None, every_layer: bool = False) -> Run:
+def load(path: str | Path, device: str = "auto", quantize: str | None = None, every_layer: bool = False,
+         compiled: bool = False) -> Run:  # fmt: skip
     """Load a run directory written by training (weights read from safetensors, no pickle). quantize:
     "int8", "int4" or "bf16" stores the language model's block matrices and head that way for
     inference (runs/quantized.py), each kept float32 where float32 measured faster here unless
-    `every_layer`; a run written by `attnlab quantize` loads as it was stored."""
+    `every_layer` (compiled: for decoding through compiled steps); a run written by `attnlab quantize`
+    loads as it was stored."""
     p = check_run_dir(path_argument(path, "load: path"))
     config = read_run_config(p)
     task = kind_of(config)
@@ -73,7 +75,7 @@ def load(path: str | Path, device: str = "auto", quantize: str | None = None, ev
     if stored is not None:
         rebuild_packed(model, stored)
     meta = load_weights(model, p / WEIGHTS)
-    report = None if quantize is None else quantize_for_inference(model, check_kind(quantize), every_layer)
+    report = None if quantize is None else quantize_for_inference(model, check_kind(quantize), every_layer, compiled)
     model.to(pick_device(device)).eval()
     tok = load_tokenizer(p) if task.tokenized else None
     return Run(p, model, tok, config, int(meta.get("step", 0)), report)

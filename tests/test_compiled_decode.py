@@ -1,0 +1,95 @@
+"""The compiled decode step (decoding/compiled.py): the tokens and logits of the ordinary forward, on a
+Llama-block model with int8 weights; bf16's one-row sum under torch.compile against its formula; a
+compilation that fails decodes as before after one warning; and the engine stepped by its readers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import perturb
+
+from attnlab.decoding import compiled
+from attnlab.decoding.adapters import LMDecoder
+from attnlab.decoding.sampling import read_together, stream
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn.packed import PackedLinear
+from attnlab.runs.quantized import quantize_for_inference
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def llama_int8() -> GPT:
+    """A tiny Llama block (rotary positions, RMSNorm, SwiGLU, 2 key/value heads for 4) with int8 weights."""
+    torch.manual_seed(0)
+    llama = dict(positions="rope", norm_kind="rmsnorm", feedforward="swiglu", bias=False, tie_weights=False)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=192, context=48, vocab_size=96, **llama)
+    model = perturb(GPT(cfg), 0.05)
+    report = quantize_for_inference(model, "int8", every_layer=True)
+    assert all(kind == "int8" for kind in report.layers.values())
+    return model
+
+
+def test_a_compiled_step_computes_what_the_forward_computes():
+    model = llama_int8()
+    prompt = [5, 17, 2, 40]
+    with torch.inference_mode():
+        eager, fast = LMDecoder(model, "float32"), LMDecoder(model, "float32", compiled=True)
+        a, b = eager.start(None), fast.start(None)
+        la, _ = eager.feed(a, prompt, 0)
+        lb, _ = fast.feed(b, prompt, 0)  # the prompt: the ordinary forward in both
+        for t in range(len(prompt), 40):
+            token = int(la.argmax())
+            la, _ = eager.feed(a, [token], t)
+            lb, _ = fast.feed(b, [token], t)
+            assert fast.compiled.failed is None
+            assert torch.allclose(la, lb, atol=1e-4, rtol=1e-4), (t, (la - lb).abs().max())
+        assert b[0].length == a[0].length == 40
+    # the engine's greedy tokens, through the compiled step, past where the cache needs a refill (48)
+    want = list(stream(model, prompt, 60, temperature=0))
+    assert list(stream(model, prompt, 60, temperature=0, compile=True)) == want
+
+
+def test_bf16_one_row_under_compile_is_its_sum():
+    torch.manual_seed(0)
+    layer = PackedLinear.from_linear(torch.nn.Linear(64, 24), "bf16")
+    x = torch.randn(1, 1, 64)
+    with torch.inference_mode():
+        y = torch.compile(layer, fullgraph=True)(x)
+    want = (x[0].double() @ layer.weight.double().T + layer.bias.double()).float()
+    assert y.shape == (1, 1, 24) and torch.allclose(y[0], want, atol=1e-5)
+
+
+def test_a_compilation_that_fails_decodes_as_before(monkeypatch):
+    def broken(fn, **kw):
+        def step(*a, **k):
+            raise RuntimeError("no C++ compiler here")
+
+        return step
+
+    monkeypatch.setattr(compiled.torch, "compile", broken)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("gpt-nano")).eval()
+    want = list(stream(model, [1, 2, 3], 20, temperature=0))
+    with pytest.warns(UserWarning, match="compiled decode step is off for this model .*no C\\+\\+ compiler"):
+        got = list(stream(model, [1, 2, 3], 20, temperature=0, compile=True))
+    assert got == want
+
+
+def test_readers_step_the_engine_together_in_one_thread_and_across_threads():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("gpt-nano")).eval()
+    alone = [list(stream(model, [1, 2, 3], 30, temperature=1.0, seed=s)) for s in (7, 8)]
+    # two generators read in turn by one thread (sample --num-samples): each steps the engine when it waits
+    texts = read_together([map(str, stream(model, [1, 2, 3], 30, temperature=1.0, seed=s)) for s in (7, 8)])
+    assert texts == ["".join(map(str, t)) for t in alone]
+    # and readers in several threads at once
+    got: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda s=s: got.__setitem__(s, list(stream(model, [1, 2, 3], 30,
+                                temperature=1.0, seed=s)))) for s in (7, 8)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [got[7], got[8]] == alone
