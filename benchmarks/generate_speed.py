@@ -11,7 +11,8 @@ then, at the same thread count:
 - llama.cpp, batch 1: the run exported by `attnlab export --to gguf --type T`, decoded greedily by
   llama.cpp's own loop (attnlab.interop.llamacpp.greedy), when llama-cpp-python is installed.
 tokens/s = new tokens / wall time of the whole call (the prompt included), the best of --repeats
-calls after an untimed warm-up call (the best: on a shared machine a neighbour's burst only slows).
+rounds after an untimed warm-up call of each; in a round every row of the shape runs once, in turn, so
+that a neighbour's burst falls on all of them alike (the best: such a burst only ever slows).
 
 The bound: a decode step at batch 1 must read every matrix it multiplies by once (the blocks' and the
 LM head's; an embedding row is negligible), so no implementation can be faster than the time this
@@ -84,58 +85,64 @@ def gguf_bytes(path: Path) -> int:
     return read if "output.weight" in tensors else read + tensors["token_embd.weight"]
 
 
-def best_call(generate, repeats: int) -> tuple[float, list[int]]:
-    """(best seconds of `repeats` calls, the tokens), after one untimed call."""
-    tokens = generate()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = generate()
-        times.append(time.perf_counter() - start)
-    return min(times), tokens
+def timed(call) -> tuple[float, list[int]]:
+    """(seconds, tokens) of one call; a call that times itself (llama.cpp's) returns (tokens, rate)."""
+    start = time.perf_counter()
+    out = call()
+    seconds = time.perf_counter() - start
+    return (out[0], None, out[1]) if isinstance(out, tuple) else (out, seconds, None)
 
 
-def attnlab_rows(run: Path, shape: str, args, prompt: list[int]) -> list[dict]:
-    rows = []
+def attnlab_methods(run: Path, shape: str, args, prompt: list[int]) -> list[tuple[dict, object]]:
+    """(the row so far, a call that decodes) for every attnlab row of this shape. A compiled row loads
+    the run as --compile does (its kernels chosen for compiled steps)."""
+    methods, n = [], args.new_tokens
     for precision in args.precisions:
-        loaded = attnlab.load(run, device="cpu", quantize=None if precision == "float32" else precision)
-        model = loaded.model
-        mb = read_bytes(model) / 1e6
-        n = args.new_tokens
+        quantize = None if precision == "float32" else precision
         for compiled in (False, True) if args.compile else (False,):
-            gen = lambda m=model, c=compiled, n=n: list(stream(m, prompt, n, temperature=0, dtype="float32", compile=c))
-            seconds, tokens = best_call(gen, args.repeats)
+            model = attnlab.load(run, device="cpu", quantize=quantize, compiled=compiled).model
+            mb = read_bytes(model) / 1e6
             impl = "attnlab compiled" if compiled else "attnlab"
-            rows.append(row(shape, impl, precision, 1, args.new_tokens / seconds, mb, tokens))
-        for b in args.batch:
-            batched = lambda m=model, b=b, n=n: [int(t[0]) for t in stream_rows(m, prompt, b, n, temperature=0)]
-            seconds, tokens = best_call(batched, args.repeats)
-            rows.append(row(shape, "attnlab", precision, b, b * args.new_tokens / seconds, mb, tokens))
-    return rows
+            call = lambda m=model, c=compiled: list(stream(m, prompt, n, temperature=0, dtype="float32", compile=c))
+            methods.append((row(shape, impl, precision, 1, mb), call))
+            for b in args.batch if not compiled else ():
+                call = lambda m=model, b=b: [int(t[0]) for t in stream_rows(m, prompt, b, n, temperature=0)]
+                methods.append((row(shape, "attnlab", precision, b, mb), call))
+    return methods
 
 
-def llamacpp_rows(run: Path, shape: str, args, prompt: list[int], folder: Path) -> list[dict]:
+def llamacpp_methods(run: Path, shape: str, args, prompt: list[int], folder: Path) -> list[tuple[dict, object]]:
+    """The same for llama.cpp, each precision's pair exported from the run once (kept in `folder`)."""
     from attnlab.interop.llamacpp import greedy  # the llamacpp extra
 
-    rows = []
+    methods = []
     for precision in args.precisions:
         qtype = PAIRS[precision]
         path = folder / f"{shape}-{qtype}.gguf"
         if not path.is_file():
             export_gguf(run, path, qtype)
-        gen = lambda p=path: greedy(p, prompt, args.new_tokens, torch.get_num_threads())
-        best, tokens = None, None
-        for _ in range(args.repeats + 1):
-            tokens, per_second = gen()
-            best = per_second if best is None else max(best, per_second)
-        rows.append(row(shape, "llama.cpp", f"{qtype}", 1, best, gguf_bytes(path) / 1e6, tokens, precision))
-    return rows
+        call = lambda p=path: greedy(p, prompt, args.new_tokens, torch.get_num_threads())
+        methods.append((row(shape, "llama.cpp", qtype, 1, gguf_bytes(path) / 1e6, precision), call))
+    return methods
 
 
-def row(shape: str, impl: str, precision: str, batch: int, per_second: float, mb: float, tokens: list[int],
-        pair: str | None = None) -> dict:  # fmt: skip
-    return {"shape": shape, "impl": impl, "precision": precision, "batch": batch, "tokens_per_s": per_second,
-            "ms_per_token": 1e3 / per_second, "mb_per_token": mb, "tokens": tokens,
+def measure(methods: list[tuple[dict, object]], args) -> list[dict]:
+    """Every method once untimed, then --repeats rounds in which each runs once, in turn: a neighbour's
+    burst hits all of them alike. Each row keeps its best round (tokens/s) and its tokens."""
+    for _, call in methods:
+        call()
+    for _ in range(args.repeats):
+        for r, call in methods:
+            tokens, seconds, rate = timed(call)
+            rate = rate if rate is not None else r["batch"] * args.new_tokens / seconds
+            r["tokens"] = tokens
+            r["tokens_per_s"] = max(r.get("tokens_per_s", 0.0), rate)
+            r["ms_per_token"] = 1e3 / r["tokens_per_s"]
+    return [r for r, _ in methods]
+
+
+def row(shape: str, impl: str, precision: str, batch: int, mb: float, pair: str | None = None) -> dict:
+    return {"shape": shape, "impl": impl, "precision": precision, "batch": batch, "mb_per_token": mb,
             "pair": pair or precision}  # fmt: skip
 
 
@@ -187,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         run = random_run(folder, shape)
         prompt = torch.randint(0, SHAPES[shape].vocab_size, (args.prompt_tokens,),
                                generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
-        rows += attnlab_rows(run, shape, args, prompt)
+        methods = attnlab_methods(run, shape, args, prompt)
         if args.llamacpp:
-            rows += llamacpp_rows(run, shape, args, prompt, folder)
+            methods += llamacpp_methods(run, shape, args, prompt, folder)
+        rows += measure(methods, args)
     compare(rows)
     if args.json:
         rows = [{k: v for k, v in r.items() if k != "tokens"} for r in rows]

@@ -71,7 +71,7 @@ def choose(kind: str, shape: tuple[int, int], device: torch.device, compiled: bo
     bytes in the same memory-bound loop, whatever PyTorch's bf16 product measures here."""
     if device.type != "cpu":
         return Choice(True, f"not measured on {device.type}")
-    if compiled and kind in ONE_ROW:
+    if compiled and kind in ONE_ROW and shape[0] * shape[1] >= ONE_ROW[kind]:
         return Choice(True, f"{kind}: a compiled step's sum over the stored rows")
     k = _key(kind, shape, device)
     if k in _CHOSEN:

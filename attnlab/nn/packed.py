@@ -144,7 +144,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., I) -> (..., O) in x's dtype."""
-        if x.numel() == self.in_features and torch.compiler.is_compiling() and self.kind in ONE_ROW:
+        if x.numel() == self.in_features and torch.compiler.is_compiling() and self._sums_one_row():
             return self._one_row(x)
         if x.device.type != "cpu":  # no kernel of ours there: the dequantized weight, in x's dtype
             return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -152,14 +152,22 @@ class PackedLinear(nn.Module):
         y = y[:, : self.out_features].view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
-    def _one_row(self, x: Tensor) -> Tensor:
+    def _sums_one_row(self) -> bool:
+        """Whether a one-row product is the sum below (see ONE_ROW) rather than the kernel."""
+        return self.kind in ONE_ROW and self.out_features * self.in_features >= ONE_ROW[self.kind]
+
+    def _one_row(self, row: Tensor) -> Tensor:
         """One row (a decode step) inside torch.compile: y_o = sum_i x_i w_oi with w dequantized from what
         is stored, which inductor fuses into one loop over each row of codes: the float weight is never
         made, and the bytes read are the stored ones. Measured faster than the kernels for bf16 (25
         products of a 6 x 384 GPT: 0.61 ms, float32's 1.28 ms, F.linear in bf16 3 ms, Xeon)."""
-        y = (x.reshape(1, -1).float() * self.dequantize()).sum(-1)  # (O,)
+        shape, dtype, x = row.shape, row.dtype, row.reshape(1, -1).float()
+        if self.kind == "int8":  # the row's scale after its sum: one multiply per output, not per weight
+            y = (x * self.codes.float()).sum(-1) * self.scales.to(COMPUTE).float()  # (O,)
+        else:
+            y = (x * self.dequantize()).sum(-1)  # (O,)
         y = y if self.bias is None else y + self.bias
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y.view(*shape[:-1], self.out_features).to(dtype)
 
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.kind == "int4" else ""
@@ -184,9 +192,13 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
     return (layer.weight,)
 
 
-# The kinds whose one-row product is better written as a sum under torch.compile (see _one_row): bf16
-# only; int8's and int4's kernels ran faster than their sums (int4's unpacking does not vectorize).
-ONE_ROW = {"bf16"}
+# The kinds whose one-row product is written as a sum under torch.compile (see _one_row), from this many
+# weights a matrix. bf16: always (no PyTorch kernel came close). int8: from 2^20 weights, measured on the
+# 2-core Xeon as the products of compiled chains, us a matrix, kernel / sum: 384 x 384 20 / 14 but in
+# the whole 6 x 384 model the kernel's step was the faster (640-718 tok/s against 447-561); 768 x 768
+# 60 / 67; 2304 x 768 144 / 124; 3072 x 768 197 / 166; 768 x 3072 164 / 170; 50257 x 768 3587 / 2921.
+# int4: never (its nibbles' unpacking does not vectorize: a 6 x 384 GPT decoded 8x slower).
+ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 # By kind: the operands made once from the stored tensors, and the product x (M, I) in COMPUTE -> (M, O').
 PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
