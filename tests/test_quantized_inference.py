@@ -6,6 +6,7 @@ per-shape choice of kernel, and the command line."""
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from conftest import TEXT, perturb, run_cli, tiny_data, tiny_model, tiny_train
 from torch import nn
 
 import attnlab
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import Batcher
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
@@ -229,3 +232,20 @@ def test_sample_and_eval_take_quantize(lm_run, tmp_path, capsys):
     assert code == 0 and "as int8" in out
     code, out, _ = run_cli(["eval", tmp_path / "q8", "--max-tokens", "500", "--json", "--device", "cpu"], capsys)
     assert code == 0 and '"loss"' in out
+
+
+def test_the_servers_batched_steps_decode_quantized_rows_as_each_alone():
+    model = _wide_gaps_model()
+    quantize_for_inference(model, "int4", every_layer=True)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    draws = [Draw(0.0, seed=1), Draw(1.0, 5, seed=2), Draw(0.8, None, 0.9, seed=3), Draw(1.2, seed=4)]
+    alone = [[int(t[0]) for t in stream_rows(model, p, 1, 24, d.temperature, d.top_k, d.top_p, d.seed)]
+             for p, d in zip(prompts, draws)]  # fmt: skip
+    engine = Batcher(model, max_batch=4, dtype="float32")
+    got, ended = [[] for _ in prompts], threading.Semaphore(0)
+    for i, (p, d) in enumerate(zip(prompts, draws)):  # submit(): the server's way, on the engine's thread
+        engine.submit(p, d, 24, lambda s, i=i: got[i].append(s.token) if s is not None else ended.release())
+    assert all(ended.acquire(timeout=120) for _ in prompts)
+    engine.close(wait=5)
+    assert got == alone
+    assert engine.stats["batched rows"] > 0  # the rows shared steps
