@@ -8,8 +8,9 @@ then, at the same thread count:
   loaded with --quantize (what `attnlab sample --quantize KIND` does: a layer whose shape ran faster
   in float32 here stays float32), eager and with --compile (decoding/compiled.py);
 - attnlab, batch B (--batch): `stream_rows`, B sequences in one forward pass per step;
-- llama.cpp, batch 1: the run exported by `attnlab export --to gguf --type T`, decoded greedily by
-  llama.cpp's own loop (attnlab.interop.llamacpp.greedy), when llama-cpp-python is installed.
+- llama.cpp: the run exported by `attnlab export --to gguf --type T`, decoded greedily by llama.cpp's
+  own loop (attnlab.interop.llamacpp.greedy; batch B: greedy_rows, B sequences in one llama_decode a
+  step), when llama-cpp-python is installed.
 tokens/s = new tokens / wall time of the whole call (the prompt included), the best of --repeats
 rounds after an untimed warm-up call of each; in a round every row of the shape runs once, in turn, so
 that a neighbour's burst falls on all of them alike (the best: such a burst only ever slows).
@@ -113,16 +114,19 @@ def attnlab_methods(run: Path, shape: str, args, prompt: list[int]) -> list[tupl
 
 def llamacpp_methods(run: Path, shape: str, args, prompt: list[int], folder: Path) -> list[tuple[dict, object]]:
     """The same for llama.cpp, each precision's pair exported from the run once (kept in `folder`)."""
-    from attnlab.interop.llamacpp import greedy  # the llamacpp extra
+    from attnlab.interop.llamacpp import greedy, greedy_rows  # the llamacpp extra
 
-    methods = []
+    methods, n, threads = [], args.new_tokens, torch.get_num_threads()
     for precision in args.precisions:
         qtype = PAIRS[precision]
         path = folder / f"{shape}-{qtype}.gguf"
         if not path.is_file():
             export_gguf(run, path, qtype)
-        call = lambda p=path: greedy(p, prompt, args.new_tokens, torch.get_num_threads())
-        methods.append((row(shape, "llama.cpp", qtype, 1, gguf_bytes(path) / 1e6, precision), call))
+        mb = gguf_bytes(path) / 1e6
+        methods.append((row(shape, "llama.cpp", qtype, 1, mb, precision), lambda p=path: greedy(p, prompt, n, threads)))
+        for b in args.batch:
+            call = lambda p=path, b=b: greedy_rows(p, prompt, b, n, threads)
+            methods.append((row(shape, "llama.cpp", qtype, b, mb, precision), call))
     return methods
 
 
@@ -156,8 +160,9 @@ def compare(rows: list[dict]) -> None:
             x for x in rows if x["shape"] == r["shape"] and x["impl"] == "attnlab" and x["precision"] == "float32"
         )
         r["same_tokens"] = "yes" if r["tokens"] == ref["tokens"] else _first_difference(r["tokens"], ref["tokens"])
-        peer = [x for x in rows if x["shape"] == r["shape"] and x["impl"] == "llama.cpp" and x["pair"] == r["pair"]]
-        if r["impl"].startswith("attnlab") and r["batch"] == 1 and peer:
+        peer = [x for x in rows if x["shape"] == r["shape"] and x["impl"] == "llama.cpp" and x["pair"] == r["pair"]
+                and x["batch"] == r["batch"]]  # fmt: skip
+        if r["impl"].startswith("attnlab") and peer:
             r["vs_llamacpp"] = r["tokens_per_s"] / peer[0]["tokens_per_s"]
 
 

@@ -33,7 +33,7 @@ from tests.test_gguf import (
 )
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding: pip install -e '.[llamacpp]'")
-from attnlab.interop.llamacpp import greedy, last_logits, tokenize  # noqa: E402  (after the skip)
+from attnlab.interop.llamacpp import greedy, greedy_rows, last_logits, tokenize  # noqa: E402  (after the skip)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 __all__ = ["references", "runs"]  # the fixtures test_gguf.py makes, used here
@@ -85,6 +85,20 @@ def test_llamacpp_decodes_a_model_written_from_memory(tmp_path):
     prompt = list(range(40, 56))
     theirs, _ = greedy(tmp_path / "m.gguf", prompt, 32)
     assert theirs == list(stream(model, prompt, 32, temperature=0, dtype="float32"))
+
+
+def test_llamacpp_decodes_rows_together_as_each_alone(tmp_path):
+    """greedy_rows, the benchmark's batch rows: 16 sequences in one llama_decode a step, each the lone
+    greedy sequence (attnlab's here)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=128, vocab_size=256, activation="gelu_tanh"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    write_gguf(model.eval(), tmp_path / "m.gguf")
+    prompt = list(range(40, 56))
+    tokens, per_second = greedy_rows(tmp_path / "m.gguf", prompt, 16, 24)
+    assert tokens == list(stream(model, prompt, 24, temperature=0, dtype="float32")) and per_second > 0
 
 
 def test_quantized_files_decode_in_llamacpp(runs, tmp_path):

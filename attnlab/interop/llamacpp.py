@@ -67,6 +67,51 @@ def greedy(
     return out, new_tokens / seconds
 
 
+def greedy_rows(
+    path: str | Path, prompt: Sequence[int], rows: int, new_tokens: int, threads: int = 1, repack: bool | None = None
+) -> tuple[list[int], float]:
+    """greedy() for `rows` sequences of the same prompt decoded together, one llama_decode per step
+    holding a token of each (llama.cpp's sequences, as its server batches requests): the first row's
+    tokens, and rows * new_tokens / seconds. Every row is the same greedy sequence."""
+    if llama_cpp is None:
+        raise AttnlabError(f"llama.cpp's Python binding is not installed: {INSTALL}")
+    if not prompt or new_tokens < 1 or rows < 1:
+        raise AttnlabError("greedy_rows needs a prompt, at least one new token and at least one row")
+    repack = _repack_by_default() if repack is None else repack
+    positions = len(prompt) + new_tokens
+    with _context(Path(path), rows * positions, rows * len(prompt), threads, repack, rows) as (ctx, vocab_size):
+        batch = llama_cpp.llama_batch_init(rows * len(prompt), 0, rows)
+        try:
+            start = time.perf_counter()
+            nexts = _rows_step(ctx, batch, [list(prompt)] * rows, 0, vocab_size)  # every row's prompt, at once
+            out = [nexts[0]]
+            for pos in range(len(prompt), positions - 1):
+                nexts = _rows_step(ctx, batch, [[t] for t in nexts], pos, vocab_size)  # a token of each row
+                out.append(nexts[0])
+            seconds = time.perf_counter() - start
+        finally:
+            llama_cpp.llama_batch_free(batch)
+    return out, rows * new_tokens / seconds
+
+
+def _rows_step(ctx, batch, tokens: list[list[int]], start: int, vocab_size: int) -> list[int]:
+    """Decode row r's `tokens[r]` at positions start.. (sequence r), every row in one batch; each
+    row's argmax of its last logits."""
+    i, last = 0, []
+    for r, row in enumerate(tokens):
+        for j, token in enumerate(row):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
+            batch.seq_id[i][0] = r
+            batch.logits[i] = j == len(row) - 1
+            i += 1
+        last.append(i - 1)
+    batch.n_tokens = i
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        raise AttnlabError(f"llama.cpp could not decode {i} token(s) of {len(tokens)} rows at position {start}")
+    return [int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, k), shape=(vocab_size,)).argmax())
+            for k in last]  # fmt: skip
+
+
 def tokenize(path: str | Path, text: str, special: bool = False) -> list[int]:
     """`text` as llama.cpp's tokenizer reads it with the vocabulary of GGUF file `path`, no begin-of-text
     added, to check a file's tokenizer against attnlab's. special: read a control token's text
@@ -123,8 +168,10 @@ def _step(ctx, batch, tokens: list[int], start: int, vocab_size: int) -> int:
 
 
 @contextmanager
-def _context(path: Path, positions: int, batch: int, threads: int, repack: bool) -> Iterator[tuple[object, int]]:
-    """(a llama.cpp context over the model in `path` holding `positions` positions, its vocabulary size)."""
+def _context(path: Path, positions: int, batch: int, threads: int, repack: bool,
+             sequences: int = 1) -> Iterator[tuple[object, int]]:  # fmt: skip
+    """(a llama.cpp context over the model in `path` holding `positions` positions, shared by
+    `sequences` sequences, and its vocabulary size)."""
     if not path.is_file():
         raise AttnlabError(f"GGUF file not found: {path}")
     _quiet()
@@ -137,6 +184,7 @@ def _context(path: Path, positions: int, batch: int, threads: int, repack: bool)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = positions, max(batch, 1), max(batch, 1)
         params.n_threads = params.n_threads_batch = threads
+        params.n_seq_max = sequences
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise AttnlabError(f"llama.cpp could not make a context of {positions} positions for {path}")
