@@ -15,15 +15,16 @@ stay floating point, only the stored weights shrink.
 
 GROUP = 32, as GGUF's q4_0 and q8_0 blocks: a scale and a zero per 32 weights (5 bits a weight in all,
 with bf16 scale and zero) where 128, torchao's default, would save half a bit but let one large weight
-coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row already put
-float32's held-out loss within 0.1% (README's table).
+coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
+model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, README).
 
-The kernels are PyTorch's own weight-only products, measured fastest on the CPU (benchmarks/
-quantize_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both with bfloat16
-activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16 weights a
-plain F.linear in bfloat16. The int4 kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu,
-O a multiple of 16): the saved codes stay in the portable layout above and are packed when the layer
-reaches its device. Another device (CUDA, MPS) computes x @ dequantize(W)^T: correct, not fast.
+The kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
+benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both
+with bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
+weights a plain F.linear in bfloat16 (under torch.compile, one row: the sums of _one_row). The int4
+kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu, O a multiple of 16): the saved
+codes stay in the portable layout above and are packed when the layer reaches its device. Another
+device (CUDA, MPS) computes x @ dequantize(W)^T: correct, not fast.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.attention import stored
 from attnlab.nn.quantize import _safe, dequantize_int8, quantize_int8
 
 KINDS = ("int8", "int4", "bf16")
@@ -161,7 +163,7 @@ class PackedLinear(nn.Module):
         is stored, which inductor fuses into one loop over each row of codes: the float weight is never
         made, and the bytes read are the stored ones. Measured faster than the kernels for bf16 (25
         products of a 6 x 384 GPT: 0.61 ms, float32's 1.28 ms, F.linear in bf16 3 ms, Xeon)."""
-        shape, dtype, x = row.shape, row.dtype, row.reshape(1, -1).float()
+        shape, dtype, x = row.shape, row.dtype, stored(row.reshape(1, -1).float())
         if self.kind == "int8":  # the row's scale after its sum: one multiply per output, not per weight
             y = (x * self.codes.float()).sum(-1) * self.scales.to(COMPUTE).float()  # (O,)
         else:
