@@ -4,6 +4,8 @@ training loop (learning rate, exact resume), and `attnlab compare --task lm`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -120,3 +122,17 @@ def test_compare_blocks_reports_total_and_active_parameters(tmp_path, corpus, ca
     assert row["recipe"] == "MoE block (moe-nano)" and row["vs_fast"] == 0
     assert row["active_parameters"] < row["parameters"] and row["tokens_per_s"] > 0
     assert f"{row['active_parameters']:,}" in out and "vs first" in out
+
+
+def test_the_held_out_corpus_is_pip_found_without_switching_off_setuptools_distutils():
+    # A search for "pip" on the import path makes setuptools' finder stand down for the rest of the
+    # process; a later `import setuptools` (torch.compile's C++ builder) then failed in the suite.
+    code = (
+        "from attnlab.tasks.lm_compare import held_out_corpus\n"
+        "folder = held_out_corpus()\n"
+        "assert folder is not None and (folder / '_internal').is_dir(), folder\n"
+        "import setuptools, distutils.core\n"
+        "assert '_distutils' in distutils.core.__file__, distutils.core.__file__\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -16,7 +16,7 @@ Llama block (llama-nano) and the mixture-of-experts block (moe-nano), all traine
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,15 @@ def block_recipes() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
 
 def held_out_corpus() -> Path | None:
     """The installed pip package's source: Python text none of the runs trained on (they read the
-    standard library). None where pip is not installed."""
-    spec = importlib.util.find_spec("pip")
-    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+    standard library). None where pip is not installed. Found through its installed metadata, not
+    importlib.util.find_spec("pip"): setuptools' distutils finder answers a search for "pip" by
+    switching itself off for the rest of the process, and a later `import setuptools` (as
+    torch.compile's C++ builder does) then fails on the standard library's distutils."""
+    try:
+        folder = Path(str(importlib.metadata.distribution("pip").locate_file("pip")))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return folder if (folder / "__init__.py").is_file() else None
 
 
 def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[str] | None = None,
