@@ -73,16 +73,22 @@ def test_llamacpp_decodes_attnlabs_greedy_tokens(runs, tmp_path, name):
     assert len(set(ours)) > 3 and ours == theirs
 
 
-def test_llamacpp_decodes_a_model_written_from_memory(tmp_path):
-    """The benchmark's way in: a GPT built in memory (GPT-2's block, vocabulary 256), written by
-    write_gguf with placeholder tokens and fed token ids."""
+def written_in_memory(path):
+    """A GPT built in memory (GPT-2's block, vocabulary 256, weights spread so its logit gaps are wide),
+    written to `path` by write_gguf with placeholder tokens; the model and a prompt of token ids."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=128, vocab_size=256, activation="gelu_tanh"))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.2 * torch.randn_like(p))
-    write_gguf(model.eval(), tmp_path / "m.gguf")
-    prompt = list(range(40, 56))
+    write_gguf(model.eval(), path)
+    return model, list(range(40, 56))
+
+
+def test_llamacpp_decodes_a_model_written_from_memory(tmp_path):
+    """The benchmark's way in: a GPT built in memory (GPT-2's block, vocabulary 256), written by
+    write_gguf with placeholder tokens and fed token ids."""
+    model, prompt = written_in_memory(tmp_path / "m.gguf")
     theirs, _ = greedy(tmp_path / "m.gguf", prompt, 32)
     assert theirs == list(stream(model, prompt, 32, temperature=0, dtype="float32"))
 
@@ -90,13 +96,7 @@ def test_llamacpp_decodes_a_model_written_from_memory(tmp_path):
 def test_llamacpp_decodes_rows_together_as_each_alone(tmp_path):
     """greedy_rows, the benchmark's batch rows: 16 sequences in one llama_decode a step, each the lone
     greedy sequence (attnlab's here)."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=128, vocab_size=256, activation="gelu_tanh"))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    write_gguf(model.eval(), tmp_path / "m.gguf")
-    prompt = list(range(40, 56))
+    model, prompt = written_in_memory(tmp_path / "m.gguf")
     tokens, per_second = greedy_rows(tmp_path / "m.gguf", prompt, 16, 24)
     assert tokens == list(stream(model, prompt, 24, temperature=0, dtype="float32")) and per_second > 0
 
