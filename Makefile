@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of PyTorch this project is tested with; override e.g. TORCH="torch" for the newest.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-slow lint install clean
+.PHONY: demo test test-slow lint docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,14 @@ test: $(VENV)/.installed-dev
 test-slow: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m slow
 
+# The documentation site, strictly (a warning fails it), into site/: open site/index.html, no server needed.
+# The command reference and the lessons are generated into build/docs/ by docs/hooks.py (lessons executed
+# only where build/lessons holds no notebook of their current source).
+docs: $(VENV)/.installed-dev
+	$(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site build/docs
