@@ -7,7 +7,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from attnlab.config import check_seed, check_types, option
+from attnlab.config import check_seed, check_types, names, option
+from attnlab.engine.tracking import TRACKERS
 from attnlab.runtime.device import DTYPE_NAMES
 
 SCHEDULES = ("cosine", "wsd", "inverse_sqrt")
@@ -78,6 +79,8 @@ class TrainConfig:
     compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
     grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
     dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
+    log: str | None = option(None, "also send the metrics to a tracker (metrics.jsonl is always written): "
+                             "tensorboard, event files in RUN/tensorboard/", names(TRACKERS))  # fmt: skip
 
     def __post_init__(self):
         check_types(self)  # TrainConfig(max_steps="5"): named here, not "'<' not supported" below
@@ -101,6 +104,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.log is not None and self.log not in TRACKERS:
+            raise ValueError(f"log must be one of {', '.join(TRACKERS)}, got {self.log!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.optimizer == "muon" and self.parallel == "fsdp":

@@ -29,12 +29,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.engine.config import TrainConfig, budget_seconds, warn_short_warmup
+from attnlab.engine.notebook import LiveLoss, in_notebook
 from attnlab.engine.optim import lr_at, set_lr
 from attnlab.engine.saving import restore_rng, rng_snapshot, save_checkpoint, save_snapshot
 from attnlab.engine.session import Session
+from attnlab.engine.tracking import close_trackers, open_trackers
 from attnlab.errors import AttnlabError
+from attnlab.io import read_json
 from attnlab.nn.moe import aux_loss, routing_stats
 from attnlab.nn.objective import Objective
+from attnlab.runs.folder import CONFIG
+from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.device import autocast
 from attnlab.viz.curves import plot_loss
@@ -147,6 +152,19 @@ def _log(s: Session, row: dict) -> None:
         if s.log is None:  # line-buffered: each row reaches the file as it is written
             s.log = open(s.run / "metrics.jsonl", "a", buffering=1, encoding="utf-8")
         s.log.write(json.dumps(row) + "\n")
+        for tracker in s.trackers:  # --log's trackers and a notebook's picture get the same rows
+            tracker.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+
+
+def start_trackers(s: Session, progress: bool) -> None:
+    """Open --log's trackers and, inside a Jupyter kernel, the live loss picture (rank 0 alone logs)."""
+    if not s.dist.main:
+        s.trackers = []
+        return
+    if progress and in_notebook():
+        s.trackers = [*s.trackers, LiveLoss()]
+    record(s.run, *[name for t in s.trackers for name in t.files])  # --force removes them with the run
+    open_trackers(s.trackers, s.run, read_json(s.run / CONFIG), s.step)
 
 
 def _draw(s: Session) -> float:
@@ -203,6 +221,7 @@ def loop(s: Session, progress: bool = True) -> dict:
     cfg = s.cfg
     announce(s)
     budget = budget_seconds(cfg.time_budget) if cfg.time_budget else None
+    start_trackers(s, progress)  # before the bar: a tracker that cannot open stops the run here
     bar = progress_bar(s, budget, disable=not (progress and s.dist.main))
     p = Progress(budget, bar, time.perf_counter() - s.elapsed, rng_snapshot(s), time.monotonic() + PLOT_EVERY)
     first_step = s.step
@@ -225,6 +244,8 @@ def loop(s: Session, progress: bool = True) -> dict:
         if s.log is not None:
             s.log.close()
             s.log = None
+        close_trackers(s.trackers)
+        s.trackers = []
     p.bar.close()
     if budget and s.step < cfg.max_steps and s.dist.main:
         floor = f" (at least {cfg.min_steps})" if p.past_budget else ""

@@ -22,6 +22,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.fits import check_training_fits
 from attnlab.engine.optim import apply_settings, make_optimizer
 from attnlab.engine.saving import SNAPSHOTS, save_checkpoint
+from attnlab.engine.tracking import Tracker
 from attnlab.io import truncate_metrics, write_json
 from attnlab.models import build_model
 from attnlab.nn.stack import set_grad_checkpoint, stacks_of
@@ -55,6 +56,7 @@ class Session:
     elapsed: float = 0.0  # seconds of training so far, earlier sessions of a resumed run included
     writer: BackgroundWriter = field(default_factory=BackgroundWriter)  # checkpoints in flight
     log: TextIO | None = None  # metrics.jsonl, open while the loop runs (rank 0)
+    trackers: list[Tracker] = field(default_factory=list)  # --log's, and a notebook's picture (rank 0)
 
 
 def start(

@@ -28,6 +28,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import loop
 from attnlab.engine.resume import check_more_to_train, check_same_init
 from attnlab.engine.session import Session, start
+from attnlab.engine.tracking import make_trackers
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
 from attnlab.runs.folder import check_dir, check_resumable, discard_unstarted, fresh_dir, read_run_config
@@ -107,6 +108,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
     """Everything up to the first step: defaults, run directory, processes, data, model, optimizer."""
     req = completed(task, req)
     out, cfg = Path(req.out), req.train
+    trackers = make_trackers([cfg.log] if cfg.log else [])  # a missing library said before anything is written
     world = distributed.world_size()
     if cfg.batch_size % (cfg.grad_accum * world):
         raise AttnlabError(
@@ -130,6 +132,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
             prepared.config["preset"] = preset
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
                   command=task.name)  # fmt: skip
+        s.trackers = trackers
         if req.resume and d.main:
             spent = f" ({s.elapsed:.0f} s of the {cfg.time_budget} budget spent)" if cfg.time_budget else ""
             print(f"resuming {out} from step {s.step} of {cfg.max_steps}{spent}", file=sys.stderr)
