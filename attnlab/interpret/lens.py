@@ -21,6 +21,7 @@ from attnlab.errors import AttnlabError
 from attnlab.interpret.trace import trace
 from attnlab.models.protocols import CausalLM, ReadOut
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 
 @dataclass
@@ -34,6 +35,13 @@ class Lens:
     def as_json(self) -> dict:
         return {"tokens": self.tokens, "layers": self.layers, "top": self.top, "prob": self.prob.tolist(),
                 "target_prob": None if self.target_prob is None else self.target_prob.tolist()}  # fmt: skip
+
+    def __repr__(self) -> str:  # the dataclass's would print both tensors
+        return f"Lens({len(self.tokens)} positions read after {', '.join(self.layers)}; see .top and .prob)"
+
+    def _repr_png_(self) -> bytes:
+        """A notebook shows the lens as plot_lens draws it."""
+        return Picture.of(lambda path: plot_lens(self, path)).data
 
 
 def _reader(model: nn.Module, src: Tensor | None) -> tuple[str, nn.Module, nn.Module]:
@@ -62,7 +70,7 @@ def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i), src: Tens
                 [[decode(int(i)) for i in row] for row in top], prob.cpu(), target)  # fmt: skip
 
 
-def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
+def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> Picture:
     """Layers x positions, each cell the top next token, coloured by its probability (PNG or SVG)."""
     plt = pyplot()
 
@@ -82,4 +90,4 @@ def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> None:
     ax.set_title("logit lens: top next token after each layer, shaded by its probability")
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

@@ -23,6 +23,7 @@ from attnlab.interpret.trace import trace
 from attnlab.io import read_metrics
 from attnlab.runs.weights import load_weights
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 DETECTED = ("previous-token", "induction")
 
@@ -51,7 +52,7 @@ def over_training(run, n: int | None = None, batch: int = 8) -> dict:
             "val_loss": val, "chance": float(torch.log(torch.tensor(float(run.tokenizer.vocab_size))))}  # fmt: skip
 
 
-def plot_over_training(result: dict, path: str | Path) -> None:
+def plot_over_training(result: dict, path: str | Path) -> Picture:
     """Top: each layer's best head per detector against the step; bottom: the losses."""
     plt = pyplot()
 
@@ -76,4 +77,4 @@ def plot_over_training(result: dict, path: str | Path) -> None:
     bottom.set_ylabel("loss (nats)")
     bottom.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

@@ -26,6 +26,7 @@ from attnlab.runs.run import Run
 from attnlab.viz.curves import learning_rates, plot_loss, plot_lr
 from attnlab.viz.embeddings import embedding_pca, plot_embeddings, plot_positions
 from attnlab.viz.experts import plot_expert_load, plot_routing
+from attnlab.viz.picture import Drawn
 
 # What `--what experts` routes when no --text is given: a line of Python and a line of prose.
 EXPERTS_TEXT = "for key in sorted(items):\n    print(key, items[key] + 1)  # 42\n"
@@ -33,12 +34,12 @@ EXPERTS_TEXT = "for key in sorted(items):\n    print(key, items[key] + 1)  # 42\
 _WORD = re.compile(r"\w+")  # letters, digits, underscores: words and identifiers
 
 
-def plot_run(run: Run, what: str, out: Path, max_tokens: int = 60, text: str | None = None) -> str:
+def plot_run(run: Run, what: str, out: Path, max_tokens: int = 60, text: str | None = None) -> Drawn:
     """Draw `what` (one of PLOTS) for a loaded run (attnlab.load) into `out` (.png, .svg or .json);
     returns a one-line description of what was drawn. text: what `experts` routes (default EXPERTS_TEXT)."""
     if what not in PLOTS:
         raise AttnlabError(f"unknown plot {what!r}: choose one of {', '.join(PLOTS)}")
-    return PLOTS[what](run, Path(out), max_tokens, text)
+    return Drawn(PLOTS[what](run, Path(out), max_tokens, text), out)  # a str a notebook shows as the picture
 
 
 def _metrics(run: Run) -> Path:

@@ -27,7 +27,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import TRANSLATION_VIEWS, views
-from attnlab.viz.html import AttentionView
+from attnlab.viz.html import AttentionView, Views
 
 if TYPE_CHECKING:
     import torch
@@ -142,7 +142,7 @@ def _through_encoder(cross: AttentionView, encoder: AttentionView, method: str) 
     return AttentionView(name, cross.queries, cross.keys, composed[None, None])
 
 
-def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5) -> list[AttentionView]:
+def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5) -> Views:
     """The rollout (or flow) of every attention of `run` (attnlab.load) on `text`, as views of shape
     (1, 1, Tq, Tk) that the PNG and HTML drawers show:
       gpt, encoder  "self-attention rollout" (T, T)
@@ -163,7 +163,7 @@ def run_rollouts(run, text: str, method: str = "rollout", residual: float = 0.5)
     if cross is not None:
         encoder = next((v for v in out if v.name.startswith(TRANSLATION_VIEWS["encoder"])), None)
         out.append(cross if encoder is None else _through_encoder(cross, encoder, method))
-    return out
+    return Views(out)  # a list a notebook shows inline
 
 
 METHODS = {"rollout": rollout, "flow": flow}  # by name: what follows attention through the layers

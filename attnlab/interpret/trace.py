@@ -9,10 +9,15 @@
 
 The points live in the shared Block and attention (see nn/hooks.py for their names and shapes),
 so every family has them: GPT, the encoder, the encoder-decoder (`encoder.`, `decoder.`), ViT.
+
+As the last line of a notebook cell a trace shows its points and shapes, and the attention it
+recorded as the head view and model view inline (`t.attention()`), labelled with the text's tokens
+when it came from a run with a tokenizer.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +25,14 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import ArgumentTypeError, AttnlabError, kind
+from attnlab.interpret.views import token_labels
 from attnlab.nn.hooks import Hook, hooks, taps
 from attnlab.runs.run import Run
+from attnlab.viz.cards import shapes_html, shapes_text
+from attnlab.viz.html import AttentionView, Views, inline_attention_html
+
+# Attention points: a stack's prefix ("blocks", "decoder.blocks") and kind ("attn", "cross") of layer 0.
+_PATTERN = re.compile(r"^(.*)\.0\.(\w+)\.hook_pattern$")
 
 
 @dataclass
@@ -30,6 +41,7 @@ class Trace:
 
     output: Any
     activations: dict[str, Tensor] = field(default_factory=dict)
+    tokens: list[str] | None = None  # the input's tokens as text, when a run's tokenizer read it
 
     def names(self) -> list[str]:
         """The points that fired, in the order they did."""
@@ -52,9 +64,44 @@ class Trace:
             raise AttnlabError(f"no attention patterns of {stack!r} were recorded (see .names())")
         return torch.stack(found, dim=1)
 
+    def attention(self) -> Views:
+        """Every attention pattern recorded, one view per stack and kind (batch row 0), labelled with
+        the input's tokens where their count matches, else with positions."""
+        out = Views()
+        for name in self.activations:
+            if m := _PATTERN.match(name):
+                w = self.patterns(m[1], m[2])[0].float().cpu().numpy()  # (L, H, Tq, Tk)
+                label = "self-attention" if m[2] == "attn" else f"{m[2]}-attention"
+                title = f"{m[1]} {label}" if m[1] != "blocks" else label
+                out.append(AttentionView(title, self._labels(w.shape[2]), self._labels(w.shape[3]), w))
+        return out
 
-def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module, tuple]:
-    """A Run's model, with a text input encoded by its tokenizer; or a model and its inputs as given."""
+    def _labels(self, n: int) -> list[str]:
+        return self.tokens if self.tokens is not None and len(self.tokens) == n else [str(i) for i in range(n)]
+
+    def _shapes(self) -> list[tuple[str, str]]:
+        return [(n, " x ".join(map(str, a.shape))) for n, a in self.activations.items()]
+
+    def _title(self) -> str:
+        text = f" on {len(self.tokens)} tokens" if self.tokens is not None else ""
+        return f"Trace of {len(self.activations)} points{text}"
+
+    def __repr__(self) -> str:  # the dataclass's would print every tensor
+        lines = [self._title() + ":", *shapes_text(self._shapes())]
+        if any(_PATTERN.match(name) for name in self.activations):
+            lines.append(".attention(): the attention patterns (a notebook shows them inline)")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the points and shapes (folded), then the attention's head and model views."""
+        views = self.attention()
+        title = "".join(self.tokens) if self.tokens is not None else ""
+        return shapes_html(self._title(), self._shapes()) + (inline_attention_html(views, title) if views else "")
+
+
+def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module, tuple, list[str] | None]:
+    """A Run's model, with a text input encoded by its tokenizer (and its tokens' text); or a model
+    and its inputs as given."""
     model = target.model if isinstance(target, Run) else target
     if not isinstance(model, nn.Module):
         raise AttnlabError("trace: give a run (attnlab.load) or a torch model")
@@ -62,20 +109,21 @@ def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module
         if not isinstance(target, Run) or target.tokenizer is None:
             raise AttnlabError("trace: a text input needs a run with a tokenizer; give the model's tensors instead")
         device = next(model.parameters()).device
-        inputs = (torch.tensor([target.tokenizer.encode(inputs[0])], device=device),)  # (1, T)
+        ids = target.tokenizer.encode(inputs[0])
+        return model, (torch.tensor([ids], device=device),), token_labels(target.tokenizer, ids)  # (1, T)
     for x in inputs:
         if not isinstance(x, Tensor):
             text = "a text, or " if isinstance(target, Run) and target.tokenizer is not None else ""
             raise ArgumentTypeError(f"trace: the input must be {text}the model's tensors (token ids (B, T)), got "
                                     f"{kind(x)}")  # fmt: skip
-    return model, inputs
+    return model, inputs, None
 
 
 @torch.no_grad()
 def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | None = None, **kwargs: Any) -> Trace:
     """Run the model of `target` (a run or a module) on `inputs` once, in eval mode, recording every
     point's activation (after extra_hooks, if any, have read or replaced them)."""
-    model, inputs = _model_and_inputs(target, inputs)
+    model, inputs, tokens = _model_and_inputs(target, inputs)
     found: dict[str, Tensor] = {}
 
     def recorder(name: str) -> Hook:
@@ -91,4 +139,4 @@ def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | 
             output = model(*inputs, **kwargs)
     finally:
         model.train(was_training)
-    return Trace(output, found)
+    return Trace(output, found, tokens)

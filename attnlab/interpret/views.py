@@ -22,7 +22,8 @@ from attnlab.errors import AttnlabError
 from attnlab.interpret.experts import routing_json
 from attnlab.io import write_json
 from attnlab.viz.alignment import plot_alignment
-from attnlab.viz.html import AttentionView, views_json, write_attention_html
+from attnlab.viz.html import AttentionView, Views, inline_attention_html, views_json, write_attention_html
+from attnlab.viz.picture import Drawn
 
 TRANSLATION_VIEWS = {
     "encoder": "encoder self-attention",
@@ -58,10 +59,11 @@ def self_attention_view(run, ids: list[int], labels: list[str] | None = None) ->
     return AttentionView("self-attention", labels, labels, weights)
 
 
-def views(run, text: str) -> list[AttentionView]:
-    """Every attention of `run` (attnlab.load) on `text`: its task knows which (see the docstring)."""
+def views(run, text: str) -> Views:
+    """Every attention of `run` (attnlab.load) on `text`: its task knows which (see the docstring).
+    A list, which a notebook shows as the head view and the model view inline."""
     run.model.eval()
-    return run.task.views(run, text)
+    return Views(run.task.views(run, text))
 
 
 def pick(found: list[AttentionView], view: str | None) -> AttentionView:
@@ -110,10 +112,11 @@ def attention_json(run, text: str, found: list[AttentionView], layer: int | None
 
 
 def write_attention(run, text: str, out: str | Path, layer: int | None = None, head: int | None = None,
-                    view: str | None = None) -> str:  # fmt: skip
+                    view: str | None = None) -> Drawn:  # fmt: skip
     """Draw the attention of `run` on `text` into out: .png or .svg (a heatmap per layer and head, or
     the one chosen), .html (every view, head view and model view, self-contained) or .json (the
-    numbers behind the picture). Returns a summary line."""
+    numbers behind the picture). Returns a summary line, which a notebook shows as what was drawn
+    (the picture, or the page's views inline)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
@@ -123,20 +126,23 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
             raise AttnlabError(  # .svg, .html and .json are drawn from token views, which images lack
                 f"--out {out}: image runs draw [CLS]'s attention over the image: use --out FILE.png"
             )
-        return run.task.picture(run, text, out)
+        return Drawn(run.task.picture(run, text, out), out)
     found = views(run, text)
     if suffix == ".html":
         experts = routing_json(run, text)
-        write_attention_html(found, out, f"{run.path.name}: {text!r}", experts)
+        title = f"{run.path.name}: {text!r}"
+        write_attention_html(found, out, title, experts)
         extra = ", expert view" if experts else ""
-        return f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
+        summary = f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
+        return Drawn(summary, None, inline_attention_html(found, title, experts))
     if suffix == ".json":
         data = attention_json(run, text, found, layer, head, view)
         write_json(out, data)
-        return f"{out}: {', '.join(v['name'] for v in data['views'])} (weights as L x H x Tq x Tk lists)"
+        return Drawn(f"{out}: {', '.join(v['name'] for v in data['views'])} (weights as L x H x Tq x Tk lists)", None)
     chosen = pick(found, view)
     w, first, heads = select(chosen.weights, layer, head)
 
     title = f"{run.path.name}, {chosen.name}: {text!r}"
-    plot_alignment(w, chosen.keys, chosen.queries, out, title, first_layer=first, heads=heads)
-    return f"{out}: {chosen.name}, {w.shape[0]} layer(s) x {w.shape[1]} head(s), {len(chosen.queries)} queries"
+    picture = plot_alignment(w, chosen.keys, chosen.queries, out, title, first_layer=first, heads=heads)
+    summary = f"{out}: {chosen.name}, {w.shape[0]} layer(s) x {w.shape[1]} head(s), {len(chosen.queries)} queries"
+    return Drawn(summary, picture)

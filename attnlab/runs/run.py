@@ -23,6 +23,7 @@ from attnlab.runs.adapted import adapter_of, build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, read_run_config
 from attnlab.runs.kind import RunKind, kind_of
 from attnlab.runs.quantized import Quantization, check_kind, quantize_for_inference, quantized_of, rebuild_packed
+from attnlab.runs.summary import run_html, run_text
 from attnlab.runs.weights import load_weights
 from attnlab.runtime.device import pick_device
 
@@ -50,6 +51,13 @@ class Run:
     def generate(self, prompt: str = "", **kwargs) -> str:
         """Continue `prompt`; keyword arguments as in `attnlab.decoding.sampling.generate_text`."""
         return generate_text(self.model, self.tokenizer, prompt, **kwargs)
+
+    def __repr__(self) -> str:  # the dataclass's would print the whole model
+        return run_text(self)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows what the run is and its loss curve (runs/summary.py)."""
+        return run_html(self)
 
 
 def load(path: str | Path, device: str = "auto", quantize: str | None = None, every_layer: bool = False,

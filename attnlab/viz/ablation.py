@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 SERIES = (("loss", "held-out split of the training corpus"), ("other_loss", "a corpus never trained on (pip)"))
 
 
-def plot_recipes(rows: list[dict], path: Path, title: str) -> None:
+def plot_recipes(rows: list[dict], path: Path, title: str) -> Picture:
     """Horizontal bars of each recipe's losses, the axis zoomed to where they differ, with a dashed
     line at the full fast recipe's loss so that each ablation reads as its distance from it."""
     plt = pyplot()
@@ -34,4 +35,4 @@ def plot_recipes(rows: list[dict], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

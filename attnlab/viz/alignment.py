@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 PER_TOKEN = 0.15  # panel inches per token when every token is labelled: a 7-8 pt label and a gap
 MIN_SPACING = 0.13  # the closest two shown labels may be: a 7 pt line (0.097 in) plus air
@@ -164,11 +165,11 @@ def plot_alignment(
     title: str = "",
     first_layer: int = 1,
     heads: list[int] | None = None,
-) -> None:
+) -> Picture:
     """weights (L, H, T, S): one panel per layer and head, plus each layer's mean of heads when
     H > 1, in a grid (a layer per row when that stays landscape). Any attention matrix reads the
     same way: queries (tgt) down, keys (src) across; a causal mask's zeros leave the upper triangle
     blank. first_layer and heads: the numbers shown in the titles when weights is a selection (e.g.
     layer 3 alone). The format follows the path: .svg, .json or PNG (viz/figures.py)."""
     fig = alignment_figure(weights, src, tgt, title, first_layer, heads)
-    save_figure(fig, path, dpi=fig.dpi)  # the dpi its layout chose to stay under the pixel cap
+    return save_figure(fig, path, dpi=fig.dpi)  # the dpi its layout chose to stay under the pixel cap

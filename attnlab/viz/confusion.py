@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 
-def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> None:
+def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = "") -> Picture:
     """Rows: true class, columns: predicted; cells show counts, colour shows the row's share."""
     plt = pyplot()
 
@@ -28,13 +29,13 @@ def plot_confusion(m: np.ndarray, labels: list[str], path: Path, title: str = ""
     fig.colorbar(im, ax=ax, label="share of the true class")
     ax.set_title(title)
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 CLASSIFY_BARS = (("accuracy", "accuracy", 1.0), ("macro_f1", "macro-F1", 1.0))
 
 
-def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLASSIFY_BARS) -> None:
+def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLASSIFY_BARS) -> Picture:
     """Bars of test scores per model; bars: (key, label, scale) per score, value / scale drawn in [0, 1]."""
     plt = pyplot()
 
@@ -52,4 +53,4 @@ def plot_comparison(rows: list[dict], path: Path, title: str, bars: tuple = CLAS
     ax.set_title(title)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 DIVERGING = "RdBu_r"  # blue below 0, white at 0, red above: the sign of a value reads at a glance
 
 
-def plot_positions(table: np.ndarray, label: str, out: Path) -> None:
+def plot_positions(table: np.ndarray, label: str, out: Path) -> Picture:
     """Left: the table (N, D), position down and dimension across, on a colour scale centred at 0.
     Right: the cosine similarity of every pair of positions (N, N); for sinusoidal tables it
     falls off with the distance between positions, the same for every starting position."""
@@ -31,7 +32,7 @@ def plot_positions(table: np.ndarray, label: str, out: Path) -> None:
     right.set(xlabel="position", ylabel="position", title="cosine similarity between positions")
     fig.colorbar(im, ax=right, shrink=0.85)
     fig.tight_layout()
-    save_figure(fig, Path(out))
+    return save_figure(fig, Path(out))
 
 
 def _cosine_similarity(table: np.ndarray) -> np.ndarray:
@@ -60,7 +61,7 @@ def embedding_pca(weights: np.ndarray, k: int = 2) -> np.ndarray:
     return x @ components.T  # (V, K)
 
 
-def plot_embeddings(points: np.ndarray, labels: list[str], out: Path, title: str) -> None:
+def plot_embeddings(points: np.ndarray, labels: list[str], out: Path, title: str) -> Picture:
     """Scatter of points (V, >= 2) on their first two coordinates; labels has one string per point,
     written next to it ("" leaves a point as a small grey dot)."""
     points = np.asarray(points, dtype=float)
@@ -82,4 +83,4 @@ def plot_embeddings(points: np.ndarray, labels: list[str], out: Path, title: str
     ax.set_ylabel("principal component 2")
     ax.set_title(title, fontsize=10, parse_math=False)
     fig.tight_layout()
-    save_figure(fig, Path(out))
+    return save_figure(fig, Path(out))

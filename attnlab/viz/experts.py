@@ -17,6 +17,7 @@ import numpy as np
 from attnlab.errors import AttnlabError
 from attnlab.io import read_metrics
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 WRAP = 64  # characters per line of drawn text
 CHAR = 0.095  # inches per character: a 9-point monospace glyph and a little room
@@ -46,7 +47,7 @@ def _lines(tokens: list[str]) -> list[list[tuple[int, str]]]:
     return lines + ([line] if line else [])
 
 
-def plot_routing(r: Routing, out: Path) -> None:
+def plot_routing(r: Routing, out: Path) -> Picture:
     """One panel per MoE layer: the text, each token on the colour of its first-choice expert, with
     a lighter shade the smaller that expert's gate."""
     plt = pyplot()
@@ -72,7 +73,7 @@ def plot_routing(r: Routing, out: Path) -> None:
     fig.legend(handles, [f"expert {e}" for e in range(r.n_experts)], loc="lower center", ncol=min(r.n_experts, 8),
                fontsize=8, frameon=False)  # fmt: skip
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    save_figure(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_expert_load(metrics: Path, out: Path) -> str:

@@ -19,6 +19,7 @@ from types import ModuleType
 import numpy as np
 
 from attnlab.io import atomic_write
+from attnlab.viz.picture import Picture
 
 DPI = 110
 
@@ -58,8 +59,9 @@ def pyplot() -> ModuleType:
     return plt
 
 
-def save_figure(fig, path: str | Path, dpi: float = DPI) -> None:
-    """Write `fig` to path as SVG, JSON or PNG by its suffix, then close it."""
+def save_figure(fig, path: str | Path, dpi: float = DPI) -> Picture:
+    """Write `fig` to path as SVG, JSON or PNG by its suffix, then close it. Returns the Picture
+    written, which a notebook shows (the drawing functions return it too)."""
     plt = pyplot()
     path = Path(path)
     suffix = path.suffix.lower()
@@ -67,7 +69,7 @@ def save_figure(fig, path: str | Path, dpi: float = DPI) -> None:
         if suffix == ".json":
             text = json.dumps(figure_json(fig), ensure_ascii=False)
             atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-            return
+            return Picture(path)  # the numbers: a file, nothing to show
         fmt = "svg" if suffix == ".svg" else "png"
         with warnings.catch_warnings(), plt.rc_context({"svg.fonttype": "none"}):
             # A token in a script the font lacks draws as a box; one warning per glyph would bury the output.
@@ -75,3 +77,4 @@ def save_figure(fig, path: str | Path, dpi: float = DPI) -> None:
             atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi))
     finally:
         plt.close(fig)
+    return Picture(path)

@@ -9,9 +9,10 @@ import numpy as np
 from torch import Tensor
 
 from attnlab.viz.figures import pyplot, save_figure
+from attnlab.viz.picture import Picture
 
 
-def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, diverging: bool = False) -> None:
+def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, diverging: bool = False) -> Picture:
     """One (L, H) heatmap per table, side by side, each cell labelled with its value (PNG or SVG)."""
     plt = pyplot()
 
@@ -41,4 +42,4 @@ def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, di
     width = fig.get_figwidth()
     fig.suptitle("\n".join(textwrap.wrap(title, max(30, int(width * 11)))), fontsize=10)  # ~11 characters an inch
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

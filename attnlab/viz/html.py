@@ -10,6 +10,9 @@ the page opens from disk with no network and can be archived or mailed as one fi
 The page's parts are files in viz/static/ (package data): views.html, views.css and views.js are
 the head view and the model view, shared with `attnlab serve`'s page, which calls
 showAttention(data) with each answer of /api/attention; attention.html is the exported page.
+In a notebook the same parts are one `<div class="attnlab-view">` (inline.html, `inline_attention_html`):
+its ids prefixed and its style scoped to it, views.js run inside a function of its own, so several
+views share a page (Jupyter, nbconvert, mkdocs-jupyter) without one name colliding.
 
 Shapes: L layers, H heads, Tq query tokens (rows), Tk key tokens (columns).
 """
@@ -21,6 +24,7 @@ import functools
 import html
 import json
 import re
+import secrets
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -60,6 +64,21 @@ class AttentionView:
             raise ValueError(f"{self.name}: weights have no layers or no heads (shape {w.shape})")
         if not np.isfinite(w).all():  # JSON has no NaN: the page would not load
             raise ValueError(f"{self.name}: weights contain NaN or inf; check the attention mask")
+
+    def __repr__(self) -> str:  # the dataclass's would print every weight
+        n_layer, n_head, tq, tk = self.weights.shape
+        return f"AttentionView({self.name!r}, {n_layer} layers x {n_head} heads, {tq} queries x {tk} keys)"
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the head view and the model view inline."""
+        return inline_attention_html([self])
+
+
+class Views(list):
+    """A list of AttentionView that a notebook shows as one inline view (a select picks the view)."""
+
+    def _repr_html_(self) -> str:
+        return inline_attention_html(list(self))
 
 
 def views_json(views: list[AttentionView], experts: dict | None = None) -> dict:
@@ -104,9 +123,42 @@ def write_attention_html(views: list[AttentionView], path: Path, title: str = ""
     atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def inline_attention_html(views: list[AttentionView], title: str = "", experts: dict | None = None) -> str:
+    """The page's views as one HTML fragment for a notebook's output (`_repr_html_`), script, style
+    and data inline. Contract (tests and other pages rely on it): the root is `<div class="attnlab-view"
+    id="attnlab-...">`; every token row has `data-i` (its index); hovering one (mouseover) sets
+    `data-focus` on the root to that index and draws only its lines, mouseout removes it."""
+    if not views:
+        raise ValueError("no attention to show: pass at least one AttentionView")
+    root = f"attnlab-{secrets.token_hex(6)}"  # unique per output: two views on one page never share an id
+    markup = static_text("views.html")
+    ids = re.findall(r'id="([\w-]+)"', markup)
+    parts = {"ROOT": root, "TITLE": html.escape(title), "DATA": script_json(views_json(views, experts)),
+             "STYLE": scoped_css(static_text("views.css") + static_text("inline.css"), root, ids),
+             "VIEWS": re.sub(r'id="([\w-]+)"', rf'id="{root}-\1"', markup),
+             "SCRIPT": static_text("views.js")}  # fmt: skip
+    return fill(static_text("inline.html"), parts)
+
+
+def scoped_css(css: str, root: str, ids: list[str]) -> str:
+    """views.css for one view: every rule under #root ("body" becomes #root itself) and each of the
+    page's ids renamed as inline_attention_html renames them, so the style reaches this view alone."""
+    # Only the known ids: colours such as #666 look the same to a regex.
+    css = re.sub(rf"#({'|'.join(map(re.escape, ids))})(?![\w-])", rf"#{root}-\1", css)
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)  # comments could hide a brace
+    rules = []
+    for rule in css.split("}"):
+        if "{" not in rule:
+            continue
+        selectors, body = rule.split("{", 1)
+        scoped = [f"#{root}" if s.strip() == "body" else f"#{root} {s.strip()}" for s in selectors.split(",")]
+        rules.append(f"{', '.join(scoped)} {{{body}}}")
+    return "\n".join(rules)
+
+
 # static/views.html: ids and classes a test or a reader can rely on.
 #   #view, #layer, #head                 the selects (#head has "all" plus one value per head)
-#   .token.query / .token.key [data-index]  the token rows of the head view, each with a .weight-label
+#   .token.query / .token.key [data-index][data-i]  the token rows of the head view, each with a .weight-label
 #   #lines                                the svg; each line.line has data-query, data-key, data-head
 #   .thumb[data-layer][data-head]         the model view's canvases; .selected marks the head view's choice
 #   #experts .expert-token[data-layer][data-expert]   the expert view (hidden without experts): each token

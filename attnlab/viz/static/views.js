@@ -1,4 +1,10 @@
 "use strict";
+// Where this view's parts are: the whole document on the exported page and in the explorer; in a
+// notebook, where several views share a page, viz/html.py wraps this file in a function that defines
+// ATTNLAB_SCOPE: the view's own root element and the prefix of every id in it, so nothing collides.
+// box: the element that carries data-focus (the hovered token's index) for tests and styles.
+const SCOPE = typeof ATTNLAB_SCOPE === "undefined"
+  ? { root: document, prefix: "", box: document.documentElement } : ATTNLAB_SCOPE;
 let DATA = { views: [] }; // {views: [{name, queries, keys, weights}]}, as views_json writes it; see showAttention
 const ROW = 22; // px per token row: lines are placed by row index, so nothing needs measuring
 const CELL = 14; // px per cell of the enlarged heatmap, shared with its axis labels so they line up
@@ -7,10 +13,11 @@ const MIN_LINE = 0.005; // lines under 0.5% are invisible anyway; skipping them 
 const LONG = 96; // above this many queries, the head view draws only the rows scrolled into view
 const THUMB = 128; // thumbnails hold at most THUMB x THUMB pixels, each the largest weight of its block
 const ENLARGED = 3000; // px: the enlarged heatmap's cells shrink (to 3 px at least) to stay near this
-const SVG_NS = document.getElementById("lines").namespaceURI; // the parser set it: no URL in the page
-const $ = (id) => document.getElementById(id);
-document.documentElement.style.setProperty("--row", `${ROW}px`); // one source for the CSS as well
-document.documentElement.style.setProperty("--cell", `${CELL}px`);
+// Scoped, not document.getElementById: a notebook view may run before its output joins the page.
+const $ = (id) => SCOPE.root.querySelector(`#${CSS.escape(SCOPE.prefix + id)}`);
+const SVG_NS = $("lines").namespaceURI; // the parser set it: no URL in the page
+SCOPE.box.style.setProperty("--row", `${ROW}px`); // one source for the CSS as well
+SCOPE.box.style.setProperty("--cell", `${CELL}px`);
 
 // head: "all" or a head index; focus: the hovered token, {side: "query" | "key", index}, or null
 const state = { view: 0, layer: 0, head: "all", focus: null };
@@ -66,12 +73,18 @@ function option(select, value, label) {
 function tokenRow(side, index, token) {
   const row = element("div", `token ${side}`);
   row.dataset.index = index;
+  row.dataset.i = index; // the notebook views' contract (viz/html.py): every token has data-i
   row.title = token;
   const text = element("span", "text", shown(token)), label = element("span", "weight-label");
   if (side === "query") row.append(text, label); // the label faces the lines
   else row.append(label, text);
-  row.addEventListener("mouseenter", () => setFocus({ side, index }));
-  row.addEventListener("mouseleave", () => setFocus(null));
+  // mouseover/mouseout (not enter/leave), so a dispatched mouseover works too; moving between the
+  // row's own children changes nothing.
+  row.addEventListener("mouseover", () => {
+    const f = state.focus;
+    if (!f || f.side !== side || f.index !== index) setFocus({ side, index });
+  });
+  row.addEventListener("mouseout", (e) => row.contains(e.relatedTarget) || setFocus(null));
   return row;
 }
 
@@ -117,12 +130,12 @@ function rowsInView(n) {
 
 // With a focused token, every token of the other column shows its weight with it.
 function writeLabels() {
-  for (const label of document.querySelectorAll(".weight-label")) label.textContent = "";
-  for (const row of document.querySelectorAll(".token.active")) row.classList.remove("active");
+  for (const label of SCOPE.root.querySelectorAll(".weight-label")) label.textContent = "";
+  for (const row of SCOPE.root.querySelectorAll(".token.active")) row.classList.remove("active");
   const f = state.focus;
   if (!f) return;
-  document.querySelector(`.token.${f.side}[data-index="${f.index}"]`).classList.add("active");
-  for (const row of document.querySelectorAll(`.token.${f.side === "query" ? "key" : "query"}`)) {
+  SCOPE.root.querySelector(`.token.${f.side}[data-index="${f.index}"]`).classList.add("active");
+  for (const row of SCOPE.root.querySelectorAll(`.token.${f.side === "query" ? "key" : "query"}`)) {
     const other = Number(row.dataset.index);
     const w = f.side === "query" ? weight(f.index, other) : weight(other, f.index);
     row.querySelector(".weight-label").textContent = percent(w);
@@ -131,6 +144,8 @@ function writeLabels() {
 
 function setFocus(focus) {
   state.focus = focus;
+  if (focus) SCOPE.box.dataset.focus = focus.index;
+  else delete SCOPE.box.dataset.focus;
   drawLines();
   writeLabels();
 }
@@ -245,7 +260,7 @@ function buildExperts() {
 function redraw() {
   drawLines();
   writeLabels();
-  for (const t of document.querySelectorAll(".thumb")) {
+  for (const t of SCOPE.root.querySelectorAll(".thumb")) {
     const sameHead = state.head === "all" || Number(t.dataset.head) === state.head;
     t.classList.toggle("selected", Number(t.dataset.layer) === state.layer && sameHead);
   }
@@ -260,6 +275,7 @@ function choose(layer, head) {
 
 function showView(index) {
   Object.assign(state, { view: index, focus: null });
+  delete SCOPE.box.dataset.focus;
   $("enlarged").hidden = true;
   $("layer").replaceChildren();
   $("head").replaceChildren();
