@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,35 @@ def _late_looker(out: str, corpus: str) -> None:
 def test_every_process_checks_the_folder_before_any_writes(tmp_path, corpus, pair):
     pair(_late_looker, str(tmp_path / "run"), str(corpus))
     assert losses(tmp_path / "run")
+
+
+def _phase(out: str, corpus: str, parallel: str, steps: int) -> None:
+    """Train (or go on training) run `out` to `steps` steps: one phase of a run whose world size changes."""
+    cfg = tiny_train(max_steps=steps, batch_size=8, parallel=parallel, eval_interval=8, schedule="inverse_sqrt")
+    if Path(out).exists():
+        attnlab.train(out, None, cfg, None, resume=True, progress=False)
+    else:
+        attnlab.train(out, tiny_model(), cfg, tiny_data(corpus), progress=False)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_world_size_changes_between_resumes(tmp_path, corpus, pair, parallel):
+    """Checkpointed at 2 processes, resumed at 1, then at 2 again: every step's loss is one uninterrupted
+    process's (the schedule does not depend on --max-steps, so each phase's own is the whole run's).
+    Checkpoints are whole and keyed by name, and every process draws the same global batch."""
+    single, changed = tmp_path / "single", tmp_path / "changed"
+    _phase(str(single), str(corpus), parallel, 24)
+    pair(_phase, str(changed), str(corpus), parallel, 8)
+    _phase(str(changed), str(corpus), parallel, 16)
+    pair(_phase, str(changed), str(corpus), parallel, 24)
+    a, b = losses(single), losses(changed)
+    assert len(a) == len(b) == 24
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
+
+
+def test_a_world_size_the_batch_cannot_split_over_is_one_line(tmp_path, corpus, monkeypatch):
+    """A run of batch 8 resumed on 3 processes: refused before joining, saying which counts work."""
+    _phase(str(tmp_path / "r"), str(corpus), "ddp", 2)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(attnlab.AttnlabError, match=r"on 3 processes: run on 1, 2, 4, 8 processes or change"):
+        _phase(str(tmp_path / "r"), str(corpus), "ddp", 4)

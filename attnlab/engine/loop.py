@@ -67,7 +67,7 @@ def train_step(s: Session) -> float:
         batch = [t.to(s.device, non_blocking=True) for t in batch]
         # Under DDP, gradients are averaged across processes only after the last micro-batch.
         last = i == s.cfg.grad_accum - 1
-        if s.cfg.parallel == "fsdp":
+        if s.cfg.parallel == "fsdp" and s.dist.enabled:  # one process (a resumed run, say) shards nothing
             s.raw.set_requires_gradient_sync(last)
         ddp = s.dist.enabled and s.cfg.parallel == "ddp"
         with s.model.no_sync() if ddp and not last else contextlib.nullcontext():

@@ -84,7 +84,7 @@ def start(
     state = load_train_state(run / STATE, rng) if resume else None
     if state is not None:
         load_state(model, state.weights, run / STATE)  # whole weights, before any sharding
-    if cfg.parallel == "fsdp":  # each process keeps 1/world of every block's parameters
+    if cfg.parallel == "fsdp" and d.enabled:  # each process keeps 1/world of every block's parameters (alone: all)
         from torch.distributed.fsdp import fully_shard  # torch's FSDP: 2.5 s to import, for --parallel fsdp alone
 
         for block in (b for stack in stacks_of(model) for b in stack):

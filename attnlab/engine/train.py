@@ -31,10 +31,11 @@ from attnlab.engine.session import Session, start
 from attnlab.engine.tracking import make_trackers
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
-from attnlab.runs.folder import check_dir, check_resumable, discard_unstarted, fresh_dir, read_run_config
+from attnlab.runs.folder import STATE, check_dir, check_resumable, discard_unstarted, fresh_dir, is_run, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
+from attnlab.runtime.shared import check_shared
 
 
 class Task(Protocol):
@@ -89,6 +90,10 @@ class Prepared:
 
 def completed(task: Task, req: TrainRequest) -> TrainRequest:
     """The request with every default filled in; on resume, the run's own model and data."""
+    if not req.resume and distributed.restarts() and restartable(Path(req.out)):
+        # torchrun --max-restarts started the group again with the same command: go on from the
+        # checkpoint the failed attempt left (--force replaced the old run on the first attempt).
+        req = replace(req, resume=True, force=False)
     if req.resume:
         saved = read_run_config(check_resumable(req.out))
         check_same_init(req.init, saved)  # the original command with --resume appended may repeat it
@@ -104,6 +109,11 @@ def completed(task: Task, req: TrainRequest) -> TrainRequest:
     return replace(req, model=model, train=train, data=req.data or task.default_data())
 
 
+def restartable(out: Path) -> bool:
+    """A run an attempt of this command has checkpointed (not one that never reached its first)."""
+    return is_run(out) and (out / STATE).is_file()
+
+
 def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, TrainRequest]:
     """Everything up to the first step: defaults, run directory, processes, data, model, optimizer."""
     req = completed(task, req)
@@ -111,11 +121,14 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
     trackers = make_trackers([cfg.log] if cfg.log else [])  # a missing library said before anything is written
     world = distributed.world_size()
     if cfg.batch_size % (cfg.grad_accum * world):
-        raise AttnlabError(
-            f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on {world} processes"
-        )
+        micro = cfg.batch_size // cfg.grad_accum if cfg.batch_size % cfg.grad_accum == 0 else 0
+        fits = ", ".join(str(n) for n in range(1, micro + 1) if micro % n == 0)
+        fix = f"run on {fits} processes or change" if fits else "change"
+        raise AttnlabError(f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on "
+                           f"{world} processes: {fix} --batch-size or --grad-accum")  # fmt: skip
     d, device = distributed.init(cfg.device)
     try:
+        check_shared(d, out)  # every node sees the run folder, or all stop with one line (not a hang)
         check_dir(out, req.resume, req.force)
         distributed.barrier(d)  # every process has looked at `out` before the first one writes into it
         if not req.resume:
@@ -135,7 +148,8 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         s.trackers = trackers
         if req.resume and d.main:
             spent = f" ({s.elapsed:.0f} s of the {cfg.time_budget} budget spent)" if cfg.time_budget else ""
-            print(f"resuming {out} from step {s.step} of {cfg.max_steps}{spent}", file=sys.stderr)
+            again = f" (torchrun's restart {distributed.restarts()})" if distributed.restarts() else ""
+            print(f"resuming {out} from step {s.step} of {cfg.max_steps}{spent}{again}", file=sys.stderr)
     except BaseException:
         if not req.resume and d.main:  # a start that failed before its first checkpoint leaves nothing
             discard_unstarted(out)

@@ -3,7 +3,9 @@
     torchrun --nproc-per-node 2 -m attnlab train lm --data stdlib --out runs/ddp
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; with WORLD_SIZE 1 (or
-unset) everything here is a no-op, so the same training loop serves one process and many.
+unset) everything here is a no-op, so the same training loop serves one process and many. Under
+`--max-restarts N` it starts the whole group again after a failure and counts the restarts in
+TORCHELASTIC_RESTART_COUNT (`restarts()`): the engine then resumes the run from its checkpoint.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
 from attnlab.errors import AttnlabError
 from attnlab.runtime.device import pick_device
@@ -42,6 +46,17 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+# Every process joins within this many seconds (ATTNLAB_JOIN_TIMEOUT) or none goes on: a process that
+# stopped before it joined (its node could not read the run, say) otherwise keeps the others waiting
+# for torch's 30 minutes. Once joined, collectives keep torch's default timeout (long steps are fine).
+JOIN_TIMEOUT = 300.0
+
+
+def restarts() -> int:
+    """How many times torchrun (--max-restarts) has started this group again after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def init(device_name: str = "auto") -> tuple[Dist, torch.device]:
     """Join the process group torchrun describes (NCCL on CUDA, Gloo on CPU) and pick this
     process's device: cuda:LOCAL_RANK on GPUs."""
@@ -58,10 +73,17 @@ def init(device_name: str = "auto") -> tuple[Dist, torch.device]:
         torch.cuda.set_device(device)
     owns = not dist.is_initialized()
     if owns:
+        join = float(os.environ.get("ATTNLAB_JOIN_TIMEOUT", JOIN_TIMEOUT))
         try:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=join))
         except ValueError as e:  # e.g. MASTER_ADDR missing
             raise AttnlabError(f"cannot join the process group ({e}): launch with torchrun") from None
+        except dist.DistError as e:  # a process never came (its own error is in its node's log), or no master
+            raise AttnlabError(f"rank {rank} could not join the other {world - 1} processes within {join:.0f} s "
+                               f"(ATTNLAB_JOIN_TIMEOUT): one stopped before it joined (see its node's log) or "
+                               f"MASTER_ADDR is out of reach ({str(e).splitlines()[0]})") from None  # fmt: skip
+        steps = (default_pg_nccl_timeout if device.type == "cuda" else None) or default_pg_timeout
+        dist.distributed_c10d._set_pg_timeout(steps)  # torch's own, for the steps
     return Dist(rank, world, local, owns), device
 
 
