@@ -44,6 +44,7 @@ with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: 
         VectorsOptions,
     )
     from attnlab.cli.quantize import run_quantize
+    from attnlab.cli.runs import add_runs_command
     from attnlab.cli.suggest import UNRECOGNIZED_BY, unrecognized, with_suggestion
     from attnlab.cli.train import add_train_commands
     from attnlab.cli.vectors import run_vectors
@@ -203,6 +204,7 @@ def build_parser() -> Parser:
     add_train_commands(sub, Parser)
     for command in COMMANDS[1:]:
         add_command(sub, command)
+    add_runs_command(sub, Parser)
     return p
 
 

@@ -155,6 +155,19 @@ class AttentionOptions(WritesFiles, ReadsRun):
 
 
 @dataclass
+class RunsOptions:
+    folder: str = option("runs", "the folder to look in: every run under it, at any depth", positional=True,
+                         nargs="?")  # fmt: skip
+
+
+@dataclass
+class RunsCompareOptions(WritesFiles):
+    runs: list[str] = option(None, "run folders to draw together", positional=True, nargs="+", metavar="RUN")
+    out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
+                      metavar="FILE", writes=PICTURE)  # fmt: skip
+
+
+@dataclass
 class PlotOptions(WritesFiles):
     run: str = option("", "run directory", positional=True)
     what: str = option("", "what to draw", tuple(PLOTS), required=True)
