@@ -19,6 +19,7 @@ from conftest import TEXT, tiny_model
 
 import attnlab
 from attnlab.data.tokenizers import train_tokenizer
+from attnlab.interpret.views import write_attention
 from attnlab.io import write_json
 from attnlab.models.gpt import GPT
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir
@@ -77,6 +78,8 @@ def test_inline_views_are_scoped_self_contained_and_keep_the_contract():
     assert Views(two_views())._repr_html_().startswith('<div class="attnlab-view"')
     assert two_views()[0]._repr_html_().startswith('<div class="attnlab-view"')
     assert repr(two_views()[0]) == "AttentionView('self-attention', 2 layers x 2 heads, 3 queries x 3 keys)"
+    huge = AttentionView("self-attention", list("ab"), list("ab"), np.full((1 << 20, 2, 2, 2), 0.5))
+    assert huge._repr_html_().startswith('<p class="attnlab-too-big">')  # a note, not 5 MB in the .ipynb
 
 
 def test_scoped_css_renames_the_page_s_ids_and_keeps_colours():
@@ -133,6 +136,9 @@ def test_a_run_says_what_it_is(run_dir, tmp_path):
     assert "no loss curve" in html and "<svg" not in html
     t = attnlab.trace(run, "def (")
     assert t.tokens == ["d", "e", "f", "·", "("] and t.attention()[0].keys == t.tokens
+    written = write_attention(run, "def (", tmp_path / "a.html")
+    assert written.startswith(f"{tmp_path / 'a.html'}: self-attention")  # what `attnlab attention` prints
+    assert written._repr_html_().startswith('<div class="attnlab-view"')  # and what a notebook shows
 
 
 def test_a_notebook_shows_a_run_and_its_attention(run_dir):

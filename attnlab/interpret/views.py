@@ -134,7 +134,7 @@ def write_attention(run, text: str, out: str | Path, layer: int | None = None, h
         write_attention_html(found, out, title, experts)
         extra = ", expert view" if experts else ""
         summary = f"{out}: {', '.join(v.name for v in found)} (head view and model view{extra})"
-        return Drawn(summary, None, inline_attention_html(found, title, experts))
+        return Drawn(summary, None, lambda: inline_attention_html(found, title, experts))
     if suffix == ".json":
         data = attention_json(run, text, found, layer, head, view)
         write_json(out, data)

@@ -38,6 +38,9 @@ DECIMALS = 4  # weights in the page: 0.01% is finer than any line width or colou
 # bytes each instead of about 7 as JSON text): 1,000 tokens x 2 layers x 4 heads is 8 million weights,
 # 11 MB instead of 56 MB, which the browser parses in a fraction of a second.
 DENSE_WEIGHTS = 1 << 20
+# A notebook keeps every output inside the .ipynb: above this many weights (about 5.6 MB as bytes) an
+# inline view is a note saying how to write the page instead (a 12 x 12 model on 1,000 tokens has 144 M).
+INLINE_WEIGHTS = 1 << 22
 
 
 @dataclass
@@ -130,6 +133,11 @@ def inline_attention_html(views: list[AttentionView], title: str = "", experts: 
     `data-focus` on the root to that index and draws only its lines, mouseout removes it."""
     if not views:
         raise ValueError("no attention to show: pass at least one AttentionView")
+    n = sum(v.weights.size for v in views)
+    if n > INLINE_WEIGHTS:
+        return (f'<p class="attnlab-too-big">{n:,} attention weights are too many to keep in a notebook '
+                f"(over {INLINE_WEIGHTS:,}): write them as a page with attnlab.viz.html.write_attention_html"
+                "(views, 'attention.html'), or pass fewer tokens or layers.</p>")  # fmt: skip
     root = f"attnlab-{secrets.token_hex(6)}"  # unique per output: two views on one page never share an id
     markup = static_text("views.html")
     ids = re.findall(r'id="([\w-]+)"', markup)

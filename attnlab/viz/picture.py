@@ -59,17 +59,19 @@ class Drawn(str):
     picture it drew: a notebook shows the picture with the summary under it."""
 
     picture: Picture
-    inline: str  # HTML to show instead of the picture (an attention page's inline view)
+    inline: Callable[[], str] | None  # makes the HTML to show instead of a picture (an inline view), when shown
 
-    def __new__(cls, summary: str, picture: Picture | str | Path | None, inline: str = "") -> Drawn:
+    def __new__(
+        cls, summary: str, picture: Picture | str | Path | None, inline: Callable[[], str] | None = None
+    ) -> Drawn:
         self = super().__new__(cls, summary)
         self.picture = picture if isinstance(picture, Picture) else Picture(picture)
         self.inline = inline
         return self
 
     def _repr_html_(self) -> str | None:
-        if self.inline:
-            return self.inline
+        if self.inline is not None:  # made only when a notebook shows it: the command line never pays
+            return self.inline()
         img = self.picture.html()
         if not img:
             return None
