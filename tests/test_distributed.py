@@ -221,3 +221,19 @@ def test_a_world_size_the_batch_cannot_split_over_is_one_line(tmp_path, corpus, 
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(attnlab.AttnlabError, match=r"on 3 processes: run on 1, 2, 4, 8 processes or change"):
         _phase(str(tmp_path / "r"), str(corpus), "ddp", 4)
+
+
+def _tracked(out: str, corpus: str) -> None:
+    cfg = tiny_train(max_steps=4, batch_size=8, eval_interval=2, warmup_steps=1, log="tensorboard")
+    attnlab.train(out, tiny_model(), cfg, tiny_data(corpus), progress=False)
+
+
+def test_only_rank_0_writes_the_tracker(tmp_path, corpus, pair):
+    """--log tensorboard under two processes: one event file, holding the losses of metrics.jsonl."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    pair(_tracked, str(tmp_path / "run"), str(corpus))
+    board = tmp_path / "run" / "tensorboard"
+    assert len(list(board.iterdir())) == 1
+    events = accumulator.EventAccumulator(str(board))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(losses(tmp_path / "run"), rel=1e-6)
