@@ -1,4 +1,4 @@
-"""The worked example of the README: an induction head forms in a 2-layer attention-only GPT.
+"""The worked example of docs/inside.md: an induction head forms in a 2-layer attention-only GPT.
 
     .venv/bin/python benchmarks/induction_heads.py [--out runs/ih] [--docs docs]
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "build" / "docs"  # pages made here are added to the site by docs/hooks.py
+# Pages made here are added to the site by docs/hooks.py ($ATTNLAB_DOCS_GEN moves them: the tests use a temporary one).
+OUT = Path(os.environ.get("ATTNLAB_DOCS_GEN") or ROOT / "build" / "docs")
 LESSONS = ROOT / "lessons"
 EXECUTED = ROOT / "build" / "lessons"  # where lessons/execute.py and tests/test_lessons.py write notebooks
 CLI = "reference/cli"  # the command pages, relative to the site's root
@@ -69,8 +71,10 @@ def _argument(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
         metavar = "" if action.nargs == 0 else " " + parser._get_formatter()._format_args(action, action.dest.upper())
         names = ", ".join(f"`{flag}{metavar}`" for flag in action.option_strings)
     else:
-        names = f"`{parser._get_formatter()._format_args(action, action.dest)}`"
+        names = f"`{action.metavar or action.dest}`"
     notes = []
+    if not action.option_strings and action.nargs in ("?", "*", "+"):
+        notes.append({"?": "optional", "*": "any number", "+": "one or more"}[action.nargs])
     if action.choices is not None and not isinstance(action.choices, dict):
         notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
     default = action.default
@@ -166,12 +170,21 @@ def _title(notebook: Path, fallback: str) -> str:
 
 def executed_notebook(lesson: Path, log=print) -> Path:
     """build/lessons/<lesson>.ipynb, executed again first if it is missing or older than the lesson."""
+    import nbformat  # the notebook extra: only when lessons are rendered
+
     executor = _executor()
     notebook = EXECUTED / (lesson.stem + ".ipynb")
-    if notebook.is_file() and executor.is_current(notebook, lesson):
-        return notebook
+    try:
+        if executor.is_current(notebook, lesson):
+            return notebook
+    except (OSError, ValueError):  # missing, or half-written by tests/test_lessons.py in another process
+        pass
     log(f"executing {lesson.relative_to(ROOT)} (no current notebook in {EXECUTED.relative_to(ROOT)})")
-    executor.execute(lesson, EXECUTED)
+    executed, _ = executor.execute(lesson)
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    partial = notebook.with_suffix(f".{os.getpid()}.part")  # renamed into place: a reader never sees half of it
+    nbformat.write(executed, partial)
+    os.replace(partial, notebook)
     return notebook
 
 

@@ -25,7 +25,7 @@ DEMO_TRAIN = dict(PRESET_TRAINING[PRESET], max_steps=100_000, eval_interval=150,
 # nats/char with gibberish. 300 steps (`attnlab demo --max-steps 300`, AMD EPYC, loaded) reached 1.27
 # on the held-out 200,000 characters, with samples that read as Python.
 FLOOR = 300
-# What a quiet 2-core AMD EPYC reached in the 2-minute budget (README: attnlab compare --task lm).
+# What a quiet 2-core AMD EPYC reached in the 2-minute budget (docs/gpt.md: attnlab compare --task lm).
 EXPECTED_STEPS, EXPECTED_LOSS = 500, 1.18
 PROMPTS = ["def ", "class ", "import "]
 

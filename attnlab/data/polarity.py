@@ -53,5 +53,5 @@ def fit_polarity(x: np.ndarray, own: tuple[int, int], size: tuple[int, int], tra
         x = 1.0 - x
         notes.append(f"the image is {_tone(shade)} while the training images were {_tone(trained)}: inverted it")
     if notes:
-        warnings.warn(f"{path}: {'; '.join(notes)} (see the README, 'An image for predict')", stacklevel=3)
+        warnings.warn(f"{path}: {'; '.join(notes)} (see docs/vision.md, 'An image for predict')", stacklevel=3)
     return np.ascontiguousarray(x, dtype=np.float32)

@@ -70,7 +70,7 @@ def _llama(n_layer: int, d_model: int, n_head: int, d_ff: int, context: int, **k
 PRESETS: dict[str, GPTConfig] = {
     # The CPU demo: 0.83M parameters with a character vocabulary; trains on a laptop in minutes.
     "gpt-nano": _nano(),
-    # gpt-nano's shape with the modern recipe (README, "The fast recipe"): what each part buys is
+    # gpt-nano's shape with the modern recipe (docs/gpt.md, "The fast recipe"): what each part buys is
     # measured by `attnlab compare --task lm`.
     "gpt-nano-fast": _nano(
         positions="rope",

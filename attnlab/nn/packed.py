@@ -16,7 +16,7 @@ stay floating point, only the stored weights shrink.
 GROUP = 32, as GGUF's q4_0 and q8_0 blocks: a scale and a zero per 32 weights (5 bits a weight in all,
 with bf16 scale and zero) where 128, torchao's default, would save half a bit but let one large weight
 coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
-model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, README).
+model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
 The kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both

@@ -127,7 +127,7 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
 
 
 def format_lm_table(rows: list[dict], blocks: bool = False) -> str:
-    """The table the README shows: one line per recipe (blocks: per block, with its parameters,
+    """The table docs/gpt.md shows: one line per recipe (blocks: per block, with its parameters,
     total and active, and tokens/s; the difference is then to the first, classic, block)."""
     other = "other_loss" in rows[0] if rows else False
     width = 31 if blocks else 22

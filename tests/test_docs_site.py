@@ -1,0 +1,169 @@
+"""The documentation site: the command reference covers the parser, the site builds strictly, the README
+is a landing page, and the built site works in a browser from its files (no server, no network).
+
+The build reuses the lessons' notebooks in build/lessons (tests/test_lessons.py writes them) while their
+recorded source hash matches; otherwise docs/hooks.py executes the lessons first."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli.main import build_parser
+
+pytest.importorskip("mkdocs", reason="the site is built by mkdocs: pip install -e '.[docs]'")
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CHROMIUM = Path("/usr/bin/chromium")
+# Quiet flags, as in test_browser.py: without the background-networking ones Chromium keeps calling home.
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--allow-file-access-from-files"]  # fmt: skip
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("attnlab_docs_gen", ROOT / "docs" / "gen.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path]:
+    """The site built by `mkdocs build --strict` (as make docs runs it): (site folder, generated pages)."""
+    root = tmp_path_factory.mktemp("docs")
+    site, generated = root / "site", root / "generated"
+    env = {**os.environ, "ATTNLAB_DOCS_GEN": str(generated), "NO_MKDOCS_2_WARNING": "1"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    print(f"mkdocs build --strict: {time.perf_counter() - start:.1f} s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return site, generated
+
+
+def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every command below `parser` with its own flags and positionals: (words after attnlab, names)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                names = []
+                for a in sub._actions:
+                    if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                        continue
+                    names += a.option_strings or [a.metavar or a.dest]
+                yield (*path, name), names
+                yield from walk(sub, (*path, name))
+
+
+def test_the_command_reference_has_every_command_and_every_flag(tmp_path):
+    gen = _gen()
+    gen.write_cli(tmp_path)
+    folder = tmp_path / gen.CLI
+    index = (folder / "index.md").read_text()
+    found = list(walk(build_parser()))
+    assert len(found) > 25  # every command and every train task
+    for path, names in found:
+        page = folder / gen.page_name(path)
+        assert page.is_file(), f"no page for attnlab {' '.join(path)}"
+        text = page.read_text()
+        assert text.startswith(f"# attnlab {' '.join(path)}\n")
+        assert f"`attnlab {' '.join(path)}`" in index
+        for name in names:
+            assert f"`{name}" in text, f"attnlab {' '.join(path)}: {name} is not in {page.name}"
+
+
+def test_the_site_builds_strictly_with_every_page(built):
+    site, generated = built
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    for page in ["index.html", "quickstart.html", "gpt.html", "architecture.html", "reference/cli/index.html",
+                 "reference/cli/train-lm.html", "reference/api/nn.html", "lessons/index.html"]:  # fmt: skip
+        assert page in pages
+    for lesson in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")):
+        assert f"lessons/{lesson.stem}.html" in pages
+    # the API pages come from the docstrings: attend's own text is there
+    assert "attend" in (site / "reference" / "api" / "nn.html").read_text()
+
+
+def test_the_readme_is_a_landing_page_that_begins_with_the_two_commands():
+    data = README.read_bytes()
+    assert len(data) <= 25_000, f"README.md is {len(data):,} bytes; move detail into docs/"
+    lines = [line for line in data.decode().splitlines() if line.strip()]
+    assert lines[0] == "# attnlab" and lines[1].startswith("```")
+    assert lines[2].startswith("make demo") and lines[3].startswith("make test")
+    for link in ("docs/quickstart.md", "docs/gpt.md", "docs/serving.md"):
+        assert f"]({link})" in data.decode()
+
+
+# --- in a browser ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"no {CHROMIUM} (apt-get install -y chromium)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+def _open(browser, url: str):
+    """A page with what went wrong on it recorded: console errors, uncaught exceptions, requests that
+    left the files or failed."""
+    page = browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"exception: {e}"))
+    local = ("file:", "data:", "blob:", "about:")
+    page.on("request", lambda r: r.url.startswith(local) or problems.append(f"network: {r.url}"))
+    # net::ERR_ABORTED: a favicon or the search worker still loading when the tab moves on to the next page
+    page.on("requestfailed", lambda r: "ERR_ABORTED" in (r.failure or "") or problems.append(f"failed: {r.url}"))
+    page.goto(url, wait_until="load")
+    return page, problems
+
+
+def test_every_page_opens_from_the_files_without_errors_or_network(built, browser):
+    site, generated = built
+    bad = {}
+    pages = sorted(p for p in site.rglob("*.html") if p.name != "404.html")
+    page, problems = _open(browser, "about:blank")  # one tab for every page: a new tab costs more than a page
+    for html in pages:
+        problems.clear()
+        page.goto(html.as_uri(), wait_until="load")
+        if html.parent.name == "lessons" and html.name != "index.html":
+            sizes = page.eval_on_selector_all("article img", "imgs => imgs.map(i => i.naturalWidth)")
+            notebook = json.loads((generated / "lessons" / (html.stem + ".ipynb")).read_text())
+            pictures = sum("image/png" in o.get("data", {}) for c in notebook["cells"] for o in c.get("outputs", []))
+            if len(sizes) < pictures or 0 in sizes:
+                problems.append(f"{pictures} pictures in the notebook, images shown: {sizes}")
+        if problems:
+            bad[html.relative_to(site).as_posix()] = list(problems)
+    page.close()
+    assert not bad, bad
+    assert len(pages) > 40
+
+
+def test_an_attention_view_in_a_lesson_answers_hover(built, browser):
+    site, _ = built
+    views = [p for p in sorted((site / "lessons").glob("*.html")) if "attnlab-view" in p.read_text()]
+    if not views:
+        pytest.skip("no rendered lesson holds an inline attention view (div.attnlab-view) yet")
+    page, problems = _open(browser, views[0].as_uri())
+    root = page.locator("div.attnlab-view").first
+    root.scroll_into_view_if_needed()
+    before = root.get_attribute("data-focus")
+    root.locator("[data-i]").nth(1).hover()
+    page.wait_for_function("([r, b]) => r.hasAttribute('data-focus') && r.getAttribute('data-focus') !== b",
+                           arg=[root.element_handle(), before], timeout=5000)  # fmt: skip
+    assert not problems, problems
+    page.close()
