@@ -237,3 +237,30 @@ def test_only_rank_0_writes_the_tracker(tmp_path, corpus, pair):
     events = accumulator.EventAccumulator(str(board))
     events.Reload()
     assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(losses(tmp_path / "run"), rel=1e-6)
+
+
+def _look(root: str, same: bool) -> None:
+    """Rank 1's run folder is rank 0's (same) or a folder of its own: a node whose --out is a local disk."""
+    from attnlab.runtime import distributed
+    from attnlab.runtime.shared import PROBE, check_shared
+
+    d, _ = distributed.init("cpu")
+    try:
+        out = Path(root) / ("shared" if same or d.rank == 0 else "local") / "run"
+        if same:
+            check_shared(d, out, timeout=1)
+            distributed.barrier(d)  # rank 0 has removed its file
+            assert not list(out.parent.glob(f"{PROBE}*")) and not out.exists()
+        else:
+            line = r"^1 of 2 processes cannot read the file rank 0 on .* \(rank 1 on .*: no such file after 1 s\)"
+            with pytest.raises(attnlab.AttnlabError, match=line):
+                check_shared(d, out, timeout=1)
+    finally:
+        distributed.shutdown(d)
+
+
+def test_every_process_reads_what_rank_0_wrote_or_all_stop(tmp_path, pair):
+    """The start-up check of shared storage: passes (and leaves nothing) where both see one folder;
+    where rank 1 does not, both processes raise the same line naming rank 1, after the timeout."""
+    pair(_look, str(tmp_path), True)
+    pair(_look, str(tmp_path), False)

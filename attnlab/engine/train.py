@@ -90,10 +90,6 @@ class Prepared:
 
 def completed(task: Task, req: TrainRequest) -> TrainRequest:
     """The request with every default filled in; on resume, the run's own model and data."""
-    if not req.resume and distributed.restarts() and restartable(Path(req.out)):
-        # torchrun --max-restarts started the group again with the same command: go on from the
-        # checkpoint the failed attempt left (--force replaced the old run on the first attempt).
-        req = replace(req, resume=True, force=False)
     if req.resume:
         saved = read_run_config(check_resumable(req.out))
         check_same_init(req.init, saved)  # the original command with --resume appended may repeat it
@@ -129,6 +125,11 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
     d, device = distributed.init(cfg.device)
     try:
         check_shared(d, out)  # every node sees the run folder, or all stop with one line (not a hang)
+        restarted = distributed.restarted(d)  # a collective: every process asks
+        if not req.resume and restarted and restartable(out):
+            # torchrun --max-restarts started the group again with the same command: go on from the
+            # checkpoint the failed attempt left (--force replaced the old run on the first attempt).
+            req = completed(task, replace(req, resume=True, force=False))
         check_dir(out, req.resume, req.force)
         distributed.barrier(d)  # every process has looked at `out` before the first one writes into it
         if not req.resume:
@@ -148,7 +149,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         s.trackers = trackers
         if req.resume and d.main:
             spent = f" ({s.elapsed:.0f} s of the {cfg.time_budget} budget spent)" if cfg.time_budget else ""
-            again = f" (torchrun's restart {distributed.restarts()})" if distributed.restarts() else ""
+            again = " (torchrun restarted the group)" if restarted else ""
             print(f"resuming {out} from step {s.step} of {cfg.max_steps}{spent}{again}", file=sys.stderr)
     except BaseException:
         if not req.resume and d.main:  # a start that failed before its first checkpoint leaves nothing

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,8 +54,19 @@ JOIN_TIMEOUT = 300.0
 
 
 def restarts() -> int:
-    """How many times torchrun (--max-restarts) has started this group again after a failure."""
+    """How many times torchrun (--max-restarts) has started this node's processes again after a failure."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def restarted(d: Dist) -> bool:
+    """Whether torchrun started this group again. Asked of every process: only the node whose process
+    failed counts a restart; the other nodes start theirs again as a change of membership, at 0."""
+    if not d.enabled:
+        return restarts() > 0
+    t = torch.tensor([restarts()], dtype=torch.int64)  # gloo or NCCL: NCCL needs it on the device
+    t = t.cuda() if dist.get_backend() == "nccl" else t
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item()) > 0
 
 
 def init(device_name: str = "auto") -> tuple[Dist, torch.device]:
@@ -84,7 +96,17 @@ def init(device_name: str = "auto") -> tuple[Dist, torch.device]:
                                f"MASTER_ADDR is out of reach ({str(e).splitlines()[0]})") from None  # fmt: skip
         steps = (default_pg_nccl_timeout if device.type == "cuda" else None) or default_pg_timeout
         dist.distributed_c10d._set_pg_timeout(steps)  # torch's own, for the steps
+        if rank == 0 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and shared_store():
+            warnings.warn("torchrun --max-restarts: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun, or a "
+                          "restarted group reads the failed one's addresses from torchrun's store and cannot "
+                          "join (pytorch/pytorch#135712)", stacklevel=2)  # fmt: skip
     return Dist(rank, world, local, owns), device
+
+
+def shared_store() -> bool:
+    """torchrun's agent keeps the store the processes meet in (c10d rendezvous, torch >= 2.5), and
+    keeps it across restarts, with the keys of the attempt before."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def barrier(d: Dist) -> None:

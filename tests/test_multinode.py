@@ -1,0 +1,94 @@
+"""Two nodes on one machine: torchrun in two network namespaces, over real TCP between them.
+
+One torchrun "node" in each namespace (tests/netns.py), joined by c10d rendezvous at node A's
+address, gloo for the gradients: the run takes one process's steps at the same global batch, its
+checkpoint resumes on one node after both stopped, and a node that does not see the run directory
+makes both stop with one line. Skipped where namespaces cannot be made (not root, no `ip`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.netns import namespace_pair, torchrun, wait_all
+
+PORT = 29500  # free in any new namespace: nothing else listens there
+FLAGS = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32", "--dropout", "0",
+         "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "5", "--schedule", "inverse_sqrt",
+         "--eval-interval", "5", "--eval-batches", "2", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+
+
+def losses(run) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeout: float = 300):
+    """torchrun -m attnlab ARGS on nodes A and B; returns (exit codes, logs, nodes, seconds)."""
+    with namespace_pair() as (a, b):
+        t0 = time.perf_counter()
+        logs = [tmp_path / f"{tag}-{n}.log" for n in "ab"]
+        procs = [
+            torchrun(
+                node,
+                rank,
+                2,
+                a,
+                PORT,
+                ["-m", "attnlab", *args],
+                log,
+                mount_tmpfs=tmp_path / "runs" if blind_b and node is b else None,
+            )  # fmt: skip
+            for rank, (node, log) in enumerate(zip((a, b), logs))
+        ]
+        codes = wait_all(procs, timeout)
+        return codes, [log.read_text(errors="replace") for log in logs], (a, b), time.perf_counter() - t0
+
+
+def test_two_nodes_train_as_one_process_and_resume_on_one(tmp_path, corpus, capsys):
+    """10 steps on two nodes (a process each) have one process's losses within 1e-5; the run then goes
+    on to step 20 in one process and still matches (the schedule does not depend on --max-steps)."""
+    single, double = tmp_path / "runs" / "single", tmp_path / "runs" / "double"
+    data = ["--data", str(corpus)]
+    args = ["train", "lm", *data, *FLAGS, "--out", str(double), "--max-steps", "10"]
+    codes, logs, (a, b), seconds = two_nodes(tmp_path, args, "train")
+    assert codes == [0, 0], logs
+    code, _, err = run_cli(["train", "lm", *data, *FLAGS, "--out", single, "--max-steps", "20"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["train", "lm", "--out", double, "--resume", "--max-steps", "20"], capsys)
+    assert code == 0, err
+    assert "resuming" in err and "from step 10" in err
+    one, two = losses(single), losses(double)
+    assert len(one) == len(two) == 20
+    diffs = [abs(x - y) for x, y in zip(one, two)]
+    with capsys.disabled():
+        print(f"\nnode A {a.netns} {a.addr} ({a.dev}), node B {b.netns} {b.addr} ({b.dev}); two nodes, 10 steps: "
+              f"{seconds:.1f} s wall\nper-step |loss - one process|, steps 1-10 on two nodes: "
+              f"{' '.join(f'{d:.1e}' for d in diffs[:10])}\nsteps 11-20 resumed on one: "
+              f"{' '.join(f'{d:.1e}' for d in diffs[10:])}")  # fmt: skip
+    assert max(diffs) < 1e-5, (one, two)
+    assert "x 2 processes" in logs[0]  # rank 0 (node A) announced the group
+
+
+def test_a_node_that_cannot_see_the_run_directory_says_so(tmp_path, corpus, capsys, monkeypatch):
+    """Node B has an empty file system where the run's folder is (a node without the shared mount):
+    both nodes stop with one line naming B's process, within seconds, instead of waiting."""
+    out = tmp_path / "runs" / "r"
+    args = ["train", "lm", "--data", str(corpus), *FLAGS, "--out", str(out), "--max-steps", "4"]
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setenv("ATTNLAB_SHARED_TIMEOUT", "3")  # seconds B looks for the file before it gives up
+    codes, logs, _, seconds = two_nodes(tmp_path, args, "blind", blind_b=True, timeout=240)
+    lines = [next((ln for ln in log.splitlines() if ln.startswith("attnlab: error:")), "") for log in logs]
+    with capsys.disabled():
+        print(f"\n{seconds:.1f} s; node A: {lines[0]}\nnode B: {lines[1]}")
+    assert codes[0] != 0 and codes[1] != 0
+    for line in lines:
+        assert "1 of 2 processes cannot read the file rank 0" in line and "rank 1" in line, logs
+    assert not out.exists()
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
