@@ -75,13 +75,21 @@ def _argument(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     notes = []
     if not action.option_strings and action.nargs in ("?", "*", "+"):
         notes.append({"?": "optional", "*": "any number", "+": "one or more"}[action.nargs])
-    if action.choices is not None and not isinstance(action.choices, dict):
+    if action.choices is not None and not isinstance(action.choices, dict) and "{" not in names:
         notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
-    default = action.default
+    default, help = action.default, _help(parser, action)
     if action.option_strings and action.nargs != 0 and default not in (None, argparse.SUPPRESS, "", [], ()):
-        notes.append(f"default `{default}`")
+        if "default" not in help:  # most helps say their default already
+            notes.append(f"default `{default}`")
     extra = f" ({'; '.join(notes)})" if notes else ""
-    return f"- {names}{extra}\n\n    {_text(_help(parser, action))}".rstrip() + "\n"
+    return f"- {names}{extra}\n\n    {_text(help)}".rstrip() + "\n"
+
+
+def usage(parser: argparse.ArgumentParser) -> str:
+    """argparse's usage without its "usage: " prefix, the wrapped lines moved left by as much."""
+    first, *rest = parser.format_usage().strip().splitlines()
+    cut = len("usage: ")
+    return "\n".join([first[cut:], *(line[cut:] if line[:cut].isspace() else line for line in rest)])
 
 
 def command_page(path: tuple[str, ...], parser: argparse.ArgumentParser, summary: str, children) -> str:
@@ -90,8 +98,7 @@ def command_page(path: tuple[str, ...], parser: argparse.ArgumentParser, summary
     about = parser.description or summary
     if about:
         lines += [_text(about), ""]
-    usage = parser.format_usage().strip().removeprefix("usage: ")
-    lines += ["```text", usage, "```", ""]
+    lines += ["```text", usage(parser), "```", ""]
     if children:
         lines += ["| command | what it does |", "|---|---|"]
         for child, _, help in children:
@@ -125,7 +132,7 @@ def write_cli(out: Path = OUT) -> list[tuple[str, str]]:
         "--help` prints the same). `attnlab train TASK` has one page per task.",
         "",
         "```text",
-        parser.format_usage().strip().removeprefix("usage: "),
+        usage(parser),
         "```",
         "",
         "| command | what it does |",
