@@ -38,7 +38,8 @@ class LiveLoss:
 
     def open(self, run: Path, config: dict[str, Any], start: int) -> None:
         self.rows = read_metrics(run / "metrics.jsonl", max_rows=2000)  # a resumed run's curve so far
-        self.max_steps = config.get("train", {}).get("max_steps")
+        train = config.get("train", {})
+        self.max_steps = None if train.get("time_budget") else train.get("max_steps")  # a budget's is a far bound
         self.handle: Any = None  # the display, made with the first picture
         self.next_draw = 0.0
         self.step = start
