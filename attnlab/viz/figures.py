@@ -55,7 +55,8 @@ def pyplot() -> ModuleType:
     """matplotlib's pyplot, drawing to files only (the Agg backend: no window), imported on first use."""
     import matplotlib.pyplot as plt  # matplotlib: 1 s to import, paid only by what draws
 
-    plt.matplotlib.use("Agg")
+    if "inline" not in plt.get_backend():  # a notebook's inline backend draws to files too: switching would
+        plt.matplotlib.use("Agg")  # leave every later plt.show() of the notebook blank
     return plt
 
 
