@@ -41,7 +41,7 @@ test-slow: $(VENV)/.installed-dev
 # The command reference and the lessons are generated into build/docs/ by docs/hooks.py (lessons executed
 # only where build/lessons holds no notebook of their current source).
 docs: $(VENV)/.installed-dev
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # (the variable: no banner about Material's future)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
