@@ -4,12 +4,16 @@ One torchrun "node" in each namespace (tests/netns.py), joined by c10d rendezvou
 address, gloo for the gradients: the run takes one process's steps at the same global batch, its
 checkpoint resumes on one node after both stopped, and a node that does not see the run directory
 makes both stop with one line. Skipped where namespaces cannot be made (not root, no `ip`).
+The two-node tests start four torch processes each, so they run with the slow ones:
+    pytest -s -m slow tests/test_multinode.py tests/test_elastic.py
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +53,7 @@ def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeou
         return codes, [log.read_text(errors="replace") for log in logs], (a, b), time.perf_counter() - t0
 
 
+@pytest.mark.slow  # four torch processes start: 72-92 s on the shared 2-core machine (67 s of CPU)
 def test_two_nodes_train_as_one_process_and_resume_on_one(tmp_path, corpus, capsys):
     """10 steps on two nodes (a process each) have one process's losses within 1e-5; the run then goes
     on to step 20 in one process and still matches (the schedule does not depend on --max-steps)."""
@@ -74,6 +79,7 @@ def test_two_nodes_train_as_one_process_and_resume_on_one(tmp_path, corpus, caps
     assert "x 2 processes" in logs[0]  # rank 0 (node A) announced the group
 
 
+@pytest.mark.slow  # two more torchrun nodes start (about 45 s under load); test_distributed checks the same cheaply
 def test_a_node_that_cannot_see_the_run_directory_says_so(tmp_path, corpus, capsys, monkeypatch):
     """Node B has an empty file system where the run's folder is (a node without the shared mount):
     both nodes stop with one line naming B's process, within seconds, instead of waiting."""
@@ -92,3 +98,36 @@ def test_a_node_that_cannot_see_the_run_directory_says_so(tmp_path, corpus, caps
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+SBATCH = Path(__file__).parent.parent / "examples" / "slurm" / "train.sbatch"
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_the_slurm_template_runs_torchrun_as_documented(tmp_path, resumed):
+    """examples/slurm/train.sbatch run by bash with srun, scontrol and torchrun stubbed: one torchrun
+    per node meeting at the job's first host under the job's id, its flags torchrun's own, its
+    attnlab command one that attnlab parses, and --resume once the run has a checkpoint."""
+    from torch.distributed.run import get_args_parser
+
+    from attnlab.cli.main import build_parser
+
+    stubs, run = tmp_path / "bin", tmp_path / "run"
+    stubs.mkdir()
+    for name, body in {"srun": 'exec "$@"', "scontrol": "printf 'gpu-a\\ngpu-b\\n'",
+                       "torchrun": f'printf "%s\\0" "$@" > {tmp_path}/argv'}.items():  # fmt: skip
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    if resumed:
+        run.mkdir()
+        (run / "train_state.safetensors").write_bytes(b"")
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RUN": str(run), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "32"}  # fmt: skip
+    subprocess.run(["bash", str(SBATCH)], env=env, check=True, timeout=30)
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    launch = get_args_parser().parse_args(argv)
+    assert (launch.nnodes, launch.nproc_per_node, launch.rdzv_endpoint, launch.rdzv_id) == ("2", "4", "gpu-a:29500",
+                                                                                             "4242")  # fmt: skip
+    assert launch.module and launch.training_script == "attnlab" and launch.max_restarts == 1
+    args = build_parser().parse_args(launch.training_script_args)
+    assert (args.out, args.resume) == (str(run), resumed)

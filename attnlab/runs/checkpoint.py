@@ -132,6 +132,7 @@ def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:
     except (KeyError, ValueError, TypeError) as e:
         raise AttnlabError(f"{path} is corrupt, cannot resume ({type(e).__name__}: {e})") from None
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
+    # Saved from every GPU of rank 0's machine; one resuming with fewer GPUs restores those it has.
+    for i, generator in enumerate(cuda[: torch.cuda.device_count() if torch.cuda.is_available() else 0]):
+        torch.cuda.set_rng_state(generator, i)
     return state
