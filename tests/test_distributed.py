@@ -264,3 +264,39 @@ def test_every_process_reads_what_rank_0_wrote_or_all_stop(tmp_path, pair):
     where rank 1 does not, both processes raise the same line naming rank 1, after the timeout."""
     pair(_look, str(tmp_path), True)
     pair(_look, str(tmp_path), False)
+
+
+def test_a_process_that_never_joins_stops_the_others_in_one_line(monkeypatch):
+    """Rank 0 of two, alone: it stops after ATTNLAB_JOIN_TIMEOUT seconds with one line, not torch's 30 minutes."""
+    from attnlab.runtime import distributed
+
+    env = dict(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for k, v in {**env, "ATTNLAB_JOIN_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(attnlab.AttnlabError, match=r"^rank 0 could not join the other 1 processes within 2 s"):
+        distributed.init("cpu")
+
+
+def _restartable(_: None) -> None:
+    """Join as under torchrun --max-restarts with its shared store: rank 0 warns that a restart cannot rejoin."""
+    import warnings
+
+    from attnlab.runtime import distributed
+
+    os.environ["TORCHELASTIC_MAX_RESTARTS"] = "1"
+    shared, distributed.shared_store = distributed.shared_store, lambda: True  # torchrun's variable, without torchrun
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            d, _ = distributed.init("cpu")
+        assert not distributed.restarted(d)
+        distributed.shutdown(d)
+        named = [w for w in seen if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in str(w.message)]
+        assert len(named) == (1 if d.main else 0), [str(w.message) for w in seen]
+    finally:
+        distributed.shared_store = shared
+        del os.environ["TORCHELASTIC_MAX_RESTARTS"]
+
+
+def test_restarts_with_torchruns_shared_store_are_warned_of(pair):
+    pair(_restartable, None)
