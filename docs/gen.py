@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Pages made here are added to the site by docs/hooks.py ($ATTNLAB_DOCS_GEN moves them: the tests use a temporary one).
 OUT = Path(os.environ.get("ATTNLAB_DOCS_GEN") or ROOT / "build" / "docs")
 LESSONS = ROOT / "lessons"
-EXECUTED = ROOT / "build" / "lessons"  # where lessons/execute.py and tests/test_lessons.py write notebooks
+# Where lessons/execute.py and tests/test_lessons.py write notebooks ($ATTNLAB_LESSONS_BUILD: elsewhere).
+EXECUTED = Path(os.environ.get("ATTNLAB_LESSONS_BUILD") or ROOT / "build" / "lessons")
 CLI = "reference/cli"  # the command pages, relative to the site's root
 
 
