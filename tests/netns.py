@@ -78,7 +78,7 @@ def namespace_pair() -> Iterator[tuple[Node, Node]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 
-def torchrun(node: Node, rank: int, nodes: int, host: Node, port: int, args: list[str], log: Path,
+def torchrun(node: Node, nodes: int, host: Node, port: int, args: list[str], log: Path,
              env: dict[str, str] | None = None, mount_tmpfs: Path | None = None) -> subprocess.Popen:  # fmt: skip
     """`torchrun --nnodes NODES` inside `node`'s namespace, one process on it, meeting the others at
     `host`'s address over c10d; output to `log`. mount_tmpfs: this node sees an empty file system

@@ -31,24 +31,18 @@ def losses(run) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeout: float = 300):
-    """torchrun -m attnlab ARGS on nodes A and B; returns (exit codes, logs, nodes, seconds)."""
+def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeout: float = 300,
+              launch: tuple[str, ...] = (), env: dict[str, str] | None = None, meanwhile=None):  # fmt: skip
+    """torchrun [LAUNCH] -m attnlab ARGS on nodes A and B; returns (exit codes, logs, nodes, seconds).
+    meanwhile(procs): called once both have started (what the test does while they run)."""
     with namespace_pair() as (a, b):
         t0 = time.perf_counter()
-        logs = [tmp_path / f"{tag}-{n}.log" for n in "ab"]
-        procs = [
-            torchrun(
-                node,
-                rank,
-                2,
-                a,
-                PORT,
-                ["-m", "attnlab", *args],
-                log,
-                mount_tmpfs=tmp_path / "runs" if blind_b and node is b else None,
-            )  # fmt: skip
-            for rank, (node, log) in enumerate(zip((a, b), logs))
-        ]
+        procs, logs = [], [tmp_path / f"{tag}-{n}.log" for n in "ab"]
+        for node, log in zip((a, b), logs):
+            blind = tmp_path / "runs" if blind_b and node is b else None
+            procs.append(torchrun(node, 2, a, PORT, [*launch, "-m", "attnlab", *args], log, env, blind))
+        if meanwhile is not None:
+            meanwhile(procs)
         codes = wait_all(procs, timeout)
         return codes, [log.read_text(errors="replace") for log in logs], (a, b), time.perf_counter() - t0
 
