@@ -187,7 +187,7 @@ def executed_notebook(lesson: Path, log=print) -> Path:
             return notebook
     except (OSError, ValueError):  # missing, or half-written by tests/test_lessons.py in another process
         pass
-    log(f"executing {lesson.relative_to(ROOT)} (no current notebook in {EXECUTED.relative_to(ROOT)})")
+    log(f"executing lessons/{lesson.name} (no current notebook in {EXECUTED})")
     executed, _ = executor.execute(lesson)
     EXECUTED.mkdir(parents=True, exist_ok=True)
     partial = notebook.with_suffix(f".{os.getpid()}.part")  # renamed into place: a reader never sees half of it
