@@ -134,3 +134,6 @@ def test_a_worker_killed_on_one_of_two_nodes_restarts_both(tmp_path, corpus, cap
               f"{seconds:.1f} s\nmax |loss - one process| over {STEPS} steps: {worst:.1e}")  # fmt: skip
     assert resumed and "torchrun restarted the group" in resumed[0]
     assert worst < 1e-5
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the in-process reference run: one thread, as the workers

@@ -47,7 +47,7 @@ def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeou
         return codes, [log.read_text(errors="replace") for log in logs], (a, b), time.perf_counter() - t0
 
 
-@pytest.mark.slow  # four torch processes start: 72-92 s on the shared 2-core machine (67 s of CPU)
+@pytest.mark.slow  # four torch processes start: 36 s (quiet) to 119 s (loaded) on the 2-core machine
 def test_two_nodes_train_as_one_process_and_resume_on_one(tmp_path, corpus, capsys):
     """10 steps on two nodes (a process each) have one process's losses within 1e-5; the run then goes
     on to step 20 in one process and still matches (the schedule does not depend on --max-steps)."""
