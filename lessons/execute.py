@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 LESSONS = Path(__file__).resolve().parent
@@ -28,20 +29,29 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def execute(path: Path, out: Path | None = None, timeout: int = 300) -> tuple[nbformat.NotebookNode, float]:
+def execute(
+    path: Path, out: Path | None = None, timeout: int = 300, km: KernelManager | None = None
+) -> tuple[nbformat.NotebookNode, float]:
     """Execute the lesson at `path` top to bottom; return the executed notebook and its seconds.
 
     A cell that raises stops the run with nbclient's CellExecutionError (it names the cell and the
     error). With `out`, the notebook is written to out/<lesson name>.ipynb.
-    `timeout` is per cell, in seconds."""
+    `timeout` is per cell, in seconds. `km`: a running kernel to execute in (execute_all), its
+    namespace emptied first; without it, a kernel of the lesson's own."""
     path = Path(path).resolve()
     nb = jupytext.read(path)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        nb, km=km, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     )
     start = time.perf_counter()
-    client.execute()
+    if km is None:
+        client.execute()
+    else:
+        with client.setup_kernel():
+            client.kc.execute_interactive(_FRESH, timeout=timeout)
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
     seconds = time.perf_counter() - start
     nb.metadata["attnlab"] = {
         "lesson": path.name,
@@ -53,6 +63,44 @@ def execute(path: Path, out: Path | None = None, timeout: int = 300) -> tuple[nb
         out.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out / (path.stem + ".ipynb"))
     return nb, seconds
+
+
+# Between lessons in one kernel: the previous lesson's names, checks modules and pictures gone, so a
+# lesson cannot lean on another's state; what stays is what every lesson pays for again otherwise,
+# the imports of torch, attnlab and torch._dynamo (about 11 s of a lesson's 15-50 s on 2 cores).
+_FRESH = """
+get_ipython().run_line_magic("reset", "-f")
+import sys as _sys
+_name = None
+for _name in [n for n in _sys.modules if n == "checks" or n.startswith("checks.")]:
+    del _sys.modules[_name]
+import matplotlib.pyplot as _plt
+_plt.close("all")
+del _sys, _name, _plt
+"""
+
+
+def execute_all(
+    paths: list[Path], out: Path | None = None, timeout: int = 300
+) -> dict[Path, tuple[nbformat.NotebookNode, float] | Exception]:
+    """Execute lessons one after another in one kernel (started in the first lesson's folder), each
+    top to bottom on an emptied namespace: `make test` runs all of them this way. Each lesson's
+    (notebook, seconds), or the error that stopped it (the next lesson still runs). Each lesson
+    alone, in a kernel of its own, is `execute`."""
+    results: dict[Path, tuple[nbformat.NotebookNode, float] | Exception] = {}
+    if not paths:
+        return results
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(Path(paths[0]).resolve().parent))
+    try:
+        for path in paths:
+            try:
+                results[Path(path)] = execute(path, out, timeout, km)
+            except Exception as error:  # nbclient's CellExecutionError names the cell and the traceback
+                results[Path(path)] = error
+    finally:
+        km.shutdown_kernel(now=True)
+    return results
 
 
 def is_current(ipynb: Path, py: Path) -> bool:

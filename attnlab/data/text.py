@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from attnlab.config import check_fraction, check_types, option
 from attnlab.data.repeats import repeats_file
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root
+from attnlab.progress import tqdm
 
 BUILTIN = ("stdlib", "repeats")
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}

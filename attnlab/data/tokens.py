@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from attnlab.data.pool import cpu_count
 from attnlab.data.text import read_pieces
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.progress import tqdm
 
 CACHE_VERSION = 2  # bump when the split or file format changes
 MIN_CHUNK, MAX_CHUNK = 64, 8192  # tokens

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from attnlab.engine.config import TrainConfig, budget_seconds, warn_short_warmup
 from attnlab.engine.notebook import LiveLoss, in_notebook
@@ -38,6 +37,7 @@ from attnlab.errors import AttnlabError
 from attnlab.io import read_json
 from attnlab.nn.moe import aux_loss, routing_stats
 from attnlab.nn.objective import Objective
+from attnlab.progress import tqdm
 from attnlab.runs.folder import CONFIG
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed

@@ -4,7 +4,7 @@ When `attnlab.train(...)` runs inside a Jupyter kernel, the loop opens a LiveLos
 trackers (tracking.py): it receives the same rows as metrics.jsonl and keeps one picture in the
 cell's output, updated through its display handle (an `update_display_data` message), never a new
 picture per step. Outside a kernel (a terminal, a script, IPython's terminal shell) nothing is shown.
-The progress bar is tqdm.auto's (loop.py): a widget where ipywidgets is installed, text otherwise.
+The progress bar is attnlab.progress's (loop.py): a widget where ipywidgets is installed, text otherwise.
 """
 
 from __future__ import annotations

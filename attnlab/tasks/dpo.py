@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from attnlab.config import option
 from attnlab.data.finetune import PreferenceData, held_out
@@ -25,6 +24,7 @@ from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.nn.lora import adapters_off, has_lora
 from attnlab.nn.objective import inner
 from attnlab.nn.preference import DPOObjective, answer_logprobs
+from attnlab.progress import tqdm
 from attnlab.runs.adapted import as_run, build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting, AdaptOptions

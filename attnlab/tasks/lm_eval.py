@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from attnlab.data import TokenData, build_token_cache, read_texts, resolve_sources
 from attnlab.data.batches import windows
 from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.errors import AttnlabError
+from attnlab.progress import tqdm
 from attnlab.runtime.device import autocast, pick_dtype
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ import numpy as np
 import sacrebleu
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from attnlab.config import from_dict
 from attnlab.data.batches import BOS_ID, EOS_ID, IGNORE, N_SPECIAL, PAD_ID, Pairs, pad
@@ -33,6 +32,7 @@ from attnlab.errors import AttnlabError
 from attnlab.interpret.views import TRANSLATION_VIEWS, numpy_weights
 from attnlab.models.rnn import RNNSeq2SeqConfig
 from attnlab.models.seq2seq import PRESETS, Seq2SeqConfig
+from attnlab.progress import tqdm
 from attnlab.runs.folder import TOKENIZER
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist

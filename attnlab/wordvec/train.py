@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from attnlab.data.english import english_text
 from attnlab.data.text import read_texts, resolve_sources
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json, write_safetensors
+from attnlab.progress import tqdm
 from attnlab.runs.folder import CONFIG, WEIGHTS, check_dir, discard_unstarted, fresh_dir
 from attnlab.runs.marker import record
 from attnlab.runtime.memory import check_fits
