@@ -186,8 +186,8 @@ for name in ("conv1d", "rnn (LSTM)"):
 # %% [markdown]
 # ## Rungs 6-8: attention without positions
 #
-# Parameter-free self-attention replaces each word vector $x_i$ by $\sum_j \text{softmax}_j(x_i
-# \cdot x_j)\, x_j$: a mix of the sentence, weighted by similarity, then averaged. It has no weights
+# Parameter-free self-attention replaces each word vector xᵢ by Σⱼ softmaxⱼ(xᵢ ·
+# xⱼ) xⱼ: a mix of the sentence, weighted by similarity, then averaged. It has no weights
 # of its own. One learned head computes the same with queries, keys and values (lesson 1), and
 # multi-head attention runs four. None of them knows where a word stands: shuffle the words and the
 # average is the same. So expect them near the order-blind rungs.

@@ -114,13 +114,12 @@ def exact_match(model):
 # %% [markdown]
 # ## The RNN encoder-decoder with Bahdanau attention
 #
-# The encoder, a bidirectional GRU, turns the source into states $h_1 \dots h_S$. At step $i$ the
-# decoder, in state $s_{i-1}$, scores every source state with a small network and mixes them:
+# The encoder, a bidirectional GRU, turns the source into states h₁ … h_S. At step i the
+# decoder, in state sᵢ₋₁, scores every source state with a small network and mixes them:
 #
-# $$e_{ij} = v^\top \tanh(W s_{i-1} + U h_j), \qquad a_{ij} = \text{softmax}_j(e_{ij}), \qquad
-# c_i = \sum_j a_{ij} h_j$$
+# **eᵢⱼ = vᵀ tanh(W sᵢ₋₁ + U hⱼ),   aᵢⱼ = softmaxⱼ(eᵢⱼ),   cᵢ = Σⱼ aᵢⱼ hⱼ**
 #
-# and its next state reads the context $c_i$ with the previous character. This is *additive*
+# and its next state reads the context cᵢ with the previous character. This is *additive*
 # attention; the Transformer's is the dot product of lesson 1.
 
 # %%
@@ -170,7 +169,7 @@ for (source, target), a, b in list(zip(splits["test"], rnn_out, transformer_out)
 # come in order, while the Transformer must learn that from its positions (at `SCALE = 1` it is
 # often still guessing the digits; its training loss is higher partly because it is trained with
 # label smoothing, the paper's 0.1). Raise `SCALE` and it catches up. The Transformer's advantages,
-# parallel training over whole sequences and no fixed-size state, pay off at scale (the README's
+# parallel training over whole sequences and no fixed-size state, pay off at scale (the translation guide's
 # `attnlab compare --task numbers` and `--task dates` train all three models, the plain RNN too, for
 # 3,000 steps).
 #

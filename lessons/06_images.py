@@ -30,7 +30,6 @@ CAPTION_STEPS = 250 * SCALE  # optimizer steps of the captioner
 WIDTH = 32 if SCALE == 1 else 64  # model width of both models
 BATCH = 64
 
-import io
 import os
 import tempfile
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from IPython.display import Image, display
+from pictures import show, show_file
 
 from attnlab.data.images import ImageDataConfig, load_images
 from attnlab.models.vit import PatchEmbedding, ViT, ViTConfig, patchify
@@ -47,19 +46,6 @@ from attnlab.models.vit import PatchEmbedding, ViT, ViTConfig, patchify
 torch.set_num_threads(1 if SCALE == 1 else os.cpu_count())
 torch.manual_seed(0)
 PICTURES = Path(tempfile.mkdtemp())  # attnlab's own pictures are written as files; we show them from here
-
-
-def show(fig=None):
-    """Show a matplotlib figure as a PNG (attnlab's drawing functions switch matplotlib to files only)."""
-    fig = fig or plt.gcf()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buffer.getvalue()))
-
-
-def show_file(path):
-    display(Image(filename=str(path)))
 
 
 # %% [markdown]

@@ -30,7 +30,6 @@ MOE_STEPS = 150 * SCALE  # training steps of the tiny mixture of experts
 MOE_WIDTH = 64 if SCALE == 1 else 128
 CONTEXT = 64
 
-import io
 import os
 import string
 
@@ -38,22 +37,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
-from IPython.display import Image, display
+from pictures import show
 
 from attnlab.nn import attend
 from attnlab.nn.position import ALiBiPositions, RotaryPositions
 
 torch.set_num_threads(1 if SCALE == 1 else os.cpu_count())  # tiny models: one thread is fastest
 torch.manual_seed(0)
-
-
-def show(fig=None):
-    """Show a matplotlib figure as a PNG (whichever matplotlib backend is active)."""
-    fig = fig or plt.gcf()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buffer.getvalue()))
 
 
 # %% [markdown]

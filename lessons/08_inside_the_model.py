@@ -37,7 +37,6 @@ VOCAB, CONTEXT = 32, 32  # random tokens; sequences of up to CONTEXT tokens
 WIDTH, HEADS = 64, 4
 HEAD_LABELS = range(1, HEADS + 1)  # heads counted from 1 in pictures, as attnlab's own
 
-import io
 import os
 import tempfile
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from IPython.display import Image, display
+from pictures import show, show_file
 
 import attnlab
 from attnlab.interpret.detectors import head_scores, repeated_tokens
@@ -53,19 +52,6 @@ from attnlab.interpret.detectors import head_scores, repeated_tokens
 torch.set_num_threads(1 if SCALE == 1 else os.cpu_count())  # a tiny model: one thread is fastest
 torch.manual_seed(0)
 PICTURES = Path(tempfile.mkdtemp())  # attnlab's own pictures are files; we show them from here
-
-
-def show(fig=None):
-    """Show a matplotlib figure as a PNG (attnlab's drawing functions switch matplotlib to files only)."""
-    fig = fig or plt.gcf()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buffer.getvalue()))
-
-
-def show_file(path):
-    display(Image(filename=str(path)))
 
 
 # %% [markdown]

@@ -36,7 +36,6 @@ SFT_STEPS = 40 * SCALE  # fine-tuning, every weight and LoRA
 DPO_STEPS = 20 * SCALE  # preference tuning
 EXAMPLES = 500 * SCALE  # generated conversations to fine-tune on
 
-import io
 import os
 import tempfile
 import warnings
@@ -44,7 +43,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import Image, display
+from pictures import show
 
 import attnlab
 from attnlab.data import DataConfig
@@ -58,15 +57,6 @@ warnings.filterwarnings("ignore", message=".*longer than the (model's )?context.
 ROOT = Path(tempfile.mkdtemp())  # every run folder of this lesson goes here
 # float32 on the CPU, and a validation every few steps, for every run of the lesson
 TRAIN = dict(batch_size=16, warmup_steps=5, eval_interval=10, eval_batches=2, device="cpu", dtype="float32")
-
-
-def show(fig=None):
-    """Show a matplotlib figure as a PNG (whichever matplotlib backend is active)."""
-    fig = fig or plt.gcf()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buffer.getvalue()))
 
 
 def curve(run, key="loss"):
