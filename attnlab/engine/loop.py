@@ -38,7 +38,7 @@ from attnlab.io import read_json
 from attnlab.nn.moe import aux_loss, routing_stats
 from attnlab.nn.objective import Objective
 from attnlab.progress import tqdm
-from attnlab.runs.folder import CONFIG
+from attnlab.runs.folder import CONFIG, METRICS
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.device import autocast
@@ -150,7 +150,7 @@ def estimate_loss(s: Session, split: str = "val") -> float:
 def _log(s: Session, row: dict) -> None:
     if s.dist.main:
         if s.log is None:  # line-buffered: each row reaches the file as it is written
-            s.log = open(s.run / "metrics.jsonl", "a", buffering=1, encoding="utf-8")
+            s.log = open(s.run / METRICS, "a", buffering=1, encoding="utf-8")
         s.log.write(json.dumps(row) + "\n")
         for tracker in s.trackers:  # --log's trackers and a notebook's picture get the same rows
             tracker.log(row["step"], {k: v for k, v in row.items() if k != "step"})
@@ -171,7 +171,7 @@ def _draw(s: Session) -> float:
     """loss.png (rank 0); returns the time.monotonic() before which it is not drawn again."""
     t0 = time.monotonic()  # not perf_counter: the loop's clock (tests replace it)
     if s.dist.main:
-        plot_loss(s.run / "metrics.jsonl", s.run / "loss.png")
+        plot_loss(s.run / METRICS, s.run / "loss.png")
     now = time.monotonic()
     return now + max(PLOT_EVERY, (now - t0) / PLOT_SHARE)
 

@@ -27,7 +27,7 @@ from attnlab.io import truncate_metrics, write_json
 from attnlab.models import build_model
 from attnlab.nn.stack import set_grad_checkpoint, stacks_of
 from attnlab.runs.checkpoint import BackgroundWriter, load_train_state
-from attnlab.runs.folder import CONFIG, STATE, WEIGHTS
+from attnlab.runs.folder import CONFIG, METRICS, STATE, WEIGHTS
 from attnlab.runs.marker import record
 from attnlab.runs.weights import load_state, state_dict_api
 from attnlab.runtime.device import dtype_choice
@@ -103,9 +103,9 @@ def start(
         s.step = s.saved_step = state.step
         s.elapsed = state.elapsed
     if d.main and resume:
-        truncate_metrics(run / "metrics.jsonl", s.step)
+        truncate_metrics(run / METRICS, s.step)
     if d.main:
-        record(run, CONFIG, STATE, WEIGHTS, "metrics.jsonl", "loss.png", *[SNAPSHOTS] * bool(cfg.snapshot_every))
+        record(run, CONFIG, STATE, WEIGHTS, METRICS, "loss.png", *[SNAPSHOTS] * bool(cfg.snapshot_every))
         write_json(run / CONFIG, config)  # the settings in force (a resume may change some)
     if not resume:
         save_checkpoint(s)  # step 0: from here on the run directory is complete and resumable

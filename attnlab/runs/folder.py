@@ -24,6 +24,7 @@ from attnlab.runs.marker import read_marker, remove_owned, write_marker
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
 STATE = "train_state.safetensors"
+METRICS = "metrics.jsonl"  # a row a logged step: the losses every curve, listing and card reads
 SECTIONS = ("model", "train", "data")
 
 

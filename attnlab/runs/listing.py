@@ -21,11 +21,11 @@ from safetensors import SafetensorError, safe_open
 
 from attnlab.errors import AttnlabError
 from attnlab.io import read_metrics
-from attnlab.runs.folder import CONFIG, STATE, WEIGHTS, check_run_dir, is_run, read_run_config
+from attnlab.runs.folder import CONFIG, METRICS, STATE, WEIGHTS, check_run_dir, is_run, read_run_config
 from attnlab.runs.kind import kind_of
+from attnlab.runs.summary import losses
 from attnlab.viz.curves import plot_runs
 
-METRICS = "metrics.jsonl"
 MAX_ROWS = 5000  # a long run's training rows thinned to about this many (every validation row is kept)
 
 
@@ -98,8 +98,7 @@ def summarize(path: str | Path) -> RunSummary:
         seconds: float | None = float(header(p / STATE)[0]["elapsed"]) if (p / STATE).is_file() else None
     except (SafetensorError, OSError, ValueError, KeyError):
         seconds = None
-    vals = [r["val_loss"] for r in read_metrics(p / METRICS, MAX_ROWS) if isinstance(r.get("val_loss"), float)]
-    best = min((v for v in vals if math.isfinite(v)), default=None)
+    best = min((v for _, v in losses(p, MAX_ROWS)[1] if math.isfinite(v)), default=None)
     return RunSummary(p, task_of(config), model_of(config), parameters, steps, best, seconds)
 
 

@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.io import read_metrics
+from attnlab.runs.folder import METRICS
 from attnlab.viz.cards import curve_svg, facts_html, facts_text
 
 if TYPE_CHECKING:
     from attnlab.runs.run import Run
 
-METRICS = "metrics.jsonl"
 
-
-def losses(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(step, train loss) and (step, validation loss) pairs of a run's metrics.jsonl (none if missing)."""
-    rows = [r for r in read_metrics(Path(path) / METRICS) if "step" in r]
+def losses(path: Path, max_rows: int | None = None) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(step, train loss) and (step, validation loss) pairs of a run's metrics.jsonl (none if missing);
+    max_rows thins the training rows as read_metrics does (every validation row is kept)."""
+    rows = [r for r in read_metrics(Path(path) / METRICS, max_rows) if "step" in r]
     train = [(r["step"], float(r["loss"])) for r in rows if isinstance(r.get("loss"), (int, float))]
     val = [(r["step"], float(r["val_loss"])) for r in rows if isinstance(r.get("val_loss"), (int, float))]
     return train, val

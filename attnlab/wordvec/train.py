@@ -24,7 +24,7 @@ from attnlab.data.text import read_texts, resolve_sources
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json, write_safetensors
 from attnlab.progress import tqdm
-from attnlab.runs.folder import CONFIG, WEIGHTS, check_dir, discard_unstarted, fresh_dir
+from attnlab.runs.folder import CONFIG, METRICS, WEIGHTS, check_dir, discard_unstarted, fresh_dir
 from attnlab.runs.marker import record
 from attnlab.runtime.memory import check_fits
 from attnlab.wordvec.config import VectorsConfig
@@ -150,7 +150,7 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
     check_fits(cfg.training_bytes(vocab.words), f"{cfg.method} vectors of dimension {cfg.dim} for "
                f"{len(vocab):,} words", "lower --dim, or --max-vocab / raise --min-count")  # fmt: skip
     fresh_dir(out)
-    record(out, "metrics.jsonl", WEIGHTS, CONFIG)
+    record(out, METRICS, WEIGHTS, CONFIG)
     try:
         return _fit_and_save(out, cfg, vocab, corpus, data, progress, started)
     except BaseException:  # an error or Ctrl-C before the vectors are saved: leave no half-made run
@@ -161,7 +161,7 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
 def _fit_and_save(out: Path, cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, data: str, progress: bool,
                   started: float) -> dict:  # fmt: skip
     """Train, then write the vectors and config.json into the fresh run folder `out`; the summary."""
-    log = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    log = open(out / METRICS, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     rows: list[dict] = []
 
     def metrics(**row) -> None:
