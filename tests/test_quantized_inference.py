@@ -45,16 +45,17 @@ def reference(layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_packed_product_is_dequantize_then_multiply(kind, rows):
+@pytest.mark.parametrize("lead", [(1,), (1, 3), (5, 3), (33, 3)])  # (1,): one row, a decode step's product
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     torch.manual_seed(0)
-    linear = nn.Linear(96, 40)  # 40 outputs: int4's kernel pads them to 48 and the padding is cut off
+    linear = nn.Linear(96, 40, bias=bias)  # 40 outputs: int4's kernel pads them to 48 and the padding is cut off
     layer = PackedLinear.from_linear(linear, kind)
-    x = torch.randn(rows, 3, 96)
+    x = torch.randn(*lead, 96)
     with torch.inference_mode():
         y = layer(x)
-    ref = reference(layer, x.reshape(-1, 96)).view(rows, 3, 40)
-    assert y.shape == (rows, 3, 40) and y.dtype == torch.float32
+    ref = reference(layer, x.reshape(-1, 96)).view(*lead, 40)
+    assert y.shape == (*lead, 40) and y.dtype == torch.float32
     # The kernels accumulate in float32 and round their output to bf16: 2^-8 of each output at most.
     assert torch.allclose(y, ref, rtol=2**-7, atol=1e-3), (y - ref).abs().max()
 
