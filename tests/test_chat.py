@@ -269,6 +269,28 @@ def test_chat_leaves_cleanly_on_quit_ctrl_c_and_end_of_input(llama, runs, capsys
     assert code == 0 and stdout == "\n" and "Traceback" not in err
 
 
+def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatch):
+    """--compile reaches the engine's compiled step (torch.compile replaced by the function itself: the
+    step's own code runs, no compilation), and the greedy answer is the one chat gives without it."""
+    from attnlab.decoding import compiled
+
+    fed = []
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
+    real = compiled.CompiledStep.feed
+    monkeypatch.setattr(compiled.CompiledStep, "feed", lambda self, *a: fed.append(1) or real(self, *a))
+    args = ["chat", runs[0] / "llama", "--temperature", "0", "--max-new-tokens", "6", "--device", "cpu"]
+    answers = []
+    for extra_args in ([], ["--compile"]):
+        monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+        code, stdout, err = run_cli(args + extra_args, capsys)
+        assert code == 0 and "Traceback" not in err, err
+        answers.append(stdout)
+        # without --compile no step is compiled; with it, each of the answer's 5 tokens after the first (and
+        # the engine's calibration steps) went through it
+        assert (len(fed) >= 5) if extra_args else not fed
+    assert answers[0] == answers[1]
+
+
 def test_chat_and_sample_chat_refuse_a_run_that_does_not_generate(tmp_path, capsys):
     bow = tmp_path / "bow"
     train = ["train", "classify", "--model", "bow", "--out", bow, "--max-steps", "3", "--warmup-steps", "1",

@@ -38,10 +38,10 @@ def template_of(run: Run) -> ChatTemplate:
 
 
 def run_chat(opts: ChatOptions) -> int:
-    run = generating_run(opts.run, opts.device, "chat", opts.quantize)
+    run = generating_run(opts.run, opts.device, "chat", opts.quantize, opts.compile)
     dialogue = Dialogue(run.model, run.tokenizer, template_of(run), opts.system, opts.seed,
                         max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_k=opts.top_k,
-                        top_p=opts.top_p)  # fmt: skip
+                        top_p=opts.top_p, compile=opts.compile)  # fmt: skip
     print(f"[chatting with {run.path.name}: " + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items()) + "]",
           file=sys.stderr)  # fmt: skip
     talk(dialogue)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from attnlab.config import option
 from attnlab.decoding.draw import check_sampling
+from attnlab.decoding.sampling import COMPILE_HELP
 from attnlab.interop.hf import architectures
 from attnlab.interpret.plots import PLOTS
 from attnlab.interpret.report import INSPECTIONS
@@ -120,6 +121,7 @@ class ChatOptions(Quantizes, ReadsRun):
     top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
     seed: int | None = option(None, "random seed: answer k draws with seed + k, so the same messages give the same "
                               "conversation")  # fmt: skip
+    compile: bool = option(False, COMPILE_HELP)
 
     def __post_init__(self):
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)

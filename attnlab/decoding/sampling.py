@@ -36,6 +36,10 @@ __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "gener
            "next_tokens", "read_together", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
 
 
+COMPILE_HELP = ("compile the decode step with torch.compile: several times faster per token for small models on a "
+                "CPU, after tens of seconds of compiling (kept on disk for the next run)")
+
+
 @dataclass
 class GenerateConfig:
     """Generation settings: kept apart from the model's config, they belong to each call."""
@@ -49,9 +53,7 @@ class GenerateConfig:
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
     dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
-    compile: bool = option(False, "compile the decode step with torch.compile: several times faster per token for "
-                           "small models on a CPU, after tens of seconds of compiling (kept on disk for the next "
-                           "run)")  # fmt: skip
+    compile: bool = option(False, COMPILE_HELP)
 
     def __post_init__(self):
         check_types(self)
