@@ -248,7 +248,7 @@ def test_generate_rejects_bad_requests_with_one_line(client):
 
 
 def test_an_error_midway_is_the_last_line_and_before_the_first_piece_a_status(client, monkeypatch):
-    def failing(model, tokenizer, prompt, *args):
+    def failing(model, tokenizer, prompt, *args, **kw):
         yield "a"
         raise RuntimeError("the model fell over\nwith a second line")
 
@@ -257,7 +257,7 @@ def test_an_error_midway_is_the_last_line_and_before_the_first_piece_a_status(cl
     assert response.status_code == 200
     assert lines(response) == [{"text": "a"}, {"error": "the model fell over"}]
 
-    def refusing(*args):
+    def refusing(*args, **kw):
         raise AttnlabError("no tokens to start from")
         yield  # a generator, as stream_text is
 

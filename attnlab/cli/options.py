@@ -213,6 +213,7 @@ class ServeOptions(Quantizes, OnDevice):
                                     metavar="SECONDS")  # fmt: skip
     threads: int | None = option(None, "CPU threads for the model (default: one per core but one, which the HTTP "
                                  "side keeps)")  # fmt: skip
+    compile: bool = option(False, COMPILE_HELP + "; a request decoded alone takes it, batched rows do not")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -143,23 +143,25 @@ def create_app(
     access: Access | None = None,
     limits: Limits | None = None,
     quantize: str | None = None,
+    compiled: bool = False,
 ) -> FastAPI:
     """The explorer's app and the OpenAI-compatible API over the run directories `runs`, loaded once
     onto `device`. access: the key, the Host names answered (default: any Host; `attnlab serve`
     always names them) and CORS origins; limits: see guard.Limits; quantize: the language models'
-    weights stored int8, int4 or bf16 for decoding (runs/quantized.py)."""
-    served = load_runs(runs, device, quantize)
+    weights stored int8, int4 or bf16 for decoding (runs/quantized.py); compiled: their lone rows'
+    steps through torch.compile (decoding/compiled.py)."""
+    served = load_runs(runs, device, quantize, compiled)
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say
         if s.run.task.generates:
-            engine_for(s.run.model, max_batch=limits.max_batch)
+            engine_for(s.run.model, max_batch=limits.max_batch, compiled=s.compiled)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         for s in served.values():  # the engines' threads end with the server
             if s.run.task.generates:
-                engine_for(s.run.model).close()
+                engine_for(s.run.model, compiled=s.compiled).close()
 
     app = FastAPI(title="attnlab explorer", version=__version__, lifespan=lifespan,
                   description="Trained runs: generate, predict, see attention; and an OpenAI-compatible API "
@@ -233,9 +235,10 @@ def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits
         sampling = (req.max_new_tokens, req.temperature, req.top_k, req.top_p, seed, req.stop)
         try:
             if req.attention:
-                lines = live_lines(s.run, req.prompt, sampling)
+                lines = live_lines(s.run, req.prompt, sampling, s.compiled)
             else:
-                lines = ({"text": p} for p in stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling))
+                texts = stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling, compile=s.compiled)
+                lines = ({"text": p} for p in texts)
             # The first line is made here, so that an error before it still gets its status code.
             first = next(lines, None)
         except Exception:
@@ -329,13 +332,14 @@ def serve(
     cors_origins: list[str] | None = None,
     limits: Limits | None = None,
     quantize: str | None = None,
+    compiled: bool = False,
 ) -> None:
     """Load `runs` and serve the explorer and the OpenAI-compatible API at http://host:port/ until
     Ctrl-C. Beyond loopback it needs `api_key` (or insecure_no_key); it answers the Host names of
     guard.allowed_hosts_for(host, allowed_hosts)."""
     check_exposure(host, api_key, insecure_no_key)
     access = Access(api_key, allowed_hosts_for(host, allowed_hosts), list(cors_origins or []))
-    app = create_app(runs, device, access, limits, quantize)
+    app = create_app(runs, device, access, limits, quantize, compiled)
     sock = listen(host, port)
     if not is_loopback(host) and not api_key:
         print(f"attnlab: warning: --host {host} --insecure-no-key: anyone who reaches this machine can use these runs")

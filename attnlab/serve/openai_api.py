@@ -103,7 +103,8 @@ class Jobs:
 
 def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
     """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
-    batchers = {name: engine_for(s.run.model) for name, s in served.items() if s.run.task.generates}
+    batchers = {name: engine_for(s.run.model, compiled=s.compiled) for name, s in served.items()
+                if s.run.task.generates}  # fmt: skip
     app.state.batchers = batchers  # each run's one engine, shared with the explorer (decoding/engine.py)
     begin = Jobs(batchers, streams, limits).begin
 

@@ -22,6 +22,7 @@ class Served:
     run: Run
     parameters: int
     template: ChatTemplate | None = None  # a run that generates: its chat template (/v1/chat/completions)
+    compiled: bool = False  # a lone row's one-token steps through torch.compile (decoding/compiled.py)
 
     @property
     def kind(self) -> str:
@@ -43,10 +44,12 @@ class Served:
         return asked.kind if asked is not None else stored.get("kind") if isinstance(stored, dict) else None
 
 
-def load_runs(paths: list[str | Path], device: str, quantize: str | None = None) -> dict[str, Served]:
+def load_runs(paths: list[str | Path], device: str, quantize: str | None = None,
+              compiled: bool = False) -> dict[str, Served]:  # fmt: skip
     """Each run by its directory name (a second "lm" becomes "lm-2"); a run that fails to load stops
     the server before it starts, with the run's path in the message. quantize: the language models'
-    weights stored that way for decoding (runs/quantized.py); the other runs load as they are."""
+    weights stored that way for decoding (runs/quantized.py); the other runs load as they are. compiled:
+    the language models' engines take compiled decode steps."""
     if not paths:
         raise AttnlabError("give at least one run directory to serve")
     served: dict[str, Served] = {}
@@ -58,7 +61,7 @@ def load_runs(paths: list[str | Path], device: str, quantize: str | None = None)
         seen.add(resolved)
         try:
             generates = kind_of(read_run_config(check_run_dir(resolved))).generates
-            run = load(resolved, device, quantize if generates else None)
+            run = load(resolved, device, quantize if generates else None, compiled=compiled and generates)
             template = run_template(resolved) if run.task.generates else None
         except AttnlabError as e:
             raise AttnlabError(f"cannot serve {path}: {e}") from None
@@ -67,5 +70,6 @@ def load_runs(paths: list[str | Path], device: str, quantize: str | None = None)
         name, k = resolved.name or "run", 2
         while name in served:
             name, k = f"{resolved.name}-{k}", k + 1
-        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()), template)
+        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()), template,
+                              compiled and run.task.generates)  # fmt: skip
     return served
