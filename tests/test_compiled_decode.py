@@ -31,8 +31,20 @@ def llama_int8() -> GPT:
     return model
 
 
-def test_a_compiled_step_computes_what_the_forward_computes():
-    model = llama_int8()
+def nano_fast() -> GPT:
+    """The demo's preset, small: a bigram embedding (each position reads the token before it: a decode
+    step must be given the row's previous one), a mixture of experts, qk-norm, relu^2, rotary positions
+    and soft-capped logits; every weight perturbed (the bigram table starts at zero)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_preset("gpt-nano-fast", n_layer=2, d_model=64, n_head=4, context=48, vocab_size=96,
+                                bigram_vocab=512)  # fmt: skip
+    assert cfg.bigram_vocab and cfg.n_experts > 1
+    return perturb(GPT(cfg), 0.05)
+
+
+@pytest.mark.parametrize("make", [llama_int8, nano_fast])
+def test_a_compiled_step_computes_what_the_forward_computes(make):
+    model = make()
     prompt = [5, 17, 2, 40]
     with torch.inference_mode():
         eager, fast = LMDecoder(model, "float32"), LMDecoder(model, "float32", compiled=True)

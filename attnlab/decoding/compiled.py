@@ -14,9 +14,10 @@ with it, traced once over caches that never move:
     the row's caches     each layer's KVCache, its (1, Hkv, C, Dh) buffers zeroed when made (a masked
                          key still multiplies: it must be a number), filled by the prompt's ordinary
                          forward, then written in place at each new position
-    a step               (ids (1, 1), position (1,), bias (1, 1, 1, L)) -> logits (1, V): attention
-                         over the first L = position + 1 keys (the bias: zeros, its width L); L is
-                         symbolic in the compiled graph, so one compilation serves every length
+    a step               (ids (1, 1), position (1,), bias (1, 1, 1, L), the previous token) -> logits
+                         (1, V): attention over the first L = position + 1 keys (the bias: zeros, its
+                         width L); L is symbolic in the compiled graph, so one compilation serves every
+                         length; the previous token is what a bigram embedding reads (KVCache.last_token)
 
 Compiling costs tens of seconds on 2 cores the first time (inductor keeps what it built on disk, and
 a later process reuses it), so it is asked for: `compile=True`, `--compile`. A step it cannot take
@@ -64,11 +65,15 @@ class StepCache(KVCache):
 
 
 def _step(
-    ids: Tensor, position: Tensor, bias: Tensor, buffers: list[tuple[Tensor, Tensor]], model: nn.Module = None
+    ids: Tensor, position: Tensor, bias: Tensor, buffers: list[tuple[Tensor, Tensor]], last: Tensor | None,
+    model: nn.Module = None,
 ) -> Tensor:
-    """What is compiled: the model's forward over StepCaches, the last position's logits (1, V). Each
-    CompiledStep compiles its own copy, the model bound as the default of `model`."""
+    """What is compiled: the model's forward over StepCaches, the last position's logits (1, V). last:
+    the row's previous token (1, 1), which a model that looks one token back reads from the first
+    cache (GPT's bigram embedding), or None. Each CompiledStep compiles its own copy, the model bound
+    as the default of `model`."""
     caches = [StepCache(k, v, position, bias) for k, v in buffers]
+    caches[0].last_token = last
     return model(ids, caches=caches, offset=position)[:, -1]
 
 
@@ -86,6 +91,7 @@ class CompiledStep:
         self.warm = False  # compiled once: from then on only the guards that tell compilations apart run
         with torch.inference_mode():  # as the engine's caches are: tensors of one kind, one compilation
             self.ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+            self.last = torch.zeros(1, 1, dtype=torch.long, device=device)  # the previous token, for bigrams
             self.position = torch.zeros(1, dtype=torch.long, device=device)
             # The bias over the keys: a row's first L keys are all its own, so it is zeros; its width is
             # what tells the graph L (symbolic), and a view of one buffer costs nothing to make.
@@ -112,14 +118,16 @@ class CompiledStep:
     def feed(self, caches: list[KVCache], token: int) -> Tensor | None:
         """The (1, V) logits of `token` at the caches' next position, or None when compiling failed (the
         caller then runs the ordinary forward)."""
-        n = caches[0].length
+        n, last = caches[0].length, caches[0].last_token
         self.ids.fill_(token)
+        if last is not None:  # copied into a tensor of the step's own: the prompt's is a view with other strides
+            last = self.last.copy_(last.view(1, 1))
         self.position.fill_(n)
         bias = self.bias[..., : n + 1]
         torch._dynamo.mark_dynamic(bias, 3)
         try:
             with self._stance():
-                logits = self.step(self.ids, self.position, bias, [(c.k, c.v) for c in caches])
+                logits = self.step(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
             self.warm = True
         except Exception as e:  # a model or platform inductor cannot compile: decode as before
             self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -127,4 +135,6 @@ class CompiledStep:
             return None
         for cache in caches:
             cache.length = n + 1
+        if last is not None:  # the row's newest token, as the forward keeps it (its own tensor: ids is reused)
+            caches[0].last_token = self.ids.clone()
         return logits
