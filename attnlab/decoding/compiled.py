@@ -65,7 +65,11 @@ class StepCache(KVCache):
 
 
 def _step(
-    ids: Tensor, position: Tensor, bias: Tensor, buffers: list[tuple[Tensor, Tensor]], last: Tensor | None,
+    ids: Tensor,
+    position: Tensor,
+    bias: Tensor,
+    buffers: list[tuple[Tensor, Tensor]],
+    last: Tensor | None,
     model: nn.Module = None,
 ) -> Tensor:
     """What is compiled: the model's forward over StepCaches, the last position's logits (1, V). last:

@@ -36,8 +36,10 @@ __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "gener
            "next_tokens", "read_together", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
 
 
-COMPILE_HELP = ("compile the decode step with torch.compile: several times faster per token for small models on a "
-                "CPU, after tens of seconds of compiling (kept on disk for the next run)")
+COMPILE_HELP = (
+    "compile the decode step with torch.compile: several times faster per token for small models on a "
+    "CPU, after tens of seconds of compiling (kept on disk for the next run)"
+)
 
 
 @dataclass

@@ -22,10 +22,9 @@ The kernels are PyTorch's own weight-only products, measured fastest on the CPU 
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both
 with bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
 weights torch.mv on one row, F.linear on several, in bfloat16 (under torch.compile, one row: the sums
-of _one_row). The int4
-kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu, O a multiple of 16): the saved
-codes stay in the portable layout above and are packed when the layer reaches its device. Another
-device (CUDA, MPS) computes x @ dequantize(W)^T: correct, not fast.
+of _one_row). The int4 kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu, O a
+multiple of 16): the saved codes stay in the portable layout above and are packed when the layer
+reaches its device. Another device (CUDA, MPS) computes x @ dequantize(W)^T: correct, not fast.
 """
 
 from __future__ import annotations
@@ -208,14 +207,6 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
 # int4: never (its nibbles' unpacking does not vectorize: a 6 x 384 GPT decoded 8x slower).
 ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
-# By kind: the operands made once from the stored tensors, and the product x (M, I) in COMPUTE -> (M, O').
-PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
-KERNELS = {
-    "int8": torch._weight_int8pack_mm,
-    "int4": torch._weight_int4pack_mm_for_cpu,
-    "bf16": lambda x, w: _bf16_product(x, w),
-}
-
 
 def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
     """x (M, I) @ w^T in bfloat16. One row through torch.mv: PyTorch's matrix-vector kernel for bf16,
@@ -224,3 +215,12 @@ def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
     if x.shape[0] == 1:
         return torch.mv(w, x[0]).unsqueeze(0)  # (1, O)
     return F.linear(x, w)
+
+
+# By kind: the operands made once from the stored tensors, and the product x (M, I) in COMPUTE -> (M, O').
+PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
+KERNELS = {
+    "int8": torch._weight_int8pack_mm,
+    "int4": torch._weight_int4pack_mm_for_cpu,
+    "bf16": _bf16_product,
+}
