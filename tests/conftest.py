@@ -83,6 +83,20 @@ def one_thread():
 
 
 @pytest.fixture
+def compiled_steps(monkeypatch) -> list:
+    """The decode steps taken through decoding/compiled.py's CompiledStep (one item each), with
+    torch.compile replaced by the function itself: the step's own code runs, nothing is compiled. For
+    tests that a command or the server reaches the compiled step without paying for a compilation."""
+    from attnlab.decoding import compiled
+
+    fed = []
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
+    real = compiled.CompiledStep.feed
+    monkeypatch.setattr(compiled.CompiledStep, "feed", lambda self, *a: fed.append(1) or real(self, *a))
+    return fed
+
+
+@pytest.fixture
 def corpus(tmp_path):
     """A small text file of Python-like code (about 5 KB)."""
     path = tmp_path / "corpus.txt"

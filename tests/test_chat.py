@@ -269,15 +269,10 @@ def test_chat_leaves_cleanly_on_quit_ctrl_c_and_end_of_input(llama, runs, capsys
     assert code == 0 and stdout == "\n" and "Traceback" not in err
 
 
-def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatch):
-    """--compile reaches the engine's compiled step (torch.compile replaced by the function itself: the
-    step's own code runs, no compilation), and the greedy answer is the one chat gives without it."""
-    from attnlab.decoding import compiled
-
-    fed = []
-    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
-    real = compiled.CompiledStep.feed
-    monkeypatch.setattr(compiled.CompiledStep, "feed", lambda self, *a: fed.append(1) or real(self, *a))
+def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatch, compiled_steps):
+    """--compile reaches the engine's compiled step (conftest's compiled_steps: no compilation), and the
+    greedy answer is the one chat gives without it."""
+    fed = compiled_steps
     args = ["chat", runs[0] / "llama", "--temperature", "0", "--max-new-tokens", "6", "--device", "cpu"]
     answers = []
     for extra_args in ([], ["--compile"]):

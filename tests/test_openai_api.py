@@ -260,16 +260,11 @@ def test_eight_concurrent_seeded_streams_each_get_their_text_alone(client, serve
     assert rows > 2 * steps > 0  # several sequences per forward pass
 
 
-def test_serve_compiled_decodes_a_lone_request_through_the_compiled_step(run_dir, client, monkeypatch):
+def test_serve_compiled_decodes_a_lone_request_through_the_compiled_step(run_dir, client, compiled_steps):
     """create_app(compiled=True) (serve --compile): a request alone in the engine takes the compiled
-    step (torch.compile replaced by the function itself: the step's code, no compilation), and its
-    greedy completion is the one the server without it gives."""
-    from attnlab.decoding import compiled
-
-    fed = []
-    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
-    real = compiled.CompiledStep.feed
-    monkeypatch.setattr(compiled.CompiledStep, "feed", lambda self, *a: fed.append(1) or real(self, *a))
+    step (conftest's compiled_steps: no compilation), and its greedy completion is the one the server
+    without it gives."""
+    fed = compiled_steps
     want = complete(client, temperature=0.0).choices[0].text
     assert not fed  # the plain server has no compiled step
     app = create_app([run_dir], compiled=True)

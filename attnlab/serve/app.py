@@ -65,7 +65,6 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
-from attnlab.decoding.engine import engine_for
 from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
 from attnlab.interpret.experts import routing_json
@@ -154,14 +153,14 @@ def create_app(
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say
         if s.run.task.generates:
-            engine_for(s.run.model, max_batch=limits.max_batch, compiled=s.compiled)
+            s.engine(limits.max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         for s in served.values():  # the engines' threads end with the server
             if s.run.task.generates:
-                engine_for(s.run.model, compiled=s.compiled).close()
+                s.engine().close()
 
     app = FastAPI(title="attnlab explorer", version=__version__, lifespan=lifespan,
                   description="Trained runs: generate, predict, see attention; and an OpenAI-compatible API "
@@ -235,7 +234,7 @@ def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits
         sampling = (req.max_new_tokens, req.temperature, req.top_k, req.top_p, seed, req.stop)
         try:
             if req.attention:
-                lines = live_lines(s.run, req.prompt, sampling, s.compiled)
+                lines = live_lines(s.run, req.prompt, sampling, s.engine())
             else:
                 texts = stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling, compile=s.compiled)
                 lines = ({"text": p} for p in texts)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import engine_for
+from attnlab.decoding.engine import Batcher
 from attnlab.decoding.pieces import TextPieces
 from attnlab.interpret.views import token_labels
 from attnlab.runs.run import Run
@@ -21,15 +21,14 @@ from attnlab.serve.errors import one_line
 from attnlab.viz.captions import caption_json
 
 
-def live_lines(run: Run, prompt: str, sampling: tuple, compiled: bool = False) -> Iterator[dict]:
+def live_lines(run: Run, prompt: str, sampling: tuple, engine: Batcher) -> Iterator[dict]:
     """/api/generate's lines with attention: {"prompt_tokens": [...]} first, then per piece {"text",
     "tokens": the tokens it holds, "attention": (L, Tk) the newest query's weights, mean of heads}.
-    Decoded by the model's engine like every generation (compiled: the server's compiled one), alone: it
-    asks for each step's attention, which the ordinary forward gives."""
+    Decoded by the run's engine (Served.engine) like every generation, alone: it asks for each step's
+    attention, which the ordinary forward gives."""
     max_new_tokens, temperature, top_k, top_p, seed, stop = sampling
     tok = run.tokenizer
     ids = (tok.encode(prompt) if prompt else [tok.eot_id])[-run.model.cfg.context :]
-    engine = engine_for(run.model, compiled=compiled)
     steps = engine.generate(ids, Draw(temperature, top_k, top_p, seed), max_new_tokens, attention=True)
     yield {"prompt_tokens": token_labels(tok, ids)}
     pieces, new, seen = TextPieces(tok, [stop] if stop else []), [], []

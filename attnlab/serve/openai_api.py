@@ -44,7 +44,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import engine_for
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
@@ -103,8 +102,7 @@ class Jobs:
 
 def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
     """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
-    batchers = {name: engine_for(s.run.model, compiled=s.compiled) for name, s in served.items()
-                if s.run.task.generates}  # fmt: skip
+    batchers = {name: s.engine() for name, s in served.items() if s.run.task.generates}
     app.state.batchers = batchers  # each run's one engine, shared with the explorer (decoding/engine.py)
     begin = Jobs(batchers, streams, limits).begin
 

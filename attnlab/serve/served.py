@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.chat import ChatTemplate
+from attnlab.decoding.engine import Batcher, engine_for
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
@@ -35,6 +36,10 @@ class Served:
                 "parameters": self.parameters, "step": self.run.step, "config": self.run.config,
                 "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images,
                 "quantized": self.quantized}  # fmt: skip
+
+    def engine(self, max_batch: int | None = None) -> Batcher:
+        """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""
+        return engine_for(self.run.model, max_batch=max_batch, compiled=self.compiled)
 
     @property
     def quantized(self) -> str | None:
