@@ -85,11 +85,13 @@ def one_thread():
 @pytest.fixture
 def compiled_steps(monkeypatch) -> list:
     """The decode steps taken through decoding/compiled.py's CompiledStep (one item each), with
-    torch.compile replaced by the function itself: the step's own code runs, nothing is compiled. For
-    tests that a command or the server reaches the compiled step without paying for a compilation."""
+    torch.compile replaced by the function itself and the ahead-of-time step off: the step's own code
+    runs, nothing is compiled. For tests that a command or the server reaches the compiled step without
+    paying for a compilation."""
     from attnlab.decoding import compiled
 
     fed = []
+    monkeypatch.setattr(compiled, "EXPORT", False)
     monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
     real = compiled.CompiledStep.feed
     monkeypatch.setattr(compiled.CompiledStep, "feed", lambda self, *a: fed.append(1) or real(self, *a))

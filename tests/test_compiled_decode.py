@@ -1,5 +1,8 @@
-"""The compiled decode step (decoding/compiled.py): the tokens and logits of the ordinary forward, on a
-Llama-block model with int8 weights; bf16's one-row sum under torch.compile against its formula; a
+"""The compiled decode step (decoding/compiled.py, exported.py): the tokens and logits of the ordinary
+forward, on a Llama-block model with int8 weights and on the demo's preset, both ahead of time
+(torch.export + AOTInductor) and through torch.compile; the ahead-of-time step reads the model's own
+tensors (changed in place or replaced) and is compiled once per shape; bf16's one-row sum under
+torch.compile against its formula; a model torch.export cannot take decodes through torch.compile; a
 compilation that fails decodes as before after one warning; and the engine stepped by its readers."""
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ import pytest
 import torch
 from conftest import perturb
 
-from attnlab.decoding import compiled
+from attnlab.decoding import compiled, exported
 from attnlab.decoding.adapters import LMDecoder
+from attnlab.decoding.engine import engine_for
 from attnlab.decoding.sampling import read_together, stream
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.packed import PackedLinear
@@ -42,8 +46,10 @@ def nano_fast() -> GPT:
     return perturb(GPT(cfg), 0.05)
 
 
+@pytest.mark.parametrize("route", ["exported", "torch.compile"])
 @pytest.mark.parametrize("make", [llama_int8, nano_fast])
-def test_a_compiled_step_computes_what_the_forward_computes(make):
+def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeypatch):
+    monkeypatch.setattr(compiled, "EXPORT", route == "exported")
     model = make()
     prompt = [5, 17, 2, 40]
     with torch.inference_mode():
@@ -56,6 +62,7 @@ def test_a_compiled_step_computes_what_the_forward_computes(make):
             la, _ = eager.feed(a, [token], t)
             lb, _ = fast.feed(b, [token], t)
             assert fast.compiled.failed is None
+            assert (fast.compiled.exported is not None) == (route == "exported"), fast.compiled.export_failed
             assert torch.allclose(la, lb, atol=1e-4, rtol=1e-4), (t, (la - lb).abs().max())
         assert b[0].length == a[0].length == 40
     # the engine's greedy tokens, through the compiled step, past where the cache needs a refill (48)
@@ -73,6 +80,49 @@ def test_bf16_one_row_under_compile_is_its_sum():
     assert y.shape == (1, 1, 24) and torch.allclose(y[0], want, atol=1e-5)
 
 
+def test_the_exported_step_reads_the_models_tensors_changed_in_place_or_replaced():
+    model = llama_int8()
+    prompt = [5, 17, 2, 40]
+    before = list(stream(model, prompt, 24, temperature=0, dtype="float32", compile=True))
+    step = engine_for(model, "float32", compiled=True).decoder.compiled
+    assert step.exported is not None, step.export_failed
+    with torch.no_grad():
+        model.tok.weight.mul_(-1)  # in place: the library reads the same tensor
+    want = list(stream(model, prompt, 24, temperature=0, dtype="float32"))
+    assert want != before and list(stream(model, prompt, 24, temperature=0, dtype="float32", compile=True)) == want
+    model.norm.weight = torch.nn.Parameter(torch.rand_like(model.norm.weight))  # another tensor: handed over
+    want = list(stream(model, prompt, 24, temperature=0, dtype="float32"))
+    assert list(stream(model, prompt, 24, temperature=0, dtype="float32", compile=True)) == want
+    assert step.exported.tensors["model.norm.weight"] is model.norm.weight
+
+
+def test_a_shape_compiled_before_is_loaded_not_compiled_again(monkeypatch):
+    list(stream(llama_int8(), [1, 2, 3], 6, temperature=0, dtype="float32", compile=True))  # compiled (or found) once
+    monkeypatch.setattr(exported.torch._inductor, "aoti_compile_and_package", None)  # a second compile fails
+    torch.manual_seed(1)
+    other = llama_int8()
+    perturb(other, 0.3)  # other weights, the same shapes
+    want = list(stream(other, [1, 2, 3], 30, temperature=0, dtype="float32"))
+    assert list(stream(other, [1, 2, 3], 30, temperature=0, dtype="float32", compile=True)) == want
+    step = engine_for(other, "float32", compiled=True).decoder.compiled
+    assert step.exported is not None and step.export_failed is None
+    assert step.exported.path.parent.name == exported.FOLDER
+
+
+def test_a_model_torch_export_cannot_take_decodes_through_torch_compile(monkeypatch):
+    def refuse(*a, **k):
+        raise RuntimeError("data-dependent shape")
+
+    monkeypatch.setattr(compiled, "ExportedStep", refuse)
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
+    model = llama_int8()
+    want = list(stream(model, [1, 2, 3], 20, temperature=0, dtype="float32"))
+    assert list(stream(model, [1, 2, 3], 20, temperature=0, dtype="float32", compile=True)) == want
+    step = engine_for(model, "float32", compiled=True).decoder.compiled
+    assert step.exported is None and step.export_failed == "RuntimeError: data-dependent shape"
+    assert step.failed is None and step.warm
+
+
 def test_a_compilation_that_fails_decodes_as_before(monkeypatch):
     def broken(fn, **kw):
         def step(*a, **k):
@@ -81,6 +131,7 @@ def test_a_compilation_that_fails_decodes_as_before(monkeypatch):
         return step
 
     monkeypatch.setattr(compiled.torch, "compile", broken)
+    monkeypatch.setattr(compiled, "EXPORT", False)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("gpt-nano")).eval()
     want = list(stream(model, [1, 2, 3], 20, temperature=0))

@@ -1,5 +1,5 @@
-"""A language model's decode step compiled by torch.compile: one new position of one sequence through
-every block with its Python and dispatch cost gone.
+"""A language model's decode step compiled by inductor: one new position of one sequence through every
+block with its Python and dispatch cost gone.
 
 Legend: Hkv key/value heads, C the context, Dh head size, L keys the step attends over, V vocabulary.
 
@@ -19,6 +19,12 @@ with it, traced once over caches that never move:
                          width L); L is symbolic in the compiled graph, so one compilation serves every
                          length; the previous token is what a bigram embedding reads (KVCache.last_token)
 
+Two ways to the same compiled step, the first that works:
+    ahead of time        exported.py: torch.export traces it once and AOTInductor makes a library of it,
+                         called without TorchDynamo in between (0.35 ms less a step of a 1.7 ms one);
+                         not under autocast, nor for int4 layers
+    torch.compile        the step through TorchDynamo, its guards skipped once warm (_stance)
+
 Compiling costs tens of seconds on 2 cores the first time (inductor keeps what it built on disk, and
 a later process reuses it), so it is asked for: `compile=True`, `--compile`. A step it cannot take
 (a prompt, a row that asks for attention or has hooks) runs the ordinary forward on the same caches;
@@ -34,12 +40,16 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from attnlab.decoding.exported import ExportedStep
 from attnlab.nn.attention import KVCache
 
 # inductor's wrapper in C++: the step's 60-odd kernel calls without Python between them. Freezing the
 # weights into constants and max-autotune's GEMM templates were measured too (a 6 x 384 GPT on the
 # Xeon): no faster, and freezing keeps a second copy of the weights.
 _OPTIONS = {"cpp_wrapper": True}
+# The step compiled ahead of time first (exported.py: the same kernels without TorchDynamo's 0.35 ms a
+# call); torch.compile's step where that fails (a model torch.export cannot trace) or under autocast.
+EXPORT = True
 
 
 class StepCache(KVCache):
@@ -91,6 +101,10 @@ class CompiledStep:
         code = _step.__code__.replace(co_name=f"_step_{id(self):x}")
         own = types.FunctionType(code, _step.__globals__, code.co_name, (model,))
         self.step = torch.compile(own, fullgraph=True, options=_OPTIONS)
+        self.model, self.device = model, device
+        self.exported: ExportedStep | None = None
+        self.export_failed: str | None = None  # why the step is torch.compile's (None: not tried yet)
+        self.row: list[KVCache] | None = None  # the caches of the last step: a new row is checked first
         self.failed: str | None = None
         self.warm = False  # compiled once: from then on only the guards that tell compilations apart run
         with torch.inference_mode():  # as the engine's caches are: tensors of one kind, one compilation
@@ -128,10 +142,15 @@ class CompiledStep:
             last = self.last.copy_(last.view(1, 1))
         self.position.fill_(n)
         bias = self.bias[..., : n + 1]
-        torch._dynamo.mark_dynamic(bias, 3)
+        exported = self._exported(caches, bias, last)
         try:
-            with self._stance():
-                logits = self.step(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
+            if exported is not None:
+                kv = [t for c in caches for t in (c.k, c.v)]
+                logits = exported.run(self.ids, self.position, bias, kv, last)
+            else:
+                torch._dynamo.mark_dynamic(bias, 3)
+                with self._stance():
+                    logits = self.step(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
             self.warm = True
         except Exception as e:  # a model or platform inductor cannot compile: decode as before
             self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -142,3 +161,21 @@ class CompiledStep:
         if last is not None:  # the row's newest token, as the forward keeps it (its own tensor: ids is reused)
             caches[0].last_token = self.ids.clone()
         return logits
+
+    def _exported(self, caches: list[KVCache], bias: Tensor, last: Tensor | None) -> ExportedStep | None:
+        """The ahead-of-time step for this call, made on the first one; None: torch.compile's step. A new
+        row first hands the library any tensor of the model replaced since (exported.py)."""
+        if not EXPORT or self.export_failed is not None or torch.is_autocast_enabled(self.device.type):
+            return None
+        try:
+            if self.exported is None:
+                kv = [t for c in caches for t in (c.k, c.v)]
+                self.exported = ExportedStep(self.model, _step, self.ids, self.position, bias, kv, last)
+            elif caches is not self.row:
+                self.exported.refresh()
+        except Exception as e:  # torch.export or AOTInductor cannot take this model: torch.compile's step
+            self.export_failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            self.exported = None
+            return None
+        self.row = caches
+        return self.exported if self.exported.with_last == (last is not None) else None

@@ -96,7 +96,7 @@ class PackedLinear(nn.Module):
         else:
             self.register_buffer("weight", torch.zeros(o, i, dtype=torch.bfloat16))
         self.register_buffer("bias", torch.zeros(o) if bias else None)
-        self._packed: tuple[Tensor, ...] | None = None  # the kernel's operands, made on first use per device
+        self._packed: tuple[str | int, ...] | None = None  # the kernel's operands (see operands), made per device
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> PackedLinear:
@@ -125,11 +125,14 @@ class PackedLinear(nn.Module):
 
     def stored_bytes(self) -> int:
         """Bytes of what is saved: codes, scales, zeros (or the bf16 weight) and the bias."""
-        return sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
+        return sum(b.numel() * b.element_size() for b in self.state_dict().values())
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) would round the float32 scales, zeros and bias too: they keep their
         # dtype and move devices only. Any move drops the packed operands: they are made again there.
+        for name in self._non_persistent_buffers_set:
+            del self._buffers[name]
+        self._non_persistent_buffers_set.clear()
         kept = {n: b for n, b in self._buffers.items() if b is not None and b.dtype == torch.float32}
         super()._apply(fn, recurse)
         for name, before in kept.items():
@@ -139,10 +142,20 @@ class PackedLinear(nn.Module):
         return self
 
     def operands(self) -> tuple[Tensor, ...]:
-        """What the CPU kernel takes besides x, made once (the weight never changes)."""
+        """What the CPU kernel takes besides x, made once (the weight never changes). A tensor made here
+        is a buffer that is not saved (packed0, packed1, ...) and is read back as the layer's attribute:
+        torch.export then names it by its path in the model, so a compiled step can be handed the
+        model's own tensors instead of keeping copies (decoding/exported.py)."""
         if self._packed is None:
-            self._packed = PACKERS[self.kind](self)
-        return self._packed
+            names: list[str | int] = []
+            for i, value in enumerate(PACKERS[self.kind](self)):
+                name = next((n for n, b in self._buffers.items() if b is value), None)
+                if name is None and isinstance(value, Tensor):
+                    name = f"packed{i}"
+                    self.register_buffer(name, value, persistent=False)
+                names.append(value if name is None else name)
+            self._packed = tuple(names)
+        return tuple(getattr(self, n) if isinstance(n, str) else n for n in self._packed)
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., I) -> (..., O) in x's dtype."""

@@ -1,0 +1,139 @@
+"""The compiled decode step as a library of its own: torch.export traces it once, AOTInductor compiles
+it to C++ (kernels and the wrapper that calls them), and each step is one call into that library.
+
+Legend: Hkv key/value heads, C the context, Dh head size, L keys the step attends over, V vocabulary.
+
+Why not torch.compile alone (compiled.py's other way): its compiled step is as fast, but each call
+first passes through TorchDynamo (frame entry, guards, the runtime wrappers), about 0.35 ms of a
+1.7 ms step of a 6 x 384 GPT with int8 weights on a 2-core Xeon; one call into this library costs a
+few microseconds (docs/cpu.md has the measurements).
+
+    traced once       the step (compiled._step) over the row's caches: (ids (1, 1), position (1,), bias
+                      (1, 1, 1, L), the caches' k, v buffers (1, Hkv, C + 1, Dh) each, the previous
+                      token (1, 1) when the model reads it) -> logits (1, V); L symbolic (2..C); the cache
+                      writes are in place, as in the model's forward
+    the weights       are not in the library: it is handed the model's own tensors by name (parameters,
+                      buffers, a packed layer's operands) and keeps no copy, so a model trained in place
+                      decodes with its new weights; a tensor replaced by another is handed over again
+                      (refresh) before the next row
+    kept on disk      the library, in inductor's cache folder under a key made of the traced program
+                      (its graph, shapes and dtypes: no weight values), this torch and this CPU's
+                      instruction set: another model of the same shape, or the next process, loads it
+                      in a second instead of compiling again (tens of seconds on 2 cores)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.export.graph_signature import InputKind
+
+from attnlab.nn.packed import PackedLinear
+
+FOLDER = "attnlab-steps"  # under inductor's cache folder
+# Packed layers the library cannot be handed: inductor turns the int4 kernel's group size into a constant
+# of its own, which is neither in the library (it holds no constants) nor in the model.
+REFUSED = {"int4": "int4 layers (their kernel's group size becomes a constant of inductor's own)"}
+
+
+class _Step(nn.Module):
+    """The step as a module for torch.export: the model is a submodule, so its tensors have names."""
+
+    def __init__(self, model: nn.Module, step):
+        super().__init__()
+        self.model, self._fn = model, step
+
+    def forward(self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None):
+        buffers = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
+        return self._fn(ids, position, bias, buffers, last, self.model)
+
+
+class ExportedStep:
+    """One model's step compiled ahead of time. `run` takes the tensors compiled.CompiledStep keeps and
+    a row's caches; `refresh` hands the library the model's tensors again when one was replaced."""
+
+    def __init__(self, model: nn.Module, step, ids: Tensor, position: Tensor, bias: Tensor,
+                 kv: list[Tensor], last: Tensor | None):  # fmt: skip
+        for layer in model.modules():
+            if isinstance(layer, PackedLinear):
+                if layer.kind in REFUSED:
+                    raise ValueError(f"not ahead of time: {REFUSED[layer.kind]}")
+                layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
+        self.module = _Step(model, step).eval()
+        self.with_last = last is not None
+        with torch.inference_mode(False), torch.no_grad():
+            # Example inputs of the same shapes outside inference mode (the trace writes into them).
+            like = lambda t: None if t is None else torch.zeros_like(t)
+            example = (like(ids), like(position), like(bias), [like(t) for t in kv], like(last))
+            context = self.module.model.cfg.context
+            shapes = (None, None, {3: torch.export.Dim("L", min=2, max=context)}, [None] * len(kv), None)
+            program = torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
+        self.lifted = _as_buffers(program)
+        self.path = _library(program)
+        self.runner = torch._inductor.aoti_load_package(str(self.path))
+        self.names = self.runner.get_constant_fqns()
+        self.tensors: dict[str, Tensor] = {}
+        self.refresh()
+
+    def _current(self) -> dict[str, Tensor]:
+        named = dict(self.lifted)
+        named.update(self.module.named_parameters())
+        named.update(self.module.named_buffers())
+        missing = [n for n in self.names if n not in named]
+        if missing:
+            raise RuntimeError(f"the compiled step wants {missing[0]}, which the model no longer has")
+        return {n: named[n] for n in self.names}
+
+    def refresh(self) -> None:
+        """Hand the library the model's tensors if any was replaced since (it reads them, copies none)."""
+        current = self._current()
+        if any(current[n] is not self.tensors.get(n) for n in self.names):
+            self.runner.load_constants(current, check_full_update=True, user_managed=True)
+            self.tensors = current
+
+    def run(self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None) -> Tensor:
+        """(1, V) logits of one step; the caches are written at `position` in place."""
+        return self.runner.loader.run([ids, position, bias, *kv, *([last] if self.with_last else [])])[0]
+
+
+def _as_buffers(program: torch.export.ExportedProgram) -> dict[str, Tensor]:
+    """The tensors the trace found held by the model's modules but not as their parameters or buffers
+    (a rotary layer's tables), now named as buffers that are not saved: inductor names a buffer by its
+    path, as the library must be handed it, where it would give such a constant a name of its own."""
+    lifted = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            spec.kind, spec.persistent = InputKind.BUFFER, False
+            lifted[spec.target] = program.constants[spec.target]
+    return lifted
+
+
+def _library(program: torch.export.ExportedProgram) -> Path:
+    """The compiled library of `program`: from inductor's cache folder when it was made before, else
+    compiled and stored there (written aside, then renamed: a second process never reads half a file)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    key = hashlib.sha256(
+        "\n".join((str(program), torch.__version__, torch.backends.cpu.get_cpu_capability())).encode()
+    ).hexdigest()[:40]
+    folder = Path(cache_dir()) / FOLDER
+    path = folder / f"{key}.pt2"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(suffix=".pt2", dir=folder)
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=scratch, inductor_configs={"aot_inductor.package_constants_in_so": False}
+        )
+        os.replace(scratch, path)
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return path
