@@ -46,8 +46,19 @@ def nano_fast() -> GPT:
     return perturb(GPT(cfg), 0.05)
 
 
-@pytest.mark.parametrize("route", ["exported", "torch.compile"])
-@pytest.mark.parametrize("make", [llama_int8, nano_fast])
+def gpt2_tied() -> GPT:
+    """GPT-2's blocks in float32 with the head tied to the token embedding: one tensor under two names."""
+    torch.manual_seed(0)
+    model = perturb(GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=48, vocab_size=96)), 0.05)
+    assert model.head.weight is model.tok.weight
+    return model
+
+
+ROUTES = [(llama_int8, "exported"), (llama_int8, "torch.compile"), (nano_fast, "exported"),
+          (nano_fast, "torch.compile"), (gpt2_tied, "exported")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "route"), ROUTES)
 def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeypatch):
     monkeypatch.setattr(compiled, "EXPORT", route == "exported")
     model = make()

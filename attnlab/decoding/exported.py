@@ -82,8 +82,8 @@ class ExportedStep:
 
     def _current(self) -> dict[str, Tensor]:
         named = dict(self.lifted)
-        named.update(self.module.named_parameters())
-        named.update(self.module.named_buffers())
+        named.update(self.module.named_parameters(remove_duplicate=False))  # a tied weight under each name
+        named.update(self.module.named_buffers(remove_duplicate=False))
         missing = [n for n in self.names if n not in named]
         if missing:
             raise RuntimeError(f"the compiled step wants {missing[0]}, which the model no longer has")
