@@ -37,8 +37,9 @@ __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "gener
 
 
 COMPILE_HELP = (
-    "compile the decode step with torch.compile: several times faster per token for small models on a "
-    "CPU, after tens of seconds of compiling (kept on disk for the next run)"
+    "compile the decode step (ahead of time with torch.export and AOTInductor, else torch.compile): "
+    "several times faster per token for small models on a CPU, after tens of seconds of compiling the "
+    "first time (kept on disk: seconds the next run)"
 )
 
 
