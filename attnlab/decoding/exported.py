@@ -116,12 +116,10 @@ def _as_buffers(program: torch.export.ExportedProgram) -> dict[str, Tensor]:
 def _library(program: torch.export.ExportedProgram) -> Path:
     """The compiled library of `program`: from inductor's cache folder when it was made before, else
     compiled and stored there (written aside, then renamed: a second process never reads half a file)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
     key = hashlib.sha256(
         "\n".join((str(program), torch.__version__, torch.backends.cpu.get_cpu_capability())).encode()
     ).hexdigest()[:40]
-    folder = Path(cache_dir()) / FOLDER
+    folder = Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / FOLDER  # torch loads _inductor here
     path = folder / f"{key}.pt2"
     if path.is_file():
         return path
