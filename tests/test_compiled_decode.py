@@ -24,15 +24,20 @@ from attnlab.runs.quantized import quantize_for_inference
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def llama_int8() -> GPT:
-    """A tiny Llama block (rotary positions, RMSNorm, SwiGLU, 2 key/value heads for 4) with int8 weights."""
+def llama_int8(kind: str = "int8") -> GPT:
+    """A tiny Llama block (rotary positions, RMSNorm, SwiGLU, 2 key/value heads for 4) with `kind` weights."""
     torch.manual_seed(0)
     llama = dict(positions="rope", norm_kind="rmsnorm", feedforward="swiglu", bias=False, tie_weights=False)
     cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=192, context=48, vocab_size=96, **llama)
     model = perturb(GPT(cfg), 0.05)
-    report = quantize_for_inference(model, "int8", every_layer=True)
-    assert all(kind == "int8" for kind in report.layers.values())
+    report = quantize_for_inference(model, kind, every_layer=True)
+    assert all(k == kind for k in report.layers.values())
     return model
+
+
+def llama_int4() -> GPT:
+    """The same with int4 weights: not ahead of time (exported.REFUSED), so through torch.compile."""
+    return llama_int8("int4")
 
 
 def nano_fast() -> GPT:
@@ -54,13 +59,14 @@ def gpt2_tied() -> GPT:
     return model
 
 
-ROUTES = [(llama_int8, "exported"), (llama_int8, "torch.compile"), (nano_fast, "exported"),
-          (nano_fast, "torch.compile"), (gpt2_tied, "exported")]  # fmt: skip
+# "refused": the ahead-of-time step is asked for and declines (int4), so torch.compile's is taken
+ROUTES = [(llama_int8, "exported"), (llama_int4, "refused"), (nano_fast, "exported"), (nano_fast, "torch.compile"),
+          (gpt2_tied, "exported")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("make", "route"), ROUTES)
 def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeypatch):
-    monkeypatch.setattr(compiled, "EXPORT", route == "exported")
+    monkeypatch.setattr(compiled, "EXPORT", route != "torch.compile")
     model = make()
     prompt = [5, 17, 2, 40]
     with torch.inference_mode():
@@ -74,6 +80,9 @@ def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeyp
             lb, _ = fast.feed(b, [token], t)
             assert fast.compiled.failed is None
             assert (fast.compiled.exported is not None) == (route == "exported"), fast.compiled.export_failed
+            assert (fast.compiled.export_failed or "").startswith("ValueError: not ahead of time: int4") == (
+                route == "refused"
+            )
             assert torch.allclose(la, lb, atol=1e-4, rtol=1e-4), (t, (la - lb).abs().max())
         assert b[0].length == a[0].length == 40
     # the engine's greedy tokens, through the compiled step, past where the cache needs a refill (48)
