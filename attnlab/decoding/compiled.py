@@ -99,8 +99,8 @@ class CompiledStep:
         # A code object of its own: torch.compile keeps its compilations per code object, so this step's
         # are only its own, and skipping their guards (_stance) cannot pick another model's.
         code = _step.__code__.replace(co_name=f"_step_{id(self):x}")
-        own = types.FunctionType(code, _step.__globals__, code.co_name, (model,))
-        self.step = torch.compile(own, fullgraph=True, options=_OPTIONS)
+        self.own = types.FunctionType(code, _step.__globals__, code.co_name, (model,))
+        self.compiled = None  # torch.compile's step, made when first taken (making it loads TorchDynamo: seconds)
         self.model, self.device = model, device
         self.exported: ExportedStep | None = None
         self.export_failed: str | None = None  # why the step is torch.compile's (None: not tried yet)
@@ -148,9 +148,11 @@ class CompiledStep:
                 kv = [t for c in caches for t in (c.k, c.v)]
                 logits = exported.run(self.ids, self.position, bias, kv, last)
             else:
+                if self.compiled is None:
+                    self.compiled = torch.compile(self.own, fullgraph=True, options=_OPTIONS)
                 torch._dynamo.mark_dynamic(bias, 3)
                 with self._stance():
-                    logits = self.step(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
+                    logits = self.compiled(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
             self.warm = True
         except Exception as e:  # a model or platform inductor cannot compile: decode as before
             self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
