@@ -36,9 +36,6 @@ from torch.export.graph_signature import InputKind
 from attnlab.nn.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
-# Packed layers the library cannot be handed: inductor turns the int4 kernel's group size into a constant
-# of its own, which is neither in the library (it holds no constants) nor in the model.
-REFUSED = {"int4": "int4 layers (their kernel's group size becomes a constant of inductor's own)"}
 
 
 class _Step(nn.Module):
@@ -61,8 +58,6 @@ class ExportedStep:
                  kv: list[Tensor], last: Tensor | None):  # fmt: skip
         for layer in model.modules():
             if isinstance(layer, PackedLinear):
-                if layer.kind in REFUSED:
-                    raise ValueError(f"not ahead of time: {REFUSED[layer.kind]}")
                 layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
         self.module = _Step(model, step).eval()
         self.with_last = last is not None

@@ -19,8 +19,9 @@ coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole r
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
 The kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
-benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu, both
-with bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
+benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu (called
+as quantized.int4mm_packed_weight_cpu, the same kernel given its group size as a tensor), both with
+bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
 weights torch.mv on one row, F.linear on several, in bfloat16 (under torch.compile, one row: the sums
 of _one_row). The int4 kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu, O a
 multiple of 16): the saved codes stay in the portable layout above and are packed when the layer
@@ -205,7 +206,11 @@ def _int4_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
     q = F.pad(q, (0, 0, 0, pad))
     scales_zeros = torch.stack((layer.scales, layer.zeros), dim=2)  # (O, G, 2)
     scales_zeros = F.pad(scales_zeros, (0, 0, 0, 0, 0, pad)).transpose(0, 1).contiguous()  # (G, O', 2)
-    return torch._convert_weight_to_int4pack_for_cpu(q, INNER_TILES), layer.group, scales_zeros.to(COMPUTE)
+    # The group size as a tensor of one element, the layer's own: the kernel's form that takes it so is
+    # what an exported step can be compiled with (inductor reads its value; a plain int, or a 0-d tensor,
+    # became a constant of inductor's own that the step's library would need handed in: exported.py).
+    group = torch.tensor([layer.group], dtype=torch.int64, device=q.device)
+    return torch._convert_weight_to_int4pack_for_cpu(q, INNER_TILES), group, scales_zeros.to(COMPUTE)
 
 
 def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
@@ -234,6 +239,6 @@ def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
 PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
 KERNELS = {
     "int8": torch._weight_int8pack_mm,
-    "int4": torch._weight_int4pack_mm_for_cpu,
+    "int4": torch.ops.quantized.int4mm_packed_weight_cpu,  # _weight_int4pack_mm_for_cpu, the group size a tensor
     "bf16": _bf16_product,
 }
