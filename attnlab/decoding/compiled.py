@@ -22,7 +22,7 @@ with it, traced once over caches that never move:
 Two ways to the same compiled step, the first that works:
     ahead of time        exported.py: torch.export traces it once and AOTInductor makes a library of it,
                          called without TorchDynamo in between (0.35 ms less a step of a 1.7 ms one);
-                         not under autocast, nor for int4 layers
+                         not under autocast
     torch.compile        the step through TorchDynamo, its guards skipped once warm (_stance)
 
 Compiling costs tens of seconds on 2 cores the first time (inductor keeps what it built on disk, and
