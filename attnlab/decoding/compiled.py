@@ -142,10 +142,10 @@ class CompiledStep:
             last = self.last.copy_(last.view(1, 1))
         self.position.fill_(n)
         bias = self.bias[..., : n + 1]
-        exported = self._exported(caches, bias, last)
+        kv = [t for c in caches for t in (c.k, c.v)]  # each layer's keys, values
+        exported = self._exported(caches, kv, bias, last)
         try:
             if exported is not None:
-                kv = [t for c in caches for t in (c.k, c.v)]
                 logits = exported.run(self.ids, self.position, bias, kv, last)
             else:
                 if self.compiled is None:
@@ -155,7 +155,7 @@ class CompiledStep:
                     logits = self.compiled(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
             self.warm = True
         except Exception as e:  # a model or platform inductor cannot compile: decode as before
-            self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            self.failed = _reason(e)
             warnings.warn(f"attnlab: the compiled decode step is off for this model ({self.failed})", stacklevel=2)
             return None
         for cache in caches:
@@ -164,20 +164,27 @@ class CompiledStep:
             caches[0].last_token = self.ids.clone()
         return logits
 
-    def _exported(self, caches: list[KVCache], bias: Tensor, last: Tensor | None) -> ExportedStep | None:
+    def _exported(
+        self, caches: list[KVCache], kv: list[Tensor], bias: Tensor, last: Tensor | None
+    ) -> ExportedStep | None:
         """The ahead-of-time step for this call, made on the first one; None: torch.compile's step. A new
         row first hands the library any tensor of the model replaced since (exported.py)."""
         if not EXPORT or self.export_failed is not None or torch.is_autocast_enabled(self.device.type):
             return None
         try:
             if self.exported is None:
-                kv = [t for c in caches for t in (c.k, c.v)]
                 self.exported = ExportedStep(self.model, _step, self.ids, self.position, bias, kv, last)
             elif caches is not self.row:
                 self.exported.refresh()
         except Exception as e:  # torch.export or AOTInductor cannot take this model: torch.compile's step
-            self.export_failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            self.export_failed = _reason(e)
             self.exported = None
             return None
         self.row = caches
         return self.exported if self.exported.with_last == (last is not None) else None
+
+
+def _reason(e: Exception) -> str:
+    """Why a way to the step failed, in one line: "RuntimeError: its first line"."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
