@@ -29,9 +29,10 @@ def cache_root() -> Path:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call write(tmp) and rename tmp over path (atomic on POSIX and Windows)."""
+    """Call write(tmp) and rename tmp over path (atomic on POSIX and Windows). tmp ends in path's suffix,
+    for writers that check it (AOTInductor's packages must end in .pt2)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
     try:
         write(tmp)
         with open(tmp, "rb") as f:

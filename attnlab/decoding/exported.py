@@ -25,14 +25,13 @@ few microseconds (docs/cpu.md has the measurements).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.export.graph_signature import InputKind
 
+from attnlab.io import atomic_write
 from attnlab.nn.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
@@ -110,7 +109,7 @@ def _as_buffers(program: torch.export.ExportedProgram) -> dict[str, Tensor]:
 
 def _library(program: torch.export.ExportedProgram) -> Path:
     """The compiled library of `program`: from inductor's cache folder when it was made before, else
-    compiled and stored there (written aside, then renamed: a second process never reads half a file)."""
+    compiled and stored there (io.atomic_write: a second process never reads half a file)."""
     key = hashlib.sha256(
         "\n".join((str(program), torch.__version__, torch.backends.cpu.get_cpu_capability())).encode()
     ).hexdigest()[:40]
@@ -119,14 +118,7 @@ def _library(program: torch.export.ExportedProgram) -> Path:
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(suffix=".pt2", dir=folder)
-    os.close(fd)
-    try:
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=scratch, inductor_configs={"aot_inductor.package_constants_in_so": False}
-        )
-        os.replace(scratch, path)
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+    options = {"aot_inductor.package_constants_in_so": False}
+    atomic_write(path, lambda tmp: torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
+                                                                          inductor_configs=options))  # fmt: skip
     return path

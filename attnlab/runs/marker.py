@@ -20,7 +20,7 @@ from attnlab.io import write_json
 from attnlab.version import __version__
 
 MARKER = "attnlab.json"
-# What attnlab wrote into a run before markers listed it (and what a kill mid-save leaves: .NAME.tmp-PID).
+# What attnlab wrote into a run before markers listed it (and what a kill mid-save leaves: .NAME.tmp-PID.SUFFIX).
 LEGACY = ("attnlab.json", "config.json", "model.safetensors", "tokenizer.json", "train_state.safetensors",
           "metrics.jsonl", "loss.png", "eval.json", "eval_confusion.png", "snapshots")  # fmt: skip
 
