@@ -37,7 +37,7 @@ class LMDecoder:
         self.context, self.vocab = model.cfg.context, model.cfg.vocab_size
         self.device = next(model.parameters()).device
         self.precision = pick_dtype(dtype, self.device, model.cfg.d_model, use="decode")
-        # A lone row's one-token steps through torch.compile (compiled.py), when asked.
+        # A lone row's one-token steps compiled (compiled.py: ahead of time, else torch.compile), when asked.
         self.compiled = CompiledStep(model, self.context, self.device) if compiled else None
 
     def start(self, source: Tensor | None) -> list:
@@ -122,7 +122,7 @@ class StepDecoder:
 
 def decoder_for(model, dtype: str = "auto", compiled: bool = False) -> LMDecoder | StepDecoder:
     """The decoder for a model, by the protocol it offers (compiled: a language model's one-token steps
-    through torch.compile)."""
+    compiled: compiled.py)."""
     if isinstance(model, CausalLM):
         return LMDecoder(model, dtype, compiled)
     if isinstance(model, StepDecoding):

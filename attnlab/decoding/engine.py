@@ -357,7 +357,7 @@ _ENGINES_LOCK = threading.Lock()
 
 def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None, compiled: bool = False) -> Batcher:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
-    idle engine of another size is replaced. compiled: a lone row's steps through torch.compile
+    idle engine of another size is replaced. compiled: a lone row's steps compiled
     (compiled.py); an engine of its own."""
     with _ENGINES_LOCK:
         engines = _ENGINES.setdefault(model, {})

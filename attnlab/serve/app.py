@@ -148,7 +148,7 @@ def create_app(
     onto `device`. access: the key, the Host names answered (default: any Host; `attnlab serve`
     always names them) and CORS origins; limits: see guard.Limits; quantize: the language models'
     weights stored int8, int4 or bf16 for decoding (runs/quantized.py); compiled: their lone rows'
-    steps through torch.compile (decoding/compiled.py)."""
+    steps compiled (decoding/compiled.py)."""
     served = load_runs(runs, device, quantize, compiled)
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say

@@ -23,7 +23,7 @@ class Served:
     run: Run
     parameters: int
     template: ChatTemplate | None = None  # a run that generates: its chat template (/v1/chat/completions)
-    compiled: bool = False  # a lone row's one-token steps through torch.compile (decoding/compiled.py)
+    compiled: bool = False  # a lone row's one-token steps compiled (decoding/compiled.py)
 
     @property
     def kind(self) -> str:
