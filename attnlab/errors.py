@@ -29,6 +29,12 @@ class ArgumentValueError(AttnlabError, ValueError):
     """A library argument of the right type but an impossible value, named in the message."""
 
 
+def one_line(e: BaseException) -> str:
+    """An error's first line (a library's messages can be pages long), or its type's name if it has none."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def kind(value: object) -> str:
     """A value and its type for a message: "'5' (str)"."""
     text = repr(value)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, one_line
 from attnlab.io import atomic_write
 from attnlab.runs.run import Run, load
 
@@ -132,8 +132,7 @@ def _export(module: nn.Module, path: Path, context: int, vocab: int, opset: int 
                 **kwargs,
             )
     except Exception as e:  # the exporter's errors are pages long; the first line names the problem
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AttnlabError(f"ONNX export failed: {first}") from e
+        raise AttnlabError(f"ONNX export failed: {one_line(e)}") from e
 
 
 @contextmanager

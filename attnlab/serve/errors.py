@@ -6,15 +6,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, one_line
 from attnlab.serve.guard import error_response
 from attnlab.serve.openai_api import APIError
 from attnlab.serve.openai_schema import BadField
-
-
-def one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def invalid(e: RequestValidationError) -> str:

@@ -15,9 +15,9 @@ import numpy as np
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Batcher
 from attnlab.decoding.pieces import TextPieces
+from attnlab.errors import one_line
 from attnlab.interpret.views import token_labels
 from attnlab.runs.run import Run
-from attnlab.serve.errors import one_line
 from attnlab.viz.captions import caption_json
 
 

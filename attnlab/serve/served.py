@@ -7,12 +7,11 @@ from pathlib import Path
 
 from attnlab.data.chat import ChatTemplate
 from attnlab.decoding.engine import Batcher, engine_for
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, one_line
 from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.runs.run import Run, load
-from attnlab.serve.errors import one_line
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, one_line
 from attnlab.io import read_json, read_safetensors, write_json, write_text
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS
 from attnlab.runs.weights import write_weights
@@ -83,8 +83,7 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, bad pickle, or a pickle of other objects: all one user error
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AttnlabError(f"{path} is corrupt or truncated, or holds more than tensors ({first})") from None
+        raise AttnlabError(f"{path} is corrupt or truncated, or holds more than tensors ({one_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise AttnlabError(f"{path} is not a state dict (a mapping of names to tensors)")
     return state
