@@ -97,7 +97,7 @@ class PackedLinear(nn.Module):
         else:
             self.register_buffer("weight", torch.zeros(o, i, dtype=torch.bfloat16))
         self.register_buffer("bias", torch.zeros(o) if bias else None)
-        self._packed: tuple[str | int, ...] | None = None  # the kernel's operands (see operands), made per device
+        self._packed: tuple[str, ...] | None = None  # the kernel's operands' names (see operands), per device
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> PackedLinear:
@@ -148,15 +148,15 @@ class PackedLinear(nn.Module):
         torch.export then names it by its path in the model, so a compiled step can be handed the
         model's own tensors instead of keeping copies (decoding/exported.py)."""
         if self._packed is None:
-            names: list[str | int] = []
+            names: list[str] = []
             for i, value in enumerate(PACKERS[self.kind](self)):
                 name = next((n for n, b in self._buffers.items() if b is value), None)
-                if name is None and isinstance(value, Tensor):
+                if name is None:
                     name = f"packed{i}"
                     self.register_buffer(name, value, persistent=False)
-                names.append(value if name is None else name)
+                names.append(name)
             self._packed = tuple(names)
-        return tuple(getattr(self, n) if isinstance(n, str) else n for n in self._packed)
+        return tuple(getattr(self, n) for n in self._packed)
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., I) -> (..., O) in x's dtype."""
