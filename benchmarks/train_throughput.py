@@ -101,7 +101,12 @@ COLUMNS = [
     ("ms_per_step", "ms/step", ",.1f"),
     ("loss", "step-1 loss", ".4f"),
     ("ratio", "attnlab/peer", ".2f"),
+    ("mfu", "MFU", ".3f"),
+    ("peak_mib", "peak MiB", ",.0f"),
 ]
+# Dense bf16 tensor-core peaks (TFLOP/s) for --peak-tflops auto, by a word of the GPU's name: the
+# SXM parts' data-sheet figures without sparsity. MFU is left blank elsewhere, and in float32.
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 
 E2E_COLUMNS = [
     ("model", "model", ""),
@@ -179,6 +184,24 @@ def measure(
     return statistics.median(times), first_loss
 
 
+def flops_per_token(cfg: GPTConfig) -> float:
+    """A training step's FLOPs per token, as PaLM's appendix B counts them: 6 per weight that
+    multiplies (every parameter but the position table; the tied head counted once, as the token
+    table it is) and 12 * layers * width * context for attention's two matrix products."""
+    params = num_params(GPT(cfg)) - (cfg.context * cfg.d_model if cfg.positions == "learned" else 0)
+    return 6 * params + 12 * cfg.n_layer * cfg.d_model * cfg.context
+
+
+def peak_tflops(device: torch.device, dtype: torch.dtype, given: float | None) -> float | None:
+    """The peak MFU is measured against: --peak-tflops, else the GPU's dense bf16 peak (bf16 only)."""
+    if given:
+        return given
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
 def bench_pair(
     name: str, cfg: GPTConfig, dtype: torch.dtype, device: torch.device, args: argparse.Namespace
 ) -> list[dict]:
@@ -191,8 +214,11 @@ def bench_pair(
         model = models[impl]
         if args.compile:  # what attnlab's --compile does; compiling happens in the warmup steps
             model = torch.compile(model)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         seconds, loss = measure(model, logits_fn, batch, device, dtype, args.warmup, args.steps)
         tokens = args.batch_size * cfg.context
+        peak = peak_tflops(device, dtype, args.peak_tflops)
         rows.append(
             {
                 "model": name,
@@ -206,6 +232,8 @@ def bench_pair(
                 "ms_per_step": seconds * 1e3,
                 "loss": loss,
                 "ratio": None,
+                "mfu": flops_per_token(cfg) * tokens / seconds / (peak * 1e12) if peak else None,
+                "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
             }
         )
         del models[impl], model  # free its memory (and its optimizer's) before the next impl runs
@@ -351,6 +379,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-peer", action="store_true", help="leave out the attnlab-vs-HF table")
     p.add_argument("--e2e-steps", type=int, default=300, help="steps of each end-to-end run and bare loop")
     p.add_argument("--e2e-repeats", type=int, default=3, help="end-to-end runs (and bare loops), alternating")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the peak for MFU (default: the GPU's bf16 one)")
     add_common_args(p)
     args = p.parse_args(argv)
     if min(args.steps, args.warmup, args.batch_size, args.e2e_steps, args.e2e_repeats) < 1:

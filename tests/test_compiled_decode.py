@@ -145,6 +145,27 @@ def test_a_model_torch_export_cannot_take_decodes_through_torch_compile(monkeypa
     assert step.failed is None and step.warm
 
 
+def test_a_device_outside_the_ahead_of_time_ones_decodes_through_torch_compile(monkeypatch):
+    """On a GPU the ahead-of-time package crashed the process as it loaded (an H100, torch 2.11): a model
+    on a device outside EXPORT_DEVICES never makes one, and takes torch.compile's step (here the CPU
+    stands in for that device, and torch.compile for an identity: the route is what is checked)."""
+
+    def never(*a, **k):
+        raise AssertionError("the ahead-of-time step was made")
+
+    monkeypatch.setattr(compiled, "EXPORT_DEVICES", ("cuda",))
+    monkeypatch.setattr(compiled, "ExportedStep", never)
+    seen = []
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
+    model = llama_int8()
+    want = list(stream(model, [1, 2, 3], 20, temperature=0, dtype="float32"))
+    assert list(stream(model, [1, 2, 3], 20, temperature=0, dtype="float32", compile=True)) == want
+    step = engine_for(model, "float32", compiled=True).decoder.compiled
+    assert step.exported is None and step.failed is None and step.warm
+    assert step.export_failed == "the ahead-of-time step runs on cuda only, not cpu"
+    assert seen == [{"cpp_wrapper": True}]  # the CPU's C++ wrapper; another device gets inductor's default
+
+
 def test_a_compilation_that_fails_decodes_as_before(monkeypatch):
     def broken(fn, **kw):
         def step(*a, **k):

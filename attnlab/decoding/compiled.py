@@ -50,6 +50,11 @@ _OPTIONS = {"cpp_wrapper": True}
 # The step compiled ahead of time first (exported.py: the same kernels without TorchDynamo's 0.35 ms a
 # call); torch.compile's step where that fails (a model torch.export cannot trace) or under autocast.
 EXPORT = True
+# ...on these devices only. On an H100 (torch 2.11, CUDA 13) loading the step's package killed the
+# process (a segmentation fault inside aoti_load_package, which no `except` catches), so a model on a
+# GPU takes torch.compile's step, with inductor's Python wrapper there (Triton kernels; a GPU step's
+# cost is its launches, not the CPU's per-operation dispatch that cpp_wrapper removes).
+EXPORT_DEVICES = ("cpu",)
 
 
 class StepCache(KVCache):
@@ -149,7 +154,8 @@ class CompiledStep:
                 logits = exported.run(self.ids, self.position, bias, kv, last)
             else:
                 if self.compiled is None:
-                    self.compiled = torch.compile(self.own, fullgraph=True, options=_OPTIONS)
+                    options = _OPTIONS if self.device.type == "cpu" else {}
+                    self.compiled = torch.compile(self.own, fullgraph=True, options=options)
                 torch._dynamo.mark_dynamic(bias, 3)
                 with self._stance():
                     logits = self.compiled(self.ids, self.position, bias, [(c.k, c.v) for c in caches], last)
@@ -169,6 +175,9 @@ class CompiledStep:
     ) -> ExportedStep | None:
         """The ahead-of-time step for this call, made on the first one; None: torch.compile's step. A new
         row first hands the library any tensor of the model replaced since (exported.py)."""
+        if self.device.type not in EXPORT_DEVICES and self.export_failed is None:
+            where = ", ".join(EXPORT_DEVICES)
+            self.export_failed = f"the ahead-of-time step runs on {where} only, not {self.device.type}"
         if not EXPORT or self.export_failed is not None or torch.is_autocast_enabled(self.device.type):
             return None
         try:

@@ -35,12 +35,18 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def dtype_choice(name: str, device: torch.device, width: int = 384, use: str = "train") -> tuple[torch.dtype, str]:
-    """The precision to run in, and why in a few words. 'auto': bf16 on CUDA GPUs that support it;
-    on a CPU, whichever of float32 and bf16 ran `use`'s work (train: a block's forward and backward;
-    decode: a few rows, a token at a time) faster here at `width`, measured so that it can be trusted
-    (precision.py); float32 elsewhere (MPS)."""
+    """The precision to run in, and why in a few words. 'auto': on CUDA GPUs, bf16 to train where the
+    GPU has it and float32 to decode (below); on a CPU, whichever of float32 and bf16 ran `use`'s work
+    (train: a block's forward and backward; decode: a few rows, a token at a time) faster here at
+    `width`, measured so that it can be trusted (precision.py); float32 elsewhere (MPS)."""
     if name == "auto":
         if device.type == "cuda":
+            # Decoding under bf16 autocast casts every float32 weight at every step: a token reads more
+            # bytes than in float32, not fewer. On an H100 it decoded at 0.48-0.65x float32's tokens/s
+            # (6 x 384 and GPT-2 small, batch 1 and 16; benchmarks/gpu_generate.py). Weights stored in
+            # bf16 (--quantize bf16) are what reads fewer bytes.
+            if use == "decode":
+                return torch.float32, "auto: float32 to decode on a GPU (bf16 autocast is slower there)"
             bf16 = torch.cuda.is_bf16_supported()
             return (torch.bfloat16, "auto: bf16 on this GPU") if bf16 else (torch.float32, "auto: no bf16 here")
         if device.type == "cpu":
