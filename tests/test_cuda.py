@@ -42,6 +42,7 @@ from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
 from attnlab.runtime.device import DTYPES, dtype_choice
 from attnlab.tasks import TASKS
 from tests.conftest import TEXT, decode_stepwise, perturb, tiny_chat_base
+from tests.test_decode_path import greedy_reference
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
 ON_GPU = DEVICE.type == "cuda"
@@ -194,20 +195,6 @@ LLAMA = dict(positions="rope", norm_kind="rmsnorm", feedforward="swiglu", n_kv_h
 def decoder(**kw) -> GPT:
     torch.manual_seed(1)  # large random weights (and a seed) whose greedy tokens do not soon repeat one token
     return perturb(GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, context=16, vocab_size=29, **kw)), 0.5).to(DEVICE)
-
-
-def greedy_reference(gpt: GPT, ids: list[int], n: int) -> list[int]:
-    """Greedy decoding written plainly: the whole window every step, jumping to its last half when it
-    outgrows the context (as stream does)."""
-    ctx, seq, start, out = gpt.cfg.context, torch.tensor([ids], device=DEVICE), 0, []
-    with torch.no_grad():
-        for _ in range(n):
-            if seq.shape[1] - start > ctx:
-                start = seq.shape[1] - ctx // 2
-            token = gpt(seq[:, start:])[0, -1].argmax()
-            seq = torch.cat([seq, token.view(1, 1)], dim=1)
-            out.append(int(token))
-    return out
 
 
 @pytest.mark.parametrize("blocks", [{}, LLAMA], ids=["gpt2", "llama"])

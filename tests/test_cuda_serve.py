@@ -30,6 +30,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.packed import COMPUTE, KINDS, PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 from tests.conftest import TEXT, perturb
+from tests.test_quantized_inference import wide_gaps_model
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
 ON_GPU = DEVICE.type == "cuda"
@@ -114,25 +115,10 @@ def test_a_packed_layer_on_the_device_is_dequantize_then_multiply(kind):
         torch.testing.assert_close(y, reference(layer, x.reshape(-1, 96)).view(*lead, 40), **tol)
 
 
-def wide_gaps_model() -> GPT:
-    """A GPT trained for a moment on repeated code, on the device: its greedy choices are clear, not
-    near-ties, so a kernel's rounding cannot flip them."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=64, vocab_size=64)).to(DEVICE)
-    ids = torch.tensor([[ord(c) % 64 for c in TEXT * 2]], device=DEVICE)[:, :65]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(60):
-        _, loss = model(ids[:, :-1], ids[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
-
-
 def test_int8_on_the_device_decodes_what_it_decodes_on_the_cpu():
     """Quantized on the device: greedy tokens equal those of the same packed weights on the CPU (its
     int8 kernel), cached equal uncached, and a batch of 3 rows each the lone sequence."""
-    model = wide_gaps_model()
+    model = wide_gaps_model(DEVICE)
     quantize_for_inference(model, "int8", every_layer=True)
     assert isinstance(model.head, PackedLinear) and model.head.codes.device.type == DEVICE.type
     on_cpu = copy.deepcopy(model).to("cpu")

@@ -29,8 +29,8 @@ def model(**kw) -> GPT:
 
 def greedy_reference(gpt: GPT, ids: list[int], n: int) -> list[int]:
     """Greedy decoding written plainly: the whole window every step, torch.cat to grow it, and the
-    window's jump to its last half when it outgrows the context."""
-    ctx, seq, start, out = gpt.cfg.context, torch.tensor([ids]), 0, []
+    window's jump to its last half when it outgrows the context. On the model's device."""
+    ctx, seq, start, out = gpt.cfg.context, torch.tensor([ids], device=gpt.tok.weight.device), 0, []
     with torch.no_grad():
         for _ in range(n):
             if seq.shape[1] - start > ctx:

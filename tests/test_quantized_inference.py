@@ -107,11 +107,12 @@ def test_every_decoder_family_quantizes(preset, kind):
     assert error < {"int8": 0.02, "int4": 0.4, "bf16": 0.01}[kind], error
 
 
-def _wide_gaps_model() -> GPT:
-    """A GPT trained for a moment on repeated code: its greedy choices are clear, not near-ties."""
+def wide_gaps_model(device: str | torch.device = "cpu") -> GPT:
+    """A GPT trained for a moment on repeated code, on `device`: its greedy choices are clear, not
+    near-ties, so a kernel's rounding cannot flip them."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=64, vocab_size=64))
-    ids = torch.tensor([[ord(c) % 64 for c in TEXT * 2]])[:, :65]
+    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=64, vocab_size=64)).to(device)
+    ids = torch.tensor([[ord(c) % 64 for c in TEXT * 2]], device=device)[:, :65]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(60):
         _, loss = model(ids[:, :-1], ids[:, 1:])
@@ -122,7 +123,7 @@ def _wide_gaps_model() -> GPT:
 
 
 def test_greedy_int8_decodes_what_float32_decodes():
-    model = _wide_gaps_model()
+    model = wide_gaps_model()
     prompt = [ord(c) % 64 for c in "def add("]
     want = list(stream(model, prompt, 40, temperature=0, dtype="float32"))
     quantized = copy.deepcopy(model)
@@ -138,7 +139,7 @@ def test_greedy_int8_decodes_what_float32_decodes():
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_cached_equals_uncached_and_batched_equals_alone_quantized(kind):
-    model = _wide_gaps_model()
+    model = wide_gaps_model()
     quantize_for_inference(model, kind, every_layer=True)
     prompt = [ord(c) % 64 for c in "class Point"]
     cached = list(stream(model, prompt, 30, temperature=0))
@@ -236,7 +237,7 @@ def test_sample_and_eval_take_quantize(lm_run, tmp_path, capsys):
 
 
 def test_the_servers_batched_steps_decode_quantized_rows_as_each_alone():
-    model = _wide_gaps_model()
+    model = wide_gaps_model()
     quantize_for_inference(model, "int4", every_layer=True)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     draws = [Draw(0.0, seed=1), Draw(1.0, 5, seed=2), Draw(0.8, None, 0.9, seed=3), Draw(1.2, seed=4)]
