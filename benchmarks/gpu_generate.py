@@ -11,7 +11,7 @@ for both):
 - HF: `model.generate(do_sample=False, min_new_tokens=N, max_new_tokens=N)` on a (B, P) batch.
 tokens/s = B * new tokens / wall time of the whole call (the prompt's forward included, the device
 synchronized), the best of --repeats rounds after an untimed warm-up of each; "peak MiB" is
-torch.cuda.max_memory_allocated during the row's last call (weights included); "same tokens" says
+torch.cuda.max_memory_allocated during the row's fastest call (weights included); "same tokens" says
 whether batch 1's tokens equal HF's at the same dtype (bf16 may differ once two logits tie).
 
     python benchmarks/gpu_generate.py                       # both shapes, float32 and bfloat16

@@ -104,9 +104,10 @@ COLUMNS = [
     ("mfu", "MFU", ".3f"),
     ("peak_mib", "peak MiB", ",.0f"),
 ]
-# Dense bf16 tensor-core peaks (TFLOP/s) for --peak-tflops auto, by a word of the GPU's name: the
-# SXM parts' data-sheet figures without sparsity. MFU is left blank elsewhere, and in float32.
-PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+# Dense bf16 tensor-core peaks (TFLOP/s) when --peak-tflops is not given, by a part of the GPU's name
+# as torch reports it: data-sheet figures without sparsity (the H100's SXM part reports "H100 80GB
+# HBM3", its PCIe part "H100 PCIe"). MFU is left blank for another GPU, and in float32.
+PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4, "A100": 312.0}
 
 E2E_COLUMNS = [
     ("model", "model", ""),

@@ -166,7 +166,8 @@ def test_a_device_outside_the_ahead_of_time_ones_decodes_through_torch_compile(m
     step = engine_for(model, "float32", compiled=True).decoder.compiled
     assert step.exported is None and step.failed is None and step.warm
     assert step.export_failed == "the ahead-of-time step runs on cuda only, not cpu"
-    assert seen == [{"cpp_wrapper": True}]  # the CPU's C++ wrapper; another device gets inductor's default
+    assert seen == [{"cpp_wrapper": True}]  # the CPU's C++ wrapper
+    assert compiled.compile_options(torch.device("cuda")) == {}  # a GPU: inductor's Python wrapper, Triton
 
 
 def test_a_compilation_that_fails_decodes_as_before(monkeypatch):

@@ -1,7 +1,8 @@
 """attnlab's CUDA paths, each against a reference: every family trains in bf16, `attend`'s fused kernels
 (flash, memory-efficient) against its math path, cached against uncached decoding, exact resume,
---compile against eager, and torchrun with NCCL (DDP and FSDP). Inference on the GPU (the server's
-batched decoding, quantized weights, the compiled decode step) is in tests/test_cuda_serve.py.
+and --compile against eager. torchrun with NCCL (DDP and FSDP) is in tests/test_cuda_torchrun.py,
+inference on the GPU (the server's batched decoding, quantized weights, the compiled decode step) in
+tests/test_cuda_serve.py.
 
 Skipped without a GPU (marker `cuda`). On a GPU machine, both files (-n 4, with pytest-xdist, runs
 them side by side; -rP --show-capture=stdout also prints the torch version and GPU, whether the resume
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,7 @@ from attnlab.engine.train import TrainRequest
 from attnlab.engine.train import run as run_task
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
-from attnlab.runtime.device import DTYPES, dtype_choice
+from attnlab.runtime.device import dtype_choice
 from attnlab.tasks import TASKS
 from tests.conftest import TEXT, decode_stepwise, perturb, tiny_chat_base
 from tests.test_decode_path import greedy_reference
@@ -68,15 +67,13 @@ def tiny(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def test_auto_precision_on_the_gpu_is_bf16():
-    """--dtype auto on a CUDA GPU trains in bf16 (runtime/device.py), as the bf16 runs below assume."""
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if ON_GPU else 'the CPU'}")
-    dtype, why = dtype_choice("auto", DEVICE)
-    if ON_GPU:
-        assert (dtype, why) == (torch.bfloat16, "auto: bf16 on this GPU")
-        assert dtype_choice("auto", DEVICE, use="decode")[0] == torch.float32
-    else:  # the CPU's choice is measured
-        assert dtype in DTYPES.values()
+@pytest.mark.skipif(not ON_GPU, reason="a CPU's choice is measured: tests/test_dtype_choice.py")
+def test_auto_precision_on_the_gpu_trains_in_bf16_and_decodes_in_float32():
+    """--dtype auto on this GPU (runtime/device.py): bf16 to train, as the bf16 runs below assume;
+    float32 to decode."""
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    assert dtype_choice("auto", DEVICE) == (torch.bfloat16, "auto: bf16 on this GPU")
+    assert dtype_choice("auto", DEVICE, use="decode")[0] == torch.float32
 
 
 # ---- 1. every family trains in bf16 ------------------------------------------------------------------
@@ -259,76 +256,3 @@ def test_compiled_training_matches_eager(tmp_path):
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-3, (a, b)
     assert not [k for k in attnlab.load(tmp_path / "compiled", "cpu").model.state_dict() if "_orig_mod" in k]
-
-
-# ---- 6. torchrun: NCCL, DDP and FSDP -------------------------------------------------------------------
-
-TRAIN = ["train", "lm", "--n-layer", "1", "--n-head", "2", "--d-model", "64", "--context", "32", "--batch-size", "8",
-         "--eval-interval", "4", "--eval-batches", "1", "--warmup-steps", "1", "--dtype", "float32"]  # fmt: skip
-
-# A world of one is no group at all to attnlab (runtime/distributed.py: WORLD_SIZE 1 joins nothing, wraps
-# nothing). This driver makes one: init() sees a world of 2 (past that shortcut: attnlab picks the device
-# and the backend, and joins torchrun's group, of one) and a group counts as enabled, so DDP or FSDP
-# wrap the model and every collective runs, on NCCL on a GPU. It trains with each to 4 steps, then
-# resumes to 8, and writes the backends it joined.
-GROUP_OF_ONE = """
-import dataclasses, json, sys
-import torch.distributed as dist
-from attnlab.cli.main import main
-from attnlab.runtime import distributed as D
-
-D.Dist.enabled = property(lambda self: dist.is_initialized())
-joined, real_init, real_world = [], D.init, D.world_size
-
-def init(device_name="auto"):
-    D.world_size = lambda: 2
-    try:
-        d, device = real_init(device_name)
-    finally:
-        D.world_size = real_world
-    joined.append(dist.get_backend())
-    return dataclasses.replace(d, world=1), device
-
-D.init = init
-out, args = sys.argv[1], sys.argv[2:]
-for parallel in ("ddp", "fsdp"):
-    for steps, more in (("4", []), ("8", ["--resume"])):
-        code = main([*args, "--out", f"{out}/{parallel}", "--parallel", parallel, "--max-steps", steps, *more])
-        assert code == 0, (parallel, steps)
-json.dump(joined, open(f"{out}/backends.json", "w"))
-"""
-
-
-def torchrun(args: list[str], timeout: float = 240) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-6000:]  # the worker's traceback, then torchrun's summary
-
-
-def test_torchrun_trains_and_resumes(tmp_path):
-    """`torchrun -m attnlab train` (one process: attnlab runs it as without torchrun), then --resume."""
-    out, data = tmp_path / "run", corpus(tmp_path)
-    base = ["-m", "attnlab", *TRAIN, "--data", str(data), "--out", str(out), "--device", DEVICE.type]
-    torchrun([*base, "--max-steps", "4"])
-    torchrun([*base, "--resume", "--max-steps", "8"])
-    assert len(losses(out)) == 8 and attnlab.load(out, "cpu").step == 8
-
-
-def test_a_group_of_one_trains_with_ddp_and_fsdp_on_nccl(tmp_path):
-    """Under torchrun, a process group of one (see GROUP_OF_ONE): the backend attnlab joins is NCCL on a
-    GPU, and DDP and FSDP runs (4 steps, resumed to 8) give the losses of the same run without a group."""
-    data, driver = corpus(tmp_path), tmp_path / "group_of_one.py"
-    driver.write_text(GROUP_OF_ONE)
-    torchrun([str(driver), str(tmp_path), *TRAIN, "--data", str(data), "--device", DEVICE.type])
-    assert json.loads((tmp_path / "backends.json").read_text()) == ["nccl" if ON_GPU else "gloo"] * 4
-    model = GPTConfig(n_layer=1, n_head=2, d_model=64, context=32)
-    alone = tmp_path / "alone"
-    cfg = dict(batch_size=8, eval_interval=4, warmup_steps=1, lr=3e-3)  # TRAIN's settings, and the default lr
-    attnlab.train(alone, model, tiny(max_steps=4, **cfg), DataConfig(data=str(data)), progress=False)
-    attnlab.train(alone, None, tiny(max_steps=8, **cfg), None, resume=True, progress=False)
-    want = losses(alone)
-    for parallel in ("ddp", "fsdp"):
-        got = losses(tmp_path / parallel)
-        assert len(got) == 8 and max(abs(x - y) for x, y in zip(got, want)) < 1e-4, (parallel, got, want)

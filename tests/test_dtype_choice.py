@@ -179,7 +179,7 @@ def test_a_gpu_trains_in_bf16_where_it_has_it_and_decodes_in_float32(monkeypatch
     autocast casts every weight at every step (0.48-0.65x float32's tokens/s on an H100). A device
     object needs no GPU, and the GPU's answer is faked."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
-    monkeypatch.setattr(precision, "decide", lambda *a: pytest.fail("a GPU's precision was timed"))
+    monkeypatch.setattr(dev, "decide", lambda *a: pytest.fail("a GPU's precision was timed"))
     gpu = torch.device("cuda")
     assert dev.dtype_choice("auto", gpu, 384)[0] == (BF16 if bf16 else F32)
     decode = dev.dtype_choice("auto", gpu, 384, use="decode")

@@ -90,8 +90,9 @@ BF16 = {True: "yes", False: "no (float32 without measuring)", None: "unknown"}
 def about(info: dict) -> list[str]:
     """The machine, in four lines."""
     return [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
-             f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto is bf16 where it supports it; the "
-                                              "measurements below serve --device cpu)" if info["gpu"] else ""),
+             f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto trains in bf16 where it has it and "
+                                              "decodes in float32; the measurements below serve --device cpu)"
+                                              if info["gpu"] else ""),
              f"CPU      {info['cpu']}; bf16 instructions: {BF16[info['bf16_instructions']]}" +
              (", AMX" if info["amx"] else ""),
              f"cache    {info['cache']}"]  # fmt: skip

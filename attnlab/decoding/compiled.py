@@ -50,11 +50,17 @@ _OPTIONS = {"cpp_wrapper": True}
 # The step compiled ahead of time first (exported.py: the same kernels without TorchDynamo's 0.35 ms a
 # call); torch.compile's step where that fails (a model torch.export cannot trace) or under autocast.
 EXPORT = True
-# ...on these devices only. On an H100 (torch 2.11, CUDA 13) loading the step's package killed the
+# ...on these devices only. On an H100 with torch 2.11.0+cu130 loading the step's package killed the
 # process (a segmentation fault inside aoti_load_package, which no `except` catches), so a model on a
-# GPU takes torch.compile's step, with inductor's Python wrapper there (Triton kernels; a GPU step's
-# cost is its launches, not the CPU's per-operation dispatch that cpp_wrapper removes).
+# GPU takes torch.compile's step (worth checking again on a newer torch: benchmarks/gpu_check.sh).
 EXPORT_DEVICES = ("cpu",)
+
+
+def compile_options(device: torch.device) -> dict:
+    """torch.compile's options for a step on `device`: the C++ wrapper on the CPU; elsewhere inductor's
+    Python wrapper and Triton kernels (a GPU step costs its launches, not the per-operation dispatch
+    that cpp_wrapper removes, and the C++ wrapper was never run on a GPU here)."""
+    return _OPTIONS if device.type == "cpu" else {}
 
 
 class StepCache(KVCache):
@@ -154,7 +160,7 @@ class CompiledStep:
                 logits = exported.run(self.ids, self.position, bias, kv, last)
             else:
                 if self.compiled is None:
-                    options = _OPTIONS if self.device.type == "cpu" else {}
+                    options = compile_options(self.device)
                     self.compiled = torch.compile(self.own, fullgraph=True, options=options)
                 torch._dynamo.mark_dynamic(bias, 3)
                 with self._stance():

@@ -55,7 +55,8 @@ class GenerateConfig:
     seed: int | None = option(None, "random seed, for repeatable samples")
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
-    dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
+    dtype: str = option("auto", "auto (on a CPU bf16 where measured faster here; float32 on a GPU), float32 or "
+                        "bfloat16", DTYPE_NAMES)  # fmt: skip
     compile: bool = option(False, COMPILE_HELP)
 
     def __post_init__(self):
@@ -81,7 +82,7 @@ def stream_rows(
     """Continue the prompt `ids` in `rows` sequences at once, one batched forward per step;
     yield each step's new tokens, (rows,).
 
-    dtype: 'auto' (bf16 autocast where measured faster), 'float32' or 'bfloat16'.
+    dtype: 'auto' (bf16 autocast where measured faster on a CPU; float32 on a GPU), 'float32' or 'bfloat16'.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     model.eval()

@@ -78,7 +78,8 @@ class TrainConfig:
                            ("ddp", "fsdp"))  # fmt: skip
     compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
     grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
-    dtype: str = option("auto", "auto (bf16 where measured faster here), float32 or bfloat16", DTYPE_NAMES)
+    dtype: str = option("auto", "auto (bf16 on a GPU that has it; on a CPU where measured faster), float32 or "
+                        "bfloat16", DTYPE_NAMES)  # fmt: skip
     log: str | None = option(None, "also send the metrics to a tracker (metrics.jsonl is always written): "
                              "tensorboard, event files in RUN/tensorboard/", names(TRACKERS))  # fmt: skip
 
