@@ -33,6 +33,16 @@ def test_sentiment_is_deterministic_by_seed():
     assert len(sentiment.generate(500, seed=3)) == 500
 
 
+def test_sentiment_is_drawn_once_a_process_and_a_caller_cannot_change_it():
+    sentiment._generated.cache_clear()
+    first = sentiment.generate(400, seed=2)
+    kept = list(first)
+    first.clear()  # a caller's list is its own
+    sentiment.splits(seed=2, sizes=(300, 50, 50))["train"].append(("the plot was good", "pos"))
+    assert sentiment.generate(400, seed=2) == kept
+    assert sentiment._generated.cache_info().misses == 1  # drawn once: the rest came from the cache
+
+
 def test_sentiment_splits_have_their_sizes_and_share_no_text(reviews):
     assert {k: len(v) for k, v in reviews.items()} == {"train": 20000, "val": 2000, "test": 2000}
     assert _disjoint(reviews, key=lambda ex: ex[0])
