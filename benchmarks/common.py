@@ -122,6 +122,22 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start counting the device's peak memory afresh (read it with peak_mib)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_mib(device: torch.device) -> float | None:
+    """The most memory allocated on the device since reset_peak, in MiB (None on a CPU: not counted)."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where a and b differ (the shorter length if one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (None: leave as is)")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import gguf
 import torch
-from common import cpu_name, format_table
+from common import cpu_name, first_difference, format_table
 from random_run import SHAPES, random_run
 
 import attnlab
@@ -159,16 +159,12 @@ def compare(rows: list[dict]) -> None:
         ref = next(
             x for x in rows if x["shape"] == r["shape"] and x["impl"] == "attnlab" and x["precision"] == "float32"
         )
-        r["same_tokens"] = "yes" if r["tokens"] == ref["tokens"] else _first_difference(r["tokens"], ref["tokens"])
+        same = r["tokens"] == ref["tokens"]
+        r["same_tokens"] = "yes" if same else f"from {first_difference(r['tokens'], ref['tokens'])}"
         peer = [x for x in rows if x["shape"] == r["shape"] and x["impl"] == "llama.cpp" and x["pair"] == r["pair"]
                 and x["batch"] == r["batch"]]  # fmt: skip
         if r["impl"].startswith("attnlab") and peer:
             r["vs_llamacpp"] = r["tokens_per_s"] / peer[0]["tokens_per_s"]
-
-
-def _first_difference(a: list[int], b: list[int]) -> str:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"from {i}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

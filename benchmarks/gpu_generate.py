@@ -25,7 +25,7 @@ import json
 import time
 
 import torch
-from common import build_pair, format_table, synchronize
+from common import build_pair, first_difference, format_table, peak_mib, release, reset_peak, synchronize
 from random_run import SHAPES
 
 from attnlab.decoding.sampling import stream, stream_rows
@@ -63,7 +63,7 @@ def methods(gpt, hf, prompt: list[int], args, dtype: str) -> list[tuple[dict, ob
 
 def timed(call, device) -> tuple[float, list[int]]:
     synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    reset_peak(device)
     start = time.perf_counter()
     tokens = call()
     synchronize(device)
@@ -85,21 +85,17 @@ def measure(shape: str, dtype: str, args, device: torch.device) -> list[dict]:
                 rate = r["batch"] * args.new_tokens / seconds
                 if rate > r.get("tokens_per_s", 0.0):
                     r.update(tokens_per_s=rate, ms_per_step=1e3 * seconds / args.new_tokens, tokens=tokens)
-                    r["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+                    r["peak_mib"] = peak_mib(device)
     out = [dict(r, shape=shape, dtype=dtype) for r, _ in rows]
     hf_rows = {r["batch"]: r for r in out if r["impl"] == "HF generate"}
     for r in out:
         peer = hf_rows[r["batch"]]
         r["vs_hf"] = r["tokens_per_s"] / peer["tokens_per_s"]
-        r["same_tokens"] = "yes" if r["tokens"] == peer["tokens"] else _first_difference(r["tokens"], peer["tokens"])
+        same = r["tokens"] == peer["tokens"]
+        r["same_tokens"] = "yes" if same else f"from token {first_difference(r['tokens'], peer['tokens'])}"
     del gpt, hf
-    torch.cuda.empty_cache() if device.type == "cuda" else None
+    release(device)
     return out
-
-
-def _first_difference(a: list[int], b: list[int]) -> str:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"from token {i}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -68,7 +68,9 @@ from common import (
     format_table,
     num_params,
     parse_dtype,
+    peak_mib,
     release,
+    reset_peak,
     setup,
     synchronize,
 )
@@ -185,11 +187,12 @@ def measure(
     return statistics.median(times), first_loss
 
 
-def flops_per_token(cfg: GPTConfig) -> float:
-    """A training step's FLOPs per token, as PaLM's appendix B counts them: 6 per weight that
-    multiplies (every parameter but the position table; the tied head counted once, as the token
-    table it is) and 12 * layers * width * context for attention's two matrix products."""
-    params = num_params(GPT(cfg)) - (cfg.context * cfg.d_model if cfg.positions == "learned" else 0)
+def flops_per_token(cfg: GPTConfig, params: int) -> float:
+    """A training step's FLOPs per token for a model of `params` parameters (tied ones counted once),
+    as PaLM's appendix B counts them: 6 per weight that multiplies (every parameter but the position
+    table; the tied head counted once, as the token table it is) and 12 * layers * width * context for
+    attention's two matrix products."""
+    params -= cfg.context * cfg.d_model if cfg.positions == "learned" else 0
     return 6 * params + 12 * cfg.n_layer * cfg.d_model * cfg.context
 
 
@@ -215,26 +218,25 @@ def bench_pair(
         model = models[impl]
         if args.compile:  # what attnlab's --compile does; compiling happens in the warmup steps
             model = torch.compile(model)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak(device)
         seconds, loss = measure(model, logits_fn, batch, device, dtype, args.warmup, args.steps)
         tokens = args.batch_size * cfg.context
-        peak = peak_tflops(device, dtype, args.peak_tflops)
+        peak, params = peak_tflops(device, dtype, args.peak_tflops), num_params(models[impl])
         rows.append(
             {
                 "model": name,
                 "impl": impl,
                 "dtype": dtype_name(dtype) + (" compiled" if args.compile else ""),
                 "device": describe(device),
-                "params": num_params(models[impl]),
+                "params": params,
                 "batch_size": args.batch_size,
                 "seq_len": cfg.context,
                 "tokens_per_s": tokens / seconds,
                 "ms_per_step": seconds * 1e3,
                 "loss": loss,
                 "ratio": None,
-                "mfu": flops_per_token(cfg) * tokens / seconds / (peak * 1e12) if peak else None,
-                "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+                "mfu": flops_per_token(cfg, params) * tokens / seconds / (peak * 1e12) if peak else None,
+                "peak_mib": peak_mib(device),
             }
         )
         del models[impl], model  # free its memory (and its optimizer's) before the next impl runs
