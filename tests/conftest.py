@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -116,6 +117,12 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def losses(run: Path) -> list[float]:
+    """The training loss of every step of the run folder `run`, in order (RUN/metrics.jsonl)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
 
 
 def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:

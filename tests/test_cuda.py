@@ -40,7 +40,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
 from attnlab.runtime.device import dtype_choice
 from attnlab.tasks import TASKS
-from tests.conftest import TEXT, decode_stepwise, perturb, tiny_chat_base
+from tests.conftest import TEXT, decode_stepwise, losses, perturb, tiny_chat_base
 from tests.test_decode_path import greedy_reference
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
@@ -48,11 +48,6 @@ ON_GPU = DEVICE.type == "cuda"
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU")]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def losses(run: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
 
 
 def corpus(folder: Path) -> Path:

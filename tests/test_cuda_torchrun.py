@@ -14,7 +14,8 @@ import pytest
 import attnlab
 from attnlab.data import DataConfig
 from attnlab.models.gpt import GPTConfig
-from tests.test_cuda import DEVICE, ON_GPU, ROOT, corpus, losses, tiny
+from tests.conftest import losses
+from tests.test_cuda import DEVICE, ON_GPU, ROOT, corpus, tiny
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not __import__("torch").cuda.is_available(),
                                                    reason="needs a CUDA GPU")]  # fmt: skip

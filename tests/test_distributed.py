@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 import attnlab
-from tests.conftest import tiny_data, tiny_model, tiny_train
+from tests.conftest import losses, tiny_data, tiny_model, tiny_train
 
 STEPS = 20
 
@@ -70,11 +70,6 @@ def _worker(out: str, corpus: str, accum: int, parallel: str, steps: int = STEPS
         attnlab.train(out, None, cfg, None, resume=True, progress=False)
     else:
         attnlab.train(out, tiny_model(), cfg, tiny_data(corpus), progress=False)
-
-
-def losses(run) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
 
 
 @pytest.mark.parametrize("parallel, accum", [("ddp", 1), ("ddp", 2), ("fsdp", 2)])

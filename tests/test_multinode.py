@@ -10,25 +10,19 @@ The two-node tests start four torch processes each, so they run with the slow on
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import losses, run_cli
 from tests.netns import namespace_pair, torchrun, wait_all
 
 PORT = 29500  # free in any new namespace: nothing else listens there
 FLAGS = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32", "--dropout", "0",
          "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "5", "--schedule", "inverse_sqrt",
          "--eval-interval", "5", "--eval-batches", "2", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
-
-
-def losses(run) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
 
 
 def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeout: float = 300,
