@@ -156,11 +156,13 @@ def compare(rows: list[dict]) -> None:
         if r["batch"] == 1:
             r["bound"] = 1 / read_seconds(int(r["mb_per_token"] * 1e6))
             r["of_bound"] = r["tokens_per_s"] / r["bound"]
-        ref = next(
-            x for x in rows if x["shape"] == r["shape"] and x["impl"] == "attnlab" and x["precision"] == "float32"
+        ref = next(  # None when float32 was not asked for: nothing to compare the tokens with
+            (x for x in rows if x["shape"] == r["shape"] and x["impl"] == "attnlab" and x["precision"] == "float32"),
+            None,
         )
-        same = r["tokens"] == ref["tokens"]
-        r["same_tokens"] = "yes" if same else f"from {first_difference(r['tokens'], ref['tokens'])}"
+        if ref is not None:
+            same = r["tokens"] == ref["tokens"]
+            r["same_tokens"] = "yes" if same else f"from {first_difference(r['tokens'], ref['tokens'])}"
         peer = [x for x in rows if x["shape"] == r["shape"] and x["impl"] == "llama.cpp" and x["pair"] == r["pair"]
                 and x["batch"] == r["batch"]]  # fmt: skip
         if r["impl"].startswith("attnlab") and peer:

@@ -20,7 +20,8 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
-from attnlab.nn.packed import COMPUTE, KERNELS, ONE_ROW, PackedLinear
+from attnlab.nn import row_kernels
+from attnlab.nn.packed import COMPUTE, KERNELS, ONE_ROW, ROW_OPS, PackedLinear
 from attnlab.runtime.precision import cpu_model
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 
@@ -41,18 +42,25 @@ _CHOSEN: dict[str, Choice] = {}
 
 
 def _key(kind: str, shape: tuple[int, int], device: torch.device) -> str:
-    return f"{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{kind}|{shape[0]}x{shape[1]}"
+    kernel = "|row operator" if _row_op(kind) else ""  # a kept answer is about the kernel it timed
+    where = f"{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    return f"{where}|{kind}|{shape[0]}x{shape[1]}{kernel}"
+
+
+def _row_op(kind: str) -> bool:
+    """Whether a one-row product of `kind` is attnlab's own operator here (nn/row_kernels.py)."""
+    return kind in ROW_OPS and row_kernels.loaded()
 
 
 def _timer(kind: str, shape: tuple[int, int]):
     """seconds(side): CALLS one-row products, float32's for the torch.float32 side, the packed kernel's
-    for the other (timing.measure alternates two sides named by dtype; here they are the two kernels).
-    The kernels alone: the casts around a packed product are fused away in a compiled step."""
+    (attnlab's one-row operator where it is loaded) for the other (timing.measure alternates two sides
+    named by dtype; here they are the two kernels). The kernels alone: the casts around a packed product
+    are fused away in a compiled step."""
     linear = nn.Linear(shape[1], shape[0])
     operands = PackedLinear.from_linear(linear, kind).operands()
     x = torch.randn(1, shape[1])
-    x_packed = x.to(COMPUTE)
-    kernel = KERNELS[kind]
+    x_packed, kernel = (x, ROW_OPS[kind]) if _row_op(kind) else (x.to(COMPUTE), KERNELS[kind])
 
     def seconds(side: torch.dtype) -> float:
         with torch.inference_mode():
@@ -71,7 +79,7 @@ def choose(kind: str, shape: tuple[int, int], device: torch.device, compiled: bo
     bytes in the same memory-bound loop, whatever PyTorch's bf16 product measures here."""
     if device.type != "cpu":
         return Choice(True, f"not measured on {device.type}")
-    if compiled and kind in ONE_ROW and shape[0] * shape[1] >= ONE_ROW[kind]:
+    if compiled and kind in ONE_ROW and shape[0] * shape[1] >= ONE_ROW[kind] and not _row_op(kind):
         return Choice(True, f"{kind}: a compiled step's sum over the stored rows")
     k = _key(kind, shape, device)
     if k in _CHOSEN:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import row_kernels
 from attnlab.nn.attention import stored
 from attnlab.nn.quantize import _safe, dequantize_int8, quantize_int8
 
@@ -160,6 +161,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., I) -> (..., O) in x's dtype."""
+        if x.numel() == self.in_features and x.device.type == "cpu" and self.kind in ROW_OPS and row_kernels.ready():
+            return self._row_op(x)
         if x.numel() == self.in_features and torch.compiler.is_compiling() and self._sums_one_row():
             return self._one_row(x)
         if x.device.type != "cpu":  # no kernel of ours there: the dequantized weight, in x's dtype
@@ -172,6 +175,14 @@ class PackedLinear(nn.Module):
             return torch.add(self.bias, y)  # one operation: the sum is made in x's dtype (decode is per-op cost)
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def _row_op(self, row: Tensor) -> Tensor:
+        """One row (a decode step) through attnlab's own one-row operator (nn/row_kernels.py): float32
+        activations, the stored int8 or bf16 weights widened in registers, the sum in float32."""
+        shape, dtype, x = row.shape, row.dtype, row.reshape(1, -1).float()
+        y = ROW_OPS[self.kind](x, *self.operands())  # (1, O)
+        y = y if self.bias is None else y + self.bias
+        return y.view(*shape[:-1], self.out_features).to(dtype)
 
     def _sums_one_row(self) -> bool:
         """Whether a one-row product is the sum below (see ONE_ROW) rather than the kernel."""
@@ -224,6 +235,19 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
 # 60 / 67; 2304 x 768 144 / 124; 3072 x 768 197 / 166; 768 x 3072 164 / 170; 50257 x 768 3587 / 2921.
 # int4: never (its nibbles' unpacking does not vectorize: a 6 x 384 GPT decoded 8x slower).
 ONE_ROW = {"bf16": 0, "int8": 1 << 20}
+
+
+def load_row_operators(model: nn.Module) -> bool:
+    """Build or load the one-row operators (nn/row_kernels.py) if `model` has a layer that takes them,
+    before its decode step is traced (a trace reads whether they are loaded, it cannot build them)."""
+    if any(isinstance(m, PackedLinear) and m.kind in ROW_OPS for m in model.modules()):
+        return row_kernels.loaded()
+    return False
+
+
+# By kind: the one-row products of nn/row_kernels.py, taking x (1, I) float32 and the kernel's operands
+# (int8: codes and the bf16-rounded scales; bf16: the weight), where that library is loaded.
+ROW_OPS = {"int8": row_kernels.int8_row, "bf16": row_kernels.bf16_row}
 
 
 def _bf16_product(x: Tensor, w: Tensor) -> Tensor:

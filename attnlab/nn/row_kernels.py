@@ -1,0 +1,135 @@
+"""Hand-written one-row products for decoding on a CPU (csrc/row_products.cpp), built on this machine
+the first time a packed layer needs one, and PyTorch's operators `attnlab::int8_row_product` and
+`attnlab::bf16_row_product` from then on (so torch.compile and torch.export see them as operators).
+
+Why: at batch 1 a decode step streams every weight once. PyTorch's one-row products of int8 weights
+(torch._weight_int8pack_mm, or inductor's fused sum over the stored rows) read 10-12 GB/s with two
+threads on a 2-core Xeon (Sapphire Rapids) where plain reading reached 16-20: they wait on memory. The
+kernel here asks for each row's bytes 4 KB ahead and keeps four accumulators: 15-16 GB/s on GPT-2
+small's four matrix shapes and its 50,257-row head (benchmarks/row_products.py).
+
+It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native and
+OpenMP, against the installed torch's headers and libraries (about 15 s once), and kept in the
+extensions folder under a name made of the source, the flags, the torch version and the CPU model, so
+the next process loads it in milliseconds. Where that fails (no compiler, another platform) the layers
+take PyTorch's kernels as before, and `unavailable()` says why; ATTNLAB_ROW_KERNELS=0 turns them off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnlab.runtime.precision import cpu_model
+
+try:
+    import fcntl  # the build's lock: POSIX only
+except ImportError:
+    fcntl = None
+
+SOURCE = "row_products.cpp"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+SWITCH = "ATTNLAB_ROW_KERNELS"  # "0": PyTorch's kernels only
+_WHY: list[str] = []  # why the library is not loaded, once known
+_LOADED: list[bool] = []  # [True] once it is
+
+
+def _folder() -> Path:
+    """Where torch.utils.cpp_extension keeps what it builds (TORCH_EXTENSIONS_DIR, else the cache)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "torch_extensions"
+
+
+def _command(source: Path, target: Path) -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    lib = torch_dir / "lib"
+    return [os.environ.get("CXX", "c++"), *FLAGS, abi, f"-I{torch_dir / 'include'}", str(source), "-o", str(target),
+            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]  # fmt: skip
+
+
+def _built() -> Path:
+    """The shared library for this source, compiler, torch and CPU: built once (a lock keeps two
+    processes from building it together; the file appears whole, by rename)."""
+    text = (resources.files("attnlab.nn") / "csrc" / SOURCE).read_bytes()
+    key = hashlib.sha256(b"|".join([text, " ".join(_command(Path("s"), Path("t"))).encode(),
+                                    torch.__version__.encode(), cpu_model().encode()])).hexdigest()[:16]  # fmt: skip
+    folder = _folder() / "attnlab"
+    target = folder / f"row_products_{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{target.name}.lock", "w") as lock:
+        _hold(lock)
+        if not target.exists():
+            source, partial = folder / f"{key}.cpp", folder / f"{target.name}.{os.getpid()}.tmp"
+            source.write_bytes(text)
+            done = subprocess.run(_command(source, partial), capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                partial.unlink(missing_ok=True)
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise RuntimeError(f"the compiler failed: {last}")
+            os.replace(partial, target)
+    return target
+
+
+def _hold(lock) -> None:
+    """Wait for another process building the same library (POSIX; elsewhere each builds its own)."""
+    if fcntl is not None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+
+@functools.cache
+def loaded() -> bool:
+    """Whether the operators are ready in this process (built and loaded on the first call)."""
+    if os.environ.get(SWITCH, "1") == "0":
+        _WHY.append(f"{SWITCH}=0")
+        return False
+    if not sys.platform.startswith("linux"):
+        _WHY.append(f"built on Linux only, not {sys.platform}")
+        return False
+    try:
+        torch.ops.load_library(str(_built()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        _WHY.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return False
+    torch.library.register_fake("attnlab::int8_row_product")(_one_row_shape)
+    torch.library.register_fake("attnlab::bf16_row_product")(_one_row_shape)
+    _LOADED.append(True)
+    return True
+
+
+def ready() -> bool:
+    """loaded(); while a caller is traced (torch.compile, torch.export), what an earlier call found: a
+    trace cannot build a library (decoding/compiled.py asks first: nn.packed.load_row_operators)."""
+    if torch.compiler.is_compiling():
+        return bool(_LOADED)
+    return loaded()
+
+
+def _one_row_shape(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
+    return x.new_empty(1, weight.shape[0])
+
+
+def unavailable() -> str | None:
+    """None when the operators are loaded, else why not (for `attnlab doctor`)."""
+    return None if loaded() else (_WHY[-1] if _WHY else "not loaded")
+
+
+def int8_row(x: Tensor, codes: Tensor, scales: Tensor) -> Tensor:
+    """x (1, I) float32, codes (O, I) int8, scales (O,) float32 or bfloat16 -> (1, O) float32:
+    x @ (codes * scales)^T, summed in float32."""
+    return torch.ops.attnlab.int8_row_product(x, codes, scales)
+
+
+def bf16_row(x: Tensor, weight: Tensor) -> Tensor:
+    """x (1, I) float32, weight (O, I) bfloat16 -> (1, O) float32, summed in float32."""
+    return torch.ops.attnlab.bf16_row_product(x, weight)

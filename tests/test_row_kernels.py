@@ -1,0 +1,139 @@
+"""attnlab's one-row operators (nn/row_kernels.py, csrc/row_products.cpp): built on this machine, they
+equal the float64 product for every shape their loops split differently (rows per task, four
+accumulators of 16 lanes, the tails), are what a packed layer's decode step takes, survive torch.compile
+and torch.export as operators, refuse wrong inputs in one line, and leave PyTorch's kernels in charge
+when they cannot be built."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.nn import row_kernels
+from attnlab.nn.packed import COMPUTE, PackedLinear
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+needs_library = pytest.mark.skipif(not row_kernels.loaded(), reason=f"no row operators: {row_kernels.unavailable()}")
+# (O, I): below one accumulator step (I < 64), a tail after the steps (I = 100, 771), one task's rows and
+# many tasks' (O = 1, 63, 64, 130, 1000), a decode step's shapes (768 x 768, 2304 x 768)
+SHAPES = [(1, 16), (63, 40), (64, 64), (130, 100), (1000, 771), (768, 768), (2304, 768)]
+
+
+def exact(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+    w = w.double() if scales is None else w.double() * scales.double()[:, None]
+    return x.double() @ w.T
+
+
+@needs_library
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
+def test_int8_row_product_is_the_float64_product(shape, scale_dtype):
+    torch.manual_seed(shape[0] + shape[1])
+    x = torch.randn(1, shape[1])
+    codes = torch.randint(-127, 128, shape, dtype=torch.int8)
+    scales = (torch.rand(shape[0]) / 50).to(scale_dtype)
+    y = row_kernels.int8_row(x, codes, scales)
+    ref = exact(x, codes, scales.float())
+    assert y.shape == (1, shape[0]) and y.dtype == torch.float32
+    # float32 sums of up to 2,304 products: a few float32 steps of the largest output
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@needs_library
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bf16_row_product_is_the_float64_product(shape):
+    torch.manual_seed(shape[0])
+    x, w = torch.randn(1, shape[1]), torch.randn(shape).to(torch.bfloat16)
+    y = row_kernels.bf16_row(x, w)
+    ref = exact(x, w)
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@needs_library
+def test_strided_input_and_weight_are_read_as_their_values():
+    x = torch.randn(3, 200)[1:2, ::2]  # (1, 100), strided
+    codes = torch.randint(-127, 128, (100, 70), dtype=torch.int8).T  # (70, 100), transposed
+    scales = torch.rand(70)
+    ref = exact(x, codes, scales)
+    assert (row_kernels.int8_row(x, codes, scales).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@needs_library
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: row_kernels.int8_row(torch.randn(2, 8), torch.zeros(3, 8, dtype=torch.int8), torch.ones(3)),
+            "one float32 row",
+        ),
+        (lambda: row_kernels.int8_row(torch.randn(1, 8), torch.zeros(3, 9, dtype=torch.int8), torch.ones(3)), "(O, I)"),
+        (lambda: row_kernels.int8_row(torch.randn(1, 8), torch.zeros(3, 8, dtype=torch.int8), torch.ones(4)), "scales"),
+        (lambda: row_kernels.bf16_row(torch.randn(1, 8), torch.zeros(3, 8)), "(O, I)"),
+    ],
+)
+def test_wrong_inputs_are_refused_in_one_line(call, message):
+    with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+@needs_library
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_a_packed_layer_decodes_one_row_through_the_operator(kind, monkeypatch):
+    torch.manual_seed(0)
+    layer = PackedLinear.from_linear(nn.Linear(96, 40), kind)
+    x = torch.randn(1, 1, 96)
+    seen = []
+    original = row_kernels.int8_row if kind == "int8" else row_kernels.bf16_row
+    monkeypatch.setitem(
+        __import__("attnlab.nn.packed", fromlist=["ROW_OPS"]).ROW_OPS, kind, lambda *a: seen.append(1) or original(*a)
+    )
+    with torch.inference_mode():
+        y = layer(x)
+        layer(torch.randn(2, 96))  # two rows: PyTorch's kernel
+    assert len(seen) == 1
+    w = layer.codes.double() * layer.scales.to(COMPUTE).double()[:, None] if kind == "int8" else layer.weight.double()
+    ref = x[0].double() @ w.T + layer.bias.double()
+    assert (y[0].double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@needs_library
+def test_the_operators_compile_and_export():
+    torch.manual_seed(0)
+    layer = PackedLinear.from_linear(nn.Linear(128, 64), "int8").eval()
+    x = torch.randn(1, 128)
+    with torch.no_grad():
+        eager = layer(x)
+        program = torch.export.export(layer, (x,), strict=False)
+        assert "attnlab.int8_row_product" in str(program.graph)
+        assert torch.equal(program.module()(x), eager)
+        compiled = torch.compile(layer, backend="eager", fullgraph=True)(x)
+    assert torch.equal(compiled, eager)
+
+
+def test_without_the_library_a_layer_takes_pytorchs_kernel(tmp_path):
+    """ATTNLAB_ROW_KERNELS=0 (as a machine without a compiler): the operators are not loaded, doctor can
+    say why, and a one-row product is PyTorch's int8 kernel's (x rounded to bf16)."""
+    code = (
+        "import torch; from torch import nn; from attnlab.nn import row_kernels; "
+        "from attnlab.nn.packed import COMPUTE, PackedLinear; torch.manual_seed(0); "
+        "layer = PackedLinear.from_linear(nn.Linear(64, 32), 'int8'); x = torch.randn(1, 64); "
+        "y = layer(x); ref = torch._weight_int8pack_mm(x.to(COMPUTE), *layer.operands()).float() + layer.bias; "
+        "print(row_kernels.loaded(), row_kernels.unavailable(), torch.equal(y, ref))"
+    )
+    env = {**__import__("os").environ, "ATTNLAB_ROW_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["False", "ATTNLAB_ROW_KERNELS=0", "True"]
+
+
+def test_a_failing_compiler_is_one_reason_not_a_crash(tmp_path):
+    code = "from attnlab.nn import row_kernels; print(row_kernels.loaded()); print(row_kernels.unavailable())"
+    env = {**__import__("os").environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "False" and lines[1].startswith("the compiler failed")
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to load next time
