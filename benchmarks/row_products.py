@@ -5,9 +5,11 @@
 For each matrix shape of the model, enough different matrices to hold ~160 MB (so the bytes come from
 memory, as in a decode step, not from the cache) are multiplied by one row in turn, each kernel in
 turn in each round (interleaved: a busy neighbour slows all alike), median of the rounds:
-float32 F.linear; int8 torch._weight_int8pack_mm (bf16 activations), inductor's fused sum over the
-stored rows, attnlab's hand-written operator (nn/row_kernels.py); bf16 torch.mv, attnlab's operator.
-Each kernel's outputs are checked against float64 first (relative error printed).
+float32 F.linear and attnlab's operator (nn/row_kernels.py: the one a compiled step takes); int8
+torch._weight_int8pack_mm (bf16 activations), inductor's fused sum over the stored rows, attnlab's
+operator; int4 PyTorch's int4 kernel; bf16 torch.mv and attnlab's operator. GB/s counts what each
+layer stores (codes, scales, zeros). Each kernel's outputs are checked against the float64 product of
+the weights it holds (relative error).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import time
 import torch
 import torch.nn.functional as F
 from common import cpu_name, format_table
+from torch import nn
 
 from attnlab.nn import row_kernels
+from attnlab.nn.packed import COMPUTE, KERNELS, ROW_OPS, PackedLinear
 
 SHAPES = {
     "gpt2-small": [(768, 768), (2304, 768), (3072, 768), (768, 3072), (50257, 768)],
@@ -35,30 +39,32 @@ def inductor_sum(x, codes, scales):
 
 
 def kernels() -> dict:
-    """name -> (stored dtype, product(x, w32, stored, scales)): w32 float32, stored the kernel's tensor."""
+    """name -> (kind of stored weight, product(x, layer)): layer an nn.Linear (float32) or a PackedLinear."""
+    packed = lambda kind: lambda x, layer: KERNELS[kind](x.to(COMPUTE), *layer.operands())[:, : layer.out_features]
     found = {
-        "f32 F.linear": (torch.float32, lambda x, w, s, c: F.linear(x, w)),
-        "int8 int8pack_mm": (torch.int8, lambda x, w, s, c: torch._weight_int8pack_mm(x.bfloat16(), s, c.bfloat16())),
-        "int8 inductor sum": (torch.int8, lambda x, w, s, c: inductor_sum(x, s, c)),
-        "bf16 torch.mv": (torch.bfloat16, lambda x, w, s, c: torch.mv(s, x[0].bfloat16())),
+        "f32 F.linear": ("float32", lambda x, layer: F.linear(x, layer.weight)),
+        "int8 int8pack_mm": ("int8", packed("int8")),
+        "int8 inductor sum": ("int8", lambda x, layer: inductor_sum(x, layer.codes, layer.scales.to(COMPUTE).float())),
+        "int4 int4pack_mm": ("int4", packed("int4")),
+        "bf16 torch.mv": ("bf16", packed("bf16")),
     }
     if row_kernels.loaded():
-        found["int8 attnlab"] = (torch.int8, lambda x, w, s, c: row_kernels.int8_row(x, s, c))
-        found["bf16 attnlab"] = (torch.bfloat16, lambda x, w, s, c: row_kernels.bf16_row(x, s))
+        found.update({f"{kind} attnlab": (kind, ROW_OPS[kind]) for kind in ROW_OPS})
+        found["f32 attnlab"] = ("float32", lambda x, layer: row_kernels.f32_row(x, layer.weight))
     return found
 
 
-def matrices(shape: tuple[int, int], dtype: torch.dtype, count: int) -> list[tuple]:
-    out = []
-    for _ in range(count):
-        w = torch.randn(shape) * 0.02
-        if dtype == torch.int8:
-            scales = w.abs().amax(1) / 127
-            codes = torch.round(w / scales[:, None]).to(torch.int8)
-            out.append((codes.float() * scales[:, None], codes, scales))
-        else:
-            out.append((w.to(dtype).float(), w.to(dtype), None))
-    return out
+def layers(shape: tuple[int, int], kind: str, count: int) -> list[nn.Module]:
+    made = [nn.Linear(shape[1], shape[0], bias=False) for _ in range(count)]
+    return made if kind == "float32" else [PackedLinear.from_linear(m, kind) for m in made]
+
+
+def weight(layer: nn.Module) -> torch.Tensor:
+    return layer.weight if isinstance(layer, nn.Linear) else layer.dequantize()
+
+
+def stored_bytes(layer: nn.Module) -> int:
+    return layer.weight.numel() * 4 if isinstance(layer, nn.Linear) else layer.stored_bytes()
 
 
 @torch.no_grad()
@@ -75,24 +81,22 @@ def main() -> None:
         count = max(1, int(BYTES // (shape[0] * shape[1] * 4)))  # float32's count: every kernel reads the same set
         x = torch.randn(1, shape[1])
         found = kernels()
-        sets = {dtype: matrices(shape, dtype, count) for dtype in {d for d, _ in found.values()}}
+        sets = {kind: layers(shape, kind, count) for kind in {kind for kind, _ in found.values()}}
         times: dict[str, list[float]] = {name: [] for name in found}
         errors = {}
-        for name, (dtype, product) in found.items():
-            w, stored, scales = sets[dtype][0]
-            ref = x.double() @ w.double().T
-            errors[name] = ((product(x, w, stored, scales).double() - ref).abs().max() / ref.abs().max()).item()
+        for name, (kind, product) in found.items():
+            ref = x.double() @ weight(sets[kind][0]).double().T
+            errors[name] = ((product(x, sets[kind][0]).double() - ref).abs().max() / ref.abs().max()).item()
         for _ in range(args.rounds):
-            for name, (dtype, product) in found.items():
+            for name, (kind, product) in found.items():
                 start = time.perf_counter()
-                for w, stored, scales in sets[dtype]:
-                    product(x, w, stored, scales)
+                for layer in sets[kind]:
+                    product(x, layer)
                 times[name].append((time.perf_counter() - start) / count)
-        for name, (dtype, _) in found.items():
+        for name, (kind, _) in found.items():
             seconds = statistics.median(times[name])
-            stored_bytes = shape[0] * shape[1] * torch.empty(0, dtype=dtype).element_size()
             rows.append({"shape": f"{shape[0]} x {shape[1]}", "kernel": name, "us": seconds * 1e6,
-                         "gbs": stored_bytes / seconds / 1e9, "err": errors[name]})  # fmt: skip
+                         "gbs": stored_bytes(sets[kind][0]) / seconds / 1e9, "err": errors[name]})  # fmt: skip
     print(format_table(rows, [("shape", "shape (O x I)", "s"), ("kernel", "kernel", "s"), ("us", "us a product", ".1f"),
                               ("gbs", "GB/s", ".1f"), ("err", "rel. error", ".1e")]))  # fmt: skip
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import row_kernels
-from attnlab.nn.packed import COMPUTE, PackedLinear
+from attnlab.nn.packed import ROW_OPS, PackedLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -46,10 +46,11 @@ def test_int8_row_product_is_the_float64_product(shape, scale_dtype):
 
 @needs_library
 @pytest.mark.parametrize("shape", SHAPES)
-def test_bf16_row_product_is_the_float64_product(shape):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bf16_and_f32_row_products_are_the_float64_product(shape, dtype):
     torch.manual_seed(shape[0])
-    x, w = torch.randn(1, shape[1]), torch.randn(shape).to(torch.bfloat16)
-    y = row_kernels.bf16_row(x, w)
+    x, w = torch.randn(1, shape[1]), torch.randn(shape).to(dtype)
+    y = row_kernels.bf16_row(x, w) if dtype == torch.bfloat16 else row_kernels.f32_row(x, w)
     ref = exact(x, w)
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
@@ -88,16 +89,13 @@ def test_a_packed_layer_decodes_one_row_through_the_operator(kind, monkeypatch):
     layer = PackedLinear.from_linear(nn.Linear(96, 40), kind)
     x = torch.randn(1, 1, 96)
     seen = []
-    original = row_kernels.int8_row if kind == "int8" else row_kernels.bf16_row
-    monkeypatch.setitem(
-        __import__("attnlab.nn.packed", fromlist=["ROW_OPS"]).ROW_OPS, kind, lambda *a: seen.append(1) or original(*a)
-    )
+    original = ROW_OPS[kind]
+    monkeypatch.setitem(ROW_OPS, kind, lambda *a: seen.append(1) or original(*a))
     with torch.inference_mode():
         y = layer(x)
         layer(torch.randn(2, 96))  # two rows: PyTorch's kernel
     assert len(seen) == 1
-    w = layer.codes.double() * layer.scales.to(COMPUTE).double()[:, None] if kind == "int8" else layer.weight.double()
-    ref = x[0].double() @ w.T + layer.bias.double()
+    ref = x[0].double() @ layer.dequantize().double().T + layer.bias.double()
     assert (y[0].double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
@@ -113,6 +111,22 @@ def test_the_operators_compile_and_export():
         assert torch.equal(program.module()(x), eager)
         compiled = torch.compile(layer, backend="eager", fullgraph=True)(x)
     assert torch.equal(compiled, eager)
+
+
+@needs_library
+def test_float_rows_take_one_float32_row_through_the_operator_and_leave_the_rest():
+    torch.manual_seed(0)
+    layer = nn.Linear(100, 30)
+    one, many = torch.randn(1, 1, 100), torch.randn(4, 100)
+    with torch.no_grad():
+        with row_kernels.FloatRows():
+            traced_one = torch.export.export(layer, (one,), strict=False)
+            traced_many = torch.export.export(layer, (many,), strict=False)
+            traced_half = torch.export.export(layer.to(torch.bfloat16), (one.bfloat16(),), strict=False)
+        assert "attnlab.f32_row_product" in str(traced_one.graph)
+        assert "attnlab" not in str(traced_many.graph) + str(traced_half.graph)
+        layer.float()
+        assert torch.allclose(traced_one.module()(one), layer(one), rtol=1e-5, atol=1e-6)
 
 
 def test_without_the_library_a_layer_takes_pytorchs_kernel(tmp_path):

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.exported import ExportedStep
+from attnlab.nn import row_kernels
 from attnlab.nn.attention import KVCache
-from attnlab.nn.packed import load_row_operators
 
 # inductor's wrapper in C++: the step's 60-odd kernel calls without Python between them. Freezing the
 # weights into constants and max-autotune's GEMM templates were measured too (a 6 x 384 GPT on the
@@ -114,8 +114,8 @@ class CompiledStep:
         self.own = types.FunctionType(code, _step.__globals__, code.co_name, (model,))
         self.compiled = None  # torch.compile's step, made when first taken (making it loads TorchDynamo: seconds)
         self.model, self.device = model, device
-        if device.type == "cpu":
-            load_row_operators(model)
+        if device.type == "cpu":  # the step's trace reads whether attnlab's operators are loaded, it cannot build them
+            row_kernels.loaded()
         self.exported: ExportedStep | None = None
         self.export_failed: str | None = None  # why the step is torch.compile's (None: not tried yet)
         self.row: list[KVCache] | None = None  # the caches of the last step: a new row is checked first

@@ -12,6 +12,10 @@ few microseconds (docs/cpu.md has the measurements).
                       (1, 1, 1, L), the caches' k, v buffers (1, Hkv, C + 1, Dh) each, the previous
                       token (1, 1) when the model reads it) -> logits (1, V); L symbolic (2..C); the cache
                       writes are in place, as in the model's forward
+    its products      a float32 layer's one-row product is attnlab's operator (nn/row_kernels.FloatRows,
+                      active while the step is traced): 6 x 384 float32 342 tokens/s against 288
+                      through PyTorch's product (Xeon, 2 threads, median of 5); GPT-2 small's, whose
+                      matrices are read at the memory's speed either way, 35 against 35
     the weights       are not in the library: it is handed the model's own tensors by name (parameters,
                       buffers, a packed layer's operands) and keeps no copy, so a model trained in place
                       decodes with its new weights; a tensor replaced by another is handed over again
@@ -24,6 +28,7 @@ few microseconds (docs/cpu.md has the measurements).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -32,6 +37,7 @@ from torch import Tensor, nn
 from torch.export.graph_signature import InputKind
 
 from attnlab.io import atomic_write
+from attnlab.nn import row_kernels
 from attnlab.nn.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
@@ -66,7 +72,8 @@ class ExportedStep:
             example = (like(ids), like(position), like(bias), [like(t) for t in kv], like(last))
             context = self.module.model.cfg.context
             shapes = (None, None, {3: torch.export.Dim("L", min=2, max=context)}, [None] * len(kv), None)
-            program = torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
+            with row_kernels.FloatRows() if row_kernels.ready() else contextlib.nullcontext():
+                program = torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
         self.lifted = _as_buffers(program)
         self.path = _library(program)
         self.runner = torch._inductor.aoti_load_package(str(self.path))

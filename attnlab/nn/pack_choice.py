@@ -58,9 +58,13 @@ def _timer(kind: str, shape: tuple[int, int]):
     named by dtype; here they are the two kernels). The kernels alone: the casts around a packed product
     are fused away in a compiled step."""
     linear = nn.Linear(shape[1], shape[0])
-    operands = PackedLinear.from_linear(linear, kind).operands()
+    layer = PackedLinear.from_linear(linear, kind)
+    operands = layer.operands()
     x = torch.randn(1, shape[1])
-    x_packed, kernel = (x, ROW_OPS[kind]) if _row_op(kind) else (x.to(COMPUTE), KERNELS[kind])
+    if _row_op(kind):
+        x_packed, kernel = x, lambda x, *_: ROW_OPS[kind](x, layer)
+    else:
+        x_packed, kernel = x.to(COMPUTE), KERNELS[kind]
 
     def seconds(side: torch.dtype) -> float:
         with torch.inference_mode():

@@ -23,6 +23,7 @@ constexpr int64_t ROWS_PER_TASK = 64;
 
 inline float widen(int8_t v) { return static_cast<float>(v); }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float widen(float v) { return v; }
 
 template <typename T>
 inline void ask_ahead(const T* w, int64_t elements) {
@@ -43,6 +44,7 @@ inline Acc widened(const c10::BFloat16* p) {  // bf16 is float32's top half: wid
   __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
+inline Acc widened(const float* p) { return _mm512_loadu_ps(p); }
 inline Acc fma(Acc w, const float* x, Acc a) { return _mm512_fmadd_ps(w, _mm512_loadu_ps(x), a); }
 inline float total(Acc a) { return _mm512_reduce_add_ps(a); }
 inline Acc add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
@@ -57,6 +59,7 @@ inline Acc widened(const c10::BFloat16* p) {
   __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
+inline Acc widened(const float* p) { return _mm256_loadu_ps(p); }
 inline Acc fma(Acc w, const float* x, Acc a) { return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), a); }
 inline float total(Acc a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -126,14 +129,21 @@ at::Tensor bf16_row_product(const at::Tensor& x, const at::Tensor& weight) {
   return row_product<c10::BFloat16, float>(x, weight, nullptr);
 }
 
+at::Tensor f32_row_product(const at::Tensor& x, const at::Tensor& weight) {
+  check_row(x, weight, at::kFloat);
+  return row_product<float, float>(x, weight, nullptr);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attnlab, m) {
   m.def("int8_row_product(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("bf16_row_product(Tensor x, Tensor weight) -> Tensor");
+  m.def("f32_row_product(Tensor x, Tensor weight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("int8_row_product", &int8_row_product);
   m.impl("bf16_row_product", &bf16_row_product);
+  m.impl("f32_row_product", &f32_row_product);
 }
