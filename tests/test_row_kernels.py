@@ -137,17 +137,23 @@ def test_without_the_library_a_layer_takes_pytorchs_kernel(tmp_path):
         "from attnlab.nn.packed import COMPUTE, PackedLinear; torch.manual_seed(0); "
         "layer = PackedLinear.from_linear(nn.Linear(64, 32), 'int8'); x = torch.randn(1, 64); "
         "y = layer(x); ref = torch._weight_int8pack_mm(x.to(COMPUTE), *layer.operands()).float() + layer.bias; "
-        "print(row_kernels.loaded(), row_kernels.unavailable(), torch.equal(y, ref))"
+        "print(row_kernels.loaded(), row_kernels.unavailable(), torch.equal(y, ref)); print(row_kernels.status())"
     )
     env = {**__import__("os").environ, "ATTNLAB_ROW_KERNELS": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split() == ["False", "ATTNLAB_ROW_KERNELS=0", "True"]
+    first, second = out.splitlines()
+    assert first.split() == ["False", "ATTNLAB_ROW_KERNELS=0", "True"]
+    assert second == "off (ATTNLAB_ROW_KERNELS=0)"  # attnlab doctor's line
 
 
 def test_a_failing_compiler_is_one_reason_not_a_crash(tmp_path):
-    code = "from attnlab.nn import row_kernels; print(row_kernels.loaded()); print(row_kernels.unavailable())"
+    code = (
+        "from attnlab.nn import row_kernels; print(row_kernels.status()); print(row_kernels.loaded()); "
+        "print(row_kernels.unavailable()); print(row_kernels.status())"
+    )
     env = {**__import__("os").environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     lines = out.splitlines()
-    assert lines[0] == "False" and lines[1].startswith("the compiler failed")
+    assert lines[0].startswith("not built yet")  # doctor builds nothing
+    assert lines[1] == "False" and lines[2].startswith("the compiler failed") and lines[3] == f"not loaded: {lines[2]}"
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to load next time

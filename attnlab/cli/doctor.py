@@ -12,7 +12,7 @@ import torch
 
 from attnlab.cli.options import Answers, OnDevice
 from attnlab.config import option
-from attnlab.nn import pack_choice
+from attnlab.nn import pack_choice, row_kernels
 from attnlab.runtime import precision
 from attnlab.runtime.device import pick_device
 from attnlab.runtime.timing import Measurement, Timing
@@ -40,7 +40,7 @@ def machine(device: torch.device) -> dict:
     return {"attnlab": __version__, "torch": torch.__version__, "threads": torch.get_num_threads(), "cores": cores,
             "device": str(device), "gpu": gpu, "cpu": precision.cpu_model(), "bf16_instructions":
             precision.native_bf16(flags), "amx": None if flags is None else "amx_bf16" in flags,
-            "cache": str(precision.cache_path())}  # fmt: skip
+            "cache": str(precision.cache_path()), "row_operators": row_kernels.status()}  # fmt: skip
 
 
 def kept() -> list[dict]:
@@ -88,14 +88,15 @@ BF16 = {True: "yes", False: "no (float32 without measuring)", None: "unknown"}
 
 
 def about(info: dict) -> list[str]:
-    """The machine, in four lines."""
+    """The machine, in five lines."""
     return [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
              f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto trains in bf16 where it has it and "
                                               "decodes in float32; the measurements below serve --device cpu)"
                                               if info["gpu"] else ""),
              f"CPU      {info['cpu']}; bf16 instructions: {BF16[info['bf16_instructions']]}" +
              (", AMX" if info["amx"] else ""),
-             f"cache    {info['cache']}"]  # fmt: skip
+             f"cache    {info['cache']}",
+             f"decode   attnlab's one-row operators: {info['row_operators']}"]  # fmt: skip
 
 
 def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict]) -> str:

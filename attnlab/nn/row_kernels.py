@@ -59,16 +59,26 @@ def _command(source: Path, target: Path) -> list[str]:
             f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]  # fmt: skip
 
 
-def _built() -> Path:
-    """The shared library for this source, compiler, torch and CPU: built once (a lock keeps two
-    processes from building it together; the file appears whole, by rename)."""
-    text = (resources.files("attnlab.nn") / "csrc" / SOURCE).read_bytes()
+def _source() -> bytes:
+    return (resources.files("attnlab.nn") / "csrc" / SOURCE).read_bytes()
+
+
+def _target(text: bytes) -> Path:
+    """Where the library for this source, compiler, torch and CPU is kept."""
     key = hashlib.sha256(b"|".join([text, " ".join(_command(Path("s"), Path("t"))).encode(),
                                     torch.__version__.encode(), cpu_model().encode()])).hexdigest()[:16]  # fmt: skip
-    folder = _folder() / "attnlab"
-    target = folder / f"row_products_{key}.so"
+    return _folder() / "attnlab" / f"row_products_{key}.so"
+
+
+def _built() -> Path:
+    """The shared library, built once (a lock keeps two processes from building it together; the file
+    appears whole, by rename)."""
+    text = _source()
+    target = _target(text)
     if target.exists():
         return target
+    folder = target.parent
+    key = target.stem.removeprefix("row_products_")
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{target.name}.lock", "w") as lock:
         _hold(lock)
@@ -121,6 +131,20 @@ def ready() -> bool:
 
 def _one_row_shape(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
     return x.new_empty(1, weight.shape[0])
+
+
+def status() -> str:
+    """One line for `attnlab doctor`, without building anything."""
+    if _LOADED:
+        return "loaded"
+    if os.environ.get(SWITCH, "1") == "0":
+        return f"off ({SWITCH}=0)"
+    if _WHY:
+        return f"not loaded: {_WHY[-1]}"
+    target = _target(_source())
+    if target.exists():
+        return f"built ({target})"
+    return "not built yet: compiled the first time a one-row decode step needs them (about 15 s, once)"
 
 
 def unavailable() -> str | None:
