@@ -23,6 +23,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -43,6 +44,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 SWITCH = "ATTNLAB_ROW_KERNELS"  # "0": PyTorch's kernels only
 _WHY: list[str] = []  # why the library is not loaded, once known
 _LOADED: list[bool] = []  # [True] once it is
+_ONCE = threading.Lock()
 
 
 def _folder() -> Path:
@@ -100,9 +102,17 @@ def _hold(lock) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
 
 
-@functools.cache
 def loaded() -> bool:
-    """Whether the operators are ready in this process (built and loaded on the first call)."""
+    """Whether the operators are ready in this process (built and loaded on the first call; a second
+    thread asking meanwhile waits for that answer: the operators are registered once)."""
+    if _LOADED:
+        return True
+    with _ONCE:
+        return _load()
+
+
+@functools.cache
+def _load() -> bool:
     if os.environ.get(SWITCH, "1") == "0":
         _WHY.append(f"{SWITCH}=0")
         return False

@@ -1,5 +1,5 @@
 // One-row products for a decode step on a CPU: y (1, O) = x (1, I) @ W^T with W stored small, int8
-// (a float32 scale per row) or bfloat16, widened to float32 in registers and never stored wider.
+// (a scale per row) or bfloat16, widened to float32 in registers and never stored wider, or float32.
 //
 // A decode step at batch 1 streams every weight once, and PyTorch's one-row kernels read an int8 row
 // at 10-12 GB/s on a 2-core Xeon where plain reading reaches 16-20: the loads wait on memory. Here
