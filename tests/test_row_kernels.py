@@ -6,9 +6,6 @@ when they cannot be built."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -129,31 +126,34 @@ def test_float_rows_take_one_float32_row_through_the_operator_and_leave_the_rest
         assert torch.allclose(traced_one.module()(one), layer(one), rtol=1e-5, atol=1e-6)
 
 
-def test_without_the_library_a_layer_takes_pytorchs_kernel(tmp_path):
-    """ATTNLAB_ROW_KERNELS=0 (as a machine without a compiler): the operators are not loaded, doctor can
-    say why, and a one-row product is PyTorch's int8 kernel's (x rounded to bf16)."""
-    code = (
-        "import torch; from torch import nn; from attnlab.nn import row_kernels; "
-        "from attnlab.nn.packed import COMPUTE, PackedLinear; torch.manual_seed(0); "
-        "layer = PackedLinear.from_linear(nn.Linear(64, 32), 'int8'); x = torch.randn(1, 64); "
-        "y = layer(x); ref = torch._weight_int8pack_mm(x.to(COMPUTE), *layer.operands()).float() + layer.bias; "
-        "print(row_kernels.loaded(), row_kernels.unavailable(), torch.equal(y, ref)); print(row_kernels.status())"
-    )
-    env = {**__import__("os").environ, "ATTNLAB_ROW_KERNELS": "0"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    first, second = out.splitlines()
-    assert first.split() == ["False", "ATTNLAB_ROW_KERNELS=0", "True"]
-    assert second == "off (ATTNLAB_ROW_KERNELS=0)"  # attnlab doctor's line
+@pytest.fixture
+def unloaded(monkeypatch):
+    """The module as a process that has not loaded the operators sees it: the load itself, uncached."""
+    monkeypatch.setattr(row_kernels, "_LOADED", [])
+    monkeypatch.setattr(row_kernels, "_WHY", [])
+    return row_kernels._load.__wrapped__
 
 
-def test_a_failing_compiler_is_one_reason_not_a_crash(tmp_path):
-    code = (
-        "from attnlab.nn import row_kernels; print(row_kernels.status()); print(row_kernels.loaded()); "
-        "print(row_kernels.unavailable()); print(row_kernels.status())"
-    )
-    env = {**__import__("os").environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    lines = out.splitlines()
-    assert lines[0].startswith("not built yet")  # doctor builds nothing
-    assert lines[1] == "False" and lines[2].startswith("the compiler failed") and lines[3] == f"not loaded: {lines[2]}"
+def test_without_the_library_a_layer_takes_pytorchs_kernel(unloaded, monkeypatch):
+    """ATTNLAB_ROW_KERNELS=0 (as a machine without a compiler): not loaded, doctor's line says so, and a
+    one-row product is PyTorch's int8 kernel's (x rounded to bf16)."""
+    monkeypatch.setenv("ATTNLAB_ROW_KERNELS", "0")
+    assert unloaded() is False and row_kernels._WHY == ["ATTNLAB_ROW_KERNELS=0"]
+    assert row_kernels.status() == "off (ATTNLAB_ROW_KERNELS=0)"  # attnlab doctor's line
+    monkeypatch.setattr(row_kernels, "ready", lambda: False)  # what PackedLinear asks
+    torch.manual_seed(0)
+    layer = PackedLinear.from_linear(nn.Linear(64, 32), "int8")
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        ref = torch._weight_int8pack_mm(x.to(torch.bfloat16), *layer.operands()).float() + layer.bias
+        assert torch.equal(layer(x), ref)
+
+
+def test_a_failing_compiler_is_one_reason_not_a_crash(unloaded, monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert row_kernels.status().startswith("not built yet")  # doctor builds nothing
+    assert unloaded() is False
+    (why,) = row_kernels._WHY
+    assert why.startswith("the compiler failed") and row_kernels.status() == f"not loaded: {why}"
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to load next time
