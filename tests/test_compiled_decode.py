@@ -18,6 +18,7 @@ from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.sampling import read_together, stream
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn import row_kernels
 from attnlab.nn.packed import PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 
@@ -95,7 +96,10 @@ def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeyp
     assert list(stream(model, prompt, 60, temperature=0, compile=True)) == want
 
 
-def test_bf16_one_row_under_compile_is_its_sum():
+def test_bf16_one_row_under_compile_is_its_sum(monkeypatch):
+    """Where attnlab's one-row operators are not loaded (no compiler), a compiled bf16 row is the sum
+    over the stored rows (packed.py's _one_row)."""
+    monkeypatch.setattr(row_kernels, "ready", lambda: False)
     torch.manual_seed(0)
     layer = PackedLinear.from_linear(torch.nn.Linear(64, 24), "bf16")
     x = torch.randn(1, 1, 64)
