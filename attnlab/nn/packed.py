@@ -18,7 +18,9 @@ with bf16 scale and zero) where 128, torchao's default, would save half a bit bu
 coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
-The kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
+One row on the CPU (a decode step) of int8 or bf16 is attnlab's own operator where it could be built
+(nn/row_kernels.py, ROW_OPS: the stored weights widened in registers, float32 activations). Otherwise
+the kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu (called
 as quantized.int4mm_packed_weight_cpu, the same kernel given its group size as a tensor), both with
 bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
@@ -239,8 +241,9 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 # By kind: the one-row products of nn/row_kernels.py (where that library is loaded), x (1, I) float32 and
 # the layer -> (1, O), on the operands the layer made: int8 codes and the scales rounded to bf16, the
-# bf16 weight. int4 has none: a hand-written int4 row (nibbles widened, a scale and a zero a group)
-# measured 1.3-1.6x slower than PyTorch's int4 kernel on GPT-2 small's and the 6 x 384 model's shapes.
+# bf16 weight. int4 has none: two hand-written int4 rows (nibbles widened with a scale and a zero a
+# group; a table of each group's 16 values looked up by code) measured slower than PyTorch's int4 kernel
+# (1.3-1.6x on both models' shapes; 57 against 35 us on a 1152 x 384 matrix in the cache).
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands()),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands()),

@@ -10,7 +10,7 @@ kernel here asks for each row's bytes 4 KB ahead and keeps four accumulators: 15
 small's four matrix shapes and its 50,257-row head (benchmarks/row_products.py).
 
 It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native and
-OpenMP, against the installed torch's headers and libraries (about 15 s once), and kept in the
+OpenMP, against the installed torch's headers and libraries (about 13 s once), and kept in the
 extensions folder under a name made of the source, the flags, the torch version and the CPU model, so
 the next process loads it in milliseconds. Where that fails (no compiler, another platform) the layers
 take PyTorch's kernels as before, and `unavailable()` says why; ATTNLAB_ROW_KERNELS=0 turns them off.
@@ -111,9 +111,13 @@ def loaded() -> bool:
         return _load()
 
 
+def _off() -> bool:
+    return os.environ.get(SWITCH, "1") == "0"
+
+
 @functools.cache
 def _load() -> bool:
-    if os.environ.get(SWITCH, "1") == "0":
+    if _off():
         _WHY.append(f"{SWITCH}=0")
         return False
     if not sys.platform.startswith("linux"):
@@ -147,7 +151,7 @@ def status() -> str:
     """One line for `attnlab doctor`, without building anything."""
     if _LOADED:
         return "loaded"
-    if os.environ.get(SWITCH, "1") == "0":
+    if _off():
         return f"off ({SWITCH}=0)"
     if _WHY:
         return f"not loaded: {_WHY[-1]}"
