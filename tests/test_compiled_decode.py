@@ -73,20 +73,34 @@ ROUTES = [(llama_int8, "exported"), (nano_fast, "exported"), pytest.param(gpt2_t
           pytest.param(nano_fast, "torch.compile", marks=SLOW)]  # fmt: skip
 
 
+def side_by_side(model, fast: LMDecoder, prompt: list[int], until: int):
+    """The ordinary forward's greedy tokens fed to it and to `fast` (a compiled decoder of `model`) alike:
+    (the forward's state, fast's state, steps), steps yielding (t, the forward's logits, fast's logits)
+    after each one-token step t < until (the prompt is the ordinary forward in both)."""
+    eager = LMDecoder(model, "float32")
+    a, b = eager.start(None), fast.start(None)
+
+    def steps():
+        la, _ = eager.feed(a, prompt, 0)
+        lb, _ = fast.feed(b, prompt, 0)
+        for t in range(len(prompt), until):
+            token = int(la.argmax())
+            la, _ = eager.feed(a, [token], t)
+            lb, _ = fast.feed(b, [token], t)
+            yield t, la, lb
+
+    return a, b, steps()
+
+
 @pytest.mark.parametrize(("make", "route"), ROUTES)
 def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeypatch):
     monkeypatch.setattr(compiled, "EXPORT", route == "exported")
     model = make()
     prompt = [5, 17, 2, 40]
     with torch.inference_mode():
-        eager, fast = LMDecoder(model, "float32"), LMDecoder(model, "float32", compiled=True)
-        a, b = eager.start(None), fast.start(None)
-        la, _ = eager.feed(a, prompt, 0)
-        lb, _ = fast.feed(b, prompt, 0)  # the prompt: the ordinary forward in both
-        for t in range(len(prompt), 40):
-            token = int(la.argmax())
-            la, _ = eager.feed(a, [token], t)
-            lb, _ = fast.feed(b, [token], t)
+        fast = LMDecoder(model, "float32", compiled=True)
+        a, b, steps = side_by_side(model, fast, prompt, 40)
+        for t, la, lb in steps:
             assert fast.compiled.failed is None
             assert (fast.compiled.exported is not None) == (route == "exported"), fast.compiled.export_failed
             assert torch.allclose(la, lb, atol=1e-4, rtol=1e-4), (t, (la - lb).abs().max())

@@ -21,7 +21,6 @@ from torch import nn
 
 import attnlab
 from attnlab.data import DataConfig
-from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.exact import multinomial_is_a_race
 from attnlab.decoding.sampling import stream, stream_rows
@@ -30,6 +29,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.packed import COMPUTE, KINDS, PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 from tests.conftest import TEXT, perturb
+from tests.test_compiled_decode import side_by_side
 from tests.test_quantized_inference import wide_gaps_model
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
@@ -148,14 +148,8 @@ def test_the_compiled_decode_step_gives_the_eager_logits_and_tokens():
     prompt = [5, 17, 2, 40]
     fast = engine_for(model, "float32", compiled=True).decoder  # the engine's own: stream(compile=True) below
     with torch.inference_mode():
-        eager = LMDecoder(model, "float32")
-        a, b = eager.start(None), fast.start(None)
-        la, _ = eager.feed(a, prompt, 0)
-        lb, _ = fast.feed(b, prompt, 0)  # the prompt: the ordinary forward in both
-        for t in range(len(prompt), 24):
-            token = int(la.argmax())
-            la, _ = eager.feed(a, [token], t)
-            lb, _ = fast.feed(b, [token], t)
+        _, b, steps = side_by_side(model, fast, prompt, 24)
+        for _, la, lb in steps:
             assert fast.compiled.failed is None, fast.compiled.failed
             torch.testing.assert_close(lb, la, atol=1e-4, rtol=1e-4)
     assert fast.compiled.warm and b[0].length == 24  # the compiled step wrote the cache
