@@ -177,9 +177,14 @@ def test_trained_run_round_trip(tmp_path, corpus):
     assert run.generate("def ", max_new_tokens=20, seed=1) == back.generate("def ", max_new_tokens=20, seed=1)
 
 
-def test_pickled_checkpoint(tmp_path):
-    """pytorch_model.bin, as older transformers wrote it: no "transformer." prefix, the causal mask
-    buffers saved along. (transformers 5 always saves safetensors, so it is written here directly.)"""
+def _refuse_to_unpickle(*args, **kwargs):
+    raise AssertionError("torch.load was called: attnlab must never open a pickle")
+
+
+def test_a_pickled_checkpoint_is_refused_unopened(tmp_path, monkeypatch):
+    """pytorch_model.bin, as older transformers wrote it (no "transformer." prefix, the causal mask buffers
+    saved along): a pickle, which attnlab never opens, since unpickling can run any code. The refusal
+    says how to make safetensors of it with one's own tools."""
     hf = save_hf(tmp_path / "hf", "2x32")
     (tmp_path / "hf" / "model.safetensors").unlink()
     state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()}
@@ -187,23 +192,26 @@ def test_pickled_checkpoint(tmp_path):
         state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 64, 64))
         state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, tmp_path / "hf" / "pytorch_model.bin")
-    convert_from_hf(tmp_path / "hf", tmp_path / "run")
-    run = attnlab.load(tmp_path / "run", device="cpu")
-    assert logit_diff(run, hf, batch(run)) < 1e-4
+    monkeypatch.setattr(torch, "load", _refuse_to_unpickle)
+    with pytest.raises(AttnlabError, match=r"pytorch_model.bin\): attnlab never loads a pickle.*"
+                       r"save_pretrained\(DIR, safe_serialization=True\)") as e:  # fmt: skip
+        convert_from_hf(tmp_path / "hf", tmp_path / "run")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
 
 class Payload:
-    """An object a malicious pickle could carry: weights_only loading refuses to build it."""
+    """An object a malicious pickle could carry: unpickling it calls print (or anything else)."""
 
     def __reduce__(self):
         return (print, ("unpickled!",))
 
 
-def test_pickle_with_objects_is_refused(tmp_path, capsys):
+def test_pickle_with_objects_is_refused(tmp_path, capsys, monkeypatch):
     save_hf(tmp_path / "hf", "2x32")
     (tmp_path / "hf" / "model.safetensors").unlink()
     torch.save({"wte.weight": torch.zeros(2), "x": Payload()}, tmp_path / "hf" / "pytorch_model.bin")
-    with pytest.raises(AttnlabError, match="holds more than tensors"):
+    monkeypatch.setattr(torch, "load", _refuse_to_unpickle)
+    with pytest.raises(AttnlabError, match="never loads a pickle"):
         convert_from_hf(tmp_path / "hf", tmp_path / "run")
     assert "unpickled!" not in capsys.readouterr().out
 
@@ -261,17 +269,17 @@ BROKEN = {
     "no_config": (_no_config, "no config.json (not a HuggingFace model directory)"),
     "mamba": (_edit_config(architectures=["MambaForCausalLM"]), "attnlab converts GPT2LMHeadModel"),
     # GPT-2's tensors under a Llama config (of 7B by its defaults): an error before any allocation
-    "llama": (_edit_config(architectures=["LlamaForCausalLM"]), "has no tensor model.layers.0.self_attn.q_proj"),
+    "llama": (_edit_config(architectures=["LlamaForCausalLM"]), "has no tensor model.embed_tokens.weight"),
     "truncated": (_truncate, "model.safetensors is corrupt or truncated"),
-    "no_weights": (_no_weights, "no model.safetensors or pytorch_model.bin"),
-    "wrong_shape": (_edit_config(n_embd=40), "tensor transformer.wte.weight has shape (300, 32)"),
+    "no_weights": (_no_weights, "no model.safetensors (nor model.safetensors.index.json with its shards)"),
+    "wrong_shape": (_edit_config(n_embd=40), "n_embd 40, but the weights hold 32 (columns of transformer.wte.weight)"),
     "activation": (_edit_config(activation_function="swish"), "activation_function 'swish' is not supported"),
     "layer_scaling": (_edit_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
     "no_tokenizer": (_no_tokenizer, "tokenizer.json is missing"),
     "big_tokenizer": (_big_tokenizer, "tokenizer.json has 320 tokens, more than the model's 300"),
-    # a folder that converts, but to a run that could not load back or decode
-    "nan_epsilon": (_edit_config(layer_norm_epsilon=float("nan")), "ln_eps: must be a finite number"),
-    "inf_epsilon": (_edit_config(layer_norm_epsilon=float("inf")), "ln_eps: must be a finite number, got inf"),
+    # a folder whose run could not load back or decode (config.json's keys are checked by kind)
+    "nan_epsilon": (_edit_config(layer_norm_epsilon=float("nan")), "layer_norm_epsilon must be a finite number above"),
+    "inf_epsilon": (_edit_config(layer_norm_epsilon=float("inf")), "layer_norm_epsilon must be a finite number above"),
     "two_token_tokenizer": (_two_token_tokenizer, "tokenizer.json has 2 tokens for a model of 300"),
     "id_beyond_the_model": (_far_id, "gives ids up to 400, beyond the model's vocabulary of 300"),
     "nan_weight": (_nan_weight, "NaN or infinite"),

@@ -177,11 +177,11 @@ def _edited(converted, tmp_path, name: str, **keys):
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "'llama3' rope scaling"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "of type 'llama3'"),
         ({"attention_bias": True}, "sets attention_bias"),
         ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
         ({"sliding_window": 16}, "sliding window of 16"),
-        ({"num_key_value_heads": 4}, r"q_proj\+k_proj\+v_proj.weight has shape \(64, 32\) but config.json implies"),
+        ({"num_key_value_heads": 4}, r"num_key_value_heads x head_dim 32, but the weights hold 16 \(rows of"),
     ],
 )
 def test_what_attnlab_cannot_read_is_one_line(converted, tmp_path, keys, message):

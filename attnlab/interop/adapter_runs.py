@@ -24,12 +24,22 @@ from attnlab.data.chat import hf_template
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import is_hf_dir
 from attnlab.interop.peft import CONFIG as PEFT_CONFIG
-from attnlab.interop.peft import check_peft_config, layout_of, read_peft, write_peft
-from attnlab.io import cache_root, read_safetensors, write_json
+from attnlab.interop.peft import layout_of, read_peft, write_peft
+from attnlab.interop.peft_config import read_peft_config
+from attnlab.io import build_folder, cache_root, read_safetensors, write_json
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig, load_lora_state
 from attnlab.runs.adapted import CHAT_TEMPLATE, READERS, adapter_of, as_run, build_adapted
-from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, check_run_dir, describe, fresh_dir, is_run, read_run_config
+from attnlab.runs.folder import (
+    CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    check_run_dir,
+    describe,
+    fresh_dir,
+    has_weights,
+    read_run_config,
+)
 from attnlab.runs.kind import kind_of
 from attnlab.runs.marker import record
 from attnlab.runs.weights import write_weights
@@ -86,11 +96,7 @@ def export_peft(run_dir: str | Path, out_dir: str | Path, force: bool = False) -
 
 def _base_of(src: Path) -> Path:
     """The run a PEFT folder's base_model_name_or_path names (a HuggingFace folder converted once)."""
-    try:
-        peft = json.loads((src / PEFT_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise AttnlabError(f"{src / PEFT_CONFIG}: cannot read it ({e})") from None
-    check_peft_config(peft)
+    peft = read_peft_config(src)  # bounded, checked: a file from someone else
     name = peft.get("base_model_name_or_path") or ""
     if not isinstance(name, str) or not Path(name).is_dir():
         raise AttnlabError(f"{src / PEFT_CONFIG}: base_model_name_or_path {name!r} is not a local folder: attnlab "
@@ -105,18 +111,20 @@ def _base_of(src: Path) -> Path:
 def _cache_folder(src: Path, base: Path) -> Path:
     """Where a PEFT folder's run is kept: keyed by its path, its files' sizes and times, and its base."""
     stamp = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in src.iterdir() if f.is_file())
-    key = hashlib.sha256(json.dumps([str(src.resolve()), stamp, str(base.resolve())]).encode()).hexdigest()[:16]
-    return cache_root() / "peft" / f"{src.resolve().name}-{key}"
+    # "whole": a new key, so an entry an older attnlab wrote in place (maybe half, if killed) is never read
+    key = hashlib.sha256(json.dumps(["whole", str(src.resolve()), stamp, str(base.resolve())]).encode()).hexdigest()
+    return cache_root() / "peft" / f"{src.resolve().name}-{key[:16]}"
 
 
 def peft_run(src: Path) -> Path | None:
     """A PEFT adapter folder as a LoRA run (a reader of runs.adapted.READERS; None for other folders),
-    written once into the cache and reused after."""
+    written once into the cache and reused after: into a temporary folder renamed into place when whole
+    (io.build_folder), so a kill or a failure midway leaves nothing a later run would take for it."""
     if not (src / PEFT_CONFIG).is_file():
         return None
     base = _base_of(src)
     out = _cache_folder(src, base)
-    if is_run(out) and (out / WEIGHTS).is_file():
+    if has_weights(out):
         return out
     based = read_run_config(base)
     lora, tensors = read_peft(src, _gpt_config(based, str(base)))
@@ -128,16 +136,19 @@ def peft_run(src: Path) -> Path | None:
     copies = {n: base / n for n in (TOKENIZER, CHAT_TEMPLATE) if (base / n).is_file()}
     if template is not None:
         copies.pop(CHAT_TEMPLATE, None)
-    print(f"reading {src} (PEFT adapter) into {out}, once", file=sys.stderr)
-    fresh_dir(out)
-    record(out, CONFIG, WEIGHTS, *copies, *[CHAT_TEMPLATE] * (template is not None))
-    write_json(out / CONFIG, config)
-    write_weights(tensors, out / WEIGHTS, {"step": "0"})
-    for name, path in copies.items():
-        shutil.copyfile(path, out / name)
-    if template is not None:
-        write_json(out / CHAT_TEMPLATE, template.to_dict())
-    return out
+
+    def write(tmp: Path) -> None:
+        print(f"reading {src} (PEFT adapter) into {out}, once", file=sys.stderr)
+        fresh_dir(tmp)
+        record(tmp, CONFIG, WEIGHTS, *copies, *[CHAT_TEMPLATE] * (template is not None))
+        write_json(tmp / CONFIG, config)
+        write_weights(tensors, tmp / WEIGHTS, {"step": "0"})
+        for name, path in copies.items():
+            shutil.copyfile(path, tmp / name)
+        if template is not None:
+            write_json(tmp / CHAT_TEMPLATE, template.to_dict())
+
+    return build_folder(out, write, has_weights)
 
 
 READERS.append(peft_run)

@@ -29,11 +29,12 @@ from attnlab.data import DataConfig
 from attnlab.data.chat import ChatTemplate, hf_template
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 from attnlab.engine.config import TrainConfig
-from attnlab.errors import AttnlabError
-from attnlab.interop.hf import bert, gpt2, llama, module_for
-from attnlab.interop.hf.io import BIN, BIN_INDEX, SAFE_INDEX, read_hf_dir, write_hf_dir
+from attnlab.errors import AttnlabError, one_line
+from attnlab.interop.hf import bert, gpt2, llama
+from attnlab.interop.hf.bounds import checked_config
+from attnlab.interop.hf.io import BIN_INDEX, PICKLES, SAFE_INDEX, read_hf_dir, read_json_file, write_hf_dir
 from attnlab.interop.hf.tokenizer import hf_tokenizer_json, largest_id
-from attnlab.io import cache_root, read_json, write_json, write_text
+from attnlab.io import build_folder, cache_root, write_json, write_text
 from attnlab.models import build_model, family_classes
 from attnlab.runs.adapted import CHAT_TEMPLATE, READERS, adapter_of
 from attnlab.runs.folder import (
@@ -44,7 +45,7 @@ from attnlab.runs.folder import (
     check_run_dir,
     describe,
     fresh_dir,
-    is_run,
+    has_weights,
     read_run_config,
 )
 from attnlab.runs.marker import record
@@ -95,9 +96,8 @@ def convert_hf_parts(
     tokenizer.json text, its chat template) as an attnlab run in `out`, which check_new_run has
     allowed: the one path every source of a HuggingFace-shaped model takes (a folder, a GGUF file).
     `source` is what config.json records of where the model came from."""
-    arch = _architecture(hf, src)
-    module = module_for(arch)
-    family, cfg, task = module.config_from_hf(hf)
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    arch, module, family, cfg, task = checked_config(hf, shapes, src)  # every size against the files, first
     cfg = _as_loaded(cfg, src)
     weights = module.weights_from_hf(tensors, cfg)  # names and shapes checked before any allocation
     _check_finite(weights, src)
@@ -126,10 +126,10 @@ def convert_hf_parts(
 
 def _pixel_normalization(src: Path, module, cfg) -> tuple[list[float], list[float]] | None:
     """The (mean, std) an image model's preprocessor_config.json normalizes with, if any."""
-    path = src / "preprocessor_config.json"
-    if module.pixels_from_hf is None or not path.is_file():
+    if module.pixels_from_hf is None or not src.is_dir():
         return None
-    return module.pixels_from_hf(read_json(path), cfg.channels)
+    processor = read_json_file(src, "preprocessor_config.json")  # bounded, inside the folder
+    return None if processor is None else module.pixels_from_hf(processor, cfg.channels)
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> dict[str, Any]:
@@ -169,16 +169,21 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
 
 def converted(src: Path) -> Path | None:
     """A HuggingFace folder as a run (runs.adapted's reader, so `--init` takes one): converted once
-    into the cache, keyed by its path and its files' sizes and times, and reused after."""
+    into the cache, keyed by its path and its files' sizes and times, and reused after. The run is
+    written into a temporary folder renamed into place when whole (io.build_folder): a conversion
+    killed or refused midway leaves nothing a later one would take for a converted model."""
     if not is_hf_dir(src):
         return None
     stamp = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in src.iterdir() if f.is_file())
-    key = hashlib.sha256(json.dumps([str(src.resolve()), stamp]).encode()).hexdigest()[:16]
+    # "whole": a new key, so an entry an older attnlab wrote in place (maybe half, if killed) is never read
+    key = hashlib.sha256(json.dumps(["whole", str(src.resolve()), stamp]).encode()).hexdigest()[:16]
     out = cache_root() / "converted" / f"{src.resolve().name}-{key}"
-    if not is_run(out) or not (out / WEIGHTS).is_file():
+
+    def convert(tmp: Path) -> None:
         print(f"converting {src} (HuggingFace) into {out}, once", file=sys.stderr)
-        convert_from_hf(src, out, force=True)
-    return out
+        convert_from_hf(src, tmp, force=True)
+
+    return build_folder(out, convert, has_weights)
 
 
 READERS.append(converted)
@@ -186,19 +191,18 @@ READERS.append(converted)
 
 def is_hf_dir(d: Path) -> bool:
     """A HuggingFace model folder: a config.json naming a model type, and weights beside it."""
+    path = d / CONFIG
     try:
-        hf = json.loads((d / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        # a regular file of at most 16 MB (a model's is a few KB): a FIFO or a device would never end
+        if not path.is_file() or path.stat().st_size > 1 << 24:
+            return False
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return False
-    weights = any((d / name).is_file() for name in (WEIGHTS, SAFE_INDEX, BIN, BIN_INDEX))
+    # pickles count as weights here, so that such a folder reaches read_hf_weights' refusal of them
+    weights = any((d / name).is_file() for name in (WEIGHTS, SAFE_INDEX, BIN_INDEX)) or any(
+        p.suffix in PICKLES and p.is_file() for p in d.iterdir())  # fmt: skip
     return isinstance(hf, dict) and ("model_type" in hf or "architectures" in hf) and weights
-
-
-def _architecture(hf: dict[str, Any], src: Path) -> str:
-    archs = hf.get("architectures")
-    if not archs or not isinstance(archs, list):
-        raise AttnlabError(f'{src / CONFIG} names no architecture (its "architectures" list is missing)')
-    return archs[0]
 
 
 def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: Task) -> Tokenizer | None:
@@ -212,11 +216,12 @@ def _tokenizer(text: str | None, src: Path, family: str, cfg: Any, task: Task) -
         )
     try:
         tok = tokenizer_from_json(text)
-    except Exception as e:  # any unreadable tokenizer is the same user error
-        raise AttnlabError(f"cannot read {src / TOKENIZER}: {e}") from None
+        top = largest_id(text, tok.vocab_size)
+    except Exception as e:  # any unreadable tokenizer is the same user error (RecursionError too)
+        raise AttnlabError(f"cannot read {src / TOKENIZER}: {one_line(e)}") from None
     vocab = getattr(cfg, "vocab_size", None)
     if vocab is not None:
-        _check_vocabulary(tok.vocab_size, largest_id(text, tok.vocab_size), vocab, src)
+        _check_vocabulary(tok.vocab_size, top, vocab, src)
     return tok
 
 

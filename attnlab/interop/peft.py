@@ -17,13 +17,17 @@ Conv1D, stored (in, out): PEFT flags them fan_in_fan_out, yet their adapters' A 
 PEFT lets each matrix have its own rank and alpha; attnlab has one of each, so reading pads every
 adapter to the largest rank with zeros and folds each matrix's own scale into its B (exact too).
 Mixtral's experts, other modules, DoRA and the like are refused in one line.
+
+An adapter folder comes from somebody else: adapter_config.json is read and checked by peft_config.py;
+every tensor's name and shape is checked against its rank and the base's matrices from the file's
+header, before any is read; adapter_model.bin, a pickle, is refused unopened, as a HuggingFace
+folder's pytorch_model.bin is (interop/hf/io.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.interop.hf import gpt2, llama
+from attnlab.interop.hf import expected_shapes, gpt2, llama
+from attnlab.interop.hf.io import PICKLES, folder_file, pickle_refusal, shapes_of
+from attnlab.interop.peft_config import CONFIG, alpha_of, rank_of, read_peft_config
 from attnlab.io import read_safetensors, write_json, write_safetensors
-from attnlab.models.gpt import GPTConfig
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.lora import TARGETS, LoRAConfig
 
-CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model"  # PeftModel's names: its LoraModel, then the HuggingFace model
 
 
@@ -172,19 +178,7 @@ def write_peft(
     write_json(out / CONFIG, adapter_config(lora, base, layout_of(cfg)))
 
 
-def check_peft_config(peft: Any) -> None:
-    """One line for what attnlab's plain LoRA cannot express."""
-    if not isinstance(peft, dict) or peft.get("peft_type") != "LORA":
-        kind = peft.get("peft_type") if isinstance(peft, dict) else None
-        raise AttnlabError(f"{CONFIG}: peft_type {kind!r}; attnlab reads LORA adapters")
-    for key in ("use_dora", "use_rslora", "lora_bias"):
-        if peft.get(key):
-            raise AttnlabError(f"{CONFIG}: {key} is set; attnlab reads plain LoRA")
-    if peft.get("bias", "none") != "none":
-        raise AttnlabError(f"{CONFIG}: bias {peft['bias']!r}; attnlab's adapters train no biases")
-
-
-def _adapted(tensors: dict[str, Tensor], cfg: GPTConfig, layout: Layout) -> list[str]:
+def _adapted(tensors: dict[str, Any], cfg: GPTConfig, layout: Layout) -> list[str]:
     """The HuggingFace modules the file adapts, each in every layer with its A and B; anything else
     in it is one line."""
     known = {m for _, m in layout.modules.values()}
@@ -206,12 +200,39 @@ def _adapted(tensors: dict[str, Tensor], cfg: GPTConfig, layout: Layout) -> list
     return sorted(found, key=[m for _, m in layout.modules.values()].index)
 
 
-def _alpha(peft: dict[str, Any], key: str) -> float:
-    """A module's lora_alpha: alpha_pattern's, matched as PEFT matches it, or the adapter's."""
-    for pattern, alpha in (peft.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?({pattern})$", key):
-            return float(alpha)
-    return float(peft.get("lora_alpha", 8))
+def _check_targets(peft: dict[str, Any], modules: list[str], layout: Layout) -> None:
+    """target_modules (when a list) and the modules the file adapts name each other: each name is of a
+    module the file adapts, and each module the file adapts is named."""
+    targets = peft.get("target_modules")
+    if not isinstance(targets, list):
+        return
+    for name in targets:
+        if not any(m == name or m.endswith("." + name) for m in modules):
+            known = {_short(layout, m) for _, m in layout.modules.values()}
+            raise AttnlabError(f"{CONFIG}: target_modules names {name!r}, but {WEIGHTS} adapts no such module "
+                               f"(attnlab maps {layout.name}'s {', '.join(sorted(known))})")  # fmt: skip
+    for m in modules:
+        if not any(m == name or m.endswith("." + name) for name in targets):
+            raise AttnlabError(f"{WEIGHTS} adapts {m}, which {CONFIG}'s target_modules does not name")
+
+
+def _check_shapes(peft: dict[str, Any], shapes: dict, cfg: GPTConfig, layout: Layout, modules: list[str]) -> None:
+    """Every A is (rank, in) and every B (out, rank), rank the module's (rank_pattern, else r) and in,
+    out its matrix's in the base (the stacked q | k | v: the rows of the parts it carries)."""
+    base, rows = expected_shapes(GPT, replace(cfg, n_layer=1)), qkv_rows(cfg)  # one block on the meta device
+    for module in modules:
+        parts = layout.carried(module)
+        out, width = base[f"blocks.0.{layout.modules[parts[0]][0]}.weight"]
+        if layout.modules[parts[0]][0] == "attn.qkv_proj":
+            out = sum(rows[t][1] - rows[t][0] for t in parts)
+        for i in range(cfg.n_layer):
+            key = layout.key(i, module)
+            r = rank_of(peft, key)
+            for ab, want in (("A", (r, width)), ("B", (out, r))):
+                got = tuple(shapes[f"{PREFIX}.{key}.lora_{ab}.weight"])
+                if got != want:
+                    raise AttnlabError(f"{WEIGHTS}: {key}.lora_{ab} has shape {list(got)}; rank {r} ({CONFIG}) "
+                                       f"on the base's {width} -> {out} matrix needs {list(want)}")  # fmt: skip
 
 
 def _pair(tensors: dict[str, Tensor], key: str) -> tuple[Tensor, Tensor]:
@@ -230,7 +251,7 @@ def from_peft(peft: dict[str, Any], tensors: dict[str, Tensor], cfg: GPTConfig) 
     for i in range(cfg.n_layer):
         for module in modules:
             a, b = _pair(tensors, layout.key(i, module))  # (r_m, I), (O, r_m)
-            own = _alpha(peft, layout.key(i, module)) / a.shape[0]
+            own = alpha_of(peft, layout.key(i, module)) / a.shape[0]
             a, b = F.pad(a, (0, 0, 0, rank - a.shape[0])), F.pad(b, (0, rank - a.shape[0]))  # (R, I), (O, R)
             b = b * (own / scale) if own != scale else b
             parts = layout.carried(module)
@@ -244,16 +265,29 @@ def from_peft(peft: dict[str, Any], tensors: dict[str, Tensor], cfg: GPTConfig) 
 
 
 def read_peft(folder: str | Path, cfg: GPTConfig) -> tuple[LoRAConfig, dict[str, Tensor]]:
-    """A PEFT adapter folder -> (its LoRAConfig, attnlab adapter tensors for load_lora_state)."""
+    """A PEFT adapter folder -> (its LoRAConfig, attnlab adapter tensors for load_lora_state); every
+    name and shape checked from the file's header before a tensor is read."""
     d = Path(folder)
-    try:
-        peft = json.loads((d / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise AttnlabError(f"{d / CONFIG}: cannot read it ({e})") from None
-    check_peft_config(peft)
-    layout_of(cfg)  # a GPT that maps, before the weights are read
-    if not (d / WEIGHTS).is_file():
+    peft = read_peft_config(d)
+    layout = layout_of(cfg)  # a GPT that maps, before the weights are read
+    path = folder_file(d, WEIGHTS, 2**62)
+    if path is None:
+        pickles = sorted(p.name for p in d.iterdir() if p.suffix in PICKLES)
+        if pickles:
+            raise AttnlabError(pickle_refusal(d, pickles, HOW))
         raise AttnlabError(f"{d} has no {WEIGHTS}: attnlab reads PEFT adapters saved as safetensors")
-    tensors, _ = read_safetensors(d / WEIGHTS)
-    tensors = {k.replace(".default.weight", ".weight"): v for k, v in tensors.items()}  # older PEFT wrote names
+    shapes = {_renamed(k): v for k, v in shapes_of([path]).items()}
+    modules = _adapted(shapes, cfg, layout)
+    _check_targets(peft, modules, layout)
+    _check_shapes(peft, shapes, cfg, layout, modules)
+    tensors = {_renamed(k): v for k, v in read_safetensors(path)[0].items()}
     return from_peft(peft, tensors, cfg)
+
+
+# How to make a PEFT adapter's safetensors from its pickle, with one's own trusted tools.
+HOW = ("peft: PeftModel.from_pretrained(BASE_MODEL, DIR).save_pretrained(DIR, safe_serialization=True); or "
+       f"safetensors.torch.save_file(torch.load(FILE), '{WEIGHTS}')")  # fmt: skip
+
+
+def _renamed(name: str) -> str:
+    return name.replace(".default.weight", ".weight")  # older PEFT wrote the adapter's name

@@ -60,6 +60,8 @@ class BlockOptions:
         for name in ("d_ff", "d_head"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.ln_eps > 0:  # finite is checked with the types; 0 divides by zero on a constant row
+            raise ValueError(f"ln_eps must be above 0, got {self.ln_eps}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.norm not in NORM_PLACES:

@@ -2,7 +2,11 @@
 
 Each family module (gpt2.py, vit.py, ...) exposes
     ARCHITECTURES                       the config.json "architectures" values it reads
+    KEYS                                the config.json keys it reads -> the kind of value each must be
     config_from_hf(hf) -> (family, attnlab model config, task dict or None)
+    sizes(cfg, shapes) -> [Size]        the sizes config.json gives beside what the tensors' shapes hold
+    CONTEXT_KEY, FILLED                 config.json's name for the context; the parameters the
+                                        conversion fills itself (a regex, or None): bounds.py reads them
     weights_from_hf(tensors, cfg) -> attnlab state dict (exactly model.state_dict()'s keys)
 pixels_from_hf(preprocessor, channels) -> (mean, std) for image models (None for text models),
 and, where export is supported,
@@ -14,6 +18,7 @@ every family's weights_from_hf shares.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -27,6 +32,10 @@ FAMILY_MODULES = ("gpt2", "llama", "vit", "bert")
 
 # HuggingFace's activation names (hidden_act, activation_function) -> attnlab's; the same in every family.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+# The most classes a headless checkpoint's num_labels may ask for (ImageNet-21k has 21,843): each becomes
+# a LABEL_i name before the classifier rows, if any, are counted.
+MAX_LABELS = 2**20
 
 # (attnlab name, HuggingFace name, transposed): one tensor of a mapping, read in either direction.
 Pair = tuple[str, str, bool]
@@ -52,7 +61,7 @@ def module_for(architecture: str) -> ModuleType:
     known = architectures()
     if architecture not in known:
         raise AttnlabError(
-            f"HuggingFace architecture {architecture!r} is not supported: attnlab converts {', '.join(known)}"
+            f"HuggingFace architecture {architecture[:80]!r} is not supported: attnlab converts {', '.join(known)}"
         )
     return known[architecture]
 
@@ -69,11 +78,26 @@ def labels_from_hf(hf: dict) -> list[str]:
     """Label names in index order from id2label (keys are strings in config.json), else LABEL_i."""
     id2label = hf.get("id2label")
     if not id2label:
-        return [f"LABEL_{i}" for i in range(hf.get("num_labels", 2))]
+        n = hf.get("num_labels", 2)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_LABELS:
+            raise AttnlabError(f"config.json: num_labels must be a whole number from 0 to {MAX_LABELS:,}; give "
+                               "id2label for the model's classes")  # fmt: skip
+        return [f"LABEL_{i}" for i in range(n)]
+    if not isinstance(id2label, dict) or not all(_label_number(k) for k in id2label):
+        raise AttnlabError('config.json: id2label must map label numbers to names ({"0": "cat", "1": "dog"})')
     by_index = {int(k): str(v) for k, v in id2label.items()}
     if sorted(by_index) != list(range(len(by_index))):
-        raise AttnlabError(f"config.json: id2label must number the labels 0 to n-1, got {sorted(by_index)}")
+        numbers = sorted(by_index)
+        raise AttnlabError(f"config.json: id2label must number the labels 0 to n-1, got {numbers[:5]}"
+                           f"{' ...' if len(numbers) > 5 else ''}")  # fmt: skip
     return [by_index[i] for i in range(len(by_index))]
+
+
+def _label_number(key: object) -> bool:
+    """An id2label key: a number as text in config.json ("3"), an int in transformers' to_dict()."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return 0 <= key < 10**9
+    return isinstance(key, str) and re.fullmatch(r"[0-9]{1,9}", key) is not None
 
 
 def labels_to_hf(labels: list[str] | None, n_labels: int) -> dict[str, dict]:

@@ -32,6 +32,7 @@ queries output zeros where BERT's attend anyway, so only real positions are comp
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from attnlab.interop.hf import (
     labels_to_hf,
     map_weights,
 )
+from attnlab.interop.hf.bounds import Shapes, Size, check_keys, layers, need
 from attnlab.interop.hf.support import (
     Only,
     Rule,
@@ -71,6 +73,15 @@ HF_DEFAULTS: dict[str, Any] = {
     "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
     "layer_norm_eps": 1e-12, "position_embedding_type": "absolute",
 }  # fmt: skip
+# The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
+KEYS: dict[str, str] = {
+    "architectures": "names or null", "vocab_size": "size", "hidden_size": "size", "num_hidden_layers": "size",
+    "num_attention_heads": "size", "intermediate_size": "size", "max_position_embeddings": "size",
+    "type_vocab_size": "count", "hidden_act": "name", "layer_norm_eps": "positive", "position_embedding_type": "name",
+    "num_labels": "count", "id2label": "section or null", "is_decoder": "flag", "add_cross_attention": "flag",
+}  # fmt: skip
+CONTEXT_KEY = "max_position_embeddings"
+FILLED = r"^out\."  # a BertModel's classifier: zeros, every label equally likely
 # One block: ours -> HuggingFace's, under blocks.i. / encoder.layer.i. (query, key, value apart).
 LAYER = {
     "attn.out_proj": "attention.output.dense",
@@ -87,6 +98,7 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
     """("encoder", our config, the run's task) from the dict of a HuggingFace BERT config.json.
 
     Dropout is 0: a converted model is for inference; fine-tuning sets its own."""
+    check_keys(hf, KEYS)
     hf = {**HF_DEFAULTS, **hf}
     architecture = architecture_of(hf, ARCHITECTURES, "BertModel")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
@@ -142,6 +154,36 @@ def pairs(cfg: EncoderConfig, prefix: str = "bert.") -> list[Pair]:
     return [p for p in out if not p[0].startswith(("tok.bias", "pos.embedding.bias", "token_type.bias"))]
 
 
+def _prefix(names) -> str:
+    return "bert." if any(k.startswith("bert.") for k in names) else ""
+
+
+def sizes(cfg: EncoderConfig, shapes: Shapes) -> list[Size]:
+    """The sizes config.json gives beside those the tensors hold (interop/hf/bounds.py)."""
+    p = _prefix(shapes)
+    emb = f"{p}embeddings."
+    words, pos = (
+        need(shapes, f"{emb}word_embeddings.weight", 2),
+        need(shapes, f"{emb}position_embeddings.weight", 2),
+    )
+    blocks = layers(shapes, rf"{re.escape(p)}encoder\.layer\.(\d+)\.")
+    out = [Size("num_hidden_layers", cfg.n_layer, blocks, f"layers {p}encoder.layer.N"),
+           Size("vocab_size", cfg.vocab_size, words[0], f"rows of {emb}word_embeddings.weight"),
+           Size("hidden_size", cfg.d_model, words[1], f"columns of {emb}word_embeddings.weight"),
+           Size("max_position_embeddings", cfg.context, pos[0], f"rows of {emb}position_embeddings.weight"),
+           ]  # fmt: skip
+    if cfg.type_vocab_size:
+        types = need(shapes, f"{emb}token_type_embeddings.weight", 2)
+        out.append(Size("type_vocab_size", cfg.type_vocab_size, types[0], f"rows of {emb}token_type_embeddings.weight"))
+    if blocks:
+        inner = f"{p}encoder.layer.0.intermediate.dense.weight"
+        out.append(Size("intermediate_size", cfg.ff_width, need(shapes, inner, 2)[0], f"rows of {inner}"))
+    if not ENCODER_HEADS[cfg.head].over_vocabulary and "classifier.weight" in shapes:
+        rows = need(shapes, "classifier.weight", 2)[0]
+        out.append(Size("num_labels (id2label)", cfg.n_labels, rows, "rows of classifier.weight"))
+    return out
+
+
 def _renamed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """Old TensorFlow-era checkpoints name LayerNorm's parameters gamma and beta."""
     out = {}
@@ -181,7 +223,7 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
     (when equal to the tied ones), the next-sentence head and a pooler an mlm or tag head does not
     use. A missing tensor, a shape that does not fit, or any other tensor is an AttnlabError."""
     tensors = _renamed(tensors)
-    prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+    prefix = _prefix(tensors)
     shapes = expected_shapes(Encoder, cfg)
     labelled = not ENCODER_HEADS[cfg.head].over_vocabulary
     if labelled and not prefix and not any(k.startswith("classifier.") for k in tensors):

@@ -17,6 +17,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, Pair, expected_shapes, map_weights
+from attnlab.interop.hf.bounds import Shapes, Size, check_keys, layers, need
 from attnlab.interop.hf.support import (
     Only,
     Rule,
@@ -37,6 +38,16 @@ EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 # Options whose non-default value changes the attention math in ways attnlab's GPT does not have.
 UNSUPPORTED = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention")
+
+# The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
+KEYS: dict[str, str] = {
+    "n_layer": "size", "n_head": "size", "n_embd": "size", "n_inner": "size or null", "n_positions": "size",
+    "n_ctx": "size", "resid_pdrop": "rate", "activation_function": "name", "layer_norm_epsilon": "positive",
+    "vocab_size": "size", "tie_word_embeddings": "flag", "scale_attn_weights": "flag",
+    **{key: "flag" for key in UNSUPPORTED},
+}  # fmt: skip
+CONTEXT_KEY = "n_positions"
+FILLED = None  # every parameter comes from the files
 
 # One block: attnlab name -> (HuggingFace name, stored transposed: Conv1D (in, out)).
 BLOCK = {
@@ -72,6 +83,7 @@ def pairs(cfg: GPTConfig, prefix: str = "transformer.") -> list[Pair]:
 def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
     """GPT2Config's keys -> GPTConfig. Keys absent from config.json take GPT2Config's defaults
     (transformers leaves some out when they are default)."""
+    check_keys(hf, KEYS)
     for key in UNSUPPORTED:
         if hf.get(key):
             raise AttnlabError(f"config.json sets {key}: attnlab's GPT has no such option")
@@ -101,9 +113,28 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
     return "gpt", cfg, None
 
 
+def _prefix(names) -> str:
+    """HuggingFace's names with or without the "transformer." prefix (GPT2Model's have none)."""
+    return "transformer." if any(k.startswith("transformer.") for k in names) else ""
+
+
+def sizes(cfg: GPTConfig, shapes: Shapes) -> list[Size]:
+    """The sizes config.json gives beside those the tensors hold (interop/hf/bounds.py)."""
+    p = _prefix(shapes)
+    blocks = layers(shapes, rf"{re.escape(p)}h\.(\d+)\.")
+    wte, wpe = need(shapes, f"{p}wte.weight", 2), need(shapes, f"{p}wpe.weight", 2)
+    out = [Size("n_layer", cfg.n_layer, blocks, f"layers {p}h.N"), Size("vocab_size", cfg.vocab_size, wte[0],
+           f"rows of {p}wte.weight"), Size("n_embd", cfg.d_model, wte[1], f"columns of {p}wte.weight"),
+           Size("n_positions", cfg.context, wpe[0], f"rows of {p}wpe.weight")]  # fmt: skip
+    if blocks:
+        fc = need(shapes, f"{p}h.0.mlp.c_fc.weight", 2)  # Conv1D: (C, F)
+        out.append(Size("n_inner", cfg.ff_width, fc[1], f"columns of {p}h.0.mlp.c_fc.weight"))
+    return out
+
+
 def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """HuggingFace names (with or without the "transformer." prefix) -> attnlab's GPT state dict."""
-    prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+    prefix = _prefix(tensors)
     ignore = {k for k in tensors if BUFFERS.search(k)}
     if cfg.tie_weights:
         ignore.add("lm_head.weight")  # some checkpoints store the tied copy too; from_pretrained drops it

@@ -16,12 +16,14 @@ version of transformers reads.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import Pair, expected_shapes, map_weights
+from attnlab.interop.hf.bounds import Shapes, Size, check_keys, fits, layers, need, shown
 from attnlab.interop.hf.support import (
     ANY,
     UNUSED,
@@ -51,6 +53,19 @@ DENSE = {"ff.gate.weight": "mlp.gate_proj.weight", "ff.up.weight": "mlp.up_proj.
          "ff.down.weight": "mlp.down_proj.weight"}  # fmt: skip
 EXPERT = {"gate.weight": "w1.weight", "up.weight": "w3.weight", "down.weight": "w2.weight"}  # Mixtral's names
 QKV = ("q_proj", "k_proj", "v_proj")
+# The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
+KEYS: dict[str, str] = {
+    "num_hidden_layers": "size", "num_attention_heads": "size", "num_key_value_heads": "size or null",
+    "architectures": "names or null", "model_type": "name", "hidden_size": "size", "head_dim": "size or null",
+    "intermediate_size": "size", "max_position_embeddings": "size",
+    "attention_dropout": "rate", "rms_norm_eps": "positive", "vocab_size": "size", "tie_word_embeddings": "flag",
+    "hidden_act": "name", "rope_theta": "positive", "rope_parameters": "section or null",
+    "rope_scaling": "section or null", "num_local_experts": "size", "num_experts_per_tok": "size",
+    "router_aux_loss_coef": "nonnegative", "sliding_window": "size or null", "attention_bias": "flag",
+    "mlp_bias": "flag",
+}  # fmt: skip
+CONTEXT_KEY = "max_position_embeddings"
+FILLED = None  # every parameter comes from the files
 STACKED = "+".join(QKV)  # the name of the three stacked, in messages about its shape
 
 
@@ -78,18 +93,17 @@ def pairs(cfg: GPTConfig) -> list[Pair]:
 
 
 def _rope_theta(hf: dict[str, Any]) -> float:
-    """rope_theta from transformers 5's rope_parameters or the older top-level key; refuses the
-    scaled variants (Llama 3.1's, YaRN), whose angles attnlab's rotary positions do not compute."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise AttnlabError(f"config.json uses {kind!r} rope scaling: attnlab reads the default rotary angles only")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    """rope_theta from transformers 5's rope_parameters or the older top-level key (a scaled variant,
+    whose angles attnlab does not compute, was refused by check_keys)."""
+    theta = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
+    if why := fits(theta, "positive"):
+        raise AttnlabError(f"config.json: rope_theta must be {why}, got {shown(theta)}")
+    return float(theta)
 
 
 def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
     """LlamaConfig / MixtralConfig keys -> GPTConfig (absent keys take transformers' defaults)."""
+    check_keys(hf, KEYS)
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
             raise AttnlabError(f"config.json sets {key}: attnlab's Llama block has no biases")
@@ -110,6 +124,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
         moe = dict(feedforward="moe", n_experts=n_experts, experts_per_token=k, expert_ff=GATED[act],
                    aux_loss_weight=weight)  # fmt: skip
     head_dim = hf.get("head_dim") or d_model // heads
+    theta = _rope_theta(hf)
     try:
         cfg = GPTConfig(
             n_layer=hf.get("num_hidden_layers", 32),
@@ -123,7 +138,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
             norm="pre",
             norm_kind="rmsnorm",
             positions="rope",
-            rope_theta=_rope_theta(hf),
+            rope_theta=theta,
             feedforward=moe.pop("feedforward", GATED[act]),
             bias=False,
             ln_eps=hf.get("rms_norm_eps", 1e-6 if not mixtral else 1e-5),
@@ -166,6 +181,35 @@ def stack_qkv(tensors: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch
             raise AttnlabError(f"the checkpoint has no tensor {missing[0]}")
         out[f"model.layers.{i}.self_attn.{STACKED}.weight"] = torch.cat([out.pop(n) for n in names])
     return out
+
+
+def sizes(cfg: GPTConfig, shapes: Shapes) -> list[Size]:
+    """The sizes config.json gives beside those the tensors hold (interop/hf/bounds.py)."""
+    emb, first = need(shapes, "model.embed_tokens.weight", 2), "model.layers.0."
+    out = [Size("num_hidden_layers", cfg.n_layer, layers(shapes, r"model\.layers\.(\d+)\."), "layers model.layers.N"),
+           Size("vocab_size", cfg.vocab_size, emb[0], "rows of model.embed_tokens.weight"),
+           Size("hidden_size", cfg.d_model, emb[1], "columns of model.embed_tokens.weight")]  # fmt: skip
+    if out[0].held == 0:
+        return out
+    for heads, proj in ((cfg.n_head, "q_proj"), (cfg.n_kv_head or cfg.n_head, "k_proj")):
+        key = "num_attention_heads" if proj == "q_proj" else "num_key_value_heads"
+        rows = need(shapes, f"{first}self_attn.{proj}.weight", 2)[0]
+        out.append(Size(f"{key} x head_dim", heads * cfg.head_width, rows, f"rows of {first}self_attn.{proj}.weight"))
+    if not is_mixtral(cfg):
+        up = need(shapes, f"{first}mlp.up_proj.weight", 2)
+        return [*out, Size("intermediate_size", cfg.ff_width, up[0], f"rows of {first}mlp.up_proj.weight")]
+    fused = f"{first}mlp.experts.gate_up_proj"
+    if fused in shapes:  # transformers 5's layout: (E, 2F, C)
+        e, f2, _ = need(shapes, fused, 3)
+        return [*out, Size("num_local_experts", cfg.n_experts, e, f"the first size of {fused}"),
+                Size("intermediate_size", cfg.ff_width, f2 // 2, f"half the rows of {fused}")]  # fmt: skip
+    experts = layers(shapes, rf"{re.escape(first)}block_sparse_moe\.experts\.(\d+)\.")
+    w1 = need(shapes, f"{first}block_sparse_moe.experts.0.w1.weight", 2) if experts else (0, 0)
+    return [
+        *out,
+        Size("num_local_experts", cfg.n_experts, experts, f"experts of {first}block_sparse_moe"),
+        Size("intermediate_size", cfg.ff_width, w1[0], f"rows of {first}block_sparse_moe.experts.0.w1.weight"),
+    ]
 
 
 def weights_from_hf(tensors: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:

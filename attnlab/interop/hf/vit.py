@@ -38,6 +38,7 @@ from torch import Tensor
 
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
+from attnlab.interop.hf.bounds import Shapes, Size, check_keys, check_values, layers, need
 from attnlab.interop.hf.support import Rule, block_problems, classic_block
 from attnlab.models.vit import ViT, ViTConfig
 
@@ -57,6 +58,17 @@ HF_DEFAULTS: dict[str, Any] = {
     "num_channels": 3,
     "qkv_bias": True,
 }
+
+
+# The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
+KEYS: dict[str, str] = {
+    "architectures": "names or null", "hidden_size": "size", "num_hidden_layers": "size", "num_attention_heads": "size",
+    "intermediate_size": "size", "hidden_act": "name", "layer_norm_eps": "positive", "image_size": "sides",
+    "patch_size": "sides", "num_channels": "size", "qkv_bias": "flag", "head_dim": "size or null",
+    "num_labels": "count", "id2label": "section or null",
+}  # fmt: skip
+CONTEXT_KEY = "image_size"
+FILLED = r"^out\.|\.qkv_proj\.bias$"  # ViTModel's head, and qkv_bias false: zeros
 # Per block: ours -> (Hub name, transformers-5 in-memory name), under encoder.layer.i. / layers.i.
 LAYER = {
     "attn.out_proj": ("attention.output.dense", "attention.o_proj"),
@@ -87,6 +99,7 @@ def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     is two) and the task says "head": "untrained". Dropout is 0: a converted model is for
     inference; fine-tuning sets its own.
     """
+    check_keys(hf, KEYS)
     hf = {**HF_DEFAULTS, **hf}
     architecture = architecture_of(hf, ARCHITECTURES, "ViTForImageClassification")
     if hf["hidden_act"] not in ACTIVATIONS:
@@ -117,6 +130,29 @@ def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     if architecture == "ViTModel":
         task["head"] = "untrained"
     return "vit", cfg, task
+
+
+def sizes(cfg: ViTConfig, shapes: Shapes) -> list[Size]:
+    """The sizes config.json gives beside those the tensors hold (interop/hf/bounds.py), with or
+    without the "vit." prefix, Hub or transformers-5 names."""
+    t = {k.removeprefix("vit."): v for k, v in shapes.items()}
+    cls, pos = need(t, "embeddings.cls_token", 3), need(t, "embeddings.position_embeddings", 3)
+    proj = need(t, "embeddings.patch_embeddings.projection.weight", 4)  # (D, C, P, P)
+    blocks = layers(t, r"(?:encoder\.layer|layers)\.(\d+)\.")
+    out = [Size("num_hidden_layers", cfg.n_layer, blocks, "layers encoder.layer.N"),
+           Size("hidden_size", cfg.d_model, cls[2], "the width of embeddings.cls_token"),
+           Size("num_channels", cfg.channels, proj[1], "channels of the patch projection"),
+           Size("patch_size", cfg.patch_size, proj[2], "the patch projection's height"),
+           Size("patch_size", cfg.patch_size, proj[3], "the patch projection's width"),
+           Size("positions (1 + patches of image_size / patch_size)", cfg.context, pos[1],
+                "rows of embeddings.position_embeddings")]  # fmt: skip
+    inner = next((n for n in ("encoder.layer.0.intermediate.dense.weight", "layers.0.mlp.fc1.weight") if n in t), None)
+    if blocks and inner:
+        out.append(Size("intermediate_size", cfg.ff_width, need(t, inner, 2)[0], f"rows of {inner}"))
+    if "classifier.weight" in t:
+        out.append(Size("num_labels (id2label)", cfg.n_labels, need(t, "classifier.weight", 2)[0],
+                        "rows of classifier.weight"))  # fmt: skip
+    return out
 
 
 class _Reader:
@@ -190,10 +226,17 @@ def _qkv(src: _Reader, prefix: str, at: int, shapes: dict, name: str) -> dict[st
     return {f"{name}.weight": weight, f"{name}.bias": torch.cat([src.take(b, (inner,)) for b in biases])}
 
 
-def pixels_from_hf(processor: dict, channels: int) -> tuple[list[float], list[float]] | None:
+PREPROCESSOR: dict[str, str] = {"do_normalize": "flag", "do_rescale": "flag", "rescale_factor": "positive",
+                                 "image_mean": "numbers", "image_std": "numbers"}  # fmt: skip
+
+
+def pixels_from_hf(processor: Any, channels: int) -> tuple[list[float], list[float]] | None:
     """(mean, std) on attnlab's [0, 1] scale from a preprocessor_config.json dict, or None when
     the processor does not normalize. HuggingFace's pixels are (x * rescale - mean) / std with
     x in 0..255, that is (x01 - mean / k) / (std / k) with k = 255 * rescale."""
+    if not isinstance(processor, dict):
+        raise AttnlabError("preprocessor_config.json is corrupt: expected a JSON object")
+    check_values(processor, PREPROCESSOR, "preprocessor_config.json")
     if not processor.get("do_normalize", True):
         return None
     k = 255 * processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else 255.0
@@ -202,6 +245,8 @@ def pixels_from_hf(processor: dict, channels: int) -> tuple[list[float], list[fl
     if len(mean) != channels or len(std) != channels:
         raise AttnlabError(f"preprocessor_config.json: image_mean/image_std need {channels} values, "
                            f"got {len(mean)} and {len(std)}")  # fmt: skip
+    if not all(s > 0 for s in std):
+        raise AttnlabError(f"preprocessor_config.json: image_std must be above 0 (it divides), got {std}")
     return [m / k for m in mean], [s / k for s in std]
 
 
