@@ -1,17 +1,23 @@
 """Files, safely: atomic writes, JSON, safetensors, and the metrics log every run keeps.
 
 Every file is written to a temporary name, flushed to disk and renamed into place, so a crash
-mid-save leaves the previous version of the file whole. Nothing is pickled: tensors go to
+mid-save leaves the previous version of the file whole; a folder built for the cache (a converted
+model) likewise appears at its name only whole (`build_folder`). Nothing is pickled: tensors go to
 safetensors, everything else to JSON, so reading a file never executes code from it. A full disk
 is one line that names the file and says what was kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
+import secrets
 import shutil
+import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,133 @@ from attnlab.errors import AttnlabError
 def cache_root() -> Path:
     """Where attnlab keeps what it can rebuild (token caches, generated corpora, measurements)."""
     return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
+
+
+# A folder build_folder is building: .NAME.tmp-PID-RANDOM beside its final name (never read as one).
+BUILDING = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]+$")
+STALE_AFTER = 24 * 3600  # seconds: a temporary folder untouched this long is a leftover, whatever its PID says
+
+
+def build_folder(final: Path, build: Callable[[Path], object], ready: Callable[[Path], bool]) -> Path:
+    """`final`, built once and never seen half-built. If ready(final) it is returned as it is; else
+    build(tmp) writes a temporary sibling, renamed to `final` only when build returns and removed if
+    it raises. What a killed build leaves is at no final name, and a later call removes it (its
+    process is gone). Two processes building `final` at once: the first rename wins, both return it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(final.parent)
+    if ready(final):
+        return final
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        build(tmp)
+        _sync_folder(tmp)
+        _rename_into_place(tmp, final, ready)
+    finally:
+        if tmp.exists() or tmp.is_symlink():  # build failed, or another process's rename came first
+            with contextlib.suppress(OSError):  # never hide why the build failed; a later sweep retries
+                remove_path(tmp)
+    return final
+
+
+def _rename_into_place(tmp: Path, final: Path, ready: Callable[[Path], bool]) -> None:
+    """Rename folder tmp to final (the system refuses while final is a folder with files in it)."""
+    for attempt in range(2):
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not tmp.is_dir():
+                raise AttnlabError(f"{tmp} was removed while it was being written (by a cache cleanup?): run the "
+                                   "command again") from None  # fmt: skip
+            if ready(final):  # another process's came first: it is as good as ours
+                return
+            if attempt:
+                break
+            _set_aside(final)  # not a whole one (a file, a link, a folder of an older attnlab)
+            continue
+        _sync_folder(final.parent)
+        return
+    raise AttnlabError(f"cannot put {tmp} in place of {final}: remove {final} and run the command again")
+
+
+def _set_aside(p: Path) -> None:
+    """Rename p to a temporary name (which a later sweep removes, should we be killed now), then remove it."""
+    aside = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        os.rename(p, aside)
+    except FileNotFoundError:  # another process set it aside first
+        return
+    remove_path(aside)
+
+
+def _sync_folder(d: Path) -> None:
+    """A folder's files and entries on disk (before it is renamed into place, and the rename after)."""
+    if os.name == "nt":  # Windows cannot open a folder; its renames are already ordered
+        return
+    for p in [*filter(lambda p: p.is_file() and not p.is_symlink(), d.iterdir()), d]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def leftover(p: Path) -> bool:
+    """A temporary folder of build_folder's that no build will finish: its process is gone, or it has
+    not been touched for a day (a PID the system has given to another process since)."""
+    m = BUILDING.match(p.name)
+    if m is None:
+        return False
+    try:
+        if time.time() - p.lstat().st_mtime > STALE_AFTER:
+            return True
+    except FileNotFoundError:
+        return False
+    return not _alive(int(m[1]))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid() or os.name == "nt":  # Windows: os.kill(pid, 0) would stop it; the age decides
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def sweep_leftovers(parent: Path) -> list[str]:
+    """Remove the temporary folders killed builds left in `parent`; their names."""
+    gone = [p for p in parent.iterdir() if leftover(p)] if parent.is_dir() else []
+    for p in gone:
+        remove_path(p)
+    return [p.name for p in gone]
+
+
+def remove_path(p: Path) -> None:
+    """Remove a file, a link (never what it points to) or a folder and all in it; nothing if absent."""
+    if p.is_symlink() or (p.exists() and not p.is_dir()):
+        p.unlink(missing_ok=True)
+    elif p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)  # a file another process removed first is no error...
+        if p.exists():
+            shutil.rmtree(p)  # ...but what could not be removed is: say why
+
+
+def tree_size(p: Path) -> int:
+    """Bytes of the files under `p` (or of file p), links not followed: what removing it frees."""
+    if not p.is_dir() or p.is_symlink():
+        return _file_size(p)
+    return sum(_file_size(Path(root, name)) for root, _, files in os.walk(p) for name in files)
+
+
+def _file_size(p: Path) -> int:
+    try:
+        st = p.lstat()
+    except OSError:  # removed while we count
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0  # a link's target is elsewhere
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -76,13 +209,18 @@ def write_json(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2))
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, limit: int | None = None) -> Any:
+    """A JSON file; `limit`: the most bytes it may have (a file from someone else may be anything)."""
     if not path.is_file():
         raise AttnlabError(f"missing {path.name} in {path.parent}")
+    if limit is not None and path.stat().st_size > limit:
+        raise AttnlabError(f"{path} is {path.stat().st_size:,} bytes, more than such a file has ({limit:,} at most)")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as e:
         raise AttnlabError(f"{path} is corrupt ({e})") from None
+    except RecursionError:  # nested thousands deep: Python's parser gives up
+        raise AttnlabError(f"{path} is corrupt (it nests deeper than JSON files do)") from None
 
 
 def snapshot(t: torch.Tensor, copy: bool) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """`attnlab doctor`: what this machine runs on and what --dtype auto chose here, from what measurements;
---measure WIDTH measures now, --clear forgets the kept measurements (runtime/precision.py)."""
+--measure WIDTH measures now, --clear forgets the kept measurements (runtime/precision.py). It shows
+the cache folder too: its size, and the models converted once into it (a HuggingFace or PEFT folder
+given to --init), which --clear-cache removes."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import json
 import os
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from attnlab.cli.options import Answers, OnDevice
 from attnlab.config import option
+from attnlab.io import BUILDING, cache_root, leftover, mb, remove_path, tree_size
 from attnlab.nn import pack_choice, row_kernels
 from attnlab.runtime import precision
 from attnlab.runtime.device import pick_device
@@ -20,6 +24,9 @@ from attnlab.version import __version__
 
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 CPU = torch.device("cpu")
+# The cache's folders of converted models (interop/convert.py's `converted`, interop/adapter_runs.py's
+# `peft_run`), by what they were converted from
+CONVERTED = {"converted": "HuggingFace", "peft": "PEFT"}
 
 
 @dataclass
@@ -30,6 +37,11 @@ class DoctorOptions(Answers, OnDevice):
     clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
                          "--quantize's float32-or-packed choice per shape; nothing else in the cache folder is "
                          "touched) and say what was removed")  # fmt: skip
+    clear_cache: bool = option(False, "remove the converted models kept in the cache folder (its converted/ and "
+                               "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
+                               "use converts it again) and say what was removed; the measurements (--clear), token "
+                               "caches and anything else there stay, a conversion under way is left to finish, and "
+                               "a link is removed, never followed")  # fmt: skip
 
 
 def machine(device: torch.device) -> dict:
@@ -41,6 +53,61 @@ def machine(device: torch.device) -> dict:
             "device": str(device), "gpu": gpu, "cpu": precision.cpu_model(), "bf16_instructions":
             precision.native_bf16(flags), "amx": None if flags is None else "amx_bf16" in flags,
             "cache": str(precision.cache_path()), "row_operators": row_kernels.status()}  # fmt: skip
+
+
+def cache_folder() -> dict:
+    """The cache folder: where, its size, and the converted models in it (by sub-folder)."""
+    root = cache_root()
+    return {"path": str(root), "bytes": tree_size(root), "models": {name: len(models(root / name)) for name in
+            CONVERTED}, "models_bytes": sum(tree_size(root / name) for name in CONVERTED)}  # fmt: skip
+
+
+def models(folder: Path) -> list[Path]:
+    """The converted models of a cache sub-folder (not the temporary folder of a conversion under way)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if not BUILDING.match(p.name))
+
+
+def clear_converted() -> list[dict]:
+    """Remove the converted models, and what killed conversions left; [{path, bytes}] of what went.
+    A conversion under way (its temporary folder's process alive) is left to finish. A link is
+    removed as a link: nothing outside the cache folder is touched."""
+    root, removed = cache_root(), []
+    for name in CONVERTED:
+        folder = root / name
+        for p in _removable(folder):
+            removed.append({"path": str(p.relative_to(root)), "bytes": tree_size(p)})
+            remove_path(p)
+    return removed
+
+
+def _removable(folder: Path) -> list[Path]:
+    """What --clear-cache removes of one sub-folder: every entry but a conversion under way."""
+    if folder.is_symlink():  # the link goes, what it points to stays
+        return [folder]
+    if not folder.is_dir():
+        return []
+    return [p for p in sorted(folder.iterdir()) if not BUILDING.match(p.name) or leftover(p)]
+
+
+def cache_line(cache: dict) -> str:
+    """The cache folder, its size and its converted models, in one line."""
+    counts = [f"{CONVERTED[name]}: {n}" for name, n in cache["models"].items() if n]
+    total = sum(cache["models"].values())
+    held = (f"{total} converted model{'s' * (total != 1)}, {mb(cache['models_bytes'])} ({', '.join(counts)}; "
+            "--clear-cache removes them)") if total else "no converted models"  # fmt: skip
+    return f"cache    {cache['path']}, {mb(cache['bytes'])}: {held}"
+
+
+def cleared_lines(removed: list[dict]) -> list[str]:
+    """What --clear-cache removed: a count and size, then each path inside the cache folder."""
+    size = mb(sum(r["bytes"] for r in removed))
+    left = sum(bool(BUILDING.match(Path(r["path"]).name)) for r in removed)  # temporary folders of killed ones
+    n = len(removed) - left
+    head = f"cleared  {n} converted model{'s' * (n != 1)}" + (f" and {left} left by killed conversions" if left else "")
+    return [f"{head} removed from the cache" + (f" ({size}):" if removed else " (there were none)"),
+            *[f"           {r['path']}" for r in removed]]  # fmt: skip
 
 
 def kept() -> list[dict]:
@@ -88,20 +155,22 @@ BF16 = {True: "yes", False: "no (float32 without measuring)", None: "unknown"}
 
 
 def about(info: dict) -> list[str]:
-    """The machine, in five lines."""
+    """The machine and the cache, in five lines."""
     return [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
              f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto trains in bf16 where it has it and "
                                               "decodes in float32; the measurements below serve --device cpu)"
                                               if info["gpu"] else ""),
              f"CPU      {info['cpu']}; bf16 instructions: {BF16[info['bf16_instructions']]}" +
              (", AMX" if info["amx"] else ""),
-             f"cache    {info['cache']}",
+             cache_line(info["cache_folder"]),
              f"decode   attnlab's one-row operators: {info['row_operators']}"]  # fmt: skip
 
 
 def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict]) -> str:
     """What doctor prints: the machine, what --clear removed, what --measure found, what is kept."""
     lines = about(info)
+    if info["cache_cleared"] is not None:
+        lines += cleared_lines(info["cache_cleared"])
     if cleared is not None:
         lines.append(f"cleared  {len(cleared)} measurement{'s' * (len(cleared) != 1)} removed" +
                      (":" if cleared else " (there were none)"))  # fmt: skip
@@ -126,8 +195,9 @@ def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict
 def run_doctor(opts: DoctorOptions) -> int:
     device = pick_device(opts.device)
     cleared = precision.clear_cache() + pack_choice.clear_cache() if opts.clear else None
+    removed = clear_converted() if opts.clear_cache else None
     now = measure_now(opts.measure) if opts.measure else []
-    info, rows = machine(device), kept()
+    info, rows = {**machine(device), "cache_folder": cache_folder(), "cache_cleared": removed}, kept()
     if opts.json:
         print(json.dumps({**info, "cleared": cleared, "measured_now": now, "kept": rows}))
     else:

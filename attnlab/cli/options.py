@@ -289,7 +289,9 @@ class TrainVectorsOptions:
 @dataclass
 class VectorsOptions(WritesFiles, Answers):
     run: str = option("", "vectors run directory, .safetensors file, or word2vec/GloVe text file", positional=True)
-    neighbors: list[str] | None = option(None, "the nearest words to each WORD", nargs="+", metavar="WORD")
+    # commas=False: a word of a vectors file may hold commas (GloVe has "," and "1,000")
+    neighbors: list[str] | None = option(None, "the nearest words to each WORD", nargs="+", metavar="WORD",
+                                         commas=False)  # fmt: skip
     analogy: list[str] | None = option(None, "A is to B as C is to ?: the words nearest to B - A + C (man king "
                                        "woman -> queen)", nargs=3, metavar=("A", "B", "C"))  # fmt: skip
     similarity: list[str] | None = option(None, "the cosine similarity of two words", nargs=2, metavar=("A", "B"))
@@ -303,5 +305,5 @@ class VectorsOptions(WritesFiles, Answers):
     words: str | None = option(None, "comma-separated words to draw (default: the most frequent)")
     top_words: int = option(60, "how many frequent words to draw", at_least=1)
     arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",
-                               metavar="A:B")  # fmt: skip
+                               metavar="A:B", commas=False)  # fmt: skip
     projection: str = option("pca", "2-D projection", tuple(PROJECTIONS))

@@ -90,6 +90,12 @@ def is_run(d: Path) -> bool:
     return (d / WEIGHTS).is_file() or (d / STATE).is_file()
 
 
+def has_weights(d: Path) -> bool:
+    """An attnlab run with its weights: what a cache of converted models hands out (io.build_folder puts
+    a folder there only whole; this also refuses one whose weights were removed by hand)."""
+    return is_run(d) and (d / WEIGHTS).is_file()
+
+
 def unstarted(d: Path) -> bool:
     """A run attnlab began and never checkpointed (killed or failed in its first seconds)."""
     return is_marked(d) and not (d / WEIGHTS).exists() and not (d / STATE).exists()
