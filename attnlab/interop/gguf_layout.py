@@ -16,6 +16,7 @@ A GGUF tensor is held as numpy holds it: its shape is GGUF's `ne` reversed ((out
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import gguf
 import torch
 from torch import Tensor
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, kind
 from attnlab.interop.hf import expected_shapes, gpt2, llama
 from attnlab.models import family_classes
 
@@ -123,7 +124,8 @@ def _unstack_experts(tensors: Tensors) -> Tensors:
 
 
 def _rotary(tensors: Tensors, hf: dict, turn: Callable[[Tensor, int], Tensor]) -> Tensors:
-    heads = {"q_proj": hf["num_attention_heads"], "k_proj": hf["num_key_value_heads"]}
+    kv = hf.get("num_key_value_heads") or hf["num_attention_heads"]  # llama.cpp's default: as many as queries
+    heads = {"q_proj": hf["num_attention_heads"], "k_proj": kv}
     out = {}
     for name, t in tensors.items():
         proj = name.split(".")[-2]
@@ -185,8 +187,8 @@ def settings_to_gguf(hf: dict, layout: Layout) -> dict[str, int | float]:
 
 
 def settings_from_gguf(meta: dict[str, Any], layout: Layout, where: str) -> dict[str, Any]:
-    """GGUF's metadata -> config.json's keys; two keys that name one config.json key must agree (a
-    rotary width or a value width other than the key width is a model attnlab does not build)."""
+    """GGUF's metadata -> config.json's keys, each in range; two keys that name one config.json key
+    must agree (a rotary width or a value width other than the key width is a model attnlab does not build)."""
     hf: dict[str, Any] = {}
     for key in layout.keys:
         full = f"{layout.arch}.{key.gguf}"
@@ -195,12 +197,32 @@ def settings_from_gguf(meta: dict[str, Any], layout: Layout, where: str) -> dict
             if key.required:
                 raise AttnlabError(f"{where} has no {full}, which a {layout.arch} model needs")
             continue
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise AttnlabError(f"{where}: {full} is {value!r}; attnlab reads one number there (not one per layer)")
+        value = _in_range(key, full, value, where)
+        if value == 0:  # an expert count of 0: a dense model, as llama.cpp reads it
+            continue
         if key.hf in hf and hf[key.hf] != value:
             raise AttnlabError(f"{where}: {full} is {value} but attnlab builds it as {hf[key.hf]} (its {key.hf})")
-        hf[key.hf] = key.kind(value)
+        hf[key.hf] = value
     return hf
+
+
+MAX_SIZE = 2**31 - 1  # llama.cpp reads every size setting as a 32-bit integer
+
+
+def _in_range(key: Key, full: str, value: Any, where: str) -> int | float:
+    """A size: a whole number from 1 (0 for the expert counts) to MAX_SIZE; an epsilon or a rotary
+    base: a finite number above 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AttnlabError(f"{where}: {full} is {kind(value)}; attnlab reads one number there (not one per layer)")
+    if key.kind is int:
+        least = 0 if key.gguf.startswith("expert") else 1
+        if not isinstance(value, int) or not least <= value <= MAX_SIZE:
+            raise AttnlabError(f"{where}: {full} is {value!r}; attnlab reads a whole number from {least} to "
+                               f"{MAX_SIZE:,} there")  # fmt: skip
+        return value
+    if not math.isfinite(value) or value <= 0:
+        raise AttnlabError(f"{where}: {full} is {value!r}; it must be a finite number above 0")
+    return float(value)
 
 
 def n_blocks(hf: dict, layout: Layout) -> int:
@@ -227,10 +249,34 @@ def tensors_to_gguf(tensors: Tensors, hf: dict, layout: Layout) -> Tensors:
     return {names[name]: t for name, t in laid.items()}
 
 
-def expected(hf: dict, layout: Layout) -> dict[str, tuple[str, tuple[int, ...]]]:
+Expected = dict[str, tuple[str, tuple[int, ...]]]  # GGUF name -> (HuggingFace name, numpy shape)
+
+
+def expected(hf: dict, layout: Layout) -> Expected:
     """Every tensor a GGUF file of these settings holds: GGUF name -> (HuggingFace name, laid out as
     GGUF lays it; its numpy shape). Found by exporting a model of these settings built on the meta
-    device (no memory), so reading expects exactly what writing writes."""
+    device (no memory), so reading expects exactly what writing writes; with at most two blocks, the
+    others named after the second (a stack's blocks are all alike: nn/stack.py), so the shapes of a file
+    of 1,000 blocks take what those of 2 take (building 1,000 on the meta device takes seconds)."""
+    key, n = next(key.hf for key in layout.keys if key.gguf == "block_count"), n_blocks(hf, layout)
+    built = _expected_built(hf | {key: min(n, 2)}, layout)
+    first = {name: v for name, v in built.items() if name.startswith("blk.0.")}
+    second = {name: v for name, v in built.items() if name.startswith("blk.1.")}
+    if n > 1 and dict(_renamed(name, v, 1, 0) for name, v in second.items()) != first:
+        raise RuntimeError(f"the blocks of a {layout.arch} model differ: expected() cannot name the others")
+    out = {name: v for name, v in built.items() if name not in second}
+    for i in range(1, n):
+        out |= dict(_renamed(name, v, 1, i) for name, v in second.items())
+    return out
+
+
+def _renamed(name: str, v: tuple[str, tuple[int, ...]], i: int, j: int) -> tuple[str, tuple[str, tuple[int, ...]]]:
+    """Block i's tensor as block j's: its GGUF name (blk.i.) and its HuggingFace name (the first .i.)."""
+    hf_name, shape = v
+    return name.replace(f"blk.{i}.", f"blk.{j}.", 1), (hf_name.replace(f".{i}.", f".{j}.", 1), shape)
+
+
+def _expected_built(hf: dict, layout: Layout) -> Expected:
     family, cfg, _ = layout.module.config_from_hf(hf)
     shapes = expected_shapes(family_classes(family)[1], cfg)
     meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.tokenizers import EOT, UNK, CharTokenizer, Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.interop.gguf_checks import merge_pair, vocab_keys
 
 T = gguf.TokenType
 K = gguf.Keys.Tokenizer
@@ -165,15 +166,11 @@ def _bpe_vocab(data: dict[str, Any], run: str) -> Vocab:
 # ---- in
 
 
-def vocab_from_metadata(meta: dict[str, Any], where: str) -> Vocab:
-    """The tokenizer.ggml.* keys of a GGUF file's metadata."""
-    if K.LIST not in meta:
-        raise AttnlabError(f"{where} holds no tokenizer (tokenizer.ggml.tokens): attnlab needs one to read text")
-    tokens = list(meta[K.LIST])
-    types = list(meta.get(K.TOKEN_TYPE) or [T.NORMAL] * len(tokens))
-    return Vocab(meta.get(K.MODEL, "?"), meta.get(K.PRE), tokens, types, list(meta.get(K.MERGES) or []),
-                 meta.get(K.SCORES), meta.get(K.BOS_ID), meta.get(K.EOS_ID), meta.get(K.UNK_ID),
-                 meta.get(K.ADD_BOS, meta.get(K.MODEL) == "llama"), meta.get(K.CHAT_TEMPLATE))  # fmt: skip
+def vocab_from_metadata(meta: dict[str, Any], where: str, rows: int | None = None) -> Vocab:
+    """The tokenizer.ggml.* keys of a GGUF file's metadata, checked (gguf_checks.vocab_keys)."""
+    v = vocab_keys(meta, where, rows)
+    return Vocab(v[K.MODEL] or "?", v[K.PRE], v[K.LIST], v[K.TOKEN_TYPE], v[K.MERGES], v[K.SCORES], v[K.BOS_ID],
+                 v[K.EOS_ID], v[K.UNK_ID], v[K.ADD_BOS], v[K.CHAT_TEMPLATE])  # fmt: skip
 
 
 def tokenizer_json(vocab: Vocab, where: str) -> str:
@@ -190,9 +187,10 @@ def tokenizer_json(vocab: Vocab, where: str) -> str:
 
 
 def _used(vocab: Vocab) -> list[str]:
-    """The tokens without the UNUSED ones after the last used one (an embedding's padding)."""
-    n = len(vocab.tokens)
-    while n and vocab.types[n - 1] == T.UNUSED:
+    """The tokens without the UNUSED ones after the last used one (an embedding's padding); a special
+    token (begin, end, unknown) counts as used."""
+    n, special = len(vocab.tokens), max((i for i in (vocab.bos, vocab.eos, vocab.unk) if i is not None), default=-1)
+    while n > special + 1 and vocab.types[n - 1] == T.UNUSED:
         n -= 1
     return vocab.tokens[:n]
 
@@ -217,7 +215,7 @@ def _byte_level(vocab: Vocab, where: str) -> HFTokenizer:
                            f"pre-tokenizers {', '.join(PRE_SPLITS)}")  # fmt: skip
     tokens = _used(vocab)
     ids = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in vocab.merges]
+    pairs = [merge_pair(m) for m in vocab.merges]
     merges = [(a, b) for a, b in pairs if a in ids and b in ids and a + b in ids]  # what a tokenizers BPE holds
     hf = HFTokenizer(models.BPE(ids, merges, ignore_merges=vocab.pre == "llama-bpe"))  # as Llama 3's file says
     if vocab.pre == "llama-bpe":
@@ -237,18 +235,39 @@ def _sentencepiece(vocab: Vocab, where: str) -> HFTokenizer:
     tokens = _used(vocab)
     ids = {t: i for i, t in enumerate(tokens)}
     normal = [i for i, t in enumerate(vocab.types[: len(tokens)]) if t in (T.NORMAL, T.USER_DEFINED)]
-    pairs = []  # (the score of the piece made, its id, left, right)
-    for i in normal:
-        piece = tokens[i]
-        pairs += [(-vocab.scores[i], i, piece[:k], piece[k:]) for k in range(1, len(piece))
-                  if piece[:k] in ids and piece[k:] in ids]  # fmt: skip
-    merges = [(left, right) for _, _, left, right in sorted(pairs)]  # the best-scored piece first
+    merges = _piece_merges(tokens, normal, vocab.scores, ids, where)
     unk = tokens[vocab.unk] if vocab.unk is not None else UNK
     hf = HFTokenizer(models.BPE(ids, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     hf.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                     decoders.Strip(" ", 1, 0)])  # fmt: skip
     return _with_specials(hf, vocab, tokens)
+
+
+# Bounds on the work of finding a SentencePiece vocabulary's merges, which is quadratic in a piece's
+# length: Llama 2's 32,000 pieces are at most 16 characters, 200,000 in all, and make 61,000 merges.
+MAX_PIECE, MAX_PIECE_CHARS, MAX_MERGES = 256, 1 << 22, 1 << 19
+
+
+def _piece_merges(tokens: list[str], normal: list[int], scores: list[float], ids: dict[str, int],
+                  where: str) -> list[tuple[str, str]]:  # fmt: skip
+    """Every split of a piece into two pieces, the best-scored piece's first."""
+    longest = max(normal, key=lambda i: len(tokens[i]), default=None)
+    if longest is not None and len(tokens[longest]) > MAX_PIECE:
+        raise AttnlabError(f"{where}: piece {longest} of its SentencePiece vocabulary is {len(tokens[longest]):,} "
+                           f"characters long; attnlab reads pieces of up to {MAX_PIECE}")  # fmt: skip
+    if sum(len(tokens[i]) for i in normal) > MAX_PIECE_CHARS:
+        raise AttnlabError(f"{where}: its SentencePiece pieces hold more than {MAX_PIECE_CHARS:,} characters, "
+                           "more than attnlab reads")  # fmt: skip
+    pairs = []  # (the score of the piece made, its id, left, right)
+    for i in normal:
+        piece = tokens[i]
+        pairs += [(-scores[i], i, piece[:k], piece[k:]) for k in range(1, len(piece))
+                  if piece[:k] in ids and piece[k:] in ids]  # fmt: skip
+        if len(pairs) > MAX_MERGES:
+            raise AttnlabError(f"{where}: its SentencePiece pieces split into more than {MAX_MERGES:,} pairs of "
+                               "pieces, more than attnlab reads")  # fmt: skip
+    return [(left, right) for _, _, left, right in sorted(pairs)]
 
 
 def _with_specials(hf: HFTokenizer, vocab: Vocab, tokens: list[str]) -> HFTokenizer:
@@ -266,9 +285,10 @@ def _with_specials(hf: HFTokenizer, vocab: Vocab, tokens: list[str]) -> HFTokeni
     return hf
 
 
-def chat_template(vocab: Vocab) -> ChatTemplate | None:
-    """The file's chat template (tokenizer.chat_template), with its begin and end tokens' texts."""
+def chat_template(vocab: Vocab, where: str | None = None) -> ChatTemplate | None:
+    """The file's chat template (tokenizer.chat_template), with its begin and end tokens' texts; `where`:
+    the file, named by the template's errors (a template read from a file is tried as it is read)."""
     if not vocab.template:
         return None
     text = lambda i: vocab.tokens[i] if i is not None and 0 <= i < len(vocab.tokens) else ""  # noqa: E731
-    return ChatTemplate(vocab.template, text(vocab.bos), text(vocab.eos))
+    return ChatTemplate(vocab.template, text(vocab.bos), text(vocab.eos), where)
