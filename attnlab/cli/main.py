@@ -48,6 +48,7 @@ with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: 
     from attnlab.cli.suggest import UNRECOGNIZED_BY, unrecognized, with_suggestion
     from attnlab.cli.train import add_train_commands
     from attnlab.cli.vectors import run_vectors
+    from attnlab.data.template_limits import BASE, OPTIONS, SOURCE_PER_GROWTH, TemplateLimits, template_limits_set
     from attnlab.decoding.sampling import GenerateConfig
     from attnlab.models.size import ClusterConfig
     from attnlab.runs.outputs import check_outputs
@@ -195,9 +196,42 @@ def add_command(sub, command: Command) -> None:
     p.set_defaults(command=run)
 
 
+def add_template_limits(p: Parser) -> None:
+    """Top-level options (before the command): the limits of rendering a chat template."""
+    defaults = TemplateLimits()
+    g = p.add_argument_group("chat template limits", "A chat template comes from a model's folder or file, and "
+                             "attnlab renders it within limits; raise them only for a folder you trust. They go "
+                             "before the command: attnlab --template-seconds 30 chat RUN.")  # fmt: skip
+    helps = {"seconds": f"seconds one render may take, and one conversation's search for its assistant turns "
+                        f"(default {defaults.seconds:g})",
+             "growth": f"characters a template may write per character of the conversation, plus {BASE:,} times "
+                       f"this for headers; the template itself may be {SOURCE_PER_GROWTH:,} times this long "
+                       f"(default {defaults.growth:g})",
+             "depth": f"how deep a template's calls (macros, recursive loops) may nest (default {defaults.depth})",
+             }  # fmt: skip
+    for name, flag in OPTIONS.items():
+        kind = int if name == "depth" else float
+        g.add_argument(flag, type=_positive(kind), metavar="N", help=helps[name])
+
+
+def _positive(kind: type) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            whole = "whole " if kind is int else ""
+            raise argparse.ArgumentTypeError(f"expected a positive {whole}number, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> Parser:
     p = Parser(prog="attnlab", description="Build, train, sample and inspect Transformers.")
     p.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    add_template_limits(p)
     sub = p.add_subparsers(dest="name", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     add_command(sub, COMMANDS[0])
@@ -213,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = lambda message, *args, **kwargs: f"attnlab: warning: {message}\n"
     try:
         args = build_parser().parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
-        return args.command(args)
+        limits = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in OPTIONS.items()}
+        with template_limits_set(**limits):  # for this command (main may run again in one process)
+            return args.command(args)
     except AttnlabError as e:
         print(f"attnlab: error: {e}", file=sys.stderr)
         return 2

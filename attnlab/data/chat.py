@@ -4,27 +4,30 @@ are the assistant's (the spans supervised fine-tuning trains on).
 A converted checkpoint brings its own template (tokenizer_config.json's "chat_template", the Jinja
 language HuggingFace uses); attnlab's own models use BUILTIN. A template is a file from somebody else:
 it is rendered in Jinja2's immutable sandbox (no attribute of Python's internals, no changing what it
-is given), and a template that fails is one line.
+is given) within limits of time, size and call depth (data/template_limits.py), and a template that
+fails, or passes a limit, is one line naming where it came from. One read from a file is tried on a
+three-turn conversation when it is read, so that one which cannot render is refused then.
 
 The assistant's spans are found by rendering prefixes, which works for any template: the turns before
 assistant turn i with the generation prompt give the text up to where the answer starts; the turns up
 to and with turn i give the text up to where it ends (its end-of-turn marker included, so the model
-learns to stop).
+learns to stop). That is quadratic in the turns, so all of one conversation's renders share one deadline.
 """
 
 from __future__ import annotations
 
-import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import TemplateError, TemplateSyntaxError
 
 from attnlab.data.conversations import Message
+from attnlab.data.template_limits import OPTIONS, PER_TURN, LimitHit, template_limits
+from attnlab.data.template_sandbox import compile_template, render_bounded
 from attnlab.errors import AttnlabError
+from attnlab.io import read_json
 
 # ChatML's layout (as Qwen and others use it), for attnlab's own models: plain text a character model
 # can learn, one marker per turn.
@@ -32,45 +35,91 @@ BUILTIN = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# What a template read from a file is tried on: alternating turns, as the strictest templates want.
+PROBE = (Message("user", "Hello."), Message("assistant", "Hi."), Message("user", "Thanks."))
 
 
-def _raise(message: str) -> None:
-    raise TemplateError(message)
+class Refusal(TemplateError):
+    """The template's own raise_exception(): a rule about conversations, not a broken template."""
+
+
+def _raise(message: Any) -> None:
+    raise Refusal(str(message))
+
+
+def _brief(e: BaseException) -> str:
+    """An error as a few words on one line (a template's own message may be long or span lines)."""
+    if isinstance(e, TemplateSyntaxError):
+        text = f"{e.message} (line {e.lineno})"
+    else:
+        text = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
+    text = " ".join(text.split()) or type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _help(limit: str) -> str:
+    return f"limit: attnlab {OPTIONS[limit]}; raise it only for a folder you trust"
 
 
 class ChatTemplate:
-    """A compiled template and the special texts it may name (bos_token, eos_token)."""
+    """A compiled template and the special texts it may name (bos_token, eos_token). `where`: the file
+    it was read from, named by its errors; a template read from a file is tried once when it is read."""
 
-    def __init__(self, source: str = BUILTIN, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, source: str = BUILTIN, bos_token: str = "", eos_token: str = "",
+                 where: str | None = None) -> None:  # fmt: skip
+        self.name = f"the chat template in {where}" if where else "the chat template"
         if not isinstance(source, str) or not source.strip():
-            raise AttnlabError("a chat template must be a non-empty text")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = _raise
+            raise AttnlabError(f"{self.name} must be a non-empty text")
+        self.source, self.bos_token, self.eos_token, self.where = source, bos_token, eos_token, where
         try:
-            self.template = env.from_string(source)
-        except TemplateError as e:
-            raise AttnlabError(f"the chat template does not compile ({e})") from None
-        self.source, self.bos_token, self.eos_token = source, bos_token, eos_token
+            self.template = compile_template(source, template_limits(), {"raise_exception": _raise})
+        except LimitHit as e:
+            raise AttnlabError(f"{self.name} {e} ({_help(e.limit)})") from None
+        except Exception as e:  # a syntax error, or Python's compiler refusing code nested too deep
+            raise AttnlabError(f"{self.name} does not compile ({_brief(e)})") from None
+        if where is not None:
+            self._probe()
+
+    def _probe(self) -> None:
+        try:
+            self._render(PROBE, True)
+        except Refusal:  # its own rule (e.g. a system turn first): a conversation it refuses, not a fault
+            pass
+        except Exception as e:
+            raise self._failure(e, "a three-turn test conversation, tried as it is read") from None
+
+    def _render(self, messages: Sequence[Message], add_generation_prompt: bool, deadline: float | None = None) -> str:
+        rows = [{"role": m.role, "content": m.content} for m in messages]
+        chars = sum(len(m.role) + len(m.content) + PER_TURN for m in messages) + len(self.bos_token + self.eos_token)
+        variables = {"messages": rows, "add_generation_prompt": add_generation_prompt,
+                     "bos_token": self.bos_token, "eos_token": self.eos_token}  # fmt: skip
+        return render_bounded(self.template, variables, chars, template_limits(), deadline)
+
+    def _failure(self, e: Exception, on: str = "this conversation") -> AttnlabError:
+        """Any way a render fails, as one line: the limit passed, else what the template did."""
+        if isinstance(e, LimitHit):
+            return AttnlabError(f"{self.name} {e}, on {on} ({_help(e.limit)})")
+        if isinstance(e, RecursionError):  # a value nested thousands deep (its text, its JSON, a comparison)
+            return AttnlabError(f"{self.name} nests a value or calls deeper than Python can follow, on {on}")
+        return AttnlabError(f"{self.name} failed on {on} ({_brief(e)})")
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         """The text of the conversation (and, with add_generation_prompt, the start of the next answer)."""
-        rows = [{"role": m.role, "content": m.content} for m in messages]
         try:
-            return self.template.render(messages=rows, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)  # fmt: skip
-        except TemplateError as e:  # the sandbox's SecurityError is one too
-            raise AttnlabError(f"the chat template failed on this conversation ({e})") from None
+            return self._render(messages, add_generation_prompt)
+        except Exception as e:
+            raise self._failure(e) from None
 
     def to_dict(self) -> dict[str, str]:
         """What a run stores of its template (chat_template.json), read back by from_dict."""
         return {"template": self.source, "bos_token": self.bos_token, "eos_token": self.eos_token}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "chat template") -> ChatTemplate:
+    def from_dict(cls, d: Any, where: str | None = None) -> ChatTemplate:
         if not isinstance(d, dict) or not isinstance(d.get("template"), str):
-            raise AttnlabError(f'{where} is corrupt: it needs a "template" text')
-        return cls(d["template"], str(d.get("bos_token", "")), str(d.get("eos_token", "")))
+            raise AttnlabError(f'{where or "chat template"} is corrupt: it needs a "template" text')
+        bos, eos = str(d.get("bos_token", "")), str(d.get("eos_token", ""))
+        return cls(d["template"], bos, eos, where or "a run's chat_template.json")
 
     def prompt(self, messages: Sequence[Message]) -> str:
         """The text a model continues to answer the conversation: the turns and the answer's start."""
@@ -86,17 +135,31 @@ class ChatTemplate:
 
     def assistant_spans(self, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the [start, end) character spans of its assistant turns."""
-        text, spans = self.render(messages), []
+        deadline = time.monotonic() + template_limits().seconds  # one for all its renders: they cost turns^2
+        text, spans = self._spanning(messages, False, deadline, len(messages)), []
         for i, m in enumerate(messages):
             if m.role != "assistant":
                 continue
-            before = self.render(messages[:i], add_generation_prompt=True)
-            upto = self.render(messages[: i + 1])
+            before = self._spanning(messages[:i], True, deadline, len(messages))
+            upto = self._spanning(messages[: i + 1], False, deadline, len(messages))
             if not (text.startswith(upto) and upto.startswith(before)):
-                raise AttnlabError(f"the chat template renders turn {i + 1} differently once later turns follow: "
+                raise AttnlabError(f"{self.name} renders turn {i + 1} differently once later turns follow: "
                                    "the assistant's part of the text cannot be found")  # fmt: skip
             spans.append((len(before), len(upto)))
         return text, spans
+
+    def _spanning(self, turns: Sequence[Message], add_generation_prompt: bool, deadline: float, n: int) -> str:
+        """One render of assistant_spans, by the conversation's deadline."""
+        try:
+            return self._render(turns, add_generation_prompt, deadline)
+        except LimitHit as e:
+            if e.limit != "seconds":
+                raise self._failure(e) from None
+            raise AttnlabError(f"{self.name} took more than {template_limits().seconds:g} s to find the assistant "
+                               f"turns of a {n:,}-turn conversation, which renders every prefix of it "
+                               f"({_help('seconds')}, or split the conversation)") from None  # fmt: skip
+        except Exception as e:
+            raise self._failure(e) from None
 
 
 def _special(value: Any) -> str:
@@ -112,14 +175,11 @@ def hf_template(folder: str | Path) -> ChatTemplate | None:
     path = Path(folder) / "tokenizer_config.json"
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise AttnlabError(f"{path} is not valid JSON ({e})") from None
+    config = read_json(path, limit=64 * 2**20)  # a template with its tokens: kilobytes to a few megabytes
     source = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
     if source is None:
         return None
-    return ChatTemplate(source, _special(config.get("bos_token")), _special(config.get("eos_token")))
+    return ChatTemplate(source, _special(config.get("bos_token")), _special(config.get("eos_token")), str(path))
