@@ -68,8 +68,13 @@ def splits(cfg: ChatData | PreferenceData, builtin: str) -> dict[str, list]:
     random.Random(0).shuffle(rows)
     n_val = round(len(rows) * cfg.val_fraction) if len(rows) > 1 else 0
     if cfg.val_fraction > 0 and len(rows) > 1:
-        n_val = max(1, n_val)
+        n_val = min(max(1, n_val), len(rows) - 1)  # one row at least on each side
     return {"train": rows[n_val:], "val": rows[:n_val], "test": []}
+
+
+def test_split(cfg: ChatData | PreferenceData, builtin: str) -> list:
+    """The test split of `splits`, without reading a file again (a file has none)."""
+    return splits(cfg, builtin)["test"] if cfg.data in BUILTIN else []
 
 
 def read_rows(path: str, pairs: bool) -> list:
@@ -83,7 +88,7 @@ def held_out(cfg: ChatData | PreferenceData, source: str | None = None) -> tuple
     source = source or cfg.data
     if source in BUILTIN:
         return instructions("test", cfg.test_examples, TEST_SEED), "test"
-    first = next(rows(source))[1]
+    first = next(rows(source), (0, None))[1]  # the first row alone says the file's kind (none: splits says so)
     pairs = isinstance(first, dict) and kind_of(first) == "preference"
     data = (PreferenceData if pairs else ChatData)(data=source, val_fraction=cfg.val_fraction)
     held = splits(data, "preferences" if pairs else "instructions")["val"]

@@ -18,10 +18,14 @@ from torch import Tensor
 
 from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
-from attnlab.data.conversations import Conversation, Preference
+from attnlab.data.conversations import Conversation, Message, Preference
 from attnlab.data.tokenizers import Tokenizer
 
 TRAIN_ON = ("assistant", "all")  # "last" (the final answer alone) is what preference pairs train
+# No tokenizer attnlab trains or converts averages more than a few characters per token on real text
+# (GPT-2's BPE about 4, a character tokenizer 1): a row with 32 per token of the context cannot fit.
+# (A word tokenizer reads an unknown word of any length as one token: it alone could beat this.)
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,29 @@ def encode(conv: Conversation, template: ChatTemplate, tok: Tokenizer, train_on:
     else:
         text, spans = template.assistant_spans(conv.messages)
         spans = spans[-1:] if train_on == "last" else spans
-    ids, trained = [], []
-    for piece, inside in pieces(text, spans):
-        piece_ids = tok.encode(piece)
-        ids += piece_ids
-        trained += [inside or train_on == "all"] * len(piece_ids)
-    return Example(np.asarray(ids, dtype=np.int64), np.asarray(trained, dtype=bool))
+    cut = pieces(text, spans)
+    # numpy arrays, not lists: a list of ints costs 8 bytes a token more, and as much again to convert
+    ids = [tok.encode_array(piece) for piece, _ in cut]
+    trained = [(np.ones if inside or train_on == "all" else np.zeros)(len(a), dtype=bool)
+               for a, (_, inside) in zip(ids, cut, strict=True)]  # fmt: skip
+    if len(cut) == 1:  # a {"text"} row: one piece, nothing to join
+        return Example(ids[0].astype(np.int64, copy=False), trained[0])
+    empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)  # (int64 first: the ids come out int64)
+    return Example(np.concatenate([empty[0], *ids]), np.concatenate([empty[1], *trained]))
+
+
+def surely_longer(row: Conversation | Preference, tokens: int) -> bool:
+    """Whether the row's messages alone hold more than MAX_CHARS_PER_TOKEN characters per token of
+    `tokens`, so it cannot fit (and is left out without being rendered or tokenized: a 100 MB row
+    would cost gigabytes to tokenize, only to be left out)."""
+    if isinstance(row, Preference):
+        answer = max(_chars(row.chosen), _chars(row.rejected))
+        return _chars(row.prompt) + answer > tokens * MAX_CHARS_PER_TOKEN
+    return _chars(row.messages) > tokens * MAX_CHARS_PER_TOKEN
+
+
+def _chars(messages: tuple[Message, ...]) -> int:
+    return sum(len(m.content) for m in messages)
 
 
 def show(example: Example, tok: Tokenizer, mark: tuple[str, str] = ("\x1b[1;32m", "\x1b[0m")) -> str:

@@ -49,7 +49,7 @@ from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
-from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, conversation
+from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, clip, conversation
 from attnlab.version import __version__
 
 FINGERPRINT = f"attnlab-{__version__}"
@@ -109,7 +109,7 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
     def find(name: str):
         if name not in batchers:
             what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
-            raise APIError(404, f"the model {name!r} does not exist{what}; serving: {', '.join(batchers)}",
+            raise APIError(404, f"the model {clip(name)} does not exist{what}; serving: {', '.join(batchers)}",
                            "model_not_found", "model")  # fmt: skip
         return served[name]
 

@@ -11,6 +11,12 @@ so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suff
 none, response_format text. `user` is accepted and ignored. Any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
 
+Messages: role system, developer (read as system), user or assistant; content a text, a list of
+text parts ([{"type": "text", "text": ...}], joined) or null (empty); other fields (name, ...) are
+ignored. Tool roles and tool calls are a 400 that says so, as is content of any other kind (one
+message, not one per form it could have taken). A field given as a string of digits is read as
+its number, as Pydantic reads it; an error message quotes a client's value clipped and escaped.
+
 Extensions, with the names vLLM uses so that scripts written for it work: top_k (sample among the k
 most likely tokens; 0 or -1 = off) and ignore_eos (go on past the end-of-text token).
 
@@ -25,7 +31,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from attnlab.data.conversations import Message as Turn
 from attnlab.errors import AttnlabError
@@ -37,6 +44,8 @@ MAX_PROMPT_CHARS = 100_000
 MAX_STOPS = 4
 CHAT_MAX_TOKENS = 256  # a chat reply's default length
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}  # as the template sees it
+TOOL_ROLES = ("tool", "function")
+TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")  # a message's fields of tool calling
 
 Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 StopText = Annotated[str, Field(max_length=100)]
@@ -53,7 +62,9 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(description="a served run's name, as /v1/models lists it")
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="sample among the tokens that make up probability p")
+    top_p: float = Field(
+        1.0, gt=0, le=1, allow_inf_nan=False, description="sample among the tokens that make up probability p"
+    )
     top_k: int = Field(0, ge=-1, description="(extension) sample among the k most likely tokens; 0 or -1: off")
     n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt")
     stop: StopText | list[StopText] | None = Field(None, description="stop before this text (or any of up to 4)")
@@ -65,6 +76,19 @@ class Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, description="not supported: 0 only")
     logit_bias: dict[str, float] | None = Field(None, description="not supported: empty only")
     user: str | None = Field(None, max_length=256, description="ignored")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def stop_texts(cls, value):
+        """One message for a stop of the wrong kind or length (not one per member of the union)."""
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise PydanticCustomError(
+                "stop", f"must be a text or a list of up to {MAX_STOPS} texts, got {_kind(value)}"
+            )
+        if any(len(t) > 100 for t in texts):
+            raise PydanticCustomError("stop", "a stop text has at most 100 characters")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +128,22 @@ class CompletionRequest(Sampling):
     best_of: int = Field(1, description="not supported: 1 only")
     suffix: str | None = Field(None, description="not supported: null only")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def prompt_shape(cls, value):
+        """One message for a prompt of none of its four shapes (not one per member of the union)."""
+        ids = lambda v: isinstance(v, list) and all(type(i) is int for i in v)  # noqa: E731
+        if isinstance(value, str) or ids(value):
+            texts = [value] if isinstance(value, str) else []
+        elif isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+            texts = [p for p in value if isinstance(p, str)]
+        else:
+            raise PydanticCustomError("prompt", "must be a text, a list of texts, token ids or lists of token ids, "
+                                      f"got {_kind(value)}")  # fmt: skip
+        if any(len(t) > MAX_PROMPT_CHARS for t in texts):
+            raise PydanticCustomError("prompt", f"a prompt has at most {MAX_PROMPT_CHARS:,} characters")
+        return value
+
     def check(self) -> None:
         super().check()
         if self.best_of != 1:
@@ -117,14 +157,38 @@ class CompletionRequest(Sampling):
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: Text
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # name, refusal, ...: nothing a base model reads
+    model_config = ConfigDict(extra="allow")  # name, refusal, ...: nothing a base model reads (tool calls: check)
     role: str
     content: Text | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def text_parts_only(cls, value):
+        """One message for a content of the wrong kind, not Pydantic's one per member of the union."""
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise PydanticCustomError(
+                "content_type", f"must be a text, a list of text parts or null, got {_kind(value)}"
+            )
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                what = f"type {clip(kind)}" if isinstance(part, dict) else _kind(part)
+                raise PydanticCustomError(
+                    "content_part", f"part {i}: only parts of type 'text' are supported, got {what}"
+                )
+            if not isinstance(part.get("text"), str):
+                raise PydanticCustomError(
+                    "content_part", f"part {i}: its text must be a text, got {_kind(part.get('text'))}"
+                )
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -146,8 +210,17 @@ class ChatRequest(Sampling):
     def check(self) -> None:
         super().check()
         for i, m in enumerate(self.messages):
+            if m.role in TOOL_ROLES:
+                raise BadField(f"messages[{i}].role {m.role!r} is not supported: tool calls are not (these are base "
+                               f"models); use {', '.join(ROLES)}", f"messages[{i}].role")  # fmt: skip
             if m.role not in ROLES:
-                raise BadField(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}", f"messages[{i}].role")
+                raise BadField(
+                    f"messages[{i}].role {clip(m.role)} is not one of {', '.join(ROLES)}", f"messages[{i}].role"
+                )
+            used = [f for f in TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
+            if used:
+                raise BadField(f"messages[{i}].{used[0]}: tool calls are not supported (these are base models)",
+                               f"messages[{i}].{used[0]}")  # fmt: skip
         if self.tools:
             raise BadField("tools are not supported: these are base models", "tools")
         if self.tool_choice not in (None, "none"):
@@ -163,6 +236,16 @@ class ChatRequest(Sampling):
 def conversation(messages: list[Message]) -> list[Turn]:
     """The request's messages as a chat template reads them (roles system, user, assistant)."""
     return [Turn(ROLES[m.role], m.text()) for m in messages]
+
+
+def clip(value: object, most: int = 40) -> str:
+    """A client's value for a message: its repr (quotes, escapes: one line), cut to `most` characters."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}..."
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 class BadField(AttnlabError):

@@ -10,8 +10,11 @@ a run:   attnlab sample / chat answer through its template; eval scores the held
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from attnlab.config import checked, option
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.finetune import PreferenceData, fitting, held_out, splits
-from attnlab.data.supervised import Example, pair_examples, show
+from attnlab.data.supervised import Example, pair_examples, show, surely_longer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.chat import answers
 from attnlab.engine.config import TrainConfig
@@ -90,6 +93,29 @@ def longest(example: Example | tuple[Example, Example]) -> int:
     return max(len(e.ids) for e in example) if isinstance(example, tuple) else len(example.ids)
 
 
+def encoded_rows(rows: list, encode, room: int | None, unit: str) -> list:
+    """`encode(row)` of each row; with `room` (the tokens the model reads), those that do not fit left
+    out and said so (one whose characters alone say it cannot fit is left out unencoded)."""
+    with _collector_skips_what_is_alive():
+        if room is None or not rows:
+            return [encode(r) for r in rows]
+        encoded = [None if surely_longer(r, room) else encode(r) for r in rows]
+    return fitting(encoded, [room + 2 if e is None else longest(e) for e in encoded], room, unit)
+
+
+@contextmanager
+def _collector_skips_what_is_alive() -> Iterator[None]:
+    """Python's cycle collector leaves out every object alive now (the rows read: a million rows are
+    millions of objects) while they are encoded: each of its full passes would walk them all again (a
+    million rows: 23 s of CPU, 12.5 s without). What encoding makes is still collected (a template's
+    rendering may leave cycles)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class Adapting(Task):
     """A task that starts from a pretrained GPT (--init) and adapts it on conversations or pairs."""
 
@@ -102,6 +128,7 @@ class Adapting(Task):
     family = "gpt"  # the family of the runs it writes
     new_weights: tuple[str, ...] = ()  # weights the base has not got (a head): trained from their init
     unit = "pair"  # what an example is, for messages
+    builtin = "preferences"  # the built-in data of the task (finetune.BUILTIN)
     reads_whole_rows = False  # True: the model reads all of an example's tokens (not shifted by one)
     init_help = AdaptOptions.__dataclass_fields__["init"].metadata.get("help", "")
 
@@ -115,7 +142,14 @@ class Adapting(Task):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         init = self.init_run(req.init)
         tok, template = load_tokenizer(init), run_template(init)
-        example = self.examples(tok, template, req.data)["train"][0]  # a row it cannot read fails here, first
+        room = read_run_config(init)["model"]["context"] - self.reads_whole_rows
+        # Every row read and checked here, before the run's folder is made: a row it cannot read fails
+        # first. One is encoded (the template's errors too); prepare encodes them all, once.
+        rows = splits(req.data, self.builtin)["train"]
+        row = next((r for r in rows if not surely_longer(r, room)), None)
+        if row is None:  # what prepare would find, after encoding them all
+            raise AttnlabError(f"every {self.unit} is longer than the model's context of {room} tokens")
+        example = self.encode_row(row, tok, template, req.data)
         if req.options.get("show_masks"):
             first = example[0] if isinstance(example, tuple) else example
             print(f"one training example, the tokens the loss reads in green:\n{show(first, tok)}", file=sys.stderr)
@@ -162,10 +196,15 @@ class Adapting(Task):
             return adapter_of(req.saved)
         return adapter_section(req.options, self.new_weights)
 
-    def examples(self, tok: Tokenizer, template: ChatTemplate, data: Any) -> dict[str, list]:
-        """The task's encoded examples by split (Example, or a pair of them): preference pairs here,
-        conversations in sft."""
-        return {k: [pair_examples(p, template, tok) for p in v] for k, v in splits(data, "preferences").items()}
+    def encode_row(self, row: Any, tok: Tokenizer, template: ChatTemplate, data: Any) -> Any:
+        """One row of the data as the model reads it: a preference pair as two examples here, a
+        conversation as one in sft."""
+        return pair_examples(row, template, tok)
+
+    def examples(self, tok: Tokenizer, template: ChatTemplate, data: Any, room: int | None = None) -> dict[str, list]:
+        """The task's encoded examples by split; with `room`, only those that fit it (encoded_rows)."""
+        encode = lambda row: self.encode_row(row, tok, template, data)  # noqa: E731
+        return {k: encoded_rows(v, encode, room, self.unit) for k, v in splits(data, self.builtin).items()}
 
     def encoded(self, req: TrainRequest) -> Encoded:
         """What every prepare starts from: the run's tokenizer and template, the model's settings and
@@ -173,9 +212,7 @@ class Adapting(Task):
         tok, template = load_tokenizer(req.out), run_template(req.out)
         model, adapter = self.model_config(req), self.adapter(req)
         # the model reads an example's tokens shifted by one (sft, dpo) or whole (a reward model)
-        room = model["context"] - self.reads_whole_rows
-        parts = {k: fitting(v, [longest(e) for e in v], room, self.unit) if v else v
-                 for k, v in self.examples(tok, template, req.data).items()}  # fmt: skip
+        parts = self.examples(tok, template, req.data, model["context"] - self.reads_whole_rows)
         return Encoded(tok, template, model, adapter, parts)
 
     # ---- from options, as the command line gives them -------------------------------------------
@@ -220,7 +257,8 @@ class Adapting(Task):
         given = {} if data is None else {"data": "preferences" if data == "instructions" else data}
         cfg = checked(PreferenceData, {**run.config["data"], **given}, where="data")
         held = "test" if cfg.data == "preferences" else "val"
-        return self.examples(run.tokenizer, run_template(run.path), cfg)[held], held, cfg.data
+        room = run.model.cfg.context - self.reads_whole_rows
+        return self.examples(run.tokenizer, run_template(run.path), cfg, room)[held], held, cfg.data
 
     def more_scores(self, run, data: str | None) -> dict[str, Any]:
         """What a task measures beside the exact answers (DPO: its preference accuracy)."""

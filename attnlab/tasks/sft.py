@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.data.chat import ChatTemplate
-from attnlab.data.finetune import ChatData, splits
+from attnlab.data.conversations import Conversation
+from attnlab.data.finetune import ChatData, test_split
 from attnlab.data.supervised import Example, Supervised, encode
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.engine.session import Session
@@ -30,15 +31,14 @@ class SupervisedFineTuning(Adapting):
     noun = "a fine-tuned (sft)"
     data_config = ChatData
     unit = "conversation"
+    builtin = "instructions"
 
-    def examples(self, tok: Tokenizer, template: ChatTemplate, data: ChatData) -> dict[str, list[Example]]:
-        return {
-            k: [encode(c, template, tok, data.train_on) for c in v] for k, v in splits(data, "instructions").items()
-        }
+    def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: ChatData) -> Example:
+        return encode(row, template, tok, data.train_on)
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
-        test = splits(req.data, "instructions")["test"]
+        test = test_split(req.data, self.builtin)
         return Prepared(Supervised(e.parts), self.builder(req, e.model, e.adapter),
                         self.run_config(req, e.model, e.adapter), state=(e.tok, e.template, test))  # fmt: skip
 
