@@ -121,11 +121,13 @@ COMMANDS = [
             "machine (a --host other than loopback) it needs a key."),
     Command("convert", "a local HuggingFace checkpoint or a GGUF file -> an attnlab run (what it reads: convert "
             "--help)", ConvertOptions,
-            run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or "
-            "pytorch_model.bin, tokenizer.json) or a GGUF file (llama.cpp's and ollama's format: a llama or gpt2 "
+            run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or its "
+            "shards, tokenizer.json; pickles such as pytorch_model.bin are never opened) or a GGUF file "
+            "(llama.cpp's and ollama's format: a llama or gpt2 "
             "model; quantized weights are read as the float32 values they stand for) and write an attnlab run "
             "that every command works on. SOURCE is either; --from-hf DIR is the same as a directory SOURCE. "
-            "Nothing is downloaded."),
+            "Nothing is downloaded. Every size the files declare is checked against the bytes they hold before "
+            "anything is built; a file that does not fit is one line."),
     Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder, an ONNX file or a GGUF file",
             ExportOptions,
             run_export, "Write a run in another format: --to hf, a directory that transformers' from_pretrained "

@@ -70,6 +70,9 @@ class TemplateLimits:
 _limits = TemplateLimits()
 
 
+TRANSLATE = "translate"  # str.translate (a name, not a constant: "translate" is also a task's name)
+
+
 def template_limits() -> TemplateLimits:
     """The limits every chat template is rendered under (set_template_limits changes them)."""
     return _limits
@@ -259,7 +262,7 @@ def method_size(name: str, text: str | bytes, args: tuple, kwargs: dict, budget:
         return sum(size(x, budget) for x in items) + len(text) * max(len(items) - 1, 0)
     if name == "to_bytes":  # int.to_bytes(length)
         return _int(_arg(args, kwargs, 0, "length", 1))
-    if name == "translate" and args and isinstance(args[0], dict):
+    if name == TRANSLATE and args and isinstance(args[0], dict):
         return len(text) * max([1, *(size(v, budget) for v in args[0].values())])
     return 0
 

@@ -183,8 +183,9 @@ def said_by(src: Path) -> str:
 
 
 def check_context(cfg: Any, key: str, src: Path) -> None:
-    """Positions no tensor holds (rotary) serve MAX_CONTEXT at most: the weights do not depend on it."""
-    if cfg.positions != "learned" and cfg.context > MAX_CONTEXT:
+    """A context of MAX_CONTEXT at most. Rotary positions hold no tensor, so only this bounds them (the
+    weights do not depend on it); a learned table's rows are checked against the file with the sizes."""
+    if cfg.context > MAX_CONTEXT:
         raise AttnlabError(f"{said_by(src)} gives {key} {cfg.context:,}, more than the {MAX_CONTEXT:,} "
                            f"positions attnlab decodes ({cfg.positions} positions allocate for the whole "
                            f"context): set {key} to the context you need, at most {MAX_CONTEXT:,}; the "
