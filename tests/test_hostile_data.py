@@ -291,3 +291,15 @@ def test_random_bytes_read_or_are_refused_in_one_line(tmp_path):
         read_or_refused(path, read_conversations)
 
     check()
+
+
+def test_many_rows_are_encoded_under_a_progress_bar(monkeypatch, capsys):
+    """A million rows take about 20 s to encode: a bar says so (a few rows encode without one)."""
+    from attnlab.tasks import adapt
+
+    rows = ["a", "bb", "ccc"]
+    assert adapt.encoded_rows(rows, len, None, "conversations") == [1, 2, 3]
+    assert "encoding conversations" not in capsys.readouterr().err
+    monkeypatch.setattr(adapt, "SHOWN_FROM", 3)
+    assert adapt.encoded_rows(rows, len, None, "conversations") == [1, 2, 3]
+    assert "encoding conversations" in capsys.readouterr().err

@@ -13,6 +13,7 @@ plain sandbox renders them.
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import pytest
@@ -201,15 +202,35 @@ def test_the_limits_api():
             TemplateLimits(**bad)
 
 
+SANDBOXED_CHATML = BUILTIN + "{# a template from a file: rendered in the sandbox #}"
+
+
 def test_the_assistant_spans_of_a_10000_turn_conversation_are_refused_in_one_line():
     """Finding the spans renders every prefix (quadratic); all of one conversation's renders share one
     deadline, so 10,000 turns are refused by it (they took 33 s before on a quiet 2-core machine)."""
     turns = [Message("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(10_000)]
     with template_limits_set(seconds=0.5):
         says = r"more than 0\.5 s to find the assistant turns of a 10,000-turn conversation.*" + SECS
-        refused(lambda: ChatTemplate().assistant_spans(turns), says, 3.0, MIB)
-    text, spans = ChatTemplate().assistant_spans(turns[:100])  # a long conversation of real size: found
+        refused(lambda: ChatTemplate(SANDBOXED_CHATML).assistant_spans(turns), says, 3.0, MIB)
+    text, spans = ChatTemplate(SANDBOXED_CHATML).assistant_spans(turns[:100])  # a real size: found
     assert len(spans) == 50 and all(text[a:b] == f"message {2 * k + 1}<|im_end|>\n" for k, (a, b) in enumerate(spans))
+
+
+def test_attnlab_s_own_template_is_rendered_by_python_as_jinja_renders_it():
+    """BUILTIN skips the sandbox (a million rows took minutes there): the same texts and spans as the
+    sandboxed template on random conversations of odd characters, and 10,000 turns in one pass."""
+    rng, alphabet = random.Random(0), "ab \n\t{}%<|>\u00e9\u2028'\"\\"
+    fast, jinja = ChatTemplate(), ChatTemplate(SANDBOXED_CHATML)
+    for _ in range(200):
+        text = lambda: "".join(rng.choices(alphabet, k=rng.randint(0, 12)))  # noqa: E731
+        turns = [Message(rng.choice(["system", "user", "assistant"]), text()) for _ in range(rng.randint(0, 8))]
+        for generation in (False, True):
+            assert fast.render(turns, generation) == jinja.render(turns, generation)
+        assert fast.assistant_spans(turns) == jinja.assistant_spans(turns)
+    turns = [Message("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(10_000)]
+    with bounded(1.0, MIB):
+        text, spans = fast.assistant_spans(turns)
+    assert len(spans) == 5_000 and text[slice(*spans[-1])] == "message 9999<|im_end|>\n"
 
 
 # ---- real templates render as before ----------------------------------------------------------------------

@@ -78,7 +78,10 @@ def read_peft_config(d: Path) -> dict[str, Any]:
     if folder_file(d, CONFIG, JSON_LIMIT) is None:
         raise AttnlabError(f"{d} has no {CONFIG}: not a PEFT adapter folder")
     peft = read_json_file(d, CONFIG)
-    check_peft_config(peft)
+    try:
+        check_peft_config(peft)
+    except AttnlabError as e:  # its lines start "adapter_config.json: ...": say which folder's
+        raise AttnlabError(f"{d / str(e)}" if str(e).startswith(CONFIG) else str(e)) from None
     return peft
 
 

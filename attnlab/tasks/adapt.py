@@ -35,6 +35,7 @@ from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig
 from attnlab.nn.quantize import KINDS as QUANTIZED
+from attnlab.progress import tqdm
 from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template, with_adapters
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
@@ -98,9 +99,17 @@ def encoded_rows(rows: list, encode, room: int | None, unit: str) -> list:
     out and said so (one whose characters alone say it cannot fit is left out unencoded)."""
     with _collector_skips_what_is_alive():
         if room is None or not rows:
-            return [encode(r) for r in rows]
-        encoded = [None if surely_longer(r, room) else encode(r) for r in rows]
+            return [encode(r) for r in _shown(rows, unit)]
+        encoded = [None if surely_longer(r, room) else encode(r) for r in _shown(rows, unit)]
     return fitting(encoded, [room + 2 if e is None else longest(e) for e in encoded], room, unit)
+
+
+SHOWN_FROM = 50_000  # rows: encoding a million takes about 20 s on a 2-core CPU, worth a bar
+
+
+def _shown(rows: list, unit: str) -> list:
+    """The rows, with a progress bar where there are many (a small file encodes in a blink)."""
+    return tqdm(rows, desc=f"encoding {unit}", unit=" rows", leave=False) if len(rows) >= SHOWN_FROM else rows
 
 
 @contextmanager
