@@ -212,3 +212,28 @@ def write_lora_run(base, out, lora: LoRAConfig, quantize: str | None = None, see
     write_weights(lora_state_dict(net), out / WEIGHTS, {"step": "0"})
     shutil.copyfile(base / TOKENIZER, out / TOKENIZER)
     return out
+
+
+# A chat template short enough for a context of 32 (tests/test_chat.py has Llama 3's and ChatML): each
+# turn a line "u:TEXT", the answer after "a:" ending at the newline (its eos_token).
+SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}" \
+        "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
+
+
+def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
+    """root/lm: a 1-layer character GPT of context 32 trained `steps` steps through `attnlab train lm`,
+    with the SHORT chat template: the run the server's API tests talk to."""
+    from attnlab.cli.main import main
+    from attnlab.data.chat import ChatTemplate
+    from attnlab.runs.adapted import CHAT_TEMPLATE
+
+    tiny = ["--max-steps", str(steps), "--batch-size", "4", "--eval-interval", str(steps), "--eval-batches", "1",
+            "--device", "cpu", "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2",
+            "--context", "32", "--tokenizer", "char"]  # fmt: skip
+    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * repeats)
+    with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *tiny]) == 0
+    record(root / "lm", CHAT_TEMPLATE)
+    write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
+    return root / "lm"

@@ -17,40 +17,23 @@ import time
 
 import pytest
 
-from attnlab.cli.main import main
-from attnlab.data.chat import ChatTemplate
-from attnlab.io import write_json
-from attnlab.runs.adapted import CHAT_TEMPLATE
-from attnlab.runs.marker import record
 from attnlab.serve.app import create_app, running
 from attnlab.serve.guard import Limits
-from tests.conftest import extra
+from tests.conftest import extra, short_chat_lm
 from tests.hostile import bounded, one_line
 
 httpx = extra("httpx", "httpx (the client here) is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 SECONDS, MIB = 10.0, 200  # per request; a refusal takes 5-50 ms (the 50 MB body: its sending)
-TINY = ["--max-steps", "2", "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu",
-        "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
-        "--tokenizer", "char"]  # fmt: skip
-# A chat template short enough for a context of 32: each turn "u:TEXT\n", the answer after "a:".
-SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}" \
-        "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 HI = {"role": "user", "content": "hi"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile_serve")
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 100)
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *TINY]) == 0
-    record(root / "lm", CHAT_TEMPLATE)
-    write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
-    app = create_app([root / "lm"], limits=Limits(max_streams=8, request_timeout=60))
+    run = short_chat_lm(tmp_path_factory.mktemp("hostile_serve"), steps=2, repeats=100)
+    app = create_app([run], limits=Limits(max_streams=8, request_timeout=60))
     with running(app) as url:
         yield url, app
 

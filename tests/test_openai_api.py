@@ -14,39 +14,22 @@ import torch
 
 from attnlab import load
 from attnlab.cli.main import main
-from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Message
 from attnlab.decoding.sampling import generate_text
-from attnlab.io import write_json
-from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
-from attnlab.runs.marker import record
+from attnlab.runs.adapted import run_template
 from attnlab.serve.app import create_app, running
-from tests.conftest import extra
+from tests.conftest import extra, short_chat_lm
 
 httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
 openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
-        "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
-        "--tokenizer", "char"]  # fmt: skip
 PLAIN = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}  # a plain draw: what `attnlab sample` does
-# A chat template short enough for a context of 32 (tests/test_chat.py has Llama 3's and ChatML): each
-# turn a line "u:TEXT", the answer after "a:" ending at the newline (its eos_token).
-SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}" \
-        "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai")
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *TINY]) == 0
-    record(root / "lm", CHAT_TEMPLATE)
-    write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
-    return root / "lm"
+    return short_chat_lm(tmp_path_factory.mktemp("openai"))
 
 
 @pytest.fixture(scope="module")
