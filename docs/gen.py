@@ -3,8 +3,9 @@
 - The command reference: one page per command (and per `train` task) from the parser that
   `attnlab.cli.main.build_parser()` builds, so every flag appears with its help, choices and default.
 - The lessons: each lessons/NN_name.py as its executed notebook. build/lessons/NN_name.ipynb (what
-  lessons/execute.py and tests/test_lessons.py write) is used while the source hash recorded in it
-  matches the lesson; otherwise the lesson is executed again, and the notebook kept there.
+  `python lessons/execute.py lessons/0*.py --out build/lessons` writes) is used while the source hash
+  recorded in it matches the lesson; otherwise the lesson is executed again, and the notebook kept
+  there. tests/test_docs_site.py points $ATTNLAB_LESSONS_BUILD at its own quick notebooks instead.
 
 docs/hooks.py calls `generate` while mkdocs builds;  `python docs/gen.py` writes the pages alone.
 """
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Pages made here are added to the site by docs/hooks.py ($ATTNLAB_DOCS_GEN moves them: the tests use a temporary one).
 OUT = Path(os.environ.get("ATTNLAB_DOCS_GEN") or ROOT / "build" / "docs")
 LESSONS = ROOT / "lessons"
-# Where lessons/execute.py and tests/test_lessons.py write notebooks ($ATTNLAB_LESSONS_BUILD: elsewhere).
+# Where lessons/execute.py writes notebooks ($ATTNLAB_LESSONS_BUILD: elsewhere, e.g. the test's quick ones).
 EXECUTED = Path(os.environ.get("ATTNLAB_LESSONS_BUILD") or ROOT / "build" / "lessons")
 CLI = "reference/cli"  # the command pages, relative to the site's root
 
@@ -185,7 +186,7 @@ def executed_notebook(lesson: Path, log=print) -> Path:
     try:
         if executor.is_current(notebook, lesson):
             return notebook
-    except (OSError, ValueError):  # missing, or half-written by tests/test_lessons.py in another process
+    except (OSError, ValueError):  # missing, or half-written by lessons/execute.py in another process
         pass
     log(f"executing lessons/{lesson.name} (no current notebook in {EXECUTED})")
     executed, _ = executor.execute(lesson)

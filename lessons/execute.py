@@ -6,12 +6,18 @@
 The kernel starts in lessons/ (so `from checks.attention import ...` works) and is the Python that runs
 this file. Each written notebook records, in its metadata under "attnlab", the SHA-256 of the lesson's
 source: `is_current(ipynb, py)` tells a reader of build/lessons whether the notebook is out of date.
+
+`settings` (the test suite's quick run) replace some of the values the lesson's first code cell sets,
+by a cell of their own placed after it, shown in the notebook and recorded in its metadata: the same
+cells run top to bottom, with fewer training steps. Such notebooks are not the lessons' own: the test
+writes them to a temporary folder, never to build/lessons.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,17 +35,38 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def with_settings(nb: nbformat.NotebookNode, settings: dict[str, int], name: str = "the lesson") -> None:
+    """Insert, after the notebook's first code cell (the lesson's settings), a cell that sets each of
+    `settings` (NAME: value) instead. A name that cell does not assign is an error, so that a renamed
+    setting cannot leave a quick run silently at the lesson's own size."""
+    first = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
+    unknown = [k for k in settings if not re.search(rf"^{re.escape(k)} *=", nb.cells[first].source, re.M)]
+    if unknown:
+        raise ValueError(f"{name}'s first code cell sets no {', '.join(unknown)}: nothing to replace")
+    lines = [f"{k} = {v!r}" for k, v in settings.items()]
+    cell = nbformat.v4.new_code_cell("# settings of a quick run, in place of the lesson's own\n" + "\n".join(lines))
+    cell.metadata["tags"] = ["injected-settings"]
+    nb.cells.insert(first + 1, cell)
+
+
 def execute(
-    path: Path, out: Path | None = None, timeout: int = 300, km: KernelManager | None = None
+    path: Path,
+    out: Path | None = None,
+    timeout: int = 300,
+    km: KernelManager | None = None,
+    settings: dict[str, int] | None = None,
 ) -> tuple[nbformat.NotebookNode, float]:
     """Execute the lesson at `path` top to bottom; return the executed notebook and its seconds.
 
     A cell that raises stops the run with nbclient's CellExecutionError (it names the cell and the
     error). With `out`, the notebook is written to out/<lesson name>.ipynb.
     `timeout` is per cell, in seconds. `km`: a running kernel to execute in (execute_all), its
-    namespace emptied first; without it, a kernel of the lesson's own."""
+    namespace emptied first; without it, a kernel of the lesson's own. `settings`: values that replace
+    the first cell's (with_settings)."""
     path = Path(path).resolve()
     nb = jupytext.read(path)
+    if settings:
+        with_settings(nb, settings, path.name)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     client = NotebookClient(
         nb, km=km, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
@@ -57,6 +84,7 @@ def execute(
         "lesson": path.name,
         "source_sha256": source_hash(path),
         "seconds": round(seconds, 1),
+        **({"settings": dict(settings)} if settings else {}),
     }
     if out is not None:
         out = Path(out)
@@ -81,12 +109,12 @@ del _sys, _name, _plt
 
 
 def execute_all(
-    paths: list[Path], out: Path | None = None, timeout: int = 300
+    paths: list[Path], out: Path | None = None, timeout: int = 300, settings: dict[str, dict[str, int]] | None = None
 ) -> dict[Path, tuple[nbformat.NotebookNode, float] | Exception]:
     """Execute lessons one after another in one kernel (started in the first lesson's folder), each
     top to bottom on an emptied namespace: `make test` runs all of them this way. Each lesson's
     (notebook, seconds), or the error that stopped it (the next lesson still runs). Each lesson
-    alone, in a kernel of its own, is `execute`."""
+    alone, in a kernel of its own, is `execute`. `settings`: {lesson name without .py: its settings}."""
     results: dict[Path, tuple[nbformat.NotebookNode, float] | Exception] = {}
     if not paths:
         return results
@@ -95,7 +123,7 @@ def execute_all(
     try:
         for path in paths:
             try:
-                results[Path(path)] = execute(path, out, timeout, km)
+                results[Path(path)] = execute(path, out, timeout, km, (settings or {}).get(Path(path).stem))
             except Exception as error:  # nbclient's CellExecutionError names the cell and the traceback
                 results[Path(path)] = error
     finally:

@@ -2,11 +2,14 @@
 reference covers the parser, the site builds strictly, the README is a landing page, and the built
 site works in a browser from its files (no server, no network).
 
-The lessons run first, in this module, into build/lessons: the site's build then renders those
-notebooks (docs/hooks.py would execute a lesson whose recorded source hash differs). In one module
-they run in one pytest-xdist worker, in order; in two, each worker executed every lesson. They run
-one after another in one kernel (lessons/execute.py execute_all: about 157 s for the nine on the
-2-core Xeon, 318 s in a kernel each, which mostly imports torch and torch._dynamo again)."""
+The lessons run first, in this module, into a temporary folder that the site's build then renders
+($ATTNLAB_LESSONS_BUILD; docs/hooks.py would execute a lesson whose recorded source hash differs). In
+one module they run in one pytest-xdist worker, in order; in two, each worker executed every lesson.
+They run one after another in one kernel (lessons/execute.py execute_all: at the lessons' own settings
+about 157 s for the nine on the 2-core Xeon, 318 s in a kernel each, which mostly imports torch and
+torch._dynamo again), each with fewer training steps than its own (QUICK): every cell still runs top
+to bottom and draws its pictures, which is what is checked here; what the models learn at the
+lessons' own settings is what the site of `make docs` shows (it executes them at those)."""
 
 from __future__ import annotations
 
@@ -41,11 +44,13 @@ def _gen():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, lessons_run) -> tuple[Path, Path]:
-    """The site built by `mkdocs build --strict` (as make docs runs it): (site folder, generated pages)."""
+def built(tmp_path_factory, lessons_run, lessons_folder) -> tuple[Path, Path]:
+    """The site built by `mkdocs build --strict` (as make docs runs it), from the lessons executed here:
+    (site folder, generated pages)."""
     root = tmp_path_factory.mktemp("docs")
     site, generated = root / "site", root / "generated"
-    env = {**os.environ, "ATTNLAB_DOCS_GEN": str(generated), "NO_MKDOCS_2_WARNING": "1"}
+    env = {**os.environ, "ATTNLAB_DOCS_GEN": str(generated), "ATTNLAB_LESSONS_BUILD": str(lessons_folder),
+           "NO_MKDOCS_2_WARNING": "1"}  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
                           env=env, capture_output=True, text=True)  # fmt: skip
@@ -56,17 +61,40 @@ def built(tmp_path_factory, lessons_run) -> tuple[Path, Path]:
 
 LESSONS = ROOT / "lessons"
 LESSON_FILES = sorted(LESSONS.glob("[0-9][0-9]_*.py"))
+# Each lesson's training steps here (lessons/execute.py with_settings replaces the first cell's values):
+# about a fifth of its own (its data, models and every other setting as they are), with every loop,
+# evaluation and picture still taken: lesson 8 measures its heads 4 times, lesson 9 validates each run
+# once. The nine took 82 s at their own settings and 34 s at these, one after another in one kernel on
+# a 2-core AMD EPYC (load average 0.4-2); fewer steps saved little more (30 s at about half of these).
+QUICK = {
+    "02_words_to_attention": {"STEPS": 30, "VECTOR_EPOCHS": 1},
+    "03_translation_rnn_vs_transformer": {"RNN_STEPS": 30, "TRANSFORMER_STEPS": 40},
+    "04_gpt": {"STEPS": 50},
+    "05_bert_encoders": {"MLM_STEPS": 40, "CLASSIFY_STEPS": 50, "TAG_STEPS": 30},
+    "06_images": {"VIT_STEPS": 30, "CAPTION_STEPS": 50},
+    "07_modern_blocks": {"MOE_STEPS": 30},
+    "08_inside_the_model": {"STEPS": 100},
+    "09_pretrained_to_assistant": {"BASE_STEPS": 20, "SFT_STEPS": 10, "DPO_STEPS": 10},
+}
 
 
 @pytest.fixture(scope="module")
-def lessons_run() -> dict:
-    """Every lesson executed (build/lessons/<lesson>.ipynb written): {path: (notebook, seconds) or error}."""
+def lessons_folder(tmp_path_factory) -> Path:
+    """Where the lessons' quick notebooks go: not build/lessons, whose notebooks make docs renders."""
+    return tmp_path_factory.mktemp("lessons")
+
+
+@pytest.fixture(scope="module")
+def lessons_run(lessons_folder) -> dict:
+    """Every lesson executed with its QUICK settings (lessons_folder/<lesson>.ipynb written):
+    {path: (notebook, seconds) or error}."""
     pytest.importorskip("nbclient", reason="the lessons run as notebooks: pip install -e '.[notebook]'")
     pytest.importorskip("jupytext", reason="the lessons run as notebooks: pip install -e '.[notebook]'")
     spec = importlib.util.spec_from_file_location("lessons_execute", LESSONS / "execute.py")
     execute = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(execute)
-    return execute.execute_all(LESSON_FILES, ROOT / "build" / "lessons")
+    assert set(QUICK) <= {p.stem for p in LESSON_FILES}, "QUICK names a lesson that is not in lessons/"
+    return execute.execute_all(LESSON_FILES, lessons_folder, settings=QUICK)
 
 
 @pytest.mark.parametrize("lesson", LESSON_FILES, ids=lambda p: p.stem)
@@ -76,6 +104,7 @@ def test_each_lesson_runs_top_to_bottom_and_shows_a_picture(lesson, lessons_run)
         pytest.fail(f"{lesson.name} stopped: {str(result)[-3000:]}")
     nb, seconds = result
     print(f"{lesson.name}: {seconds:.1f} s")
+    assert nb.metadata["attnlab"].get("settings") == QUICK.get(lesson.stem)  # the quick run's, as asked
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{lesson.name} shows no picture"

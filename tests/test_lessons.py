@@ -83,3 +83,23 @@ def test_stale_notebook_is_told(tmp_path):
     assert execute.is_current(tmp_path / "00_tiny.ipynb", lesson)
     lesson.write_text("# %%\nx = 2\n")
     assert not execute.is_current(tmp_path / "00_tiny.ipynb", lesson)
+
+
+def test_settings_replace_the_first_cells_values_in_a_cell_of_their_own():
+    """The quick run of tests/test_docs_site.py: its values come after the lesson's settings cell, so they
+    win; a name that cell does not set is refused (a renamed setting would leave a run at full size)."""
+    execute = _load(LESSONS / "execute.py", "lessons_execute")
+    import jupytext
+
+    nb = jupytext.reads(
+        "# %% [markdown]\n# Lesson\n\n# %%\nSCALE = 1\nSTEPS = 150 * SCALE\n\n# %%\nx = STEPS\n", "py:percent"
+    )
+    execute.with_settings(nb, {"STEPS": 30}, "00_tiny.py")
+    assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code", "code"]
+    assert nb.cells[2].source.endswith("\nSTEPS = 30") and nb.cells[2].metadata["tags"] == ["injected-settings"]
+    namespace: dict = {}
+    for cell in nb.cells[1:]:
+        exec(cell.source, namespace)
+    assert namespace["x"] == 30
+    with pytest.raises(ValueError, match="00_tiny.py's first code cell sets no EPOCHS"):
+        execute.with_settings(nb, {"EPOCHS": 1}, "00_tiny.py")

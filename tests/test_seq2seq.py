@@ -251,7 +251,8 @@ def test_label_smoothing_only_while_training():
 
 def test_paper_presets_parameter_counts():
     for name, paper in PAPER_PARAMS.items():
-        n = sum(p.numel() for p in Seq2Seq(PRESETS[name]).parameters())
+        with torch.device("meta"):  # shapes only: the big preset's 213 M weights are never drawn
+            n = sum(p.numel() for p in Seq2Seq(PRESETS[name]).parameters())
         assert abs(n - paper) / paper < 0.04, (name, n)
 
 
