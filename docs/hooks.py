@@ -57,3 +57,8 @@ def on_files(files, config):
 
 def on_post_page(output: str, page, config) -> str:
     return REMOTE_IMPORT.sub("", REMOTE_SCRIPT.sub("", output))
+
+
+def on_post_template(output: str, template_name: str, config) -> str:
+    """404.html is a template, not a page: the offline plugin's iframe-worker shim from unpkg goes too."""
+    return on_post_page(output, None, config)

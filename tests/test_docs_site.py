@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -227,5 +228,60 @@ def test_an_attention_view_in_a_lesson_answers_hover(built, browser):
     root.locator("[data-i]").nth(1).hover()
     page.wait_for_function("([r, b]) => r.hasAttribute('data-focus') && r.getAttribute('data-focus') !== b",
                            arg=[root.element_handle(), before], timeout=5000)  # fmt: skip
+    assert not problems, problems
+    page.close()
+
+
+# --- formulas and code blocks --------------------------------------------------------------------
+
+# What a page would fetch from elsewhere: a script, style sheet, image or frame at an http(s) address.
+REMOTE = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"'](?:https?:)?//", re.I)
+
+
+def test_the_formulas_are_mathml_written_at_build_time(built):
+    site, _ = built
+    text = (site / "formulas.html").read_text()
+    formulas = re.findall(r"<math\b.*?</math>", text, re.S)
+    assert len(formulas) >= 20 and "$$" not in text and "arithmatex" not in text
+    attention = [m for m in formulas if "<mi>Attention</mi>" in m and "<mi>softmax</mi>" in m]
+    assert attention and 'display="block"' in attention[0]  # softmax(Q K^T / sqrt(d_k) + M) V, drawn as a fraction
+    assert "<mfrac>" in attention[0] and "<msqrt><mrow><msub><mi>d</mi><mi>k</mi></msub></mrow></msqrt>" in attention[0]
+    for page in ("gpt.html", "encoders.html", "modern-blocks.html", "baselines.html"):  # formulas in the prose
+        assert "<math" in (site / page).read_text(), page
+    left = [p.name for p in site.rglob("*.html") if "\\operatorname" in p.read_text() or "\\frac" in p.read_text()]
+    assert not left, f"LaTeX left as text in {left}"
+
+
+def test_no_page_loads_anything_from_a_cdn(built):
+    site, _ = built
+    pages = sorted(site.rglob("*.html"))
+    assert "404.html" in {p.name for p in pages}  # a template, not a page: docs/hooks.py cleans it too
+    remote = {p.relative_to(site).as_posix(): REMOTE.findall(p.read_text()) for p in pages}
+    assert not {k: v for k, v in remote.items() if v}
+    sheets = [p for p in site.rglob("*.css") if re.search(r"@import\s+(url\()?[\"']?(https?:)?//", p.read_text())]
+    assert not sheets
+
+
+def test_a_long_code_line_scrolls_visibly_and_formulas_are_drawn(built, browser):
+    site, _ = built
+    assert "overflow-x: auto" in (site / "stylesheets" / "attnlab.css").read_text()
+    page, problems = _open(browser, (site / "quickstart.html").as_uri())
+    assert 'href="stylesheets/attnlab.css"' in page.content()
+    # the first block with a line longer than the column: it scrolls, with a usual-size bar, to the line's end
+    overflow, bar, shadow, end, room = page.evaluate("""() => {
+        const c = [...document.querySelectorAll('article pre > code')].find(c => c.scrollWidth > c.clientWidth + 1);
+        const s = getComputedStyle(c);
+        c.scrollLeft = c.scrollWidth;
+        return [s.overflowX, s.scrollbarWidth, s.backgroundImage, c.scrollLeft, c.scrollWidth - c.clientWidth];
+    }""")
+    assert (overflow, bar) == ("auto", "auto") and "linear-gradient" in shadow
+    assert end == room > 0  # scrolled to the end of the longest line: nothing is cut off for good
+    page.goto((site / "formulas.html").as_uri(), wait_until="load")
+    # MathML laid out by the browser: the fraction of the attention formula stacks, taller than a line
+    height, line = page.evaluate("""() => {
+        const m = [...document.querySelectorAll('math[display=block]')].find(m => m.textContent.includes('Attention'));
+        return [m.getBoundingClientRect().height, parseFloat(getComputedStyle(m).fontSize)];
+    }""")
+    assert height > 1.8 * line, (height, line)
     assert not problems, problems
     page.close()

@@ -181,7 +181,7 @@ REFUSED = {  # name: (path, body, what the one line says)
     "prompt too long": completion(r"^prompt: a prompt has at most 100,000 characters$", prompt=["a" * 100_001]),
     "best_of 10^9": completion(r"best_of is not supported", best_of=10**9),
     "prompt over the context": completion(
-        r"this model's context is 32 tokens, but the prompt has 99000", prompt="a" * 99_000
+        r"this model's context is 32 tokens, but the prompt takes 99,000 tokens; shorten it$", prompt="a" * 99_000
     ),
 }
 

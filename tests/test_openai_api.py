@@ -206,8 +206,17 @@ def test_errors_are_openai_error_objects(client):
     body = expect(openai.BadRequestError, 400, "unknown_parameter", lambda: complete(client, extra_body={"foo": 1}))
     assert "foo" in body["message"]
     body = expect(openai.BadRequestError, 400, "context_length_exceeded", lambda: complete(client, prompt="x" * 40))
-    assert "32" in body["message"] and "40" in body["message"]
+    assert body["message"] == "this model's context is 32 tokens, but the prompt takes 40 tokens; shorten it"
+    body = expect(openai.BadRequestError, 400, "context_length_exceeded",
+                  lambda: complete(client, prompt=["x", "x" * 40]))  # fmt: skip
+    assert "but prompt 1 (from 0) takes 40 tokens" in body["message"]
     chat = lambda **kw: client.chat.completions.create(model="lm", **kw)  # noqa: E731
+    system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x" * 20}]  # 28 characters
+    body = expect(openai.BadRequestError, 400, "context_length_exceeded", lambda: chat(messages=system))
+    took = int(body["message"].split(" take ")[1].split()[0])  # the template's markers counted: more than 28
+    assert took > 32 and body["message"] == (f"this model's context is 32 tokens, but the messages take {took} "
+                                             "tokens (the chat template included); shorten them or leave out "
+                                             "earlier turns")  # fmt: skip
     expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[{"role": "tool", "content": "x"}]))
     expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[]))
     expect(openai.NotFoundError, 404, "not_found", lambda: client.get("/nothing", cast_to=object))

@@ -289,11 +289,20 @@ def prompt_ids(tokenizer, prompt, context: int, param: str) -> list[tuple[str, l
                 raise BadField(f"{param}: token ids must be 0..{vocab - 1}, and at least one", param)
             ids, p = list(p), tokenizer.decode(p)
         if len(ids) > context:
-            where = f" ({param} {i})" if len(prompt) > 1 else ""
-            raise APIError(400, f"this model's context is {context} tokens, but the {param}{where} has {len(ids)}",
+            raise APIError(400, too_long(param, i if len(prompt) > 1 else None, len(ids), context),
                            "context_length_exceeded", param)  # fmt: skip
         out.append((p, ids))
     return out
+
+
+def too_long(param: str, index: int | None, tokens: int, context: int) -> str:
+    """The one line for a prompt (or a chat's messages) over the context, in tokens both sides."""
+    if param == "messages":  # the template's role markers count too: say so, or the user counts only their text
+        what, advice = "the messages take", " (the chat template included); shorten them or leave out earlier turns"
+    else:
+        what = "the prompt takes" if index is None else f"prompt {index} (from 0) takes"
+        advice = "; shorten it"
+    return f"this model's context is {context:,} tokens, but {what} {tokens:,} tokens{advice}"
 
 
 @torch.no_grad()

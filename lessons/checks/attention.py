@@ -73,5 +73,23 @@ def check_attention(attention) -> None:
         wrong_dim = torch.nan_to_num(scores.softmax(dim=-2)) @ v
         if torch.allclose(got, wrong_dim, atol=1e-5):
             raise WrongAnswer("the softmax runs over the queries: take it over the keys (dim=-1), each row sums to 1")
+        _refuse_inverted_mask(got, q, k, v, mask)
     compare("attention(q, k, v, mask)", got, want)
     correct("softmax(Q K^T / sqrt(d) + mask) V, as attnlab.nn.attend computes it")
+
+
+def _refuse_inverted_mask(got: torch.Tensor, q, k, v, mask: torch.Tensor) -> None:
+    """Say what a nan means: the mask used inverted (-inf where it is True) hides every key of the last
+    query, and a softmax over a row of only -inf is 0/0 = nan; a bare "nan at (0, 4, 0)" teaches nothing."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    inverted = scores.masked_fill(mask, float("-inf")).softmax(-1) @ v  # (B, Tq, Dv), nan in row Tq - 1
+    hint = "True in the mask means 'may look': fill the scores where it is False (~mask) with -inf"
+    rows = sorted({int(i) for i in got.isnan().any(-1).nonzero()[:, 1]})  # the queries with a nan output
+    if torch.allclose(got, inverted, atol=1e-5, equal_nan=True):
+        raise WrongAnswer(f"rows {rows} are entirely masked, giving nan: the mask is inverted, it hides the keys "
+                          f"each query may see and shows the future; {hint}")  # fmt: skip
+    if torch.allclose(got, torch.nan_to_num(inverted), atol=1e-5):
+        raise WrongAnswer(f"the mask is inverted: each query sees the future keys and not the earlier ones; {hint}")
+    if rows:
+        raise WrongAnswer(f"rows {rows} are nan: every key of those queries got -inf, though each query may at least "
+                          f"see itself (key j <= i); {hint}")  # fmt: skip
