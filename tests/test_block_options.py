@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import attnlab
-from attnlab.interop.hf import bert, gpt2, llama, vit
+from attnlab.interop.hf import bert, gpt2, llama, qwen3, vit
 from attnlab.interop.hf.support import block_problems, undeclared
 from attnlab.models import FAMILIES, build_model
 from attnlab.models.captioner import CaptionerConfig
@@ -25,7 +25,7 @@ from tests.conftest import run_cli, tiny_data, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EXPORTERS = {"GPT-2": gpt2, "BERT": bert, "Llama": llama, "ViT": vit}
+EXPORTERS = {"GPT-2": gpt2, "BERT": bert, "Llama": llama, "Qwen3": qwen3, "ViT": vit}
 SMALL = dict(n_layer=1, n_head=2, d_model=8)
 FAMILY_CONFIGS = {  # one small config of every Transformer family
     "gpt": GPTConfig(**SMALL, context=8, vocab_size=11),

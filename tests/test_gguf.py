@@ -51,6 +51,7 @@ RUNS = {
     "llama_bpe": (dict(LLAMA_BLOCK, n_kv_head=2, context=64, tie_weights=False), "bpe"),
     "mixtral_char": (dict(MIXTRAL_BLOCK, n_kv_head=1, context=64, tie_weights=True), "char"),
     "llama_wide_heads": (dict(LLAMA_BLOCK, d_head=32, context=64, tie_weights=True), "char"),  # 4 heads of 32 in 64
+    "qwen3_bpe": (dict(LLAMA_BLOCK, qk_norm=True, n_kv_head=2, context=64, tie_weights=False), "bpe"),  # QK-norm
 }
 
 
@@ -301,6 +302,8 @@ def test_sentencepiece_vocabulary_reads_as_transformers_reads_it(references, tmp
 # ---- 3. what attnlab writes, read by transformers
 
 
+# Not qwen3_bpe: transformers' GGUF reader does not read qwen3.attention.key_length and builds heads of its
+# Qwen3Config's default 128 (llama.cpp reads it: test_gguf_llamacpp.py decodes the file).
 @pytest.mark.parametrize("name", ["gpt2_bpe", "llama_bpe"])
 def test_exported_file_loads_in_transformers(runs, tmp_path, name):
     run = runs[name]
@@ -435,7 +438,7 @@ def test_other_architectures_and_weight_types_are_refused(references, tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(AttnlabError, match="holds a 'qwen2' model: attnlab converts GGUF's gpt2 and llama"):
+    with pytest.raises(AttnlabError, match="holds a 'qwen2' model: attnlab converts GGUF's gpt2, llama and qwen3"):
         convert_from_gguf(tmp_path / "qwen.gguf", tmp_path / "run")
     hf, vocab = references["gpt2"]
     write_reference(tmp_path / "q5.gguf", hf, "gpt2", vocab, Q.Q5_0)

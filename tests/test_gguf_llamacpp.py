@@ -62,7 +62,7 @@ def test_llamacpp_reads_sentencepiece_as_the_converted_run_does(references, tmp_
         assert [1, *tokenize(tmp_path / "m.gguf", text)] == ours.encode(text), text
 
 
-@pytest.mark.parametrize("name", ["gpt2_char", "llama_bpe", "mixtral_char", "llama_wide_heads"])
+@pytest.mark.parametrize("name", ["gpt2_char", "llama_bpe", "mixtral_char", "llama_wide_heads", "qwen3_bpe"])
 def test_llamacpp_decodes_attnlabs_greedy_tokens(runs, tmp_path, name):
     run = runs[name]
     export_gguf(run.path, tmp_path / "m.gguf")

@@ -279,7 +279,7 @@ CASES = [
     ("a sliding window", "llama", lambda p: keyed(p, "llama.attention.sliding_window", U32, 8),
      r"sets llama.attention.sliding_window \(8 \(int\)\), which attnlab's llama does not read"),
     ("architecture a list", "gpt2", lambda p: keyed(p, "general.architecture", V.ARRAY, (STR, ["gpt2"])),
-     r"holds a \['gpt2'\] model: attnlab converts GGUF's gpt2 and llama"),
+     r"holds a \['gpt2'\] model: attnlab converts GGUF's gpt2, llama and qwen3"),
     # the vocabulary
     ("token not UTF-8", "gpt2", lambda p: items(p, TOKENS, lambda t: t[:2] + [b"\xff\xfe"] + t[3:]),
      r"holds element 2 of tokenizer.ggml.tokens, which is not UTF-8 text"),

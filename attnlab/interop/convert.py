@@ -30,7 +30,7 @@ from attnlab.data.chat import ChatTemplate, hf_template
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError, one_line
-from attnlab.interop.hf import bert, gpt2, llama
+from attnlab.interop.hf import bert, gpt2, llama, qwen3
 from attnlab.interop.hf.bounds import checked_config
 from attnlab.interop.hf.io import BIN_INDEX, PICKLES, SAFE_INDEX, read_hf_dir, read_json_file, write_hf_dir
 from attnlab.interop.hf.tokenizer import hf_tokenizer_json, largest_id
@@ -53,8 +53,9 @@ from attnlab.runs.weights import first_not_finite, load_weights, save_weights
 from attnlab.tasks import Task, task_of
 
 # Families that export, by the HuggingFace targets that may take a run, tried in order: a GPT goes
-# out as GPT-2 or as a Llama (a Mixtral with experts), whichever expresses every one of its choices.
-EXPORTERS: dict[str, tuple[ModuleType, ...]] = {"gpt": (gpt2, llama), "encoder": (bert,)}
+# out as GPT-2, as a Llama (a Mixtral with experts) or, with QK-norm, as a Qwen3, whichever expresses
+# every one of its choices.
+EXPORTERS: dict[str, tuple[ModuleType, ...]] = {"gpt": (gpt2, llama, qwen3), "encoder": (bert,)}
 
 
 def exporter(family: str, cfg, run: Path | str = "this run") -> ModuleType:
@@ -66,8 +67,10 @@ def exporter(family: str, cfg, run: Path | str = "this run") -> ModuleType:
         if not needs[m.target_name(cfg)]:
             return m
     said = " -- nor does it fit ".join(f"HuggingFace's {name}: {'; '.join(why)}" for name, why in needs.items())
+    fast = getattr(cfg, "bigram_vocab", 0) or getattr(cfg, "logit_softcap", None) is not None
+    hint = " (--preset qwen3-nano-fast is the fast recipe without them, as attnlab demo trains it)" if fast else ""
     raise AttnlabError(f"{run} does not fit {said}. Export it with --to onnx, or train a run without those "
-                       "choices")  # fmt: skip
+                       f"choices{hint}")  # fmt: skip
 
 
 PADDING_ROWS = 128  # rows beyond the tokenizer's tokens that an embedding may have as padding

@@ -11,7 +11,7 @@
               -> convert_hf_parts: the path a HuggingFace folder takes (interop/convert.py), so the run
                  is what `convert DIR` would make of the same model
 
-It reads general.architecture gpt2 and llama (a llama with experts is a Mixtral) in the weight types
+It reads general.architecture gpt2, llama (a llama with experts is a Mixtral) and qwen3 in the weight types
 F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K. A quantized tensor becomes the float32 values its blocks
 stand for: the run computes what llama.cpp computes from the file, in float32, and fine-tunes from there.
 """
@@ -66,8 +66,9 @@ def _open(src: Path) -> Header:
 def _layout(meta: dict[str, Any], src: Path) -> Layout:
     arch = meta.get(gguf.Keys.General.ARCHITECTURE)
     if not isinstance(arch, str) or arch not in LAYOUTS:
-        raise AttnlabError(f"{src} holds a {arch!r:.60} model: attnlab converts GGUF's {' and '.join(LAYOUTS)} "
-                           "architectures")  # fmt: skip
+        *others, last = LAYOUTS
+        raise AttnlabError(f"{src} holds a {arch!r:.60} model: attnlab converts GGUF's {', '.join(others)} and "
+                           f"{last} architectures")  # fmt: skip
     return LAYOUTS[arch]
 
 

@@ -1,8 +1,8 @@
-"""GGUF's names, layouts and settings for the families llama.cpp and attnlab share: GPT-2 and Llama.
+"""GGUF's names, layouts and settings for the families llama.cpp and attnlab share: GPT-2, Llama, Qwen3.
 
 Legend: C model width, F feed-forward width, H query heads, Hkv key/value heads, Dh head width, E experts.
 
-attnlab <-> HuggingFace is interop/hf (gpt2.py, llama.py), the one mapping of attnlab's names; this
+attnlab <-> HuggingFace is interop/hf (gpt2.py, llama.py, qwen3.py), the one mapping of attnlab's names; this
 module adds the step HuggingFace <-> GGUF, the way llama.cpp's convert_hf_to_gguf takes it:
   names    gguf's own TensorNameMap, the table llama.cpp's converter reads (transformer.h.0.attn.c_attn.weight
            -> blk.0.attn_qkv.weight, model.layers.0.self_attn.q_proj.weight -> blk.0.attn_q.weight)
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError, kind
-from attnlab.interop.hf import expected_shapes, gpt2, llama
+from attnlab.interop.hf import expected_shapes, gpt2, llama, qwen3
 from attnlab.models import family_classes
 
 Tensors = dict[str, Tensor]
@@ -157,6 +157,13 @@ LLAMA_KEYS = (
     Key("expert_used_count", "num_experts_per_tok", int, required=False),
 )
 
+# ---- Qwen3: Llama's settings without experts; llama.cpp's qwen3 rotates HuggingFace's half-split pairs
+# (its NeoX rotation), so q and k keep their rows, and each head's q_norm / k_norm is one (Dh,) vector.
+
+QWEN3_KEYS = tuple(key for key in LLAMA_KEYS if not key.gguf.startswith("expert"))
+_as_is: Callable[[Tensors, dict], Tensors] = lambda tensors, hf: tensors  # noqa: E731  (both ways)
+
+
 LAYOUTS = {
     "gpt2": Layout("gpt2", gpt2, GPT2_KEYS, _conv1d_flipped, _conv1d_flipped,
                    ("activation_function", "gelu_new", "llama.cpp's GPT-2 computes the tanh GELU: train with "
@@ -165,6 +172,9 @@ LAYOUTS = {
     "llama": Layout("llama", llama, LLAMA_KEYS, _llama_to_gguf, _llama_from_gguf,
                     ("hidden_act", "silu", "llama.cpp's llama gates with SiLU: train with --feedforward swiglu"),
                     lambda hf: "MixtralForCausalLM" if hf.get("num_local_experts") else "LlamaForCausalLM"),
+    "qwen3": Layout("qwen3", qwen3, QWEN3_KEYS, _as_is, _as_is,
+                    ("hidden_act", "silu", "llama.cpp's qwen3 gates with SiLU: train with --feedforward swiglu"),
+                    lambda hf: "Qwen3ForCausalLM"),
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """attnlab export RUN --to gguf FILE: a GPT run as one GGUF file, the format llama.cpp and ollama run.
 
-    run -> interop/hf: HuggingFace's config and tensors (GPT-2, or Llama / Mixtral: `exporter`)
+    run -> interop/hf: HuggingFace's config and tensors (GPT-2, Llama / Mixtral or Qwen3: `exporter`)
         -> gguf_layout: GGUF's settings, names and layouts;  gguf_vocab: the tokenizer
         -> each tensor stored as --type says -> gguf.GGUFWriter, into a temporary file renamed over FILE
 
@@ -112,15 +112,15 @@ def _model(run: Path) -> torch.nn.Module:
 
 
 def _layout(model: torch.nn.Module, where: str) -> Layout:
-    """The GGUF layout of the HuggingFace form `exporter` picks for the model's family (GPT-2 or Llama);
+    """The GGUF layout of the HuggingFace form `exporter` picks for the model's family (GPT-2, Llama, Qwen3);
     a family with no such form, or a model neither form expresses, is refused in one line."""
     family = next(name for name, (_, cls) in FAMILIES.items() if type(model) is cls)
     with_layout = {layout.module for layout in LAYOUTS.values()}
     if not with_layout & set(EXPORTERS.get(family, ())):
         writes = [f for f, modules in EXPORTERS.items() if with_layout & set(modules)]
         raise AttnlabError(f"{where} holds a model of the {family} family: GGUF export writes {', '.join(writes)} "
-                           "runs (llama.cpp's gpt2 and llama)")  # fmt: skip
-    return layout_of(exporter(family, model.cfg, where))  # one line saying what neither GPT-2 nor Llama expresses
+                           "runs (llama.cpp's gpt2, llama and qwen3)")  # fmt: skip
+    return layout_of(exporter(family, model.cfg, where))  # one line saying what no form expresses
 
 
 def _check_computes(hf: dict[str, Any], layout: Layout, where: str) -> None:

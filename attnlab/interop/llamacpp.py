@@ -2,8 +2,10 @@
 
 Legend: V vocabulary.
 
-    from attnlab.interop.llamacpp import greedy
+    from attnlab.interop.llamacpp import greedy, greedy_text
     tokens, per_second = greedy("demo.gguf", prompt=[5, 17, 2], new_tokens=32, threads=2)
+    answer = greedy_text("sft.gguf", "<|im_start|>user\nReverse abc<|im_end|>\n<|im_start|>assistant\n", 48,
+                         stop="<|im_end|>")
 
 The prompt is fed as token ids (no tokenizer in between), decoded once as one batch; then each new
 token is one llama_decode of one position through llama.cpp's key/value cache, and greedy is the
@@ -39,7 +41,12 @@ INSTALL = "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install -e '.[llamacpp]'"
 
 
 def greedy(
-    path: str | Path, prompt: Sequence[int], new_tokens: int, threads: int = 1, repack: bool | None = None
+    path: str | Path,
+    prompt: Sequence[int],
+    new_tokens: int,
+    threads: int = 1,
+    repack: bool | None = None,
+    exact: bool = False,
 ) -> tuple[list[int], float]:
     """Load GGUF file `path` in llama.cpp (CPU, `threads` threads) and continue `prompt` (token ids)
     by `new_tokens` greedy tokens. Returns (the new token ids, new_tokens / seconds of decoding).
@@ -48,13 +55,19 @@ def greedy(
     False). None: yes, except in a build with AMX kernels (Intel Sapphire Rapids and later): there the
     AMX matrix product crashes the process on any batch of more than one position (ggml-org/llama.cpp
     #20824; here: every Q8_0 and Q4_0 file, with a prompt of 2 tokens or more), so the weights stay as
-    the file stores them."""
+    the file stores them.
+
+    exact: keys and values float32 and no flash attention. llama.cpp's defaults (an f16 key/value
+    cache; flash attention, which reads it in f16) round them to f16: its logits then differ from
+    float32 arithmetic by about 1e-4 of their size (5e-4 on the demo's model, 8e-6 with exact), and
+    a greedy text parts from attnlab's at the first near-tie (one of five prompts, after 30
+    characters, at a gap of 2e-4). llama.cpp's programs take `-ctk f32 -ctv f32 -fa off` for it."""
     if llama_cpp is None:
         raise AttnlabError(f"llama.cpp's Python binding is not installed: {INSTALL}")
     if not prompt or new_tokens < 1:
         raise AttnlabError("greedy needs a prompt of at least one token and at least one new token")
     repack = _repack_by_default() if repack is None else repack
-    with _context(Path(path), len(prompt) + new_tokens, len(prompt), threads, repack) as (ctx, vocab_size):
+    with _context(Path(path), len(prompt) + new_tokens, len(prompt), threads, repack, exact=exact) as (ctx, vocab_size):
         batch = llama_cpp.llama_batch_init(len(prompt), 0, 1)
         try:
             start = time.perf_counter()
@@ -134,13 +147,47 @@ def tokenize(path: str | Path, text: str, special: bool = False) -> list[int]:
         llama_cpp.llama_model_free(model)
 
 
-def last_logits(path: str | Path, prompt: Sequence[int], threads: int = 1, repack: bool | None = None) -> np.ndarray:
+def detokenize(path: str | Path, ids: Sequence[int]) -> str:
+    """Token ids as text, by llama.cpp's own vocabulary of GGUF file `path` (control tokens' texts
+    written out), the way back of `tokenize`: what llama.cpp prints for the tokens it generates."""
+    if llama_cpp is None:
+        raise AttnlabError(f"llama.cpp's Python binding is not installed: {INSTALL}")
+    _quiet()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise AttnlabError(f"llama.cpp could not load {path} (run with ATTNLAB_LLAMACPP_LOG=1 to see why)")
+    try:
+        vocab, piece = llama_cpp.llama_model_get_vocab(model), ctypes.create_string_buffer(256)
+        out = b""
+        for token in ids:  # byte pieces of one character may come apart: join the bytes, then decode
+            n = llama_cpp.llama_token_to_piece(vocab, token, piece, len(piece), 0, True)
+            out += piece.raw[:n]
+        return out.decode("utf-8", errors="replace")
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def greedy_text(
+    path: str | Path, text: str, new_tokens: int, stop: str | None = None, threads: int = 1, exact: bool = True
+) -> str:
+    """`text` continued greedily by llama.cpp alone: its tokenizer, its decoding loop, its detokenizer;
+    cut at the first `stop` (a chat template's end of turn), as a chat client stops. exact: as for
+    greedy (here on by default: this is what attnlab's text is compared with)."""
+    out = detokenize(path, greedy(path, tokenize(path, text), new_tokens, threads, exact=exact)[0])
+    return out.split(stop, 1)[0] if stop else out
+
+
+def last_logits(
+    path: str | Path, prompt: Sequence[int], threads: int = 1, repack: bool | None = None, exact: bool = False
+) -> np.ndarray:
     """llama.cpp's logits (V,) at the last position of `prompt` (token ids), to compare a file's model
-    with attnlab's; `repack` as for greedy."""
+    with attnlab's; `repack` and `exact` as for greedy."""
     if llama_cpp is None:
         raise AttnlabError(f"llama.cpp's Python binding is not installed: {INSTALL}")
     repack = _repack_by_default() if repack is None else repack
-    with _context(Path(path), len(prompt), len(prompt), threads, repack) as (ctx, vocab_size):
+    with _context(Path(path), len(prompt), len(prompt), threads, repack, exact=exact) as (ctx, vocab_size):
         batch = llama_cpp.llama_batch_init(len(prompt), 0, 1)
         try:
             _step(ctx, batch, list(prompt), 0, vocab_size)
@@ -169,9 +216,9 @@ def _step(ctx, batch, tokens: list[int], start: int, vocab_size: int) -> int:
 
 @contextmanager
 def _context(path: Path, positions: int, batch: int, threads: int, repack: bool,
-             sequences: int = 1) -> Iterator[tuple[object, int]]:  # fmt: skip
+             sequences: int = 1, exact: bool = False) -> Iterator[tuple[object, int]]:  # fmt: skip
     """(a llama.cpp context over the model in `path` holding `positions` positions, shared by
-    `sequences` sequences, and its vocabulary size)."""
+    `sequences` sequences, and its vocabulary size); exact: a float32 key/value cache, no flash attention."""
     if not path.is_file():
         raise AttnlabError(f"GGUF file not found: {path}")
     _quiet()
@@ -185,6 +232,9 @@ def _context(path: Path, positions: int, batch: int, threads: int, repack: bool,
         params.n_ctx, params.n_batch, params.n_ubatch = positions, max(batch, 1), max(batch, 1)
         params.n_threads = params.n_threads_batch = threads
         params.n_seq_max = sequences
+        if exact:
+            params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise AttnlabError(f"llama.cpp could not make a context of {positions} positions for {path}")

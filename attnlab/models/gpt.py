@@ -82,6 +82,11 @@ PRESETS: dict[str, GPTConfig] = {
         bigram_vocab=4096,
         norm_kind="rmsnorm",
     ),
+    # The demo's model: gpt-nano-fast's parts that a GGUF architecture llama.cpp runs can hold, Qwen3's
+    # block (Llama's: rotary positions, RMSNorm, SwiGLU, no biases, an untied head; with QK-norm) and
+    # zero-init (only where training starts); no bigram table or soft-cap, which no such architecture
+    # has. What that costs at 150 steps: docs/gpt.md, "The demo's recipe".
+    "qwen3-nano-fast": _llama(4, 128, 4, None, 64, vocab_size=256, qk_norm=True, zero_init=True),
     # gpt-nano's shape as a Llama (2 key/value heads for 4 query heads) and as a mixture of 4
     # experts, 2 per token, each half of gpt-nano's feed-forward: the same compute per token.
     "llama-nano": _llama(4, 128, 4, None, 64, vocab_size=256, n_kv_head=2),
@@ -119,17 +124,19 @@ PRESETS: dict[str, GPTConfig] = {
 
 # The training settings a preset was tuned with: a new run of the preset starts from them (flags,
 # a TOML file, still win). The classic presets train with the task's defaults.
+FAST_TRAINING = dict(
+    optimizer="muon",
+    muon_lr=6e-3,
+    schedule="wsd",
+    cooldown=0.4,
+    min_lr=0.0,
+    lr=6e-3,
+    batch_size=32,
+    warmup_steps=50,
+)
 PRESET_TRAINING: dict[str, dict] = {
-    "gpt-nano-fast": dict(
-        optimizer="muon",
-        muon_lr=6e-3,
-        schedule="wsd",
-        cooldown=0.4,
-        min_lr=0.0,
-        lr=6e-3,
-        batch_size=32,
-        warmup_steps=50,
-    ),
+    "gpt-nano-fast": FAST_TRAINING,
+    "qwen3-nano-fast": FAST_TRAINING,  # the same recipe: Muon and wsd train any block
 }
 
 # The parameter counts the papers give, for `attnlab size` and the tests.

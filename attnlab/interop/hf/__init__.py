@@ -28,7 +28,7 @@ from torch import nn
 from attnlab.errors import AttnlabError
 
 # The family modules, by name under attnlab.interop.hf; one that is not there (yet) is skipped.
-FAMILY_MODULES = ("gpt2", "llama", "vit", "bert")
+FAMILY_MODULES = ("gpt2", "llama", "qwen3", "vit", "bert")
 
 # HuggingFace's activation names (hidden_act, activation_function) -> attnlab's; the same in every family.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
