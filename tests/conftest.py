@@ -69,6 +69,9 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    # The threads a test sets stay set: another test process busy here must not lower them, nor add a
+    # line to the stderr a test reads (runtime/threads.py; tests/test_threads.py checks the sharing).
+    monkeypatch.setenv("ATTNLAB_THREADS", "0")
     torch.manual_seed(0)
 
 

@@ -13,6 +13,7 @@ from attnlab.errors import AttnlabError
 from attnlab.interpret.plots import plot_run
 from attnlab.interpret.views import write_attention
 from attnlab.runs.run import load
+from attnlab.runtime.threads import ask
 
 
 def run_attention(opts: AttentionOptions) -> int:
@@ -36,7 +37,10 @@ def run_serve(opts: ServeOptions) -> int:
     # The model's threads; by default one core is left to the thread that speaks HTTP, which works
     # while the decode loop computes (benchmarks/serve_load.py on 2 cores shared with another job:
     # 16 streams of gpt-nano gave 4.0x one stream's tokens/s with 1 model thread, 2.9x with 2).
+    # Fewer still when other attnlab/torch processes are busy here (runtime/threads.py, as the runs load).
     torch.set_num_threads(opts.threads or max(1, torch.get_num_threads() - 1))
+    if opts.threads:
+        ask(opts.threads)  # the user's count: kept as the runs load
     key = opts.api_key or os.environ.get("ATTNLAB_API_KEY") or None
     check_exposure(opts.host, key, opts.insecure_no_key)  # before the runs load: a refusal is instant
     hosts = [h.strip() for h in (opts.allowed_hosts or "").split(",") if h.strip()]

@@ -7,6 +7,7 @@ import json
 import sys
 
 from attnlab.cli.options import QuantizeOptions
+from attnlab.runs.folder import WEIGHTS
 from attnlab.runs.quantized import describe
 from attnlab.runs.quantized_run import quantize_run
 from attnlab.runs.run import Run
@@ -21,9 +22,10 @@ def note_quantized(run: Run) -> Run:
 
 def run_quantize(opts: QuantizeOptions) -> int:
     summary = quantize_run(opts.run, opts.to, opts.out, force=opts.force, every_layer=opts.every_layer)
-    print(
-        json.dumps(summary)
-        if opts.json
-        else f"{opts.out}: {opts.run} with {summary['summary']}. Every command loads it: attnlab sample {opts.out} ..."
-    )
-    return 0  # fmt: skip
+    if opts.json:
+        print(json.dumps(summary))
+        return 0
+    files = f"{WEIGHTS} {summary['bytes_before'] / 1e6:.2f} MB -> {summary['bytes_after'] / 1e6:.2f} MB on disk"
+    print(f"{opts.out}: {opts.run} with {summary['summary']}; {files}. Every command loads it: "
+          f"attnlab sample {opts.out} ...")  # fmt: skip
+    return 0

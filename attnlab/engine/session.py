@@ -32,6 +32,7 @@ from attnlab.runs.marker import record
 from attnlab.runs.weights import load_state, state_dict_api
 from attnlab.runtime.device import dtype_choice
 from attnlab.runtime.distributed import Dist
+from attnlab.runtime.threads import share
 
 
 @dataclass
@@ -73,6 +74,7 @@ def start(
     """What every task shares once its data is ready: the model (built from the seed, or the
     run's checkpoint), sharding, optimizer, the step-0 checkpoint, DDP and compile wrappers.
     `config` is written as the run's config.json (family, model, train and the task's data)."""
+    share()  # fewer threads when other attnlab/torch processes are busy on these cores (runtime/threads.py)
     tokens, _ = data.per_example
     # One line, not an allocator error; from the config (`build` may also read an --init run's weights).
     check_training_fits(lambda: build_model(config["family"], config["model"]), cfg.batch_size // cfg.grad_accum,

@@ -31,6 +31,7 @@ from attnlab.engine.session import Session, start
 from attnlab.engine.tracking import make_trackers
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
+from attnlab.nn.counting import count_parameters
 from attnlab.runs.folder import STATE, check_dir, check_resumable, discard_unstarted, fresh_dir, is_run, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed
@@ -141,7 +142,8 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
                     for name, text in files.items():
                         write_text(out / name, text)
         prepared = task.prepare(req, d)
-        preset = (req.saved or {}).get("preset") if req.resume else req.model_config.get("preset")
+        fresh = req.model_config.get("preset") or _preset_of(req.init)
+        preset = (req.saved or {}).get("preset") if req.resume else fresh
         if preset is not None:  # what a --preset given again on --resume is compared with
             prepared.config["preset"] = preset
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
@@ -159,6 +161,16 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
     return s, prepared, req
 
 
+def _preset_of(init: str | Path | None) -> str | None:
+    """The preset an --init run started from (recorded, so that `attnlab runs` names it for sft, dpo, ...)."""
+    if init is None or not is_run(Path(init)):  # a HuggingFace folder, or no --init
+        return None
+    try:
+        return read_run_config(Path(init)).get("preset")
+    except (AttnlabError, OSError):  # its own load says what is wrong with it
+        return None
+
+
 def run(task: Task, req: TrainRequest) -> dict[str, Any]:
     """Train `task` as `req` asks; returns the final losses, parameters, time and the task's scores."""
     s, prepared, req = open_session(task, req)
@@ -166,8 +178,8 @@ def run(task: Task, req: TrainRequest) -> dict[str, Any]:
         t0 = time.perf_counter()
         result = loop(s, req.progress)
         result["train_seconds"] = time.perf_counter() - t0
-        result["parameters"] = sum(p.numel() for p in s.raw.parameters())
-        result["trained_parameters"] = sum(p.numel() for p in s.raw.parameters() if p.requires_grad)
+        counted = count_parameters(s.raw)  # a quantized base's matrices at their logical count
+        result["parameters"], result["trained_parameters"] = counted.logical, counted.trained
         result.update(task.finish(s, prepared, req))
         return result
     finally:

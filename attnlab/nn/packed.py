@@ -101,6 +101,7 @@ class PackedLinear(nn.Module):
             self.register_buffer("weight", torch.zeros(o, i, dtype=torch.bfloat16))
         self.register_buffer("bias", torch.zeros(o) if bias else None)
         self._packed: tuple[str, ...] | None = None  # the kernel's operands' names (see operands), per device
+        self.tied = False  # a packed copy of a weight the model keeps in float too (a tied LM head)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> PackedLinear:
@@ -130,6 +131,11 @@ class PackedLinear(nn.Module):
     def stored_bytes(self) -> int:
         """Bytes of what is saved: codes, scales, zeros (or the bf16 weight) and the bias."""
         return sum(b.numel() * b.element_size() for b in self.state_dict().values())
+
+    def logical_parameters(self) -> int:
+        """The weights this layer stands for, O x I (not again for a tied head's copy) and the bias."""
+        weights = 0 if self.tied else self.out_features * self.in_features
+        return weights + (0 if self.bias is None else self.out_features)
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) would round the float32 scales, zeros and bias too: they keep their

@@ -167,6 +167,14 @@ class QuantizedLinear(nn.Module):
             return dequantize_int8(self.codes, self.scales)
         return dequantize_nf4(self.codes, self.scales, (self.out_features, self.in_features), self.table)
 
+    def logical_parameters(self) -> int:
+        """The weights the codes stand for, O x I, and the bias."""
+        return self.out_features * self.in_features + (0 if self.bias is None else self.out_features)
+
+    def stored_bytes(self) -> int:
+        """Bytes of what is saved: codes, scales and the bias."""
+        return sum(b.numel() * b.element_size() for b in self.state_dict().values())
+
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) / .half() casts every float buffer: the scales (and the level table)
         # would lose their precision on top of the quantization's. They move devices but stay float32.

@@ -21,9 +21,8 @@ from safetensors import SafetensorError, safe_open
 
 from attnlab.errors import AttnlabError
 from attnlab.io import read_metrics
-from attnlab.runs.folder import CONFIG, METRICS, STATE, WEIGHTS, check_run_dir, is_run, read_run_config
-from attnlab.runs.kind import kind_of
-from attnlab.runs.summary import losses
+from attnlab.runs.folder import CONFIG, METRICS, STATE, WEIGHTS, check_run_dir, is_run, losses, read_run_config
+from attnlab.runs.kind import LEGACY_KINDS
 from attnlab.viz.curves import plot_runs
 
 MAX_ROWS = 5000  # a long run's training rows thinned to about this many (every validation row is kept)
@@ -36,7 +35,7 @@ class RunSummary:
     path: Path
     task: str
     model: str  # family, layers x width, preset
-    parameters: int | None  # stored in model.safetensors (a LoRA run stores its adapters alone)
+    parameters: int | None  # in model.safetensors, packed matrices as O x I (a LoRA run stores its adapters alone)
     steps: int | None
     best_val: float | None  # the lowest validation loss logged
     seconds: float | None  # training time, every session of a resumed run together
@@ -59,19 +58,31 @@ def find_runs(root: str | Path) -> list[Path]:
     return sorted(found)
 
 
-def header(path: Path) -> tuple[dict[str, str], int]:
-    """(metadata, number of stored values) of a safetensors file, from its header alone."""
-    with safe_open(str(path), framework="pt") as f:
-        count = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+def header(path: Path, quantized: dict[str, Any] | None = None) -> tuple[dict[str, str], int]:
+    """(metadata, number of parameters) of a safetensors file, from its header alone. With a quantized
+    run's section (config.json), a packed layer counts the weights it stands for: int4 codes hold two
+    a byte, scales and zeros are not parameters, and a tied head's packed copy is not counted twice."""
+    with safe_open(str(path), framework="numpy") as f:  # "pt" would import torch to read a header
+        count = sum(_logical(k, math.prod(f.get_slice(k).get_shape()), quantized or {}) for k in f.keys())
         return f.metadata() or {}, count
 
 
+def _logical(key: str, values: int, quantized: dict[str, Any]) -> int:
+    """The parameters tensor `key` (of `values` stored values) holds."""
+    layer, _, name = key.rpartition(".")
+    kind = (quantized.get("layers") or {}).get(layer)
+    if kind in (None, "float32") or name == "bias":
+        return values
+    if name in ("scales", "zeros") or layer in (quantized.get("tied") or []):
+        return 0
+    return values * 2 if (kind, name) == ("int4", "codes") else values
+
+
 def task_of(config: dict[str, Any]) -> str:
-    """The task's name as config.json records it (word vectors and the like: their family)."""
-    try:
-        return kind_of(config).name
-    except (AttnlabError, KeyError):
-        return str(config.get("task", {}).get("kind") or config.get("family", "?"))
+    """The task's name as config.json records it (word vectors and the like: their family), read
+    without the tasks' registry (runs/kind.py's KINDS), which would import torch."""
+    kind = config.get("task", {}).get("kind") or LEGACY_KINDS.get(config.get("family", "gpt"))
+    return str(kind or config.get("model", {}).get("head") or config.get("family", "?"))
 
 
 def model_of(config: dict[str, Any]) -> str:
@@ -79,10 +90,22 @@ def model_of(config: dict[str, Any]) -> str:
     from, a quantized or LoRA run said in the brackets."""
     m = config.get("model", {})
     shape = f"{m['n_layer']}x{m['d_model']}" if "n_layer" in m and "d_model" in m else ""
-    notes = [str(config.get("preset") or ""), str(config.get("quantized", {}).get("kind", ""))]
+    notes = [preset_of(config), str(config.get("quantized", {}).get("kind", ""))]
     notes += ["lora"] if config.get("adapter") else []
     said = ", ".join(x for x in notes if x)
     return " ".join(x for x in (str(config.get("family", "?")), shape, f"({said})" if said else "") if x)
+
+
+def preset_of(config: dict[str, Any], depth: int = 4) -> str:
+    """The preset a run started from: its own record, else (runs trained before --init runs recorded it)
+    that of the run it was initialized from, if that folder is still there; "" when none says."""
+    if config.get("preset") or depth == 0:
+        return str(config.get("preset") or "")
+    init = config.get("init")
+    try:
+        return preset_of(read_run_config(Path(init)), depth - 1) if isinstance(init, str) and is_run(Path(init)) else ""
+    except (AttnlabError, OSError, ValueError):
+        return ""
 
 
 def summarize(path: str | Path) -> RunSummary:
@@ -90,7 +113,8 @@ def summarize(path: str | Path) -> RunSummary:
     p = check_run_dir(path)
     config = read_run_config(p)
     try:
-        meta, parameters = header(p / WEIGHTS)
+        q = config.get("quantized")  # a damaged section counts what is stored
+        meta, parameters = header(p / WEIGHTS, q if isinstance(q, dict) and isinstance(q.get("layers"), dict) else None)
         steps: int | None = int(meta.get("step", 0))
     except (SafetensorError, OSError, ValueError):
         parameters, steps = None, None

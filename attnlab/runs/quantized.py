@@ -18,6 +18,7 @@ float32 (nn/pack_choice.py), or that int4's groups do not divide.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +48,12 @@ class Quantization:
     kept: dict[str, str] = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
+    tied: list[str] = field(default_factory=list)  # packed copies of a weight kept float too (a tied head)
 
     def section(self, source: str) -> dict[str, Any]:
         """config.json's "quantized" section."""
-        return {"kind": self.kind, "group": self.group, "from": source, "layers": dict(self.layers)}
+        tied = {"tied": list(self.tied)} if self.tied else {}
+        return {"kind": self.kind, "group": self.group, "from": source, "layers": dict(self.layers), **tied}
 
 
 def check_kind(kind: Any) -> str:
@@ -86,7 +89,7 @@ def quantize_for_inference(
     a shape measured faster in float32 here (`compiled`: by the products a compiled decode step runs,
     nn/pack_choice.py). The model is put in eval mode: packed layers do not train."""
     report = Quantization(check_kind(kind))
-    device = next(model.parameters()).device
+    device, tied = next(model.parameters()).device, tied_weights(model)
     for name, parent, attr, layer in inference_linears(model):
         if not isinstance(layer, nn.Linear):
             raise AttnlabError(f"quantize: {name} is already {layer.kind}; quantize the float run instead")
@@ -97,10 +100,19 @@ def quantize_for_inference(
             after = before
         else:
             packed = PackedLinear.from_linear(layer, kind)
+            packed.tied = id(layer.weight) in tied
+            report.tied += [name] if packed.tied else []
             setattr(parent, attr, packed)
             report.layers[name], after = kind, packed.stored_bytes()
         report.bytes_before, report.bytes_after = report.bytes_before + before, report.bytes_after + after
     return _evaluating(model, report)
+
+
+def tied_weights(model: nn.Module) -> set[int]:
+    """ids of the parameters more than one module holds (a head tied to the embedding): a packed copy
+    of one is not counted again as a parameter (nn/counting.py)."""
+    held = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    return {i for i, n in held.items() if n > 1}
 
 
 def _kept_float(name: str, layer: nn.Linear, kind: str, device: torch.device, measure: bool,
@@ -130,6 +142,7 @@ def rebuild_packed(model: nn.Module, section: dict[str, Any]) -> None:
     if not isinstance(layers, dict) or not isinstance(group, int):
         raise AttnlabError("config.json's quantized section is corrupt: it needs layers and group")
     places = {name: (parent, attr, layer) for name, parent, attr, layer in inference_linears(model)}
+    tied = tied_weights(model)
     for name, kind in layers.items():
         if kind == FLOAT:
             continue
@@ -138,6 +151,7 @@ def rebuild_packed(model: nn.Module, section: dict[str, Any]) -> None:
                                "such layer or attnlab no such kind")  # fmt: skip
         parent, attr, layer = places[name]
         packed = PackedLinear(layer.in_features, layer.out_features, kind, layer.bias is not None, group)
+        packed.tied = id(layer.weight) in tied
         setattr(parent, attr, packed)
     _evaluating(model, Quantization(section.get("kind", "")))
 
@@ -151,10 +165,11 @@ def quantized_of(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def describe(report: Quantization) -> str:
-    """One line: what was packed and what stayed float32."""
+    """One line: what was packed and what stayed float32. The megabytes are those of the layers looked
+    at (their weights and biases in memory), not a file's: embeddings and norms are not among them."""
     packed = sum(k != FLOAT for k in report.layers.values())
-    line = (f"{packed} of {len(report.layers)} layers as {report.kind}: {report.bytes_before / 1e6:.1f} MB -> "
-            f"{report.bytes_after / 1e6:.1f} MB")  # fmt: skip
+    line = (f"{packed} of {len(report.layers)} layers as {report.kind} (those layers {report.bytes_before / 1e6:.1f} "
+            f"MB -> {report.bytes_after / 1e6:.1f} MB)")  # fmt: skip
     if report.kept:
         reasons = sorted(set(report.kept.values()))
         line += f"; {len(report.kept)} kept float32 ({'; '.join(reasons[:3])})"

@@ -1,5 +1,7 @@
 """`attnlab quantize RUN --to int8 --out DIR`: a run whose language model is stored quantized for
-inference, a folder every command loads (runs/quantized.py says which layers and how).
+inference, a folder every command loads (runs/quantized.py says which layers and how). Its summary
+gives the weights files' sizes on disk before and after (bytes_before, bytes_after): the layers left
+float32, the embeddings and the scales are in them too.
 
     quantize_run("runs/demo", "int8", "runs/demo-int8")
       -> the run loaded in float32, its decode-step linears packed (measured per shape here)
@@ -40,6 +42,7 @@ def quantize_run(run: str | Path, kind: str, out: str | Path, force: bool = Fals
     write_weights(weights, out / WEIGHTS, {"step": str(loaded.step)})
     for name, path in copies.items():
         shutil.copyfile(path, out / name)
+    before, after = (src / WEIGHTS).stat().st_size, (out / WEIGHTS).stat().st_size  # the files, as on disk
     return {"run": str(out), "kind": kind, "summary": describe(report), "packed": report.layers,
-            "kept_float32": report.kept, "megabytes_before": round(report.bytes_before / 1e6, 3),
-            "megabytes_after": round(report.bytes_after / 1e6, 3)}  # fmt: skip
+            "kept_float32": report.kept, "bytes_before": before, "bytes_after": after,
+            "megabytes_before": round(before / 1e6, 3), "megabytes_after": round(after / 1e6, 3)}  # fmt: skip

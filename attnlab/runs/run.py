@@ -26,6 +26,7 @@ from attnlab.runs.quantized import Quantization, check_kind, quantize_for_infere
 from attnlab.runs.summary import run_html, run_text
 from attnlab.runs.weights import load_weights
 from attnlab.runtime.device import pick_device
+from attnlab.runtime.threads import share
 
 __all__ = ["FAMILIES", "Run", "build_model", "load"]
 
@@ -68,6 +69,7 @@ def load(path: str | Path, device: str = "auto", quantize: str | None = None, ev
     `every_layer` (compiled: for decoding through compiled steps); a run written by `attnlab quantize`
     loads as it was stored."""
     p = check_run_dir(path_argument(path, "load: path"))
+    share()  # sampling, chat, serve, eval: fewer threads beside other busy attnlab/torch processes
     config = read_run_config(p)
     task = kind_of(config)
     if task.tokenized and not (p / TOKENIZER).is_file():

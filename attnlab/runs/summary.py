@@ -11,24 +11,14 @@ shows the facts and the loss curve of metrics.jsonl, drawn inline by viz/cards.p
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnlab.io import read_metrics
-from attnlab.runs.folder import METRICS
+from attnlab.nn.counting import ParameterCount, count_parameters
+from attnlab.runs.folder import METRICS, losses
 from attnlab.viz.cards import curve_svg, facts_html, facts_text
 
 if TYPE_CHECKING:
     from attnlab.runs.run import Run
-
-
-def losses(path: Path, max_rows: int | None = None) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(step, train loss) and (step, validation loss) pairs of a run's metrics.jsonl (none if missing);
-    max_rows thins the training rows as read_metrics does (every validation row is kept)."""
-    rows = [r for r in read_metrics(Path(path) / METRICS, max_rows) if "step" in r]
-    train = [(r["step"], float(r["loss"])) for r in rows if isinstance(r.get("loss"), (int, float))]
-    val = [(r["step"], float(r["val_loss"])) for r in rows if isinstance(r.get("val_loss"), (int, float))]
-    return train, val
 
 
 def _model(config: dict) -> str:
@@ -47,13 +37,12 @@ def _loss(train: list, val: list) -> str:
 
 def facts(run: Run) -> dict[str, str]:
     """The run's task, model, size in parameters, steps, device, tokenizer and losses, as text."""
-    n = sum(p.numel() for p in run.model.parameters())
     planned = run.config.get("train", {}).get("max_steps")
     tok = run.tokenizer
     out = {
         "task": run.task.name or run.config.get("task", "?"),
         "model": _model(run.config),
-        "size": f"{n:,} parameters",
+        "size": _size(count_parameters(run.model)),
         "steps": f"{run.step:,}" + (f" of {planned:,}" if isinstance(planned, int) else ""),
         "device": str(run.device),
         "tokenizer": "none (it reads images)" if tok is None else f"{tok.kind}, {tok.vocab_size:,} tokens",
@@ -62,6 +51,12 @@ def facts(run: Run) -> dict[str, str]:
         out["weights"] = f"{run.quantization.kind} (quantized for inference)"
     out["loss"] = _loss(*losses(run.path))
     return out
+
+
+def _size(n: ParameterCount) -> str:
+    """ "830,208 parameters", and for packed layers what they keep: their logical count and the bytes."""
+    packed = f" ({n.packed:,} of them packed; {n.stored_bytes / 1e6:.2f} MB stored in all)" if n.packed else ""
+    return f"{n.logical:,} parameters{packed}"
 
 
 def run_text(run: Run) -> str:

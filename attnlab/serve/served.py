@@ -8,6 +8,7 @@ from pathlib import Path
 from attnlab.data.chat import ChatTemplate
 from attnlab.decoding.engine import Batcher, engine_for
 from attnlab.errors import AttnlabError, one_line
+from attnlab.nn.counting import count_parameters
 from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
 from attnlab.runs.kind import kind_of
@@ -74,6 +75,6 @@ def load_runs(paths: list[str | Path], device: str, quantize: str | None = None,
         name, k = resolved.name or "run", 2
         while name in served:
             name, k = f"{resolved.name}-{k}", k + 1
-        served[name] = Served(name, run, sum(p.numel() for p in run.model.parameters()), template,
+        served[name] = Served(name, run, count_parameters(run.model).logical, template,
                               compiled and run.task.generates)  # fmt: skip
     return served
