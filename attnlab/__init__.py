@@ -5,21 +5,36 @@ run = attnlab.load("runs/demo")                 # model, tokenizer, config
 print(run.generate("def ", max_new_tokens=80, temperature=0.8))
 attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
               attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
+
+The public names are loaded on first use (PEP 562): `import attnlab` alone, and `attnlab --help`,
+`attnlab runs`, do not pay for importing torch (2-4 s on 2 cores).
 """
 
-from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, interrupt_quietly_at_start
+from __future__ import annotations
 
-with interrupt_quietly_at_start():  # `attnlab ...` spends its first seconds here, importing torch
+from typing import TYPE_CHECKING
+
+from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError
+from attnlab.lazy import REGISTRARS, lazy_names
+from attnlab.version import __version__
+
+if TYPE_CHECKING:  # what a type checker and an editor see; at run time they load on first use
     from attnlab.data import DataConfig
     from attnlab.engine.config import TrainConfig
-    from attnlab.interop import adapter_runs  # noqa: F401  registers the readers --init takes: HF and PEFT folders
     from attnlab.interpret.trace import Trace, trace
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.nn.hooks import hooks, zero_head
     from attnlab.runs.run import Run, load
     from attnlab.tasks import train
 
-__version__ = "0.1.0"
+# Each lazy name -> the module that defines it. The first one loaded also imports the registrars
+# (lazy.REGISTRARS), as does a lower floor before it reads a registry they fill.
+LAZY = {"DataConfig": "attnlab.data", "TrainConfig": "attnlab.engine.config", "Trace": "attnlab.interpret.trace",
+        "trace": "attnlab.interpret.trace", "GPT": "attnlab.models.gpt", "GPTConfig": "attnlab.models.gpt",
+        "hooks": "attnlab.nn.hooks", "zero_head": "attnlab.nn.hooks", "Run": "attnlab.runs.run",
+        "load": "attnlab.runs.run", "train": "attnlab.tasks"}  # fmt: skip
+REGISTRARS.extend(["attnlab.interop.adapter_runs", "attnlab.tasks", "attnlab.wordvec.keyed"])
+__getattr__, __dir__ = lazy_names(__name__, LAZY, registries=True)
 
 __all__ = [
     "GPT",

@@ -20,13 +20,14 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from attnlab.errors import AttnlabError
+
+if TYPE_CHECKING:  # tensors are only named here: `attnlab runs` and --help read files without torch
+    import torch
 
 
 def cache_root() -> Path:
@@ -229,6 +230,8 @@ def snapshot(t: torch.Tensor, copy: bool) -> torch.Tensor:
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file  # torch (2-4 s to import): loaded already where tensors are written
+
     atomic_write(path, lambda p: save_file(tensors, str(p), metadata=metadata))
 
 

@@ -101,3 +101,18 @@ def test_doctor_without_cpuinfo(capsys, monkeypatch):
 def test_doctor_is_listed_in_the_help(capsys):
     code, out, _ = run_cli(["--help"], capsys)
     assert "doctor" in out
+
+
+BUSY = "1 other attnlab/torch process is busy here (pid 42, attnlab train lm, 1.9 cores)"
+
+
+@pytest.mark.parametrize("busy", [None, BUSY])
+def test_doctor_says_whether_other_processes_share_the_cores(capsys, monkeypatch, busy):
+    """runtime/threads.py's sharing_line, on doctor's `sharing` line and in --json."""
+    from attnlab.cli import doctor
+
+    monkeypatch.setattr(doctor, "sharing_line", lambda: busy)
+    out = run_cli(["doctor"], capsys)[1]
+    said = [line for line in out.splitlines() if line.startswith("sharing  ")]
+    assert said == [f"sharing  {busy or 'no other attnlab or torch process is busy here'}"]
+    assert json.loads(run_cli(["doctor", "--json"], capsys)[1])["sharing"] == busy

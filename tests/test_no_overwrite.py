@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import attnlab
-from attnlab.cli.main import COMMANDS
+from attnlab.cli.main import COMMANDS, ref
 from attnlab.models.gpt import GPT
 from attnlab.runs.marker import MARKER, owned, write_marker
 from attnlab.runs.outputs import output_flags
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 def argv(command, flag: str, path) -> list[str]:
     """The command with placeholder values for what it requires, and `flag` naming `path`. Outputs are
     checked before the run is read, so the placeholders are never looked at."""
-    args, opts = [command.name], command.options
+    args, opts = [command.name], ref(command.options)
     for f in dataclasses.fields(opts):
         meta = f.metadata
         if f.name == flag:
@@ -39,7 +39,7 @@ def argv(command, flag: str, path) -> list[str]:
     return args
 
 
-FLAGS = [(c, name, suffixes) for c in COMMANDS for name, suffixes in output_flags(c.options)]
+FLAGS = [(c, name, suffixes) for c in COMMANDS for name, suffixes in output_flags(ref(c.options))]
 
 
 def test_the_commands_that_write_files_declare_them():

@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from attnlab.cli.options import Answers, OnDevice
-from attnlab.config import option
+from attnlab.cli.options import DoctorOptions
 from attnlab.io import BUILDING, cache_root, leftover, mb, remove_path, tree_size
 from attnlab.nn import pack_choice, row_kernels
 from attnlab.runtime import precision
 from attnlab.runtime.device import pick_device
+from attnlab.runtime.threads import sharing_line
 from attnlab.runtime.timing import Measurement, Timing
 from attnlab.version import __version__
 
@@ -29,21 +28,6 @@ CPU = torch.device("cpu")
 CONVERTED = {"converted": "HuggingFace", "peft": "PEFT"}
 
 
-@dataclass
-class DoctorOptions(Answers, OnDevice):
-    measure: int | None = option(None, "measure --dtype auto's choice at this width now, for training and for "
-                                 "decoding (a few seconds), and keep what can be trusted", metavar="WIDTH",
-                                 at_least=1)  # fmt: skip
-    clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
-                         "--quantize's float32-or-packed choice per shape; nothing else in the cache folder is "
-                         "touched) and say what was removed")  # fmt: skip
-    clear_cache: bool = option(False, "remove the converted models kept in the cache folder (its converted/ and "
-                               "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
-                               "use converts it again) and say what was removed; the measurements (--clear), token "
-                               "caches and anything else there stay, a conversion under way is left to finish, and "
-                               "a link is removed, never followed")  # fmt: skip
-
-
 def machine(device: torch.device) -> dict:
     """The device, PyTorch and its threads, the CPU and its bf16 instructions."""
     flags = precision.cpu_flags()
@@ -52,7 +36,8 @@ def machine(device: torch.device) -> dict:
     return {"attnlab": __version__, "torch": torch.__version__, "threads": torch.get_num_threads(), "cores": cores,
             "device": str(device), "gpu": gpu, "cpu": precision.cpu_model(), "bf16_instructions":
             precision.native_bf16(flags), "amx": None if flags is None else "amx_bf16" in flags,
-            "cache": str(precision.cache_path()), "row_operators": row_kernels.status()}  # fmt: skip
+            "cache": str(precision.cache_path()), "row_operators": row_kernels.status(),
+            "sharing": sharing_line()}  # fmt: skip
 
 
 def cache_folder() -> dict:
@@ -155,7 +140,7 @@ BF16 = {True: "yes", False: "no (float32 without measuring)", None: "unknown"}
 
 
 def about(info: dict) -> list[str]:
-    """The machine and the cache, in five lines."""
+    """The machine, the cache, and whether other attnlab/torch processes are busy here, in six lines."""
     return [f"attnlab {info['attnlab']}, PyTorch {info['torch']}, {info['threads']} threads on {info['cores']} cores",
              f"device   {info['device']}" + (f" ({info['gpu']}: --dtype auto trains in bf16 where it has it and "
                                               "decodes in float32; the measurements below serve --device cpu)"
@@ -163,7 +148,8 @@ def about(info: dict) -> list[str]:
              f"CPU      {info['cpu']}; bf16 instructions: {BF16[info['bf16_instructions']]}" +
              (", AMX" if info["amx"] else ""),
              cache_line(info["cache_folder"]),
-             f"decode   attnlab's one-row operators: {info['row_operators']}"]  # fmt: skip
+             f"decode   attnlab's one-row operators: {info['row_operators']}",
+             f"sharing  {info['sharing'] or 'no other attnlab or torch process is busy here'}"]  # fmt: skip
 
 
 def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict]) -> str:

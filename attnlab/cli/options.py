@@ -8,16 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attnlab.cli.choices import INSPECTIONS, PLOTS, PROJECTIONS, QUANTIZED, SPLITS, VIEW_NAMES, architectures
 from attnlab.config import option
-from attnlab.decoding.draw import check_sampling
-from attnlab.decoding.sampling import COMPILE_HELP
-from attnlab.interop.hf import architectures
-from attnlab.interpret.plots import PLOTS
-from attnlab.interpret.report import INSPECTIONS
-from attnlab.interpret.views import VIEW_NAMES
-from attnlab.nn.packed import KINDS as QUANTIZED
-from attnlab.tasks.lm_eval import SPLITS
-from attnlab.viz.vectors import PROJECTIONS
+from attnlab.decoding.settings import COMPILE_HELP, check_sampling
 
 HEADS = "heads (see what they do by taking them out)"
 
@@ -66,12 +59,14 @@ PICTURE, PAGE = (".png", ".svg", ".json"), (".png", ".svg", ".html", ".json")
 
 @dataclass
 class DemoOptions:
-    out: str = option("runs/demo", "run directory (a free name is picked if it exists)")
+    out: str = option("runs/demo", "run directory (a free name is picked if it exists; with --chat, the chain's "
+                      "folder: run again, it goes on where it stopped)")  # fmt: skip
     time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
     max_steps: int | None = option(None, "train for this many steps instead of a budget", at_least=1)
-    chat: bool = option(False, "the assistant chain instead (about 10 minutes on 2 cores): pretrain a small base, "
-                        "fine-tune it on instructions (sft), tune it on preferences (dpo), train a reward model "
-                        "and sample best-of-8 through it; --out defaults to runs/chat")  # fmt: skip
+    chat: bool = option(False, "the assistant chain instead (about 10 minutes on a quiet 2-core CPU; Ctrl-C, then "
+                        "the same command goes on where it stopped): pretrain a small base, fine-tune it on "
+                        "instructions (sft), tune it on preferences (dpo), train a reward model and sample "
+                        "best-of-8 through it; --out defaults to runs/chat")  # fmt: skip
     base: str | None = option(None, "with --chat: start from this GPT run instead of pretraining a base",
                               metavar="RUN")  # fmt: skip
 
@@ -115,7 +110,12 @@ class SampleOptions(Quantizes, HeadsOut, ReadsRun):
 class ChatOptions(Quantizes, ReadsRun):
     system: str | None = option(None, "a system message that opens the conversation (kept when the oldest turns "
                                 "are dropped)", metavar="TEXT")  # fmt: skip
-    max_new_tokens: int = option(256, "an answer's length at most, in tokens", at_least=1)
+    max_new_tokens: int = option(256, "an answer's length at most, in tokens (and never past the context)",
+                                 at_least=1)  # fmt: skip
+    reserve: int | None = option(None, "tokens of the context kept free for the answer: older turns are dropped "
+                                 "when the prompt leaves less (default: the longest answer in the run's training "
+                                 "data, at most --max-new-tokens; without such data, min(--max-new-tokens, half "
+                                 "the context))", at_least=1, metavar="N")  # fmt: skip
     temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
     top_k: int | None = option(None, "sample only among the k most likely tokens", at_least=1)
     top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
@@ -307,3 +307,18 @@ class VectorsOptions(WritesFiles, Answers):
     arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",
                                metavar="A:B", commas=False)  # fmt: skip
     projection: str = option("pca", "2-D projection", tuple(PROJECTIONS))
+
+
+@dataclass
+class DoctorOptions(Answers, OnDevice):
+    measure: int | None = option(None, "measure --dtype auto's choice at this width now, for training and for "
+                                 "decoding (a few seconds), and keep what can be trusted", metavar="WIDTH",
+                                 at_least=1)  # fmt: skip
+    clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
+                         "--quantize's float32-or-packed choice per shape; nothing else in the cache folder is "
+                         "touched) and say what was removed")  # fmt: skip
+    clear_cache: bool = option(False, "remove the converted models kept in the cache folder (its converted/ and "
+                               "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
+                               "use converts it again) and say what was removed; the measurements (--clear), token "
+                               "caches and anything else there stay, a conversion under way is left to finish, and "
+                               "a link is removed, never followed")  # fmt: skip

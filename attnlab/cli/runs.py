@@ -3,6 +3,8 @@ FILE`: their loss curves on one picture. Both over runs/listing.py."""
 
 from __future__ import annotations
 
+import argparse
+
 from attnlab.cli.generate import add_options, read_options
 from attnlab.cli.options import RunsCompareOptions, RunsOptions
 from attnlab.runs.listing import compare_runs, list_runs, table
@@ -27,8 +29,9 @@ def run_compare(opts: RunsCompareOptions) -> int:
     return 0
 
 
-def add_runs_command(sub, parser_class: type) -> None:
-    """`attnlab runs [FOLDER]` (the same as `runs list`) and `attnlab runs compare`."""
+def fill_runs(runs: argparse.ArgumentParser, parser_class: type) -> None:
+    """`attnlab runs [FOLDER]` (the same as `runs list`) and `attnlab runs compare`, in the `runs` parser
+    cli/main.py made (filled the first time it is used)."""
 
     class RunsParser(parser_class):
         """A folder right after `runs` is `runs list FOLDER`: the list needs no word of its own."""
@@ -39,12 +42,10 @@ def add_runs_command(sub, parser_class: type) -> None:
                 args = ["list", *args]
             return super().parse_known_args(args, namespace)
 
-    runs = sub.add_parser("runs", help="list the runs under a folder, or draw their loss curves together",
-                          usage="attnlab runs [FOLDER]  |  attnlab runs compare RUN RUN ... --out FILE [--force]",
-                          description="attnlab runs [FOLDER] lists every run under "
-                          "FOLDER (default ./runs): its task, model, parameters, steps, best validation loss and "
-                          "training time. attnlab runs compare RUN RUN ... --out FILE draws their training and "
-                          "validation losses on one picture.")  # fmt: skip
+    runs.usage = "attnlab runs [FOLDER]  |  attnlab runs compare RUN RUN ... --out FILE [--force]"
+    runs.description = ("attnlab runs [FOLDER] lists every run under FOLDER (default ./runs): its task, model, "
+                        "parameters, steps, best validation loss and training time. attnlab runs compare RUN RUN "
+                        "... --out FILE draws their training and validation losses on one picture.")  # fmt: skip
     runs.__class__ = RunsParser  # argparse made it; the subclass only rewrites the arguments it is given
     what = runs.add_subparsers(dest="runs_command", metavar="COMMAND", parser_class=parser_class)
     p = what.add_parser("list", help="the runs under FOLDER, one line each (the default)")
@@ -55,4 +56,4 @@ def add_runs_command(sub, parser_class: type) -> None:
     p.set_defaults(command=lambda args: run_compare(read_options(args, RunsCompareOptions)))
 
 
-__all__ = ["add_runs_command", "run_compare", "run_list"]
+__all__ = ["fill_runs", "run_compare", "run_list"]

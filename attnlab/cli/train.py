@@ -22,9 +22,9 @@ from attnlab.wordvec.config import VectorsConfig
 SECTIONS = ("data", "model", "train")
 
 
-def add_train_commands(sub, parser_class: type) -> None:
-    """`attnlab train TASK` for every registered task, and `attnlab train vectors`."""
-    train = sub.add_parser("train", help="train a model")
+def add_tasks(train: argparse.ArgumentParser, parser_class: type) -> None:
+    """`attnlab train TASK` for every registered task, and `attnlab train vectors`, in the `train`
+    parser cli/main.py made (filled the first time it is used)."""
     tasks = train.add_subparsers(dest="task", metavar="TASK", parser_class=parser_class)
     tasks.required = True
     for task in TASKS.values():

@@ -1,7 +1,22 @@
-"""Data: where text comes from, and the token caches training reads."""
+"""Data: where text comes from, and the token caches training reads.
 
-from attnlab.data.text import DataConfig, read_texts, resolve_sources, stdlib_files
-from attnlab.data.tokens import TokenData, build_token_cache, workers_for
+Its names load on first use (attnlab/lazy.py): the chat-template limits (data/template_limits.py)
+build `attnlab --help` without the token caches' torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnlab.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from attnlab.data.text import DataConfig, read_texts, resolve_sources, stdlib_files
+    from attnlab.data.tokens import TokenData, build_token_cache, workers_for
+
+TEXT, TOKENS = "attnlab.data.text", "attnlab.data.tokens"
+__getattr__, __dir__ = lazy_names(__name__, {"DataConfig": TEXT, "read_texts": TEXT, "resolve_sources": TEXT,
+                                             "stdlib_files": TEXT, "TokenData": TOKENS, "build_token_cache": TOKENS,
+                                             "workers_for": TOKENS})  # fmt: skip
 
 __all__ = [
     "DataConfig",

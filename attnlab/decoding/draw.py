@@ -9,15 +9,10 @@ of one sequence the same wherever it is decoded.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from attnlab.config import check_seed
-from attnlab.errors import ArgumentTypeError, kind
 
 
 @dataclass(frozen=True)
@@ -28,26 +23,6 @@ class Draw:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
-
-
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
-                   seed: int | None = None) -> None:  # fmt: skip
-    """The settings of a generation, each of its type and range (a library caller's "5" is named)."""
-    for name, value, number in (("max_new_tokens", max_new_tokens, numbers.Integral),
-                                ("temperature", temperature, numbers.Real), ("top_k", top_k, numbers.Integral),
-                                ("top_p", top_p, numbers.Real), ("seed", seed, numbers.Integral)):  # fmt: skip
-        if value is not None and (not isinstance(value, number) or isinstance(value, bool)):
-            expected = "a whole number" if number is numbers.Integral else "a number"
-            raise ArgumentTypeError(f"{name}: expected {expected}, got {kind(value)}")
-    check_seed("seed", seed)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not (0 <= temperature < math.inf):  # NaN fails this too
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

@@ -18,52 +18,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from attnlab.config import check_types, option
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.draw import Draw, check_sampling, filter_logits, jump_keep, next_token, next_tokens
+from attnlab.decoding.draw import Draw, filter_logits, jump_keep, next_token, next_tokens
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.pieces import TextPieces, first_stop
+from attnlab.decoding.settings import GenerateConfig, check_sampling
 from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.models.protocols import CausalLM
-from attnlab.runtime.device import DTYPE_NAMES, autocast, pick_dtype
+from attnlab.runtime.device import autocast, pick_dtype
 
 __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "generate_text", "next_token",
            "next_tokens", "read_together", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
-
-
-COMPILE_HELP = (
-    "compile the decode step (ahead of time with torch.export and AOTInductor, else torch.compile): "
-    "several times faster per token for small models on a CPU, after tens of seconds of compiling the "
-    "first time (kept on disk: seconds the next run)"
-)
-
-
-@dataclass
-class GenerateConfig:
-    """Generation settings: kept apart from the model's config, they belong to each call."""
-
-    prompt: str = option("", "text to continue (default: start of a document)")
-    max_new_tokens: int = option(200, "how many tokens to generate")
-    temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
-    top_k: int | None = option(None, "sample only among the k most likely tokens")
-    top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
-    seed: int | None = option(None, "random seed, for repeatable samples")
-    stop: str | None = option(None, "stop when this text is generated")
-    use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
-    dtype: str = option("auto", "auto (on a CPU bf16 where measured faster here; float32 on a GPU), float32 or "
-                        "bfloat16", DTYPE_NAMES)  # fmt: skip
-    compile: bool = option(False, COMPILE_HELP)
-
-    def __post_init__(self):
-        check_types(self)
-        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
-        if self.stop:  # typed on a command line, "\n" means a newline
-            self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from attnlab.data.chat import ChatTemplate
 from attnlab.errors import AttnlabError
 from attnlab.io import read_json
+from attnlab.lazy import fill_registries
 from attnlab.models import build_model
 from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
 from attnlab.nn.quantize import quantize_model
@@ -39,6 +40,7 @@ def as_run(path: str | Path) -> Path:
     """The run folder a --init or base path names: a run as it is, another model folder through READERS."""
     p = Path(path)
     if p.is_dir() and not is_run(p):
+        fill_registries()  # interop's readers fill READERS when imported
         for read in READERS:
             run = read(p)
             if run is not None:

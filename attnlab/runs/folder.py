@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.io import read_json
+from attnlab.io import read_json, read_metrics
 from attnlab.runs.marker import read_marker, remove_owned, write_marker
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
@@ -165,3 +165,12 @@ def discard_unstarted(out: Path) -> None:
     folder too, unless something of the user's is in it)."""
     if out.is_dir() and unstarted(out) and not remove_owned(out):
         out.rmdir()
+
+
+def losses(path: Path, max_rows: int | None = None) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(step, train loss) and (step, validation loss) pairs of a run's metrics.jsonl (none if missing);
+    max_rows thins the training rows as read_metrics does (every validation row is kept)."""
+    rows = [r for r in read_metrics(Path(path) / METRICS, max_rows) if "step" in r]
+    train = [(r["step"], float(r["loss"])) for r in rows if isinstance(r.get("loss"), (int, float))]
+    val = [(r["step"], float(r["val_loss"])) for r in rows if isinstance(r.get("val_loss"), (int, float))]
+    return train, val

@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from torch import Tensor
-
 from attnlab.errors import AttnlabError
+from attnlab.lazy import fill_registries
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # named in signatures only: `attnlab runs` reads kinds without numpy and torch
+    import numpy as np
+    from torch import Tensor
+
     from attnlab.runs.run import Run
 
 
@@ -75,6 +76,8 @@ READ_ELSEWHERE: dict[str, str] = {}
 def kind_of(config: dict[str, Any]) -> RunKind:
     """The kind of a run's config.json."""
     family = config.get("family", "gpt")
+    if family not in READ_ELSEWHERE and config.get("task", {}).get("kind") not in KINDS:
+        fill_registries()  # the tasks and wordvec fill KINDS and READ_ELSEWHERE when imported
     if family in READ_ELSEWHERE:
         raise AttnlabError(READ_ELSEWHERE[family])
     kind = config.get("task", {}).get("kind") or LEGACY_KINDS.get(family) or config["model"].get("head", "mlm")

@@ -1,0 +1,26 @@
+"""The names the parser offers as choices, kept here so that cli/options.py imports without torch.
+
+Each registry lives beside the code it runs (interpret/plots.py's PLOTS, nn/packed.py's KINDS, ...),
+and those modules import torch: 2-4 s on a 2-core machine, which `attnlab COMMAND --help` should
+not pay. So the parser reads the names from here, and tests/test_startup.py holds each tuple equal
+to its registry: a new plot, inspection or quantized kind is refused by that test until it is named
+here too.
+"""
+
+from __future__ import annotations
+
+PLOTS = ("loss", "lr", "positions", "embeddings", "experts", "expert-load")  # interpret/plots.py
+INSPECTIONS = ("lens", "heads", "ablate", "rollout", "flow", "over-training")  # interpret/report.py
+VIEW_NAMES = ("self", "encoder", "decoder", "cross")  # interpret/views.py
+QUANTIZED = ("int8", "int4", "bf16")  # nn/packed.py's KINDS
+SPLITS = ("val", "train", "all")  # tasks/lm_eval.py
+PROJECTIONS = ("pca", "tsne")  # viz/vectors.py
+# interop/hf's family modules' ARCHITECTURES, in their order
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM",
+                 "ViTForImageClassification", "ViTModel", "BertForMaskedLM", "BertForPreTraining",
+                 "BertForSequenceClassification", "BertForTokenClassification", "BertModel")  # fmt: skip
+
+
+def architectures() -> tuple[str, ...]:
+    """The HuggingFace architectures `attnlab convert` reads (interop/hf's architectures(), by name)."""
+    return ARCHITECTURES

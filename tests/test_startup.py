@@ -1,0 +1,136 @@
+"""Commands start without importing what they do not use: `attnlab --help`, `attnlab COMMAND --help`,
+`attnlab runs` and `import attnlab` load no torch (2-4 s of a 2-core machine's start).
+
+Each check runs the command in a fresh Python and reads that process's sys.modules afterwards, so a
+module that imports torch anywhere on the way is caught; no wall-clock time is asserted (docs/cpu.md
+has the measured times).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import attnlab
+from attnlab.cli import choices
+from attnlab.cli.main import COMMANDS, GROUPS
+from attnlab.decoding import settings
+from tests.conftest import code_file, tiny_data, tiny_model, tiny_train
+
+# Commands whose options live beside torch code, so that their --help imports it: train's tasks
+# (tasks.TASKS and the models' configs), compare's (tasks/compare.py), size's cluster plan
+# (models/size.py, beside the GPT it counts). Every other command's help is torch-free (chat's
+# table of phrasings is cli/phrasings.py), and this set may only shrink.
+HEAVY_HELP = {"train", "compare", "size"}
+
+# Runs main(argv) in a fresh interpreter; prints what it printed and which heavy modules it loaded.
+PROGRAM = """
+import contextlib, io, json, sys
+from attnlab.cli.main import main
+out = io.StringIO()
+try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(sys.argv[1:])
+except SystemExit as e:
+    rc = e.code
+loaded = [m for m in ("torch", "numpy", "safetensors.torch", "attnlab.tasks", "attnlab.nn") if m in sys.modules]
+print(json.dumps({"rc": rc, "out": out.getvalue(), "loaded": loaded}))
+"""
+
+
+def started(*argv: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROGRAM, *argv], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_top_level_help_loads_no_torch():
+    r = started("--help")
+    assert r["rc"] == 0 and "doctor" in r["out"] and "runs" in r["out"]  # every command listed
+    assert r["loaded"] == []
+
+
+@pytest.mark.parametrize("name", sorted(({c.name for c in COMMANDS} | set(GROUPS)) - HEAVY_HELP))
+def test_a_command_help_loads_no_torch(name):
+    r = started(name, "--help")
+    assert r["rc"] == 0 and f"attnlab {name}" in r["out"]  # its own help: usage and flags
+    assert "torch" not in r["loaded"] and "attnlab.tasks" not in r["loaded"]
+
+
+def test_the_heavy_helps_are_still_whole():
+    """What HEAVY_HELP leaves out works as before: its flags are there (the parser filled on use)."""
+    r = started("size", "--help")
+    assert r["rc"] == 0 and "--preset" in r["out"] and "--gpu-tflops" in r["out"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("startup")
+    short = tiny_train(max_steps=2, eval_interval=2, warmup_steps=1)
+    attnlab.train(root / "runs" / "tiny", tiny_model(n_layer=1), short, tiny_data(code_file(root)), progress=False)
+    return root / "runs"
+
+
+def test_runs_lists_a_run_without_torch(runs):
+    """`attnlab runs` reads config.json, metrics.jsonl and the safetensors headers: no model is built."""
+    r = started("runs", str(runs))
+    assert r["rc"] == 0, r["out"]
+    line = next(x for x in r["out"].splitlines() if "tiny" in x)
+    assert " lm " in line and "gpt 1x32" in line  # the task and the model, read from the run's files
+    assert "torch" not in r["loaded"] and "safetensors.torch" not in r["loaded"]
+
+
+def test_a_run_loads_through_the_runs_floor_alone(runs):
+    """`from attnlab.runs.run import load` in a fresh process: nothing has imported the tasks that
+    register the kinds of run, so the runs floor fills its registries itself (lazy.REGISTRARS)."""
+    code = f"from attnlab.runs.run import load; print(load({str(runs / 'tiny')!r}).task.name)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "lm", done.stderr
+
+
+def test_import_attnlab_loads_no_torch_and_every_public_name_still_works():
+    code = "import sys, attnlab; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "False"  # fmt: skip
+    from attnlab.models.gpt import GPTConfig
+    from attnlab.runs.run import load
+    from attnlab.tasks import train
+
+    assert attnlab.train is train and attnlab.load is load and attnlab.GPTConfig is GPTConfig
+    assert all(getattr(attnlab, name) is not None for name in attnlab.__all__)
+    assert set(attnlab.__all__) <= set(dir(attnlab))
+    with pytest.raises(AttributeError):
+        attnlab.no_such_name  # noqa: B018
+
+
+def test_the_parser_choices_are_the_registries():
+    """cli/choices.py names what the torch-side registries hold; a new entry there must be named here."""
+    from attnlab.interop.hf import architectures
+    from attnlab.interpret.plots import PLOTS
+    from attnlab.interpret.report import INSPECTIONS
+    from attnlab.interpret.views import VIEW_NAMES
+    from attnlab.nn.packed import KINDS
+    from attnlab.runtime.device import DTYPE_NAMES
+    from attnlab.tasks.lm_eval import SPLITS
+    from attnlab.viz.vectors import PROJECTIONS
+
+    assert choices.PLOTS == tuple(PLOTS) and choices.INSPECTIONS == tuple(INSPECTIONS)
+    assert choices.VIEW_NAMES == tuple(VIEW_NAMES) and choices.QUANTIZED == tuple(KINDS)
+    assert choices.SPLITS == tuple(SPLITS) and choices.PROJECTIONS == tuple(PROJECTIONS)
+    assert choices.architectures() == tuple(architectures())
+    assert settings.DTYPE_NAMES == DTYPE_NAMES
+
+
+def test_the_lazy_parser_is_the_whole_parser():
+    """What `attnlab` fills on use is what the eager build holds: the same commands, flags and help."""
+    from attnlab.cli.main import build_parser
+
+    def commands(p):
+        return p._subparsers._group_actions[0].choices
+
+    eager, lazy = commands(build_parser()), commands(build_parser(lazy=True))
+    assert list(eager) == list(lazy)
+    for name in ("demo", "plot", "doctor", "runs"):
+        assert lazy[name].format_help() == eager[name].format_help()
