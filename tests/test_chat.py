@@ -239,7 +239,7 @@ def test_chat_drops_the_oldest_turns_and_keeps_the_system_text(llama, prompts):
     template, out = run_template(llama.path), io.StringIO()
     dialogue = Dialogue(llama.model, llama.tokenizer, template, system="Be terse.", seed=1, max_new_tokens=8)
     first, second, third = "a" * 60, "b" * 60, "c" * 60  # with the headers, two turns fill the 248 tokens allowed
-    talk(dialogue, lines(first, second, third, "d" * 300), out)
+    talk(dialogue, lines(first, second, third, "d" * 300), out, out)  # notes (stderr) shown in line
     shown = out.getvalue()
     system = template.render([Message("system", "Be terse.")])
     assert len(prompts) == 3 and all(p.startswith(system) for p in prompts)

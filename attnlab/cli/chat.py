@@ -1,25 +1,45 @@
 """`attnlab chat RUN` (a conversation in the terminal) and what `attnlab sample RUN --chat` shares with
-it: a run that generates, and its chat template."""
+it: a run that generates, and its chat template.
+
+The chat keeps the answer as much room in the context as the run's answers need: the longest answer
+of a bounded sample of its training data (a fine-tuned run records which data it learned from), or
+--reserve N; older turns are dropped when a prompt leaves less. In a terminal, input() gets GNU
+readline's line editing and history (~/.attnlab_history) and takes a paste of several lines as one
+message.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
 
 from attnlab.cli.options import ChatOptions
 from attnlab.cli.quantize import note_quantized
 from attnlab.data.chat import ChatTemplate
-from attnlab.decoding.dialogue import COMMANDS, Dialogue, talk
+from attnlab.data.conversations import Conversation, Preference, conversation, kind_of, preference, rows
+from attnlab.data.finetune import BUILTIN
+from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, talk
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
-from attnlab.runs.kind import kind_of
+from attnlab.runs.kind import kind_of as run_kind
 from attnlab.runs.run import Run, load
+
+SAMPLE = 2000  # training rows read to measure a run's answers: each built-in kind ~200 times, a file's first ones
+HISTORY = "~/.attnlab_history"  # the chat's input history; ATTNLAB_HISTORY names another file ("" keeps none)
+HISTORY_LENGTH = 1000
+FINE_TUNED = ("sft", "dpo")  # the tasks whose data holds the answers a run learned to give
 
 
 def generating_run(path: str, device: str, command: str, quantize: str | None = None, compiled: bool = False) -> Run:
     """The run at `path`, which must be a language model (one line naming its kind otherwise); its
     weights quantized for decoding when asked (the note on stderr)."""
-    if quantize is not None and not kind_of(read_run_config(check_run_dir(path))).generates:
+    if quantize is not None and not run_kind(read_run_config(check_run_dir(path))).generates:
         raise AttnlabError(f"{path} is not a language model run: --quantize is for decoding")
     run = load(path, device=device, quantize=quantize, compiled=compiled)
     if not run.task.generates:
@@ -37,12 +57,112 @@ def template_of(run: Run) -> ChatTemplate:
     return run_template(run.path)
 
 
+def answers_of(row: Conversation | Preference) -> list[str]:
+    """The assistant's turns of a training row (both answers of a preference pair); none of a plain text."""
+    messages = (*row.chosen, *row.rejected) if isinstance(row, Preference) else () if row.plain else row.messages
+    return [m.content for m in messages if m.role == "assistant"]
+
+
+def trained_answers(config: dict[str, Any]) -> tuple[list[str], str] | None:
+    """The answers a fine-tuned run learned to give, at most SAMPLE rows of its training data, and where
+    they come from; None for a run that names no such data (pretrained, converted, merged)."""
+    data, task = (value if isinstance(value, dict) else {} for value in (config.get("data"), config.get("task")))
+    source, examples = data.get("data"), data.get("examples")
+    if task.get("kind") not in FINE_TUNED or not isinstance(source, str):
+        return None
+    if source in BUILTIN:  # generated again as training made them: the same seed, the same first rows
+        n = examples if isinstance(examples, int) and 0 < examples < SAMPLE else SAMPLE
+        return [a for row in BUILTIN[source]("train", n, 0) for a in answers_of(row)], f"the built-in {source}"
+    found = []
+    for _, raw in islice(rows(source), SAMPLE):
+        with contextlib.suppress(ValueError, TypeError, AttnlabError):  # a row training left out too
+            found += answers_of(preference(raw) if kind_of(raw) == "preference" else conversation(raw))
+    return found, f"the first {SAMPLE:,} rows of {source}"
+
+
+def answer_room(run: Run, template: ChatTemplate, opts: ChatOptions) -> tuple[int | None, str]:
+    """The tokens a prompt leaves the answer (None: the dialogue's default) and what they follow, said
+    to the user: --reserve, or the longest trained answer (at most --max-new-tokens and half the context)."""
+    if opts.reserve is not None:
+        return opts.reserve, f"{opts.reserve} tokens kept for each answer (--reserve)"
+    default = min(opts.max_new_tokens, run.model.cfg.context // 2)
+    try:
+        found = trained_answers(run.config)
+    except (AttnlabError, OSError) as e:  # the data is on another machine, or gone
+        return None, f"{default} tokens kept for each answer (the training data is not readable here: {e})"
+    if not found or not found[0]:
+        return None, f"{default} tokens kept for each answer (min(--max-new-tokens, half the context))"
+    answers, where = found
+    longest = answer_tokens(run.tokenizer, template, answers)
+    room = min(longest, opts.max_new_tokens, run.model.cfg.context // 2)
+    return room, f"{room} tokens kept for each answer (the longest answer in {where}: {longest} tokens)"
+
+
+def history_file() -> Path | None:
+    """The history file, created readable by its owner alone, or None (none asked for, or not usable: a
+    link or another user's file in its place is not written through; said on stderr)."""
+    name = os.environ.get("ATTNLAB_HISTORY", HISTORY)
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    try:  # O_NOFOLLOW: a link planted where the file goes is refused, not followed
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        if hasattr(os, "getuid") and path.stat().st_uid != os.getuid():
+            raise OSError(f"{path} belongs to another user")
+    except OSError as e:
+        print(f"[no input history kept: {e}]", file=sys.stderr)
+        return None
+    return path
+
+
+@contextlib.contextmanager
+def terminal() -> Iterator[None]:
+    """While the chat reads a terminal: readline behind input() (line editing, history kept in
+    history_file()), GNU readline's bracketed paste on, so that a paste of several lines is one message;
+    without readline, the terminal's own paste markers, which talk() joins. Nothing when stdin is not a
+    terminal."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        yield
+        return
+    try:
+        import readline  # optional: not every Python has it (Windows)
+    except ImportError:
+        readline = None
+    if readline is None:
+        print("\x1b[?2004h", end="", flush=True)  # the terminal marks pastes: PASTE_START ... PASTE_END
+        try:
+            yield
+        finally:
+            print("\x1b[?2004l", end="", flush=True)
+        return
+    if "GNU readline" in (readline.__doc__ or ""):  # (macOS's libedit has none: a paste comes line by line)
+        readline.parse_and_bind("set enable-bracketed-paste on")  # CPython turns it off; a paste is then one line
+    path = history_file()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            readline.read_history_file(path)
+        readline.set_history_length(HISTORY_LENGTH)
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                readline.write_history_file(path)
+
+
 def run_chat(opts: ChatOptions) -> int:
     run = generating_run(opts.run, opts.device, "chat", opts.quantize, opts.compile)
-    dialogue = Dialogue(run.model, run.tokenizer, template_of(run), opts.system, opts.seed,
+    template = template_of(run)
+    reserve, said = answer_room(run, template, opts)
+    dialogue = Dialogue(run.model, run.tokenizer, template, opts.system, opts.seed, reserve,
                         max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_k=opts.top_k,
                         top_p=opts.top_p, compile=opts.compile)  # fmt: skip
-    print(f"[chatting with {run.path.name}: " + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items()) + "]",
-          file=sys.stderr)  # fmt: skip
-    talk(dialogue)
+    print(f"[chatting with {run.path.name}, context {run.model.cfg.context} tokens, {said}]\n["
+          + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items())
+          + f"; {BLOCK} opens and closes a message of several lines]", file=sys.stderr)  # fmt: skip
+    try:
+        with terminal():
+            talk(dialogue)
+    except KeyboardInterrupt:  # a Ctrl-C that lands while the chat is leaving (history written): it leaves
+        print(file=sys.stderr)
     return 0
