@@ -1,7 +1,9 @@
 """User-facing errors.
 
 An `AttnlabError` is a mistake a user can fix (bad path, unknown preset, ...). The command
-line prints its message on one line and exits with status 2, without a traceback.
+line prints its message on one line and exits with status 2, without a traceback. `Interrupted`
+is Ctrl-C on work that was saved: no error, one line saying how to continue, exit status 130
+(128 + SIGINT, what a shell reports for a program Ctrl-C ended).
 
 A library call given a value of the wrong kind raises `ArgumentTypeError` (or `ArgumentValueError`),
 which is both an AttnlabError and the TypeError (ValueError) a Python caller expects; its message
@@ -19,6 +21,22 @@ from pathlib import Path
 
 class AttnlabError(Exception):
     """A problem with the user's input, reported as one line by the CLI (exit code 2)."""
+
+    status = 2  # the command line's exit status
+    heading = "error: "  # what the command line's line says before the message
+
+
+class Interrupted(AttnlabError):
+    """Ctrl-C, with the work saved: `what` happened, `again` is the command that continues it. An
+    AttnlabError, so that a caller who catches those still catches this; the command line prints
+    "attnlab: WHAT. Continue with: AGAIN" and exits 130."""
+
+    status = 130
+    heading = ""
+
+    def __init__(self, what: str, again: str) -> None:
+        super().__init__(f"{what}. Continue with: {again}")
+        self.what, self.again = what, again
 
 
 class ArgumentTypeError(AttnlabError, TypeError):

@@ -1,15 +1,22 @@
-"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about ten minutes.
+"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about ten minutes (quiet 2 cores).
 
     base    a small GPT pretrained on Python's standard library (or --base RUN, reused)
     sft     fine-tuned on the built-in instructions: exact answers on held-out ones, before and after
     dpo     preference-tuned from the sft run on right answers against near misses
     reward  a reward model from the sft run, and best-of-8 sampling through it against plain sampling
 Each step is a run folder of its own under --out, made by the same `attnlab train` tasks a user runs.
+
+The chain resumes: OUT/chain.json says the folder is a chat demo's and holds the numbers the demo
+measured itself (exact answers before fine-tuning, best-of-8) and the seconds of each stage. Run
+again, the demo keeps a stage whose run says it is done (its checkpoint at max_steps and its
+eval.json), continues one with a checkpoint short of it (`attnlab train --resume`), and starts the
+rest. Ctrl-C anywhere is one line: `attnlab demo --chat --out OUT` continues.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +28,25 @@ from attnlab.data.finetune import TEST_SEED, ChatData, PreferenceData
 from attnlab.data.instructions import instructions
 from attnlab.decoding.chat import answers
 from attnlab.engine.config import TrainConfig
+from attnlab.engine.resume import saved_progress
+from attnlab.errors import AttnlabError, Interrupted
+from attnlab.io import read_json, write_json
 from attnlab.models.gpt import GPTConfig
+from attnlab.progress import tqdm
 from attnlab.runs.adapted import run_template
+from attnlab.runs.folder import STATE, is_run
+from attnlab.runs.marker import record
 from attnlab.runs.run import Run, load
 from attnlab.tasks import TASKS, train
 from attnlab.tasks.reward import best_of
+from attnlab.tasks.sft import EXACT
 
-# The base: a small character GPT whose context holds a conversation, pretrained briefly.
-BASE_MODEL = GPTConfig(n_layer=4, n_head=4, d_model=128, context=256, dropout=0.0)
-BASE_TRAIN = dict(lr=2e-3, batch_size=32, warmup_steps=20, max_steps=100, eval_interval=50, eval_batches=4)
+# The base: a small character GPT whose context holds a conversation of several turns (a question
+# and its answer in ChatML take about 85 characters), pretrained briefly. Tanh-GELU, as GPT-2 and
+# llama.cpp's GPT-2 architecture have it, so that the runs export to GGUF.
+BASE_MODEL = GPTConfig(n_layer=4, n_head=4, d_model=128, context=512, dropout=0.0, activation="gelu_tanh")
+# 16 rows of 512: the tokens of a step as before, when the context was 256 and the batch 32.
+BASE_TRAIN = dict(lr=2e-3, batch_size=16, warmup_steps=20, max_steps=100, eval_interval=50, eval_batches=4)
 # SFT: Muon on the blocks' matrices (AdamW alone reached 61% exact in the same 800 steps, Muon 93%:
 # reversing and capitalizing unseen strings are what it learns faster), no weight decay.
 SFT_TRAIN = dict(optimizer="muon", lr=3e-3, muon_lr=0.02, batch_size=32, warmup_steps=50, max_steps=800,
@@ -41,73 +58,156 @@ DPO_TRAIN = dict(lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_
 REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
 BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
+EXAMPLES, PAIRS = 4000, 2000  # training conversations (sft) and preference pairs (dpo, reward)
 SAMPLED = 100  # of them, answered by plain sampling and by best-of-8
 BEST_OF, TEMPERATURE = 8, 1.0
+CHAIN, EVAL = "chain.json", "eval.json"
 
 
 def exact_share(run: Run, convs: list[Conversation], template: ChatTemplate) -> float:
-    return TASKS["sft"].exact(run.model, run.tokenizer, template, convs)["exact"]
+    return TASKS["sft"].exact(run.model, run.tokenizer, template, convs, EXACT)["exact"]
 
 
-def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation]) -> tuple[float, float]:
+def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation]) -> list[float]:
     """Exact answers of one sample each, and of the reward model's pick of BEST_OF samples."""
     template = run_template(policy.path)
     plain = answers(policy.model, policy.tokenizer, template, [c.messages[:-1] for c in convs], seed=0,
-                    temperature=TEMPERATURE, max_new_tokens=24)  # fmt: skip
+                    temperature=TEMPERATURE, max_new_tokens=24, progress="one sample each")  # fmt: skip
     right_plain = sum(a == c.messages[-1].content for a, c in zip(plain, convs, strict=True))
     right_best = 0
-    for i, c in enumerate(convs):
+    for i, c in enumerate(tqdm(convs, desc=f"best of {BEST_OF}", unit=" questions", leave=False)):
         ranked = best_of(policy, reward, list(c.messages[:-1]), BEST_OF, seed=1000 * i, temperature=TEMPERATURE,
                          max_new_tokens=24)  # fmt: skip
         right_best += ranked[0][1] == c.messages[-1].content
-    return right_plain / len(convs), right_best / len(convs)
+    return [right_plain / len(convs), right_best / len(convs)]
 
 
-def stage(name: str, fn, lines: list[str]) -> Any:
-    print(f"\n== {name}", flush=True)
-    t0 = time.perf_counter()
-    result = fn()
-    lines.append(f"{name}: {time.perf_counter() - t0:.0f} s")
-    return result
+def trained(run: Path, max_steps: int) -> bool:
+    """The run's own checkpoint says its training is done (step max_steps; the loop writes that one
+    whole before it returns)."""
+    progress = saved_progress(run) if (run / STATE).is_file() else None
+    return progress is not None and progress[0] >= max_steps
+
+
+class Chain:
+    """The chain's folder: its record (chain.json), the stage in progress, and each stage's seconds."""
+
+    def __init__(self, root: Path, base: str | None) -> None:
+        self.root, self.current, self.kept = root, "start", []
+        self.record = open_chain(root, base)
+        self.base = self.record["base"] or str(root / "base")
+
+    def save(self) -> None:
+        write_json(self.root / CHAIN, self.record)
+
+    def timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        """fn(), its seconds added to the stage's (an interrupted stage's count too)."""
+        self.current, t0 = name, time.perf_counter()
+        try:
+            return fn()
+        finally:
+            seconds = self.record["seconds"]
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+            self.save()
+
+    def number(self, key: str, title: str, fn: Callable[[], Any]) -> Any:
+        """A number the demo measures itself: read back from chain.json, or measured and stored."""
+        if key in self.record["numbers"]:
+            self.kept.append(title)
+            return self.record["numbers"][key]
+        value = self.timed(title, fn)
+        self.record["numbers"][key] = value
+        self.save()
+        return value
+
+    def stage(self, name: str, title: str, task: str, settings: dict, model: GPTConfig | None = None,
+              tested: bool = True, **kw: Any) -> dict[str, Any]:  # fmt: skip
+        """A run of the chain, kept if done, else resumed or started; its test scores (tested=False: a
+        stage with none, the pretrained base). kw: train()'s."""
+        run, cfg = self.root / name, TrainConfig(**settings)
+        scored = not tested or (run / EVAL).is_file()
+        if trained(run, cfg.max_steps) and scored:
+            print(f"\n== {title}: kept, {run} is trained", flush=True)
+            self.kept.append(name)
+            return read_json(run / EVAL) if tested else {}
+        print(f"\n== {title}", flush=True)
+        if trained(run, cfg.max_steps):  # Ctrl-C came while it was scored
+            return self.timed(name, lambda: score(run, task))
+        resume = is_run(run) and (run / STATE).is_file()  # a checkpoint: continued from it
+        model = None if resume else model  # a resumed run has its own
+        result = self.timed(name, lambda: train(run, model, cfg, resume=resume, task=task, **kw))
+        return result.get("test", {})
+
+
+def open_chain(root: Path, base: str | None) -> dict[str, Any]:
+    """The record of the chain in `root`: a new one (root free or empty), or the one there. A folder
+    that is not a chat demo's is the user's, and refused; so is a --base other than the chain's own."""
+    if root.is_dir() and (root / CHAIN).is_file():
+        rec = read_json(root / CHAIN)
+        if not (isinstance(rec, dict) and rec.get("demo") == "chat"):
+            raise AttnlabError(f"{root / CHAIN} is not a chat demo's record: choose another --out")
+        theirs = rec.get("base")
+        if base is not None and (theirs is None or Path(base).resolve() != Path(theirs).resolve()):
+            had = f"--base {theirs}" if theirs else f"its own base ({root / 'base'})"
+            raise AttnlabError(f"{root} continues a chain from {had}: leave --base out, or give another --out")
+        return {"numbers": {}, "seconds": {}, **rec}
+    if root.exists() and not (root.is_dir() and not any(root.iterdir())):
+        raise AttnlabError(f"{root} exists and is not a chat demo's folder (no {CHAIN}): choose another --out, "
+                           f"e.g. --out {free_dir(root)}")  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    rec = {"demo": "chat", "base": None if base is None else str(Path(base).resolve()), "numbers": {}, "seconds": {}}
+    write_json(root / CHAIN, rec)
+    return rec
+
+
+def score(run: Path, task: str) -> dict[str, Any]:
+    """A trained stage's test scores, as its training would have written them into eval.json."""
+    scores = TASKS[task].evaluate(load(run), None, None, {})
+    test = {k: v for k, v in scores.items() if k not in ("data", "split")}
+    record(run, EVAL)
+    write_json(run / EVAL, {"split": "test", **test})
+    return test
 
 
 def run_chat_demo(out: str | Path = "runs/chat", base: str | None = None) -> dict[str, Any]:
-    """The chain; returns its numbers (exact answers at each stage, DPO's and the reward model's
-    preference accuracy, plain vs best-of-8) and the seconds each stage took."""
-    root = free_dir(out)
-    root.mkdir(parents=True)
-    t0, times = time.perf_counter(), []
+    """The chain, continued where it stopped; returns its numbers (exact answers at each stage, DPO's
+    and the reward model's preference accuracy, plain vs best-of-8) and the seconds of each stage."""
+    chain = Chain(Path(out), base)
+    try:
+        numbers = stages(chain)
+    except (Interrupted, KeyboardInterrupt) as e:
+        what = e.what if isinstance(e, Interrupted) else "interrupted"
+        raise Interrupted(f"{what} in stage {chain.current}; finished stages are kept",
+                          f"attnlab demo --chat --out {chain.root}") from None  # fmt: skip
+    report(numbers, chain)
+    return {**numbers, "out": str(chain.root)}
+
+
+def stages(chain: Chain) -> dict[str, Any]:
+    root, base = chain.root, chain.base
     test = instructions("test", TEST, TEST_SEED)
-    if base is None:
-        base = str(root / "base")
-        stage("base: pretraining on Python's standard library", lambda: train(
-            base, BASE_MODEL, TrainConfig(**BASE_TRAIN), DataConfig("stdlib")), times)  # fmt: skip
-    before = exact_share(load(base), test, run_template(base))
+    if chain.record["base"] is None:
+        chain.stage("base", "base: pretraining on Python's standard library", "lm", BASE_TRAIN, model=BASE_MODEL,
+                    tested=False, data=DataConfig("stdlib"))  # fmt: skip
+    before = chain.number("exact_before", "before", lambda: exact_share(load(base), test, run_template(base)))
     print(f"exact answers before fine-tuning: {before:.1%}")
-    sft = stage(
-        "sft: fine-tuning on the built-in instructions",
-        lambda: train(
-            root / "sft", None, TrainConfig(**SFT_TRAIN), ChatData(test_examples=TEST), init=base, task="sft"
-        ),
-        times,
-    )
-    dpo = stage("dpo: preferring right answers to near misses", lambda: train(
-        root / "dpo", None, TrainConfig(**DPO_TRAIN), PreferenceData(test_examples=TEST), init=root / "sft",
-        task="dpo", beta=BETA), times)  # fmt: skip
-    rm = stage("reward: a reward model on the same pairs", lambda: train(
-        root / "reward", None, TrainConfig(**REWARD_TRAIN), PreferenceData(test_examples=TEST), init=root / "sft",
-        task="reward"), times)  # fmt: skip
-    plain, best = stage(f"best-of-{BEST_OF} through the reward model", lambda: sampled_vs_best(
-        load(root / "sft"), load(root / "reward"), test[:SAMPLED]), times)  # fmt: skip
-    numbers = {"exact_before": before, "exact_sft": sft["test"]["exact"], "exact_dpo": dpo["test"]["exact"],
-               "dpo_preference_accuracy": dpo["test"]["preference_accuracy"],
-               "reward_pair_accuracy": rm["test"]["pair_accuracy"], "sampled": plain, "best_of": best,
-               "seconds": time.perf_counter() - t0}  # fmt: skip
-    report(numbers, times, root)
-    return {**numbers, "out": str(root)}
+    pairs = PreferenceData(examples=PAIRS, test_examples=TEST)
+    sft = chain.stage("sft", "sft: fine-tuning on the built-in instructions", "sft", SFT_TRAIN,
+                      data=ChatData(examples=EXAMPLES, test_examples=TEST), init=base)  # fmt: skip
+    dpo = chain.stage("dpo", "dpo: preferring right answers to near misses", "dpo", DPO_TRAIN, data=pairs,
+                      init=root / "sft", beta=BETA)  # fmt: skip
+    rm = chain.stage("reward", "reward: a reward model on the same pairs", "reward", REWARD_TRAIN, data=pairs,
+                     init=root / "sft")  # fmt: skip
+    title = f"best-of-{BEST_OF} through the reward model"
+    print(f"\n== {title}", flush=True)
+    plain, best = chain.number("sampled_vs_best", "best_of", lambda: sampled_vs_best(
+        load(root / "sft"), load(root / "reward"), test[:SAMPLED]))  # fmt: skip
+    return {"exact_before": before, "exact_sft": sft["exact"], "exact_dpo": dpo["exact"],
+            "dpo_preference_accuracy": dpo["preference_accuracy"], "reward_pair_accuracy": rm["pair_accuracy"],
+            "sampled": plain, "best_of": best, "seconds": sum(chain.record["seconds"].values())}  # fmt: skip
 
 
-def report(n: dict[str, Any], times: list[str], root: Path) -> None:
+def report(n: dict[str, Any], chain: Chain) -> None:
     print(
         f"\nexact answers on {TEST} held-out instructions: before {n['exact_before']:.1%}, after sft "
         f"{n['exact_sft']:.1%}, after dpo {n['exact_dpo']:.1%}"
@@ -120,8 +220,10 @@ def report(n: dict[str, Any], times: list[str], root: Path) -> None:
         f"sampling at temperature {TEMPERATURE} ({SAMPLED} questions): one sample {n['sampled']:.1%} exact, "
         f"best of {BEST_OF} by the reward model {n['best_of']:.1%}"
     )
-    print(f"time: {', '.join(times)}; {n['seconds'] / 60:.1f} minutes in all")
-    print(f"runs in {root}. Next: attnlab chat {root / 'dpo'}")
+    times = ", ".join(f"{name} {s:.0f} s" for name, s in chain.record["seconds"].items())
+    kept = f" (kept from an earlier run: {', '.join(chain.kept)})" if chain.kept else ""
+    print(f"time: {times}; {n['seconds'] / 60:.1f} minutes in all{kept}")
+    print(f"runs in {chain.root}. Next: attnlab chat {chain.root / 'dpo'}")
 
 
 __all__ = ["run_chat_demo"]

@@ -4,65 +4,70 @@ Every command is one entry of COMMANDS: its options dataclass (cli/options.py), 
 are generated (cli/generate.py), the settings sections it reads, and the function that calls the
 library. `attnlab train TASK` has one sub-command per entry of tasks.TASKS (cli/train.py).
 Nothing in the library imports this package.
+
+The table names what it uses as "module:name" strings (a bare module is one of attnlab.cli), and
+a command's parser is filled the first time it is used: `attnlab --help` imports none of them,
+`attnlab COMMAND --help` only that command's options, and the function that runs a command is
+imported when it runs. So `--help`, most `COMMAND --help` and `runs` start without the seconds
+torch takes to import (tests/test_startup.py; docs/cpu.md has the times).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnlab.errors import AttnlabError, interrupt_quietly_at_start
 
-with interrupt_quietly_at_start():  # Ctrl-C while torch and the commands load: one line, exit 130
-    from attnlab.cli.chat import run_chat
-    from attnlab.cli.commands import run_compare, run_demo_command, run_eval, run_predict, run_sample, run_size
-    from attnlab.cli.convert import run_convert, run_export, run_merge
-    from attnlab.cli.doctor import DoctorOptions, run_doctor
+with interrupt_quietly_at_start():  # Ctrl-C while the parser's few modules load: one line, exit 130
     from attnlab.cli.generate import add_options, add_section, given, read_options
-    from attnlab.cli.inspect import run_attention, run_plot, run_serve
-    from attnlab.cli.interpret import run_inspect
-    from attnlab.cli.options import (
-        AttentionOptions,
-        ChatOptions,
-        ConvertOptions,
-        DemoOptions,
-        EvalOptions,
-        ExportOptions,
-        InspectOptions,
-        MergeOptions,
-        PlotOptions,
-        PredictOptions,
-        QuantizeOptions,
-        SampleOptions,
-        ServeOptions,
-        SizeOptions,
-        TranslateOptions,
-        VectorsOptions,
-    )
-    from attnlab.cli.quantize import run_quantize
-    from attnlab.cli.runs import add_runs_command
     from attnlab.cli.suggest import UNRECOGNIZED_BY, unrecognized, with_suggestion
-    from attnlab.cli.train import add_train_commands
-    from attnlab.cli.vectors import run_vectors
     from attnlab.data.template_limits import BASE, OPTIONS, SOURCE_PER_GROWTH, TemplateLimits, template_limits_set
-    from attnlab.decoding.sampling import GenerateConfig
-    from attnlab.models.size import ClusterConfig
     from attnlab.runs.outputs import check_outputs
-    from attnlab.tasks.compare import CompareOptions
+    from attnlab.runtime.threads import ENV as THREADS_ENV
+    from attnlab.runtime.threads import ask as ask_threads
     from attnlab.version import __version__
+
+# Imported before a command that reads runs: it registers the readers --init and a run's base take
+# (HuggingFace and PEFT folders, runs.adapted.READERS).
+REGISTERS = "attnlab.interop.adapter_runs"
+
+
+def ref(text: str) -> Any:
+    """ "commands:run_sample" -> attnlab.cli.commands.run_sample; "attnlab.models.size:ClusterConfig" as
+    written: what the table names, imported when it is needed."""
+    module, _, name = text.partition(":")
+    return getattr(importlib.import_module(module if "." in module else f"attnlab.cli.{module}"), name)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit code 2), not a usage dump."""
+    """argparse, but a usage error is one line (and exit code 2), not a usage dump; and a sub-command's
+    arguments are added the first time it is used (`fill`), so the commands not run are not imported."""
+
+    fill: Callable[[], None] | None = None  # adds this parser's arguments (and sub-commands)
+
+    def filled(self) -> Parser:
+        fill, self.fill = self.fill, None
+        if fill is not None:
+            fill()
+        return self
+
+    def format_help(self) -> str:
+        self.filled()
+        return super().format_help()
 
     def error(self, message: str):
         self.exit(2, f"attnlab: error: {with_suggestion(message)} (see: {self.prog} --help)\n")
 
     def parse_known_args(self, args=None, namespace=None):
+        if self.fill is not None:  # filling may make it a parser of its own kind (runs): ask it again
+            return self.filled().parse_known_args(args, namespace)
         ns, extras = super().parse_known_args(args, namespace)
         if extras and not hasattr(ns, UNRECOGNIZED_BY):  # the innermost parser: it knows the flags
             setattr(ns, UNRECOGNIZED_BY, self)
@@ -79,40 +84,54 @@ class Parser(argparse.ArgumentParser):
 @dataclass(frozen=True)
 class Command:
     """One command: its options and settings sections ((section, dataclass, title): flags whose given
-    values are passed on as a dict), what runs it, and changes to the shared options for it."""
+    values are passed on as a dict), what runs it, and changes to the shared options for it. Classes
+    and functions are "module:name" strings (see `ref`), imported when the command is used."""
 
     name: str
     help: str
-    options: type
-    run: Callable[..., int]
+    options: str
+    run: str
     description: str | None = None
-    sections: tuple[tuple[str, type, str], ...] = ()
+    sections: tuple[tuple[str, str, str], ...] = ()
     overrides: dict[str, dict] = field(default_factory=dict)
+    epilog: str | None = None  # a function that writes the text shown after the options, its lines kept
+    reads_runs: bool = True  # False: it needs no REGISTERS (a preset's size, this machine)
+
+
+class KeepsLines(argparse.HelpFormatter):
+    """argparse's help, but a text of several lines (an epilog's table) keeps its lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return text if "\n" in text else super()._fill_text(text, width, indent)
 
 
 COMMANDS = [
-    Command("demo", "train gpt-nano-fast on Python's standard library for 2 minutes, then sample (--chat: base, "
-            "sft, dpo, reward model, best-of-8)", DemoOptions,
-            run_demo_command),
+    Command("demo", "train qwen3-nano-fast on Python's standard library for 2 minutes, then sample (--chat: base, "
+            "sft, dpo, reward model, best-of-8)", "options:DemoOptions",
+            "commands:run_demo_command"),
     Command("predict", "a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, a translation, "
-            "an image's class", PredictOptions, run_predict),
-    Command("compare", "train several models on one task with one budget; table and bar chart", CompareOptions,
-            run_compare),
-    Command("translate", "translate a text with a translation run (same as predict)", TranslateOptions,
-            run_predict),
-    Command("attention", "attention of a run on one input (PNG, SVG, HTML, JSON)", AttentionOptions, run_attention,
+            "an image's class", "options:PredictOptions", "commands:run_predict"),
+    Command("compare", "train several models on one task with one budget; table and bar chart",
+            "attnlab.tasks.compare:CompareOptions",
+            "commands:run_compare"),
+    Command("translate", "translate a text with a translation run (same as predict)", "options:TranslateOptions",
+            "commands:run_predict"),
+    Command("attention", "attention of a run on one input (PNG, SVG, HTML, JSON)", "options:AttentionOptions",
+            "inspect:run_attention",
             "Draw what each head attends to for one input: a .png or .svg heatmap grid (queries down, keys across; "
             "every layer and head, one layer's heads and their mean with --layer, one head with --head), a "
             "self-contained .html page with the head view and the model view (no network needed), or .json: the "
             "weights behind the picture (all views, or those --view/--layer/--head pick). Translation runs: "
             "encoder, decoder and cross-attention; image runs: [CLS] over the patches."),
-    Command("plot", "loss and lr curves, position encodings, token embeddings, expert routing", PlotOptions,
-            run_plot, "Pictures of a trained run: loss (training and validation curves), lr (the schedule as run), "
+    Command("plot", "loss and lr curves, position encodings, token embeddings, expert routing", "options:PlotOptions",
+            "inspect:run_plot", "Pictures of a trained run: loss (training and validation curves), lr (the schedule as "
+            "run), "
             "positions (the position vectors as an image, position x dimension, and their cosine similarities), "
             "embeddings (a 2-D PCA of the token embeddings, the most useful tokens labelled); for a mixture of "
             "experts, experts (the text of --text once per layer, each token on the colour of the expert it was "
             "routed to) and expert-load (each layer's share of tokens per expert against the step)."),
-    Command("serve", "a local web explorer and an OpenAI-compatible API over trained runs", ServeOptions, run_serve,
+    Command("serve", "a local web explorer and an OpenAI-compatible API over trained runs", "options:ServeOptions",
+            "inspect:run_serve",
             "A local web page over trained runs: each run's config, size and loss curve; type an input and get the "
             "output of its task (streamed text with temperature / top-k / top-p for a GPT, labels, tags, [MASK] "
             "fills, translations, an uploaded image's class); and the attention of that input in the head view and "
@@ -120,8 +139,8 @@ COMMANDS = [
             "completions, chat completions; streaming; concurrent requests decoded as one batch). Beyond this "
             "machine (a --host other than loopback) it needs a key."),
     Command("convert", "a local HuggingFace checkpoint or a GGUF file -> an attnlab run (what it reads: convert "
-            "--help)", ConvertOptions,
-            run_convert, "Read a local HuggingFace model directory (config.json, model.safetensors or its "
+            "--help)", "options:ConvertOptions",
+            "convert:run_convert", "Read a local HuggingFace model directory (config.json, model.safetensors or its "
             "shards, tokenizer.json; pickles such as pytorch_model.bin are never opened) or a GGUF file "
             "(llama.cpp's and ollama's format: a llama or gpt2 "
             "model; quantized weights are read as the float32 values they stand for) and write an attnlab run "
@@ -129,73 +148,115 @@ COMMANDS = [
             "Nothing is downloaded. Every size the files declare is checked against the bytes they hold before "
             "anything is built; a file that does not fit is one line."),
     Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder, an ONNX file or a GGUF file",
-            ExportOptions,
-            run_export, "Write a run in another format: --to hf, a directory that transformers' from_pretrained "
-            "loads (GPT runs as GPT-2 or Llama, encoder runs as BERT); --to peft, a LoRA run's adapter as "
+            "options:ExportOptions",
+            "convert:run_export", "Write a run in another format: --to hf, a directory that transformers' "
+            "from_pretrained "
+            "loads (GPT runs as GPT-2, Llama or Qwen3, encoder runs as BERT); --to peft, a LoRA run's adapter as "
             "adapter_config.json and adapter_model.safetensors, which PEFT's PeftModel.from_pretrained loads over "
             "the base (named by base_model_name_or_path: the HuggingFace folder the base was converted from, else "
             "the base run, to export with --to hf first); --to onnx, a file with dynamic batch and length, checked "
             "with onnxruntime (GPT runs); --to gguf, one file that llama.cpp and ollama run (GPT runs with GPT-2's "
-            "block or Llama's, a Mixtral's experts too; the tokenizer inside), its matrices stored as --type says."),
-    Command("merge", "a LoRA run -> a full run: its adapters folded into its base's weights", MergeOptions,
-            run_merge, "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted matrix) and "
+            "block, Llama's or Qwen3's, a Mixtral's experts too; the tokenizer and chat template inside), its "
+            "matrices stored as --type says."),
+    Command("merge", "a LoRA run -> a full run: its adapters folded into its base's weights", "options:MergeOptions",
+            "convert:run_merge", "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted "
+            "matrix) and "
             "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "
             "template, no adapter. A base the run quantized (int8, NF4) is merged in float, from the base run's "
             "own weights. The merged run exports with --to hf."),
     Command("quantize", "a language model run -> a run whose weights are stored int8, int4 or bf16 for decoding",
-            QuantizeOptions, run_quantize, "Store a language model run's block matrices and LM head small, for "
+            "options:QuantizeOptions", "quantize:run_quantize", "Store a language model run's block matrices and LM "
+            "head small, for "
             "inference: int8 (one byte a weight and a scale per output channel), int4 (half a byte, a scale and a "
             "zero per group of 32) or bf16 (two bytes). A decode step reads every weight once, so fewer bytes are "
             "more tokens per second on a CPU. A layer stays float32 where this machine measured float32 faster for "
             "its shape. The new run is a folder every command loads (sample, chat, eval, serve, inspect); "
             "--quantize on those commands does the same in memory. Weights only: it does not train."),
-    Command("vectors", "query, evaluate, draw or export trained word vectors", VectorsOptions, run_vectors,
+    Command("vectors", "query, evaluate, draw or export trained word vectors", "options:VectorsOptions",
+            "vectors:run_vectors",
             "Ask a vectors run (or a word2vec/GloVe text file) for neighbours, analogies and similarities; score it "
             "on analogy questions and similarity ratings; draw or export it."),
     Command("inspect", "logit lens, head detectors, head ablation, rollout/flow, heads over training",
-            InspectOptions, run_inspect, "lens: a GPT's next-token prediction read after each layer; heads: "
+            "options:InspectOptions", "interpret:run_inspect", "lens: a GPT's next-token prediction read after each "
+            "layer; heads: "
             "previous-token, first-token, duplicate-token and induction scores of every head; ablate: the loss "
             "change on the input when each head is zeroed (with no input: on the repeated half of random tokens "
             "repeated twice); rollout / flow: how much each position draws on each input token through all the "
             "layers (any run; flow is slow past 64 tokens); over-training: detector scores and the loss on repeated "
             "tokens at every weight snapshot (train with --snapshot-every N).",
             overrides={"device": {"default": "cpu"}}),
-    Command("sample", "generate text from a trained run", SampleOptions, run_sample,
+    Command("sample", "generate text from a trained run", "options:SampleOptions", "commands:run_sample",
             "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
             "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",
-            sections=(("gen", GenerateConfig, "generation"),)),
-    Command("chat", "talk with a language model run in the terminal, through its chat template", ChatOptions,
-            run_chat, "An interactive conversation: type a message after 'you> ' and the answer streams as the "
+            sections=(("gen", "attnlab.decoding.settings:GenerateConfig", "generation"),)),
+    Command("chat", "talk with a language model run in the terminal, through its chat template", "options:ChatOptions",
+            "chat:run_chat", "An interactive conversation: type a message after 'you> ' and the answer streams as the "
             "model writes it. Every turn is rendered with the run's chat template (its chat_template.json, as a "
             "fine-tuned or converted run keeps it; attnlab's built-in ChatML otherwise) and the answer ends at the "
             "template's end of turn. The conversation is kept, so later answers see earlier turns; when it outgrows "
-            "the model's context the oldest turns are dropped (the --system text stays). /reset starts over; "
-            "/quit, Ctrl-D or Ctrl-C leaves."),
+            "the model's context the oldest turns are dropped (the --system text stays); each answer keeps the room "
+            "the run's trained answers need (--reserve). Ctrl-C stops an answer (its turn is left out); /reset starts "
+            "over; /quit, Ctrl-D or Ctrl-C at the prompt leaves. In a terminal: line editing, history in "
+            "~/.attnlab_history (ATTNLAB_HISTORY names another file, empty for none).",
+            epilog="phrasings:phrasings_help"),
     Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
-            "BLEU, an image model's accuracy", EvalOptions, run_eval),
-    Command("size", "parameters, FLOPs per token and memory of a preset", SizeOptions, run_size,
-            sections=(("cluster", ClusterConfig, "planning a training run"),)),
+            "BLEU, an image model's accuracy", "options:EvalOptions", "commands:run_eval"),
+    Command("size", "parameters, FLOPs per token and memory of a preset", "options:SizeOptions", "commands:run_size",
+            reads_runs=False, sections=(("cluster", "attnlab.models.size:ClusterConfig", "planning a training run"),)),
     Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
-            DoctorOptions, run_doctor, "Print the device, PyTorch's version and threads, the CPU and its bf16 "
+            "options:DoctorOptions", "doctor:run_doctor", reads_runs=False, description="Print the device, PyTorch's "
+            "version and threads, the CPU and its bf16 "
             "instructions, and for each width measured here the precision --dtype auto chose for training and for "
             "decoding, with the medians and spreads of the interleaved float32 and bf16 timings behind it. "
             "--measure WIDTH measures now; --clear forgets the kept measurements."),
 ]  # fmt: skip
 
 
-def add_command(sub, command: Command) -> None:
-    p = sub.add_parser(command.name, help=command.help, description=command.description)
-    add_options(p, command.options, command.overrides)
+# `attnlab train TASK ...` and `attnlab runs ...`: commands with sub-commands of their own, each filled
+# by a function of its module (name -> its help in `attnlab --help`, the function that fills its parser,
+# whether it reads runs: see REGISTERS).
+GROUPS = {
+    "train": ("train a model", "train:add_tasks", True),
+    "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs", False),
+}
+
+
+def add_command(sub, command: Command) -> Parser:
+    p = sub.add_parser(command.name, help=command.help, description=command.description, formatter_class=KeepsLines)
+    p.fill = lambda: fill_command(p, command)
+    return p
+
+
+def fill_command(p: Parser, command: Command) -> None:
+    """The command's flags, from its options dataclass and sections, and what runs it."""
+    options = ref(command.options)
+    p.epilog = ref(command.epilog)() if command.epilog else None
+    add_options(p, options, command.overrides)
     for section, cls, title in command.sections:
-        add_section(p, section, cls, title)
+        add_section(p, section, ref(cls), title)
 
     def run(args: argparse.Namespace) -> int:
         sections = [given(args, section) for section, _, _ in command.sections]
-        opts = read_options(args, command.options)
+        opts = read_options(args, options)
         check_outputs(opts)  # before any work: no file of the user's replaced, nothing written into a run
-        return command.run(opts, *sections)
+        if command.reads_runs:
+            importlib.import_module(REGISTERS)
+        return ref(command.run)(opts, *sections)
 
     p.set_defaults(command=run)
+
+
+def add_group(sub, name: str) -> Parser:
+    help_, fills, reads_runs = GROUPS[name]
+    p = sub.add_parser(name, help=help_)
+
+    def fill() -> None:
+        if reads_runs:
+            importlib.import_module(REGISTERS)
+        ref(fills)(p, Parser)
+
+    p.fill = fill
+    return p
 
 
 def add_template_limits(p: Parser) -> None:
@@ -230,17 +291,30 @@ def _positive(kind: type) -> Callable[[str], float]:
     return parse
 
 
-def build_parser() -> Parser:
+def _threads(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads (0: PyTorch's own), got {text!r}")
+    return int(text)
+
+
+def build_parser(lazy: bool = False) -> Parser:
+    """The whole parser; lazy: each command's part is added when that command is used (what `attnlab`
+    runs: the others are never imported)."""
     p = Parser(prog="attnlab", description="Build, train, sample and inspect Transformers.")
     p.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    p.add_argument("--threads", dest="threads_all", type=_threads, metavar="N",
+                   help=f"PyTorch threads for this command (default: one per core, fewer when other attnlab or "
+                   f"torch processes are busy here, said in one line; 0: PyTorch's own choice, nothing "
+                   f"checked); {THREADS_ENV}=N sets it for every command")  # fmt: skip
     add_template_limits(p)
     sub = p.add_subparsers(dest="name", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    add_command(sub, COMMANDS[0])
-    add_train_commands(sub, Parser)
-    for command in COMMANDS[1:]:
-        add_command(sub, command)
-    add_runs_command(sub, Parser)
+    parsers = [add_command(sub, COMMANDS[0]), add_group(sub, "train")]
+    parsers += [add_command(sub, command) for command in COMMANDS[1:]]
+    parsers.append(add_group(sub, "runs"))
+    if not lazy:
+        for command in parsers:
+            command.filled()
     return p
 
 
@@ -248,13 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     # Library warnings (e.g. a prompt cropped to the context) as one plain line.
     warnings.formatwarning = lambda message, *args, **kwargs: f"attnlab: warning: {message}\n"
     try:
-        args = build_parser().parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
+        args = build_parser(lazy=True).parse_args(argv)  # a usage error is argparse's SystemExit(2), one line
+        ask_threads(args.threads_all)  # runtime/threads.py applies it when the heavy work starts
         limits = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in OPTIONS.items()}
         with template_limits_set(**limits):  # for this command (main may run again in one process)
             return args.command(args)
-    except AttnlabError as e:
-        print(f"attnlab: error: {e}", file=sys.stderr)
-        return 2
+    except AttnlabError as e:  # Interrupted (Ctrl-C, work saved) says how to go on, and exits 130
+        print(f"attnlab: {e.heading}{e}", file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130

@@ -33,8 +33,9 @@ from attnlab.engine.optim import lr_at, set_lr
 from attnlab.engine.saving import restore_rng, rng_snapshot, save_checkpoint, save_snapshot
 from attnlab.engine.session import Session
 from attnlab.engine.tracking import close_trackers, open_trackers
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, Interrupted
 from attnlab.io import read_json
+from attnlab.nn.counting import count_parameters
 from attnlab.nn.moe import aux_loss, routing_stats
 from attnlab.nn.objective import Objective
 from attnlab.progress import tqdm
@@ -42,6 +43,7 @@ from attnlab.runs.folder import CONFIG, METRICS
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.device import autocast
+from attnlab.runtime.threads import revisit
 from attnlab.viz.curves import plot_loss
 
 # A validation estimate reads at most one batch per EVAL_EVERY micro-batches trained since the last
@@ -59,6 +61,7 @@ class Diverged(AttnlabError):
 
 def train_step(s: Session) -> float:
     """One optimizer step over grad_accum micro-batches; returns the mean loss."""
+    revisit()  # every 30 s: fewer threads beside a training started after this one, more once it ends
     s.model.train()
     micro = s.cfg.batch_size // s.cfg.grad_accum  # sequences per micro-batch, all processes together
     total = 0.0
@@ -193,12 +196,10 @@ def announce(s: Session) -> None:
     if not s.dist.main:
         return
     warn_short_warmup(s.cfg)
-    n_params = sum(p.numel() for p in s.model.parameters())
-    trained = sum(p.numel() for p in s.model.parameters() if p.requires_grad)
-    frozen = f" ({trained / 1e6:.3f}M trained, the rest frozen)" if trained < n_params else ""
+    size = count_parameters(s.model).line()  # packed or quantized matrices at their logical count
     procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
     why = f" ({s.dtype_note})" if s.cfg.dtype == "auto" else ""
-    print(f"model {n_params / 1e6:.2f}M parameters{frozen} | {s.data.describe()} | {s.device.type}{procs} "
+    print(f"model {size} | {s.data.describe()} | {s.device.type}{procs} "
           f"{str(s.dtype).removeprefix('torch.')}{why} | batch {s.cfg.batch_size}", file=sys.stderr)  # fmt: skip
 
 
@@ -307,9 +308,8 @@ def stop_on_interrupt(s: Session, snapshot: dict) -> None:
     s.optimizer.zero_grad(set_to_none=True)
     save_checkpoint(s)  # once the one in flight is written
     _draw(s)
-    raise AttnlabError(
-        f"interrupted at step {s.step}; saved. Continue with: attnlab train {s.command} --out {s.run} --resume"
-    ) from None
+    again = f"attnlab train {s.command} --out {s.run} --resume"
+    raise Interrupted(f"interrupted at step {s.step}; saved", again) from None
 
 
 def progress_bar(s: Session, budget: float | None, disable: bool) -> tqdm:

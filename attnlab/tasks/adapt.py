@@ -241,14 +241,16 @@ class Adapting(Task):
     def next_step(self, out: str) -> str:
         return f". Try: attnlab chat {out}"
 
-    def exact(self, model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation]) -> dict:
-        """The share of conversations whose final answer the model gives exactly (greedy)."""
+    def exact(self, model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation],
+              progress: str | None = None) -> dict:  # fmt: skip
+        """The share of conversations whose final answer the model gives exactly (greedy); progress: the
+        name of a bar counting the answers."""
         if not convs:
             return {"exact": None, "examples": 0}
         expected = [c.messages[-1].content.strip() for c in convs]
         longest = max(len(tok.encode(e)) for e in expected)
         got = answers(model, tok, template, [c.messages[:-1] for c in convs], temperature=0.0,
-                      max_new_tokens=longest + 16, seed=0)  # fmt: skip
+                      max_new_tokens=longest + 16, seed=0, progress=progress)  # fmt: skip
         right = sum(g == e for g, e in zip(got, expected, strict=True))
         return {"exact": right / len(convs), "examples": len(convs)}
 

@@ -28,6 +28,7 @@ from attnlab.progress import tqdm
 from attnlab.runs.adapted import as_run, build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting, AdaptOptions
+from attnlab.tasks.sft import EXACT
 
 REF_BATCH = 32  # pairs per forward when the reference's log-probabilities are computed
 
@@ -88,10 +89,10 @@ class DirectPreference(Adapting):
         tok, template, pairs, refs, data = prepared.state
         if not pairs:
             return None
-        model = inner(s.raw).eval()
-        scores = preference_scores(logprobs(model, pairs), refs)
+        model, shown = inner(s.raw).eval(), req.progress and s.dist.main
+        scores = preference_scores(logprobs(model, pairs, "held-out log-probabilities" if shown else None), refs)
         if data.data == "preferences":  # the pairs' questions, answered
-            scores.update(self.exact(model, tok, template, held_out(data)[0]))
+            scores.update(self.exact(model, tok, template, held_out(data)[0], EXACT if shown else None))
         return scores
 
     def more_scores(self, run, data: str | None) -> dict[str, Any]:

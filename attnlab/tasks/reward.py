@@ -25,6 +25,7 @@ from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.objective import inner
 from attnlab.nn.preference import RewardObjective
+from attnlab.progress import tqdm
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting, check_split
@@ -34,19 +35,19 @@ SCORE_BATCH = 32
 
 
 @torch.no_grad()
-def scores(model: nn.Module, examples: list[Example]) -> torch.Tensor:
-    """The reward model's score of each example (a whole conversation): (N,)."""
+def scores(model: nn.Module, examples: list[Example], progress: str | None = None) -> torch.Tensor:
+    """The reward model's score of each example (a whole conversation): (N,); progress: a bar's name."""
     model.eval()
     device = next(model.parameters()).device
     out = []
-    for i in range(0, len(examples), SCORE_BATCH):
+    for i in tqdm(range(0, len(examples), SCORE_BATCH), desc=progress, disable=progress is None, leave=False):
         x, last = padded(examples[i : i + SCORE_BATCH])
         out.append(model.score(x.to(device), last.to(device)).cpu())
     return torch.cat(out)
 
 
-def pair_accuracy(model: nn.Module, pairs: list[tuple[Example, Example]]) -> dict[str, Any]:
-    r = scores(model, [e for pair in pairs for e in pair]).view(-1, 2)  # (N, 2) chosen, rejected
+def pair_accuracy(model: nn.Module, pairs: list[tuple[Example, Example]], progress: str | None = None) -> dict:
+    r = scores(model, [e for pair in pairs for e in pair], progress).view(-1, 2)  # (N, 2) chosen, rejected
     return {"pair_accuracy": float((r[:, 0] > r[:, 1]).float().mean()), "pairs": len(pairs)}
 
 
@@ -97,7 +98,8 @@ class RewardModelling(Adapting):
         return Prepared(Pairs(e.parts), lambda: RewardObjective(build()), config, state=e.parts["test"])
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
-        return pair_accuracy(inner(s.raw), prepared.state) if prepared.state else None
+        show = "scoring the held-out pairs" if req.progress and s.dist.main else None
+        return pair_accuracy(inner(s.raw), prepared.state, show) if prepared.state else None
 
     # ---- a trained run --------------------------------------------------------------------------
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from attnlab.nn.objective import inner
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import Adapting
 
+EXACT = "answering the held-out instructions"  # the bar of the final scoring
+
 
 class SupervisedFineTuning(Adapting):
     name = "sft"
@@ -44,4 +46,5 @@ class SupervisedFineTuning(Adapting):
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state
-        return self.exact(inner(s.raw).eval(), tok, template, test) if test else None
+        show = EXACT if req.progress and s.dist.main else None
+        return self.exact(inner(s.raw).eval(), tok, template, test, show) if test else None
