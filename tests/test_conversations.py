@@ -119,6 +119,34 @@ def test_the_built_in_instructions_are_right_and_their_splits_disjoint():
     assert instructions("test", 50, seed=3) != instructions("test", 50, seed=4)
 
 
+def test_chained_conversations_ask_independent_instructions_each_answered_right():
+    share, n = 0.3, 400
+    chained, plain = instructions("train", n, chained=share), instructions("train", n)
+    test = {tuple(m.content for m in c.messages[:-1]) for c in instructions("test", 300, seed=1)}
+    chains, singles = 0, set()
+    for c in chained:
+        asked: list[list[str]] = []  # the instructions of the conversation, each its turns but the last answer
+        for i in range(0, len(c.messages), 2):
+            user, answer = c.messages[i : i + 2]
+            assert user.role == U and answer.role == A
+            if re.fullmatch(r"And (the last|after that)\?", user.content):
+                asked[-1] += [c.messages[i - 1].content, user.content]  # a follow-up: of the instruction before
+            else:
+                asked.append([user.content])
+            assert answer.content == kind_and_answer(asked[-1])[1], c.messages
+        assert all(not in_test("\n".join(turns)) for turns in asked)  # held-out questions stay out
+        assert not any(tuple(turns) in test for turns in asked)
+        if len(asked) == 1:
+            singles.add(c)
+        else:
+            chains += 1
+            assert sum((len(turns) + 1) // 2 for turns in asked) <= 5, c.messages  # user turns: it fits a context
+    assert len(chained) == n and chains == round(share * n)
+    # the single ones are the plain set's first ones, so no share changes what a zero share makes
+    assert singles <= set(plain)
+    assert instructions("train", n, chained=0.0) == plain
+
+
 def test_every_kind_has_a_fair_share_of_the_test_questions():
     counts = Counter(kind_and_answer([m.content for m in c.messages if m.role == U])[0]
                      for c in instructions("test", 300, seed=1))  # fmt: skip

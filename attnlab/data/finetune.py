@@ -35,10 +35,12 @@ class ChatData:
     test_examples: int = option(200, "built-in data: held-out conversations to generate (validation and test)",
                                 at_least=1)  # fmt: skip
     val_fraction: float = option(0.05, "a file: the share held out for validation")
+    chained: float = option(0.0, "built-in data: the share of training conversations that chain 2-4 "
+                            "independent instructions (so later, unrelated ones are answered), in [0, 1)")  # fmt: skip
 
     def __post_init__(self):
         check_types(self)
-        check_fraction(self, "val_fraction")
+        check_fraction(self, "val_fraction", "chained")
 
 
 @dataclass
@@ -62,8 +64,9 @@ def splits(cfg: ChatData | PreferenceData, builtin: str) -> dict[str, list]:
         if cfg.data != builtin:
             raise AttnlabError(f"--data {cfg.data} is not data of this task: use --data {builtin} or a file")
         make = BUILTIN[cfg.data]
-        test = make("test", cfg.test_examples, TEST_SEED)
-        return {"train": make("train", cfg.examples, 0), "val": test, "test": test}
+        test = make("test", cfg.test_examples, TEST_SEED)  # single questions, whatever the training mix
+        chains = {"chained": cfg.chained} if isinstance(cfg, ChatData) else {}
+        return {"train": make("train", cfg.examples, 0, **chains), "val": test, "test": test}
     rows = read_rows(cfg.data, pairs=builtin == "preferences")
     random.Random(0).shuffle(rows)
     n_val = round(len(rows) * cfg.val_fraction) if len(rows) > 1 else 0

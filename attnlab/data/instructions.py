@@ -11,6 +11,8 @@ that a tiny character-level model can learn on a CPU, and preference pairs made 
     Say 307 digit by digit.                three zero seven
     First letter of "abc"?  a  And the last?       c     (follow-ups: two user turns, two answers;
     What comes after 19?  20  And after that?     21      the second answer needs the first turn)
+    Reverse "abc".  cba  What comes after 9?  10          (chains: 2-4 independent instructions in one
+                                                           conversation, each answered in its turn)
 
 Every kind draws from a large space (random letter strings, numbers to 999), so that a hash of the
 question text can put about one question in eight into the test split and every kind still has its
@@ -28,6 +30,8 @@ import random
 import string
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
 
 from attnlab.data.conversations import Conversation, Message, Preference
 from attnlab.data.numbers import ONES
@@ -131,6 +135,32 @@ KINDS: tuple[Callable[[random.Random], Example], ...] = (
 )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Phrasing:
+    """How one kind is asked: a conversation of the test split (never trained on), its user turns and
+    the answer to each."""
+
+    kind: str
+    asks: tuple[str, ...]
+    answers: tuple[str, ...]
+
+
+# What a model fine-tuned on these instructions understands, for the docs and `attnlab chat --help`
+# (tests/test_chat_terminal.py checks that each is a test conversation the generator makes).
+PHRASINGS = (
+    Phrasing("reverse", ('Reverse "irexd".',), ("dxeri",)),
+    Phrasing("capitals", ('Write "xjozq" in capitals.',), ("XJOZQ",)),
+    Phrasing("first letter", ('First letter of "nzuo"?',), ("n",)),
+    Phrasing("last letter", ('Last letter of "wlwfd"?',), ("d",)),
+    Phrasing("length", ('How many letters in "eusbfq"?',), ("6",)),
+    Phrasing("after", ("What comes after 956?",), ("957",)),
+    Phrasing("larger", ("Which is larger, 91 or 81?",), ("91",)),
+    Phrasing("digits", ("Say 468 digit by digit.",), ("four six eight",)),
+    Phrasing("follow-up", ('First letter of "paguke"?', "And the last?"), ("p", "e")),
+    Phrasing("follow-up", ("What comes after 563?", "And after that?"), ("564", "565")),
+)
+
+
 def in_test(question: str) -> bool:
     """The split a question belongs to, from its text alone (so no question is in both)."""
     return zlib.crc32(question.encode()) % TEST_SHARE == 0
@@ -152,9 +182,30 @@ def _examples(split: str, n: int, seed: int) -> list[Example]:
     raise ValueError(f"only {len(out)} distinct {split} instructions were found; ask for fewer")
 
 
-def instructions(split: str = "train", n: int = 4000, seed: int = 0) -> list[Conversation]:
-    """n instruction conversations of `split`, each ending in its one right answer."""
-    return [Conversation((*turns, Message("assistant", right))) for turns, right, _ in _examples(split, n, seed)]
+CHAIN = (2, 4)  # the questions a chained conversation asks, fewest and most (a follow-up's two count)
+
+
+def instructions(split: str = "train", n: int = 4000, seed: int = 0, chained: float = 0.0) -> list[Conversation]:
+    """n instruction conversations of `split`, each ending in its one right answer. chained: the share
+    of them that chain 2-4 independent instructions, each answered in its turn, so that a model learns
+    to answer a new question asked after others (with only follow-ups as second turns, it never did)."""
+    n_chains = round(n * chained)
+    rng = random.Random(seed + 1)  # the chains' lengths and order, apart from the questions' draw
+    sizes = [rng.randint(*CHAIN) for _ in range(n_chains)]
+    # The single ones come first in the draw, so that they are the same whatever the share of chains;
+    # a chain takes at most one instruction per question it asks (a follow-up asks two).
+    examples = iter(_examples(split, n - n_chains + sum(sizes), seed))
+    out = [(*turns, Message("assistant", right)) for turns, right, _ in islice(examples, n - n_chains)]
+    for k in sizes:
+        chain: list[Message] = []
+        for taken, (turns, right, _) in enumerate(examples, 1):
+            chain += (*turns, Message("assistant", right))
+            if taken >= 2 and sum(m.role == "user" for m in chain) >= k:
+                break
+        out.append(tuple(chain))
+    if n_chains:
+        rng.shuffle(out)
+    return [Conversation(messages) for messages in out]
 
 
 def preferences(split: str = "train", n: int = 4000, seed: int = 0) -> list[Preference]:
