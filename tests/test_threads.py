@@ -187,12 +187,17 @@ def test_a_training_gives_threads_to_a_later_one_and_takes_them_back(two_threads
     err, alone = io.StringIO(), {k: v for k, v in PROCS.items() if k in (1, 9_000_050, ME)}
     assert threads.share(FakeProc(alone), env={}, err=err) is None and torch.get_num_threads() == 2
     start = threads._state.looked
-    assert threads.revisit(FakeProc(PROCS), env={}, err=err, now=start + 1) is None  # not yet: every 30 s
-    assert threads.revisit(FakeProc(PROCS), env={}, err=err, now=start + threads.REVISIT) == 1
+    assert threads.revisit(FakeProc(PROCS), env={}, err=err, now=start + 1) is None  # not yet: the first after 2 s
+    assert threads.revisit(FakeProc(PROCS), env={}, err=err, now=start + 2) == 1
     assert torch.get_num_threads() == 1 and "pid 9000200, attnlab train lm" in err.getvalue()
-    assert threads.revisit(FakeProc(alone), env={}, err=err, now=start + 2 * threads.REVISIT) == 2
+    assert threads.revisit(FakeProc(alone), env={}, err=err, now=start + 6) is None  # the next after 5 s more
+    assert threads.revisit(FakeProc(alone), env={}, err=err, now=start + 7) == 2
     assert torch.get_num_threads() == 2 and err.getvalue().count("\n") == 2
     assert "no other attnlab/torch process is busy here now: using 2 threads of 2" in err.getvalue()
+    later = start + 7 + 10  # then 10 s, then every 30 s
+    assert threads.revisit(FakeProc(alone), env={}, err=err, now=later) is None and threads._state.looks == 3
+    assert threads.revisit(FakeProc(alone), env={}, err=err, now=later + 29) is None and threads._state.looks == 3
+    assert threads.revisit(FakeProc(alone), env={}, err=err, now=later + 30) is None and threads._state.looks == 4
 
 
 def test_revisiting_leaves_a_users_count_alone(two_threads):

@@ -31,7 +31,10 @@ from attnlab.errors import AttnlabError
 
 ENV = "ATTNLAB_THREADS"
 INTERVAL = 0.05  # seconds the CPU of the other processes is sampled over
-REVISIT = 30.0  # seconds between two looks during training (revisit): a process that started later counts
+# Seconds between looks during training (revisit): soon after the start first, since two trainings
+# started together each look before the other is busy (seen: 3 threads on 2 cores for the whole
+# run), then every 30 s: a process that started later counts.
+REVISITS = (2.0, 5.0, 10.0, 30.0)
 BUSY = 0.5  # cores a process must use over INTERVAL to count as busy (an idle chat or server uses ~0)
 ADVICE = f"choose with {ENV}=N or attnlab --threads N"
 
@@ -183,6 +186,7 @@ class _State:
     settled: bool = False  # share() has run in this process (for this command)
     own: int = 0  # the threads PyTorch had before share() lowered them (0: share() left them alone)
     looked: float = 0.0  # time.monotonic() of the last look
+    looks: int = 0  # looks since share(): the next wait is REVISITS[looks] (the last one from then on)
 
 
 _state = _State()
@@ -209,19 +213,20 @@ def share(reader: ProcReader | None = None, env: dict[str, str] | None = None, e
         return n or None
     if env.get("OMP_NUM_THREADS"):  # set by the user (or torchrun): PyTorch already follows it
         return None
-    _state.own, _state.looked = torch.get_num_threads(), time.monotonic()
+    _state.own, _state.looked, _state.looks = torch.get_num_threads(), time.monotonic(), 0
     return _follow(others(reader, env=env), env, err)
 
 
 def revisit(reader: ProcReader | None = None, env: dict[str, str] | None = None, err=None,
             now: float | None = None) -> int | None:  # fmt: skip
-    """During training, every REVISIT seconds: look again, so that a training started alone gives
+    """During training, after REVISITS seconds (2, 5, 10, then every 30): look again, so that a training
+    started together with another, or alone, gives
     up threads to one started after it, and takes them back when that one ends (one line each time
     the count changes). Nothing where the user chose, or share() did not look."""
     now = time.monotonic() if now is None else now
-    if not _state.own or now - _state.looked < REVISIT:
+    if not _state.own or now - _state.looked < REVISITS[min(_state.looks, len(REVISITS) - 1)]:
         return None
-    _state.looked = now
+    _state.looked, _state.looks = now, _state.looks + 1
     env = os.environ if env is None else env
     return _follow(others(reader, env=env), env, err)
 
