@@ -24,16 +24,13 @@ def fill_registries() -> None:
         importlib.import_module(module)
 
 
-def lazy_names(package: str, names: dict[str, str], registries: bool = False) -> tuple[Callable, Callable]:
-    """(__getattr__, __dir__) for `package`: names[name] is the module that defines name; with
-    registries, the registrars are imported before the first lazy name."""
+def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable, Callable]:
+    """(__getattr__, __dir__) for `package`: names[name] is the module that defines name."""
     scope = importlib.import_module(package).__dict__
 
     def __getattr__(name: str) -> Any:
         if name not in names:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        if registries:
-            fill_registries()
         value = getattr(importlib.import_module(names[name]), name)
         scope[name] = value  # the next access is a plain attribute
         return value

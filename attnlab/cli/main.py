@@ -34,10 +34,6 @@ with interrupt_quietly_at_start():  # Ctrl-C while the parser's few modules load
     from attnlab.runtime.threads import ask as ask_threads
     from attnlab.version import __version__
 
-# Imported before a command that reads runs: it registers the readers --init and a run's base take
-# (HuggingFace and PEFT folders, runs.adapted.READERS).
-REGISTERS = "attnlab.interop.adapter_runs"
-
 
 def ref(text: str) -> Any:
     """ "commands:run_sample" -> attnlab.cli.commands.run_sample; "attnlab.models.size:ClusterConfig" as
@@ -95,7 +91,6 @@ class Command:
     sections: tuple[tuple[str, str, str], ...] = ()
     overrides: dict[str, dict] = field(default_factory=dict)
     epilog: str | None = None  # a function that writes the text shown after the options, its lines kept
-    reads_runs: bool = True  # False: it needs no REGISTERS (a preset's size, this machine)
 
 
 class KeepsLines(argparse.HelpFormatter):
@@ -202,9 +197,9 @@ COMMANDS = [
     Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
             "BLEU, an image model's accuracy", "options:EvalOptions", "commands:run_eval"),
     Command("size", "parameters, FLOPs per token and memory of a preset", "options:SizeOptions", "commands:run_size",
-            reads_runs=False, sections=(("cluster", "attnlab.models.size:ClusterConfig", "planning a training run"),)),
+            sections=(("cluster", "attnlab.models.size:ClusterConfig", "planning a training run"),)),
     Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
-            "options:DoctorOptions", "doctor:run_doctor", reads_runs=False, description="Print the device, PyTorch's "
+            "options:DoctorOptions", "doctor:run_doctor", description="Print the device, PyTorch's "
             "version and threads, the CPU and its bf16 "
             "instructions, and for each width measured here the precision --dtype auto chose for training and for "
             "decoding, with the medians and spreads of the interleaved float32 and bf16 timings behind it. "
@@ -213,11 +208,10 @@ COMMANDS = [
 
 
 # `attnlab train TASK ...` and `attnlab runs ...`: commands with sub-commands of their own, each filled
-# by a function of its module (name -> its help in `attnlab --help`, the function that fills its parser,
-# whether it reads runs: see REGISTERS).
+# by a function of its module (name -> its help in `attnlab --help`, the function that fills its parser).
 GROUPS = {
-    "train": ("train a model", "train:add_tasks", True),
-    "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs", False),
+    "train": ("train a model", "train:add_tasks"),
+    "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs"),
 }
 
 
@@ -239,23 +233,15 @@ def fill_command(p: Parser, command: Command) -> None:
         sections = [given(args, section) for section, _, _ in command.sections]
         opts = read_options(args, options)
         check_outputs(opts)  # before any work: no file of the user's replaced, nothing written into a run
-        if command.reads_runs:
-            importlib.import_module(REGISTERS)
         return ref(command.run)(opts, *sections)
 
     p.set_defaults(command=run)
 
 
 def add_group(sub, name: str) -> Parser:
-    help_, fills, reads_runs = GROUPS[name]
+    help_, fills = GROUPS[name]
     p = sub.add_parser(name, help=help_)
-
-    def fill() -> None:
-        if reads_runs:
-            importlib.import_module(REGISTERS)
-        ref(fills)(p, Parser)
-
-    p.fill = fill
+    p.fill = lambda: ref(fills)(p, Parser)
     return p
 
 

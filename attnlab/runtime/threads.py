@@ -7,8 +7,9 @@ has descheduled: SFT went from 2.35 to 0.5 steps/s with half the CPU in the kern
 at the start of heavy work (a training session, a run loaded to sample, chat, serve or evaluate)
 `share()` looks once at /proc: other processes that run attnlab, or python with libtorch loaded,
 and the CPU each used over 50 ms. When they are busy, this process keeps cores - busy threads (at
-least 1), and says so in one line on stderr. A training looks again every 30 s (`revisit`): it
-gives up threads to a training started after it and takes them back when that one ends. What a
+least 1), and says so in one line on stderr. A training looks again 2, 5 and 10 s after its start,
+then every 30 s (`revisit`): it gives up threads to a training started with it or after it, and takes
+them back when that one ends. What a
 user sets wins, and nothing is checked then:
 
     attnlab --threads 2 train lm ...     this command, 2 threads
