@@ -6,6 +6,10 @@ pymdownx.arithmatex (generic mode) finds them, leaving code blocks alone, and wr
 becomes a `<math>` element by latex2mathml, which browsers draw themselves: no script, font or CDN
 at view time, so the site shows its formulas offline, opened from the files. A formula latex2mathml
 cannot read fails the (strict) build, naming the page and the formula.
+
+The lessons' pages (notebooks, rendered by mkdocs-jupyter through nbconvert) mark theirs as Jupyter
+does, and nbconvert leaves them as written for MathJax, `$...$` and `$$...$$`: in a notebook page's
+markdown cells (not its code, nor its outputs) they become MathML the same way.
 """
 
 from __future__ import annotations
@@ -41,18 +45,39 @@ def mathml(tex: str, block: bool) -> str:
     return NAMED.sub(r"<mi>\1</mi>", out)
 
 
+# A notebook page: each markdown cell's rendered text (up to the next cell, or the styles nbconvert adds
+# at the end); in it nbconvert's own delimiters, display first (its rules: no \\$, no $$ read as $).
+CELL = re.compile(r'(<div class="[^"]*\bjp-MarkdownOutput\b[^"]*"[^>]*>)(.*?)(?=<div class="jp-Cell\b|<style|\Z)', re.S)
+CODE = re.compile(r"(<code\b.*?</code>|<pre\b.*?</pre>)", re.S)  # `$x$` in code stays as written
+NOTEBOOK_TEX = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<![$\\])\$(.+?)(?<![$\\])\$", re.S)
+
+
+def _rendered(tex: str, block: bool, page) -> str:
+    """mathml() of a formula as the page holds it (HTML-escaped), or the build stopped naming both."""
+    tex = html.unescape(tex)
+    try:
+        return mathml(tex, block)
+    except Exception as e:  # latex2mathml's own errors often have no message: their names say it
+        why = f"{type(e).__name__}{f': {e}' if str(e) else ''}"
+        raise PluginError(f"{page.file.src_uri}: cannot render the formula {tex.strip()!r}: {why}") from None
+
+
+def _notebook(content: str, page) -> str:
+    def text(part: str) -> str:
+        return NOTEBOOK_TEX.sub(lambda m: _rendered(m.group(1) or m.group(2), m.group(1) is not None, page), part)
+
+    def cell(m: re.Match) -> str:
+        parts = CODE.split(m.group(2))  # text, code, text, ...
+        return m.group(1) + "".join(p if i % 2 else text(p) for i, p in enumerate(parts))
+
+    return CELL.sub(cell, content)
+
+
 def on_page_content(content: str, page, config, files) -> str:
-    if "arithmatex" not in content:
+    notebook = page.file.src_uri.endswith(".ipynb") and "$" in content
+    if "arithmatex" not in content and not notebook:
         return content
     if convert is None:
         raise PluginError("the formulas need latex2mathml: pip install -e '.[docs]'")
-
-    def one(m: re.Match) -> str:
-        tex, block = html.unescape(m.group(3)), m.group(2) == "["
-        try:
-            return mathml(tex, block)
-        except Exception as e:  # latex2mathml's own errors often have no message: their names say it
-            why = f"{type(e).__name__}{f': {e}' if str(e) else ''}"
-            raise PluginError(f"{page.file.src_uri}: cannot render the formula {tex.strip()!r}: {why}") from None
-
-    return MARKED.sub(one, content)
+    content = MARKED.sub(lambda m: _rendered(m.group(3), m.group(2) == "[", page), content)
+    return _notebook(content, page) if notebook else content

@@ -60,14 +60,16 @@ def show(weights, title, ax=None, labels=tokens):
 #
 # Each token plays three roles, each a linear map of its vector:
 #
-# - its **query** qᵢ = xᵢ W_Q says what it is looking for,
-# - its **key** kⱼ = xⱼ W_K says what it offers to be found by,
-# - its **value** vⱼ = xⱼ W_V is what it hands over when found.
+# - its **query** $q_i = x_i W_Q$ says what it is looking for,
+# - its **key** $k_j = x_j W_K$ says what it offers to be found by,
+# - its **value** $v_j = x_j W_V$ is what it hands over when found.
 #
-# Token i scores every token j by the dot product qᵢ · kⱼ, turns the scores into weights
+# Token $i$ scores every token $j$ by the dot product $q_i \cdot k_j$, turns the scores into weights
 # that sum to 1 with a softmax, and takes the weighted average of the values:
 #
-# **Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V**
+# $$
+# \operatorname{Attention}(Q, K, V) = \operatorname{softmax}\left(\frac{QK^\top}{\sqrt{d_k}}\right) V
+# $$
 #
 # The matrices here are random (training would learn them), so the pattern means nothing yet; the
 # computation is the point.
@@ -88,11 +90,11 @@ show(weights, "one head, random weights")
 plt.show()
 
 # %% [markdown]
-# ## Why divide by √d_k?
+# ## Why divide by the square root of the width?
 #
-# If the entries of q and k have variance 1, their dot product over d_k dimensions has variance
-# d_k. With wide heads the scores grow large, the softmax puts almost all weight on one key, and its
-# gradient almost vanishes: learning stalls. Dividing by √d_k brings the variance back to 1
+# If the entries of $q$ and $k$ have variance 1, their dot product over $d_k$ dimensions has variance
+# $d_k$. With wide heads the scores grow large, the softmax puts almost all weight on one key, and its
+# gradient almost vanishes: learning stalls. Dividing by $\sqrt{d_k}$ brings the variance back to 1
 # whatever the width. The picture shows the largest weight among 16 keys, averaged over many random
 # queries, with and without scaling.
 
@@ -120,9 +122,9 @@ plt.show()
 #
 # A mask says which keys each query may see. attnlab's convention (the same as
 # `torch.nn.functional.scaled_dot_product_attention`) is a boolean tensor where **True means "may
-# look"**. A masked score is set to −∞ before the softmax, so it gets weight exactly 0.
+# look"**. A masked score is set to $-\infty$ before the softmax, so it gets weight exactly 0.
 #
-# - A **causal** mask lets position i see only positions j ≤ i: a language model predicting
+# - A **causal** mask lets position $i$ see only positions $j \le i$: a language model predicting
 #   the next token must not peek at it.
 # - A **padding** mask hides the filler tokens added to make sequences of a batch the same length.
 
@@ -153,12 +155,12 @@ plt.show()
 # ## Several heads
 #
 # One head computes one weighted average: it can look for one kind of thing at a time. Multi-head
-# attention runs H heads side by side, each with its own W_Q, W_K, W_V of width
-# d_h = d_model / H, concatenates their outputs and mixes them with one more matrix W_O.
+# attention runs $H$ heads side by side, each with its own $W_Q, W_K, W_V$ of width
+# $d_h = d_\text{model} / H$, concatenates their outputs and mixes them with one more matrix $W_O$.
 # It costs the same as one wide head.
 #
 # In code the heads are one big matrix product followed by a reshape: `(T, H*Dh) -> (H, T, Dh)`.
-# attnlab stores W_Q, W_K, W_V of all heads stacked in one matrix `qkv_proj` (rows: all the
+# attnlab stores $W_Q, W_K, W_V$ of all heads stacked in one matrix `qkv_proj` (rows: all the
 # queries' weights, then the keys', then the values'), so we can copy ours in and compare.
 
 # %%
@@ -208,10 +210,13 @@ plt.show()
 # between, applied to each token separately), each inside a residual connection with a LayerNorm.
 # GPT-2 and most models since put the norm before each sublayer (**pre-norm**):
 #
-# **x ← x + Attn(LN(x)),   x ← x + FFN(LN(x))**
+# $$
+# x \leftarrow x + \operatorname{Attn}(\operatorname{LN}(x)), \qquad
+# x \leftarrow x + \operatorname{FFN}(\operatorname{LN}(x))
+# $$
 #
 # The original Transformer put it after the residual (**post-norm**):
-# x ← LN(x + Attn(x)). We write both with the same weights and compare each
+# $x \leftarrow \operatorname{LN}(x + \operatorname{Attn}(x))$. We write both with the same weights and compare each
 # with `attnlab.nn.Block`.
 
 # %%
@@ -324,7 +329,7 @@ check_causal_mask(my_causal_mask)
 
 # %% [markdown]
 # **3.** Masked attention: `q, k, v` of shape `(B, T, d)` and a boolean `mask` `(T, T)` (True = may
-# look); return `softmax(scores with masked entries at -inf) @ v`.
+# look); return $\operatorname{softmax}(\text{scores, the masked ones set to } -\infty)\, v$.
 
 
 # %%

@@ -186,11 +186,11 @@ for name in ("conv1d", "rnn (LSTM)"):
 # %% [markdown]
 # ## Rungs 6-8: attention without positions
 #
-# Parameter-free self-attention replaces each word vector xᵢ by Σⱼ softmaxⱼ(xᵢ ·
-# xⱼ) xⱼ: a mix of the sentence, weighted by similarity, then averaged. It has no weights
-# of its own. One learned head computes the same with queries, keys and values (lesson 1), and
-# multi-head attention runs four. None of them knows where a word stands: shuffle the words and the
-# average is the same. So expect them near the order-blind rungs.
+# Parameter-free self-attention replaces each word vector $x_i$ by
+# $\sum_j \operatorname{softmax}_j(x_i \cdot x_j)\, x_j$: a mix of the sentence, weighted by similarity, then
+# averaged. It has no weights of its own. One learned head computes the same with queries, keys and values
+# (lesson 1), and multi-head attention runs four. None of them knows where a word stands: shuffle the words
+# and the average is the same. So expect them near the order-blind rungs.
 
 # %%
 results["self-attention"] = train(build_model("self-attention", SelfAttentionConfig(**base, d_embed=32)))
@@ -266,7 +266,7 @@ check_masked_mean(my_masked_mean)
 
 # %% [markdown]
 # **2.** Parameter-free self-attention: for embeddings `x` `(B, T, C)` return
-# `softmax(x x^T) x` `(B, T, C)`, unscaled, as rung 6 computes it (no mask needed here).
+# $\operatorname{softmax}(x x^\top)\, x$ `(B, T, C)`, unscaled, as rung 6 computes it (no mask needed here).
 
 
 # %%

@@ -114,12 +114,15 @@ def exact_match(model):
 # %% [markdown]
 # ## The RNN encoder-decoder with Bahdanau attention
 #
-# The encoder, a bidirectional GRU, turns the source into states h₁ … h_S. At step i the
-# decoder, in state sᵢ₋₁, scores every source state with a small network and mixes them:
+# The encoder, a bidirectional GRU, turns the source into states $h_1 \dots h_S$. At step $i$ the
+# decoder, in state $s_{i-1}$, scores every source state with a small network and mixes them:
 #
-# **eᵢⱼ = vᵀ tanh(W sᵢ₋₁ + U hⱼ),   aᵢⱼ = softmaxⱼ(eᵢⱼ),   cᵢ = Σⱼ aᵢⱼ hⱼ**
+# $$
+# e_{ij} = v^\top \tanh(W s_{i-1} + U h_j), \qquad a_{ij} = \operatorname{softmax}_j(e_{ij}), \qquad
+# c_i = \sum_j a_{ij} h_j
+# $$
 #
-# and its next state reads the context cᵢ with the previous character. This is *additive*
+# and its next state reads the context $c_i$ with the previous character. This is *additive*
 # attention; the Transformer's is the dot product of lesson 1.
 
 # %%

@@ -49,9 +49,9 @@ workdir = Path(tempfile.mkdtemp(prefix="attnlab-lesson4-"))
 # ## Next-token prediction
 #
 # The training text is cut into windows of `CONTEXT` tokens (here characters). For a window
-# x₁ … x_T the model outputs, at every position t, a distribution over the next token, and
-# the loss is the average of −log p(xₜ₊₁ | x₁ … xₜ). The causal mask keeps position
-# t from seeing xₜ₊₁, so one window trains T predictions at once. Inputs and targets are the
+# $x_1 \dots x_T$ the model outputs, at every position $t$, a distribution over the next token, and
+# the loss is the average of $-\log p(x_{t+1} \mid x_1 \dots x_t)$. The causal mask keeps position
+# $t$ from seeing $x_{t+1}$, so one window trains $T$ predictions at once. Inputs and targets are the
 # same text, shifted by one:
 
 # %%
@@ -96,12 +96,12 @@ plt.show()
 # To write, the model predicts a distribution for the next token, one is drawn, appended, and the
 # loop repeats. How we draw matters:
 #
-# - **temperature** τ divides the logits before the softmax: τ < 1 sharpens the
-#   distribution (safer, more repetitive), τ > 1 flattens it (more varied, more mistakes);
-#   τ → 0 is greedy decoding.
-# - **top-k** keeps only the k most likely tokens.
+# - **temperature** $\tau$ divides the logits before the softmax: $\tau < 1$ sharpens the
+#   distribution (safer, more repetitive), $\tau > 1$ flattens it (more varied, more mistakes);
+#   $\tau \to 0$ is greedy decoding.
+# - **top-k** keeps only the $k$ most likely tokens.
 # - **top-p** (nucleus sampling) keeps the smallest set of most likely tokens whose probabilities
-#   add up to at least p: few tokens when the model is sure, many when it is not.
+#   add up to at least $p$: few tokens when the model is sure, many when it is not.
 
 # %%
 prompt = "    def "
@@ -136,9 +136,9 @@ for t in (0.0, 0.8, 1.5):
 # %% [markdown]
 # ## The key/value cache
 #
-# Drawing token t+1 needs attention of the newest query over all t keys and values. Without a
+# Drawing token $t+1$ needs attention of the newest query over all $t$ keys and values. Without a
 # cache the model recomputes every earlier position's keys and values at every step: the cost of
-# writing n tokens grows like n² in passes over the prefix. With a cache each block keeps the keys
+# writing $n$ tokens grows like $n^2$ in passes over the prefix. With a cache each block keeps the keys
 # and values it has computed, and each step runs the model on the one new token only. The results
 # are the same (up to rounding); only the work differs.
 
@@ -197,9 +197,9 @@ plt.show()
 #
 # ## GPT-3's sizes
 #
-# A GPT's parameters are almost all in its blocks: per block about 4d² in attention (W_Q, W_K,
-# W_V, W_O) and 8d² in the feed-forward (d → 4d → d), so about 12 · n_layer ·
-# d², plus the token embedding V·d. Table 2.1 of the GPT-3 paper lists eight models; attnlab has
+# A GPT's parameters are almost all in its blocks: per block about $4d^2$ in attention ($W_Q, W_K,
+# W_V, W_O$) and $8d^2$ in the feed-forward ($d \to 4d \to d$), so about $12 \cdot n_\text{layer} \cdot
+# d^2$, plus the token embedding $V \cdot d$. Table 2.1 of the GPT-3 paper lists eight models; attnlab has
 # each as a preset and counts its parameters exactly (on PyTorch's "meta" device, which allocates
 # nothing).
 
@@ -239,7 +239,7 @@ attnlab.trace(run, "def add(a, b):\n    return a + b")
 # %% [markdown]
 # ## Exercises
 #
-# **1.** Temperature: return the probabilities `softmax(logits / t)` for a temperature `t > 0`.
+# **1.** Temperature: return the probabilities $\operatorname{softmax}(\text{logits} / t)$ for a temperature $t > 0$.
 
 # %%
 from checks.sampling import check_temperature, check_top_k, check_top_p

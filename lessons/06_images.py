@@ -63,8 +63,8 @@ print("train", tuple(x_train.shape), "test", tuple(x_test.shape), "classes", dig
 # %% [markdown]
 # ## Cutting an image into patches
 #
-# With patches of P x P pixels, an H x W image becomes N = (H/P)(W/P) patches, each a vector of
-# C * P * P numbers. Our 8 x 8 digits with P = 4 give 2 x 2 = 4 patches of 16 numbers. attnlab's
+# With patches of $P \times P$ pixels, an $H \times W$ image becomes $N = (H/P)(W/P)$ patches, each a vector of
+# $C \cdot P \cdot P$ numbers. Our 8 x 8 digits with $P = 4$ give $2 \times 2 = 4$ patches of 16 numbers. attnlab's
 # `patchify` does the cutting with one reshape and one permute. Below: one digit, its four patches, and
 # the four 16-number vectors the Transformer receives (one row each).
 
@@ -96,7 +96,7 @@ show(fig)
 # %% [markdown]
 # Each patch then goes through the same linear map to a `WIDTH`-long vector: the patch's "token
 # embedding". Cutting, flattening and one shared linear map is exactly a convolution whose kernel and
-# stride are both P, which is the fast way to compute it. attnlab keeps both paths; they give the same
+# stride are both $P$, which is the fast way to compute it. attnlab keeps both paths; they give the same
 # numbers:
 
 # %%
@@ -110,7 +110,7 @@ print("conv == cut-flatten-linear:", torch.allclose(conv(image), linear(image), 
 #
 # The model prepends a learned `[CLS]` vector to the patch tokens, adds a position to each, runs the
 # encoder blocks (no mask: every patch sees every patch), and classifies from the final `[CLS]`
-# vector. So the sequence is 1 + 4 = 5 tokens long. We train it with a plain loop: sample a batch,
+# vector. So the sequence is $1 + 4 = 5$ tokens long. We train it with a plain loop: sample a batch,
 # compute the loss the model returns, step AdamW.
 
 # %%
@@ -292,7 +292,7 @@ check_cls_map(my_cls_map)
 
 # %% [markdown]
 # **3.** Write attention rollout: patterns (L, H, T, T) -> (T, T). Mix each layer as
-# A = 0.5 I + 0.5 (mean over heads), then multiply the layers so that the last one is on the left.
+# $A = 0.5\, I + 0.5 \cdot (\text{the mean over heads})$, then multiply the layers so that the last one is on the left.
 
 
 # %%

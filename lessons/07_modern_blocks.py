@@ -50,14 +50,14 @@ torch.manual_seed(0)
 # ## Rotary positions: distance inside the dot product
 #
 # GPT-2 adds a learned vector per position to each token. Rotary positions (RoPE, Su et al. 2021) add
-# nothing. Inside every attention layer they turn each query and key: the head's Dh features are taken
-# as Dh/2 pairs, and pair i at position m is rotated by the angle m * theta^(-2i/Dh). A rotation by
-# angle a followed by the dot product with a vector rotated by b only sees a - b, so the score of query
-# m and key n depends on their contents and on m - n: **relative** position, for free.
+# nothing. Inside every attention layer they turn each query and key: the head's $D_h$ features are
+# taken as $D_h/2$ pairs, and pair $i$ at position $m$ is rotated by the angle $m\,\theta^{-2i/D_h}$. A rotation
+# by angle $a$ followed by the dot product with a vector rotated by $b$ only sees $a - b$, so the score of
+# query $m$ and key $n$ depends on their contents and on $m - n$: **relative** position, for free.
 #
 # The first check below: the same query and key placed at positions (3, 1) and at (103, 101) give the
 # same score. The picture: a query scoring copies of itself at growing distance. The score falls off
-# with distance (the slow pairs turn little, the fast ones average out), and a larger base theta
+# with distance (the slow pairs turn little, the fast ones average out), and a larger base $\theta$
 # (Llama 3: 500,000) keeps it high for longer, which is how long-context models stretch their reach.
 
 # %%
@@ -93,10 +93,10 @@ show()
 # %% [markdown]
 # ## ALiBi: a penalty that grows with distance
 #
-# ALiBi (Press et al. 2022) is simpler still: head h subtracts slope_h * |i - j| from the score of query
-# i for key j. The slopes form a geometric series, 2^(-8/H), 2^(-16/H), ..., so one head sees only the
-# last few tokens and another far back. Because the bias depends on the distance alone, a model trained
-# on short sequences still behaves on longer ones. Below: the bias of 8 heads against distance, and
+# ALiBi (Press et al. 2022) is simpler still: head $h$ subtracts $\text{slope}_h \cdot \lvert i - j \rvert$ from
+# the score of query $i$ for key $j$. The slopes form a geometric series, $2^{-8/H}, 2^{-16/H}, \dots$, so one
+# head sees only the last few tokens and another far back. Because the bias depends on the distance alone, a model
+# trained on short sequences still behaves on longer ones. Below: the bias of 8 heads against distance, and
 # what it does to a query whose content scores every key alike: each head's attention over the keys
 # behind it.
 
@@ -123,7 +123,7 @@ show(fig)
 #
 # LayerNorm centres each token's vector (subtracts its mean), divides by its standard deviation, then
 # scales and shifts by learned gain and bias. RMSNorm (Zhang and Sennrich 2019) skips the centring and
-# the bias: it divides by the root mean square, sqrt(mean(x^2) + eps), and scales. It is cheaper,
+# the bias: it divides by the root mean square, $\sqrt{\operatorname{mean}(x^2) + \epsilon}$, and scales. It is cheaper,
 # has half the parameters, and trains as well in practice. The difference shows on a vector with an
 # offset: LayerNorm takes the offset away, RMSNorm keeps its direction.
 
@@ -142,10 +142,11 @@ for name, norm in (("LayerNorm", layer_norm), ("RMSNorm", rms_norm)):
 # %% [markdown]
 # ## SwiGLU: a gated feed-forward
 #
-# The feed-forward of GPT-2 is act(x W1) W2. The gated variants (Shazeer 2020) multiply two projections
-# elementwise, one of them through the activation: (silu(x W_gate) * x W1) W2, with silu(z) = z * sigmoid(z).
+# The feed-forward of GPT-2 is $\operatorname{act}(x W_1) W_2$. The gated variants (Shazeer 2020) multiply two
+# projections elementwise, one of them through the activation: $(\operatorname{silu}(x W_\text{gate}) \odot x W_1)
+# W_2$, with $\operatorname{silu}(z) = z \, \sigma(z)$.
 # The gate lets each hidden unit scale, or switch off, what the other projection carries. Three matrices
-# instead of two, so the hidden width is cut to 8/3 of d_model (rounded up to a multiple of 8) to keep
+# instead of two, so the hidden width is cut to $8/3$ of $d_\text{model}$ (rounded up to a multiple of 8) to keep
 # the parameter count: attnlab's `default_width` does that.
 
 # %%
@@ -174,9 +175,9 @@ show()
 #
 # When a model generates, it keeps the keys and values of every token so far (the KV cache), per layer
 # and per head. At long contexts that cache, not the weights, fills the memory. Grouped-query attention
-# (GQA, Ainslie et al. 2023) lets several query heads share one key/value head: with H query heads and
-# G key/value heads the cache shrinks by H/G, while every query head still has its own pattern.
-# Multi-query attention is G = 1. Below, attnlab's `MultiHeadAttention` with 8 query heads and 8, 4, 2
+# (GQA, Ainslie et al. 2023) lets several query heads share one key/value head: with $H$ query heads and
+# $G$ key/value heads the cache shrinks by $H/G$, while every query head still has its own pattern.
+# Multi-query attention is $G = 1$. Below, attnlab's `MultiHeadAttention` with 8 query heads and 8, 4, 2
 # or 1 key/value heads decodes 100 tokens into a `KVCache`; we measure what the cache holds.
 
 # %%
@@ -211,11 +212,11 @@ show()
 # %% [markdown]
 # ## A mixture of experts, and its router
 #
-# A mixture-of-experts feed-forward holds E feed-forwards (the experts) and a **router**, a linear map
-# from the token's vector to E scores. Each token goes through its top k experts only, their outputs
-# weighted by the router's softmax probabilities renormalised over the chosen k. Parameters grow with E
-# while each token pays for k. Left alone, a router tends to send everything to a few experts; a small
-# **load-balancing loss**, E * sum_e f_e * P_e (f_e the share of tokens routed to e, P_e its mean
+# A mixture-of-experts feed-forward holds $E$ feed-forwards (the experts) and a **router**, a linear map
+# from the token's vector to $E$ scores. Each token goes through its top $k$ experts only, their outputs
+# weighted by the router's softmax probabilities renormalised over the chosen $k$. Parameters grow with $E$
+# while each token pays for $k$. Left alone, a router tends to send everything to a few experts; a small
+# **load-balancing loss**, $E \sum_e f_e P_e$ ($f_e$ the share of tokens routed to $e$, $P_e$ its mean
 # probability), equal to 1 when the load is even, pushes it to spread the tokens.
 #
 # We train a tiny GPT whose blocks use 4 experts, 2 per token, on Python source from the standard
@@ -303,7 +304,8 @@ for layer, first in enumerate(firsts):
 #
 # ## Exercises
 #
-# **1.** Write RMSNorm: x (..., C), gain (C,), eps -> x / sqrt(mean(x^2) + eps) * gain.
+# **1.** Write RMSNorm: x (..., C), gain (C,), eps ->
+# $x / \sqrt{\operatorname{mean}(x^2) + \text{eps}} \cdot \text{gain}$.
 
 # %%
 from checks.blocks import check_alibi, check_kv_cache_bytes, check_rmsnorm, check_rotate, check_top_k
@@ -317,7 +319,8 @@ check_rmsnorm(my_rmsnorm)
 
 # %% [markdown]
 # **2.** Write the rotary turn: x (T, Dh) at integer positions (T,) -> each pair of features
-# (i, i + Dh/2) turned by the angle pos * theta^(-2i/Dh): (a, b) -> (a cos - b sin, b cos + a sin).
+# $(i, i + D_h/2)$ turned by the angle $\phi = \text{pos} \cdot \theta^{-2i/D_h}$:
+# $(a, b) \mapsto (a \cos\phi - b \sin\phi,\; b \cos\phi + a \sin\phi)$.
 
 
 # %%
@@ -328,8 +331,8 @@ def my_rotate(x, positions, theta):
 check_rotate(my_rotate)
 
 # %% [markdown]
-# **3.** Write ALiBi's bias (H, T, T) for `n_heads` heads (a power of 2) and T positions:
-# -slope_h * |i - j| with slope_h = 2^(-8(h+1)/H).
+# **3.** Write ALiBi's bias (H, T, T) for `n_heads` heads (a power of 2) and $T$ positions:
+# $-\text{slope}_h \cdot \lvert i - j \rvert$ with $\text{slope}_h = 2^{-8(h+1)/H}$.
 
 
 # %%
@@ -341,7 +344,7 @@ check_alibi(my_alibi)
 
 # %% [markdown]
 # **4.** Write the router's choice: logits (N, E), k -> (gates (N, k), experts (N, k)): the softmax over
-# experts, the k most probable (best first), gates renormalised to sum to 1. Then the KV cache's size in
+# experts, the $k$ most probable (best first), gates renormalised to sum to 1. Then the KV cache's size in
 # bytes for n_layer layers, n_kv_head key/value heads of d_head, `tokens` tokens, `bytes_per_number`.
 
 

@@ -60,9 +60,9 @@ PICTURES = Path(tempfile.mkdtemp())  # attnlab's own pictures are files; we show
 # A GPT with 2 layers and **no feed-forward** (`feedforward="none"`): attention is all it has, so
 # whatever it learns is in its heads. Rotary positions, so that heads can look a fixed distance back.
 #
-# The data are random tokens written twice: n tokens, then the same n again. The first half cannot be
-# predicted at all (loss ln 32 = 3.47); the second half can, perfectly, by copying. The length n changes
-# from batch to batch (6 to 16), so "look n - 1 positions back" is not a rule the model can learn; it has
+# The data are random tokens written twice: $n$ tokens, then the same $n$ again. The first half cannot be
+# predicted at all (loss $\ln 32 = 3.47$); the second half can, perfectly, by copying. The length $n$ changes
+# from batch to batch (6 to 16), so "look $n - 1$ positions back" is not a rule the model can learn; it has
 # to find the earlier copy of the current token by its content, which is the induction mechanism.
 # `repeated_tokens` (from attnlab's detectors) makes such sequences.
 
@@ -86,8 +86,8 @@ def repeat_loss(logits, ids, half):
 # Every `EVERY` steps we run the model once on the probe sequences with `attnlab.trace`, which records
 # every named activation, among them each layer's attention pattern (`t.patterns()`: B, L, H, T, T).
 # `head_scores` turns the patterns into one number per head and job: how much attention the head puts,
-# on average, where that job points (previous-token: key t - 1; induction: the key just after the
-# earlier copy of the current token, t - n + 1).
+# on average, where that job points (previous-token: key $t - 1$; induction: the key just after the
+# earlier copy of the current token, $t - n + 1$).
 
 # %%
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
@@ -156,7 +156,7 @@ print(f"best previous-token head: layer 1 head {prev_head + 1}; best induction h
 
 # %% [markdown]
 # Their patterns on one probe sequence make the jobs visible: the previous-token head is a line just
-# below the diagonal; the induction head, in the second half, a line n - 1 positions back from the
+# below the diagonal; the induction head, in the second half, a line $n - 1$ positions back from the
 # diagonal, landing on the token after the earlier copy.
 
 # %%
@@ -199,7 +199,7 @@ for name, row in zip(lens.layers, target):
 #
 # The detectors say what a head attends to; ablation says whether the model needs it. attnlab's hook
 # points let us replace any activation during a forward pass: `attnlab.hooks(model, {name: fn})` and
-# `attnlab.zero_head(h)`, which zeroes head h's output before the output projection, removing exactly its
+# `attnlab.zero_head(h)`, which zeroes head $h$'s output before the output projection, removing exactly its
 # contribution. `head_ablation` does that for every head in turn and returns the rise of the loss.
 
 # %%
@@ -234,8 +234,8 @@ show(fig)
 #
 # ## Exercises
 #
-# **1.** Write the previous-token detector: patterns (L, H, T, T) -> (L, H), the weight each query t puts
-# on key t - 1, averaged over the queries t = 1 .. T-1.
+# **1.** Write the previous-token detector: patterns (L, H, T, T) -> (L, H), the weight each query $t$
+# puts on key $t - 1$, averaged over the queries $t = 1, \dots, T-1$.
 
 # %%
 from checks.inside import check_induction, check_previous_token, check_zero_head
@@ -249,7 +249,7 @@ check_previous_token(my_previous_token)
 
 # %% [markdown]
 # **2.** Write the induction detector: on a sequence whose second half (from position `half`) repeats the
-# first, the weight each query t >= half puts on key t - half + 1, averaged over those queries.
+# first, the weight each query $t \ge \text{half}$ puts on key $t - \text{half} + 1$, averaged over those queries.
 
 
 # %%
@@ -261,7 +261,7 @@ check_induction(my_induction)
 
 # %% [markdown]
 # **3.** Write a hook that zeroes one head: `my_zero_head(h)` returns a function of the heads' outputs
-# (B, H, T, Dh) that returns them with head h set to 0. Use it with `attnlab.hooks` on
+# (B, H, T, Dh) that returns them with head $h$ set to 0. Use it with `attnlab.hooks` on
 # `"blocks.0.attn.hook_head_out"` and `prev_head`: how much does the repeated half's loss rise?
 
 

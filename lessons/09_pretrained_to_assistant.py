@@ -104,9 +104,10 @@ print(f"base: {result['parameters']:,} parameters, validation loss {result['val_
 #
 # `attnlab.train(..., task="sft", init=BASE)` starts from the base's weights and tokenizer and trains on
 # `ChatData` (the built-in instructions, or your own JSON/JSONL conversations), the loss on the
-# assistant's turns. With `lora_rank=r` the base stays frozen: each adapted matrix W (by default the
-# queries' and values') gets W + (alpha / r) B A, with A (r x in) and B (out x r), B starting at zero so
-# that training starts from the base model exactly. Only A and B train, and the run stores only them.
+# assistant's turns. With `lora_rank=r` the base stays frozen: each adapted matrix $W$ (by default the
+# queries' and values') gets $W + \frac{\alpha}{r} B A$, with $A$ ($r \times \text{in}$) and $B$ ($\text{out} \times
+# r$), $B$ starting at zero so that training starts from the base model exactly. Only $A$ and $B$ train, and the
+# run stores only them.
 
 # %%
 chat_data = ChatData(examples=EXAMPLES, test_examples=20)
@@ -131,7 +132,7 @@ show()
 
 # %% [markdown]
 # `attnlab.load` reads a LoRA run as its base plus the adapters. Its layers are `LoRALinear`: the frozen
-# layer, and A and B beside it. Here is one, and the answer the fine-tuned model gives to a held-out
+# layer, and $A$ and $B$ beside it. Here is one, and the answer the fine-tuned model gives to a held-out
 # question (at this size, expect the template's shape more than the right answer; `attnlab demo --chat`
 # reaches 93% exact with 800 steps of a 4 x 128 model).
 
@@ -152,10 +153,12 @@ print(f"Q: {question[0].content!r}\nexpected {question[-1].content!r}, the model
 #
 # For each prompt, a pair of answers: `PreferenceData` pairs the right answer (chosen) with a near miss
 # (rejected). DPO (Rafailov et al. 2023) needs no reward model: with the fine-tuned model frozen as the
-# reference, it raises beta * (log pi(chosen) - log ref(chosen)) - beta * (log pi(rejected) -
-# log ref(rejected)) through -log sigmoid of it. The implicit reward beta * (log pi - log ref) of the
+# reference, it raises
+# $\beta\,(\log \pi(\text{chosen}) - \log \pi_\text{ref}(\text{chosen})) - \beta\,(\log \pi(\text{rejected}) -
+# \log \pi_\text{ref}(\text{rejected}))$ through $-\log \sigma$ of it. The implicit reward
+# $\beta\,(\log \pi - \log \pi_\text{ref})$ of the
 # chosen answer should end above the rejected one's: the run logs that accuracy and the margin. At
-# `SCALE = 1` (20 steps, 20 held-out pairs) the accuracy is mostly noise; the training loss leaving ln 2
+# `SCALE = 1` (20 steps, 20 held-out pairs) the accuracy is mostly noise; the training loss leaving $\ln 2$
 # is what shows the pairs starting to separate. (The demo's 150 steps rank 97.5% of held-out pairs right.)
 
 # %%
@@ -177,7 +180,7 @@ show()
 #
 # Decoding one token reads every weight once, so a smaller weight is a faster token. `attnlab.load(RUN,
 # quantize=...)` stores each block matrix and the output head as **int8** (one scale per output row:
-# max |w| / 127) or **int4** (groups of 32 weights, 16 levels between the group's min and max), weights
+# $\max \lvert w \rvert / 127$) or **int4** (groups of 32 weights, 16 levels between the group's min and max), weights
 # only. `every_layer=True` packs every layer (by default a layer whose shape ran faster in float32 on
 # this machine stays float32). The price is measured as it should be: the held-out loss of the same
 # validation text through the run's own `evaluate`.
@@ -238,7 +241,7 @@ show(fig)
 # ## Exercises
 #
 # **1.** Write a LoRA layer's output: x (N, I), the frozen W (O, I), A (r, I), B (O, r), alpha ->
-# x W^T + (alpha / r) x A^T B^T.
+# $x W^\top + \frac{\alpha}{r}\, x A^\top B^\top$.
 
 # %%
 from checks.finetune import check_dpo, check_int8, check_lora
@@ -252,8 +255,8 @@ check_lora(my_lora)
 
 # %% [markdown]
 # **2.** Write DPO's loss from the four sequence log-probabilities (each of shape (B,)) and beta: the mean
-# over the batch of -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))). (`F.logsigmoid` is exact where
-# log(sigmoid(x)) would underflow.)
+# over the batch of $-\log \sigma\bigl(\beta\,((\pi_c - \text{ref}_c) - (\pi_r - \text{ref}_r))\bigr)$.
+# (`F.logsigmoid` is exact where $\log(\sigma(x))$ would underflow.)
 
 
 # %%
@@ -264,8 +267,9 @@ def my_dpo(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
 check_dpo(my_dpo)
 
 # %% [markdown]
-# **3.** Write int8 quantization of a matrix W (O, I), symmetric per output row: scale = max |w| / 127 for
-# each row, codes = round(w / scale) as torch.int8. Return (codes, scales).
+# **3.** Write int8 quantization of a matrix W (O, I), symmetric per output row:
+# $\text{scale} = \max \lvert w \rvert / 127$ for each row, $\text{codes} = \operatorname{round}(w / \text{scale})$
+# as torch.int8. Return (codes, scales).
 
 
 # %%

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import select
 import signal
@@ -168,6 +169,72 @@ def test_a_message_of_several_lines_is_one_turn(sft, perfect):
     assert [m.content for m in dialogue.history] == ["hi\nthere", "ok", "hi\nthere", "ok"]
 
 
+# GNU readline's history as the chat uses it: entries numbered from 1, input() adding each line it reads
+# while auto-history is on. Its __doc__ names GNU readline, as the real module's does.
+class FakeReadline:
+    __doc__ = "GNU readline (a stand-in)"
+
+    def __init__(self):
+        self.entries, self.auto = [], True
+
+    def parse_and_bind(self, text):
+        pass
+
+    def set_auto_history(self, on):
+        self.auto = on
+
+    def add_history(self, entry):
+        self.entries.append(entry)
+
+    def get_current_history_length(self):
+        return len(self.entries)
+
+    def get_history_item(self, i):
+        return self.entries[i - 1] if 1 <= i <= len(self.entries) else None
+
+    def input(self, *texts: str):
+        """A reader like input() over readline: each line it hands over is an entry while auto-history is on."""
+        read = lines(*texts)
+
+        def reader(prompt):
+            line = read(prompt)
+            if self.auto:
+                self.add_history(line)
+            return line
+
+        return reader
+
+
+def test_a_message_of_several_lines_is_one_history_entry_recalled_whole(sft, perfect, tmp_path, monkeypatch):
+    """A \"\"\" block, backslash lines and a paste are one history entry each, newlines kept (one entry a line
+    before: Up brought back the block's last line alone); the file keeps them so across chats, and reads
+    a file readline wrote; a recalled entry sent again (input() hands it over whole) is the same message."""
+    fake, history = FakeReadline(), tmp_path / "history"
+    history.write_text('an older line\n"quoted" as typed\n')  # readline's own file, as attnlab wrote it before
+    monkeypatch.setitem(sys.modules, "readline", fake)
+    monkeypatch.setenv("ATTNLAB_HISTORY", str(history))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    RIGHT.update({"hi\nthere": "ok", "one \nmore": "ok", "a \\": "ok"})
+    dialogue = Dialogue(sft.model, sft.tokenizer, run_template(sft.path), reserve=30)
+    typed = ('"""hi', 'there"""', "one \\", "more", "hi\nthere", '"""a \\"""', "/reset")
+    with chat_cli.terminal() as remember:
+        assert not fake.auto  # input() adds nothing itself: talk() adds each message
+        talk(dialogue, fake.input(*typed), io.StringIO(), remember=remember)
+    assert fake.auto
+    entries = ["an older line", '"quoted" as typed', "hi\nthere", "one \nmore", "hi\nthere", '"""a \\"""', "/reset"]
+    assert fake.entries == entries
+    written = ["an older line", '"\\"quoted\\" as typed"', '"hi\\nthere"', '"one \\nmore"', '"hi\\nthere"']
+    assert history.read_text().splitlines() == [*written, json.dumps('"""a \\"""'), "/reset"]  # an entry a line
+    again = FakeReadline()
+    chat_cli.read_history(again, history)
+    assert again.entries == entries  # the next chat's Up brings back each message whole
+    sent = [next_message(lines(entry)) for entry in entries[2:6]]  # recalled and sent: input() hands each over whole
+    assert sent == ["hi\nthere", "one \nmore", "hi\nthere", "a \\"]
+    for text in ["hi", "hi\nthere", "ends in \\", '"""opens a block', 'a """ inside']:
+        assert next_message(lines(chat_cli.history_entry(text))) == text
+
+
 def test_phrasings_are_test_conversations_the_generator_makes(capsys):
     held_out = {tuple(m.content for m in c.messages) for c in instructions("test", 200, TEST_SEED)}
     for p in PHRASINGS:
@@ -280,3 +347,25 @@ def test_the_terminal_s_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(tm
         assert proc.wait(timeout=60) == 0
     assert f"[{STOPPED}]" in shown and shown.index(f"[{STOPPED}]") < shown.rindex(PROMPT)
     assert "Traceback" not in shown
+
+
+@linux
+def test_the_terminal_s_up_arrow_brings_back_a_block_whole_and_sends_it_as_one_message(sft, tmp_path):
+    """A \"\"\" block typed on two lines, then Up: GNU readline shows the whole message (its lines one under
+    the other), not its last line; Enter sends it as one message (no continuation prompt), and the
+    history file holds it as one entry."""
+    seen = bytearray()
+    with chat_in_a_terminal(sft.path, tmp_path, "--temperature", "0", "--max-new-tokens", "3") as (main, proc):
+        screen_until(main, PROMPT, seen)
+        os.write(main, b'"""first part\r')
+        screen_until(main, MORE, seen)
+        os.write(main, b'second part"""\r')
+        start = len(screen_until(main, PROMPT, seen, count=2))
+        os.write(main, b"\x1b[A")  # Up
+        recalled = read_until(main, seen, lambda s: "second part" in s[start:], "the message recalled", 15)[start:]
+        assert "first part" in recalled and '"""' not in recalled, recalled
+        os.write(main, b"\r")
+        after = screen_until(main, PROMPT, seen, count=3)[start:]
+        assert ctrl_c_leaves(main, proc)
+    assert MORE not in after  # sent whole: next_message asked for no more lines
+    assert (tmp_path / "history").read_text().splitlines() == ['"first part\\nsecond part"'] * 2

@@ -248,6 +248,9 @@ def test_the_formulas_are_mathml_written_at_build_time(built):
     assert "<mfrac>" in attention[0] and "<msqrt><mrow><msub><mi>d</mi><mi>k</mi></msub></mrow></msqrt>" in attention[0]
     for page in ("gpt.html", "encoders.html", "modern-blocks.html", "baselines.html"):  # formulas in the prose
         assert "<math" in (site / page).read_text(), page
+    # the lessons' markdown cells too (their $...$, which nbconvert leaves for MathJax): 23 in lesson 1
+    lessons = {p.stem: p.read_text().count("<math") for p in (site / "lessons").glob("[0-9][0-9]_*.html")}
+    assert lessons["01_attention_from_scratch"] >= 20 and sum(lessons.values()) >= 100, lessons
     left = [p.name for p in site.rglob("*.html") if "\\operatorname" in p.read_text() or "\\frac" in p.read_text()]
     assert not left, f"LaTeX left as text in {left}"
 

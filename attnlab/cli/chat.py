@@ -5,15 +5,17 @@ The chat keeps the answer as much room in the context as the run's answers need:
 of a bounded sample of its training data (a fine-tuned run records which data it learned from), or
 --reserve N; older turns are dropped when a prompt leaves less. In a terminal, input() gets GNU
 readline's line editing and history (~/.attnlab_history) and takes a paste of several lines as one
-message.
+message. A message of several lines is one history entry, newlines kept: Up brings it back whole,
+drawn on as many lines, and Enter sends it as it was (macOS's libedit is not covered).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from attnlab.cli.quantize import note_quantized
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Preference, conversation, kind_of, preference, rows
 from attnlab.data.finetune import BUILTIN
-from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, talk
+from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, next_message, talk
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
@@ -115,14 +117,54 @@ def history_file() -> Path | None:
     return path
 
 
+def history_entry(text: str) -> str:
+    """A message as its history entry: the text itself, newlines kept, which input() hands back whole
+    when it is recalled and sent again; between \"\"\" when next_message would read that otherwise (a
+    text that opens with \"\"\" or ends with a backslash would wait for more lines)."""
+    lines = iter([text])
+    with contextlib.suppress(StopIteration):
+        if next_message(lambda prompt: next(lines)) == text:
+            return text
+    return f"{BLOCK}{text}{BLOCK}"
+
+
+# The history file: an entry a line, as readline writes it; an entry of several lines as one JSON string
+# ("first\nsecond"), where readline's own file would split it into an entry a line (so is one that
+# starts with a quote, which would otherwise be read as such a string).
+def _entry(line: str) -> str:
+    if line.startswith('"'):
+        with contextlib.suppress(ValueError):  # not JSON: a line as readline (or an older attnlab) wrote it
+            value = json.loads(line)
+            if isinstance(value, str):
+                return value
+    return line
+
+
+def read_history(readline: Any, path: Path) -> None:
+    """The file's entries into readline's history, oldest first."""
+    for line in path.read_text(encoding="utf-8", errors="surrogateescape").split("\n"):
+        if line:
+            readline.add_history(_entry(line))
+
+
+def write_history(readline: Any, path: Path) -> None:
+    """The last HISTORY_LENGTH entries into the file history_file() made (a link there is refused)."""
+    n = readline.get_current_history_length()
+    entries = [readline.get_history_item(i) for i in range(max(1, n - HISTORY_LENGTH + 1), n + 1)]
+    lines = [json.dumps(e, ensure_ascii=False) if "\n" in e or e.startswith('"') else e for e in entries if e]
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+    with open(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
 @contextlib.contextmanager
-def terminal() -> Iterator[None]:
+def terminal() -> Iterator[Callable[[str], None] | None]:
     """While the chat reads a terminal: readline behind input() (line editing, history kept in
     history_file()), GNU readline's bracketed paste on, so that a paste of several lines is one message;
     without readline, the terminal's own paste markers, which talk() joins. Nothing when stdin is not a
-    terminal."""
+    terminal. Yields what records a message in the history (talk()'s `remember`), or None."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        yield
+        yield None
         return
     try:
         import readline  # optional: not every Python has it (Windows)
@@ -131,7 +173,7 @@ def terminal() -> Iterator[None]:
     if readline is None:
         print("\x1b[?2004h", end="", flush=True)  # the terminal marks pastes: PASTE_START ... PASTE_END
         try:
-            yield
+            yield None
         finally:
             print("\x1b[?2004l", end="", flush=True)
         return
@@ -140,14 +182,17 @@ def terminal() -> Iterator[None]:
     path = history_file()
     if path is not None:
         with contextlib.suppress(OSError):
-            readline.read_history_file(path)
-        readline.set_history_length(HISTORY_LENGTH)
+            read_history(readline, path)
+    # input() would add each line it reads; a message of several lines (\"\"\" block, backslash) would be
+    # as many entries, and Up would bring back its last line alone. talk() adds each message instead.
+    readline.set_auto_history(False)
     try:
-        yield
+        yield lambda text: readline.add_history(history_entry(text))
     finally:
+        readline.set_auto_history(True)
         if path is not None:
             with contextlib.suppress(OSError):
-                readline.write_history_file(path)
+                write_history(readline, path)
 
 
 def run_chat(opts: ChatOptions) -> int:
@@ -161,8 +206,8 @@ def run_chat(opts: ChatOptions) -> int:
           + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items())
           + f"; {BLOCK} opens and closes a message of several lines]", file=sys.stderr)  # fmt: skip
     try:
-        with terminal():
-            talk(dialogue)
+        with terminal() as remember:
+            talk(dialogue, remember=remember)
     except KeyboardInterrupt:  # a Ctrl-C that lands while the chat is leaving (history written): it leaves
         print(file=sys.stderr)
     return 0

@@ -186,20 +186,28 @@ class StopOnInterrupt:
 
 
 def talk(dialogue: Dialogue, read: Callable[[str], str] | None = None, out: TextIO | None = None,
-         err: TextIO | None = None) -> None:  # fmt: skip
+         err: TextIO | None = None, remember: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """The terminal loop: read a message (next_message over read(prompt), default input(): EOFError at
     the end), stream the answer to `out` (default stdout), until /quit, the end of input or Ctrl-C at
     the prompt; /reset starts over; Ctrl-C during an answer stops it and the talk goes on. Notes (turns
-    dropped, a message refused, an answer stopped) go to `err` (default stderr), one line each."""
+    dropped, a message refused, an answer stopped) go to `err` (default stderr), one line each.
+    `remember(text)` is given each message read, whole, however many lines it took (the terminal's
+    input history: one entry a message)."""
     read, out, err = read or input, out or sys.stdout, err or sys.stderr
     try:
-        while (text := next_message(read).strip()) != "/quit":
+        while (text := _remembered(next_message(read).strip(), remember)) != "/quit":
             if text.startswith("/") and not any(c.isspace() for c in text):
                 print(f"[{command(dialogue, text)}]", file=out, flush=True)
             elif text:
                 reply(dialogue, text, out, err)
     except (EOFError, KeyboardInterrupt):  # Ctrl-D, or Ctrl-C at the prompt or twice: leave on a fresh line
         print(file=out, flush=True)
+
+
+def _remembered(text: str, remember: Callable[[str], None] | None) -> str:
+    if text and remember is not None:
+        remember(text)
+    return text
 
 
 def command(dialogue: Dialogue, line: str) -> str:
