@@ -33,7 +33,7 @@ LAZY = {"DataConfig": "attnlab.data", "TrainConfig": "attnlab.engine.config", "T
         "trace": "attnlab.interpret.trace", "GPT": "attnlab.models.gpt", "GPTConfig": "attnlab.models.gpt",
         "hooks": "attnlab.nn.hooks", "zero_head": "attnlab.nn.hooks", "Run": "attnlab.runs.run",
         "load": "attnlab.runs.run", "train": "attnlab.tasks"}  # fmt: skip
-REGISTRARS.extend(["attnlab.interop.adapter_runs", "attnlab.tasks", "attnlab.wordvec.keyed"])
+REGISTRARS.extend(["attnlab.interop.adapter_runs", "attnlab.tasks.registry", "attnlab.wordvec.keyed"])
 __getattr__, __dir__ = lazy_names(__name__, LAZY)
 
 __all__ = [

@@ -20,11 +20,10 @@ from attnlab.cli.main import COMMANDS, GROUPS
 from attnlab.decoding import settings
 from tests.conftest import code_file, tiny_data, tiny_model, tiny_train
 
-# Commands whose options live beside torch code, so that their --help imports it: train's tasks
-# (tasks.TASKS and the models' configs), compare's (tasks/compare.py), size's cluster plan
-# (models/size.py, beside the GPT it counts). Every other command's help is torch-free (chat's
-# table of phrasings is cli/phrasings.py), and this set may only shrink.
-HEAVY_HELP = {"train", "compare", "size"}
+# Every command's --help is torch-free (chat's table of phrasings is cli/phrasings.py, compare's options
+# tasks/compare_options.py, size's cluster plan models/cluster.py, train's list of tasks cli/choices.py).
+# `attnlab train TASK --help` still imports torch: a task's flags come from its Task object, its models'
+# config classes and its data config, which live beside torch code (docs/cpu.md says what is left).
 
 # Runs main(argv) in a fresh interpreter; prints what it printed and which heavy modules it loaded.
 PROGRAM = """
@@ -36,7 +35,8 @@ try:
         rc = main(sys.argv[1:])
 except SystemExit as e:
     rc = e.code
-loaded = [m for m in ("torch", "numpy", "safetensors.torch", "attnlab.tasks", "attnlab.nn") if m in sys.modules]
+heavy = ("torch", "numpy", "safetensors.torch", "attnlab.tasks.registry", "attnlab.models.families", "attnlab.nn")
+loaded = [m for m in heavy if m in sys.modules]
 print(json.dumps({"rc": rc, "out": out.getvalue(), "loaded": loaded}))
 """
 
@@ -52,17 +52,31 @@ def test_top_level_help_loads_no_torch():
     assert r["loaded"] == []
 
 
-@pytest.mark.parametrize("name", sorted(({c.name for c in COMMANDS} | set(GROUPS)) - HEAVY_HELP))
+@pytest.mark.parametrize("name", sorted({c.name for c in COMMANDS} | set(GROUPS)))
 def test_a_command_help_loads_no_torch(name):
     r = started(name, "--help")
     assert r["rc"] == 0 and f"attnlab {name}" in r["out"]  # its own help: usage and flags
-    assert "torch" not in r["loaded"] and "attnlab.tasks" not in r["loaded"]
+    assert "torch" not in r["loaded"] and "attnlab.tasks.registry" not in r["loaded"]
+    assert "attnlab.models.families" not in r["loaded"]
 
 
-def test_the_heavy_helps_are_still_whole():
-    """What HEAVY_HELP leaves out works as before: its flags are there (the parser filled on use)."""
-    r = started("size", "--help")
-    assert r["rc"] == 0 and "--preset" in r["out"] and "--gpu-tflops" in r["out"]
+@pytest.mark.parametrize(("argv", "flags"), [
+    (("size",), ("--preset", "--gpu-tflops", "--micro-batch")),  # models/cluster.py's ClusterConfig
+    (("compare",), ("{sentiment,tagging,numbers,dates,copy,reverse,digits,caption,lm}", "--word-vectors")),
+    (("train",), (*choices.TASK_HELPS, *choices.TASK_HELPS.values(), "vectors")),  # each task and its line
+])  # fmt: skip
+def test_the_helps_that_moved_are_whole(argv, flags):
+    """The options moved to torch-free modules are still every flag, choice and help line."""
+    r = started(*argv, "--help")
+    text = " ".join(r["out"].split())  # argparse wraps a long help line
+    assert r["rc"] == 0 and all(flag in text for flag in flags), r["out"]
+
+
+def test_a_train_task_help_fills_its_parser_when_used():
+    """`attnlab train sft --help` fills only its own sub-command: its flags, from the task's dataclasses."""
+    r = started("train", "sft", "--help")
+    assert r["rc"] == 0 and "attnlab train sft" in r["out"]
+    assert all(flag in r["out"] for flag in ("--init", "--lora-rank", "--train-on", "--max-steps")), r["out"]
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +137,31 @@ def test_the_parser_choices_are_the_registries():
     assert settings.DTYPE_NAMES == DTYPE_NAMES
 
 
+def test_the_torch_free_tables_are_the_registries():
+    """`attnlab train --help` lists TASKS by cli/choices.py's TASK_HELPS, and compare's --task takes
+    tasks/compare_options.py's COMPARED: each held equal to the registry it names."""
+    from attnlab.tasks import TASKS
+    from attnlab.tasks.compare import COMPARISONS
+    from attnlab.tasks.compare_options import COMPARED
+
+    assert choices.TASK_HELPS == {name: task.help for name, task in TASKS.items()}
+    assert COMPARED == tuple(COMPARISONS)
+
+
 def test_the_lazy_parser_is_the_whole_parser():
     """What `attnlab` fills on use is what the eager build holds: the same commands, flags and help."""
     from attnlab.cli.main import build_parser
+    from attnlab.tasks import TASKS
 
     def commands(p):
         return p._subparsers._group_actions[0].choices
 
     eager, lazy = commands(build_parser()), commands(build_parser(lazy=True))
     assert list(eager) == list(lazy)
-    for name in ("demo", "plot", "doctor", "runs"):
+    for name in ("demo", "plot", "doctor", "runs", "train", "compare", "size"):
         assert lazy[name].format_help() == eager[name].format_help()
+    tasks = commands(lazy["train"].filled())  # each filled when used, as `attnlab train NAME --help` does
+    assert list(tasks) == [*TASKS, "vectors"]
+    for name, task in TASKS.items():
+        assert tasks[name].format_help().startswith(f"usage: attnlab train {name} ")
+        assert task.description.split()[0] in tasks[name].format_help()

@@ -4,7 +4,7 @@ Each registry lives beside the code it runs (interpret/plots.py's PLOTS, nn/pack
 and those modules import torch: 2-4 s on a 2-core machine, which `attnlab COMMAND --help` should
 not pay. So the parser reads the names from here, and tests/test_startup.py holds each tuple equal
 to its registry: a new plot, inspection or quantized kind is refused by that test until it is named
-here too.
+here too. TASK_HELPS does the same for `attnlab train --help`: each task's name and help line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,20 @@ PROJECTIONS = ("pca", "tsne")  # viz/vectors.py
 ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM",
                  "ViTForImageClassification", "ViTModel", "BertForMaskedLM", "BertForPreTraining",
                  "BertForSequenceClassification", "BertForTokenClassification", "BertModel")  # fmt: skip
+
+# tasks/registry.py's TASKS, in its order: each task's `help` (its line in `attnlab train --help`)
+TASK_HELPS = {
+    "lm": "a GPT language model on text (next-token prediction)",
+    "classify": "a label per text: the encoder or a baseline, on a file or a generated task",
+    "tag": "a label per token: the encoder or a baseline, on a file or a generated task",
+    "mlm": "an encoder by masked-language modelling (BERT's pretraining)",
+    "translate": "source -> target: the Transformer or an RNN encoder-decoder",
+    "image": "images: a Vision Transformer or an MLP on the pixels",
+    "caption": "image -> words: a ViT encoder with a Transformer decoder, or Show, Attend and Tell's RNN",
+    "sft": "supervised fine-tuning of a pretrained GPT on conversations (every weight, or LoRA)",
+    "dpo": "preference tuning (DPO) of a fine-tuned GPT on chosen/rejected answers (every weight, or LoRA)",
+    "reward": "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)",
+}
 
 
 def architectures() -> tuple[str, ...]:

@@ -25,8 +25,9 @@ from attnlab.decoding.dialogue import trimmed
 from attnlab.decoding.sampling import GenerateConfig
 from attnlab.errors import AttnlabError
 from attnlab.interpret.head_select import describe, head_hooks
+from attnlab.models.cluster import ClusterConfig, cluster_estimate, format_cluster
 from attnlab.models.gpt import PRESETS
-from attnlab.models.size import ClusterConfig, cluster_estimate, estimate, format_cluster, format_estimate
+from attnlab.models.size import estimate, format_estimate
 from attnlab.models.size import format_table as size_table
 from attnlab.nn.hooks import hooks
 from attnlab.runs.run import Run, load

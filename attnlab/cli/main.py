@@ -2,7 +2,7 @@
 
 Every command is one entry of COMMANDS: its options dataclass (cli/options.py), from which its flags
 are generated (cli/generate.py), the settings sections it reads, and the function that calls the
-library. `attnlab train TASK` has one sub-command per entry of tasks.TASKS (cli/train.py).
+library. `attnlab train TASK` has one sub-command per entry of tasks.TASKS (cli/train_tasks.py).
 Nothing in the library imports this package.
 
 The table names what it uses as "module:name" strings (a bare module is one of attnlab.cli), and
@@ -36,7 +36,7 @@ with interrupt_quietly_at_start():  # Ctrl-C while the parser's few modules load
 
 
 def ref(text: str) -> Any:
-    """ "commands:run_sample" -> attnlab.cli.commands.run_sample; "attnlab.models.size:ClusterConfig" as
+    """ "commands:run_sample" -> attnlab.cli.commands.run_sample; "attnlab.models.cluster:ClusterConfig" as
     written: what the table names, imported when it is needed."""
     module, _, name = text.partition(":")
     return getattr(importlib.import_module(module if "." in module else f"attnlab.cli.{module}"), name)
@@ -52,6 +52,14 @@ class Parser(argparse.ArgumentParser):
         fill, self.fill = self.fill, None
         if fill is not None:
             fill()
+        return self
+
+    def filled_all(self) -> Parser:
+        """This parser and every sub-command under it (train's tasks) filled: the whole parser."""
+        for action in self.filled()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    sub.filled_all()
         return self
 
     def format_help(self) -> str:
@@ -107,7 +115,7 @@ COMMANDS = [
     Command("predict", "a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, a translation, "
             "an image's class", "options:PredictOptions", "commands:run_predict"),
     Command("compare", "train several models on one task with one budget; table and bar chart",
-            "attnlab.tasks.compare:CompareOptions",
+            "attnlab.tasks.compare_options:CompareOptions",
             "commands:run_compare"),
     Command("translate", "translate a text with a translation run (same as predict)", "options:TranslateOptions",
             "commands:run_predict"),
@@ -197,7 +205,7 @@ COMMANDS = [
     Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
             "BLEU, an image model's accuracy", "options:EvalOptions", "commands:run_eval"),
     Command("size", "parameters, FLOPs per token and memory of a preset", "options:SizeOptions", "commands:run_size",
-            sections=(("cluster", "attnlab.models.size:ClusterConfig", "planning a training run"),)),
+            sections=(("cluster", "attnlab.models.cluster:ClusterConfig", "planning a training run"),)),
     Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
             "options:DoctorOptions", "doctor:run_doctor", description="Print the device, PyTorch's "
             "version and threads, the CPU and its bf16 "
@@ -210,7 +218,7 @@ COMMANDS = [
 # `attnlab train TASK ...` and `attnlab runs ...`: commands with sub-commands of their own, each filled
 # by a function of its module (name -> its help in `attnlab --help`, the function that fills its parser).
 GROUPS = {
-    "train": ("train a model", "train:add_tasks"),
+    "train": ("train a model", "train_tasks:add_tasks"),
     "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs"),
 }
 
@@ -300,7 +308,7 @@ def build_parser(lazy: bool = False) -> Parser:
     parsers.append(add_group(sub, "runs"))
     if not lazy:
         for command in parsers:
-            command.filled()
+            command.filled_all()
     return p
 
 

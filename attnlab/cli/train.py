@@ -1,6 +1,6 @@
-"""`attnlab train TASK`: one sub-command per task of TASKS, its flags generated from the task's
-option dataclasses (its TrainOptions, data config, its models' configs, TrainConfig), and
-`attnlab train vectors` beside them."""
+"""`attnlab train TASK`: the flags of one task of TASKS, generated from the task's option dataclasses
+(its TrainOptions, data config, its models' configs, TrainConfig), and those of `attnlab train
+vectors`. cli/train_tasks.py makes the sub-commands; each is filled here the first time it is used."""
 
 from __future__ import annotations
 
@@ -22,19 +22,19 @@ from attnlab.wordvec.config import VectorsConfig
 SECTIONS = ("data", "model", "train")
 
 
-def add_tasks(train: argparse.ArgumentParser, parser_class: type) -> None:
-    """`attnlab train TASK` for every registered task, and `attnlab train vectors`, in the `train`
-    parser cli/main.py made (filled the first time it is used)."""
-    tasks = train.add_subparsers(dest="task", metavar="TASK", parser_class=parser_class)
-    tasks.required = True
-    for task in TASKS.values():
-        p = tasks.add_parser(task.name, help=task.help, description=task.description)
-        add_task_flags(p, task)
-        p.set_defaults(command=lambda args, task=task: run_train(task, args))
-    p = tasks.add_parser("vectors", help="word vectors: Word2Vec (skip-gram, CBOW), FastText or GloVe",
-                         description="Train word vectors on a text. --data english (the default) is the built-in "
-                         "corpus: the docstrings and comments of Python's standard library (about 545k words), no "
-                         "download.")  # fmt: skip
+def fill_task(p: argparse.ArgumentParser, name: str) -> None:
+    """`attnlab train NAME`'s parser (cli/train_tasks.py made it): the task's flags, and what runs it."""
+    task = TASKS[name]
+    p.description = task.description
+    add_task_flags(p, task)
+    p.set_defaults(command=lambda args: run_train(task, args))
+
+
+def fill_vectors(p: argparse.ArgumentParser) -> None:
+    """`attnlab train vectors`: word vectors, trained by their own trainer (wordvec/)."""
+    p.description = ("Train word vectors on a text. --data english (the default) is the built-in corpus: the "
+                     "docstrings and comments of Python's standard library (about 545k words), "
+                     "no download.")  # fmt: skip
     add_options(p, TrainVectorsOptions)
     add_section(p, "vectors", VectorsConfig, "word vectors")
     p.set_defaults(command=lambda args: run_train_vectors(read_options(args, TrainVectorsOptions),

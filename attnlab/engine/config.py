@@ -8,8 +8,8 @@ import warnings
 from dataclasses import dataclass
 
 from attnlab.config import check_seed, check_types, names, option
+from attnlab.decoding.settings import DTYPE_NAMES  # runtime/device.py's, torch-free: help without torch
 from attnlab.engine.tracking import TRACKERS
-from attnlab.runtime.device import DTYPE_NAMES
 
 SCHEDULES = ("cosine", "wsd", "inverse_sqrt")
 OPTIMIZERS = ("adamw", "muon")

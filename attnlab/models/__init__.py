@@ -1,56 +1,24 @@
 """Model families: a front end, the shared stack of blocks (nn/), and a head.
 
-FAMILIES maps the family name stored in a run's config.json to its (config class, model class).
-A new family is one file here plus one line below.
+FAMILIES (models/families.py) maps the family name stored in a run's config.json to its (config
+class, model class). A new family is one file here plus one line there.
+
+Its names load on first use (attnlab/lazy.py), so that a torch-free module of this package (the
+cluster plan of `attnlab size --help`, models/cluster.py) imports without the families' torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torch import nn
+from attnlab.lazy import lazy_names
 
-from attnlab.config import from_dict
-from attnlab.errors import AttnlabError
-from attnlab.models.attention_ladder import LADDER
-from attnlab.models.baselines import BASELINES
-from attnlab.models.captioner import Captioner, CaptionerConfig
-from attnlab.models.encoder import Encoder, EncoderConfig
-from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-from attnlab.models.mlp import ImageMLP, MLPConfig
-from attnlab.models.reward import RewardModel
-from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
-from attnlab.models.rnn_captioner import RNNCaptioner, RNNCaptionerConfig
-from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnlab.models.vit import ViT, ViTConfig
+if TYPE_CHECKING:
+    from attnlab.models.families import FAMILIES, build_model, family_classes
+    from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 
-FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
-    "gpt": (GPTConfig, GPT),
-    "reward": (GPTConfig, RewardModel),  # a GPT scoring a whole answer (the reward task)
-    "encoder": (EncoderConfig, Encoder),
-    **BASELINES,  # bow, pooled, conv1d, rnn
-    **LADDER,  # self-attention (no learned weights), qkv-attention: the steps from pooled to the encoder
-    "seq2seq": (Seq2SeqConfig, Seq2Seq),  # the encoder-decoder Transformer
-    "rnn-seq2seq": (RNNSeq2SeqConfig, RNNSeq2Seq),  # with or without Bahdanau attention
-    "vit": (ViTConfig, ViT),  # images as sequences of patches
-    "mlp": (MLPConfig, ImageMLP),  # the image baseline on flattened pixels
-    "captioner": (CaptionerConfig, Captioner),  # a ViT encoder and a Transformer decoder: images to words
-    "rnn-captioner": (RNNCaptionerConfig, RNNCaptioner),  # Show, Attend and Tell: an RNN attending over patches
-}
-
-
-def family_classes(family: str) -> tuple[type, type[nn.Module]]:
-    if family not in FAMILIES:
-        raise AttnlabError(f"unknown model family {family!r} (known: {', '.join(FAMILIES)})")
-    return FAMILIES[family]
-
-
-def build_model(family: str, model_cfg: dict[str, Any] | Any) -> nn.Module:
-    """The model of `family` from its config (a dataclass, or a dict as in config.json)."""
-    cfg_cls, model_cls = family_classes(family)
-    if isinstance(model_cfg, dict):
-        model_cfg = from_dict(cfg_cls, model_cfg, where="model config")
-    return model_cls(model_cfg)
-
+FAMILY, GPT_ = "attnlab.models.families", "attnlab.models.gpt"
+__getattr__, __dir__ = lazy_names(__name__, {"FAMILIES": FAMILY, "build_model": FAMILY, "family_classes": FAMILY,
+                                             "GPT": GPT_, "PRESETS": GPT_, "GPTConfig": GPT_})  # fmt: skip
 
 __all__ = ["FAMILIES", "GPT", "PRESETS", "GPTConfig", "build_model", "family_classes"]

@@ -15,55 +15,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import names, option
 from attnlab.data import captions
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
-from attnlab.engine.config import TrainConfig, budget_seconds
+from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.models import FAMILIES
 from attnlab.tasks import TASKS
+from attnlab.tasks.compare_options import LADDER_MODELS, CompareOptions
 from attnlab.tasks.lm_compare import compare_lm, format_lm_table
 from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
 from attnlab.wordvec import load_vectors
 
 COMPARISONS: dict[str, Any] = {}  # --task -> what it compares (filled below)
-# The text models from the simplest up, as the lectures climb: counts, averaged embeddings, the
-# parameter-free self-attention, one learned head, then convolutions, recurrence and the encoder.
-LADDER_MODELS = "bow,pooled,self-attention,qkv-attention,conv1d,rnn,encoder"
 TRANSLATION_BARS = (("exact_match", "exact match", 1.0), ("bleu", "BLEU / 100", 100.0), ("chrf", "chrF / 100", 100.0))
 VECTORS = "+vectors"  # the suffix of a model trained from pretrained word vectors
 LM_BUDGET = "2m"  # each recipe's training time when --budget is not given
-
-
-@dataclass
-class CompareOptions:
-    task: str = option("sentiment", "generated task: sentiment, tagging, a translation task, the digits images, "
-                       "caption (digits-strips: the Transformer captioner against Show-Attend-Tell's RNN), or lm: "
-                       "the language-model recipes, classic gpt-nano against gpt-nano-fast and its ablations",
-                       names(COMPARISONS))  # fmt: skip
-    models: str | None = option(None, f"comma-separated models (default: {LADDER_MODELS}; translation: "
-                                "transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
-    out: str = option("runs/compare", "folder for the runs, table and chart")
-    force: bool = option(False, "replace earlier runs in --out")
-    budget: str | None = option(None, "training time of EACH model (90s, 2m, 1.5h), not of the whole comparison: "
-                                "a model stops at its budget or its tuned step count, whichever comes first "
-                                "(default: the tuned steps; lm: 2m for each recipe)")  # fmt: skip
-    data: str = option("stdlib", "lm: the corpus (a file, a folder or stdlib)")
-    parts: str | None = option(None, "lm: comma-separated parts of the fast recipe to ablate (default: every one)")
-    blocks: bool = option(False, "lm: compare blocks instead of recipes: the classic (gpt-nano), Llama (llama-nano) "
-                          "and mixture-of-experts (moe-nano) blocks, trained alike")  # fmt: skip
-    word_vectors: str | None = option(None, "sentiment, tagging: also train each model with a word embedding from "
-                                      "these vectors (an attnlab train vectors run, or a word2vec/GloVe file), as "
-                                      "the row MODEL+vectors", metavar="RUN_OR_FILE")  # fmt: skip
-    freeze_vectors: bool = option(True, "keep the pretrained vectors fixed while training")
-
-    def __post_init__(self):
-        if self.budget is not None:
-            budget_seconds(self.budget)  # a clear error now, not after the first model
 
 
 @dataclass(frozen=True)
