@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.data.batches import rank_slice
+from attnlab.data.batches import LengthGroups, draw_rows, rank_slice
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Message, Preference
 from attnlab.data.tokenizers import Tokenizer
@@ -122,12 +122,15 @@ def padded(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
 class Supervised:
     """Supervised fine-tuning: conversations padded per batch, loss on their trained tokens."""
 
-    def __init__(self, examples: dict[str, list[Example]]):
+    def __init__(self, examples: dict[str, list[Example]], batch: int = 0):
         self.examples = examples
         self.per_example = (round(float(np.mean([len(e.ids) for e in examples["train"]]))), "tokens")
+        # Training batches of like length (batch: the global batch size; 0 draws uniformly).
+        self.groups = LengthGroups([len(e.ids) for e in examples["train"]], batch) if batch else None
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        rows = rank_slice(rng.integers(0, len(self.examples[split]), size=n), part)
+        groups = self.groups if split == "train" else None  # held-out loss: drawn as the data is
+        rows = rank_slice(draw_rows(len(self.examples[split]), n, rng, groups), part)
         return shifted([self.examples[split][i] for i in rows])
 
     def has(self, split: str) -> bool:
@@ -141,12 +144,16 @@ class Pairs:
     """Preference pairs: the chosen answers' rows then the rejected ones', padded alike, with (for DPO)
     each answer's log-probability under the reference model, or (a reward model) each row's last token."""
 
-    def __init__(self, pairs: dict[str, list[tuple[Example, Example]]], refs: dict[str, np.ndarray] | None = None):
+    def __init__(self, pairs: dict[str, list[tuple[Example, Example]]], refs: dict[str, np.ndarray] | None = None,
+                 batch: int = 0):  # fmt: skip
         self.pairs, self.refs = pairs, refs  # refs[split]: (N, 2) float, chosen and rejected
+        lengths = [max(len(c.ids), len(r.ids)) for c, r in pairs["train"]]
         self.per_example = (round(float(np.mean([len(c.ids) + len(r.ids) for c, r in pairs["train"]]))), "tokens")
+        self.groups = LengthGroups(lengths, batch) if batch else None  # as in Supervised
 
     def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
-        rows = rank_slice(rng.integers(0, len(self.pairs[split]), size=n), part)
+        groups = self.groups if split == "train" else None
+        rows = rank_slice(draw_rows(len(self.pairs[split]), n, rng, groups), part)
         chosen, rejected = zip(*[self.pairs[split][i] for i in rows], strict=True)
         if self.refs is None:  # a reward model reads whole rows and scores each at its last token
             return padded([*chosen, *rejected])

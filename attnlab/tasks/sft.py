@@ -41,7 +41,7 @@ class SupervisedFineTuning(Adapting):
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
         test = test_split(req.data, self.builtin)
-        return Prepared(Supervised(e.parts), self.builder(req, e.model, e.adapter),
+        return Prepared(Supervised(e.parts, req.train.batch_size), self.builder(req, e.model, e.adapter),
                         self.run_config(req, e.model, e.adapter), state=(e.tok, e.template, test))  # fmt: skip
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
