@@ -23,8 +23,8 @@
 # 4. and to run it small: **quantized** weights (int8, int4), what they cost in held-out loss, and the
 #    **GGUF** file that llama.cpp and ollama read, written and read back.
 #
-# `attnlab demo --chat` runs the first three at a size that learns to answer (about ten minutes on a
-# CPU). Here everything is tiny, so that the lesson runs in seconds: the model will not become a good
+# `attnlab demo --chat` runs the first three at a size that learns to answer (about twelve minutes on a
+# 2-core CPU). Here everything is tiny, so that the lesson runs in seconds: the model will not become a good
 # assistant, but every step is the real one, with attnlab's `train` tasks (`sft`, `dpo`), its LoRA, its
 # quantizers and its GGUF writer and reader.
 

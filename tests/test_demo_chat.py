@@ -81,6 +81,8 @@ def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, 
     assert "kept from an earlier run: before, sft" in printed
     for phase in ("held-out log-probabilities", "scoring the held-out pairs", "best of 2"):
         assert phase in err, phase
+    sft_data = json.loads((out / "sft" / "config.json").read_text())["data"]
+    assert sft_data["chained"] == demo.CHAINED > 0  # unrelated questions in a row: what later turns need
     record = json.loads((out / demo.CHAIN).read_text())
     assert record["base"] == str(base.resolve()) and set(record["seconds"]) == {"before", "sft", "dpo", "reward",
                                                                                  "best_of"}  # fmt: skip
@@ -149,3 +151,11 @@ def test_dpo_shows_its_reference_and_scoring_phases(base, tmp_path, capsys):
         assert f"{phase}: " in err, phase
     attnlab.train(tmp_path / "quiet", None, tiny_train(max_steps=1), pairs, init=sft, task="dpo", progress=False)
     assert "log-probabilities" not in capsys.readouterr().err
+
+
+def test_the_chains_base_carries_what_sft_teaches_to_later_turns():
+    """Rotary positions (a learned position table leaves the offsets of later turns untrained: 0 of 60
+    held-out questions right after earlier turns, docs/fine-tuning.md "Turns"), a context of several
+    turns, and the fast recipe's optimizer for its pretraining."""
+    assert demo.BASE_MODEL.positions == "rope" and demo.BASE_MODEL.context >= 512
+    assert demo.BASE_TRAIN["optimizer"] == "muon" and demo.BASE_TRAIN["max_steps"] >= 300

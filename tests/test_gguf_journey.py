@@ -165,8 +165,8 @@ def chat_run(root: Path, capsys) -> Path:
     attnlab.train(root / "base", base, tiny_train(max_steps=20, eval_interval=20), DataConfig(data=str(corpus),
                   tokenizer="char"), progress=False)  # fmt: skip
     code, _, _ = run_cli(["train", "sft", "--init", root / "base", "--out", root / "sft", "--max-steps", "30",
-                          "--batch-size", "8", "--examples", "200", "--test-examples", "8", "--eval-interval", "30", "--lr", "1e-2",
-                          "--eval-batches", "1", "--device", "cpu"], capsys)  # fmt: skip
+                          "--batch-size", "8", "--examples", "200", "--test-examples", "8", "--eval-interval", "30",
+                          "--lr", "1e-2", "--eval-batches", "1", "--device", "cpu"], capsys)  # fmt: skip
     assert code == 0
     return root / "sft"
 

@@ -1,4 +1,4 @@
-"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about ten minutes (quiet 2 cores).
+"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about twelve minutes (quiet 2 cores).
 
     base    a small GPT pretrained on Python's standard library (or --base RUN, reused)
     sft     fine-tuned on the built-in instructions: exact answers on held-out ones, before and after
@@ -16,8 +16,8 @@ rest. Ctrl-C anywhere is one line: `attnlab demo --chat --out OUT` continues.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -83,7 +83,8 @@ class DirectPreference(Adapting):
         config = self.run_config(req, e.model, e.adapter)
         config["task"]["beta"] = beta
         state = (tok, template, pairs["test"], refs.get("test"), req.data)
-        return Prepared(Pairs(pairs, refs, req.train.batch_size), lambda: DPOObjective(build(), beta), config, state=state)
+        batches = Pairs(pairs, refs, req.train.batch_size)
+        return Prepared(batches, lambda: DPOObjective(build(), beta), config, state=state)
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, pairs, refs, data = prepared.state

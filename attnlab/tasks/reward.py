@@ -95,7 +95,8 @@ class RewardModelling(Adapting):
         e = self.encoded(req)
         build = self.builder(req, e.model, e.adapter)
         config = self.run_config(req, e.model, e.adapter)
-        return Prepared(Pairs(e.parts, batch=req.train.batch_size), lambda: RewardObjective(build()), config, state=e.parts["test"])
+        batches = Pairs(e.parts, batch=req.train.batch_size)
+        return Prepared(batches, lambda: RewardObjective(build()), config, state=e.parts["test"])
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         show = "scoring the held-out pairs" if req.progress and s.dist.main else None
