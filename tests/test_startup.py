@@ -9,21 +9,23 @@ has the measured times).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 import attnlab
-from attnlab.cli import choices
+from attnlab.cli import choices, help_cache
 from attnlab.cli.main import COMMANDS, GROUPS
 from attnlab.decoding import settings
 from tests.conftest import code_file, tiny_data, tiny_model, tiny_train
 
 # Every command's --help is torch-free (chat's table of phrasings is cli/phrasings.py, compare's options
 # tasks/compare_options.py, size's cluster plan models/cluster.py, train's list of tasks cli/choices.py).
-# `attnlab train TASK --help` still imports torch: a task's flags come from its Task object, its models'
-# config classes and its data config, which live beside torch code (docs/cpu.md says what is left).
+# `attnlab train TASK --help` imports torch the first time: a task's flags come from its Task object, its
+# models' config classes and its data config, which live beside torch code; its text is kept then
+# (cli/help_cache.py), and shown again without torch.
 
 # Runs main(argv) in a fresh interpreter; prints what it printed and which heavy modules it loaded.
 PROGRAM = """
@@ -165,3 +167,32 @@ def test_the_lazy_parser_is_the_whole_parser():
     for name, task in TASKS.items():
         assert tasks[name].format_help().startswith(f"usage: attnlab train {name} ")
         assert task.description.split()[0] in tasks[name].format_help()
+
+
+def test_a_train_task_help_is_kept_and_shown_again_without_torch(tmp_path, monkeypatch):
+    """`attnlab train TASK --help` builds its flags from torch code once; asked again it prints the kept
+    text, the same bytes, with no torch loaded; `doctor --clear` forgets it."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    first, again = started("train", "sft", "--help"), started("train", "sft", "--max-steps", "3", "--help")
+    assert first["rc"] == again["rc"] == 0 and "--lora-rank" in first["out"]
+    assert again["out"] == first["out"]
+    assert "torch" in first["loaded"] and "torch" not in again["loaded"]
+    assert started("train", "dpo", "--help")["out"] != first["out"]  # one text a task
+    kept = sorted(p.name for p in (tmp_path / "cache" / "help").iterdir())
+    assert len(kept) == 2 and help_cache.clear_cache() == kept
+    assert "torch" in started("train", "sft", "--help")["loaded"]  # forgotten: made again
+
+
+def test_a_kept_help_is_stale_once_a_source_file_changes(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("x = 1\n")
+    stamp = help_cache.source_stamp(pkg)
+    assert help_cache.source_stamp(pkg) == stamp
+    os.utime(pkg / "a.py", ns=(1, 1))  # an edit that keeps the size: its time differs
+    assert help_cache.source_stamp(pkg) != stamp
+
+
+def test_help_is_asked_as_argparse_reads_it():
+    assert help_cache.asks_help(["--max-steps", "3", "-h"]) and help_cache.asks_help(["--help"])
+    assert not help_cache.asks_help(["--prompt", "x", "--", "--help"]) and not help_cache.asks_help([])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.cli import help_cache
 from attnlab.cli.options import DoctorOptions
 from attnlab.io import BUILDING, cache_root, leftover, mb, remove_path, tree_size
 from attnlab.nn import pack_choice, row_kernels
@@ -180,7 +181,7 @@ def show(info: dict, rows: list[dict], cleared: list[str] | None, now: list[dict
 
 def run_doctor(opts: DoctorOptions) -> int:
     device = pick_device(opts.device)
-    cleared = precision.clear_cache() + pack_choice.clear_cache() if opts.clear else None
+    cleared = precision.clear_cache() + pack_choice.clear_cache() + help_cache.clear_cache() if opts.clear else None
     removed = clear_converted() if opts.clear_cache else None
     now = measure_now(opts.measure) if opts.measure else []
     info, rows = {**machine(device), "cache_folder": cache_folder(), "cache_cleared": removed}, kept()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlab.cli.help_cache import asks_help, keep_help, kept_help
 from attnlab.errors import AttnlabError, interrupt_quietly_at_start
 
 with interrupt_quietly_at_start():  # Ctrl-C while the parser's few modules load: one line, exit 130
@@ -47,6 +48,7 @@ class Parser(argparse.ArgumentParser):
     arguments are added the first time it is used (`fill`), so the commands not run are not imported."""
 
     fill: Callable[[], None] | None = None  # adds this parser's arguments (and sub-commands)
+    keeps_help = False  # its filling imports torch: its help text is kept once made (cli/help_cache.py)
 
     def filled(self) -> Parser:
         fill, self.fill = self.fill, None
@@ -66,10 +68,20 @@ class Parser(argparse.ArgumentParser):
         self.filled()
         return super().format_help()
 
+    def print_help(self, file=None) -> None:
+        text = self.format_help()
+        if self.keeps_help:
+            keep_help(self.prog, text)
+        self._print_message(text, file or sys.stdout)
+
     def error(self, message: str):
         self.exit(2, f"attnlab: error: {with_suggestion(message)} (see: {self.prog} --help)\n")
 
     def parse_known_args(self, args=None, namespace=None):
+        if self.fill is not None and self.keeps_help and asks_help(list(args or [])):
+            if (text := kept_help(self.prog)) is not None:  # the help as made before: no torch to import
+                self._print_message(text, sys.stdout)
+                self.exit(0)
         if self.fill is not None:  # filling may make it a parser of its own kind (runs): ask it again
             return self.filled().parse_known_args(args, namespace)
         ns, extras = super().parse_known_args(args, namespace)

@@ -315,8 +315,8 @@ class DoctorOptions(Answers, OnDevice):
                                  "decoding (a few seconds), and keep what can be trusted", metavar="WIDTH",
                                  at_least=1)  # fmt: skip
     clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
-                         "--quantize's float32-or-packed choice per shape; nothing else in the cache folder is "
-                         "touched) and say what was removed")  # fmt: skip
+                         "--quantize's float32-or-packed choice per shape; help/: the kept help of `train TASK`; "
+                         "nothing else in the cache folder is touched) and say what was removed")  # fmt: skip
     clear_cache: bool = option(False, "remove the converted models kept in the cache folder (its converted/ and "
                                "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
                                "use converts it again) and say what was removed; the measurements (--clear), token "

@@ -28,5 +28,7 @@ def add_tasks(train: argparse.ArgumentParser, parser_class: type) -> None:
     for name, help_ in {**TASK_HELPS, **registered}.items():
         p = tasks.add_parser(name, help=help_)
         p.fill = lambda p=p, name=name: importlib.import_module(TRAIN).fill_task(p, name)
+        p.keeps_help = True  # the task's flags need torch to be made: its help is kept once made
     p = tasks.add_parser("vectors", help=VECTORS_HELP)
     p.fill = lambda p=p: importlib.import_module(TRAIN).fill_vectors(p)
+    p.keeps_help = True
