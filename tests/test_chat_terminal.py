@@ -285,7 +285,11 @@ def chat_in_a_terminal(run, tmp_path, *flags: str):
            "ATTNLAB_THREADS": "1"}  # fmt: skip
     main, child = pty.openpty()
     args = [sys.executable, "-c", OWN_TERMINAL, "-m", "attnlab.cli.main", "chat", str(run), "--device", "cpu", *flags]
-    proc = subprocess.Popen(args, stdin=child, stdout=child, stderr=child, env=env, start_new_session=True)
+    # SIGINT as a shell gives it: a test runner's worker may ignore it, and a process started with SIGINT
+    # ignored keeps ignoring it (Python installs its handler only over the default), so Ctrl-C at the
+    # prompt would never arrive (seen in the whole suite under pytest-xdist, never alone).
+    proc = subprocess.Popen(args, stdin=child, stdout=child, stderr=child, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     os.close(child)
     try:
         yield main, proc
