@@ -21,7 +21,7 @@ import random
 from attnlab.data.conversations import Conversation
 from attnlab.data.finetune import TEST_SEED
 from attnlab.data.instructions import instructions
-from attnlab.decoding.chat import answers
+from attnlab.decoding.chat import right_answers
 from attnlab.runs.adapted import run_template
 from attnlab.runs.run import load
 
@@ -44,15 +44,10 @@ def scores(path: str) -> dict[str, str]:
     """Right answers over asked, by set, greedy, for the run at `path`."""
     run, template = load(path), run_template(path)
     sets = question_sets()
-    convs = [c for cs in sets.values() for c in cs]
-    right = [c.messages[-1].content.strip() for c in convs]
-    longest = max(len(run.tokenizer.encode(r)) for r in right)
-    got = answers(run.model.eval(), run.tokenizer, template, [c.messages[:-1] for c in convs], temperature=0.0,
-                  max_new_tokens=longest + 16, seed=0)  # fmt: skip
+    right = right_answers(run.model.eval(), run.tokenizer, template, [c for cs in sets.values() for c in cs])
     out, i = {}, 0
     for name, cs in sets.items():
-        hits = sum(g == r for g, r in zip(got[i : i + len(cs)], right[i : i + len(cs)], strict=True))
-        out[name], i = f"{hits}/{len(cs)}", i + len(cs)
+        out[name], i = f"{sum(right[i : i + len(cs)])}/{len(cs)}", i + len(cs)
     return out
 
 

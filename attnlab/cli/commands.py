@@ -15,7 +15,15 @@ from typing import Any
 from attnlab.cli.chat import generating_run, template_of
 from attnlab.cli.demo import run_demo
 from attnlab.cli.demo_chat import run_chat_demo
-from attnlab.cli.options import DemoOptions, EvalOptions, HeadsOut, PredictOptions, SampleOptions, SizeOptions
+from attnlab.cli.options import (
+    DemoOptions,
+    EvalOptions,
+    HeadsOut,
+    PredictOptions,
+    ReportOptions,
+    SampleOptions,
+    SizeOptions,
+)
 from attnlab.cli.quantize import note_quantized
 from attnlab.config import checked
 from attnlab.data.conversations import Message
@@ -30,6 +38,7 @@ from attnlab.models.gpt import PRESETS
 from attnlab.models.size import estimate, format_estimate
 from attnlab.models.size import format_table as size_table
 from attnlab.nn.hooks import hooks
+from attnlab.runs.report import table, write_report
 from attnlab.runs.run import Run, load
 from attnlab.runtime.device import pick_dtype
 from attnlab.tasks.compare import CompareOptions, run_comparison
@@ -165,4 +174,13 @@ def run_demo_command(opts: DemoOptions) -> int:
     if opts.base:
         raise AttnlabError("--base is the start of the assistant chain: give --chat too")
     run_demo(opts.out, opts.max_steps, opts.time_budget)
+    return 0
+
+
+def run_report(opts: ReportOptions) -> int:
+    """`attnlab report OUT`: the chain's report card (runs/report.py), its table printed."""
+    report = write_report(opts.folder)
+    for row in table(report):
+        print("  ".join(f"{c:>18}" for c in row))
+    print("written: " + ", ".join(report["files"]))
     return 0

@@ -216,6 +216,9 @@ COMMANDS = [
             epilog="phrasings:phrasings_help"),
     Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
             "BLEU, an image model's accuracy", "options:EvalOptions", "commands:run_eval"),
+    Command("report", "a chat demo chain's report card: each stage's held-out numbers, time, size, machine "
+            "and commit, and exact answers by kind (markdown and self-contained HTML)", "options:ReportOptions",
+            "commands:run_report"),
     Command("size", "parameters, FLOPs per token and memory of a preset", "options:SizeOptions", "commands:run_size",
             sections=(("cluster", "attnlab.models.cluster:ClusterConfig", "planning a training run"),)),
     Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",

@@ -157,6 +157,12 @@ class AttentionOptions(WritesFiles, ReadsRun):
 
 
 @dataclass
+class ReportOptions:
+    folder: str = option("runs/chat", "the chain's folder: the --out of `attnlab demo --chat`", positional=True,
+                         nargs="?")  # fmt: skip
+
+
+@dataclass
 class RunsOptions:
     folder: str = option("runs", "the folder to look in: every run under it, at any depth", positional=True,
                          nargs="?")  # fmt: skip

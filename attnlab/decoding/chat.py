@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from attnlab.data.chat import ChatTemplate
-from attnlab.data.conversations import Message
+from attnlab.data.conversations import Conversation, Message
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decoding.sampling import read_together, seed_of, stream_text
 from attnlab.models.protocols import CausalLM
@@ -38,6 +38,19 @@ def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversatio
     with tqdm(total=len(streams), desc=progress, unit=" answers", disable=progress is None, leave=False) as bar:
         texts = read_together([_counted(s, bar) for s in streams])
     return [t.strip() for t in texts]
+
+
+def right_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
+                  progress: str | None = None) -> list[bool]:  # fmt: skip
+    """Whether the model's greedy answer to each conversation (all but its last message) is that last
+    message's text exactly: how every held-out chat figure is scored."""
+    expected = [c.messages[-1].content.strip() for c in conversations]
+    if not expected:
+        return []
+    longest = max(len(tok.encode(e)) for e in expected)
+    got = answers(model, tok, template, [c.messages[:-1] for c in conversations], temperature=0.0,
+                  max_new_tokens=longest + 16, seed=0, progress=progress)  # fmt: skip
+    return [g == e for g, e in zip(got, expected, strict=True)]
 
 
 def _counted(stream: Iterator[str], bar: tqdm) -> Iterator[str]:

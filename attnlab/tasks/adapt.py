@@ -27,7 +27,7 @@ from attnlab.data.conversations import Conversation
 from attnlab.data.finetune import PreferenceData, fitting, held_out, splits
 from attnlab.data.supervised import Example, pair_examples, show, surely_longer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
-from attnlab.decoding.chat import answers
+from attnlab.decoding.chat import right_answers
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.train import TrainRequest
@@ -247,11 +247,7 @@ class Adapting(Task):
         name of a bar counting the answers."""
         if not convs:
             return {"exact": None, "examples": 0}
-        expected = [c.messages[-1].content.strip() for c in convs]
-        longest = max(len(tok.encode(e)) for e in expected)
-        got = answers(model, tok, template, [c.messages[:-1] for c in convs], temperature=0.0,
-                      max_new_tokens=longest + 16, seed=0, progress=progress)  # fmt: skip
-        right = sum(g == e for g, e in zip(got, expected, strict=True))
+        right = sum(right_answers(model, tok, template, convs, progress))
         return {"exact": right / len(convs), "examples": len(convs)}
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
