@@ -32,6 +32,7 @@ TASK_HELPS = {
     "sft": "supervised fine-tuning of a pretrained GPT on conversations (every weight, or LoRA)",
     "dpo": "preference tuning (DPO) of a fine-tuned GPT on chosen/rejected answers (every weight, or LoRA)",
     "reward": "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)",
+    "grpo": "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against exact answers",
 }
 
 

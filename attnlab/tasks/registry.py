@@ -21,6 +21,7 @@ from attnlab.tasks.base import Task, TrainOptions
 from attnlab.tasks.caption import Captioning
 from attnlab.tasks.classify import Classify
 from attnlab.tasks.dpo import DirectPreference
+from attnlab.tasks.grpo import GroupRelative
 from attnlab.tasks.image import ImageClassification
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
@@ -42,6 +43,7 @@ for _task in (
     SupervisedFineTuning(),
     DirectPreference(),
     RewardModelling(),
+    GroupRelative(),
 ):
     TASKS[_task.name] = _task
 

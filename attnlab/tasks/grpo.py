@@ -1,0 +1,215 @@
+"""grpo: reinforcement learning of a fine-tuned GPT against a verifiable reward (GRPO, Dr. GRPO, DAPO).
+
+attnlab train grpo --init runs/sft --out runs/grpo [--group 8 --loss grpo --beta 0 --reward exact]
+
+Each step draws --batch-size prompts of the built-in instructions, samples --group answers to each
+on the one decoding engine (decoding/rollouts.py: float32, temperature 1), scores them (--reward
+exact: 1 when the answer is the instruction's right one, else 0; --reward random: a coin, the
+control run that says how much of a gain is the reward's), and takes one gradient step on the
+policy loss (nn/policy.py) with the group's advantages. The step is on the rollouts' own policy, so
+the ratio starts at 1 and the clip fraction logged is that of the one step (about 0). The loss's
+forward runs in float32 whatever --dtype says, so that the policy's log-probabilities equal the
+rollout's. metrics.jsonl holds, per step: reward, exact, kl (to the --init model, with --beta > 0),
+answer_length (tokens), clip_frac and generate_s (the seconds spent sampling). At the end eval.json
+holds the held-out exact answers, as sft's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import option
+from attnlab.data.batches import rank_slice
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Conversation
+from attnlab.data.finetune import ChatData, splits, test_split
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.decoding.rollouts import Rollouts, answer_token_logprobs, rollouts
+from attnlab.engine.session import Session
+from attnlab.engine.train import Prepared, TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.nn.objective import Objective, inner
+from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
+from attnlab.runs.adapted import run_template
+from attnlab.runtime.distributed import Dist
+from attnlab.tasks.adapt import TUNED, Adapting, AdaptOptions
+from attnlab.tasks.sft import EXACT
+
+REWARDS = ("exact", "random")
+SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high")  # config.json's task section
+# An RL step moves a tuned model: a far smaller learning rate than sft's, few prompts a step (each G answers).
+GRPO_TRAIN = dict(TUNED, lr=2e-5, batch_size=8, max_steps=100, warmup_steps=5, eval_interval=50, eval_batches=1)
+
+
+@dataclass
+class GRPOOptions(AdaptOptions):
+    group: int = option(8, "answers sampled per prompt (G, at least 2): the group is each answer's baseline")
+    loss: str = option("grpo", "how token losses add up: grpo (mean per answer, then over answers), dr_grpo (sum "
+                       "/ (answers x max-new-tokens), no std scaling) or dapo (sum / all tokens)", LOSSES)  # fmt: skip
+    beta: float = option(0.0, "weight of the KL to the --init model (k3 estimator); 0: none, no reference kept")
+    reward: str = option("exact", "exact: 1 for the instruction's right answer, else 0; random: a fair coin "
+                         "(the control run)", REWARDS)  # fmt: skip
+    max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
+    clip: float = option(0.2, "the ratio's clip range below 1 (and above, unless --clip-high)")
+    clip_high: float | None = option(None, "the clip range above 1 (DAPO's decoupled clip: 0.28)")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]  # the conversation up to the answer's start, as the template renders it
+    answer: str  # the right answer
+
+
+class Prompts:
+    """The training prompts; a batch is which prompts (n,) and the seed of their rollouts (1,)."""
+
+    def __init__(self, prompts: list[Prompt], group: int, max_new_tokens: int):
+        self.prompts = prompts
+        mean = round(float(np.mean([len(p.ids) for p in prompts])))
+        self.per_example = (group * (mean + max_new_tokens), "tokens")  # at most, for the memory check
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
+        rows = rank_slice(rng.integers(len(self.prompts), size=n), part)
+        seed = int(rng.integers(2**62))  # from the run's generator: a resumed run samples the same
+        return torch.from_numpy(rows), torch.tensor([seed + part[0]])
+
+    def has(self, split: str) -> bool:
+        return split == "train"  # no validation loss: the held-out score is exact answers
+
+    def describe(self) -> str:
+        return f"{len(self.prompts):,} prompts"
+
+
+class Frozen:
+    """The reference model, out of the policy's parameters (not trained, not saved)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval().requires_grad_(False)
+
+
+class GRPOObjective(Objective):
+    """Rollouts, rewards, group advantages and the policy loss of one batch of prompts."""
+
+    def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], tok: Tokenizer,
+                 stops: list[list[int]], reference: nn.Module | None = None):  # fmt: skip
+        super().__init__(model)
+        self.prompts, self.tok, self.stops = prompts, tok, stops
+        self.group, self.reward, self.max_new = opts["group"], opts["reward"], opts["max_new_tokens"]
+        self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
+        self.reference = None if reference is None else Frozen(reference)
+
+    def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
+        chosen = [self.prompts[i] for i in rows.tolist()]
+        t0 = time.perf_counter()
+        r = rollouts(self.model, [p.ids for p in chosen], self.group, self.max_new, int(seed[0]), self.stops)
+        generate_s = time.perf_counter() - t0
+        right = torch.tensor([self.text(a) == p.answer for a, p in zip(r.answers, self.expanded(chosen))]).float()
+        rewards = right if self.reward == "exact" else self.coin(len(right), int(seed[0]))
+        device = next(self.model.parameters()).device
+        advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)
+        result = self.scored(r, advantages, device)
+        self.last = {"reward": rewards.mean().item(), "exact": right.mean().item(), "kl": result.kl,
+                     "answer_length": float(np.mean([len(a) for a in r.answers])), "clip_frac": result.clip_frac,
+                     "generate_s": generate_s}  # fmt: skip
+        return rewards, result.loss
+
+    def scored(self, r: Rollouts, advantages: Tensor, device: torch.device):
+        """The policy loss of the rollouts: one teacher-forced forward, float32 and without dropout, so
+        that its log-probabilities are the rollout's (autocast off: the loop's may be bf16)."""
+        b, training = r.batch(device), self.model.training
+        self.model.eval()
+        try:
+            with torch.autocast(device.type, enabled=False):
+                logp = answer_token_logprobs(self.model, b)  # (B, A)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = answer_token_logprobs(self.reference.model.to(device), b)
+        finally:
+            self.model.train(training)
+        return policy_loss(logp, b.old, advantages, b.mask, self.loss, ref)
+
+    def expanded(self, chosen: list[Prompt]) -> list[Prompt]:
+        return [p for p in chosen for _ in range(self.group)]
+
+    def text(self, answer: list[int]) -> str:
+        """An answer's text, without its end of turn."""
+        for stop in self.stops:
+            if answer[-len(stop) :] == stop:
+                answer = answer[: -len(stop)]
+                break
+        return self.tok.decode(answer).strip()
+
+    @staticmethod
+    def coin(n: int, seed: int) -> Tensor:
+        """The control's rewards: a fair coin per answer, from the batch's seed."""
+        return torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed)).float()
+
+
+class GroupRelative(Adapting):
+    name = "grpo"
+    help = "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against exact answers"
+    description = ("Tune a GPT run (an sft run, --init) by sampling a group of answers to each built-in instruction "
+                   "and rewarding the right ones (--reward exact), or a coin (--reward random).")  # fmt: skip
+    noun = "an RL-tuned (grpo)"
+    data_config = ChatData
+    options = GRPOOptions
+    unit = "conversation"
+    builtin = "instructions"
+
+    def train_defaults(self, model: str) -> dict[str, Any]:
+        return dict(GRPO_TRAIN)
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        if not req.resume:
+            self.settings(req)  # a wrong setting is one line before the run's folder is made
+        if req.options.get("show_masks"):
+            raise AttnlabError("--show-masks shows sft's and dpo's examples: grpo trains on the answers it samples")
+        return super().setup(req)
+
+    def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
+        return Prompt(tok.encode(template.prompt(row.messages[:-1])), row.messages[-1].content.strip())
+
+    def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
+        opts = self.settings(req)
+        tok, template = load_tokenizer(req.out), run_template(req.out)
+        model, adapter = self.model_config(req), self.adapter(req)
+        room = model["context"] - opts["max_new_tokens"]
+        prompts = [p for p in (self.encode_row(c, tok, template, req.data) for c in splits(req.data, self.builtin)
+                               ["train"]) if len(p.ids) <= room]  # fmt: skip
+        if not prompts:
+            raise AttnlabError(f"no prompt leaves room for {opts['max_new_tokens']} new tokens in the model's "
+                               f"context of {model['context']}: lower --max-new-tokens")  # fmt: skip
+        stops = [tok.encode(template.end_of_turn())] + ([[tok.eot_id]] if tok.eot_id is not None else [])
+        build = self.builder(req, model, adapter)
+        config = self.run_config(req, model, adapter)
+        config["task"].update(opts)
+
+        def objective() -> GRPOObjective:
+            return GRPOObjective(build(), prompts, opts, tok, stops, build() if opts["beta"] > 0 else None)
+
+        return Prepared(Prompts(prompts, opts["group"], opts["max_new_tokens"]), objective, config,
+                        state=(tok, template, test_split(req.data, self.builtin)))  # fmt: skip
+
+    def settings(self, req: TrainRequest) -> dict[str, Any]:
+        """The run's RL settings: a resumed run's own, or from the options (checked)."""
+        if req.resume:
+            return {k: req.saved["task"][k] for k in SETTINGS}
+        opts = {k: req.options.get(k, getattr(GRPOOptions, k)) for k in SETTINGS}
+        if opts["group"] < 2:
+            raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
+        if opts["reward"] not in REWARDS:
+            raise AttnlabError(f"--reward {opts['reward']}: choose exact or random")
+        PolicyLoss(opts["loss"])  # an unknown loss is one line here, before the run's folder fills
+        return opts
+
+    def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
+        tok, template, test = prepared.state
+        show = EXACT if req.progress and s.dist.main else None
+        return self.exact(inner(s.raw).eval(), tok, template, test, show) if test else None
