@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
@@ -240,3 +242,20 @@ def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
     record(root / "lm", CHAT_TEMPLATE)
     write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
     return root / "lm"
+
+
+@contextlib.contextmanager
+def ctrl_c_at(monkeypatch, step: int) -> Iterator[None]:
+    """Inside the block, a training is interrupted (as by Ctrl-C) before it trains step `step` + 1."""
+    import attnlab.engine.loop as loop
+
+    real = loop.train_step
+
+    def train_step(s):
+        if s.step == step:
+            raise KeyboardInterrupt
+        return real(s)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "train_step", train_step)
+        yield

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import attnlab
-import attnlab.engine.loop as train_mod
 from attnlab.engine.optim import make_optimizer, set_lr
 from attnlab.models.gpt import PRESET_TRAINING, PRESETS
 from attnlab.tasks import lm_compare
-from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import ctrl_c_at, run_cli, tiny_data, tiny_model, tiny_train
 from tests.test_train import losses
 
 MUON = dict(optimizer="muon", muon_lr=0.05, schedule="wsd", cooldown=0.5, min_lr=0.0)
@@ -54,17 +53,8 @@ def test_muon_runs_resume_exactly(tmp_path, corpus, monkeypatch):
     data = tiny_data(corpus)
     full, half = tmp_path / "full", tmp_path / "half"
     attnlab.train(full, tiny_model(), tiny_train(max_steps=12, **MUON), data, progress=False)
-    real_step = train_mod.train_step
-
-    def interrupted(s):
-        if s.step == 6:
-            raise KeyboardInterrupt
-        return real_step(s)
-
-    monkeypatch.setattr(train_mod, "train_step", interrupted)
-    with pytest.raises(attnlab.AttnlabError, match="interrupted at step 6"):
+    with ctrl_c_at(monkeypatch, 6), pytest.raises(attnlab.AttnlabError, match="interrupted at step 6"):
         attnlab.train(half, tiny_model(), tiny_train(max_steps=12, **MUON), data, progress=False)
-    monkeypatch.setattr(train_mod, "train_step", real_step)
     attnlab.train(half, resume=True, progress=False)
     a, b = losses(full), losses(half)
     assert sorted(a) == list(range(1, 13)) and [a[s] for s in a] == [b[s] for s in a]  # bit for bit

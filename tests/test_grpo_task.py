@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import attnlab
-import attnlab.engine.loop as loop_mod
 from attnlab.data.finetune import ChatData
 from attnlab.tasks.grpo import GRPOObjective, Prompt
-from tests.conftest import run_cli, tiny_chat_base, tiny_train
+from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = ChatData(examples=32, test_examples=4)
@@ -81,17 +80,8 @@ def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, monk
     from the run's generator), losses, rewards and weights (float32 on the CPU)."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     grpo(full, base, steps=4, reward="random", beta=0.1)
-    real_step = loop_mod.train_step
-
-    def interrupted(s):
-        if s.step == 2:
-            raise KeyboardInterrupt
-        return real_step(s)
-
-    monkeypatch.setattr(loop_mod, "train_step", interrupted)
-    with pytest.raises(attnlab.AttnlabError, match="interrupted at step 2"):
+    with ctrl_c_at(monkeypatch, 2), pytest.raises(attnlab.AttnlabError, match="interrupted at step 2"):
         grpo(cut, base, steps=4, reward="random", beta=0.1)
-    monkeypatch.setattr(loop_mod, "train_step", real_step)
     attnlab.train(cut, task="grpo", resume=True, progress=False)
     keep = ("step", "loss", "reward", "kl", "answer_length")
     a, b = ([{k: r[k] for k in keep} for r in rows(run) if "reward" in r] for run in (full, cut))
