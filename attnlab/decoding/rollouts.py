@@ -31,6 +31,7 @@ from torch import Tensor
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.rows import Step
+from attnlab.decoding.sampling import read_in_turn
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 
@@ -83,36 +84,32 @@ def rollouts(model: CausalLM, prompts: Sequence[list[int]], group: int, max_new_
     if longest + max_new_tokens > model.cfg.context:
         raise AttnlabError(f"a prompt of {longest} tokens and {max_new_tokens} new ones do not fit the model's "
                            f"context of {model.cfg.context}: give fewer new tokens")  # fmt: skip
+    stops = [list(s) for s in stops if s]
     training = model.training
     model.eval()  # no dropout while sampling: the draws are from the policy itself
     try:
         engine = engine_for(model, "float32", max_batch=min(max(len(rows), 1), MAX_BATCH))
-        streams = [engine.generate(p, Draw(1.0, None, None, seed + k), max_new_tokens, logprobs=0)
-                   for k, p in enumerate(rows)]  # fmt: skip
-        answers, logprobs, stopped = _read_together(streams, [list(s) for s in stops if s])
+        streams = [_until_stop(engine.generate(p, Draw(1.0, None, None, seed + k), max_new_tokens, logprobs=0),
+                               stops) for k, p in enumerate(rows)]  # fmt: skip
+        steps = read_in_turn(streams)
     finally:
         model.train(training)
-    return Rollouts(rows, answers, logprobs, stopped)
+    answers = [[step.token for step in row] for row in steps]
+    stopped = [any(a[-len(stop) :] == stop for stop in stops) for a in answers]
+    return Rollouts(rows, answers, [[step.logprob for step in row] for row in steps], stopped)
 
 
-def _read_together(streams: list[Iterator[Step]], stops: list[list[int]]):
-    """Each stream's tokens and log-probabilities, one step of each in turn (the engine steps every row
-    each turn), until it ends or its tokens end with a stop."""
-    tokens: list[list[int]] = [[] for _ in streams]
-    logps: list[list[float]] = [[] for _ in streams]
-    stopped = [False] * len(streams)
-    live = dict(enumerate(streams))
-    while live:
-        for i, s in list(live.items()):
-            step = next(s, None)
-            if step is not None:
-                tokens[i].append(step.token)
-                logps[i].append(step.logprob)
-                stopped[i] = any(tokens[i][-len(stop) :] == stop for stop in stops)
-            if step is None or stopped[i]:
-                s.close()  # cancels the row in the engine
-                del live[i]
-    return tokens, logps, stopped
+def _until_stop(stream: Iterator[Step], stops: list[list[int]]) -> Iterator[Step]:
+    """The stream's steps until its tokens end with one of `stops` (that step included); the stream is
+    closed before that last step is handed on, which cancels the row in the engine at once."""
+    tokens: list[int] = []
+    for step in stream:
+        tokens.append(step.token)
+        if any(tokens[-len(stop) :] == stop for stop in stops):
+            stream.close()
+            yield step
+            return
+        yield step
 
 
 def answer_token_logprobs(model: CausalLM, batch: RolloutBatch) -> Tensor:

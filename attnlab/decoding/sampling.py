@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -31,8 +32,11 @@ from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import autocast, pick_dtype
 
+T = TypeVar("T")
+
 __all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "generate_text", "next_token",
-           "next_tokens", "read_together", "sample_texts", "stream", "stream_rows", "stream_text"]  # fmt: skip
+           "next_tokens", "read_in_turn", "read_together", "sample_texts", "stream", "stream_rows",
+           "stream_text"]  # fmt: skip
 
 
 @torch.no_grad()
@@ -146,18 +150,24 @@ def sample_texts(
     return read_together([stream_text(model, tokenizer, prompt, seed=base + i, **kw) for i in range(num_samples)])
 
 
+def read_in_turn(streams: list[Iterator[T]]) -> list[list[T]]:
+    """Every item of each stream, read one item of each in turn: the engine decodes every row each
+    turn, so reading them in turn never waits long."""
+    items: list[list[T]] = [[] for _ in streams]
+    live = dict(enumerate(streams))
+    while live:
+        for i, s in list(live.items()):
+            item = next(s, None)
+            if item is None:
+                del live[i]
+            else:
+                items[i].append(item)
+    return items
+
+
 def read_together(streams: list[Iterator[str]]) -> list[str]:
-    """The whole text of each stream, read one piece of each in turn: the engine decodes every row
-    each turn, so reading them in turn never waits long."""
-    texts = [""] * len(streams)
-    live: list[Iterator[str] | None] = list(streams)
-    while any(s is not None for s in live):
-        for i, s in enumerate(live):
-            if s is not None:
-                piece = next(s, None)
-                texts[i] += piece or ""
-                live[i] = s if piece is not None else None
-    return texts
+    """The whole text of each stream, read one piece of each in turn (read_in_turn)."""
+    return ["".join(pieces) for pieces in read_in_turn(streams)]
 
 
 def generate_text(model: CausalLM, tokenizer: Tokenizer, prompt: str = "", **kwargs) -> str:
