@@ -245,14 +245,15 @@ def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
 
 
 @contextlib.contextmanager
-def ctrl_c_at(monkeypatch, step: int) -> Iterator[None]:
-    """Inside the block, a training is interrupted (as by Ctrl-C) before it trains step `step` + 1."""
+def ctrl_c_at(monkeypatch, step: int, command: str | None = None) -> Iterator[None]:
+    """Inside the block, a training (of the task `command`; None: any) is interrupted, as by Ctrl-C,
+    before it trains step `step` + 1."""
     import attnlab.engine.loop as loop
 
     real = loop.train_step
 
     def train_step(s):
-        if s.step == step:
+        if s.step == step and command in (None, s.command):
             raise KeyboardInterrupt
         return real(s)
 

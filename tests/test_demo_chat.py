@@ -10,10 +10,9 @@ import pytest
 
 import attnlab
 import attnlab.cli.demo_chat as demo
-import attnlab.engine.loop as loop
 from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.tasks.sft import EXACT, SupervisedFineTuning
-from tests.conftest import run_cli, tiny_chat_base, tiny_train
+from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,22 +46,9 @@ def said(err: str) -> list[str]:
     return [line for line in err.replace("\r", "\n").splitlines() if line.startswith("attnlab:")]
 
 
-def stop_at(monkeypatch, command: str, step: int) -> None:
-    """Ctrl-C before step `step` + 1 of the stage `command` trains."""
-    real = loop.train_step
-
-    def train_step(s):
-        if s.command == command and s.step == step:
-            raise KeyboardInterrupt
-        return real(s)
-
-    monkeypatch.setattr(loop, "train_step", train_step)
-
-
 def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, monkeypatch, capsys):
     out = tmp_path / "chat"
-    with monkeypatch.context() as m:
-        stop_at(m, "dpo", 1)
+    with ctrl_c_at(monkeypatch, 1, "dpo"):
         code, _, err = run_cli(["demo", "--chat", "--base", base, "--out", out], capsys)
     assert code == 130
     assert said(err) == [f"attnlab: interrupted at step 1; saved in stage dpo; finished stages are kept. "
@@ -102,8 +88,8 @@ def test_a_stage_interrupted_while_scored_is_scored_not_trained_again(base, tmp_
                                          f"with: attnlab demo --chat --out {out}"]  # fmt: skip
     assert not (out / "sft" / "eval.json").exists()
     quick.clear()
-    stop_at(monkeypatch, "dpo", 0)  # the rerun scores sft, then stops at dpo's first step
-    code, _, err = run_cli(["demo", "--chat", "--out", out], capsys)
+    with ctrl_c_at(monkeypatch, 0, "dpo"):  # the rerun scores sft, then stops at dpo's first step
+        code, _, err = run_cli(["demo", "--chat", "--out", out], capsys)
     assert code == 130 and quick == [("dpo", False)]
     scores = json.loads((out / "sft" / "eval.json").read_text())
     assert scores["split"] == "test" and scores["examples"] == 4 and 0 <= scores["exact"] <= 1
@@ -126,15 +112,14 @@ def test_the_chain_never_writes_into_a_folder_of_someone_else(base, tmp_path, ca
 
 
 def test_ctrl_c_in_attnlab_train_exits_130_with_the_line_that_continues(corpus, tmp_path, monkeypatch, capsys):
-    stop_at(monkeypatch, "lm", 2)
     run = tmp_path / "run"
     tiny = ["--max-steps", "5", "--batch-size", "2", "--eval-interval", "5", "--device", "cpu", "--n-layer", "1",
             "--d-model", "16", "--n-head", "2", "--context", "16", "--tokenizer", "char", "--dtype", "float32",
             "--warmup-steps", "1"]  # fmt: skip
-    code, _, err = run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)
+    with ctrl_c_at(monkeypatch, 2, "lm"):
+        code, _, err = run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)
     assert code == 130
     assert said(err) == [f"attnlab: interrupted at step 2; saved. Continue with: attnlab train lm --out {run} --resume"]
-    monkeypatch.undo()
     code, _, err = run_cli(["train", "lm", "--out", run, "--resume"], capsys)
     assert code == 0 and f"resuming {run} from step 2 of 5" in err
 
