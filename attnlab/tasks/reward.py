@@ -10,6 +10,7 @@ chosen answer of a held-out pair first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -51,23 +52,34 @@ def pair_accuracy(model: nn.Module, pairs: list[tuple[Example, Example]], progre
     return {"pair_accuracy": float((r[:, 0] > r[:, 1]).float().mean()), "pairs": len(pairs)}
 
 
+def check_reward_run(run) -> None:
+    """A one-line error unless `run` is a reward model's run."""
+    if not isinstance(run.task, RewardModelling):
+        raise AttnlabError(f"--reward {run.path} is {run.task.noun} run: give a reward run (attnlab train reward)")
+
+
+def reward_scores(run, prompts: Sequence[Sequence[Message]], answers: Sequence[str]) -> torch.Tensor:
+    """The reward run's score of answer i to the conversation prompts[i] (each rendered with the reward
+    run's own template): (N,) float32. The one way every caller (best-of-N, grpo, ppo) asks a reward
+    model; a conversation longer than its context keeps its end, where the score is read."""
+    check_reward_run(run)
+    template, context = run_template(run.path), run.model.cfg.context
+    examples = [encode(Conversation((*m, Message("assistant", a))), template, run.tokenizer)
+                for m, a in zip(prompts, answers, strict=True)]  # fmt: skip
+    examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]
+    return scores(run.model, examples)
+
+
 def score_answers(run, messages: list[Message], answers: list[str]) -> list[float]:
-    """The reward run's score of each answer to the conversation `messages` (rendered with its template)."""
-    template = run_template(run.path)
-    examples = [encode(Conversation((*messages, Message("assistant", a))), template, run.tokenizer) for a in answers]
-    context = run.model.cfg.context
-    examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]  # the end: where it scores
-    return scores(run.model, examples).tolist()
+    """The reward run's score of each answer to the one conversation `messages`."""
+    return reward_scores(run, [messages] * len(answers), answers).tolist()
 
 
 def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = None,
             **kw: Any) -> list[tuple[float, str]]:  # fmt: skip
     """Best-of-N: n answers of the run `policy` to the conversation, each scored by the reward run;
     (score, answer) best first. Keyword arguments as in decoding.chat.answers (temperature, top_p, ...)."""
-    if not isinstance(reward.task, RewardModelling):
-        raise AttnlabError(
-            f"--reward {reward.path} is {reward.task.noun} run: give a reward run (attnlab train reward)"
-        )
+    check_reward_run(reward)
     drawn = answers(policy.model, policy.tokenizer, run_template(policy.path), [messages] * n, seed=seed, **kw)
     scored = zip(score_answers(reward, messages, drawn), drawn, strict=True)
     return sorted(scored, key=lambda pair: -pair[0])
