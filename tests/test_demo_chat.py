@@ -27,7 +27,7 @@ def quick(monkeypatch) -> list[tuple[str, bool]]:
     """The chain at a size that runs in seconds; returns the list of (stage, resumed) it trains."""
     steps = dict(max_steps=2, time_budget=None, min_steps=0, batch_size=4, eval_interval=1, eval_batches=1,
                  warmup_steps=1, device="cpu", dtype="float32")  # fmt: skip
-    for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"):
+    for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN", "GRPO_CHAIN"):
         monkeypatch.setattr(demo, name, {**getattr(demo, name), **steps})
     for name, value in {"TEST": 4, "SAMPLED": 2, "BEST_OF": 2, "EXAMPLES": 48, "PAIRS": 48}.items():
         monkeypatch.setattr(demo, name, value)
@@ -61,7 +61,7 @@ def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, 
         m.setattr(demo, "exact_share", lambda *a: pytest.fail("the exact answers before sft were measured again"))
         code, printed, err = run_cli(["demo", "--chat", "--out", out], capsys)  # --base: the chain's own
     assert code == 0, err
-    assert quick == [("dpo", True), ("reward", False)]
+    assert quick == [("dpo", True), ("reward", False), ("grpo", False)]
     assert f"resuming {out / 'dpo'} from step 1 of 2" in err
     assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == sft_weights
     assert "kept from an earlier run: before, sft" in printed
@@ -71,7 +71,9 @@ def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, 
     assert sft_data["chained"] == demo.CHAINED > 0  # unrelated questions in a row: what later turns need
     record = json.loads((out / demo.CHAIN).read_text())
     assert record["base"] == str(base.resolve()) and set(record["seconds"]) == {"before", "sft", "dpo", "reward",
-                                                                                 "best_of"}  # fmt: skip
+                                                                                 "best_of", "grpo"}  # fmt: skip
+    grpo = json.loads((out / "grpo" / "config.json").read_text())
+    assert grpo["task"]["reward"] == "exact" and grpo["init"].endswith("sft")  # RL from the sft run
     quick.clear()
     code, again, _ = run_cli(["demo", "--chat", "--out", out], capsys)  # all done: read back, nothing trained
     assert code == 0 and quick == []
@@ -144,3 +146,17 @@ def test_the_chains_base_carries_what_sft_teaches_to_later_turns():
     turns, and the fast recipe's optimizer for its pretraining."""
     assert demo.BASE_MODEL.positions == "rope" and demo.BASE_MODEL.context >= 512
     assert demo.BASE_TRAIN["optimizer"] == "muon" and demo.BASE_TRAIN["max_steps"] >= 300
+
+
+def test_seed_sets_every_stage_s_seed_and_a_chain_keeps_its_own(base, tmp_path, quick, monkeypatch, capsys):
+    out = tmp_path / "chat"
+    with ctrl_c_at(monkeypatch, 0, "dpo"):
+        code, _, _ = run_cli(["demo", "--chat", "--base", base, "--out", out, "--seed", "7"], capsys)
+    assert code == 130
+    assert json.loads((out / demo.CHAIN).read_text())["seed"] == 7
+    assert json.loads((out / "sft" / "config.json").read_text())["train"]["seed"] == 7
+    code, _, err = run_cli(["demo", "--chat", "--out", out, "--seed", "8"], capsys)
+    assert code == 2 and said(err) == [f"attnlab: error: {out} continues a chain with --seed 7: leave --seed out, "
+                                       "or give another --out"]  # fmt: skip
+    code, _, err = run_cli(["demo", "--seed", "3"], capsys)
+    assert code == 2 and "--seed is for the assistant chain: give --chat too" in err

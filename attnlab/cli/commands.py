@@ -169,10 +169,10 @@ def run_size(opts: SizeOptions, cluster: dict[str, Any]) -> int:
 
 def run_demo_command(opts: DemoOptions) -> int:
     if opts.chat:
-        run_chat_demo("runs/chat" if opts.out == "runs/demo" else opts.out, opts.base)
+        run_chat_demo("runs/chat" if opts.out == "runs/demo" else opts.out, opts.base, opts.seed)
         return 0
-    if opts.base:
-        raise AttnlabError("--base is the start of the assistant chain: give --chat too")
+    if opts.base or opts.seed is not None:
+        raise AttnlabError(f"{'--base' if opts.base else '--seed'} is for the assistant chain: give --chat too")
     run_demo(opts.out, opts.max_steps, opts.time_budget)
     return 0
 

@@ -4,13 +4,16 @@
     sft     fine-tuned on the built-in instructions: exact answers on held-out ones, before and after
     dpo     preference-tuned from the sft run on right answers against near misses
     reward  a reward model from the sft run, and best-of-8 sampling through it against plain sampling
+    grpo    reinforcement learning from the sft run: a group of sampled answers per instruction, the
+            right ones rewarded (the built-in checker), GRPO's group advantages
 Each step is a run folder of its own under --out, made by the same `attnlab train` tasks a user runs.
 
 The chain resumes: OUT/chain.json says the folder is a chat demo's and holds the numbers the demo
 measured itself (exact answers before fine-tuning, best-of-8) and the seconds of each stage. Run
 again, the demo keeps a stage whose run says it is done (its checkpoint at max_steps and its
 eval.json), continues one with a checkpoint short of it (`attnlab train --resume`), and starts the
-rest. Ctrl-C anywhere is one line: `attnlab demo --chat --out OUT` continues.
+rest. Ctrl-C anywhere is one line: `attnlab demo --chat --out OUT` continues. --seed N sets every
+stage's seed (a chain keeps the seed it started with).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from attnlab.runs.folder import STATE, is_run
 from attnlab.runs.marker import record
 from attnlab.runs.run import Run, load
 from attnlab.tasks import TASKS, train
+from attnlab.tasks.grpo import GRPO_TRAIN
 from attnlab.tasks.reward import best_of
 from attnlab.tasks.sft import EXACT
 
@@ -59,6 +63,10 @@ DPO_TRAIN = dict(lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_
 # The reward model: a new head on the sft model (3e-4 for 200 steps ranked 57.5% of held-out pairs
 # right, 1e-3 for 300 steps 69%, and 4x the pairs no better).
 REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
+# GRPO from the sft run against exact answers, a KL to it kept (benchmarks/grpo_seeds.py measures
+# longer runs over seeds beside the random-reward control).
+GRPO_CHAIN = dict(GRPO_TRAIN, lr=1e-4, max_steps=60, eval_interval=60)
+GRPO_BETA = 0.04
 BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
 EXAMPLES, PAIRS = 4000, 2000  # training conversations (sft) and preference pairs (dpo, reward)
@@ -74,15 +82,15 @@ def exact_share(run: Run, convs: list[Conversation], template: ChatTemplate) -> 
     return TASKS["sft"].exact(run.model, run.tokenizer, template, convs, EXACT)["exact"]
 
 
-def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation]) -> list[float]:
+def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation], seed: int = 0) -> list[float]:
     """Exact answers of one sample each, and of the reward model's pick of BEST_OF samples."""
     template = run_template(policy.path)
-    plain = answers(policy.model, policy.tokenizer, template, [c.messages[:-1] for c in convs], seed=0,
+    plain = answers(policy.model, policy.tokenizer, template, [c.messages[:-1] for c in convs], seed=seed,
                     temperature=TEMPERATURE, max_new_tokens=24, progress="one sample each")  # fmt: skip
     right_plain = sum(a == c.messages[-1].content for a, c in zip(plain, convs, strict=True))
     right_best = 0
     for i, c in enumerate(tqdm(convs, desc=f"best of {BEST_OF}", unit=" questions", leave=False)):
-        ranked = best_of(policy, reward, list(c.messages[:-1]), BEST_OF, seed=1000 * i, temperature=TEMPERATURE,
+        ranked = best_of(policy, reward, list(c.messages[:-1]), BEST_OF, seed=seed + 1000 * i, temperature=TEMPERATURE,
                          max_new_tokens=24)  # fmt: skip
         right_best += ranked[0][1] == c.messages[-1].content
     return [right_plain / len(convs), right_best / len(convs)]
@@ -98,10 +106,11 @@ def trained(run: Path, max_steps: int) -> bool:
 class Chain:
     """The chain's folder: its record (chain.json), the stage in progress, and each stage's seconds."""
 
-    def __init__(self, root: Path, base: str | None) -> None:
+    def __init__(self, root: Path, base: str | None, seed: int | None = None) -> None:
         self.root, self.current, self.kept = root, "start", []
-        self.record = open_chain(root, base)
+        self.record = open_chain(root, base, seed)
         self.base = self.record["base"] or str(root / "base")
+        self.seed = self.record.get("seed")  # None: each stage's own default
 
     def save(self) -> None:
         write_json(self.root / CHAIN, self.record)
@@ -130,7 +139,8 @@ class Chain:
               tested: bool = True, **kw: Any) -> dict[str, Any]:  # fmt: skip
         """A run of the chain, kept if done, else resumed or started; its test scores (tested=False: a
         stage with none, the pretrained base). kw: train()'s."""
-        run, cfg = self.root / name, TrainConfig(**settings)
+        seeded = {} if self.seed is None else {"seed": self.seed}
+        run, cfg = self.root / name, TrainConfig(**{**settings, **seeded})
         scored = not tested or (run / EVAL).is_file()
         if trained(run, cfg.max_steps) and scored:
             print(f"\n== {title}: kept, {run} is trained", flush=True)
@@ -145,9 +155,10 @@ class Chain:
         return result.get("test", {})
 
 
-def open_chain(root: Path, base: str | None) -> dict[str, Any]:
+def open_chain(root: Path, base: str | None, seed: int | None = None) -> dict[str, Any]:
     """The record of the chain in `root`: a new one (root free or empty), or the one there. A folder
-    that is not a chat demo's is the user's, and refused; so is a --base other than the chain's own."""
+    that is not a chat demo's is the user's, and refused; so is a --base or --seed other than the
+    chain's own."""
     if root.is_dir() and (root / CHAIN).is_file():
         rec = read_json(root / CHAIN)
         if not (isinstance(rec, dict) and rec.get("demo") == "chat"):
@@ -156,12 +167,16 @@ def open_chain(root: Path, base: str | None) -> dict[str, Any]:
         if base is not None and (theirs is None or Path(base).resolve() != Path(theirs).resolve()):
             had = f"--base {theirs}" if theirs else f"its own base ({root / 'base'})"
             raise AttnlabError(f"{root} continues a chain from {had}: leave --base out, or give another --out")
+        if seed is not None and seed != rec.get("seed"):
+            had = "the stages' own seeds" if rec.get("seed") is None else f"--seed {rec['seed']}"
+            raise AttnlabError(f"{root} continues a chain with {had}: leave --seed out, or give another --out")
         return {"numbers": {}, "seconds": {}, **rec}
     if root.exists() and not (root.is_dir() and not any(root.iterdir())):
         raise AttnlabError(f"{root} exists and is not a chat demo's folder (no {CHAIN}): choose another --out, "
                            f"e.g. --out {free_dir(root)}")  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
-    rec = {"demo": "chat", "base": None if base is None else str(Path(base).resolve()), "numbers": {}, "seconds": {}}
+    rec = {"demo": "chat", "base": None if base is None else str(Path(base).resolve()), "seed": seed,
+           "numbers": {}, "seconds": {}}  # fmt: skip
     write_json(root / CHAIN, rec)
     return rec
 
@@ -175,10 +190,10 @@ def score(run: Path, task: str) -> dict[str, Any]:
     return test
 
 
-def run_chat_demo(out: str | Path = "runs/chat", base: str | None = None) -> dict[str, Any]:
+def run_chat_demo(out: str | Path = "runs/chat", base: str | None = None, seed: int | None = None) -> dict[str, Any]:
     """The chain, continued where it stopped; returns its numbers (exact answers at each stage, DPO's
     and the reward model's preference accuracy, plain vs best-of-8) and the seconds of each stage."""
-    chain = Chain(Path(out), base)
+    chain = Chain(Path(out), base, seed)
     try:
         numbers = stages(chain)
     except (Interrupted, KeyboardInterrupt) as e:
@@ -207,8 +222,11 @@ def stages(chain: Chain) -> dict[str, Any]:
     title = f"best-of-{BEST_OF} through the reward model"
     print(f"\n== {title}", flush=True)
     plain, best = chain.number("sampled_vs_best", "best_of", lambda: sampled_vs_best(
-        load(root / "sft"), load(root / "reward"), test[:SAMPLED]))  # fmt: skip
-    return {"exact_before": before, "exact_sft": sft["exact"], "exact_dpo": dpo["exact"],
+        load(root / "sft"), load(root / "reward"), test[:SAMPLED], chain.seed or 0))  # fmt: skip
+    grpo = chain.stage("grpo", "grpo: reinforcement learning against exact answers", "grpo", GRPO_CHAIN,
+                       data=ChatData(examples=EXAMPLES, test_examples=TEST), init=root / "sft", beta=GRPO_BETA,
+                       reward="exact")  # fmt: skip
+    return {"exact_before": before, "exact_sft": sft["exact"], "exact_dpo": dpo["exact"], "exact_grpo": grpo["exact"],
             "dpo_preference_accuracy": dpo["preference_accuracy"], "reward_pair_accuracy": rm["pair_accuracy"],
             "sampled": plain, "best_of": best, "seconds": sum(chain.record["seconds"].values())}  # fmt: skip
 
@@ -216,7 +234,7 @@ def stages(chain: Chain) -> dict[str, Any]:
 def report(n: dict[str, Any], chain: Chain) -> None:
     print(
         f"\nexact answers on {TEST} held-out instructions: before {n['exact_before']:.1%}, after sft "
-        f"{n['exact_sft']:.1%}, after dpo {n['exact_dpo']:.1%}"
+        f"{n['exact_sft']:.1%}, after dpo {n['exact_dpo']:.1%}, after grpo {n['exact_grpo']:.1%}"
     )
     print(
         f"held-out pairs ranked right: dpo {n['dpo_preference_accuracy']:.1%}, reward model "
@@ -229,7 +247,7 @@ def report(n: dict[str, Any], chain: Chain) -> None:
     times = ", ".join(f"{name} {s:.0f} s" for name, s in chain.record["seconds"].items())
     kept = f" (kept from an earlier run: {', '.join(chain.kept)})" if chain.kept else ""
     print(f"time: {times}; {n['seconds'] / 60:.1f} minutes in all{kept}")
-    print(f"runs in {chain.root}. Next: attnlab chat {chain.root / 'dpo'}")
+    print(f"runs in {chain.root}. Next: attnlab chat {chain.root / 'grpo'}; attnlab report {chain.root}")
 
 
 __all__ = ["run_chat_demo"]

@@ -66,9 +66,12 @@ class DemoOptions:
     chat: bool = option(False, "the assistant chain instead (about 12 minutes on a quiet 2-core CPU; Ctrl-C, then "
                         "the same command goes on where it stopped): pretrain a small base, fine-tune it on "
                         "instructions (sft), tune it on preferences (dpo), train a reward model and sample "
-                        "best-of-8 through it; --out defaults to runs/chat")  # fmt: skip
+                        "best-of-8 through it, then tune the sft run by RL (grpo); --out defaults to "
+                        "runs/chat; `attnlab report OUT` draws its report card")  # fmt: skip
     base: str | None = option(None, "with --chat: start from this GPT run instead of pretraining a base",
                               metavar="RUN")  # fmt: skip
+    seed: int | None = option(None, "with --chat: every stage's seed (default: each stage's own); a chain keeps "
+                              "the seed it started with")  # fmt: skip
 
 
 @dataclass
