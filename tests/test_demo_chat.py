@@ -160,3 +160,14 @@ def test_seed_sets_every_stage_s_seed_and_a_chain_keeps_its_own(base, tmp_path, 
                                        "or give another --out"]  # fmt: skip
     code, _, err = run_cli(["demo", "--seed", "3"], capsys)
     assert code == 2 and "--seed is for the assistant chain: give --chat too" in err
+
+
+def test_sampled_answers_have_room_for_the_longest_right_answer_and_its_end_of_turn():
+    """A character model writes one token a character: the longest held-out answer and ChatML's end of
+    turn must fit in what plain and best-of-8 sampling may write (24 cut "eight eight six<|im_end|>")."""
+    from attnlab.data.chat import ChatTemplate
+    from attnlab.data.finetune import TEST_SEED
+    from attnlab.data.instructions import instructions
+
+    longest = max(len(c.messages[-1].content) for c in instructions("test", demo.TEST, TEST_SEED))
+    assert longest + len(ChatTemplate().end_of_turn()) <= demo.SAMPLE_TOKENS

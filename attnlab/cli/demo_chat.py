@@ -75,6 +75,9 @@ EXAMPLES, PAIRS = 4000, 2000  # training conversations (sft) and preference pair
 CHAINED = 0.3
 SAMPLED = 100  # of them, answered by plain sampling and by best-of-8
 BEST_OF, TEMPERATURE = 8, 1.0
+# Room for the longest right answer and its end of turn ("eight eight six<|im_end|>": 25 characters; 24
+# cut it short, and every such answer counted wrong in both columns).
+SAMPLE_TOKENS = 40
 CHAIN, EVAL = "chain.json", "eval.json"
 
 
@@ -86,12 +89,12 @@ def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation], seed: i
     """Exact answers of one sample each, and of the reward model's pick of BEST_OF samples."""
     template = run_template(policy.path)
     plain = answers(policy.model, policy.tokenizer, template, [c.messages[:-1] for c in convs], seed=seed,
-                    temperature=TEMPERATURE, max_new_tokens=24, progress="one sample each")  # fmt: skip
+                    temperature=TEMPERATURE, max_new_tokens=SAMPLE_TOKENS, progress="one sample each")  # fmt: skip
     right_plain = sum(a == c.messages[-1].content for a, c in zip(plain, convs, strict=True))
     right_best = 0
     for i, c in enumerate(tqdm(convs, desc=f"best of {BEST_OF}", unit=" questions", leave=False)):
         ranked = best_of(policy, reward, list(c.messages[:-1]), BEST_OF, seed=seed + 1000 * i, temperature=TEMPERATURE,
-                         max_new_tokens=24)  # fmt: skip
+                         max_new_tokens=SAMPLE_TOKENS)  # fmt: skip
         right_best += ranked[0][1] == c.messages[-1].content
     return [right_plain / len(convs), right_best / len(convs)]
 
