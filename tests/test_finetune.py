@@ -163,12 +163,12 @@ def test_the_reward_models_loss_is_bradley_terry(base, tmp_path):
     assert run.config["family"] == "reward"
     tok = run.tokenizer
     pairs = [pair_examples(p, ChatTemplate(), tok) for p in preferences("test", 4, 1)]
-    x, last = Pairs({"train": pairs}).batch("train", 4, np.random.default_rng(0), (0, 1))
-    scores, loss = RewardObjective(run.model)(x, last)
+    x, last, answer = Pairs({"train": pairs}).batch("train", 4, np.random.default_rng(0), (0, 1))
+    scores, loss = RewardObjective(run.model)(x, last, answer)
     by_hand = torch.stack([-F.logsigmoid(scores[i] - scores[4 + i]) for i in range(4)]).mean()
     assert torch.allclose(loss, by_hand)
     # each row's score is read at its own last token: padding after it changes nothing
-    alone = run.model.score(x[:1, : int(last[0]) + 1])
+    alone = run.model.score(x[:1, : int(last[0]) + 1], answer=answer[:1, : int(last[0]) + 1])
     assert torch.allclose(alone, scores[:1], atol=1e-5)
 
 

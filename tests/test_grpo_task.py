@@ -11,6 +11,7 @@ import torch
 import attnlab
 from attnlab.data.finetune import ChatData
 from attnlab.tasks.grpo import GRPOObjective, Prompt
+from attnlab.tasks.rewards import Asked, Exact
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +70,7 @@ def test_the_exact_reward_reads_the_answer_without_its_end_of_turn():
     tok = CharTokenizer("ab<|>imend \n")
     stop = tok.encode("<|im_end|>")
     opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0)
-    objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], "ab")], opts, tok, [stop])
+    objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], Asked((), "ab"))], opts, tok, [stop], Exact())
     assert objective.text(tok.encode(" ab") + stop) == "ab"
     assert objective.text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
     assert objective.text(tok.encode("ba") + stop) != "ab"

@@ -1,4 +1,5 @@
-"""The data of a fine-tuning: the built-in generated instructions or a file of the user's, in splits.
+"""The data of a fine-tuning: the built-in generated instructions, a verifiable task (add, multiply,
+countdown at a --level: data/verifiable.py) or a file of the user's, in splits.
 
     ChatData        conversations for supervised fine-tuning (sft)
     PreferenceData  preference pairs for DPO and a reward model (dpo, reward)
@@ -13,23 +14,31 @@ import random
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from attnlab.config import check_fraction, check_types, option
 from attnlab.data.conversations import Conversation, Preference, kind_of, read_conversations, read_preferences, rows
 from attnlab.data.instructions import instructions, preferences
 from attnlab.data.supervised import TRAIN_ON
+from attnlab.data.verifiable import KINDS as VERIFIABLE
+from attnlab.data.verifiable import conversations as verifiable_conversations
 from attnlab.errors import AttnlabError
 
 T = TypeVar("T")
 BUILTIN = {"instructions": instructions, "preferences": preferences}
+# the verifiable tasks, each maker as the instructions' (split, n, seed), with its --level
+BUILTIN.update({kind: partial(verifiable_conversations, kind) for kind in VERIFIABLE})
+CONVERSATIONS = ("instructions", *VERIFIABLE)  # the built-in data of sft and grpo: any of them
 TEST_SEED = 1  # the test questions are drawn apart from the training ones (and are disjoint from them)
 
 
 @dataclass
 class ChatData:
-    data: str = option("instructions", "conversations: 'instructions' (built-in, generated) or a JSON/JSONL file of "
-                       '{"messages": [...]}, {"prompt", "completion"}, Alpaca or {"text"} rows')  # fmt: skip
+    data: str = option("instructions", "conversations: 'instructions' (built-in, generated), a verifiable task "
+                       "(add, multiply, countdown: generated, answers checked by a program; see --level) or a "
+                       'JSON/JSONL file of {"messages": [...]}, {"prompt", "completion"}, Alpaca or {"text"} '
+                       "rows")  # fmt: skip
     train_on: str = option("assistant", "the tokens the loss reads: the assistant's turns, or all", TRAIN_ON)
     examples: int = option(4000, "built-in data: training conversations to generate", at_least=1)
     test_examples: int = option(200, "built-in data: held-out conversations to generate (validation and test)",
@@ -37,10 +46,16 @@ class ChatData:
     val_fraction: float = option(0.05, "a file: the share held out for validation")
     chained: float = option(0.0, "built-in data: the share of training conversations that chain 2-4 "
                             "independent instructions (so later, unrelated ones are answered), in [0, 1)")  # fmt: skip
+    level: int | None = option(None, "a verifiable task's difficulty: digits of each number (add, multiply), how "
+                               "many numbers are given (countdown); default 3, 3, 4")  # fmt: skip
 
     def __post_init__(self):
         check_types(self)
         check_fraction(self, "val_fraction", "chained")
+        if self.data in BUILTIN and self.data not in VERIFIABLE and self.level is not None:
+            raise AttnlabError(f"--level sets a verifiable task's difficulty: --data {'|'.join(VERIFIABLE)}")
+        if self.data in VERIFIABLE and self.chained:
+            raise AttnlabError("--chained chains the built-in instructions: leave it out with --data " + self.data)
 
 
 @dataclass
@@ -61,18 +76,23 @@ def splits(cfg: ChatData | PreferenceData, builtin: str) -> dict[str, list]:
     """{"train", "val", "test"} of the data: the built-in set's splits (val is its test split), or a
     file's rows shuffled and cut (no test split)."""
     if cfg.data in BUILTIN:
-        if cfg.data != builtin:
+        if cfg.data != builtin and not (builtin in CONVERSATIONS and cfg.data in CONVERSATIONS):
             raise AttnlabError(f"--data {cfg.data} is not data of this task: use --data {builtin} or a file")
         make = BUILTIN[cfg.data]
-        test = make("test", cfg.test_examples, TEST_SEED)  # single questions, whatever the training mix
-        chains = {"chained": cfg.chained} if isinstance(cfg, ChatData) else {}
-        return {"train": make("train", cfg.examples, 0, **chains), "val": test, "test": test}
+        test = make("test", cfg.test_examples, TEST_SEED, **_level(cfg))  # single questions, whatever the mix
+        chains = {"chained": cfg.chained} if cfg.data == "instructions" and isinstance(cfg, ChatData) else {}
+        return {"train": make("train", cfg.examples, 0, **chains, **_level(cfg)), "val": test, "test": test}
     rows = read_rows(cfg.data, pairs=builtin == "preferences")
     random.Random(0).shuffle(rows)
     n_val = round(len(rows) * cfg.val_fraction) if len(rows) > 1 else 0
     if cfg.val_fraction > 0 and len(rows) > 1:
         n_val = min(max(1, n_val), len(rows) - 1)  # one row at least on each side
     return {"train": rows[n_val:], "val": rows[:n_val], "test": []}
+
+
+def _level(cfg: ChatData | PreferenceData) -> dict[str, Any]:
+    """The maker's level argument of a verifiable task's data ({} for the instructions')."""
+    return {"level": cfg.level} if cfg.data in VERIFIABLE else {}
 
 
 def test_split(cfg: ChatData | PreferenceData, builtin: str) -> list:
@@ -89,6 +109,9 @@ def held_out(cfg: ChatData | PreferenceData, source: str | None = None) -> tuple
     """The conversations `attnlab eval` answers, and their split: the built-in instructions' test split,
     or the held-out rows of a file (a preference pair as its prompt and chosen answer)."""
     source = source or cfg.data
+    if source in VERIFIABLE:  # the run's own level when it trained on this task, else the default
+        level = getattr(cfg, "level", None) if source == cfg.data else None
+        return BUILTIN[source]("test", cfg.test_examples, TEST_SEED, level=level), "test"
     if source in BUILTIN:
         return instructions("test", cfg.test_examples, TEST_SEED), "test"
     first = next(rows(source), (0, None))[1]  # the first row alone says the file's kind (none: splits says so)

@@ -119,6 +119,12 @@ def padded(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
     return x, torch.tensor([len(e.ids) - 1 for e in examples])
 
 
+def trained_mask(examples: list[Example]) -> Tensor:
+    """Each row's trained tokens (a pair's: its answer), padded with False to the longest: (B, T)."""
+    t = max(len(e.ids) for e in examples)
+    return torch.stack([torch.from_numpy(np.pad(e.trained, (0, t - len(e.ids)))) for e in examples])
+
+
 class Supervised:
     """Supervised fine-tuning: conversations padded per batch, loss on their trained tokens."""
 
@@ -155,8 +161,8 @@ class Pairs:
         groups = self.groups if split == "train" else None
         rows = rank_slice(draw_rows(len(self.pairs[split]), n, rng, groups), part)
         chosen, rejected = zip(*[self.pairs[split][i] for i in rows], strict=True)
-        if self.refs is None:  # a reward model reads whole rows and scores each at its last token
-            return padded([*chosen, *rejected])
+        if self.refs is None:  # a reward model reads whole rows: each one's last token and its answer's
+            return (*padded([*chosen, *rejected]), trained_mask([*chosen, *rejected]))
         x, y = shifted([*chosen, *rejected])  # (2B, T - 1)
         ref = torch.from_numpy(self.refs[split][rows].T.reshape(-1).astype(np.float32))  # (2B,) chosen, rejected
         return x, y, ref

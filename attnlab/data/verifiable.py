@@ -11,6 +11,11 @@ target; the reference answer is the expression the target was built from, one of
 Answers are read by a checker of their own (Python's parser, then a walk that allows only numbers and
 those four operators), never evaluated. The splits are the built-in instructions' (a hash of the
 question text puts one question in eight into the test split), so train and test never share one.
+
+`graded(question, answer, reference)` is how every held-out answer and grpo's exact reward are
+judged: by the checker where the question is a verifiable one (so any right countdown expression
+counts), by equality with the reference elsewhere. `attnlab train sft|grpo --data add --level 2`
+trains on them (data/finetune.py).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import ast
 import random
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from attnlab.data.conversations import Conversation, Message
 from attnlab.data.instructions import in_test
+from attnlab.errors import ArgumentValueError
 
 LEVELS = {"add": 3, "multiply": 3, "countdown": 4}  # the default difficulty of each kind
 MAX_ANSWER = 64  # characters of an answer the checker reads at most
@@ -75,13 +81,14 @@ KINDS: dict[str, Callable[[random.Random, int], Problem]] = {"add": _add, "multi
 
 def problems(kind: str, split: str = "train", n: int = 1000, seed: int = 0, level: int | None = None) -> list[Problem]:
     """n distinct problems of `kind` in `split` (train or test) at `level` (default LEVELS[kind])."""
+    # ArgumentValueError: a ValueError to a Python caller, one line on the command line (--level 9)
     if kind not in KINDS:
-        raise ValueError(f"unknown verifiable task {kind!r} (known: {', '.join(KINDS)})")
+        raise ArgumentValueError(f"unknown verifiable task {kind!r} (known: {', '.join(KINDS)})")
     if split not in ("train", "test"):
-        raise ValueError(f"split must be train or test, got {split!r}")
+        raise ArgumentValueError(f"split must be train or test, got {split!r}")
     level = LEVELS[kind] if level is None else level
     if level < (2 if kind == "countdown" else 1):
-        raise ValueError(f"{kind}'s level must be at least {2 if kind == 'countdown' else 1}, got {level}")
+        raise ArgumentValueError(f"{kind}'s level must be at least {2 if kind == 'countdown' else 1}, got {level}")
     rng, seen, out = random.Random(seed), set(), []
     for _ in range(100 * n + 10_000):
         p = KINDS[kind](rng, level)
@@ -90,7 +97,8 @@ def problems(kind: str, split: str = "train", n: int = 1000, seed: int = 0, leve
             out.append(p)
             if len(out) == n:
                 return out
-    raise ValueError(f"only {len(out)} distinct {split} {kind} problems at level {level}; ask for fewer")
+    raise ArgumentValueError(f"only {len(out)} distinct {split} {kind} problems at level {level}: ask for fewer "
+                             "(--examples, --test-examples) or raise --level")  # fmt: skip
 
 
 def conversations(kind: str, split: str = "train", n: int = 1000, seed: int = 0, level: int | None = None,
@@ -113,6 +121,20 @@ def check(question: str, answer: str) -> bool:
         value = countdown_value(answer, Counter(int(x) for x in m[2].split()))
         return value is not None and value == int(m[1])
     return False
+
+
+def question_of(messages: Sequence[Message]) -> str:
+    """The question a conversation's next answer answers: its last user message ("" if none)."""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
+
+
+def graded(question: str, answer: str, reference: str) -> bool:
+    """Whether `answer` is a right answer to `question`, whose stored answer is `reference`: the
+    checker's verdict when the question is a verifiable one that the reference passes (a user's file
+    may ask "What is 2 + 3?" and expect "It is 5."), else the answer equal to the reference."""
+    if check(question, reference):
+        return check(question, answer)
+    return answer.strip() == reference.strip()
 
 
 def countdown_value(expression: str, given: Counter) -> Fraction | None:

@@ -14,6 +14,7 @@ from typing import Any
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Message
 from attnlab.data.tokenizers import Tokenizer
+from attnlab.data.verifiable import graded, question_of
 from attnlab.decoding.sampling import read_together, seed_of, stream_text
 from attnlab.models.protocols import CausalLM
 from attnlab.progress import tqdm
@@ -42,15 +43,16 @@ def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversatio
 
 def right_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
                   progress: str | None = None) -> list[bool]:  # fmt: skip
-    """Whether the model's greedy answer to each conversation (all but its last message) is that last
-    message's text exactly: how every held-out chat figure is scored."""
+    """Whether the model's greedy answer to each conversation (all but its last message) is right: that
+    last message's text exactly, or for a verifiable question any answer its checker accepts
+    (data/verifiable.graded): how every held-out chat figure is scored."""
     expected = [c.messages[-1].content.strip() for c in conversations]
     if not expected:
         return []
     longest = max(len(tok.encode(e)) for e in expected)
     got = answers(model, tok, template, [c.messages[:-1] for c in conversations], temperature=0.0,
                   max_new_tokens=longest + 16, seed=0, progress=progress)  # fmt: skip
-    return [g == e for g, e in zip(got, expected, strict=True)]
+    return [graded(question_of(c.messages[:-1]), g, e) for c, g, e in zip(conversations, got, expected, strict=True)]
 
 
 def _counted(stream: Iterator[str], bar: tqdm) -> Iterator[str]:

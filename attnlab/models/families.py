@@ -15,7 +15,7 @@ from attnlab.models.captioner import Captioner, CaptionerConfig
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.mlp import ImageMLP, MLPConfig
-from attnlab.models.reward import RewardModel
+from attnlab.models.reward import RewardConfig, RewardModel
 from attnlab.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.rnn_captioner import RNNCaptioner, RNNCaptionerConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -23,7 +23,7 @@ from attnlab.models.vit import ViT, ViTConfig
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "gpt": (GPTConfig, GPT),
-    "reward": (GPTConfig, RewardModel),  # a GPT scoring a whole answer (the reward task)
+    "reward": (RewardConfig, RewardModel),  # a GPT scoring a whole answer (the reward task)
     "encoder": (EncoderConfig, Encoder),
     **BASELINES,  # bow, pooled, conv1d, rnn
     **LADDER,  # self-attention (no learned weights), qkv-attention: the steps from pooled to the encoder

@@ -4,30 +4,73 @@
 Legend: B batch, T time, C width.
 
 It is a GPT (so a language model's weights load into it, all but the new `reward_head`) and reads a
-whole conversation; the score of a sequence is the head applied to the final hidden state of its last
-token, the one position that has seen every token (causal attention).
+whole conversation. Two heads (RewardConfig.head):
+
+    answer  r = sum over the answer's tokens t of  w . [h_t, log p(x_t | x_<t)] + b
+    last    r = w . h_T + b                        (h_T: the last token's hidden state)
+
+`last` is the classic sequence classifier: one position must notice everything, and a near miss of one
+character is one token among ~85 that it has to single out. `answer` scores every token of the answer
+and gives the head the language model's own evidence, the log-probability of each answer token: with
+w's log-probability weight starting at 1 (the rest at 0) the untrained model ranks answers as the
+policy it came from does (98.5% of the chat demo's held-out pairs), and training moves on from there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.config import option
 from attnlab.models.gpt import GPT, GPTConfig
+
+HEADS = ("answer", "last")
+
+
+@dataclass
+class RewardConfig(GPTConfig):
+    # "last" by default: a run written before the answer head existed has no `head` in its config.json
+    head: str = option("last", "what the score reads: the answer's tokens with their log-probabilities "
+                       "(answer) or the last token alone (last)", HEADS)  # fmt: skip
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
 
 
 class RewardModel(GPT):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: RewardConfig):
         super().__init__(cfg)
-        self.reward_head = nn.Linear(cfg.d_model, 1)
-        nn.init.zeros_(self.reward_head.weight)  # every answer starts at the same score
+        per_token = cfg.head == "answer"
+        self.reward_head = nn.Linear(cfg.d_model + per_token, 1)  # answer: one more input, the log-probability
+        nn.init.zeros_(self.reward_head.weight)  # every answer starts at the same score ...
         nn.init.zeros_(self.reward_head.bias)
+        if per_token:  # ... but for the policy's own: the sum of its tokens' log-probabilities
+            nn.init.ones_(self.reward_head.weight[:, -1].data)
 
-    def score(self, idx: Tensor, last: Tensor | None = None) -> Tensor:
-        """idx (B, T) -> one score per row (B,), read at position `last` (B,) of each row (padding after
-        it is never seen by it); None: the final position."""
+    def score(self, idx: Tensor, last: Tensor | None = None, answer: Tensor | None = None) -> Tensor:
+        """idx (B, T) -> one score per row (B,). last (B,): each row's last position (None: the final
+        one), read by the last-token head; answer (B, T) bool: the answer's tokens, read by the answer
+        head (None: every token but the first). Padding after a row is never seen by its score (causal
+        attention), nor, when left out of `answer`, read."""
         x, _ = self.hidden(idx)  # (B, T, C)
+        if self.cfg.head == "answer":
+            if answer is None:
+                answer = torch.ones_like(idx, dtype=torch.bool)
+            return self._answer_score(idx, x, answer)
         if last is None:
             last = torch.full((idx.shape[0],), idx.shape[1] - 1, device=idx.device)
         h = x[torch.arange(idx.shape[0], device=idx.device), last]  # (B, C)
         return self.reward_head(h).squeeze(-1).float()  # (B,)
+
+    def _answer_score(self, idx: Tensor, x: Tensor, answer: Tensor) -> Tensor:
+        # log p(x_t | x_<t) for t >= 1, read from the logits at t - 1; float32: sums of small numbers
+        logp = F.log_softmax(self.logits(x[:, :-1]).float(), dim=-1)  # (B, T-1, V)
+        picked = logp.gather(-1, idx[:, 1:, None])  # (B, T-1, 1)
+        picked = F.pad(picked, (0, 0, 1, 0))  # (B, T, 1): position 0 has no prediction (0: its hidden state alone)
+        per_token = self.reward_head(torch.cat([x.float(), picked], dim=-1)).squeeze(-1)  # (B, T)
+        return (per_token * answer).sum(-1)  # (B,)

@@ -91,11 +91,12 @@ class DPOObjective(Objective):
 
 
 class RewardObjective(Objective):
-    """A reward model's training: the score of each answer's last token, chosen against rejected."""
+    """A reward model's training: the score of each answer (as its head reads it), chosen against rejected."""
 
-    def forward(self, x: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
-        # x (2B, T): chosen rows then rejected rows; last (2B,): the index of each row's last token
-        scores = self.model.score(x, last)  # (2B,)
+    def forward(self, x: Tensor, last: Tensor, answer: Tensor) -> tuple[Tensor, Tensor]:
+        # x (2B, T): chosen rows then rejected rows; last (2B,): the index of each row's last token;
+        # answer (2B, T) bool: each row's answer tokens
+        scores = self.model.score(x, last, answer)  # (2B,)
         b = x.shape[0] // 2
         self.last = {"pair_acc": preference_accuracy(scores[:b], scores[b:])}
         return scores, bradley_terry_loss(scores[:b], scores[b:])

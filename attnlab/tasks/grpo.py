@@ -1,17 +1,22 @@
 """grpo: reinforcement learning of a fine-tuned GPT against a verifiable reward (GRPO, Dr. GRPO, DAPO).
 
 attnlab train grpo --init runs/sft --out runs/grpo [--group 8 --loss grpo --beta 0 --reward exact]
+attnlab train grpo --init runs/sft_add --data add --level 2 --out runs/grpo_add
+attnlab train grpo --init runs/sft --reward runs/rm --out runs/grpo_rm
+attnlab.train("runs/grpo_f", init="runs/sft", task="grpo", reward=lambda question, answer: ...)
 
-Each step draws --batch-size prompts of the built-in instructions, samples --group answers to each
-on the one decoding engine (decoding/rollouts.py: float32, temperature 1), scores them (--reward
-exact: 1 when the answer is the instruction's right one, else 0; --reward random: a coin, the
-control run that says how much of a gain is the reward's), and takes one gradient step on the
-policy loss (nn/policy.py) with the group's advantages. The step is on the rollouts' own policy, so
-the ratio starts at 1 and the clip fraction logged is that of the one step (about 0). The loss's
-forward runs in float32 whatever --dtype says, so that the policy's log-probabilities equal the
-rollout's. metrics.jsonl holds, per step: reward, exact, kl (to the --init model, with --beta > 0),
-answer_length (tokens), clip_frac and generate_s (the seconds spent sampling). At the end eval.json
-holds the held-out exact answers, as sft's.
+Each step draws --batch-size prompts of the data (the built-in instructions, a verifiable task or a
+file's conversations), samples --group answers to each on the one decoding engine
+(decoding/rollouts.py: float32, temperature 1), scores them (tasks/rewards.py: --reward exact, 1
+for a right answer by the task's checker or the stored answer; random, a coin, the control run that
+says how much of a gain is the reward's; a reward run's scores; or a Python callable's), and takes
+one gradient step on the policy loss (nn/policy.py) with the group's advantages. The step is on the
+rollouts' own policy, so the ratio starts at 1 and the clip fraction logged is that of the one step
+(about 0). The loss's forward runs in float32 whatever --dtype says, so that the policy's
+log-probabilities equal the rollout's. metrics.jsonl holds, per step: reward, exact (the share of
+right answers, whatever the reward), kl (to the --init model, with --beta > 0), answer_length
+(tokens), clip_frac and generate_s (the seconds spent sampling). At the end eval.json holds the
+held-out exact answers, as sft's.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, Adapting, AdaptOptions
+from attnlab.tasks.rewards import CALLABLE, Asked, Reward, reward_source
 from attnlab.tasks.sft import EXACT
 
-REWARDS = ("exact", "random")
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high")  # config.json's task section
 # An RL step moves a tuned model: a far smaller learning rate than sft's, few prompts a step (each G answers).
 GRPO_TRAIN = dict(TUNED, lr=2e-5, batch_size=8, max_steps=100, warmup_steps=5, eval_interval=50, eval_batches=1)
@@ -53,8 +58,10 @@ class GRPOOptions(AdaptOptions):
     loss: str = option("grpo", "how token losses add up: grpo (mean per answer, then over answers), dr_grpo (sum "
                        "/ (answers x max-new-tokens), no std scaling) or dapo (sum / all tokens)", LOSSES)  # fmt: skip
     beta: float = option(0.0, "weight of the KL to the --init model (k3 estimator); 0: none, no reference kept")
-    reward: str = option("exact", "exact: 1 for the instruction's right answer, else 0; random: a fair coin "
-                         "(the control run)", REWARDS)  # fmt: skip
+    reward: str = option("exact", "exact: 1 for a right answer (a verifiable task's checker says so, or it is "
+                         "the stored one), else 0; random: a fair coin (the control run); or a reward run's "
+                         "folder (attnlab train reward): its score. The Python API also takes a function "
+                         "f(question, answer) -> float", metavar="exact|random|RUN")  # fmt: skip
     max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
     clip: float = option(0.2, "the ratio's clip range below 1 (and above, unless --clip-high)")
     clip_high: float | None = option(None, "the clip range above 1 (DAPO's decoupled clip: 0.28)")
@@ -63,7 +70,7 @@ class GRPOOptions(AdaptOptions):
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]  # the conversation up to the answer's start, as the template renders it
-    answer: str  # the right answer
+    asked: Asked  # its messages and stored answer, as the rewards read them
 
 
 class Prompts:
@@ -97,10 +104,10 @@ class GRPOObjective(Objective):
     """Rollouts, rewards, group advantages and the policy loss of one batch of prompts."""
 
     def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], tok: Tokenizer,
-                 stops: list[list[int]], reference: nn.Module | None = None):  # fmt: skip
+                 stops: list[list[int]], reward: Reward, reference: nn.Module | None = None):  # fmt: skip
         super().__init__(model)
-        self.prompts, self.tok, self.stops = prompts, tok, stops
-        self.group, self.reward, self.max_new = opts["group"], opts["reward"], opts["max_new_tokens"]
+        self.prompts, self.tok, self.stops, self.reward = prompts, tok, stops, reward
+        self.group, self.max_new = opts["group"], opts["max_new_tokens"]
         self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
         self.reference = None if reference is None else Frozen(reference)
 
@@ -109,9 +116,10 @@ class GRPOObjective(Objective):
         t0 = time.perf_counter()
         r = rollouts(self.model, [p.ids for p in chosen], self.group, self.max_new, int(seed[0]), self.stops)
         generate_s = time.perf_counter() - t0
-        right = torch.tensor([self.text(a) == p.answer for a, p in zip(r.answers, self.expanded(chosen))]).float()
-        rewards = right if self.reward == "exact" else self.coin(len(right), int(seed[0]))
+        asked, texts = [p.asked for p in self.expanded(chosen)], [self.text(a) for a in r.answers]
+        right = torch.tensor([q.right(t) for q, t in zip(asked, texts)]).float()
         device = next(self.model.parameters()).device
+        rewards = self.reward.to(device)(asked, texts, int(seed[0]))
         advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)
         result = self.scored(r, advantages, device)
         self.last = {"reward": rewards.mean().item(), "exact": right.mean().item(), "kl": result.kl,
@@ -146,17 +154,14 @@ class GRPOObjective(Objective):
                 break
         return self.tok.decode(answer).strip()
 
-    @staticmethod
-    def coin(n: int, seed: int) -> Tensor:
-        """The control's rewards: a fair coin per answer, from the batch's seed."""
-        return torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed)).float()
-
 
 class GroupRelative(Adapting):
     name = "grpo"
-    help = "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against exact answers"
-    description = ("Tune a GPT run (an sft run, --init) by sampling a group of answers to each built-in instruction "
-                   "and rewarding the right ones (--reward exact), or a coin (--reward random).")  # fmt: skip
+    help = "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against a reward"
+    description = ("Tune a GPT run (an sft run, --init) by sampling a group of answers to each prompt (built-in "
+                   "instructions, a verifiable task: --data add|multiply|countdown, or a file) and rewarding "
+                   "the right ones (--reward exact), a reward model's favourites (--reward RUN), or a coin "
+                   "(--reward random).")  # fmt: skip
     noun = "an RL-tuned (grpo)"
     data_config = ChatData
     options = GRPOOptions
@@ -168,13 +173,14 @@ class GroupRelative(Adapting):
 
     def setup(self, req: TrainRequest) -> dict[str, str]:
         if not req.resume:
-            self.settings(req)  # a wrong setting is one line before the run's folder is made
+            self.reward_of(req, self.settings(req))  # a wrong setting is one line before the run's folder is made
         if req.options.get("show_masks"):
             raise AttnlabError("--show-masks shows sft's and dpo's examples: grpo trains on the answers it samples")
         return super().setup(req)
 
     def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
-        return Prompt(tok.encode(template.prompt(row.messages[:-1])), row.messages[-1].content.strip())
+        asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
+        return Prompt(tok.encode(template.prompt(asked.messages)), asked)
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         opts = self.settings(req)
@@ -189,10 +195,11 @@ class GroupRelative(Adapting):
         stops = [tok.encode(template.end_of_turn())] + ([[tok.eot_id]] if tok.eot_id is not None else [])
         build = self.builder(req, model, adapter)
         config = self.run_config(req, model, adapter)
-        config["task"].update(opts)
+        reward = self.reward_of(req, opts)
+        config["task"].update(opts, reward=reward.spec)  # a callable: its name (config.json holds no code)
 
         def objective() -> GRPOObjective:
-            return GRPOObjective(build(), prompts, opts, tok, stops, build() if opts["beta"] > 0 else None)
+            return GRPOObjective(build(), prompts, opts, tok, stops, reward, build() if opts["beta"] > 0 else None)
 
         return Prepared(Prompts(prompts, opts["group"], opts["max_new_tokens"]), objective, config,
                         state=(tok, template, test_split(req.data, self.builtin)))  # fmt: skip
@@ -204,10 +211,15 @@ class GroupRelative(Adapting):
         opts = {k: req.options.get(k, getattr(GRPOOptions, k)) for k in SETTINGS}
         if opts["group"] < 2:
             raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
-        if opts["reward"] not in REWARDS:
-            raise AttnlabError(f"--reward {opts['reward']}: choose exact or random")
         PolicyLoss(opts["loss"])  # an unknown loss is one line here, before the run's folder fills
         return opts
+
+    def reward_of(self, req: TrainRequest, opts: dict[str, Any]) -> Reward:
+        """The run's source of rewards: a resumed run's own (a callable given again), or the option's."""
+        given = req.options.get("reward")
+        if req.resume and callable(given) and not str(opts["reward"]).startswith(CALLABLE):
+            raise AttnlabError(f"this run's reward is {opts['reward']}: resume it without a reward function")
+        return reward_source(opts["reward"], given)
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state

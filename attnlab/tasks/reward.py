@@ -3,36 +3,45 @@
 attnlab train reward --init runs/sft --data preferences --out runs/rm
 attnlab sample runs/dpo --chat "What is 2 + 3?" --best-of 8 --reward runs/rm
 
-The model is the --init GPT with a new head giving one number for the conversation it reads (its
-last token's); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the
-chosen answer of a held-out pair first.
+attnlab train reward --init runs/sft --out runs/rm --sampled-negatives 2   # the policy's own mistakes rejected
+
+The model is the --init GPT with a new head giving one number for the conversation it reads
+(models/reward.py: --head answer, the default, sums a per-token score over the answer that starts as
+the --init model's log-probability of it; --head last reads the last token alone, as runs before it
+did); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the chosen
+answer of a held-out pair first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnlab.data.conversations import Conversation, Message
-from attnlab.data.finetune import PreferenceData
-from attnlab.data.supervised import Example, Pairs, encode, padded
+from attnlab.config import option
+from attnlab.data.conversations import Conversation, Message, Preference
+from attnlab.data.finetune import PreferenceData, splits
+from attnlab.data.supervised import Example, Pairs, encode, padded, trained_mask
 from attnlab.decoding.chat import answers
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
+from attnlab.models.reward import HEADS
 from attnlab.nn.objective import inner
 from attnlab.nn.preference import RewardObjective
 from attnlab.progress import tqdm
 from attnlab.runs.adapted import run_template
+from attnlab.runs.run import load
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.adapt import Adapting, check_split
+from attnlab.tasks.adapt import Adapting, AdaptOptions, Encoded, check_split, encoded_rows
 from attnlab.tasks.base import ModelChoice
 
 SCORE_BATCH = 32
+SAMPLE_CHUNK = 256  # conversations sampled together (sampled_negatives)
 
 
 @torch.no_grad()
@@ -42,8 +51,9 @@ def scores(model: nn.Module, examples: list[Example], progress: str | None = Non
     device = next(model.parameters()).device
     out = []
     for i in tqdm(range(0, len(examples), SCORE_BATCH), desc=progress, disable=progress is None, leave=False):
-        x, last = padded(examples[i : i + SCORE_BATCH])
-        out.append(model.score(x.to(device), last.to(device)).cpu())
+        rows = examples[i : i + SCORE_BATCH]
+        (x, last), answer = padded(rows), trained_mask(rows)
+        out.append(model.score(x.to(device), last.to(device), answer.to(device)).cpu())
     return torch.cat(out)
 
 
@@ -64,7 +74,8 @@ def reward_scores(run, prompts: Sequence[Sequence[Message]], answers: Sequence[s
     model; a conversation longer than its context keeps its end, where the score is read."""
     check_reward_run(run)
     template, context = run_template(run.path), run.model.cfg.context
-    examples = [encode(Conversation((*m, Message("assistant", a))), template, run.tokenizer)
+    # encoded as the training pairs are: the final answer marked (the answer head reads its tokens)
+    examples = [encode(Conversation((*m, Message("assistant", a))), template, run.tokenizer, "last")
                 for m, a in zip(prompts, answers, strict=True)]  # fmt: skip
     examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]
     return scores(run.model, examples)
@@ -85,6 +96,35 @@ def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = 
     return sorted(scored, key=lambda pair: -pair[0])
 
 
+@dataclass
+class RewardOptions(AdaptOptions):
+    head: str = option("answer", "what the score reads: every answer token's hidden state and log-probability "
+                       "(answer), or the last token's hidden state alone (last: the classic head)", HEADS)  # fmt: skip
+    sampled_negatives: int = option(0, "built-in pairs: answers the --init model samples to each training question "
+                                    "(temperature 1); its first wrong one is the rejected answer in place of the "
+                                    "near miss (0: near misses only)", at_least=0)  # fmt: skip
+
+
+def sampled_negatives(policy, pairs: list[Preference], k: int, seed: int, progress: str | None = None
+                      ) -> list[Preference]:  # fmt: skip
+    """Each pair with, as its rejected answer, the first of k answers the run `policy` samples (temperature
+    1, answer j of pair i seeded seed + i * k + j) that is not the chosen one; a pair whose k answers are
+    all right keeps its own. The policy's mistakes are what best-of-N asks a reward model to rank below
+    the right answer, and they are not the synthetic near misses."""
+    template, tok = run_template(policy.path), policy.tokenizer
+    room = max(len(tok.encode(p.chosen[-1].content)) for p in pairs) + 16  # as greedy answers are scored
+    prompts = [p.prompt for p in pairs for _ in range(k)]
+    drawn = []  # in chunks: a bar that moves, and thousands of streams never open at once
+    for i in tqdm(range(0, len(prompts), SAMPLE_CHUNK), desc=progress, disable=progress is None, leave=False):
+        drawn += answers(policy.model, tok, template, prompts[i : i + SAMPLE_CHUNK], seed=seed + i,
+                         temperature=1.0, max_new_tokens=room)  # fmt: skip
+    out = []
+    for i, p in enumerate(pairs):
+        wrong = [a for a in drawn[i * k : (i + 1) * k] if a != p.chosen[-1].content.strip()]
+        out.append(replace(p, rejected=(Message("assistant", wrong[0]),)) if wrong else p)
+    return out
+
+
 class RewardModelling(Adapting):
     name = "reward"
     help = "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)"
@@ -92,6 +132,7 @@ class RewardModelling(Adapting):
                    "JSON/JSONL file of {prompt, chosen, rejected} rows. Use it for best-of-N sampling.")  # fmt: skip
     noun = "a reward-model"
     data_config = PreferenceData
+    options = RewardOptions
     models = {"reward": ModelChoice("reward", GPTConfig)}
     default_model = "reward"
     family = "reward"
@@ -105,10 +146,28 @@ class RewardModelling(Adapting):
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
+        task = (req.saved or {}).get("task", {}) if req.resume else req.options
+        k = task.get("sampled_negatives", 0)
+        if k:
+            e.parts["train"] = self.on_policy(req, e, k)
+        if not req.resume:  # a resumed run keeps its head (an old run's config has none: the last token's)
+            e.model["head"] = req.options.get("head", "answer")
         build = self.builder(req, e.model, e.adapter)
         config = self.run_config(req, e.model, e.adapter)
+        config["task"]["sampled_negatives"] = k
         batches = Pairs(e.parts, batch=req.train.batch_size)
         return Prepared(batches, lambda: RewardObjective(build()), config, state=e.parts["test"])
+
+    def on_policy(self, req: TrainRequest, e: Encoded, k: int) -> list[tuple[Example, Example]]:
+        """The training pairs with the --init model's own wrong answers rejected (sampled_negatives)."""
+        if req.data.data != "preferences":
+            raise AttnlabError("--sampled-negatives checks sampled answers against the one right answer of the "
+                               "built-in pairs: use --data preferences, or leave it out")  # fmt: skip
+        show = "sampling negatives" if req.progress else None
+        rows = sampled_negatives(load(self.init_run(req.init)), splits(req.data, self.builtin)["train"], k,
+                                 req.train.seed, show)  # fmt: skip
+        encode = lambda row: self.encode_row(row, e.tok, e.template, req.data)  # noqa: E731
+        return encoded_rows(rows, encode, e.model["context"] - self.reads_whole_rows, self.unit)
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         show = "scoring the held-out pairs" if req.progress and s.dist.main else None
