@@ -3,7 +3,7 @@
 - The command reference: one page per command (and per `train` task) from the parser that
   `attnlab.cli.main.build_parser()` builds, so every flag appears with its help, choices and default.
 - The lessons: each lessons/NN_name.py as its executed notebook. build/lessons/NN_name.ipynb (what
-  `python lessons/execute.py lessons/0*.py --out build/lessons` writes) is used while the source hash
+  `python lessons/execute.py lessons/[0-9]*.py --out build/lessons` writes) is used while the source hash
   recorded in it matches the lesson; otherwise the lesson is executed again, and the notebook kept
   there. tests/test_docs_site.py points $ATTNLAB_LESSONS_BUILD at its own quick notebooks instead.
 

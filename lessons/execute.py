@@ -1,7 +1,7 @@
 """Run one lesson as a notebook: the percent-format .py opened by jupytext, executed by nbclient.
 
     python lessons/execute.py lessons/01_attention_from_scratch.py            # prints its time
-    python lessons/execute.py lessons/0*.py --out build/lessons              # and writes the .ipynb files
+    python lessons/execute.py lessons/[0-9]*.py --out build/lessons         # and writes the .ipynb files
 
 The kernel starts in lessons/ (so `from checks.attention import ...` works) and is the Python that runs
 this file. Each written notebook records, in its metadata under "attnlab", the SHA-256 of the lesson's

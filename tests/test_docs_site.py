@@ -76,6 +76,7 @@ QUICK = {
     "07_modern_blocks": {"MOE_STEPS": 30},
     "08_inside_the_model": {"STEPS": 100},
     "09_pretrained_to_assistant": {"BASE_STEPS": 20, "SFT_STEPS": 10, "DPO_STEPS": 10},
+    "10_rlhf": {"WARM_STEPS": 50, "RM_STEPS": 10, "RL_STEPS": 4},
 }
 
 

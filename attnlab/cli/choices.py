@@ -12,6 +12,9 @@ from __future__ import annotations
 PLOTS = ("loss", "lr", "positions", "embeddings", "experts", "expert-load")  # interpret/plots.py
 INSPECTIONS = ("lens", "heads", "ablate", "rollout", "flow", "over-training")  # interpret/report.py
 VIEW_NAMES = ("self", "encoder", "decoder", "cross")  # interpret/views.py
+PATCH_METRICS = ("logit-diff", "prob", "loss")  # interpret/patching_inputs.py's METRICS
+PATCH_METHODS = ("activation", "attribution", "eap", "eap-ig")  # interpret/patching_run.py's METHODS, EDGES
+PATCH_GRANULARITIES = ("resid", "heads", "components")  # interpret/patching.py's GRANULARITIES
 QUANTIZED = ("int8", "int4", "bf16")  # nn/packed.py's KINDS
 SPLITS = ("val", "train", "all")  # tasks/lm_eval.py
 PROJECTIONS = ("pca", "tsne")  # viz/vectors.py
@@ -32,7 +35,8 @@ TASK_HELPS = {
     "sft": "supervised fine-tuning of a pretrained GPT on conversations (every weight, or LoRA)",
     "dpo": "preference tuning (DPO) of a fine-tuned GPT on chosen/rejected answers (every weight, or LoRA)",
     "reward": "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)",
-    "grpo": "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against exact answers",
+    "grpo": "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against a reward",
+    "ppo": "InstructGPT's RL step (PPO) of a fine-tuned GPT against a reward model, with a reward-hacking alarm",
 }
 
 

@@ -83,11 +83,12 @@ class PolicyResult:
 def policy_loss(logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLoss,
                 ref: Tensor | None = None) -> PolicyResult:  # fmt: skip
     """The loss of a batch of answers: logp (B, T) the policy's log-probabilities of the answers' tokens
-    (with gradient), old (B, T) the rollout's, advantages (B,), mask (B, T) the real tokens, ref (B, T)
-    the reference's (needed when cfg.beta > 0)."""
+    (with gradient), old (B, T) the rollout's, advantages (B,) or per token (B, T: PPO's), mask (B, T)
+    the real tokens, ref (B, T) the reference's (needed when cfg.beta > 0)."""
     mask = mask.float()
     ratio = torch.exp(logp - old)  # (B, T)
-    a = advantages[:, None].to(logp.dtype)  # (B, 1): every token of an answer shares it
+    # (B, 1): every token of an answer shares its advantage; or PPO's own per token (B, T)
+    a = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
     clipped = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.high)
     token = -torch.minimum(ratio * a, clipped * a)  # (B, T)
     kl = torch.zeros_like(logp)

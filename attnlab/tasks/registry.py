@@ -25,6 +25,7 @@ from attnlab.tasks.grpo import GroupRelative
 from attnlab.tasks.image import ImageClassification
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
+from attnlab.tasks.ppo import ProximalPolicy
 from attnlab.tasks.reward import RewardModelling
 from attnlab.tasks.sft import SupervisedFineTuning
 from attnlab.tasks.tag import Tag
@@ -44,6 +45,7 @@ for _task in (
     DirectPreference(),
     RewardModelling(),
     GroupRelative(),
+    ProximalPolicy(),
 ):
     TASKS[_task.name] = _task
 
