@@ -200,6 +200,19 @@ COMMANDS = [
             "layers (any run; flow is slow past 64 tokens); over-training: detector scores and the loss on repeated "
             "tokens at every weight snapshot (train with --snapshot-every N).",
             overrides={"device": {"default": "cpu"}}),
+    Command("patch", "activation and attribution patching: which activations carry the clean answer",
+            "options:PatchOptions", "patch:run_patch", "Run the model on --clean and --corrupted (same length), "
+            "copy one activation at a time from the clean run into the corrupted one and measure --metric: the "
+            "effect is (patched - corrupted) / (clean - corrupted), 1 where that activation alone restores the "
+            "clean answer. Sites: the residual stream by layer and position, each attention head (query heads, "
+            "grouped-query models included; cross-attention's too), and each layer's attention, MLP and residual. "
+            "Any Transformer run: a language model (the next token), an encoder (a masked LM's [MASK], a "
+            "classifier's class), a translation (clean and corrupted sources; the decoder reads the clean "
+            "translation), an image classifier (image files; patches as positions). --method attribution "
+            "estimates every site from one backward pass (AtP); --method eap or eap-ig scores every edge of the "
+            "residual graph; --sender HEADS --receivers HEADS is path patching (the senders' effect through the "
+            "receivers only). --json prints every effect, keyed by component, layer, head and position.",
+            overrides={"device": {"default": "cpu"}}),
     Command("sample", "generate text from a trained run", "options:SampleOptions", "commands:run_sample",
             "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
             "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",
@@ -235,6 +248,8 @@ COMMANDS = [
 GROUPS = {
     "train": ("train a model", "train_tasks:add_tasks"),
     "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs"),
+    "sae": ("sparse autoencoders: train one on a run's hook point, show its features, or test on synthetic "
+            "features", "sae:fill_sae"),
 }
 
 
@@ -321,6 +336,7 @@ def build_parser(lazy: bool = False) -> Parser:
     parsers = [add_command(sub, COMMANDS[0]), add_group(sub, "train")]
     parsers += [add_command(sub, command) for command in COMMANDS[1:]]
     parsers.append(add_group(sub, "runs"))
+    parsers.append(add_group(sub, "sae"))
     if not lazy:
         for command in parsers:
             command.filled_all()

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnlab.cli.choices import INSPECTIONS, PLOTS, PROJECTIONS, QUANTIZED, SPLITS, VIEW_NAMES, architectures
+from attnlab.cli.choices import (
+    INSPECTIONS,
+    PATCH_GRANULARITIES,
+    PATCH_METHODS,
+    PATCH_METRICS,
+    PLOTS,
+    PROJECTIONS,
+    QUANTIZED,
+    SPLITS,
+    VIEW_NAMES,
+    architectures,
+)
 from attnlab.config import option
 from attnlab.decoding.settings import COMPILE_HELP, check_sampling
 
@@ -198,6 +209,35 @@ class InspectOptions(WritesFiles, ReadsRun):
     on: str | None = option(None, "ablate with no text: random tokens repeated twice, the loss of their repeated "
                             "half (default: repeats), or the run's validation split; other inspections refuse it",
                             ("repeats", "val"))  # fmt: skip
+
+
+@dataclass
+class PatchOptions(WritesFiles, Answers, ReadsRun):
+    clean: str = option("", "the clean input: a text (an image file for image runs; a translation run's source)",
+                        required=True, metavar="TEXT")  # fmt: skip
+    corrupted: str = option("", "the corrupted input, as many tokens long as --clean", required=True, metavar="TEXT")
+    metric: str = option("logit-diff", "what is measured of the answer: logit(target) - logit(wrong), p(target) or "
+                         "-log p(target)", PATCH_METRICS)  # fmt: skip
+    target: str | None = option(None, "the answer the metric reads, a token or a label (default: the clean run's "
+                                "top answer)", metavar="TOKEN")  # fmt: skip
+    wrong: str | None = option(None, "logit-diff's other answer (default: the corrupted run's top answer)",
+                               metavar="TOKEN")  # fmt: skip
+    method: str = option("activation", "activation: run the corrupted input once per site with that site's clean "
+                         "value; attribution: AtP's gradient estimate of every site from one backward pass; eap, "
+                         "eap-ig: edge attribution over the residual graph (each sublayer output -> each later "
+                         "sublayer input), EAP-IG's gradients averaged over --steps points", PATCH_METHODS)  # fmt: skip
+    steps: int = option(5, "eap-ig: points on the line from the corrupted input to the clean one", at_least=1)
+    granularity: list[str] = field(default_factory=list, metadata={
+        "help": "what to patch, repeatable (default: all): resid (layer x position), heads (each head, all "
+                "positions), components (attention, MLP and residual outputs by layer)",
+        "repeat": True, "choices": PATCH_GRANULARITIES})  # fmt: skip
+    out: str | None = option(None, "a picture of the effects (.png, .svg: layer x position heatmaps, tokens along "
+                             "x) or the numbers (.json)", metavar="FILE", writes=PICTURE)  # fmt: skip
+    sender: str | None = option(None, "path patching: the sender heads, LAYER.HEAD from 1 as --remove names them "
+                                "(cross:1.2 in an encoder-decoder); their effect through --receivers only",
+                                metavar="HEADS")  # fmt: skip
+    receivers: str | None = option(None, "path patching: the receiver heads (same syntax; 2 = all of layer 2)",
+                                   metavar="HEADS")  # fmt: skip
 
 
 @dataclass
