@@ -17,11 +17,24 @@ from collections.abc import Sequence
 from attnlab.errors import AttnlabError
 from attnlab.interpret.attribution import attribution_patching, edge_attribution
 from attnlab.interpret.patching import GRANULARITIES, Patching, activation_patching
-from attnlab.interpret.patching_inputs import METRICS, metric_of, pair
+from attnlab.interpret.patching_inputs import METRICS, AnswerMetric, Pair, metric_of, pair
 from attnlab.interpret.patching_paths import path_patching
 from attnlab.runs.run import Run
 
 METHODS = {"activation": activation_patching, "attribution": attribution_patching}
+
+
+def measured(run: Run, clean: str, corrupted: str, metric: str, target: str | None,
+             wrong: str | None) -> tuple[Pair, AnswerMetric, dict]:  # fmt: skip
+    """The two inputs, the metric (target and wrong answer named or read from the runs) and the
+    answer's description every result carries."""
+    if metric not in METRICS:
+        raise AttnlabError(f"--metric {metric!r}: one of {', '.join(METRICS)}")
+    p = pair(run, clean, corrupted)
+    fn = metric_of(run, p, metric, target, wrong)
+    answer = {"metric": metric, "target": p.names[fn.target], "position": p.position,
+              "wrong": None if fn.wrong is None else p.names[fn.wrong]}  # fmt: skip
+    return p, fn, answer
 
 
 def patch(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", target: str | None = None,
@@ -32,14 +45,9 @@ def patch(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", targ
     `wrong` (default: the corrupted run's)."""
     if method not in METHODS:
         raise AttnlabError(f"--method {method!r}: one of {', '.join(METHODS)}")
-    if metric not in METRICS:
-        raise AttnlabError(f"--metric {metric!r}: one of {', '.join(METRICS)}")
-    p = pair(run, clean, corrupted)
-    fn = metric_of(run, p, metric, target, wrong)
+    p, fn, answer = measured(run, clean, corrupted, metric, target, wrong)
     result = METHODS[method](run.model, p.clean, p.corrupted, fn, granularities)
-    result.labels = p.labels
-    result.answer = {"metric": metric, "target": p.names[fn.target], "position": p.position,
-                     "wrong": None if fn.wrong is None else p.names[fn.wrong]}  # fmt: skip
+    result.labels, result.answer = p.labels, answer
     return result
 
 
@@ -47,24 +55,14 @@ def patch_path(run: Run, clean: str, corrupted: str, sender: str, receivers: str
                target: str | None = None, wrong: str | None = None) -> dict:  # fmt: skip
     """Path patching (interpret/patching_paths.py) of `run`: the `sender` heads' effect through the
     `receivers` heads alone ("1.2", "2", "cross:1.2" as --remove names heads), as a JSON-ready dict."""
-    if metric not in METRICS:
-        raise AttnlabError(f"--metric {metric!r}: one of {', '.join(METRICS)}")
-    p = pair(run, clean, corrupted)
-    fn = metric_of(run, p, metric, target, wrong)
-    answer = {"metric": metric, "target": p.names[fn.target], "position": p.position,
-              "wrong": None if fn.wrong is None else p.names[fn.wrong]}  # fmt: skip
+    p, fn, answer = measured(run, clean, corrupted, metric, target, wrong)
     return {"method": "path", **answer, **path_patching(run.model, p.clean, p.corrupted, fn, sender, receivers)}
 
 
 def patch_edges(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", target: str | None = None,
                 wrong: str | None = None, steps: int = 0) -> dict:  # fmt: skip
     """EAP (steps 0) or EAP-IG (steps k) of `run` over its residual graph (interpret/attribution.py)."""
-    if metric not in METRICS:
-        raise AttnlabError(f"--metric {metric!r}: one of {', '.join(METRICS)}")
-    p = pair(run, clean, corrupted)
-    fn = metric_of(run, p, metric, target, wrong)
-    answer = {"metric": metric, "target": p.names[fn.target], "position": p.position,
-              "wrong": None if fn.wrong is None else p.names[fn.wrong]}  # fmt: skip
+    p, fn, answer = measured(run, clean, corrupted, metric, target, wrong)
     return {**edge_attribution(run.model, p.clean, p.corrupted, fn, steps), **answer}
 
 
