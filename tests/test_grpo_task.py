@@ -10,8 +10,9 @@ import torch
 
 import attnlab
 from attnlab.data.finetune import ChatData
-from attnlab.tasks.grpo import GRPOObjective, Prompt
+from attnlab.tasks.grpo import GRPOObjective
 from attnlab.tasks.rewards import Asked, Exact
+from attnlab.tasks.sampled import Prompt
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -248,8 +248,10 @@ COMMANDS = [
 GROUPS = {
     "train": ("train a model", "train_tasks:add_tasks"),
     "runs": ("list the runs under a folder, or draw their loss curves together", "runs:fill_runs"),
-    "sae": ("sparse autoencoders: train one on a run's hook point, show its features, or test on synthetic "
-            "features", "sae:fill_sae"),
+    "sae": (
+        "sparse autoencoders: train one on a run's hook point, show its features, or test on synthetic features",
+        "sae:fill_sae",
+    ),
 }
 
 

@@ -30,9 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.data.batches import rank_slice
-from attnlab.data.chat import ChatTemplate
-from attnlab.data.conversations import Conversation
 from attnlab.data.finetune import ChatData, splits, test_split
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.rollouts import Rollouts, answer_token_logprobs, rollouts
@@ -43,8 +40,9 @@ from attnlab.nn.objective import Objective, inner
 from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.adapt import TUNED, Adapting, AdaptOptions
-from attnlab.tasks.rewards import CALLABLE, Asked, Reward, reward_source
+from attnlab.tasks.adapt import TUNED, AdaptOptions
+from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
+from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, stop_ids
 from attnlab.tasks.sft import EXACT
 
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high")  # config.json's task section
@@ -65,39 +63,6 @@ class GRPOOptions(AdaptOptions):
     max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
     clip: float = option(0.2, "the ratio's clip range below 1 (and above, unless --clip-high)")
     clip_high: float | None = option(None, "the clip range above 1 (DAPO's decoupled clip: 0.28)")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    ids: list[int]  # the conversation up to the answer's start, as the template renders it
-    asked: Asked  # its messages and stored answer, as the rewards read them
-
-
-class Prompts:
-    """The training prompts; a batch is which prompts (n,) and the seed of their rollouts (1,)."""
-
-    def __init__(self, prompts: list[Prompt], group: int, max_new_tokens: int):
-        self.prompts = prompts
-        mean = round(float(np.mean([len(p.ids) for p in prompts])))
-        self.per_example = (group * (mean + max_new_tokens), "tokens")  # at most, for the memory check
-
-    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
-        rows = rank_slice(rng.integers(len(self.prompts), size=n), part)
-        seed = int(rng.integers(2**62))  # from the run's generator: a resumed run samples the same
-        return torch.from_numpy(rows), torch.tensor([seed + part[0]])
-
-    def has(self, split: str) -> bool:
-        return split == "train"  # no validation loss: the held-out score is exact answers
-
-    def describe(self) -> str:
-        return f"{len(self.prompts):,} prompts"
-
-
-class Frozen:
-    """The reference model, out of the policy's parameters (not trained, not saved)."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model.eval().requires_grad_(False)
 
 
 class GRPOObjective(Objective):
@@ -147,15 +112,10 @@ class GRPOObjective(Objective):
         return [p for p in chosen for _ in range(self.group)]
 
     def text(self, answer: list[int]) -> str:
-        """An answer's text, without its end of turn."""
-        for stop in self.stops:
-            if answer[-len(stop) :] == stop:
-                answer = answer[: -len(stop)]
-                break
-        return self.tok.decode(answer).strip()
+        return answer_text(self.tok, self.stops, answer)
 
 
-class GroupRelative(Adapting):
+class GroupRelative(SampledAnswers):
     name = "grpo"
     help = "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against a reward"
     description = ("Tune a GPT run (an sft run, --init) by sampling a group of answers to each prompt (built-in "
@@ -165,34 +125,20 @@ class GroupRelative(Adapting):
     noun = "an RL-tuned (grpo)"
     data_config = ChatData
     options = GRPOOptions
-    unit = "conversation"
-    builtin = "instructions"
 
     def train_defaults(self, model: str) -> dict[str, Any]:
         return dict(GRPO_TRAIN)
 
-    def setup(self, req: TrainRequest) -> dict[str, str]:
-        if not req.resume:
-            self.reward_of(req, self.settings(req))  # a wrong setting is one line before the run's folder is made
-        if req.options.get("show_masks"):
-            raise AttnlabError("--show-masks shows sft's and dpo's examples: grpo trains on the answers it samples")
-        return super().setup(req)
-
-    def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
-        asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
-        return Prompt(tok.encode(template.prompt(asked.messages)), asked)
+    def check_settings(self, req: TrainRequest) -> None:
+        self.reward_of(req, self.settings(req))
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         opts = self.settings(req)
         tok, template = load_tokenizer(req.out), run_template(req.out)
         model, adapter = self.model_config(req), self.adapter(req)
-        room = model["context"] - opts["max_new_tokens"]
-        prompts = [p for p in (self.encode_row(c, tok, template, req.data) for c in splits(req.data, self.builtin)
-                               ["train"]) if len(p.ids) <= room]  # fmt: skip
-        if not prompts:
-            raise AttnlabError(f"no prompt leaves room for {opts['max_new_tokens']} new tokens in the model's "
-                               f"context of {model['context']}: lower --max-new-tokens")  # fmt: skip
-        stops = [tok.encode(template.end_of_turn())] + ([[tok.eot_id]] if tok.eot_id is not None else [])
+        rows = splits(req.data, self.builtin)["train"]
+        prompts = self.prompts(rows, tok, template, req, model["context"], opts["max_new_tokens"])
+        stops = stop_ids(tok, template)
         build = self.builder(req, model, adapter)
         config = self.run_config(req, model, adapter)
         reward = self.reward_of(req, opts)

@@ -34,10 +34,8 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from attnlab.config import option
-from attnlab.data.chat import ChatTemplate
-from attnlab.data.conversations import Conversation
 from attnlab.data.finetune import ChatData, splits
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.tokenizers import load_tokenizer
 from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
@@ -50,10 +48,10 @@ from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import METRICS, STATE
 from attnlab.runs.marker import record
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.adapt import TUNED, Adapting, AdaptOptions
-from attnlab.tasks.grpo import Frozen, GroupRelative, GRPOObjective, Prompt, Prompts
+from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun
+from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, stop_ids
 
 SETTINGS = ("reward", "beta", "gamma", "lam", "ppo_epochs", "minibatches", "clip", "value_clip", "vf_coef",
             "max_new_tokens", "hacking_patience", "stop_on_hacking")  # config.json's task section  # fmt: skip
@@ -171,7 +169,7 @@ class PPOObjective(Objective):
         r = rollouts(self.model, [self.prompts[i].ids for i in rows.tolist()], 1, self.opts["max_new_tokens"], seed,
                      self.stops)  # fmt: skip
         generate_s = time.perf_counter() - t0
-        texts = [GRPOObjective.text(self, a) for a in r.answers]  # grpo's reading: the end of turn cut
+        texts = [answer_text(self.tok, self.stops, a) for a in r.answers]
         right = [q.right(t) for q, t in zip(asked, texts, strict=True)]
         scores = self.rm.to(device)(asked, texts, seed)
         b = r.batch(device)
@@ -230,7 +228,7 @@ def resumed_step(run: Path) -> int:
         return int(f.metadata()["step"])
 
 
-class ProximalPolicy(Adapting):
+class ProximalPolicy(SampledAnswers):
     name = "ppo"
     help = "InstructGPT's RL step (PPO) of a fine-tuned GPT against a reward model, with a reward-hacking alarm"
     description = ("Tune a GPT run (an sft run, --init) by PPO against a reward model (--reward RUN): a value head, "
@@ -242,17 +240,14 @@ class ProximalPolicy(Adapting):
     options = PPOOptions
     family = "reward"  # the GPT with a scalar head on its trunk (models/reward.py): here, the value head
     new_weights = ("reward_head.weight", "reward_head.bias")  # zero: every value starts at 0
-    unit = "conversation"
-    builtin = "instructions"
 
     def train_defaults(self, model: str) -> dict[str, Any]:
         return dict(PPO_TRAIN)
 
+    def check_settings(self, req: TrainRequest) -> None:
+        self.reward_run(self.settings(req)["reward"])
+
     def setup(self, req: TrainRequest) -> dict[str, str]:
-        if not req.resume:
-            self.reward_run(self.settings(req)["reward"])  # a wrong setting: one line before the folder is made
-        if req.options.get("show_masks"):
-            raise AttnlabError("--show-masks shows sft's and dpo's examples: ppo trains on the answers it samples")
         if req.train.grad_accum != 1:
             raise AttnlabError("ppo splits a rollout with --minibatches: leave --grad-accum at 1")
         return super().setup(req)
@@ -262,9 +257,6 @@ class ProximalPolicy(Adapting):
         """The reward model, loaded on the CPU (a run of another kind: one line)."""
         return RewardRun(path)
 
-    def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
-        return GroupRelative.encode_row(self, row, tok, template, data)  # grpo's prompts: ids and what was asked
-
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         if d.enabled:  # each process would sample and keep its own rollout file: not built yet
             raise AttnlabError("attnlab train ppo runs in one process: start it without torchrun")
@@ -272,17 +264,12 @@ class ProximalPolicy(Adapting):
         out = Path(req.out)
         tok, template = load_tokenizer(out), run_template(out)
         model, adapter = self.model_config(req), self.adapter(req)
-        room = model["context"] - opts["max_new_tokens"]
         parts = splits(req.data, self.builtin)
-        prompts = [p for p in (self.encode_row(c, tok, template, req.data) for c in parts["train"])
-                   if len(p.ids) <= room]  # fmt: skip
-        if not prompts:
-            raise AttnlabError(f"no prompt leaves room for {opts['max_new_tokens']} new tokens in the model's "
-                               f"context of {model['context']}: lower --max-new-tokens")  # fmt: skip
+        prompts = self.prompts(parts["train"], tok, template, req, model["context"], opts["max_new_tokens"])
         if opts["minibatches"] > req.train.batch_size:
             raise AttnlabError(f"--minibatches {opts['minibatches']} parts of {req.train.batch_size} answers: give "
                                "fewer minibatches or a larger --batch-size")  # fmt: skip
-        stops = [tok.encode(template.end_of_turn())] + ([[tok.eot_id]] if tok.eot_id is not None else [])
+        stops = stop_ids(tok, template)
         rm = self.reward_run(opts["reward"])
         step = resumed_step(out) if req.resume else 0
         watch = Watch(parts["val"][:WATCHED], (tok, template), rm, req.train.eval_interval, opts["hacking_patience"],

@@ -1,0 +1,105 @@
+"""What the RL tasks (grpo, ppo) share: they train on answers they sample to prompts of the data.
+
+A Prompt is a conversation up to its answer's start (ids, as the run's template renders it) and what
+was asked (tasks/rewards.Asked: the messages and the stored answer the rewards read). Prompts is the
+training "data": a batch is which prompts and the seed of their rollouts. SampledAnswers is the
+tasks' common base: the prompts that leave room for an answer, the ids that end one, the text of an
+answer, and the refusal of options that show or split examples they do not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnlab.data.batches import rank_slice
+from attnlab.data.chat import ChatTemplate
+from attnlab.data.conversations import Conversation
+from attnlab.data.tokenizers import Tokenizer
+from attnlab.engine.train import TrainRequest
+from attnlab.errors import AttnlabError
+from attnlab.tasks.adapt import Adapting
+from attnlab.tasks.rewards import Asked
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]  # the conversation up to the answer's start, as the template renders it
+    asked: Asked  # its messages and stored answer, as the rewards read them
+
+
+class Prompts:
+    """The training prompts; a batch is which prompts (n,) and the seed of their rollouts (1,)."""
+
+    def __init__(self, prompts: list[Prompt], group: int, max_new_tokens: int):
+        self.prompts = prompts
+        mean = round(float(np.mean([len(p.ids) for p in prompts])))
+        self.per_example = (group * (mean + max_new_tokens), "tokens")  # at most, for the memory check
+
+    def batch(self, split: str, n: int, rng: np.random.Generator, part: tuple[int, int]) -> tuple[Tensor, ...]:
+        rows = rank_slice(rng.integers(len(self.prompts), size=n), part)
+        seed = int(rng.integers(2**62))  # from the run's generator: a resumed run samples the same
+        return torch.from_numpy(rows), torch.tensor([seed + part[0]])
+
+    def has(self, split: str) -> bool:
+        return split == "train"  # no validation loss: the held-out score is exact answers
+
+    def describe(self) -> str:
+        return f"{len(self.prompts):,} prompts"
+
+
+class Frozen:
+    """The reference model, out of the policy's parameters (not trained, not saved)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval().requires_grad_(False)
+
+
+def stop_ids(tok: Tokenizer, template: ChatTemplate) -> list[list[int]]:
+    """The id sequences that end an answer: the template's end of turn, and the tokenizer's own."""
+    return [tok.encode(template.end_of_turn())] + ([[tok.eot_id]] if tok.eot_id is not None else [])
+
+
+def answer_text(tok: Tokenizer, stops: list[list[int]], answer: list[int]) -> str:
+    """An answer's text, without its end of turn."""
+    for stop in stops:
+        if answer[-len(stop) :] == stop:
+            answer = answer[: -len(stop)]
+            break
+    return tok.decode(answer).strip()
+
+
+class SampledAnswers(Adapting):
+    """The base of the tasks that train on answers they sample (grpo, ppo)."""
+
+    unit = "conversation"
+    builtin = "instructions"
+
+    def check_settings(self, req: TrainRequest) -> None:
+        """A new run's settings checked, so that a wrong one is one line before its folder is made."""
+
+    def setup(self, req: TrainRequest) -> dict[str, str]:
+        if not req.resume:
+            self.check_settings(req)
+        if req.options.get("show_masks"):
+            raise AttnlabError(f"--show-masks shows sft's and dpo's examples: {self.name} trains on the answers "
+                               "it samples")  # fmt: skip
+        return super().setup(req)
+
+    def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
+        asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
+        return Prompt(tok.encode(template.prompt(asked.messages)), asked)
+
+    def prompts(self, rows: list[Conversation], tok: Tokenizer, template: ChatTemplate, req: TrainRequest,
+                context: int, max_new_tokens: int) -> list[Prompt]:  # fmt: skip
+        """The rows as prompts, those that leave room for max_new_tokens in the model's context."""
+        room = context - max_new_tokens
+        prompts = [p for p in (self.encode_row(c, tok, template, req.data) for c in rows) if len(p.ids) <= room]
+        if not prompts:
+            raise AttnlabError(f"no prompt leaves room for {max_new_tokens} new tokens in the model's context of "
+                               f"{context}: lower --max-new-tokens")  # fmt: skip
+        return prompts
