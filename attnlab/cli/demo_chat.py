@@ -1,4 +1,4 @@
-"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about twelve minutes (quiet 2 cores).
+"""`attnlab demo --chat`: from a pretrained model to an assistant, on a CPU, in about fourteen minutes (quiet 2 cores).
 
     base    a small GPT pretrained on Python's standard library (or --base RUN, reused)
     sft     fine-tuned on the built-in instructions: exact answers on held-out ones, before and after

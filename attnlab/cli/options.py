@@ -74,7 +74,7 @@ class DemoOptions:
                       "folder: run again, it goes on where it stopped)")  # fmt: skip
     time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
     max_steps: int | None = option(None, "train for this many steps instead of a budget", at_least=1)
-    chat: bool = option(False, "the assistant chain instead (about 12 minutes on a quiet 2-core CPU; Ctrl-C, then "
+    chat: bool = option(False, "the assistant chain instead (about 14 minutes on a quiet 2-core CPU; Ctrl-C, then "
                         "the same command goes on where it stopped): pretrain a small base, fine-tune it on "
                         "instructions (sft), tune it on preferences (dpo), train a reward model and sample "
                         "best-of-8 through it, then tune the sft run by RL (grpo); --out defaults to "
