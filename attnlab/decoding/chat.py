@@ -41,18 +41,33 @@ def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversatio
     return [t.strip() for t in texts]
 
 
+ANSWER_ROOM = 16  # tokens an answer may write past the longest expected one (its end of turn, slack)
+
+
+def answer_room(tok: Tokenizer, expected: Sequence[str]) -> int:
+    """max_new_tokens for answers checked against `expected`: the longest of them, ANSWER_ROOM more."""
+    return max(len(tok.encode(e)) for e in expected) + ANSWER_ROOM
+
+
+def greedy_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
+                   progress: str | None = None) -> list[str]:  # fmt: skip
+    """The model's greedy answer to each conversation (all but its last message, the expected answer,
+    which sets the room it has)."""
+    if not conversations:
+        return []
+    room = answer_room(tok, [c.messages[-1].content.strip() for c in conversations])
+    return answers(model, tok, template, [c.messages[:-1] for c in conversations], temperature=0.0,
+                   max_new_tokens=room, seed=0, progress=progress)  # fmt: skip
+
+
 def right_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
                   progress: str | None = None) -> list[bool]:  # fmt: skip
     """Whether the model's greedy answer to each conversation (all but its last message) is right: that
     last message's text exactly, or for a verifiable question any answer its checker accepts
     (data/verifiable.graded): how every held-out chat figure is scored."""
-    expected = [c.messages[-1].content.strip() for c in conversations]
-    if not expected:
-        return []
-    longest = max(len(tok.encode(e)) for e in expected)
-    got = answers(model, tok, template, [c.messages[:-1] for c in conversations], temperature=0.0,
-                  max_new_tokens=longest + 16, seed=0, progress=progress)  # fmt: skip
-    return [graded(question_of(c.messages[:-1]), g, e) for c, g, e in zip(conversations, got, expected, strict=True)]
+    got = greedy_answers(model, tok, template, conversations, progress)
+    return [graded(question_of(c.messages[:-1]), g, c.messages[-1].content.strip())
+            for c, g in zip(conversations, got, strict=True)]  # fmt: skip
 
 
 def _counted(stream: Iterator[str], bar: tqdm) -> Iterator[str]:

@@ -42,7 +42,7 @@ from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
-from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, stop_ids
+from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
 from attnlab.tasks.sft import EXACT
 
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high")  # config.json's task section
@@ -95,17 +95,12 @@ class GRPOObjective(Objective):
     def scored(self, r: Rollouts, advantages: Tensor, device: torch.device):
         """The policy loss of the rollouts: one teacher-forced forward, float32 and without dropout, so
         that its log-probabilities are the rollout's (autocast off: the loop's may be bf16)."""
-        b, training = r.batch(device), self.model.training
-        self.model.eval()
-        try:
-            with torch.autocast(device.type, enabled=False):
-                logp = answer_token_logprobs(self.model, b)  # (B, A)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = answer_token_logprobs(self.reference.model.to(device), b)
-        finally:
-            self.model.train(training)
+        b, ref = r.batch(device), None
+        with as_rolled(self.model, device):
+            logp = answer_token_logprobs(self.model, b)  # (B, A)
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = answer_token_logprobs(self.reference.model.to(device), b)
         return policy_loss(logp, b.old, advantages, b.mask, self.loss, ref)
 
     def expanded(self, chosen: list[Prompt]) -> list[Prompt]:

@@ -20,7 +20,7 @@ from torch import nn
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.chat import answers
+from attnlab.decoding.chat import greedy_answers
 from attnlab.errors import AttnlabError
 from attnlab.io import read_metrics
 from attnlab.runs.folder import METRICS
@@ -94,9 +94,7 @@ def held_out(model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: li
     """The share of greedy answers that are right (graded as decoding.chat.right_answers grades) and
     the reward's mean of them, from one decoding of the conversations (all but their last message)."""
     asked = [Asked(tuple(c.messages[:-1]), c.messages[-1].content.strip()) for c in convs]
-    longest = max(len(tok.encode(q.reference)) for q in asked)
-    got = answers(model, tok, template, [q.messages for q in asked], temperature=0.0, max_new_tokens=longest + 16,
-                  seed=0)  # fmt: skip
+    got = greedy_answers(model, tok, template, convs)
     right = [q.right(g) for q, g in zip(asked, got, strict=True)]
     return {"exact": sum(right) / len(convs), "reward_score": rm(asked, got, 0).mean().item(), "examples": len(convs)}
 

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
+from attnlab.engine.resume import saved_progress
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -45,13 +45,13 @@ from attnlab.nn.objective import Objective, inner
 from attnlab.nn.policy import PolicyLoss, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss, whiten
 from attnlab.runs.adapted import run_template
-from attnlab.runs.folder import METRICS, STATE
+from attnlab.runs.folder import METRICS
 from attnlab.runs.marker import record
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun
-from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, stop_ids
+from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
 
 SETTINGS = ("reward", "beta", "gamma", "lam", "ppo_epochs", "minibatches", "clip", "value_clip", "vf_coef",
             "max_new_tokens", "hacking_patience", "stop_on_hacking")  # config.json's task section  # fmt: skip
@@ -173,7 +173,7 @@ class PPOObjective(Objective):
         right = [q.right(t) for q, t in zip(asked, texts, strict=True)]
         scores = self.rm.to(device)(asked, texts, seed)
         b = r.batch(device)
-        with torch.no_grad(), self.evaluating(device):
+        with torch.no_grad(), as_rolled(self.model, device):
             _, values = self.policy_and_value(b)
             ref = answer_token_logprobs(self.reference.model.to(device), b)
         o = self.opts
@@ -193,7 +193,7 @@ class PPOObjective(Objective):
         size = -(-n // self.opts["minibatches"])
         mb = self.buffer.part(order[part * size : (part + 1) * size].to(self.buffer.batch.ids.device))
         device = mb.batch.ids.device
-        with self.evaluating(device):
+        with as_rolled(self.model, device):
             logp, values = self.policy_and_value(mb.batch)
         pol = policy_loss(logp, mb.batch.old, mb.advantages, mb.batch.mask, self.loss)
         vl, _ = value_loss(values, mb.values, mb.returns, mb.batch.mask, self.opts["value_clip"])
@@ -209,23 +209,6 @@ class PPOObjective(Objective):
         v = VALUE_GAIN * self.model.reward_head(seen[-1].detach()).squeeze(-1).float()  # (B, L - 1)
         at = (b.places - 1).clamp(min=0)  # the position that predicts each answer token
         return logp, v.gather(1, at) * b.mask
-
-    @contextmanager
-    def evaluating(self, device: torch.device):
-        """float32 and no dropout, so that log-probabilities are the rollout's (as grpo's scoring)."""
-        training = self.model.training
-        self.model.eval()
-        try:
-            with torch.autocast(device.type, enabled=False):
-                yield
-        finally:
-            self.model.train(training)
-
-
-def resumed_step(run: Path) -> int:
-    """The step a resumed run goes on from: its checkpoint's."""
-    with safe_open(str(run / STATE), framework="pt") as f:
-        return int(f.metadata()["step"])
 
 
 class ProximalPolicy(SampledAnswers):
@@ -271,7 +254,7 @@ class ProximalPolicy(SampledAnswers):
                                "fewer minibatches or a larger --batch-size")  # fmt: skip
         stops = stop_ids(tok, template)
         rm = self.reward_run(opts["reward"])
-        step = resumed_step(out) if req.resume else 0
+        step = (saved_progress(out) or (0,))[0] if req.resume else 0  # unreadable: loading it says why
         watch = Watch(parts["val"][:WATCHED], (tok, template), rm, req.train.eval_interval, opts["hacking_patience"],
                       opts["stop_on_hacking"], past_evaluations(out, step), out / METRICS)  # fmt: skip
         build = self.builder(req, model, adapter)

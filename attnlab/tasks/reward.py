@@ -25,7 +25,7 @@ from attnlab.config import option
 from attnlab.data.conversations import Conversation, Message, Preference
 from attnlab.data.finetune import PreferenceData, splits
 from attnlab.data.supervised import Example, Pairs, encode, padded, trained_mask
-from attnlab.decoding.chat import answers
+from attnlab.decoding.chat import answer_room, answers
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -112,7 +112,7 @@ def sampled_negatives(policy, pairs: list[Preference], k: int, seed: int, progre
     all right keeps its own. The policy's mistakes are what best-of-N asks a reward model to rank below
     the right answer, and they are not the synthetic near misses."""
     template, tok = run_template(policy.path), policy.tokenizer
-    room = max(len(tok.encode(p.chosen[-1].content)) for p in pairs) + 16  # as greedy answers are scored
+    room = answer_room(tok, [p.chosen[-1].content for p in pairs])  # as greedy answers are scored
     prompts = [p.prompt for p in pairs for _ in range(k)]
     drawn = []  # in chunks: a bar that moves, and thousands of streams never open at once
     for i in tqdm(range(0, len(prompts), SAMPLE_CHUNK), desc=progress, disable=progress is None, leave=False):

@@ -9,6 +9,8 @@ answer, and the refusal of options that show or split examples they do not have.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,19 @@ class Frozen:
 
     def __init__(self, model: nn.Module):
         self.model = model.eval().requires_grad_(False)
+
+
+@contextmanager
+def as_rolled(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """The model in float32 and without dropout (autocast off: the training loop's may be bf16), so
+    that a teacher-forced forward's log-probabilities are the ones its rollout sampled from."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        model.train(training)
 
 
 def stop_ids(tok: Tokenizer, template: ChatTemplate) -> list[list[int]]:
