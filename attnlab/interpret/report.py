@@ -21,13 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.data import TokenData, build_token_cache, resolve_sources
 from attnlab.data.batches import windows
 from attnlab.errors import AttnlabError
 from attnlab.interpret.ablation import head_ablation
 from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.interpret.lens import logit_lens
 from attnlab.interpret.over_training import over_training
+from attnlab.interpret.own_data import block_of, own_tokens
 from attnlab.interpret.rollout import run_rollouts
 from attnlab.interpret.trace import trace
 from attnlab.models.protocols import CausalLM
@@ -151,10 +151,8 @@ def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
     data = run.config.get("data", {})
     if not isinstance(run.model, CausalLM) or "data" not in data:
         raise AttnlabError("ablation on the validation split reads a language-model run (attnlab train lm)")
-    files = resolve_sources(data["data"], data.get("glob", "*"))
-    arr = np.asarray(TokenData(build_token_cache(files, run.tokenizer, data.get("val_fraction", 0.05), False))
-                     .splits["val"])[: tokens + 1]  # fmt: skip
-    block = min(run.config.get("train", {}).get("block_size") or run.model.cfg.context, run.model.cfg.context)
+    arr = np.asarray(own_tokens(run).splits["val"])[: tokens + 1]
+    block = block_of(run)
     n = (len(arr) - 1) // block
     if n < 1:
         raise AttnlabError(f"the validation split has {len(arr)} tokens, less than one window of {block}")

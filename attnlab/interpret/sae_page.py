@@ -22,8 +22,9 @@ from torch import Tensor
 
 from attnlab.data.batches import windows
 from attnlab.errors import AttnlabError
+from attnlab.interpret.own_data import block_of
 from attnlab.interpret.sae import SavedSAE
-from attnlab.interpret.sae_train import block_of, check_run, read_point
+from attnlab.interpret.sae_train import check_run, read_point
 from attnlab.interpret.views import token_labels
 from attnlab.io import write_text
 from attnlab.models.protocols import ReadOut

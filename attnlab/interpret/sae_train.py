@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.data import TokenData, build_token_cache, resolve_sources
+from attnlab.data import TokenData
 from attnlab.data.batches import windows
 from attnlab.errors import AttnlabError
+from attnlab.interpret.own_data import block_of, own_tokens
 from attnlab.interpret.sae import SAEConfig, SparseAutoencoder
 from attnlab.models.protocols import CausalLM
 from attnlab.nn.hooks import hooks, taps
@@ -62,14 +63,9 @@ def check_run(run: Run, hook: str) -> TokenData:
     if not data.get("data"):
         raise AttnlabError(f"{run.path} names no training data in its config.json: an SAE reads the run's own data")
     try:
-        files = resolve_sources(data["data"], data.get("glob", "*"))
+        return own_tokens(run)
     except AttnlabError as e:
         raise AttnlabError(f"an SAE reads the run's own data, and {e}") from None
-    return TokenData(build_token_cache(files, run.tokenizer, data.get("val_fraction", 0.05), False))
-
-
-def block_of(run: Run) -> int:
-    return min(run.config.get("train", {}).get("block_size") or run.model.cfg.context, run.model.cfg.context)
 
 
 @torch.no_grad()
