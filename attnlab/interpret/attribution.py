@@ -26,7 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
-from attnlab.interpret.patching import GRANULARITIES, Metric, Patching, check_pair, check_points, record, sites
+from attnlab.interpret.patching import (
+    GRANULARITIES,
+    Metric,
+    Patching,
+    check_pair,
+    check_points,
+    cuttable,
+    record,
+    sites,
+)
 from attnlab.nn.block import Block
 from attnlab.nn.hooks import Hook, hooks, taps
 
@@ -48,7 +57,7 @@ def attribution_patching(model: nn.Module, clean: tuple, corrupted: tuple, metri
     check_pair(clean, corrupted)
     check_points(model)
     model.eval()
-    found = sites(record(model, clean), granularities)
+    found = sites(cuttable(model, clean), granularities)
     points = list(dict.fromkeys(s.point for s in found))
     out, cache = record(model, clean, set(points))
     m_clean = float(metric(out)[0])

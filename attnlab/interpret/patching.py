@@ -30,6 +30,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -166,20 +167,16 @@ def check_points(model: nn.Module) -> None:
                            "resid_pre, attn.hook_head_out, ...): patching reads a Transformer")  # fmt: skip
 
 
-def record(model: nn.Module, inputs: tuple, points: set[str] | None = None):
-    """The model's output and the activations of `points`; with no points, the activations of every
-    point patching can cut, found by a trace. Only the points asked are hooked: a hook on hook_pattern
-    would switch attention to its math path, whose last bits differ from the fused one's."""
-    if points is None:
-        return {k: v for k, v in trace(model, *inputs).activations.items() if _POINT.match(k)}
-    found: dict[str, Tensor] = {}
+def cuttable(model: nn.Module, inputs: tuple) -> dict[str, Tensor]:
+    """The activations of every point patching can cut, from one trace."""
+    return {k: v for k, v in trace(model, *inputs).activations.items() if _POINT.match(k)}
 
-    def keep(name: str) -> Hook:
-        return lambda x: found.__setitem__(name, x.detach().clone())
 
-    with torch.no_grad(), hooks(model, {p: keep(p) for p in points}):
-        out = model(*inputs)
-    return out, found
+@torch.no_grad()
+def record(model: nn.Module, inputs: tuple, points: set[str]) -> tuple[Any, dict[str, Tensor]]:
+    """The model's output and the activations of `points` (only those hooked: trace's `points`)."""
+    t = trace(model, *inputs, points=points)
+    return t.output, t.activations
 
 
 def repeat(inputs: tuple, n: int) -> tuple:
@@ -212,7 +209,7 @@ def activation_patching(
     check_pair(clean, corrupted)
     check_points(model)
     model.eval()
-    found = sites(record(model, clean), granularities)
+    found = sites(cuttable(model, clean), granularities)
     n = max(1, min(batch, len(found)))
     # The clean values row by row from a batch of n, as each patched row computes: a clean value from
     # a batch of 1 may differ in the last bit, and a site patched with its own value must change nothing.

@@ -18,6 +18,7 @@ when it came from a run with a tokenizer.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,9 +121,12 @@ def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module
 
 
 @torch.no_grad()
-def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | None = None, **kwargs: Any) -> Trace:
+def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | None = None,
+          points: Iterable[str] | None = None, **kwargs: Any) -> Trace:  # fmt: skip
     """Run the model of `target` (a run or a module) on `inputs` once, in eval mode, recording every
-    point's activation (after extra_hooks, if any, have read or replaced them)."""
+    point's activation, or only those of `points` (after extra_hooks, if any, have read or replaced
+    them). Only the points recorded are hooked: a hook on hook_pattern switches attention to its math
+    path, whose last bits differ from the fused one's."""
     model, inputs, tokens = _model_and_inputs(target, inputs)
     found: dict[str, Tensor] = {}
 
@@ -135,7 +139,8 @@ def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | 
     was_training = model.training
     model.eval()
     try:
-        with hooks(model, extra_hooks or {}), hooks(model, {name: recorder(name) for name in taps(model)}):
+        names = taps(model) if points is None else points
+        with hooks(model, extra_hooks or {}), hooks(model, {name: recorder(name) for name in names}):
             output = model(*inputs, **kwargs)
     finally:
         model.train(was_training)
