@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from attnlab.cli.generate import add_options, read_options
@@ -45,19 +45,13 @@ class SaeShowOptions:
 
 
 @dataclass
-class SaeSyntheticOptions:
-    features: int = option(1024, "true features F", at_least=1)
-    dim: int = option(128, "dimensions D (F > D: features in superposition)", at_least=1)
-    p: float | None = option(None, "each feature's firing probability (default 5 / F: about 5 active a sample)")
-    correlated: bool = option(False, "features fire together in groups of 4")
-    hierarchical: bool = option(False, "parent features with 4 children each; a child fires only with its parent")
+class SaeSyntheticOptions(SyntheticConfig):  # the features' world (its flags), then the SAE's
     kind: str = option("topk", "the SAE: topk, batchtopk, jumprelu or relu", KINDS)
     latents: int | None = option(None, "the SAE's latents (default: F)", at_least=1)
     k: int | None = option(None, "topk / batchtopk: active latents (default: the true L0, rounded)",
                            at_least=1)  # fmt: skip
     tokens: int = option(2_000_000, "samples the SAE trains on", at_least=1)
     lr: float = option(1e-2, "Adam's learning rate")
-    seed: int = option(0, "seed of the features, the samples and the SAE")
     json: bool = option(False, "print one JSON object")
 
 
@@ -108,8 +102,7 @@ def run_show(opts: SaeShowOptions) -> int:
 def run_synthetic_command(opts: SaeSyntheticOptions) -> int:
 
     share()
-    world = SyntheticConfig(opts.features, opts.dim, opts.p, opts.correlated, hierarchical=opts.hierarchical,
-                            seed=opts.seed)  # fmt: skip
+    world = SyntheticConfig(**{f.name: getattr(opts, f.name) for f in fields(SyntheticConfig)})
     latents = opts.latents or opts.features
     k = min(latents, opts.k or max(1, round(true_l0(world))))
     # dead (for AuxK) once silent for as many samples as a true feature fires in 80 times: 2e5, 4e4 and

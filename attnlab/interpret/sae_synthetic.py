@@ -43,7 +43,7 @@ class SyntheticConfig:
     correlated: bool = option(False, "features fire together in groups of 4 (correlation rho)")
     rho: float = option(0.5, "--correlated: the share of a feature's firing noise its group shares")
     hierarchical: bool = option(False, "parents with 4 children each: a child fires only with its parent")
-    seed: int = option(0, "seed of the features and the samples")
+    seed: int = option(0, "seed of the features and the samples (and of the SAE, on the command line)")
 
     def __post_init__(self):
         check_types(self)
