@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import attnlab
 from attnlab.data.finetune import ChatData
 from attnlab.tasks.grpo import GRPOObjective
 from attnlab.tasks.rewards import Asked, Exact
-from attnlab.tasks.sampled import Prompt
+from attnlab.tasks.sampled import HeldRollout, Prompt
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,23 +71,29 @@ def test_the_exact_reward_reads_the_answer_without_its_end_of_turn():
 
     tok = CharTokenizer("ab<|>imend \n")
     stop = tok.encode("<|im_end|>")
-    opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0)
-    objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], Asked((), "ab"))], opts, tok, [stop], Exact())
+    opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0, epochs=1)
+    objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], Asked((), "ab"))], opts, (tok, [stop]), Exact(),
+                              None, (HeldRollout(Path("unused")), 0))  # fmt: skip
     assert objective.text(tok.encode(" ab") + stop) == "ab"
     assert objective.text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
     assert objective.text(tok.encode("ba") + stop) != "ab"
 
 
 def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, monkeypatch):
-    """4 steps at once, or interrupted before step 3 and resumed: the same rollouts (their seeds come
-    from the run's generator), losses, rewards and weights (float32 on the CPU)."""
+    """4 steps at once, or interrupted after step 3 and resumed: the same rollouts (their seeds come
+    from the run's generator; with --epochs 2 step 4 reuses step 3's rollout, read back from the run's
+    folder), losses, rewards and weights (float32 on the CPU)."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    grpo(full, base, steps=4, reward="random", beta=0.1)
-    with ctrl_c_at(monkeypatch, 2), pytest.raises(attnlab.AttnlabError, match="interrupted at step 2"):
-        grpo(cut, base, steps=4, reward="random", beta=0.1)
+    grpo(full, base, steps=4, reward="random", beta=0.1, epochs=2)
+    with ctrl_c_at(monkeypatch, 3), pytest.raises(attnlab.AttnlabError, match="interrupted at step 3"):
+        grpo(cut, base, steps=4, reward="random", beta=0.1, epochs=2)
     attnlab.train(cut, task="grpo", resume=True, progress=False)
-    keep = ("step", "loss", "reward", "kl", "answer_length")
+    keep = ("step", "loss", "reward", "kl", "answer_length", "clip_frac")
     a, b = ([{k: r[k] for k in keep} for r in rows(run) if "reward" in r] for run in (full, cut))
     assert len(a) == 4 and a == b and a[-1]["kl"] > 0
+    logged = [r for r in rows(full) if "reward" in r]
+    # each rollout feeds two updates: the second logs the same rollout's reward and spends no time sampling
+    assert [r["generate_s"] > 0 for r in logged] == [True, False, True, False]
+    assert logged[1]["reward"] == logged[0]["reward"] and logged[3]["answer_length"] == logged[2]["answer_length"]
     wa, wb = attnlab.load(full).model.state_dict(), attnlab.load(cut).model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

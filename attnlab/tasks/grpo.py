@@ -1,7 +1,7 @@
 """grpo: reinforcement learning of a fine-tuned GPT against a verifiable reward (GRPO, Dr. GRPO, DAPO).
 
 attnlab train grpo --init runs/sft --out runs/grpo [--group 8 --loss grpo --beta 0 --reward exact]
-attnlab train grpo --init runs/sft_add --data add --level 2 --out runs/grpo_add
+attnlab train grpo --init runs/sft_add --data add --level 2 --epochs 4 --out runs/grpo_add
 attnlab train grpo --init runs/sft --reward runs/rm --out runs/grpo_rm
 attnlab.train("runs/grpo_f", init="runs/sft", task="grpo", reward=lambda question, answer: ...)
 
@@ -10,19 +10,23 @@ file's conversations), samples --group answers to each on the one decoding engin
 (decoding/rollouts.py: float32, temperature 1), scores them (tasks/rewards.py: --reward exact, 1
 for a right answer by the task's checker or the stored answer; random, a coin, the control run that
 says how much of a gain is the reward's; a reward run's scores; or a Python callable's), and takes
-one gradient step on the policy loss (nn/policy.py) with the group's advantages. The step is on the
-rollouts' own policy, so the ratio starts at 1 and the clip fraction logged is that of the one step
-(about 0). The loss's forward runs in float32 whatever --dtype says, so that the policy's
-log-probabilities equal the rollout's. metrics.jsonl holds, per step: reward, exact (the share of
-right answers, whatever the reward), kl (to the --init model, with --beta > 0), answer_length
-(tokens), clip_frac and generate_s (the seconds spent sampling). At the end eval.json holds the
-held-out exact answers, as sft's.
+--epochs gradient steps on the policy loss (nn/policy.py) with the group's advantages (the paper's
+mu, "GRPO iterations"). The first step is on the rollouts' own policy, so its ratio is 1 and nothing
+is clipped; the later ones are off it by the steps taken, and the clip holds them near it. Sampling
+is most of a step's time on a CPU, so --epochs 4 takes four updates for about the price of one
+(the rollout is kept in grpo_rollout.safetensors: a run resumed between them goes on). The loss's
+forward runs in float32 whatever --dtype says, so that the policy's log-probabilities equal the
+rollout's. metrics.jsonl holds, per step: reward, exact (the share of right answers, whatever the
+reward), kl (to the --init model, with --beta > 0), answer_length (tokens), clip_frac and
+generate_s (the seconds spent sampling: 0 on a step that reuses its rollout). At the end eval.json
+holds the held-out exact answers, as sft's.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +35,9 @@ from torch import Tensor, nn
 
 from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits, test_split
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
-from attnlab.decoding.rollouts import Rollouts, answer_token_logprobs, rollouts
+from attnlab.data.tokenizers import load_tokenizer
+from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
+from attnlab.engine.resume import saved_progress
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -42,10 +47,10 @@ from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
-from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
+from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
 from attnlab.tasks.sft import EXACT
 
-SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high")  # config.json's task section
+SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high", "epochs")  # config.json's task
 # An RL step moves a tuned model: a far smaller learning rate than sft's, few prompts a step (each G answers).
 GRPO_TRAIN = dict(TUNED, lr=2e-5, batch_size=8, max_steps=100, warmup_steps=5, eval_interval=50, eval_batches=1)
 
@@ -63,45 +68,86 @@ class GRPOOptions(AdaptOptions):
     max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
     clip: float = option(0.2, "the ratio's clip range below 1 (and above, unless --clip-high)")
     clip_high: float | None = option(None, "the clip range above 1 (DAPO's decoupled clip: 0.28)")
+    epochs: int = option(1, "updates taken from each rollout before the next is sampled (GRPO's mu): each a "
+                         "training step, so --max-steps counts updates", at_least=1)  # fmt: skip
+
+
+@dataclass
+class Held:
+    """A scored rollout as its updates read it."""
+
+    batch: RolloutBatch
+    advantages: Tensor  # (B,) each answer's, from its group
+    ref: Tensor | None  # (B, A) the reference's log-probabilities, with --beta > 0
+    rewards: Tensor  # (B,)
+    logged: dict[str, float]  # the rollout's metrics
+
+    def save(self, held: HeldRollout, step: int) -> None:
+        b, more = self.batch, {} if self.ref is None else {"ref": self.ref}
+        tensors = dict(ids=b.ids, places=b.places, old=b.old, mask=b.mask, advantages=self.advantages,
+                       rewards=self.rewards, **more)  # fmt: skip
+        held.save(step, tensors, self.logged)
+
+    @staticmethod
+    def read(held: HeldRollout, step: int, device: torch.device) -> Held:
+        t, logged = held.read(step, device)
+        batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
+        return Held(batch, t["advantages"], t.get("ref"), t["rewards"], logged)
 
 
 class GRPOObjective(Objective):
-    """Rollouts, rewards, group advantages and the policy loss of one batch of prompts."""
+    """Rollouts, rewards and group advantages every --epochs steps; each step one policy-loss update."""
 
-    def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], tok: Tokenizer,
-                 stops: list[list[int]], reward: Reward, reference: nn.Module | None = None):  # fmt: skip
+    def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple, reward: Reward,
+                 reference: nn.Module | None, held: tuple[HeldRollout, int]):  # fmt: skip
         super().__init__(model)
-        self.prompts, self.tok, self.stops, self.reward = prompts, tok, stops, reward
-        self.group, self.max_new = opts["group"], opts["max_new_tokens"]
+        self.prompts, (self.tok, self.stops), self.reward = prompts, chat, reward
+        self.group, self.max_new, self.epochs = opts["group"], opts["max_new_tokens"], opts["epochs"]
         self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
         self.reference = None if reference is None else Frozen(reference)
+        (self.file, self.step), self.held = held, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
+        step, self.step = self.step, self.step + 1  # one call per step (grad_accum 1 when --epochs > 1)
+        into = step % self.epochs
+        device = next(self.model.parameters()).device
+        generate_s = 0.0
+        if into == 0:
+            self.held, generate_s = self.rollout(rows, int(seed[0]), device)
+            if self.epochs > 1:
+                self.held.save(self.file, step)
+        elif self.held is None:  # resumed between a rollout's updates
+            self.held = Held.read(self.file, step - into, device)
+        result = self.scored(self.held)
+        self.last = {**self.held.logged, "kl": result.kl, "clip_frac": result.clip_frac, "generate_s": generate_s}
+        return self.held.rewards, result.loss
+
+    def rollout(self, rows: Tensor, seed: int, device: torch.device) -> tuple[Held, float]:
+        """G answers to each prompt of the batch, scored, with their group advantages; the seconds
+        spent sampling them."""
         chosen = [self.prompts[i] for i in rows.tolist()]
         t0 = time.perf_counter()
-        r = rollouts(self.model, [p.ids for p in chosen], self.group, self.max_new, int(seed[0]), self.stops)
-        generate_s = time.perf_counter() - t0
+        r = rollouts(self.model, [p.ids for p in chosen], self.group, self.max_new, seed, self.stops)
+        sampled = time.perf_counter() - t0
         asked, texts = [p.asked for p in self.expanded(chosen)], [self.text(a) for a in r.answers]
         right = torch.tensor([q.right(t) for q, t in zip(asked, texts)]).float()
-        device = next(self.model.parameters()).device
-        rewards = self.reward.to(device)(asked, texts, int(seed[0]))
+        rewards = self.reward.to(device)(asked, texts, seed)
         advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)
-        result = self.scored(r, advantages, device)
-        self.last = {"reward": rewards.mean().item(), "exact": right.mean().item(), "kl": result.kl,
-                     "answer_length": float(np.mean([len(a) for a in r.answers])), "clip_frac": result.clip_frac,
-                     "generate_s": generate_s}  # fmt: skip
-        return rewards, result.loss
-
-    def scored(self, r: Rollouts, advantages: Tensor, device: torch.device):
-        """The policy loss of the rollouts: one teacher-forced forward, float32 and without dropout, so
-        that its log-probabilities are the rollout's (autocast off: the loop's may be bf16)."""
         b, ref = r.batch(device), None
-        with as_rolled(self.model, device):
-            logp = answer_token_logprobs(self.model, b)  # (B, A)
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref = answer_token_logprobs(self.reference.model.to(device), b)
-        return policy_loss(logp, b.old, advantages, b.mask, self.loss, ref)
+        if self.reference is not None:
+            with torch.no_grad(), as_rolled(self.model, device):
+                ref = answer_token_logprobs(self.reference.model.to(device), b)
+        logged = {"reward": rewards.mean().item(), "exact": right.mean().item(),
+                  "answer_length": float(np.mean([len(a) for a in r.answers]))}  # fmt: skip
+        return Held(b, advantages, ref, rewards, logged), sampled
+
+    def scored(self, h: Held):
+        """The policy loss of a held rollout: one teacher-forced forward, float32 and without dropout,
+        so that on the rollout's own policy its log-probabilities are the rollout's (autocast off: the
+        loop's may be bf16)."""
+        with as_rolled(self.model, h.batch.ids.device):
+            logp = answer_token_logprobs(self.model, h.batch)  # (B, A)
+        return policy_loss(logp, h.batch.old, h.advantages, h.batch.mask, self.loss, h.ref)
 
     def expanded(self, chosen: list[Prompt]) -> list[Prompt]:
         return [p for p in chosen for _ in range(self.group)]
@@ -138,21 +184,26 @@ class GroupRelative(SampledAnswers):
         config = self.run_config(req, model, adapter)
         reward = self.reward_of(req, opts)
         config["task"].update(opts, reward=reward.spec)  # a callable: its name (config.json holds no code)
+        step = (saved_progress(Path(req.out)) or (0,))[0] if req.resume else 0  # unreadable: loading it says why
+        held = self.held_rollout(Path(req.out), d.main)
 
         def objective() -> GRPOObjective:
-            return GRPOObjective(build(), prompts, opts, tok, stops, reward, build() if opts["beta"] > 0 else None)
+            reference = build() if opts["beta"] > 0 else None
+            return GRPOObjective(build(), prompts, opts, (tok, stops), reward, reference, (held, step))
 
         return Prepared(Prompts(prompts, opts["group"], opts["max_new_tokens"]), objective, config,
                         state=(tok, template, test_split(req.data, self.builtin)))  # fmt: skip
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
         """The run's RL settings: a resumed run's own, or from the options (checked)."""
-        if req.resume:
-            return {k: req.saved["task"][k] for k in SETTINGS}
+        if req.resume:  # a run stored before --epochs took one update a rollout
+            return {k: req.saved["task"].get(k, 1) if k == "epochs" else req.saved["task"][k] for k in SETTINGS}
         opts = {k: req.options.get(k, getattr(GRPOOptions, k)) for k in SETTINGS}
         if opts["group"] < 2:
             raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
         PolicyLoss(opts["loss"])  # an unknown loss is one line here, before the run's folder fills
+        if opts["epochs"] > 1 and req.train.grad_accum != 1:
+            raise AttnlabError("--epochs takes whole steps from one rollout: leave --grad-accum at 1")
         return opts
 
     def reward_of(self, req: TrainRequest, opts: dict[str, Any]) -> Reward:

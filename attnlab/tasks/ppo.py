@@ -22,7 +22,6 @@ the policy evaluated). eval.json holds the held-out exact answers and score of t
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,25 +39,22 @@ from attnlab.engine.resume import saved_progress
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.io import read_safetensors, write_safetensors
 from attnlab.nn.objective import Objective, inner
 from attnlab.nn.policy import PolicyLoss, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss, whiten
 from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import METRICS
-from attnlab.runs.marker import record
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun
-from attnlab.tasks.sampled import Frozen, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
+from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
 
 SETTINGS = ("reward", "beta", "gamma", "lam", "ppo_epochs", "minibatches", "clip", "value_clip", "vf_coef",
             "max_new_tokens", "hacking_patience", "stop_on_hacking")  # config.json's task section  # fmt: skip
 # A rollout of 32 answers is 4 updates of 16 (2 epochs x 2 minibatches); the alarm looks every 20 steps.
 PPO_TRAIN = dict(TUNED, lr=1e-4, batch_size=32, max_steps=100, warmup_steps=5, eval_interval=20, eval_batches=1)
 WATCHED = 40  # held-out prompts the alarm answers at each evaluation: about 2 s on 2 cores
-ROLLOUT = "ppo_rollout.safetensors"  # the rollout being learned from: a run resumed mid-way reads it
 # The value head is a linear read of the policy's last hidden states, detached: at this size (4 layers
 # of 128) a value loss pulling the shared trunk would move the language the policy answers with, and a
 # second model would double each step's forward and backward on 2 cores. The policy's own features
@@ -104,23 +100,17 @@ class Buffer:
         sub = RolloutBatch(b.ids[rows], b.places[rows], b.old[rows], b.mask[rows])
         return Buffer(sub, self.values[rows], self.advantages[rows], self.returns[rows], self.seed, self.logged)
 
-    def save(self, path: Path, step: int) -> None:
+    def save(self, held: HeldRollout, step: int) -> None:
         b = self.batch
         tensors = dict(ids=b.ids, places=b.places, old=b.old, mask=b.mask, values=self.values,
                        advantages=self.advantages, returns=self.returns)  # fmt: skip
-        meta = {"step": str(step), "seed": str(self.seed), "logged": json.dumps(self.logged)}
-        write_safetensors(path, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
+        held.save(step, tensors, {"seed": self.seed, "logged": self.logged})
 
     @staticmethod
-    def read(path: Path, step: int, device: torch.device) -> Buffer:
-        if not path.is_file():
-            raise AttnlabError(f"{path} is missing: this run cannot go on mid-rollout; train it again")
-        t, meta = read_safetensors(path)
-        if int(meta["step"]) != step:
-            raise AttnlabError(f"{path} holds the rollout of step {meta['step']}, not {step}: train the run again")
-        t = {k: v.to(device) for k, v in t.items()}
+    def read(held: HeldRollout, step: int, device: torch.device) -> Buffer:
+        t, notes = held.read(step, device)
         batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
-        return Buffer(batch, t["values"], t["advantages"], t["returns"], int(meta["seed"]), json.loads(meta["logged"]))
+        return Buffer(batch, t["values"], t["advantages"], t["returns"], notes["seed"], notes["logged"])
 
 
 @contextmanager
@@ -138,14 +128,14 @@ class PPOObjective(Objective):
     """Rollouts every ppo_epochs x minibatches steps; each step one clipped update on a part of one."""
 
     def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple,
-                 reference: nn.Module, rm: RewardRun, watch: Watch, rollout_file: Path, step: int):  # fmt: skip
+                 reference: nn.Module, rm: RewardRun, watch: Watch, held: HeldRollout, step: int):  # fmt: skip
         super().__init__(model)
         self.prompts, self.opts, self.rm, self.watch = prompts, opts, rm, watch
         self.tok, self.template, self.stops = chat
         self.reference = Frozen(reference)
         self.loss = PolicyLoss("dapo", opts["clip"])  # PPO's mean over every token of the batch
         self.cycle = opts["ppo_epochs"] * opts["minibatches"]
-        self.file, self.step, self.buffer = rollout_file, step, None
+        self.held, self.step, self.buffer = held, step, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
         step, self.step = self.step, self.step + 1  # one call per step (grad_accum 1)
@@ -156,9 +146,9 @@ class PPOObjective(Objective):
         device = next(self.model.parameters()).device
         if into == 0:
             self.buffer = self.rollout(rows, int(seed[0]), device)
-            self.buffer.save(self.file, step)
+            self.buffer.save(self.held, step)
         elif self.buffer is None:  # resumed mid-way through a rollout
-            self.buffer = Buffer.read(self.file, step - into, device)
+            self.buffer = Buffer.read(self.held, step - into, device)
         loss = self.update(into)
         return loss.detach(), loss
 
@@ -260,12 +250,11 @@ class ProximalPolicy(SampledAnswers):
         build = self.builder(req, model, adapter)
         config = self.run_config(req, model, adapter)
         config["task"].update(opts)
-        if d.main:
-            record(out, ROLLOUT)  # --force removes it with the run
+        held = self.held_rollout(out, d.main)
 
         def objective() -> PPOObjective:
-            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch,
-                                out / ROLLOUT, step)  # fmt: skip
+            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held,
+                                step)  # fmt: skip
 
         return Prepared(Prompts(prompts, 1, opts["max_new_tokens"]), objective, config,
                         state=(tok, template, parts["test"], rm))  # fmt: skip

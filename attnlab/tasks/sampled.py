@@ -4,14 +4,18 @@ A Prompt is a conversation up to its answer's start (ids, as the run's template 
 was asked (tasks/rewards.Asked: the messages and the stored answer the rewards read). Prompts is the
 training "data": a batch is which prompts and the seed of their rollouts. SampledAnswers is the
 tasks' common base: the prompts that leave room for an answer, the ids that end one, the text of an
-answer, and the refusal of options that show or split examples they do not have.
+answer, and the refusal of options that show or split examples they do not have. Both tasks may take
+several updates from one rollout; HeldRollout keeps it in the run's folder so that a run resumed
+between them goes on with the same answers.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,8 @@ from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
+from attnlab.io import read_safetensors, write_safetensors
+from attnlab.runs.marker import record
 from attnlab.tasks.adapt import Adapting
 from attnlab.tasks.rewards import Asked
 
@@ -59,6 +65,27 @@ class Frozen:
 
     def __init__(self, model: nn.Module):
         self.model = model.eval().requires_grad_(False)
+
+
+class HeldRollout:
+    """The rollout the next updates learn from, in the run's folder (tensors, and notes as JSON), saved
+    when it is sampled: a run resumed before its last update reads it instead of sampling anew."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def save(self, step: int, tensors: dict[str, Tensor], notes: dict[str, Any]) -> None:
+        meta = {"step": str(step), "notes": json.dumps(notes)}
+        write_safetensors(self.path, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
+
+    def read(self, step: int, device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The tensors (on device) and notes of the rollout sampled at `step`."""
+        if not self.path.is_file():
+            raise AttnlabError(f"{self.path} is missing: this run cannot go on mid-rollout; train it again")
+        t, meta = read_safetensors(self.path)
+        if int(meta["step"]) != step:
+            raise AttnlabError(f"{self.path} holds the rollout of step {meta['step']}, not {step}: train the run again")
+        return {k: v.to(device) for k, v in t.items()}, json.loads(meta["notes"])
 
 
 @contextmanager
@@ -104,6 +131,13 @@ class SampledAnswers(Adapting):
             raise AttnlabError(f"--show-masks shows sft's and dpo's examples: {self.name} trains on the answers "
                                "it samples")  # fmt: skip
         return super().setup(req)
+
+    def held_rollout(self, out: Path, main: bool) -> HeldRollout:
+        """Where the run keeps the rollout being learned from (--force removes it with the run)."""
+        path = Path(out) / f"{self.name}_rollout.safetensors"
+        if main:
+            record(Path(out), path.name)
+        return HeldRollout(path)
 
     def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
         asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
