@@ -107,17 +107,20 @@ def test_the_policy_loss_takes_per_token_advantages():
 
 
 # ---- the alarm -----------------------------------------------------------------------------------
-def test_the_alarm_rings_when_the_score_rises_while_exact_falls_and_not_on_an_honest_run():
+def test_the_alarm_rings_when_the_score_is_up_and_exact_down_from_the_start_and_not_on_an_honest_run():
     hacking = [(0, 0.1, 0.95), (20, 0.3, 0.975), (40, 0.5, 0.925), (60, 0.9, 0.85), (80, 1.2, 0.80)]
     rang = [reward_hacking(hacking[: k + 1], 2) for k in range(len(hacking))]
     assert [a is not None for a in rang] == [False, False, False, True, False]  # once per streak
     alarm = rang[3]
-    assert alarm.step == 60 and alarm.score == (0.3, 0.9) and alarm.exact == (0.975, 0.85)
+    assert alarm.step == 60 and alarm.score == (0.1, 0.9) and alarm.exact == (0.95, 0.85)
     line = alarm.line()
-    assert "\n" not in line and "step 60" in line and "+0.600" in line and "-12.5 points" in line
-    honest = [(0, 0.1, 0.95), (20, 0.3, 0.96), (40, 0.5, 0.96), (60, 0.9, 0.97), (80, 0.8, 0.9), (100, 1.0, 0.95)]
+    assert "\n" not in line and "step 60" in line and "+0.800" in line and "-10.0 points" in line
+    honest = [(0, 0.1, 0.95), (20, 0.3, 0.96), (40, 0.5, 0.94), (60, 0.9, 0.97), (80, 0.8, 0.9), (100, 1.0, 0.95)]
     assert all(reward_hacking(honest[: k + 1], 2) is None for k in range(len(honest)))
-    assert reward_hacking(hacking[:3], 1) is not None  # patience 1: the first rise-and-fall rings
+    assert reward_hacking(hacking[:3], 1) is not None  # patience 1: the first evaluation up and down rings
+    # a hack that lands at once and stays: one step-to-step rise and fall, then flat; against the start, twice
+    landed = [(0, -0.183, 0.975), (20, 0.001, 0.975), (40, -0.155, 0.95), (60, -0.155, 0.95)]
+    assert reward_hacking(landed, 2) is not None and reward_hacking(landed[:3], 2) is None
 
 
 # ---- the task ------------------------------------------------------------------------------------

@@ -41,8 +41,9 @@ def rows(lengths: list[int]) -> list[Example]:
     return [Example(g.integers(0, 20, n), np.arange(n) >= n - 3) for n in lengths]
 
 
-def test_the_answer_head_is_its_formula_written_as_a_loop():
-    model = tiny("answer")
+@pytest.mark.parametrize("head", ["answer", "mean"])
+def test_the_answer_heads_are_their_formulas_written_as_a_loop(head):
+    model = tiny(head)
     idx = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(2))
     answer = torch.zeros(3, 12, dtype=torch.bool)
     answer[0, 5:9], answer[1, 1:], answer[2, 11] = True, True, True
@@ -51,13 +52,29 @@ def test_the_answer_head_is_its_formula_written_as_a_loop():
         h = model.hidden(idx)[0]  # (B, T, C)
         logp = F.log_softmax(model(idx), dim=-1)  # (B, T, V): row t predicts token t + 1
     w, b = model.reward_head.weight[0], model.reward_head.bias[0]
-    for i in range(3):  # r = sum over answer tokens t of w . [h_t, log p(x_t | x_<t)] + b
-        r = sum(w[:-1] @ h[i, t] + w[-1] * logp[i, t - 1, idx[i, t]] + b for t in range(12) if answer[i, t])
+    for i in range(3):  # r = sum (answer) or mean (mean) over answer tokens t of w . [h_t, log p(x_t | x_<t)] + b
+        terms = [w[:-1] @ h[i, t] + w[-1] * logp[i, t - 1, idx[i, t]] + b for t in range(12) if answer[i, t]]
+        r = sum(terms) / (len(terms) if head == "mean" else 1)
         assert got[i].item() == pytest.approx(float(r), abs=1e-4)
 
 
+def test_the_mean_head_has_no_length_term_that_the_summed_one_has():
+    """A per-token constant (the bias b: pairs of equal length never see it) is a length term when
+    summed, and one constant for every answer when averaged."""
+    idx = torch.randint(0, 20, (1, 12), generator=torch.Generator().manual_seed(3)).expand(2, -1)
+    short = torch.zeros(2, 12, dtype=torch.bool)
+    short[0, 8:10], short[1, 4:10] = True, True  # 2 tokens, 6 tokens: the same tokens at the end
+    for head, shift in (("answer", [2.0, 6.0]), ("mean", [1.0, 1.0])):
+        model = tiny(head)
+        with torch.no_grad():
+            before = model.score(idx, answer=short)
+            model.reward_head.bias += 1.0
+            after = model.score(idx, answer=short)
+        assert (after - before).tolist() == pytest.approx(shift, abs=1e-4), head
+
+
 def test_an_untrained_answer_head_scores_the_policys_log_probability_of_the_answer():
-    model = tiny("answer")
+    model = tiny("answer")  # (the mean head's: the same divided by the answer's tokens, by the formula test)
     with torch.no_grad():
         torch.nn.init.zeros_(model.reward_head.bias)
         model.reward_head.weight.zero_()
@@ -71,7 +88,7 @@ def test_an_untrained_answer_head_scores_the_policys_log_probability_of_the_answ
             assert r.item() == pytest.approx(answer_logprobs(policy, x, y).item(), abs=1e-4)
 
 
-@pytest.mark.parametrize("head", ["answer", "last"])
+@pytest.mark.parametrize("head", ["mean", "answer", "last"])
 def test_the_scores_of_a_padded_batch_are_those_of_each_row_alone(head):
     model, examples = tiny(head), rows([5, 11, 8, 3])
     together = scores(model, examples)
@@ -92,7 +109,7 @@ def trained(out, base, **options) -> attnlab.Run:
 
 def test_a_reward_run_records_its_head_and_an_old_run_without_one_reads_its_last_token(base, tmp_path):
     new = trained(tmp_path / "new", base)
-    assert new.config["model"]["head"] == "answer" and new.model.reward_head.weight.shape[1] == 17
+    assert new.config["model"]["head"] == "mean" and new.model.reward_head.weight.shape[1] == 17
     old = trained(tmp_path / "old", base, head="last")
     config = json.loads((tmp_path / "old" / "config.json").read_text())
     del config["model"]["head"]  # a run written before there was a choice of head

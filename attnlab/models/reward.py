@@ -6,6 +6,7 @@ Legend: B batch, T time, C width.
 It is a GPT (so a language model's weights load into it, all but the new `reward_head`) and reads a
 whole conversation. Two heads (RewardConfig.head):
 
+    mean    r = mean over the answer's tokens t of  w . [h_t, log p(x_t | x_<t)] + b
     answer  r = sum over the answer's tokens t of  w . [h_t, log p(x_t | x_<t)] + b
     last    r = w . h_T + b                        (h_T: the last token's hidden state)
 
@@ -14,6 +15,13 @@ character is one token among ~85 that it has to single out. `answer` scores ever
 and gives the head the language model's own evidence, the log-probability of each answer token: with
 w's log-probability weight starting at 1 (the rest at 0) the untrained model ranks answers as the
 policy it came from does (98.5% of the chat demo's held-out pairs), and training moves on from there.
+
+`mean` is `answer` without its length term. Preference pairs compare two answers of about the same
+length, so whatever a per-token term adds to every token (the bias b, or a direction every h_t
+shares) cancels in training and is left where it drifted: summed, it rewards or punishes length, and
+PPO against such a head cut "nine three" to "nine thre" (score -19.2 -> -15.2) while exact answers fell.
+Averaged, a per-token constant is one constant for every answer; a truncated answer still pays for
+its improbable end of turn.
 """
 
 from __future__ import annotations
@@ -27,14 +35,15 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.models.gpt import GPT, GPTConfig
 
-HEADS = ("answer", "last")
+HEADS = ("mean", "answer", "last")
+PER_TOKEN = ("mean", "answer")  # the heads that read every answer token
 
 
 @dataclass
 class RewardConfig(GPTConfig):
     # "last" by default: a run written before the answer head existed has no `head` in its config.json
     head: str = option("last", "what the score reads: the answer's tokens with their log-probabilities "
-                       "(answer) or the last token alone (last)", HEADS)  # fmt: skip
+                       "(answer: summed; mean: averaged) or the last token alone (last)", HEADS)  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()
@@ -45,11 +54,11 @@ class RewardConfig(GPTConfig):
 class RewardModel(GPT):
     def __init__(self, cfg: RewardConfig):
         super().__init__(cfg)
-        per_token = cfg.head == "answer"
-        self.reward_head = nn.Linear(cfg.d_model + per_token, 1)  # answer: one more input, the log-probability
+        per_token = cfg.head in PER_TOKEN
+        self.reward_head = nn.Linear(cfg.d_model + per_token, 1)  # one more input, the log-probability
         nn.init.zeros_(self.reward_head.weight)  # every answer starts at the same score ...
         nn.init.zeros_(self.reward_head.bias)
-        if per_token:  # ... but for the policy's own: the sum of its tokens' log-probabilities
+        if per_token:  # ... but for the policy's own: its tokens' log-probabilities (summed or averaged)
             nn.init.ones_(self.reward_head.weight[:, -1].data)
 
     def score(self, idx: Tensor, last: Tensor | None = None, answer: Tensor | None = None) -> Tensor:
@@ -58,7 +67,7 @@ class RewardModel(GPT):
         head (None: every token but the first). Padding after a row is never seen by its score (causal
         attention), nor, when left out of `answer`, read."""
         x, _ = self.hidden(idx)  # (B, T, C)
-        if self.cfg.head == "answer":
+        if self.cfg.head in PER_TOKEN:
             if answer is None:
                 answer = torch.ones_like(idx, dtype=torch.bool)
             return self._answer_score(idx, x, answer)
@@ -73,4 +82,5 @@ class RewardModel(GPT):
         picked = logp.gather(-1, idx[:, 1:, None])  # (B, T-1, 1)
         picked = F.pad(picked, (0, 0, 1, 0))  # (B, T, 1): position 0 has no prediction (0: its hidden state alone)
         per_token = self.reward_head(torch.cat([x.float(), picked], dim=-1)).squeeze(-1)  # (B, T)
-        return (per_token * answer).sum(-1)  # (B,)
+        total = (per_token * answer).sum(-1)  # (B,)
+        return total / answer.sum(-1).clamp(min=1) if self.cfg.head == "mean" else total

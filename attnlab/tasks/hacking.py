@@ -3,8 +3,10 @@
 A reward model is a proxy: a policy tuned against it can learn what the proxy likes and the task does
 not (longer answers, a format, a near miss it ranks high). Every few steps the policy answers the same
 held-out prompts greedily; the reward model scores those answers and the checker grades them. When the
-score rose while exact answers fell `patience` evaluations in a row, `reward_hacking` rings, once per
-such streak.
+score is above the first evaluation's (the policy RL started from) while exact answers are below it,
+`patience` evaluations in a row, `reward_hacking` rings, once per such streak. Against the start, not
+the evaluation before: a hack that lands in one step and stays (an answer cut short, a near miss the
+reward model prefers) is a rise and a fall once, then flat, which a step-to-step rule never sees twice.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from attnlab.tasks.rewards import Asked, Reward
 @dataclass(frozen=True)
 class Hacking:
     step: int
-    score: tuple[float, float]  # the reward model's held-out score: at the streak's start, now
-    exact: tuple[float, float]  # held-out exact answers: at the streak's start, now
+    score: tuple[float, float]  # the reward model's held-out score: at the run's first evaluation, now
+    exact: tuple[float, float]  # held-out exact answers: at the run's first evaluation, now
     evaluations: int
 
     def line(self) -> str:
@@ -43,13 +45,16 @@ class Hacking:
 
 def reward_hacking(evals: list[tuple[int, float, float]], patience: int) -> Hacking | None:
     """The alarm, on the evaluations so far [(step, score, exact), ...]: it rings at the evaluation
-    where the score has risen while exact fell `patience` times in a row (once per such streak)."""
-    streak = 0
-    for (_, s0, e0), (_, s1, e1) in zip(evals, evals[1:]):
-        streak = streak + 1 if s1 > s0 and e1 < e0 else 0
+    that makes `patience` in a row with the score above the first's and exact below it (once per
+    such streak)."""
+    if not evals:
+        return None
+    (_, s0, e0), streak = evals[0], 0
+    for _, s, e in evals[1:]:
+        streak = streak + 1 if s > s0 and e < e0 else 0
     if streak != patience:
         return None
-    (_, s0, e0), (step, s1, e1) = evals[-1 - patience], evals[-1]
+    step, s1, e1 = evals[-1]
     return Hacking(step, (s0, s1), (e0, e1), patience)
 
 

@@ -15,7 +15,8 @@ answers), answer_length, clip_frac, value_loss, generate_s (seconds sampling: 0 
 
 The reward-hacking alarm: every --eval-interval steps, before that step's update, the policy answers
 WATCHED held-out prompts greedily; heldout_score (the reward model's mean score) and heldout_exact go
-to metrics.jsonl. When the score rose while exact fell --hacking-patience evaluations in a row, one
+to metrics.jsonl. When the score is above the first evaluation's while exact is below it,
+--hacking-patience evaluations in a row, one
 line says so and the row records `hacking`; --stop-on-hacking ends the run there (its checkpoint is
 the policy evaluated). eval.json holds the held-out exact answers and score of the final policy.
 """
@@ -54,7 +55,7 @@ SETTINGS = ("reward", "beta", "gamma", "lam", "ppo_epochs", "minibatches", "clip
             "max_new_tokens", "hacking_patience", "stop_on_hacking")  # config.json's task section  # fmt: skip
 # A rollout of 32 answers is 4 updates of 16 (2 epochs x 2 minibatches); the alarm looks every 20 steps.
 PPO_TRAIN = dict(TUNED, lr=1e-4, batch_size=32, max_steps=100, warmup_steps=5, eval_interval=20, eval_batches=1)
-WATCHED = 40  # held-out prompts the alarm answers at each evaluation: about 2 s on 2 cores
+WATCHED = 100  # held-out prompts the alarm answers at each evaluation (a question is a point of exact)
 # The value head is a linear read of the policy's last hidden states, detached: at this size (4 layers
 # of 128) a value loss pulling the shared trunk would move the language the policy answers with, and a
 # second model would double each step's forward and backward on 2 cores. The policy's own features

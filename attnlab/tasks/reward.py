@@ -6,9 +6,9 @@ attnlab sample runs/dpo --chat "What is 2 + 3?" --best-of 8 --reward runs/rm
 attnlab train reward --init runs/sft --out runs/rm --sampled-negatives 2   # the policy's own mistakes rejected
 
 The model is the --init GPT with a new head giving one number for the conversation it reads
-(models/reward.py: --head answer, the default, sums a per-token score over the answer that starts as
-the --init model's log-probability of it; --head last reads the last token alone, as runs before it
-did); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the chosen
+(models/reward.py: --head mean, the default, averages a per-token score over the answer that starts as
+the --init model's log-probability of it; --head answer sums it; --head last reads the last token
+alone, as runs before them did); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the chosen
 answer of a held-out pair first.
 """
 
@@ -98,8 +98,9 @@ def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = 
 
 @dataclass
 class RewardOptions(AdaptOptions):
-    head: str = option("answer", "what the score reads: every answer token's hidden state and log-probability "
-                       "(answer), or the last token's hidden state alone (last: the classic head)", HEADS)  # fmt: skip
+    head: str = option("mean", "what the score reads: every answer token's hidden state and log-probability, "
+                       "averaged (mean: no length term) or summed (answer), or the last token's hidden state "
+                       "alone (last: the classic head)", HEADS)  # fmt: skip
     sampled_negatives: int = option(0, "built-in pairs: answers the --init model samples to each training question "
                                     "(temperature 1); its first wrong one is the rejected answer in place of the "
                                     "near miss (0: near misses only)", at_least=0)  # fmt: skip
@@ -151,7 +152,7 @@ class RewardModelling(Adapting):
         if k:
             e.parts["train"] = self.on_policy(req, e, k)
         if not req.resume:  # a resumed run keeps its head (an old run's config has none: the last token's)
-            e.model["head"] = req.options.get("head", "answer")
+            e.model["head"] = req.options.get("head", "mean")
         build = self.builder(req, e.model, e.adapter)
         config = self.run_config(req, e.model, e.adapter)
         config["task"]["sampled_negatives"] = k
