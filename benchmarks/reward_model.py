@@ -9,6 +9,7 @@ reward model has to beat (the answer head before its first step: `--variants pol
 
     .venv/bin/python benchmarks/reward_model.py runs/chat/sft --out runs/reward_bench
     .venv/bin/python benchmarks/reward_model.py runs/chat/sft --variants last answer answer+sampled
+    .venv/bin/python benchmarks/reward_model.py runs/chat/sft --variants policy-mean mean mean+sampled
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ VARIANTS = {
     "answer-100": ("answer", 100, 1e-3, 0),
     "answer+sampled": ("answer", 250, 1e-3, 2),
     "answer+sampled-100": ("answer", 100, 3e-4, 2),
+    "policy-mean": ("mean", 0, 1e-3, 0),  # the mean head untrained: the sft model's mean log-probability
+    "mean": ("mean", 250, 1e-3, 0),  # the default head: the answer head's per-token score averaged
+    "mean+sampled": ("mean", 250, 1e-3, 2),
 }
 
 

@@ -60,9 +60,10 @@ SFT_TRAIN = dict(optimizer="muon", lr=3e-3, muon_lr=0.02, batch_size=32, warmup_
                  weight_decay=0.0, eval_interval=200, eval_batches=4)  # fmt: skip
 DPO_TRAIN = dict(lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_decay=0.0, eval_interval=50,
                  eval_batches=2)  # fmt: skip
-# The reward model: the sft model with the answer head (models/reward.py: a score summed over the
-# answer's tokens, starting from the sft log-probability): 98.5% of held-out pairs ranked right, where
-# the last-token head reached 67% in the same 250 steps (benchmarks/reward_model.py).
+# The reward model: the sft model with the mean head (models/reward.py: a per-token score averaged
+# over the answer's tokens, starting from the sft log-probability; no length term for RL to find):
+# 98.5% of held-out pairs ranked right, where the last-token head reached 67% in the same 250 steps
+# (benchmarks/reward_model.py).
 REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
 # GRPO from the sft run against exact answers, a KL to it kept (benchmarks/grpo_seeds.py measures
 # longer runs over seeds beside the random-reward control).
