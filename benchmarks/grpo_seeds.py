@@ -28,7 +28,9 @@ def trained(out: Path, sft: str, reward: str, seed: int, a: argparse.Namespace) 
     """Train one grpo run (unless done); its wall seconds (None: kept from before)."""
     if (out / "eval.json").is_file():
         return json.loads((out / "seconds.json").read_text())["seconds"] if (out / "seconds.json").is_file() else 0.0
-    cfg = TrainConfig(**dict(GRPO_TRAIN, lr=a.lr, max_steps=a.steps, eval_interval=a.steps, seed=seed))
+    cfg = TrainConfig(
+        **dict(GRPO_TRAIN, lr=a.lr, max_steps=a.steps, eval_interval=a.steps, seed=seed, batch_size=a.batch_size)
+    )
     t0 = time.perf_counter()
     train(out, None, cfg, task="grpo", init=sft, reward=reward, beta=a.beta, group=a.group, progress=False)
     seconds = time.perf_counter() - t0
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=GRPO_TRAIN["batch_size"], help="prompts a step")
     ap.add_argument("--test", type=int, default=1000, help="held-out instructions scored")
     ap.add_argument("--rewards", nargs="+", default=["exact", "random"])
     a = ap.parse_args()

@@ -175,6 +175,8 @@ class GroupRelative(SampledAnswers):
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         opts = self.settings(req)
+        if d.enabled and opts["epochs"] > 1:  # each process would keep its own rollout in the one file
+            raise AttnlabError("grpo --epochs above 1 runs in one process: start it without torchrun")
         tok, template = load_tokenizer(req.out), run_template(req.out)
         model, adapter = self.model_config(req), self.adapter(req)
         rows = splits(req.data, self.builtin)["train"]
