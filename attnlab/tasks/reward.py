@@ -8,8 +8,8 @@ attnlab train reward --init runs/sft --out runs/rm --sampled-negatives 2   # the
 The model is the --init GPT with a new head giving one number for the conversation it reads
 (models/reward.py: --head mean, the default, averages a per-token score over the answer that starts as
 the --init model's log-probability of it; --head answer sums it; --head last reads the last token
-alone, as runs before them did); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how often it ranks the chosen
-answer of a held-out pair first.
+alone, as runs before them did); it learns -log sigmoid(r_chosen - r_rejected). eval.json holds how
+often it ranks the chosen answer of a held-out pair first.
 """
 
 from __future__ import annotations
