@@ -73,7 +73,7 @@ def test_the_exact_reward_reads_the_answer_without_its_end_of_turn():
     stop = tok.encode("<|im_end|>")
     opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0, epochs=1)
     objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], Asked((), "ab"))], opts, (tok, [stop]), Exact(),
-                              None, (HeldRollout(Path("unused")), 0))  # fmt: skip
+                              None, HeldRollout(Path("unused")))  # fmt: skip
     assert objective.text(tok.encode(" ab") + stop) == "ab"
     assert objective.text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
     assert objective.text(tok.encode("ba") + stop) != "ab"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,6 @@ from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits, test_split
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
-from attnlab.engine.resume import saved_progress
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -99,25 +97,24 @@ class GRPOObjective(Objective):
     """Rollouts, rewards and group advantages every --epochs steps; each step one policy-loss update."""
 
     def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple, reward: Reward,
-                 reference: nn.Module | None, held: tuple[HeldRollout, int]):  # fmt: skip
+                 reference: nn.Module | None, kept: HeldRollout):  # fmt: skip
         super().__init__(model)
         self.prompts, (self.tok, self.stops), self.reward = prompts, chat, reward
         self.group, self.max_new, self.epochs = opts["group"], opts["max_new_tokens"], opts["epochs"]
         self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
         self.reference = None if reference is None else Frozen(reference)
-        (self.file, self.step), self.held = held, None
+        self.kept, self.held = kept, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-        step, self.step = self.step, self.step + 1  # one call per step (grad_accum 1 when --epochs > 1)
-        into = step % self.epochs
+        step, into = self.kept.advance(self.epochs)  # one call per step (grad_accum 1 when --epochs > 1)
         device = next(self.model.parameters()).device
         generate_s = 0.0
         if into == 0:
             self.held, generate_s = self.rollout(rows, int(seed[0]), device)
             if self.epochs > 1:
-                self.held.save(self.file, step)
+                self.held.save(self.kept, step)
         elif self.held is None:  # resumed between a rollout's updates
-            self.held = Held.read(self.file, step - into, device)
+            self.held = Held.read(self.kept, step - into, device)
         result = self.scored(self.held)
         self.last = {**self.held.logged, "kl": result.kl, "clip_frac": result.clip_frac, "generate_s": generate_s}
         return self.held.rewards, result.loss
@@ -186,12 +183,11 @@ class GroupRelative(SampledAnswers):
         config = self.run_config(req, model, adapter)
         reward = self.reward_of(req, opts)
         config["task"].update(opts, reward=reward.spec)  # a callable: its name (config.json holds no code)
-        step = (saved_progress(Path(req.out)) or (0,))[0] if req.resume else 0  # unreadable: loading it says why
-        held = self.held_rollout(Path(req.out), d.main)
+        kept = self.held_rollout(req, d.main)
 
         def objective() -> GRPOObjective:
             reference = build() if opts["beta"] > 0 else None
-            return GRPOObjective(build(), prompts, opts, (tok, stops), reward, reference, (held, step))
+            return GRPOObjective(build(), prompts, opts, (tok, stops), reward, reference, kept)
 
         return Prepared(Prompts(prompts, opts["group"], opts["max_new_tokens"]), objective, config,
                         state=(tok, template, test_split(req.data, self.builtin)))  # fmt: skip

@@ -16,9 +16,9 @@ answers), answer_length, clip_frac, value_loss, generate_s (seconds sampling: 0 
 The reward-hacking alarm: every --eval-interval steps, before that step's update, the policy answers
 WATCHED held-out prompts greedily; heldout_score (the reward model's mean score) and heldout_exact go
 to metrics.jsonl. When the score is above the first evaluation's while exact is below it,
---hacking-patience evaluations in a row, one
-line says so and the row records `hacking`; --stop-on-hacking ends the run there (its checkpoint is
-the policy evaluated). eval.json holds the held-out exact answers and score of the final policy.
+--hacking-patience evaluations in a row, one line says so and the row records `hacking`;
+--stop-on-hacking ends the run there (its checkpoint is the policy evaluated). eval.json holds the
+held-out exact answers and score of the final policy.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
-from attnlab.engine.resume import saved_progress
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -129,21 +128,20 @@ class PPOObjective(Objective):
     """Rollouts every ppo_epochs x minibatches steps; each step one clipped update on a part of one."""
 
     def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple,
-                 reference: nn.Module, rm: RewardRun, watch: Watch, held: HeldRollout, step: int):  # fmt: skip
+                 reference: nn.Module, rm: RewardRun, watch: Watch, held: HeldRollout):  # fmt: skip
         super().__init__(model)
         self.prompts, self.opts, self.rm, self.watch = prompts, opts, rm, watch
         self.tok, self.template, self.stops = chat
         self.reference = Frozen(reference)
         self.loss = PolicyLoss("dapo", opts["clip"])  # PPO's mean over every token of the batch
         self.cycle = opts["ppo_epochs"] * opts["minibatches"]
-        self.held, self.step, self.buffer = held, step, None
+        self.held, self.buffer = held, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-        step, self.step = self.step, self.step + 1  # one call per step (grad_accum 1)
+        step, into = self.held.advance(self.cycle)  # one call per step (grad_accum 1)
         self.last = {}
         if step % self.watch.every == 0:
             self.last.update(self.watch.look(self.model, step))
-        into = step % self.cycle
         device = next(self.model.parameters()).device
         if into == 0:
             self.buffer = self.rollout(rows, int(seed[0]), device)
@@ -245,17 +243,15 @@ class ProximalPolicy(SampledAnswers):
                                "fewer minibatches or a larger --batch-size")  # fmt: skip
         stops = stop_ids(tok, template)
         rm = self.reward_run(opts["reward"])
-        step = (saved_progress(out) or (0,))[0] if req.resume else 0  # unreadable: loading it says why
+        held = self.held_rollout(req, d.main)
         watch = Watch(parts["val"][:WATCHED], (tok, template), rm, req.train.eval_interval, opts["hacking_patience"],
-                      opts["stop_on_hacking"], past_evaluations(out, step), out / METRICS)  # fmt: skip
+                      opts["stop_on_hacking"], past_evaluations(out, held.step), out / METRICS)  # fmt: skip
         build = self.builder(req, model, adapter)
         config = self.run_config(req, model, adapter)
         config["task"].update(opts)
-        held = self.held_rollout(out, d.main)
 
         def objective() -> PPOObjective:
-            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held,
-                                step)  # fmt: skip
+            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held)
 
         return Prepared(Prompts(prompts, 1, opts["max_new_tokens"]), objective, config,
                         state=(tok, template, parts["test"], rm))  # fmt: skip

@@ -26,6 +26,7 @@ from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
+from attnlab.engine.resume import saved_progress
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, write_safetensors
@@ -69,10 +70,17 @@ class Frozen:
 
 class HeldRollout:
     """The rollout the next updates learn from, in the run's folder (tensors, and notes as JSON), saved
-    when it is sampled: a run resumed before its last update reads it instead of sampling anew."""
+    when it is sampled: a run resumed before its last update reads it instead of sampling anew. It
+    counts the steps from where the run starts (a resumed run's checkpoint), so that each step knows
+    its place in its rollout's cycle of updates."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, step: int = 0):
+        self.path, self.step = path, step
+
+    def advance(self, cycle: int) -> tuple[int, int]:
+        """This step and its place among its rollout's `cycle` updates (0: sample anew); once a step."""
+        step, self.step = self.step, self.step + 1
+        return step, step % cycle
 
     def save(self, step: int, tensors: dict[str, Tensor], notes: dict[str, Any]) -> None:
         meta = {"step": str(step), "notes": json.dumps(notes)}
@@ -132,12 +140,14 @@ class SampledAnswers(Adapting):
                                "it samples")  # fmt: skip
         return super().setup(req)
 
-    def held_rollout(self, out: Path, main: bool) -> HeldRollout:
-        """Where the run keeps the rollout being learned from (--force removes it with the run)."""
-        path = Path(out) / f"{self.name}_rollout.safetensors"
+    def held_rollout(self, req: TrainRequest, main: bool) -> HeldRollout:
+        """Where the run keeps the rollout being learned from (--force removes it with the run), from
+        the step its checkpoint is at when resumed (unreadable: loading the checkpoint says why)."""
+        out = Path(req.out)
+        path = out / f"{self.name}_rollout.safetensors"
         if main:
-            record(Path(out), path.name)
-        return HeldRollout(path)
+            record(out, path.name)
+        return HeldRollout(path, (saved_progress(out) or (0,))[0] if req.resume else 0)
 
     def encode_row(self, row: Conversation, tok: Tokenizer, template: ChatTemplate, data: Any) -> Prompt:
         asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
