@@ -213,6 +213,16 @@ COMMANDS = [
             "residual graph; --sender HEADS --receivers HEADS is path patching (the senders' effect through the "
             "receivers only). --json prints every effect, keyed by component, layer, head and position.",
             overrides={"device": {"default": "cpu"}}),
+    Command("circuits", "transcoders and an attribution graph: which features carry a prompt's next token",
+            "circuits:CircuitsOptions", "circuits_run:run_circuits", "Train a transcoder per layer (each MLP's input "
+            "-> its output, sparse; kept in OUT/transcoders and reused), replace every MLP of the model by its "
+            "transcoder plus an error node, freeze attention and norms on --prompt, and trace every edge from the "
+            "token embeddings through the features to --target's logit; prune it, score it (replacement and "
+            "completeness, as circuit-tracer), ablate its top features to check the signs, and write "
+            "OUT/graph.json and OUT/graph.html (offline; hover a feature for its top contexts). A GPT or Llama-block "
+            "run of attnlab train lm. docs/circuits.md.",
+            sections=(("graph", "attnlab.interpret.circuits_config:CircuitConfig", "the graph"),),
+            overrides={"device": {"default": "cpu"}}),
     Command("sample", "generate text from a trained run", "options:SampleOptions", "commands:run_sample",
             "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
             "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",

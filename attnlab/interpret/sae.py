@@ -190,10 +190,12 @@ class SparseAutoencoder(nn.Module):
 
     # ---- the loss ------------------------------------------------------------------------------
 
-    def loss(self, xn: Tensor, dead: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:
+    def loss(self, xn: Tensor, dead: Tensor | None = None,
+             target: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
         """The training loss on normalised activations xn (B, D): mean squared error (summed over D,
         averaged over tokens) + the kind's sparsity penalty + AuxK on `dead` latents (N,) bool; with its
-        parts and which latents fired (N,)."""
+        parts and which latents fired (N,). target: what the decoder should give instead of xn itself
+        (a transcoder's normalised MLP output)."""
         B, N = len(xn), self.cfg.latents
         pre = self.pre_acts(xn)
         if self.cfg.kind in ("topk", "batchtopk"):  # k codes a token: decoded by a gather
@@ -204,7 +206,7 @@ class SparseAutoencoder(nn.Module):
         else:
             z = self.sparse(pre)
             recon, fired, l0 = self.decode_normalised(z), (z > 0).any(0), (z > 0).sum() / B
-        err = xn - recon
+        err = (xn if target is None else target) - recon
         mse = err.pow(2).sum(-1).mean()
         total, parts = mse, {"mse": mse.item(), "l0": l0.item()}
         if self.cfg.kind == "relu":
@@ -262,14 +264,16 @@ def save_sae(sae: SparseAutoencoder, folder: str | Path, info: dict) -> Path:
     return out
 
 
-def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SavedSAE:
-    """An SAE folder written by save_sae (safetensors and JSON: nothing is unpickled)."""
+def load_sae(folder: str | Path, device: str | torch.device = "cpu",
+             cls: type[SparseAutoencoder] = SparseAutoencoder) -> SavedSAE:  # fmt: skip
+    """An SAE folder written by save_sae (safetensors and JSON: nothing is unpickled); cls: the class
+    it was saved from (a Transcoder, whose output's normalisation is saved too)."""
     p = Path(folder)
     if not (p / WEIGHTS).is_file() or not (p / META).is_file():
         raise AttnlabError(f"{p} is not an SAE folder: it needs {WEIGHTS} and {META} (attnlab sae train writes them)")
     try:
         meta = read_json(p / META)
-        sae = SparseAutoencoder(int(meta["dim"]), SAEConfig(**meta["config"]))
+        sae = cls(int(meta["dim"]), SAEConfig(**meta["config"]))
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise AttnlabError(f"{p / META} is not an SAE's description: {e}") from None
     tensors, _ = read_safetensors(p / WEIGHTS)

@@ -12,6 +12,7 @@ suppresses most when added to the residual stream. The page is one HTML file (no
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,9 @@ def _batch_tops(z: Tensor, ids: Tensor, features: list[int], m: int) -> TopConte
 
 @torch.no_grad()
 def top_contexts(run: Run, saved: SavedSAE, features: list[int], tokens: int = 65536, m: int = 8,
-                 batch: int = 8) -> TopContexts:  # fmt: skip
-    """Each feature's m highest activations over the first `tokens` tokens of the validation split."""
+                 batch: int = 8, reader: Callable[[Run, str, Tensor], Tensor] = read_point) -> TopContexts:  # fmt: skip
+    """Each feature's m highest activations over the first `tokens` tokens of the validation split;
+    reader: what reads the SAE's input at its hook (a transcoder's reads an MLP's input)."""
     hook, sae = saved.info["hook"], saved.sae
     data = check_run(run, hook)
     split = "val" if len(data.splits["val"]) > block_of(run) else "train"
@@ -85,7 +87,7 @@ def top_contexts(run: Run, saved: SavedSAE, features: list[int], tokens: int = 6
     chosen, best = torch.tensor(features, device=run.device), None
     for xy in windows(arr, block, batch):
         ids = torch.from_numpy(xy[:, :-1]).to(run.device)  # (B, T)
-        z = sae.encode(read_point(run, hook, ids))[..., chosen]  # (B, T, S)
+        z = sae.encode(reader(run, hook, ids))[..., chosen]  # (B, T, S)
         best = _merge(best, _batch_tops(z.cpu(), ids.cpu(), features, m), m)
     if best is None:
         raise AttnlabError("the run's data has no tokens to find the features' contexts in")

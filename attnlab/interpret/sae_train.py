@@ -87,17 +87,19 @@ def read_point(run: Run, hook: str, ids: Tensor) -> Tensor:
     return got[0]
 
 
-def activations(run: Run, hook: str, tokens: TokenData, seqs: int, seed: int = 0,
-                split: str = "train") -> Iterator[Tensor]:  # fmt: skip
+def activations(run: Run, hook: str, tokens: TokenData, seqs: int, seed: int = 0, split: str = "train",
+                reader: Callable[[Run, str, Tensor], Tensor] | None = None) -> Iterator[Tensor]:  # fmt: skip
     """Endless batches of (seqs * T, C) activations from random windows of the run's data, shuffled
-    within the batch: a generator, so at most one batch is held at a time."""
+    within the batch: a generator, so at most one batch is held at a time. reader: what reads them
+    (default read_point; a transcoder's reads an MLP's input and output)."""
+    reader = reader or read_point
     block = block_of(run)
     tokens.check(block, split)
     rng = np.random.default_rng(seed)
     run.model.eval()
     while True:
         x, _ = tokens.batch(split, seqs, block, rng)  # (B, T)
-        acts = read_point(run, hook, x.to(run.device)).flatten(0, 1)  # (B*T, C)
+        acts = reader(run, hook, x.to(run.device)).flatten(0, 1)  # (B*T, C)
         yield acts[torch.from_numpy(rng.permutation(len(acts))).to(acts.device)]
 
 
@@ -114,7 +116,7 @@ def rebatch(source: Iterator[Tensor], size: int) -> Iterator[Tensor]:
 
 
 def fit(sae: SparseAutoencoder, batches: Iterator[Tensor], progress: bool = True,
-        on_step: Callable[[int, dict], None] | None = None) -> dict:  # fmt: skip
+        on_step: Callable[[int, dict], None] | None = None, desc: str = "training the SAE") -> dict:  # fmt: skip
     """Train `sae` on raw activation batches until cfg.tokens are seen: Adam, the learning rate
     constant then decayed linearly to 0 over the last fifth; the normalisation fit on the first batch."""
     cfg = sae.cfg
@@ -125,7 +127,7 @@ def fit(sae: SparseAutoencoder, batches: Iterator[Tensor], progress: bool = True
     steps = max(1, math.ceil(cfg.tokens / cfg.batch))
     since_fired = torch.zeros(cfg.latents, dtype=torch.long, device=first.device)  # tokens since each fired
     start, parts = time.perf_counter(), {}
-    bar = tqdm(total=steps, desc="training the SAE", disable=not progress, unit="step")
+    bar = tqdm(total=steps, desc=desc, disable=not progress, unit="step")
     x = first
     for step in range(steps):
         for group in opt.param_groups:
