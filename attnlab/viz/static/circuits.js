@@ -53,7 +53,7 @@ function showCircuit(data) {
     el("text", { x: 4, y: g.top + (data.layers - l) * g.rowH + 4, class: "lay" }, svg).textContent = label;
   }
   data.tokens.forEach((t, i) => {
-    const x = g.left + (i + 0.5) * g.colW, y = g.top + (data.layers + 1) * g.rowH + 4;
+    const x = g.left + (i + 0.5) * g.colW, y = g.top + (data.layers + 1) * g.rowH + 26;  // below the embeddings
     const e = el("text", { x, y, class: "tok", "text-anchor": "middle" }, svg);
     e.textContent = t.length > 9 ? t.slice(0, 8) + "…" : t;
   });
