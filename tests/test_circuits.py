@@ -206,7 +206,10 @@ def test_the_command_line_end_to_end(lm, tmp_path, capsys):
     # each edge [source, target, weight] joins two kept nodes and carries the attribution's weight
     kept = {n["id"] for n in data["nodes"]}
     tcs, _ = load_transcoders(out / "transcoders")
-    adjacency = trace_circuit(attnlab.load(lm, device="cpu"), PROMPT, None, tcs).attribution.adjacency
+    circuit = trace_circuit(attnlab.load(lm, device="cpu"), PROMPT, None, tcs)
+    adjacency = circuit.attribution.adjacency
+    shown = circuit._repr_html_()  # a notebook's view: the page inside a frame, every quote escaped
+    assert shown.startswith("<iframe srcdoc=") and "showCircuit" in shown and "<script" not in shown
     assert data["edges"] and all(s in kept and t in kept for s, t, _ in data["edges"])
     assert all(w != 0 and w == pytest.approx(float(adjacency[t, s])) for s, t, w in data["edges"])
     page = (out / "graph.html").read_text()

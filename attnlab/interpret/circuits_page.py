@@ -70,8 +70,13 @@ def write_circuit(run: Run, data: dict, tcs: list[Transcoder], folder: str | Pat
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "graph.json", data)
     notes = feature_notes(run, data, tcs, context_tokens)
-    title = f"attribution graph: {run.path.name}, target {data['target']!r}"
-    page = fill(static_text("circuits.html"), {"TITLE": html.escape(title), "SCRIPT": static_text("circuits.js"),
-                                               "DATA": script_json({**data, "notes": notes})})  # fmt: skip
+    page = circuit_page(data, f"attribution graph: {run.path.name}, target {data['target']!r}", notes)
     write_text(out / "graph.html", page)
     return out / "graph.html"
+
+
+def circuit_page(data: dict, title: str, notes: dict | None = None) -> str:
+    """The page's text: the graph `data` (graph.json's) drawn, with the features' notes when given."""
+    parts = {"TITLE": html.escape(title), "SCRIPT": static_text("circuits.js"),
+             "DATA": script_json({**data, "notes": notes or {}})}  # fmt: skip
+    return fill(static_text("circuits.html"), parts)

@@ -11,6 +11,7 @@ The graph (circuits.py), its scores and pruning (circuits_graph.py), the interve
 
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from attnlab.interpret.circuits import Attribution, attribute
 from attnlab.interpret.circuits_check import intervention_check
 from attnlab.interpret.circuits_config import CircuitConfig
 from attnlab.interpret.circuits_graph import Pruned, prune
+from attnlab.interpret.circuits_page import circuit_page
 from attnlab.interpret.transcoder import Transcoder, mlp_blocks
 from attnlab.interpret.views import token_labels
 from attnlab.runs.run import Run
@@ -31,6 +33,14 @@ class Circuit:
     attribution: Attribution
     pruned: Pruned
     data: dict  # what graph.json holds
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the graph's page inline, in a frame of its own so that its script and style
+        stay inside it (without the features' top contexts: write_circuit's page has them)."""
+        page = circuit_page(self.data, f"attribution graph, target {self.data['target']!r}")
+        return (
+            f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: 680px; border: 0"></iframe>'
+        )
 
 
 def prompt_ids(run: Run, prompt: str) -> torch.Tensor:
