@@ -10,6 +10,10 @@ reward model has to beat (the answer head before its first step: `--variants pol
     .venv/bin/python benchmarks/reward_model.py runs/chat/sft --out runs/reward_bench
     .venv/bin/python benchmarks/reward_model.py runs/chat/sft --variants last answer answer+sampled
     .venv/bin/python benchmarks/reward_model.py runs/chat/sft --variants policy-mean mean mean+sampled
+    .venv/bin/python benchmarks/reward_model.py runs/sft350 --ranked-by runs/rm --questions 200
+
+--ranked-by RUN...: rank with reward runs already trained (no variant is trained); the policy whose
+samples are ranked is then the positional run, whichever sft the reward runs started from.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ VARIANTS = {
 }
 
 
-def drawn(sft, max_new: int, cache: Path) -> dict:
+def drawn(sft, max_new: int, cache: Path, questions: int = QUESTIONS) -> dict:
     """One sample and BEST_OF samples of each question, drawn once (cached in `cache`)."""
-    convs, template = instructions("test", 200, TEST_SEED)[:QUESTIONS], run_template(sft.path)
+    convs, template = instructions("test", max(200, questions), TEST_SEED)[:questions], run_template(sft.path)
     prompts = [list(c.messages[:-1]) for c in convs]
     if cache.is_file():
         return {**json.loads(cache.read_text()), "prompts": prompts}
@@ -87,17 +91,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, nargs="+", default=[24, 40],
                     help="answer lengths sampled (the demo used 24: too few for 3 digits in words)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--questions", type=int, default=QUESTIONS, help="held-out questions sampled")
+    ap.add_argument("--ranked-by", nargs="+", default=[], metavar="RUN", help="reward runs already trained")
     a = ap.parse_args()
     out, sft = Path(a.out), load(a.sft)
     out.mkdir(parents=True, exist_ok=True)
-    samples = {n: drawn(sft, n, out / f"samples_{n}.json") for n in a.max_new_tokens}
+    samples = {n: drawn(sft, n, out / f"samples_{n}_{a.questions}.json", a.questions) for n in a.max_new_tokens}
     pairs = PreferenceData(examples=2000, test_examples=200)
     head = "| variant | pair acc | train s |" + "".join(f" one@{n} | best-of-8@{n} | pass@8@{n} |" for n in samples)
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for name in a.variants:
-        acc, seconds = variant(name, a.sft, out, pairs, a.seed)
-        rm, cells = load(out / name), []
+    for name in a.ranked_by or a.variants:
+        acc, seconds = variant(name, a.sft, out, pairs, a.seed) if not a.ranked_by else (float("nan"), 0.0)
+        rm, cells = load(name if a.ranked_by else out / name), []
         for d in samples.values():
             one = sum(x == r for x, r in zip(d["one"], d["right"], strict=True)) / len(d["right"])
             ceiling = sum(r in g for g, r in zip(d["groups"], d["right"], strict=True)) / len(d["right"])
