@@ -225,6 +225,21 @@ SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_toke
         "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
 
 
+def tiny_code_lm(root: Path, **model) -> Path:
+    """root/run: a 2-layer tiny_model(**model) trained 30 steps on short Python-like lines, its own
+    token cache (module scope runs before _isolated's): the run whose activations SAEs and transcoders
+    are trained on in their tests."""
+    import attnlab
+
+    corpus = root / "corpus.txt"
+    corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n" * 200)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        train = tiny_train(max_steps=30, eval_interval=30)
+        attnlab.train(root / "run", tiny_model(n_layer=2, **model), train, tiny_data(corpus), progress=False)
+    return root / "run"
+
+
 def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
     """root/lm: a 1-layer character GPT of context 32 trained `steps` steps through `attnlab train lm`,
     with the SHORT chat template: the run the server's API tests talk to."""

@@ -26,7 +26,7 @@ from attnlab.interpret.transcoder import (
     mlps_replaced,
 )
 from attnlab.models.gpt import GPT
-from tests.conftest import perturb, run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import perturb, run_cli, tiny_code_lm, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "def add(a, b):\n    return a"
@@ -180,15 +180,7 @@ def test_pruning_drops_what_does_not_reach_the_logit():
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("circuits")
-    corpus = root / "corpus.txt"
-    corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n" * 200)
-    run = root / "run"
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        model = tiny_model(n_layer=2, activation="relu", feedforward="mlp")
-        attnlab.train(run, model, tiny_train(max_steps=30, eval_interval=30), tiny_data(corpus), progress=False)
-    return run
+    return tiny_code_lm(tmp_path_factory.mktemp("circuits"), activation="relu", feedforward="mlp")
 
 
 def test_the_command_line_end_to_end(lm, tmp_path, capsys):

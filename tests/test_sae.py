@@ -28,7 +28,7 @@ from attnlab.interpret.sae_train import (
     train_sae,
 )
 from attnlab.nn.hooks import hooks
-from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import run_cli, tiny_code_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HOOK = "blocks.0.hook_resid_post"
@@ -36,15 +36,7 @@ HOOK = "blocks.0.hook_resid_post"
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sae")
-    corpus = root / "corpus.txt"
-    corpus.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n" * 200)
-    run = root / "run"
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        attnlab.train(run, tiny_model(n_layer=2), tiny_train(max_steps=30, eval_interval=30), tiny_data(corpus),
-                      progress=False)  # fmt: skip
-    return run
+    return tiny_code_lm(tmp_path_factory.mktemp("sae"))
 
 
 def identity_sae(dim: int, negative_too: bool) -> SparseAutoencoder:
