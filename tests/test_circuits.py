@@ -24,6 +24,7 @@ from attnlab.interpret.transcoder import (
     load_transcoders,
     mlp_blocks,
     mlps_replaced,
+    save_transcoders,
 )
 from attnlab.models.gpt import GPT
 from tests.conftest import perturb, run_cli, tiny_code_lm, tiny_model
@@ -238,3 +239,31 @@ def test_evaluation_of_perfect_transcoders(lm):
     assert got["ce_transcoders"] == pytest.approx(got["ce_clean"], abs=1e-5)
     assert got["ce_loss_recovered"] == pytest.approx(1.0, abs=1e-4)
     assert got["explained_variance"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_explorer_draws_a_graph_of_a_run_served_with_transcoders(lm, tmp_path):
+    testclient = pytest.importorskip("fastapi.testclient", reason="fastapi is needed to serve")
+    from attnlab.serve.app import create_app
+
+    folder = tmp_path / "tcs"
+    save_transcoders(folder, perfect(attnlab.load(lm, device="cpu").model), {"run": str(lm)})
+    client = testclient.TestClient(create_app([lm], transcoders=[folder]), raise_server_exceptions=False)
+    assert client.get("/api/runs").json()[0]["graphs"] is True
+    got = client.post("/api/circuit", json={"run": lm.name, "text": PROMPT})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert "showCircuit" in body["page"] and body["target"]  # the page the explorer puts in a frame
+    assert body["scores"]["before"]["replacement_score"] == pytest.approx(1.0, abs=1e-4)  # perfect transcoders
+    # a run served without transcoders: a 400 that says how to give them
+    bare = testclient.TestClient(create_app([lm]), raise_server_exceptions=False)
+    refused = bare.post("/api/circuit", json={"run": lm.name, "text": PROMPT})
+    assert refused.status_code == 400 and "--transcoders" in refused.json()["error"]
+    assert bare.get("/api/runs").json()[0]["graphs"] is False
+
+
+def test_transcoders_of_a_run_not_served_are_refused_in_one_line(lm, tmp_path):
+    from attnlab.serve.app import create_app
+
+    save_transcoders(tmp_path / "tcs", perfect(attnlab.load(lm, device="cpu").model), {"run": str(tmp_path / "other")})
+    with pytest.raises(AttnlabError, match="not among the runs served"):
+        create_app([lm], transcoders=[tmp_path / "tcs"])

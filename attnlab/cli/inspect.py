@@ -47,5 +47,5 @@ def run_serve(opts: ServeOptions) -> int:
     limits = Limits(max_streams=opts.max_streams, max_batch=opts.max_batch, request_timeout=opts.request_timeout)
     serve(opts.runs, host=opts.host, port=opts.port, device=opts.device, api_key=key,
           insecure_no_key=opts.insecure_no_key, allowed_hosts=hosts, cors_origins=opts.cors_origin,
-          limits=limits, quantize=opts.quantize, compiled=opts.compile)  # fmt: skip
+          limits=limits, quantize=opts.quantize, compiled=opts.compile, transcoders=opts.transcoders)  # fmt: skip
     return 0

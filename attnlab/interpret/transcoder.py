@@ -172,7 +172,7 @@ def train_transcoders(run: Run, cfg: SAEConfig, progress: bool = True) -> tuple[
         source = activations(run, hook, tokens, seqs, cfg.seed + i, reader=read_mlp)
         infos.append(fit(tc, rebatch(source, cfg.batch), progress, desc=f"transcoder {i + 1} of {layers}"))
         out.append(tc)
-    return out, {"layers": infos, "seconds": round(time.perf_counter() - start, 2)}
+    return out, {"run": str(run.path.resolve()), "layers": infos, "seconds": round(time.perf_counter() - start, 2)}
 
 
 @torch.no_grad()

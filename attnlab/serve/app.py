@@ -72,6 +72,7 @@ from attnlab.interpret.report import WHAT, inspect
 from attnlab.interpret.views import views
 from attnlab.io import read_metrics
 from attnlab.runs.run import Run
+from attnlab.serve.circuits import add_circuit_route, attach_transcoders
 from attnlab.serve.errors import add_error_handlers
 from attnlab.serve.guard import (
     Access,
@@ -143,13 +144,15 @@ def create_app(
     limits: Limits | None = None,
     quantize: str | None = None,
     compiled: bool = False,
+    transcoders: list[str | Path] = (),
 ) -> FastAPI:
     """The explorer's app and the OpenAI-compatible API over the run directories `runs`, loaded once
     onto `device`. access: the key, the Host names answered (default: any Host; `attnlab serve`
     always names them) and CORS origins; limits: see guard.Limits; quantize: the language models'
     weights stored int8, int4 or bf16 for decoding (runs/quantized.py); compiled: their lone rows'
-    steps compiled (decoding/compiled.py)."""
+    steps compiled (decoding/compiled.py); transcoders: folders of them (serve/circuits.py)."""
     served = load_runs(runs, device, quantize, compiled)
+    attach_transcoders(served, list(transcoders))
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say
         if s.run.task.generates:
@@ -182,6 +185,7 @@ def create_app(
     add_generate_route(app, finder, limits, streams)
     add_upload_routes(app, finder, limits)
     add_inside_routes(app, finder)
+    add_circuit_route(app, finder)
     return app
 
 
@@ -332,13 +336,14 @@ def serve(
     limits: Limits | None = None,
     quantize: str | None = None,
     compiled: bool = False,
+    transcoders: list[str | Path] = (),
 ) -> None:
     """Load `runs` and serve the explorer and the OpenAI-compatible API at http://host:port/ until
     Ctrl-C. Beyond loopback it needs `api_key` (or insecure_no_key); it answers the Host names of
     guard.allowed_hosts_for(host, allowed_hosts)."""
     check_exposure(host, api_key, insecure_no_key)
     access = Access(api_key, allowed_hosts_for(host, allowed_hosts), list(cors_origins or []))
-    app = create_app(runs, device, access, limits, quantize, compiled)
+    app = create_app(runs, device, access, limits, quantize, compiled, transcoders)
     sock = listen(host, port)
     if not is_loopback(host) and not api_key:
         print(f"attnlab: warning: --host {host} --insecure-no-key: anyone who reaches this machine can use these runs")

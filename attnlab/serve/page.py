@@ -13,7 +13,8 @@ Ids a test or a reader can rely on, besides the views' own (see viz/html.py):
   #top-k, #top-p, #seed, #image (file input), #go, #status, #output (.generated holds a GPT's text),
   #attention-go, #attention-status, #attention-views, #live (checkbox: attention while it writes),
   #live-view, #live-layer, #live-tokens (.live-token[data-index], .generated, .newest), #inside-what,
-  #inside-go, #inside-status, #inside-output (.inside-table, canvas.rollout-map); a caption run's answer
+  #inside-go, #inside-status, #inside-output (.inside-table, canvas.rollout-map, iframe.circuit-frame: an
+  attribution graph's page, serve/circuits.py); a caption run's answer
   is viz/static/caption.js's view in #output .caption-view (.cap-word[data-index], canvas.cap-picture)
 """
 

@@ -24,6 +24,7 @@ class Served:
     parameters: int
     template: ChatTemplate | None = None  # a run that generates: its chat template (/v1/chat/completions)
     compiled: bool = False  # a lone row's one-token steps compiled (decoding/compiled.py)
+    transcoders: list | None = None  # given with --transcoders: the explorer draws attribution graphs
 
     @property
     def kind(self) -> str:
@@ -35,7 +36,7 @@ class Served:
         return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
                 "parameters": self.parameters, "step": self.run.step, "config": self.run.config,
                 "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images,
-                "quantized": self.quantized}  # fmt: skip
+                "quantized": self.quantized, "graphs": bool(self.transcoders)}  # fmt: skip
 
     def engine(self, max_batch: int | None = None) -> Batcher:
         """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""

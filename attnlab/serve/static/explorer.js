@@ -68,6 +68,7 @@ async function chooseRun() {
   $("live-view").hidden = true;
   $("inside-go").disabled = image;
   const open = { lm: ["lens", "heads", "ablate", "rollout"], translate: ["lens", "rollout"] }[r.kind] || ["rollout"];
+  if (r.graphs) open.push("circuit"); // transcoders were given for this run (attnlab serve --transcoders)
   for (const o of $("inside-what").options) o.disabled = !open.includes(o.value);
   if (!open.includes($("inside-what").value) || !r.generates) $("inside-what").value = "rollout";
   $("inside-output").replaceChildren();
@@ -281,12 +282,23 @@ async function inside() {
   const r = current();
   status("inside-status", "computing...");
   try {
+    if ($("inside-what").value === "circuit") return await circuit(r);
     const out = await (await post("/api/inspect", { run: r.name, text: shownText(), what: $("inside-what").value })).json();
     fill($("inside-output"), INSIDE[out.kind](out));
     status("inside-status", "");
   } catch (e) {
     status("inside-status", e.message, true);
   }
+}
+
+// The graph's own page (interpret/circuits_page.py) in a frame: its script and style stay inside it.
+async function circuit(r) {
+  const out = await (await post("/api/circuit", { run: r.name, text: shownText() })).json();
+  const frame = element("iframe", "circuit-frame");
+  frame.srcdoc = out.page;
+  fill($("inside-output"), [frame]);
+  status("inside-status", `target ${JSON.stringify(out.target)}: replacement ${out.scores.before.replacement_score.toFixed(3)}, ` +
+    `completeness ${out.scores.before.completeness_score.toFixed(3)}, ${out.seconds.total.toFixed(1)} s`);
 }
 
 async function predictImage(r) {
