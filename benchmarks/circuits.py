@@ -37,7 +37,7 @@ def transcoders(run, folder: Path, a: argparse.Namespace) -> tuple[list, dict]:
         latents=a.latents, kind="topk", k=a.k, tokens=a.tokens, batch=4096, dead_after=max(4096, a.tokens // 10)
     )
     tcs, info = train_transcoders(run, cfg, progress=False)
-    index = {"training": info, "metrics": evaluate_transcoders(run, tcs)}
+    index = {"run": info["run"], "training": info, "metrics": evaluate_transcoders(run, tcs)}
     save_transcoders(folder, tcs, index)
     return tcs, index
 
