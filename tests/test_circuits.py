@@ -118,6 +118,19 @@ def test_perfect_transcoders_give_a_complete_graph_and_exact_effects():
     assert bool((predicted.abs() > 1e-6).any())
 
 
+def test_an_attention_only_model_has_a_graph_of_its_embeddings_alone():
+    torch.manual_seed(0)
+    model = perturb(GPT(tiny_model(vocab_size=64, feedforward="none", positions="rope")))
+    ids = prompt(model)
+    attr = attribute(model, ids, target=5, tcs=[])
+    s = attr.nodes.slices()
+    assert attr.nodes.n_features == 0 and len(attr.nodes) == ids.shape[1] + 1  # embeddings and the logit
+    assert attr.linearity_gap() < 1e-4  # each position's direct share, plus the bias, is the logit
+    assert bool(attr.adjacency[s["logit"].start, s["embeddings"]].abs().gt(0).all())
+    assert scores(attr, normalised(attr.adjacency))["replacement_score"] == 1.0  # no error node
+    assert prune(attr).nodes[s["logit"]].all()
+
+
 def graph(adjacency: list[list[float]], n_features: int, acts: list[float]) -> Attribution:
     """An attribution over hand-written edges: n_features features at layer 0, one position, then one
     error, one embedding and the logit (n = n_features + 3)."""

@@ -18,6 +18,7 @@ from attnlab.interpret.transcoder import (
     INDEX,
     check_decoder,
     evaluate_transcoders,
+    has_mlps,
     load_transcoders,
     save_transcoders,
     train_transcoders,
@@ -45,6 +46,8 @@ def _transcoders(run: Run, opts: CircuitsOptions, out: Path) -> tuple[list, dict
     OUT/transcoders when it holds them (and no --force), else trained into OUT/transcoders."""
     if opts.transcoders is not None:
         return (*load_transcoders(opts.transcoders, run.device), False)
+    if not has_mlps(run.model):  # attention only: nothing to transcode, the graph holds the embeddings alone
+        return [], {"layers": 0}, False
     folder = out / "transcoders"
     if (folder / INDEX).is_file() and not opts.force:
         return (*load_transcoders(folder, run.device), False)
@@ -92,10 +95,14 @@ def run_circuits(opts: CircuitsOptions, graph: dict) -> int:
     print(f"{summary['nodes']} nodes, {summary['edges']} edges; replacement {summary['replacement_score']:.3f} "
           f"(pruned {summary['pruned']['replacement_score']:.3f}), completeness {summary['completeness_score']:.3f} "
           f"(pruned {summary['pruned']['completeness_score']:.3f}); intervention signs right "
-          f"{summary['intervention_right']:.0%} (real model {summary['intervention_right_real']:.0%}); "
+          f"{_share(summary['intervention_right'])} (real model {_share(summary['intervention_right_real'])}); "
           f"{summary['seconds']:.1f} s (graph {summary['graph_seconds']:.1f} s)")  # fmt: skip
     print(f"wrote {out / 'graph.json'} and {page}")
     return 0
+
+
+def _share(x: float | None) -> str:
+    return "n/a (no feature)" if x is None else f"{x:.0%}"
 
 
 __all__ = ["run_circuits"]

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
-from attnlab.interpret.transcoder import Transcoder, mlp_blocks
+from attnlab.interpret.transcoder import Transcoder, decoder_blocks, has_mlps
 from attnlab.nn.hooks import hooks
 from attnlab.nn.norm import LayerNorm, RMSNorm
 
@@ -74,7 +74,14 @@ def _linear_norm(norm: nn.Module, x: Tensor, scale: Tensor) -> Tensor:
 
 def _pattern_points(model: nn.Module) -> list[str]:
     stack = model.readout()[0]
-    return [f"{stack}.{i}.attn.hook_pattern" for i in range(len(mlp_blocks(model)))]
+    return [f"{stack}.{i}.attn.hook_pattern" for i in range(len(decoder_blocks(model)))]
+
+
+def mlps(model: nn.Module) -> list[nn.Module]:
+    """The blocks whose MLPs the graph replaces: none in an attention-only model, whose graph holds the
+    embeddings alone (each position's direct share of the target, through the frozen attention)."""
+    blocks = decoder_blocks(model)
+    return blocks if has_mlps(model) else []
 
 
 @torch.no_grad()
@@ -90,7 +97,7 @@ def freeze(model: nn.Module, ids: Tensor) -> Frozen:
         fz.mlp_out.append(out)
 
     handles = [n.register_forward_hook(scale) for n in _norms(model)]
-    handles += [block.ff.register_forward_hook(mlp) for block in mlp_blocks(model)]
+    handles += [block.ff.register_forward_hook(mlp) for block in mlps(model)]
     handles.append(model.readout()[1].register_forward_hook(lambda m, a, out: setattr(fz, "hidden", out)))
     stack = model.readout()[0]
     points = {p: (lambda x, p=p: fz.patterns.__setitem__(p, x.clone())) for p in _pattern_points(model)}
@@ -112,7 +119,7 @@ def frozen_run(model: nn.Module, fz: Frozen, rows: int, ff: FF, emb: Tensor | No
     with out["run"]()."""
     out: dict = {}
     handles = [n.register_forward_hook(lambda m, a, o: _linear_norm(m, a[0], fz.scales[m])) for n in _norms(model)]
-    for i, block in enumerate(mlp_blocks(model)):
+    for i, block in enumerate(mlps(model)):
         handles.append(block.ff.register_forward_hook(lambda m, a, o, i=i: ff(i, a[0], o)))
     handles.append(model.readout()[1].register_forward_hook(lambda m, a, o: out.__setitem__("hidden", o)))
     points = {p: (lambda x, p=p: fz.patterns[p].expand(rows, -1, -1, -1)) for p in _pattern_points(model)}
@@ -189,12 +196,15 @@ def active_features(tcs: list[Transcoder], fz: Frozen) -> tuple[Nodes, list[Tens
         layer.append(torch.full_like(p, i)), pos.append(p), index.append(f), act.append(z[p, f])
         codes.append(z)
         errs.append(fz.mlp_out[i][0] - tc.decode(z))
-    nodes = Nodes(torch.cat(layer), torch.cat(pos), torch.cat(index), torch.cat(act), len(tcs), fz.ids.shape[1])
+    T, none = fz.ids.shape[1], torch.zeros(0, dtype=torch.long)
+    if not tcs:  # an attention-only model: no features, no errors
+        return Nodes(none, none, none, torch.zeros(0, dtype=fz.emb.dtype), 0, T), [], fz.emb.new_zeros(0, T, 0)
+    nodes = Nodes(torch.cat(layer), torch.cat(pos), torch.cat(index), torch.cat(act), len(tcs), T)
     return nodes, codes, torch.stack(errs)
 
 
 def check_transcoders(model: nn.Module, tcs: list[Transcoder]) -> None:
-    blocks = mlp_blocks(model)
+    blocks = mlps(model)
     if len(tcs) != len(blocks) or any(tc.dim != model.cfg.d_model for tc in tcs):
         raise AttnlabError(f"these transcoders ({len(tcs)} of width {tcs[0].dim if tcs else '?'}) do not fit this "
                            f"run ({len(blocks)} layers of {model.cfg.d_model}): train them on it")  # fmt: skip
@@ -238,7 +248,7 @@ def attribute(model: nn.Module, ids: Tensor, target: int, tcs: list[Transcoder],
 @contextlib.contextmanager
 def mlp_inputs(model: nn.Module, ins: list[Tensor]) -> Iterator[None]:
     """Collect each MLP's input (in layer order) into `ins` while inside."""
-    handles = [b.ff.register_forward_pre_hook(lambda m, a: ins.append(a[0]) and None) for b in mlp_blocks(model)]
+    handles = [b.ff.register_forward_pre_hook(lambda m, a: ins.append(a[0]) and None) for b in mlps(model)]
     try:
         yield
     finally:
@@ -274,7 +284,8 @@ def _edges_into(model: nn.Module, fz: Frozen, nodes: Nodes, rows: list[int], tar
     g_out = [g if g is not None else torch.zeros_like(outs[0]) for g in grads[1:]]
     edges = torch.zeros(B, len(nodes), dtype=emb.dtype)
     edges[:, s["embeddings"]] = (g_emb * fz.emb).sum(-1)
-    edges[:, s["errors"]] = torch.stack([(g_out[i] * errors[i]).sum(-1) for i in range(L)], 1).flatten(1)  # (B, L*T)
+    if L:  # (B, L*T)
+        edges[:, s["errors"]] = torch.stack([(g_out[i] * errors[i]).sum(-1) for i in range(L)], 1).flatten(1)
     for i in range(L):
         m = (nodes.layer == i).nonzero().flatten()
         if len(m):

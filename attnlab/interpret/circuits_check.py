@@ -99,7 +99,7 @@ def intervention_check(model: nn.Module, attr: Attribution, tcs: list[Transcoder
     nf = attr.nodes.n_features
     chosen = influence[:nf].argsort(descending=True)[: min(top, nf)]
     if not len(chosen):
-        return {"features": [], "replacement_right": float("nan"), "real_right": float("nan")}
+        return {"features": [], "replacement_right": None, "real_right": None}  # no feature to check (JSON null)
     predicted = -total_effects(attr)[chosen]
     repl = replacement_deltas(model, attr, tcs, chosen).double()
     real = real_deltas(model, attr, tcs, chosen).double()

@@ -23,7 +23,7 @@ from attnlab.interpret.circuits_check import intervention_check
 from attnlab.interpret.circuits_config import CircuitConfig
 from attnlab.interpret.circuits_graph import Pruned, prune
 from attnlab.interpret.circuits_page import circuit_page
-from attnlab.interpret.transcoder import Transcoder, mlp_blocks
+from attnlab.interpret.transcoder import Transcoder, decoder_blocks
 from attnlab.interpret.views import token_labels
 from attnlab.runs.run import Run
 
@@ -45,7 +45,7 @@ class Circuit:
 
 def prompt_ids(run: Run, prompt: str) -> torch.Tensor:
     """The prompt's ids (1, T), refused in one line when empty or longer than the context."""
-    mlp_blocks(run.model)  # a decoder, or one line saying it is not
+    decoder_blocks(run.model)  # a decoder, or one line saying it is not
     if run.tokenizer is None:
         raise AttnlabError(f"{run.path} has no tokenizer: an attribution graph reads a text prompt")
     ids = run.tokenizer.encode(prompt)

@@ -94,15 +94,25 @@ class Transcoder(SparseAutoencoder):
 # ---- the MLPs of a decoder ---------------------------------------------------------------------
 
 
-def mlp_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks whose MLPs transcoders replace: a pre-norm decoder's one stack."""
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of a pre-norm decoder's one stack (what transcoders and attribution graphs read)."""
     stacks = stacks_of(model)
     if not isinstance(model, CausalLM) or len(stacks) != 1 or stacks[0].cfg.norm != "pre":
         raise AttnlabError("transcoders and attribution graphs read a pre-norm decoder (a GPT or Llama-block run "
                            "of attnlab train lm)")  # fmt: skip
-    if stacks[0].cfg.feedforward == "none":
-        raise AttnlabError("this run's blocks have no MLP (attention only): there is nothing to transcode")
     return list(stacks[0])
+
+
+def has_mlps(model: nn.Module) -> bool:
+    return stacks_of(model)[0].cfg.feedforward != "none"
+
+
+def mlp_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks whose MLPs transcoders replace (a pre-norm decoder with MLPs)."""
+    blocks = decoder_blocks(model)
+    if not has_mlps(model):
+        raise AttnlabError("this run's blocks have no MLP (attention only): there is nothing to transcode")
+    return blocks
 
 
 def check_decoder(run: Run) -> TokenData:
