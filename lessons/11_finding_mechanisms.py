@@ -34,7 +34,10 @@
 SCALE = 1
 SAE_TOKENS = 200_000 * SCALE  # synthetic activations the SAE trains on
 STEPS = 600 * SCALE  # training steps of the induction model (lesson 8's recipe)
+MAP_STEPS = 300 * SCALE  # training steps of the MLPs added in section 4
 VOCAB, CONTEXT, WIDTH, HEADS = 32, 32, 64, 4
+
+import dataclasses
 
 import matplotlib.pyplot as plt
 import torch
@@ -45,12 +48,14 @@ from sklearn.linear_model import LogisticRegression
 import attnlab
 from attnlab.interpret.attribution import attribution_patching
 from attnlab.interpret.circuits import attribute
+from attnlab.interpret.circuits_check import intervention_check, total_effects
 from attnlab.interpret.circuits_graph import normalised, scores
 from attnlab.interpret.detectors import head_scores, repeated_tokens
 from attnlab.interpret.patching import activation_patching
 from attnlab.interpret.sae import SAEConfig, SparseAutoencoder
 from attnlab.interpret.sae_synthetic import SyntheticConfig, SyntheticFeatures, mcc
 from attnlab.interpret.sae_train import fit
+from attnlab.interpret.transcoder import Transcoder, mlp_blocks
 from attnlab.nn.hooks import hooks
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest
@@ -150,16 +155,24 @@ print(f"feature 0: linear probe (cos {float(F.cosine_similarity(probe_dir, true[
 # %%
 cfg = attnlab.GPTConfig(n_layer=2, n_head=HEADS, d_model=WIDTH, context=CONTEXT, vocab_size=VOCAB,
                         feedforward="none", positions="rope", dropout=0.0)  # fmt: skip
+
+
+def train(net: attnlab.GPT, steps: int, answers=None, seed: int = 0) -> float:
+    """AdamW on random tokens written twice; answers(next tokens (B, T), n) -> targets, -1 where unscored."""
+    optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(1 + seed)
+    for step in range(1, steps + 1):
+        n = int(torch.randint(6, 17, (1,), generator=generator))
+        ids, _ = repeated_tokens(VOCAB, n, batch=32, seed=step + seed)
+        _, loss = net(ids[:, :-1], ids[:, 1:] if answers is None else answers(ids[:, 1:], n))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return float(loss.detach())
+
+
 model = attnlab.GPT(cfg)
-optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-generator = torch.Generator().manual_seed(1)
-for step in range(1, STEPS + 1):
-    n = int(torch.randint(6, 17, (1,), generator=generator))
-    ids, _ = repeated_tokens(VOCAB, n, batch=32, seed=step)
-    _, loss = model(ids[:, :-1], ids[:, 1:])
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+train(model, STEPS)
 model.eval()
 probe_ids, half = repeated_tokens(VOCAB, 11, batch=16, seed=123)
 found = head_scores(attnlab.trace(model, probe_ids).patterns(), probe_ids, half)
@@ -199,12 +212,12 @@ for ax, result, name in ((axes[0], act, "activation patching"), (axes[1], atp, "
     ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     ax.set_title(f"{name}: residual stream")
     ax.set_xlabel("position")
-    ax.set_yticks(range(len(grid)), [f"into layer {i + 1}" for i in range(len(grid))])
+    ax.set_yticks(range(len(grid)), [f"into layer {i + 1}" for i in range(len(grid))] if ax is axes[0] else [])
 for ax, result, name in ((axes[2], act, "heads (activation)"), (axes[3], atp, "heads (AtP)")):
     ax.imshow(result.grid("heads", "head", "blocks"), cmap="RdBu_r", vmin=-1, vmax=1)  # (L, H)
     ax.set_title(name)
     ax.set_xticks(range(HEADS), range(1, HEADS + 1))
-    ax.set_yticks(range(2), ["layer 1", "layer 2"])
+    ax.set_yticks(range(2), ["layer 1", "layer 2"] if ax is axes[2] else [])
 show(fig)
 for result in (act, atp):
     print(
@@ -232,10 +245,8 @@ for result in (act, atp):
 # then **linear** in what enters it, so the answer's logit (minus the mean logit) splits exactly into
 # one share per position's embedding, plus a constant. `attribute` computes those shares by
 # backpropagating through the frozen model. A model with MLPs gets a transcoder per layer (an SAE from
-# the MLP's input to its output), and then features and error nodes join the graph; this model has no
-# MLP, so its graph holds the embeddings alone (`attnlab circuits` draws both kinds as a page). Why not
-# add MLPs here? With relu MLPs (width 128) the same recipe learned no induction head in 1,500 steps
-# (loss 2.87 against 3.47 for guessing), more than this lesson can spend.
+# the MLP's input to its output), and then features join the graph; this model has no MLP, so its graph
+# holds the embeddings alone. A model with MLPs follows.
 
 # %%
 graph = attribute(model, clean, answer, tcs=[])
@@ -289,6 +300,73 @@ for pos in (k + 1, int(shares.argmin())):
     )
 
 # %% [markdown]
+# ### Features: a model with MLPs
+#
+# Induction needs no MLP (with relu MLPs the recipe above learned no induction head in 1,500 steps, and
+# MLPs added to the trained model stayed idle). So give the model a job that needs one: after
+# "A B ... A", answer not B but `shuffle[B]`, a fixed permutation of the vocabulary. Add a relu MLP to
+# each block of the trained model, its output starting at zero (the model starts as it was), freeze
+# everything else and train only the MLPs: the induction head still fetches B, and an MLP must turn it
+# into `shuffle[B]`. (Left free, the induction head's own output matrix learns the permutation and the
+# MLPs stay idle.)
+#
+# A relu MLP *is* a transcoder with a feature per neuron (encoder $W_1, b_1$; decoder $W_2, b_2$), so
+# here the transcoders are the MLPs themselves and the graph is exact; on real runs `train_transcoders`
+# learns sparser ones and error nodes hold what they miss (docs/circuits.md).
+
+# %%
+shuffle = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))
+mapper = attnlab.GPT(dataclasses.replace(cfg, feedforward="mlp", activation="relu", d_ff=64))
+mapper.load_state_dict(model.state_dict(), strict=False)  # everything but the new MLPs
+for name, p in mapper.named_parameters():
+    p.requires_grad_(".ff." in name)  # train the MLPs alone
+for block in mlp_blocks(mapper):
+    torch.nn.init.zeros_(block.ff.down.weight), torch.nn.init.zeros_(block.ff.down.bias)
+loss = train(mapper, MAP_STEPS, lambda nxt, n: shuffle[nxt].index_fill(1, torch.arange(n), -1), seed=1000)
+mapper.eval()
+
+
+def as_transcoder(ff: torch.nn.Module) -> Transcoder:
+    """A relu MLP as the transcoder it already is: one feature per neuron."""
+    tc = Transcoder(ff.up.in_features, SAEConfig(latents=ff.up.out_features, kind="relu"))
+    with torch.no_grad():
+        tc.W_enc.copy_(ff.up.weight.t()), tc.b_enc.copy_(ff.up.bias)
+        tc.W_dec.copy_(ff.down.weight.t()), tc.b_dec.copy_(ff.down.bias)
+    return tc.eval()
+
+
+tcs = [as_transcoder(block.ff) for block in mlp_blocks(mapper)]
+target = int(shuffle[answer])
+graph2 = attribute(mapper, clean, target, tcs)
+n = graph2.nodes
+effects = total_effects(graph2)  # (features,): each feature's effect on the logit, through every path
+top = effects.abs().argsort(descending=True)[:10]
+names = [f"L{int(n.layer[j]) + 1} pos {int(n.pos[j])} #{int(n.index[j])}" for j in top]
+with torch.no_grad():
+    guess = int(mapper(clean)[0, -1].argmax())
+print(f"after {MAP_STEPS} steps, loss {loss:.2f}; top guess {guess}, shuffle[B] = {target}; {n.n_features} active "
+      f"features, gap {graph2.linearity_gap():.1e}")  # fmt: skip
+
+fig, ax = plt.subplots(figsize=(8, 2.6))
+ax.bar(range(len(top)), effects[top], color=["tab:blue" if e > 0 else "tab:red" for e in effects[top]])
+ax.set_xticks(range(len(top)), names, rotation=30, ha="right", fontsize=8)
+ax.set_title(f"the 10 features of most effect on the logit of shuffle[B] = {target}")
+show(fig)
+
+# %% [markdown]
+# The features that drive `shuffle[B]` should sit in layer 2 at the last position: the MLP reading what
+# the induction head fetched. The graph predicts what removing each does (minus its total effect);
+# `intervention_check` removes the five of most effect, one at a time, from the real model (nothing
+# frozen), and counts the signs it got right.
+
+# %%
+check = intervention_check(mapper, graph2, tcs, effects.abs(), top=5)
+for row in check["features"]:
+    print(f"L{row['layer'] + 1} pos {row['pos']} #{row['feature']}: predicted {row['predicted']:+.2f}, "
+          f"real {row['real']:+.2f}")  # fmt: skip
+print(f"signs right in the real model: {check['real_right']:.0%}")
+
+# %% [markdown]
 # ## Exercises
 #
 # **1.** Explained variance of a reconstruction: activations `x` $(n, D)$ and their reconstruction
@@ -296,7 +374,13 @@ for pos in (k + 1, int(shares.argmin())):
 # (over the $n$ samples, per dimension).
 
 # %%
-from checks.mechanisms import check_atp, check_ce_loss_recovered, check_explained_variance, check_patching_effect
+from checks.mechanisms import (
+    check_atp,
+    check_ce_loss_recovered,
+    check_explained_variance,
+    check_induction_head,
+    check_patching_effect,
+)
 
 
 def my_explained_variance(x, x_hat):
@@ -342,3 +426,19 @@ def my_atp(clean_act, corrupt_act, grad):
 
 
 check_atp(my_atp)
+
+
+# %% [markdown]
+# **5.** Read the induction head off the pictures: the head-effect grid $(L, H)$ of activation patching
+# and the detector's induction scores $(L, H)$ -> `(layer, head)`, counted from 0, of the head that the
+# detector flags (score above 0.5) and that carries the largest effect. (Why not simply the largest
+# effect? Look at the grid of section 3.) Try yours on `act.grid("heads", "head", "blocks")` and
+# `found["induction"]`.
+
+
+# %%
+def my_induction_head(effects, induction):
+    raise NotImplementedError  # your code
+
+
+check_induction_head(my_induction_head)

@@ -77,7 +77,7 @@ QUICK = {
     "08_inside_the_model": {"STEPS": 100},
     "09_pretrained_to_assistant": {"BASE_STEPS": 20, "SFT_STEPS": 10, "DPO_STEPS": 10},
     "10_rlhf": {"WARM_STEPS": 50, "RM_STEPS": 10, "RL_STEPS": 4},
-    "11_finding_mechanisms": {"SAE_TOKENS": 50_000, "STEPS": 120},
+    "11_finding_mechanisms": {"SAE_TOKENS": 50_000, "STEPS": 120, "MAP_STEPS": 60},
 }
 
 

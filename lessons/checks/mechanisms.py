@@ -1,5 +1,5 @@
 """Checks for lesson 11 (finding the mechanism): explained variance, CE loss recovered, a patching
-effect, attribution patching's estimate."""
+effect, attribution patching's estimate, which head is the induction head."""
 
 from __future__ import annotations
 
@@ -70,3 +70,29 @@ def check_atp(my_atp) -> None:
             raise WrongAnswer("the clean value alone: AtP multiplies the gradient by the change, clean - corrupt")
     compare("my_atp(clean_act, corrupt_act, grad)", got, want)
     correct("the first-order change: (clean - corrupt) . grad at each position, one backward pass for all")
+
+
+@exercise
+def check_induction_head(my_induction_head) -> None:
+    """my_induction_head(effects (L, H), induction (L, H)) -> (layer, head), 0-based: of the heads the
+    detector flags (induction score above 0.5), the one whose patching effect is largest."""
+    cases = [  # the lesson's own figures, then a head that matches best but carries little
+        ([[0.13, -0.01, 0.99, -0.01], [0.0, 0.93, 0.34, 0.11]], [[0.0, 0.0, 0.0, 0.0], [0.58, 0.88, 0.82, 0.8]]),
+        ([[0.9, 0.0, 0.1], [0.05, 0.7, 0.2], [0.0, 0.1, 0.0]], [[0.0, 0.0, 0.1], [0.95, 0.6, 0.2], [0.3, 0.7, 0.1]]),
+    ]
+    for effects, scores in cases:
+        effects, scores = torch.tensor(effects), torch.tensor(scores)
+        flat = effects.masked_fill(scores <= 0.5, float("-inf")).argmax()
+        want = divmod(int(flat), effects.shape[1])
+        got = tuple(int(i) for i in my_induction_head(effects, scores))
+        if got != want:
+            if got == divmod(int(effects.argmax()), effects.shape[1]):
+                raise WrongAnswer(f"{got} carries the largest effect but is no induction head (score "
+                                  f"{float(scores[got]):.2f}): patching says a site matters, not what it does; "
+                                  f"ask the detector too")  # fmt: skip
+            if got == divmod(int(scores.argmax()), effects.shape[1]):
+                raise WrongAnswer(f"{got} matches the pattern best but carries an effect of only "
+                                  f"{float(effects[got]):.2f}: a head can look like induction and not be the one "
+                                  f"that predicts this answer")  # fmt: skip
+            raise WrongAnswer(f"got {got}, expected {want} (0-based layer, head)")
+    correct("the head that both looks like induction and carries the effect: the detector and patching agree")

@@ -33,9 +33,19 @@ def atp_wrong_sign(clean_act, corrupt_act, grad):
     return ((corrupt_act - clean_act) * grad).sum(-1)
 
 
+def induction_head(effects, induction):
+    flat = effects.masked_fill(induction <= 0.5, float("-inf")).argmax()
+    return divmod(int(flat), effects.shape[1])  # (layer, head)
+
+
+def largest_effect(effects, induction):
+    return divmod(int(effects.argmax()), effects.shape[1])
+
+
 ANSWERS = {
     "mechanisms.check_explained_variance": (explained_variance, uncentred_variance, "centre"),
     "mechanisms.check_ce_loss_recovered": (ce_loss_recovered, ce_loss_lost, "recovered"),
     "mechanisms.check_patching_effect": (patching_effect, effect_from_clean, "corrupt"),
     "mechanisms.check_atp": (atp, atp_wrong_sign, "sign"),
+    "mechanisms.check_induction_head": (induction_head, largest_effect, "detector"),
 }
