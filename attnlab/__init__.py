@@ -29,10 +29,19 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time they loa
 
 # Each lazy name -> the module that defines it. The registrars (lazy.REGISTRARS) are imported by the
 # lower floor that reads a registry they fill, when it first needs them.
-LAZY = {"DataConfig": "attnlab.data", "TrainConfig": "attnlab.engine.config", "Trace": "attnlab.interpret.trace",
-        "trace": "attnlab.interpret.trace", "GPT": "attnlab.models.gpt", "GPTConfig": "attnlab.models.gpt",
-        "hooks": "attnlab.nn.hooks", "zero_head": "attnlab.nn.hooks", "Run": "attnlab.runs.run",
-        "load": "attnlab.runs.run", "train": "attnlab.tasks"}  # fmt: skip
+LAZY = {
+    "DataConfig": "attnlab.data",
+    "TrainConfig": "attnlab.engine.config",
+    "Trace": "attnlab.interpret.trace",
+    "trace": "attnlab.interpret.trace",
+    "GPT": "attnlab.models.gpt",
+    "GPTConfig": "attnlab.models.gpt",
+    "hooks": "attnlab.nn.hooks",
+    "zero_head": "attnlab.nn.hooks",
+    "Run": "attnlab.runs.run",
+    "load": "attnlab.runs.run",
+    "train": "attnlab.tasks",
+}
 REGISTRARS.extend(["attnlab.interop.adapter_runs", "attnlab.tasks.registry", "attnlab.wordvec.keyed"])
 __getattr__, __dir__ = lazy_names(__name__, LAZY)
 

@@ -1,7 +1,7 @@
 """Typed configuration dataclasses: helpers shared by every config.
 
 Each config field carries its help text in `metadata={"help": ...}` (see `option`), so the
-command line (cli.py) and TOML files are generated from the dataclasses themselves.
+command line (cli/generate.py) and TOML files are generated from the dataclasses themselves.
 """
 
 from __future__ import annotations
@@ -168,8 +168,9 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
     unknown = sorted(set(values) - names)
     if unknown:
         near = difflib.get_close_matches(unknown[0], sorted(names), n=1)
-        raise AttnlabError(f"unknown option(s) in {where}: {', '.join(unknown)}"
-                           + (f" (did you mean {near[0]}?)" if near else ""))  # fmt: skip
+        raise AttnlabError(
+            f"unknown option(s) in {where}: {', '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else "")
+        )
     return cls(**{k: parse_value(cls, k, v) for k, v in values.items()})
 
 

@@ -68,8 +68,9 @@ def _rename_into_place(tmp: Path, final: Path, ready: Callable[[Path], bool]) ->
             os.rename(tmp, final)
         except OSError:
             if not tmp.is_dir():
-                raise AttnlabError(f"{tmp} was removed while it was being written (by a cache cleanup?): run the "
-                                   "command again") from None  # fmt: skip
+                raise AttnlabError(
+                    f"{tmp} was removed while it was being written (by a cache cleanup?): run the command again"
+                ) from None
             if ready(final):  # another process's came first: it is as good as ours
                 return
             if attempt:
@@ -192,8 +193,10 @@ def disk_full(e: BaseException) -> bool:
 def disk_full_message(path: Path, written: int) -> str:
     free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
     keep = f"the previous {path.name} is intact" if path.exists() else f"{path.name} was not written"
-    return (f"disk full writing {path} ({mb(written)} written when space ran out, {mb(free)} free on that disk); "
-            f"{keep}: free some space and run the command again")  # fmt: skip
+    return (
+        f"disk full writing {path} ({mb(written)} written when space ran out, {mb(free)} free on that disk); "
+        f"{keep}: free some space and run the command again"
+    )
 
 
 def mb(n: int) -> str:

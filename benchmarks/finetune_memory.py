@@ -66,7 +66,7 @@ def one(name: str, base: str, out: str, steps: int, batch: int, accum: int) -> N
     import attnlab.engine.session as session
     from attnlab.data.finetune import ChatData
     from attnlab.engine.config import TrainConfig
-    from attnlab.nn.quantize import QuantizedLinear
+    from attnlab.quant.quantize import QuantizedLinear
 
     torch.set_num_threads(2)
     marks = {}

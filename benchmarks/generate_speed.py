@@ -43,7 +43,7 @@ from random_run import SHAPES, random_run
 import attnlab
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.interop.gguf_out import export_gguf
-from attnlab.nn.packed import PackedLinear
+from attnlab.quant.packed import PackedLinear
 from attnlab.runs.quantized import inference_linears
 
 PAIRS = {"float32": "f32", "bf16": "f16", "int8": "q8_0", "int4": "q4_0"}  # attnlab precision -> llama.cpp type

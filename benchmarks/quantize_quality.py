@@ -1,6 +1,6 @@
 """What quantized weights cost in held-out loss (issue 34): each run's validation loss in float32 and
 with its language model's block matrices and LM head packed int8, int4 and bf16 (runs/quantized.py,
-nn/packed.py), every layer the kernel takes (load(..., every_layer=True)), on the same tokens.
+quant/packed.py), every layer the kernel takes (load(..., every_layer=True)), on the same tokens.
 
     .venv/bin/python benchmarks/quantize_quality.py runs/demo
     .venv/bin/python benchmarks/quantize_quality.py runs/demo runs/gpt2 --max-tokens 50000 --json
@@ -10,7 +10,7 @@ The loss is the one `attnlab eval RUN --quantize KIND` prints: the run's task ev
 lm_eval.py) on the run's own validation split, the first --max-tokens tokens of it (default 200,000:
 the comparison is paired, every precision predicting the same tokens, so its differences are much
 steadier than the loss itself), in windows of the run's block size. Weight-only: the packed layers'
-kernels take their activations in bfloat16 (nn/packed.py), so a packed row's change includes that
+kernels take their activations in bfloat16 (quant/packed.py), so a packed row's change includes that
 rounding as well as the weights'. The float32 row runs in whatever precision evaluation picks on
 this machine (--dtype auto: bf16 where it measured faster); the header says which.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from common import cpu_name, format_table
 
-from attnlab.nn.packed import KINDS, PackedLinear
+from attnlab.quant.packed import KINDS, PackedLinear
 from attnlab.runs.quantized import FLOAT, inference_linears
 from attnlab.runs.run import Run, load
 from attnlab.runtime.device import pick_dtype

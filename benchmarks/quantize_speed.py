@@ -1,4 +1,4 @@
-"""Quantized frozen linears (nn/quantize.py) against nn.Linear: the quantize -> dequantize error, the
+"""Quantized frozen linears (quant/quantize.py) against nn.Linear: the quantize -> dequantize error, the
 bytes, and the forward time at GPT-2-small's shapes.
 
     .venv/bin/python benchmarks/quantize_speed.py
@@ -18,7 +18,7 @@ import torch
 from common import cpu_name
 from torch import nn
 
-from attnlab.nn.quantize import QuantizedLinear
+from attnlab.quant.quantize import QuantizedLinear
 
 SHAPES = [(768, 768), (768, 3072)]  # (in, out): attention's out_proj, the feed-forward's up
 TOKENS = [1024, 1]

@@ -5,7 +5,7 @@
 For each matrix shape of the model, enough different matrices to hold ~160 MB (so the bytes come from
 memory, as in a decode step, not from the cache) are multiplied by one row in turn, each kernel in
 turn in each round (interleaved: a busy neighbour slows all alike), median of the rounds:
-float32 F.linear and attnlab's operator (nn/row_kernels.py: the one a compiled step takes); int8
+float32 F.linear and attnlab's operator (quant/row_kernels.py: the one a compiled step takes); int8
 torch._weight_int8pack_mm (bf16 activations), inductor's fused sum over the stored rows, attnlab's
 operator; int4 PyTorch's int4 kernel; bf16 torch.mv and attnlab's operator. GB/s counts what each
 layer stores (codes, scales, zeros). Each kernel's outputs are checked against the float64 product of
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from common import cpu_name, format_table
 from torch import nn
 
-from attnlab.nn import row_kernels
-from attnlab.nn.packed import COMPUTE, KERNELS, ROW_OPS, PackedLinear
+from attnlab.quant import row_kernels
+from attnlab.quant.packed import COMPUTE, KERNELS, ROW_OPS, PackedLinear
 
 SHAPES = {
     "gpt2-small": [(768, 768), (2304, 768), (3072, 768), (768, 3072), (50257, 768)],

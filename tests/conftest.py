@@ -192,8 +192,9 @@ def tiny_chat_base(folder, dropout: float = 0.1):
     corpus = folder / "chats.txt"
     corpus.write_text("".join(ChatTemplate().render(c.messages) for c in instructions("train", 300, 5)))
     model = tiny_model(n_layer=1, d_model=16, context=256, dropout=dropout)
-    attnlab.train(folder / "base", model, tiny_train(max_steps=1), DataConfig(data=str(corpus), tokenizer="char"),
-                  progress=False)  # fmt: skip
+    attnlab.train(
+        folder / "base", model, tiny_train(max_steps=1), DataConfig(data=str(corpus), tokenizer="char"), progress=False
+    )
     return folder / "base"
 
 
@@ -203,9 +204,12 @@ def write_lora_run(base, out, lora: LoRAConfig, quantize: str | None = None, see
     the adapters change the model), the base's tokenizer.json; every file in the marker. Returns `out`."""
     base, out = Path(base), Path(out)
     based = read_run_config(base)
-    config = {**{k: based[k] for k in ("family", "model", "train", "data")}, "task": {"kind": kind},
-              "init": str(base), "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": quantize,
-                                             "also": []}}  # fmt: skip
+    config = {
+        **{k: based[k] for k in ("family", "model", "train", "data")},
+        "task": {"kind": kind},
+        "init": str(base),
+        "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": quantize, "also": []},
+    }
     net = build_adapted(config)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -221,8 +225,10 @@ def write_lora_run(base, out, lora: LoRAConfig, quantize: str | None = None, see
 
 # A chat template short enough for a context of 32 (tests/test_chat.py has Llama 3's and ChatML): each
 # turn a line "u:TEXT", the answer after "a:" ending at the newline (its eos_token).
-SHORT = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}" \
-        "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
+SHORT = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
 
 
 def tiny_code_lm(root: Path, **model) -> Path:
@@ -247,9 +253,30 @@ def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
     from attnlab.data.chat import ChatTemplate
     from attnlab.runs.adapted import CHAT_TEMPLATE
 
-    tiny = ["--max-steps", str(steps), "--batch-size", "4", "--eval-interval", str(steps), "--eval-batches", "1",
-            "--device", "cpu", "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2",
-            "--context", "32", "--tokenizer", "char"]  # fmt: skip
+    tiny = [
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        str(steps),
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        "--n-layer",
+        "1",
+        "--d-model",
+        "32",
+        "--preset",
+        "gpt-nano",
+        "--n-head",
+        "2",
+        "--context",
+        "32",
+        "--tokenizer",
+        "char",
+    ]
     (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * repeats)
     with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))

@@ -93,16 +93,27 @@ def one_line(message: str, match: str | None = None) -> str:
     return message
 
 
-def refused(call: Callable[[], Any], match: str | None = None, seconds: float = SECONDS, mib: int = MEMORY_MIB,
-            keep: tuple[Path, ...] = ()) -> str:  # fmt: skip
+def refused(
+    call: Callable[[], Any],
+    match: str | None = None,
+    seconds: float = SECONDS,
+    mib: int = MEMORY_MIB,
+    keep: tuple[Path, ...] = (),
+) -> str:
     """call() raises AttnlabError with one line, within the bounds, leaving `keep` untouched."""
     with untouched(*keep), bounded(seconds, mib), pytest.raises(AttnlabError) as e:
         call()
     return one_line(str(e.value), match)
 
 
-def cli_refuses(argv: list[str], capsys: pytest.CaptureFixture, match: str | None = None, seconds: float = SECONDS,
-                mib: int = MEMORY_MIB, keep: tuple[Path, ...] = ()) -> str:  # fmt: skip
+def cli_refuses(
+    argv: list[str],
+    capsys: pytest.CaptureFixture,
+    match: str | None = None,
+    seconds: float = SECONDS,
+    mib: int = MEMORY_MIB,
+    keep: tuple[Path, ...] = (),
+) -> str:
     """`attnlab ARGV`, in this process: exit code 2 and one `attnlab: error:` line on stderr (any other
     exception escapes main() and fails the test, as it would print a traceback), within the bounds.
     Progress lines ("converting ... once") may come before it."""

@@ -78,16 +78,39 @@ def namespace_pair() -> Iterator[tuple[Node, Node]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 
-def torchrun(node: Node, nodes: int, host: Node, port: int, args: list[str], log: Path,
-             env: dict[str, str] | None = None, mount_tmpfs: Path | None = None) -> subprocess.Popen:  # fmt: skip
+def torchrun(
+    node: Node,
+    nodes: int,
+    host: Node,
+    port: int,
+    args: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    mount_tmpfs: Path | None = None,
+) -> subprocess.Popen:
     """`torchrun --nnodes NODES` inside `node`'s namespace, one process on it, meeting the others at
     `host`'s address over c10d; output to `log`. mount_tmpfs: this node sees an empty file system
     there (its own mount namespace), as a node without the shared storage would."""
-    run = [TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"{host.addr}:{port}", "--rdzv-id", f"test-{port}",
-           # Which agent hosts the rendezvous store: torchrun guesses it by comparing the endpoint
-           # with this machine's hostname, which both namespaces share.
-           "--rdzv-conf", f"is_host={int(node is host)}", "--local-addr", node.addr, *args]  # fmt: skip
+    run = [
+        TORCHRUN,
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{host.addr}:{port}",
+        "--rdzv-id",
+        f"test-{port}",
+        # Which agent hosts the rendezvous store: torchrun guesses it by comparing the endpoint
+        # with this machine's hostname, which both namespaces share.
+        "--rdzv-conf",
+        f"is_host={int(node is host)}",
+        "--local-addr",
+        node.addr,
+        *args,
+    ]
     if mount_tmpfs is not None:
         script = 'mount -t tmpfs none "$0" && exec "$@"'
         run = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(mount_tmpfs), *run]
@@ -95,8 +118,13 @@ def torchrun(node: Node, nodes: int, host: Node, port: int, args: list[str], log
     # a process: torchrun sets it only when a node runs several.
     env = {**os.environ, "GLOO_SOCKET_IFNAME": node.dev, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log, "wb") as out:
-        return subprocess.Popen(["ip", "netns", "exec", node.netns, *run], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, *run],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:

@@ -114,8 +114,11 @@ def test_a_merged_run_is_the_lora_run_as_a_full_run(bases, tmp_path, capsys):
     config = read_json(merged / "config.json")
     assert "adapter" not in config and config["task"] == {"kind": "sft"}
     assert config["model"] == read_json(lora / "config.json")["model"]
-    assert set(read_marker(merged)["files"]) == {p.name for p in merged.iterdir()} == {
-        "attnlab.json", "config.json", "model.safetensors", "tokenizer.json", CHAT_TEMPLATE}  # fmt: skip
+    assert (
+        set(read_marker(merged)["files"])
+        == {p.name for p in merged.iterdir()}
+        == {"attnlab.json", "config.json", "model.safetensors", "tokenizer.json", CHAT_TEMPLATE}
+    )
     assert (merged / "tokenizer.json").read_bytes() == (lora / "tokenizer.json").read_bytes()
     code, _, err = run_cli(["merge", lora, "--out", merged], capsys)
     assert code == 2 and "already exists: choose another --out, or --force" in err

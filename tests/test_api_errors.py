@@ -58,25 +58,53 @@ class Call:
 
 CALLS = [
     # train(out, model, train, data)
-    Call("train_out_int", lambda r, tmp: attnlab.train(123, GPTConfig.from_preset("gpt-nano")), TypeError,
-         "train: out: expected a path"),
-    Call("train_model_name", lambda r, tmp: attnlab.train(tmp / "r", "gpt-nano"), TypeError,
-         "train: model must be a model config of task lm (GPTConfig)"),
-    Call("train_train_dict", lambda r, tmp: attnlab.train(tmp / "r", None, {"max_steps": 1}), TypeError,
-         "train must be a TrainConfig, got {'max_steps': 1} (dict)"),
-    Call("train_data_path", lambda r, tmp: attnlab.train(tmp / "r", None, None, "code.txt"), TypeError,
-         "data must be a DataConfig"),
+    Call(
+        "train_out_int",
+        lambda r, tmp: attnlab.train(123, GPTConfig.from_preset("gpt-nano")),
+        TypeError,
+        "train: out: expected a path",
+    ),
+    Call(
+        "train_model_name",
+        lambda r, tmp: attnlab.train(tmp / "r", "gpt-nano"),
+        TypeError,
+        "train: model must be a model config of task lm (GPTConfig)",
+    ),
+    Call(
+        "train_train_dict",
+        lambda r, tmp: attnlab.train(tmp / "r", None, {"max_steps": 1}),
+        TypeError,
+        "train must be a TrainConfig, got {'max_steps': 1} (dict)",
+    ),
+    Call(
+        "train_data_path",
+        lambda r, tmp: attnlab.train(tmp / "r", None, None, "code.txt"),
+        TypeError,
+        "data must be a DataConfig",
+    ),
     Call("train_task_unknown", lambda r, tmp: attnlab.train(tmp / "r", task="lmm"), ValueError, "unknown task 'lmm'"),
-    Call("train_option_unknown", lambda r, tmp: attnlab.train(tmp / "r", lr=0.1), TypeError,
-         "unknown option 'lr' for task lm (its own: config); lr is a training setting: pass train=TrainConfig"),
-    Call("train_option_mistyped", lambda r, tmp: attnlab.train(tmp / "r", task="classify", word_vector="v.txt"),
-         TypeError, "did you mean word_vectors?"),
+    Call(
+        "train_option_unknown",
+        lambda r, tmp: attnlab.train(tmp / "r", lr=0.1),
+        TypeError,
+        "unknown option 'lr' for task lm (its own: config); lr is a training setting: pass train=TrainConfig",
+    ),
+    Call(
+        "train_option_mistyped",
+        lambda r, tmp: attnlab.train(tmp / "r", task="classify", word_vector="v.txt"),
+        TypeError,
+        "did you mean word_vectors?",
+    ),
     Call("train_init_int", lambda r, tmp: attnlab.train(tmp / "r", init=7), TypeError, "train: init: expected a path"),
     Call("load_none", lambda r, tmp: attnlab.load(None), TypeError, "load: path: expected a path"),
     Call("load_int", lambda r, tmp: attnlab.load(123), TypeError, "got 123 (int)"),
     # configs built by hand
-    Call("train_config_str", lambda r, tmp: TrainConfig(max_steps="5"), TypeError,
-         "TrainConfig.max_steps: expected int, got '5' (str)"),
+    Call(
+        "train_config_str",
+        lambda r, tmp: TrainConfig(max_steps="5"),
+        TypeError,
+        "TrainConfig.max_steps: expected int, got '5' (str)",
+    ),
     Call("train_config_lr_str", lambda r, tmp: TrainConfig(lr="0.1"), TypeError, "TrainConfig.lr: expected float"),
     Call("train_config_nan", lambda r, tmp: TrainConfig(min_lr=float("nan")), ValueError, "min_lr: must be a finite"),
     Call("train_config_bool", lambda r, tmp: TrainConfig(batch_size=True), TypeError, "batch_size: expected int"),
@@ -88,41 +116,65 @@ CALLS = [
     Call("data_config_data_int", lambda r, tmp: DataConfig(data=5), TypeError, "DataConfig.data: expected str"),
     Call("generate_config_str", lambda r, tmp: GenerateConfig(temperature="hot"), TypeError, "temperature"),
     Call("vectors_config_str", lambda r, tmp: VectorsConfig(dim="100"), TypeError, "VectorsConfig.dim: expected int"),
-    Call("preset_unknown", lambda r, tmp: GPTConfig.from_preset("nope"), KeyError,
-         "unknown preset 'nope' for GPTConfig; choose from gpt-nano"),
+    Call(
+        "preset_unknown",
+        lambda r, tmp: GPTConfig.from_preset("nope"),
+        KeyError,
+        "unknown preset 'nope' for GPTConfig; choose from gpt-nano",
+    ),
     Call("preset_mistyped", lambda r, tmp: GPTConfig.from_preset("gpt-nan"), KeyError, "did you mean 'gpt-nano'?"),
     Call("preset_none", lambda r, tmp: GPTConfig.from_preset(None), KeyError, "unknown preset None"),
     Call("gpt_of_a_name", lambda r, tmp: GPT("gpt-nano"), TypeError, "GPT: expected a GPTConfig"),
     # inputs of a model
-    Call("ids_above_vocab", lambda r, tmp: r.model(torch.tensor([[1, 999]])), ValueError,
-         f"token id 999 is outside the vocabulary of {len(CHARS) + 2}"),
+    Call(
+        "ids_above_vocab",
+        lambda r, tmp: r.model(torch.tensor([[1, 999]])),
+        ValueError,
+        f"token id 999 is outside the vocabulary of {len(CHARS) + 2}",
+    ),
     Call("ids_negative", lambda r, tmp: r.model(torch.tensor([[-1, 2]])), ValueError, "token id -1 is outside"),
     Call("ids_float", lambda r, tmp: r.model(torch.tensor([[1.0, 2.0]])), TypeError, "whole numbers"),
     Call("trace_int", lambda r, tmp: attnlab.trace(r, 123), TypeError, "trace: the input must be a text, or"),
     Call("trace_list", lambda r, tmp: attnlab.trace(r, [1, 2]), TypeError, "got [1, 2] (list)"),
     Call("trace_ids_above_vocab", lambda r, tmp: attnlab.trace(r, torch.tensor([[500]])), ValueError, "token id 500"),
     # hooks
-    Call("zero_head_99", lambda r, tmp: within_hooks(r, {"blocks.0.attn.hook_head_out": zero_head(99)}),
-         ValueError, "zero_head(99): blocks.0.attn.hook_head_out has 2 heads, numbered 0 to 1"),
+    Call(
+        "zero_head_99",
+        lambda r, tmp: within_hooks(r, {"blocks.0.attn.hook_head_out": zero_head(99)}),
+        ValueError,
+        "zero_head(99): blocks.0.attn.hook_head_out has 2 heads, numbered 0 to 1",
+    ),
     Call("zero_head_negative", lambda r, tmp: zero_head(-1), ValueError, "numbered from 0"),
     Call("zero_head_str", lambda r, tmp: zero_head("1"), TypeError, "zero_head: a head is a whole number"),
-    Call("zero_head_no_heads", lambda r, tmp: within_hooks(r, {"blocks.0.hook_resid_pre": zero_head(0)}),
-         ValueError, "has no heads"),
-    Call("hooks_not_callable", lambda r, tmp: within_hooks(r, {"blocks.0.hook_resid_pre": 3}), TypeError,
-         "must be a function of the tensor"),
+    Call(
+        "zero_head_no_heads",
+        lambda r, tmp: within_hooks(r, {"blocks.0.hook_resid_pre": zero_head(0)}),
+        ValueError,
+        "has no heads",
+    ),
+    Call(
+        "hooks_not_callable",
+        lambda r, tmp: within_hooks(r, {"blocks.0.hook_resid_pre": 3}),
+        TypeError,
+        "must be a function of the tensor",
+    ),
     Call("hooks_no_model", lambda r, tmp: hooks(None, {}).__enter__(), TypeError, "hooks: expected a torch model"),
     Call("hooks_list", lambda r, tmp: hooks(r.model, ["x"]).__enter__(), TypeError, "expected a dict"),
     # Run.generate
     Call("generate_prompt_int", lambda r, tmp: r.generate(123), TypeError, "prompt: expected a text (str)"),
-    Call("generate_length_str", lambda r, tmp: r.generate("a", max_new_tokens="5"), TypeError,
-         "max_new_tokens: expected a whole number"),
+    Call(
+        "generate_length_str",
+        lambda r, tmp: r.generate("a", max_new_tokens="5"),
+        TypeError,
+        "max_new_tokens: expected a whole number",
+    ),
     Call("generate_seed_str", lambda r, tmp: r.generate("a", seed="x"), TypeError, "seed: expected a whole number"),
     Call("generate_seed_negative", lambda r, tmp: r.generate("a", seed=-1), ValueError, "seed must be"),
     Call("generate_stop_int", lambda r, tmp: r.generate("a", stop=5), TypeError, "stop: expected a text (str)"),
     Call("ids_one_dimensional", lambda r, tmp: r.model(torch.tensor([1, 2])), ValueError, "(batch, time) tensor"),
     Call("ids_none", lambda r, tmp: r.model(torch.zeros(1, 0, dtype=torch.long)), ValueError, "at least one token"),
     Call("generate_top_k_float", lambda r, tmp: r.generate("a", top_k=2.5), TypeError, "top_k: expected"),
-]  # fmt: skip
+]
 
 
 def test_the_table_is_large_enough():
@@ -172,13 +224,32 @@ def test_ctrl_c_in_the_first_second_of_a_real_command(tmp_path):
     imports, or the sampling after them): one line, exit 130, no traceback."""
     tok = CharTokenizer(CHARS)
     cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, context=32, vocab_size=tok.vocab_size)
-    attnlab.train(tmp_path / "run", cfg, TrainConfig(max_steps=1, eval_interval=1, eval_batches=1, batch_size=2,
-                  device="cpu", dtype="float32"), _data(tmp_path), progress=False)  # fmt: skip
-    argv = [sys.executable, "-m", "attnlab", "sample", str(tmp_path / "run"), "--max-new-tokens", "100000000",
-            "--num-samples", "1"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    attnlab.train(
+        tmp_path / "run",
+        cfg,
+        TrainConfig(max_steps=1, eval_interval=1, eval_batches=1, batch_size=2, device="cpu", dtype="float32"),
+        _data(tmp_path),
+        progress=False,
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "attnlab",
+        "sample",
+        str(tmp_path / "run"),
+        "--max-new-tokens",
+        "100000000",
+        "--num-samples",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     try:

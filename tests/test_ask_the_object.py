@@ -19,8 +19,10 @@ from attnlab.tasks.compare import COMPARISONS
 
 PACKAGE = Path(__file__).resolve().parent.parent / "attnlab"
 # What names a thing the registries own ("none" and the metrics' "loss" and "lr" are also plain words).
-NAMES = ({*TASKS, *FAMILIES, *HEADS, *INSPECTIONS, *PLOTS, *VIEW_NAMES, *POSITIONS, *COMPARISONS}
-         | {name for task in TASKS.values() for name in task.models}) - {"none", "loss", "lr"}  # fmt: skip
+NAMES = (
+    {*TASKS, *FAMILIES, *HEADS, *INSPECTIONS, *PLOTS, *VIEW_NAMES, *POSITIONS, *COMPARISONS}
+    | {name for task in TASKS.values() for name in task.models}
+) - {"none", "loss", "lr"}
 
 
 def strings(node: ast.AST) -> list[str]:

@@ -62,14 +62,30 @@ def test_compare_climbs_the_ladder_with_and_without_frozen_vectors(tmp_path, cap
     from attnlab.wordvec.train import train_vectors
 
     reviews = "\n".join(text for text, _ in generate(400, seed=0))
-    train_vectors(tmp_path / "vec", VectorsConfig(dim=16, epochs=2, min_count=1, threads=1), text=reviews,
-                  progress=False)  # fmt: skip
+    train_vectors(
+        tmp_path / "vec", VectorsConfig(dim=16, epochs=2, min_count=1, threads=1), text=reviews, progress=False
+    )
     models = ["self-attention"]
     for name in models:  # a short budget: this checks the command, not the scores
-        monkeypatch.setitem(classify.TRAIN_DEFAULTS, name, dict(max_steps=20, batch_size=32, eval_interval=20,
-                                                                eval_batches=1, lr=0.01, device="cpu"))  # fmt: skip
-    code, out, err = run_cli(["compare", "--task", "sentiment", "--models", ",".join(models), "--out",
-                              tmp_path / "cmp", "--word-vectors", tmp_path / "vec"], capsys)  # fmt: skip
+        monkeypatch.setitem(
+            classify.TRAIN_DEFAULTS,
+            name,
+            dict(max_steps=20, batch_size=32, eval_interval=20, eval_batches=1, lr=0.01, device="cpu"),
+        )
+    code, out, err = run_cli(
+        [
+            "compare",
+            "--task",
+            "sentiment",
+            "--models",
+            ",".join(models),
+            "--out",
+            tmp_path / "cmp",
+            "--word-vectors",
+            tmp_path / "vec",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())["rows"]
     assert [r["model"] for r in rows] == ["self-attention", "self-attention+vectors"]

@@ -23,9 +23,10 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 TEXT = "def hello(world): return 42 "  # the input: 28 characters, one token each
-GPT = ["--preset", "gpt-nano", "--n-layer", "2", "--d-model", "32", "--n-head", "4", "--context", "32",
-       "--max-steps", "3", "--batch-size", "4", "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu",
-       "--tokenizer", "char"]  # fmt: skip
+GPT = (
+    "--preset gpt-nano --n-layer 2 --d-model 32 --n-head 4 --context 32 --max-steps 3 "
+    "--batch-size 4 --eval-interval 3 --eval-batches 1 --device cpu --tokenizer char"
+).split()
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-GPT = ["--preset", "gpt-nano", "--n-layer", "2", "--d-model", "32", "--n-head", "2", "--context", "32",
-       "--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
-       "--tokenizer", "char"]  # fmt: skip
+GPT = (
+    "--preset gpt-nano --n-layer 2 --d-model 32 --n-head 2 --context 32 --max-steps 5 "
+    "--batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu --tokenizer char"
+).split()
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -76,8 +77,26 @@ def test_select_narrows_layers_and_heads():
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("att") / "tr"
-    args = ["train", "translate", "--data", "reverse", "--out", run, "--n-train", "200", "--max-steps", "5",
-            "--batch-size", "16", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+    args = [
+        "train",
+        "translate",
+        "--data",
+        "reverse",
+        "--out",
+        run,
+        "--n-train",
+        "200",
+        "--max-steps",
+        "5",
+        "--batch-size",
+        "16",
+        "--eval-interval",
+        "5",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main([str(a) for a in args]) == 0
     return run
 

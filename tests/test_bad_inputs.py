@@ -32,9 +32,10 @@ from tests.conftest import code_file, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-LM = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-      "--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu",
-      "--dtype", "float32"]  # fmt: skip
+LM = (
+    "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --max-steps 2 "
+    "--eval-interval 2 --eval-batches 1 --device cpu --dtype float32"
+).split()
 SMALL = ["--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
 
 
@@ -63,12 +64,32 @@ def w(tmp_path_factory):
     (sentinel / "src" / "main.js").write_text("console.log('hi')\n")
     train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
     train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
-    train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", "--n-layer", "1",
-           "--d-model", "16", "--n-head", "2", "--batch-size", "8", *SMALL])  # fmt: skip
+    train(
+        [
+            "train",
+            "translate",
+            "--data",
+            "reverse",
+            "--n-train",
+            "60",
+            "--out",
+            root / "tr",
+            "--n-layer",
+            "1",
+            "--d-model",
+            "16",
+            "--n-head",
+            "2",
+            "--batch-size",
+            "8",
+            *SMALL,
+        ]
+    )
     train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     runs = {name: root / name for name in ("lm", "cls", "tr", "img")}
-    return SimpleNamespace(root=root, corpus=corpus, table=table, sentinel=sentinel, guarded=[sentinel, *runs.values()],
-                           **runs)  # fmt: skip
+    return SimpleNamespace(
+        root=root, corpus=corpus, table=table, sentinel=sentinel, guarded=[sentinel, *runs.values()], **runs
+    )
 
 
 def checksum(folders: list[Path]) -> str:
@@ -155,13 +176,34 @@ def lm(*extra) -> Callable:
 
 
 def cls(data: Callable, *extra) -> Callable:
-    return lambda w, tmp: ["train", "classify", "--data", data(w, tmp), "--model", "bow", "--out", tmp / "run",
-                           *SMALL, *extra]  # fmt: skip
+    return lambda w, tmp: [
+        "train",
+        "classify",
+        "--data",
+        data(w, tmp),
+        "--model",
+        "bow",
+        "--out",
+        tmp / "run",
+        *SMALL,
+        *extra,
+    ]
 
 
 def vectors(*extra) -> Callable:
-    return lambda w, tmp: ["train", "vectors", "--data", w.corpus, "--out", tmp / "run", "--min-count", "1",
-                           "--epochs", "1", *extra]  # fmt: skip
+    return lambda w, tmp: [
+        "train",
+        "vectors",
+        "--data",
+        w.corpus,
+        "--out",
+        tmp / "run",
+        "--min-count",
+        "1",
+        "--epochs",
+        "1",
+        *extra,
+    ]
 
 
 def family(name: str) -> Callable[[Path], None]:
@@ -175,8 +217,17 @@ def family(name: str) -> Callable[[Path], None]:
 
 
 def toml(text: str) -> Callable:
-    return lambda w, tmp: ["train", "lm", "--data", w.corpus, "--out", tmp / "run", *LM, "--config",
-                           write(tmp, "c.toml", text)]  # fmt: skip
+    return lambda w, tmp: [
+        "train",
+        "lm",
+        "--data",
+        w.corpus,
+        "--out",
+        tmp / "run",
+        *LM,
+        "--config",
+        write(tmp, "c.toml", text),
+    ]
 
 
 CASES = [
@@ -424,7 +475,7 @@ CASES = [
         "plot_tokens_0",
         lambda w, tmp: ["plot", w.lm, "--what", "embeddings", "--tokens", "0", "--out", tmp / "e.png"],
         "at least 1",
-    ),  # fmt: skip
+    ),
     Case(
         "family_unknown_resume",
         lambda w, tmp: ["train", "lm", "--out", spoiled(family("zorro"))(w, tmp), "--resume"],
@@ -438,7 +489,7 @@ CASES = [
         "serve_one_letter_key_public",
         lambda w, tmp: ["serve", w.lm, "--host", "0.0.0.0", "--api-key", "k"],
         "at least 16 characters",
-    ),  # fmt: skip
+    ),
     Case("serve_blank_key", lambda w, tmp: ["serve", w.lm, "--api-key", " "], "blank"),
     Case("serve_blank_key_public", lambda w, tmp: ["serve", w.lm, "--host", "0.0.0.0", "--api-key", "   "], "blank"),
     Case("flag_mistyped", lambda w, tmp: ["sample", w.lm, "--temprature", "1"], "did you mean --temperature?"),
@@ -559,9 +610,13 @@ def hypothesis():
 
 def any_value(st):
     return st.one_of(
-        st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(), st.none(),
-        st.text(max_size=12), st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", "", " 3 ", "True", "none"]),
-    )  # fmt: skip
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-(2**70), 2**70),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=12),
+        st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", "", " 3 ", "True", "none"]),
+    )
 
 
 def config_classes() -> list[type]:
@@ -619,8 +674,14 @@ def test_toml_files_read_or_say_why(tmp_path):
 def bodies(st):
     """Request bodies of the fields the endpoints read, each a value of any kind."""
     names = ["run", "prompt", "text", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "beam"]
-    values = st.one_of(st.sampled_from(["lm", "cls", "tr", "img", "x"]), st.integers(-5, 40), st.floats(-2, 3),
-                       st.text(max_size=20), st.none(), st.booleans())  # fmt: skip
+    values = st.one_of(
+        st.sampled_from(["lm", "cls", "tr", "img", "x"]),
+        st.integers(-5, 40),
+        st.floats(-2, 3),
+        st.text(max_size=20),
+        st.none(),
+        st.booleans(),
+    )
     return st.dictionaries(st.sampled_from(names), values, max_size=6)
 
 

@@ -236,8 +236,13 @@ def test_word_vectors_fill_the_right_rows(tmp_path, header):
     found, missing = load_word_vectors(emb, write_vectors(tmp_path / "v.txt", GLOVE, header), ITOS)
     w = emb.weight.detach()
     expect = {  # row -> the file word it must hold: exact, else lowercase, else any casing
-        3: "the", 9: "the", 4: "dog", 5: "Cat", 6: "apple", 7: "Apple"
-    }  # fmt: skip
+        3: "the",
+        9: "the",
+        4: "dog",
+        5: "Cat",
+        6: "apple",
+        7: "Apple",
+    }
     for row, word in expect.items():
         assert torch.equal(w[row], torch.tensor(GLOVE[word])), ITOS[row]
     assert found == len(expect)

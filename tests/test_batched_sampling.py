@@ -36,8 +36,9 @@ def test_a_seed_gives_the_same_batch_and_rows_differ(model, use_cache):
 
 
 def test_each_row_stops_at_its_own_stop_text(model):
-    texts = sample_texts(model, TOK, "a", num_samples=8, max_new_tokens=40, temperature=1.0, seed=3, stop="a",
-                         dtype="float32")  # fmt: skip
+    texts = sample_texts(
+        model, TOK, "a", num_samples=8, max_new_tokens=40, temperature=1.0, seed=3, stop="a", dtype="float32"
+    )
     free = sample_texts(model, TOK, "a", num_samples=8, max_new_tokens=40, temperature=1.0, seed=3, dtype="float32")
     for cut, whole in zip(texts, free):
         assert "a" not in cut and whole.startswith(cut)

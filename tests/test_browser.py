@@ -29,11 +29,14 @@ playwright = pytest.importorskip("playwright.sync_api", reason="playwright is no
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 # Quiet flags: without the background-networking ones Chromium keeps calling home, to no avail here.
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]  # fmt: skip
-GPT = ["--preset", "gpt-nano", "--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32",
-       "--tokenizer", "char", "--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1",
-       "--device", "cpu"]  # fmt: skip
+ARGS = (
+    "--no-sandbox --disable-gpu --disable-quic --no-first-run "
+    "--disable-background-networking --disable-component-update --disable-sync"
+).split()
+GPT = (
+    "--preset gpt-nano --n-layer 2 --n-head 2 --d-model 32 --context 32 --tokenizer char "
+    "--max-steps 5 --batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu"
+).split()
 PERCENT = re.compile(r"^\d+(\.\d)?%$")
 
 
@@ -137,8 +140,12 @@ def test_the_explorer_shows_attention_live_and_inside_the_model(gpt_run, browser
         assert page.eval_on_selector(".live-token[data-index='11']", "e => e.style.background") == ""  # after it
         page.screenshot(path=str(shots / "serve-live-attention.png"), full_page=True)
 
-        views = (("lens", ".inside-table", 1), ("heads", ".inside-table", 4), ("ablate", ".inside-table", 1),
-                 ("rollout", "canvas.rollout-map", 1))  # fmt: skip
+        views = (
+            ("lens", ".inside-table", 1),
+            ("heads", ".inside-table", 4),
+            ("ablate", ".inside-table", 1),
+            ("rollout", "canvas.rollout-map", 1),
+        )
         for what, selector, count in views:
             page.select_option("#inside-what", what)
             page.click("#inside-go")
@@ -158,8 +165,10 @@ def test_the_exported_page_works_with_no_network(browser, tmp_path):
     rng = np.random.default_rng(0)
     src, tgt = ["le", "chat", "</s>"], ["the", "cat"]
     weights = lambda tq, tk: (w := rng.random((2, 3, tq, tk))) / w.sum(-1, keepdims=True)
-    views = [AttentionView("encoder self-attention", src, src, weights(3, 3)),
-             AttentionView("cross-attention", tgt, src, weights(2, 3))]  # fmt: skip
+    views = [
+        AttentionView("encoder self-attention", src, src, weights(3, 3)),
+        AttentionView("cross-attention", tgt, src, weights(2, 3)),
+    ]
     write_attention_html(views, tmp_path / "attention.html", "offline")
     context = browser.new_context(offline=True)
     blocked: list[str] = []
@@ -193,8 +202,12 @@ def test_the_page_colours_each_token_by_its_expert(browser, tmp_path):
     tokens = ["def", " f", "(x", "):\n"]
     experts = {"tokens": tokens, "experts": [[0, 1, 1, 2], [3, 3, 0, 1]], "gates": [[1.0, 0.6, 0.9, 0.5]] * 2, "n": 4}
     w = np.tril(np.ones((1, 1, 4, 4)))
-    write_attention_html([AttentionView("self-attention", tokens, tokens, w / w.sum(-1, keepdims=True))],
-                         tmp_path / "moe.html", "experts", experts)  # fmt: skip
+    write_attention_html(
+        [AttentionView("self-attention", tokens, tokens, w / w.sum(-1, keepdims=True))],
+        tmp_path / "moe.html",
+        "experts",
+        experts,
+    )
     page = browser.new_page()
     errors = watch(page)
     page.goto((tmp_path / "moe.html").as_uri())
@@ -243,8 +256,10 @@ def test_a_thousand_tokens_render_and_stay_usable(browser, tmp_path, shots, reco
     assert 0 < labels < n  # every k-th token labelled
     page.screenshot(path=str(shots / "long-input.png"))
     page.close()
-    print(f"\n1,000 tokens, 2 layers x 4 heads: page {size_mb:.1f} MB, rendered in {rendered:.2f} s "
-          f"({lines} lines drawn), enlarged heatmap in {enlarged:.2f} s, {labels} key labels")  # fmt: skip
+    print(
+        f"\n1,000 tokens, 2 layers x 4 heads: page {size_mb:.1f} MB, rendered in {rendered:.2f} s "
+        f"({lines} lines drawn), enlarged heatmap in {enlarged:.2f} s, {labels} key labels"
+    )
     record_property("render_s", round(rendered, 3))
     assert not errors, errors
 
@@ -283,9 +298,35 @@ def caption_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("caption")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "caption", "--out", str(root / "cap"), "--max-steps", "3", "--batch-size", "8",
-                     "--eval-interval", "3", "--eval-batches", "1", "--n-train", "64", "--n-test", "8", "--d-model",
-                     "32", "--n-layer", "1", "--device", "cpu"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "train",
+                    "caption",
+                    "--out",
+                    str(root / "cap"),
+                    "--max-steps",
+                    "3",
+                    "--batch-size",
+                    "8",
+                    "--eval-interval",
+                    "3",
+                    "--eval-batches",
+                    "1",
+                    "--n-train",
+                    "64",
+                    "--n-test",
+                    "8",
+                    "--d-model",
+                    "32",
+                    "--n-layer",
+                    "1",
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
     return root / "cap"
 
 

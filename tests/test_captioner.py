@@ -19,8 +19,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 
 def captioner(**kw) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = CaptionerConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=12, dropout=0.0, tgt_vocab=20,
-                          image_size=8, image_width=16, channels=1, patch_size=4, **kw)  # fmt: skip
+    cfg = CaptionerConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        d_ff=32,
+        context=12,
+        dropout=0.0,
+        tgt_vocab=20,
+        image_size=8,
+        image_width=16,
+        channels=1,
+        patch_size=4,
+        **kw,
+    )
     return perturb(build_model("captioner", cfg), 0.5)
 
 
@@ -72,8 +84,17 @@ def test_show_attend_and_tell_decodes_like_the_rnn_and_its_attention_covers_the_
     from attnlab.models.rnn_captioner import RNNCaptionerConfig
 
     torch.manual_seed(0)
-    cfg = RNNCaptionerConfig(tgt_vocab=20, d_emb=8, d_hidden=16, d_attn=8, image_size=8, image_width=16,
-                             channels=1, patch_size=4, dropout=0.0)  # fmt: skip
+    cfg = RNNCaptionerConfig(
+        tgt_vocab=20,
+        d_emb=8,
+        d_hidden=16,
+        d_attn=8,
+        image_size=8,
+        image_width=16,
+        channels=1,
+        patch_size=4,
+        dropout=0.0,
+    )
     model = perturb(build_model("rnn-captioner", cfg), 0.5)
     images = torch.rand(3, 1, 8, 16)
     hyps = greedy(model, images, 6)
@@ -99,24 +120,13 @@ def test_caption_task_trains_evaluates_predicts_and_draws_where_words_looked(tmp
     strip = strips.strips("test", 1)[0]
     image = tmp_path / "strip.png"
     Image.fromarray((strip.image * 255).astype("uint8")).save(image)
-    steps = [
-        "--max-steps",
-        "3",
-        "--batch-size",
-        "8",
-        "--eval-interval",
-        "3",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
-        "--n-train",
-        "100",
-        "--n-test",
-        "20",
-    ]
-    for model, extra in (("transformer", ["--d-model", "32", "--n-layer", "1"]),
-                         ("rnn-attention", ["--d-hidden", "16", "--d-emb", "8", "--d-attn", "8"])):  # fmt: skip
+    steps = (
+        "--max-steps 3 --batch-size 8 --eval-interval 3 --eval-batches 1 --device cpu --n-train 100 --n-test 20"
+    ).split()
+    for model, extra in (
+        ("transformer", ["--d-model", "32", "--n-layer", "1"]),
+        ("rnn-attention", ["--d-hidden", "16", "--d-emb", "8", "--d-attn", "8"]),
+    ):
         run = tmp_path / model
         code, out, err = run_cli(["train", "caption", "--model", model, "--out", run, *steps, *extra], capsys)
         assert code == 0, err
@@ -186,8 +196,9 @@ def test_compare_captioners_table_and_chart(tmp_path, capsys, monkeypatch):
     budget = dict(max_steps=3, batch_size=8, eval_interval=3, eval_batches=1, device="cpu")
     for name in cap.TRAIN_DEFAULTS:  # a few steps: this checks the command, not the scores
         monkeypatch.setitem(cap.TRAIN_DEFAULTS, name, budget)
-    monkeypatch.setattr(captions, "CaptionDataConfig", functools.partial(captions.CaptionDataConfig, n_train=64,
-                                                                         n_test=16))  # fmt: skip
+    monkeypatch.setattr(
+        captions, "CaptionDataConfig", functools.partial(captions.CaptionDataConfig, n_train=64, n_test=16)
+    )
     code, out, err = run_cli(["compare", "--task", "caption", "--out", tmp_path], capsys)
     assert code == 0, err
     assert "on digit" in out and "rnn-attention" in out

@@ -40,9 +40,11 @@ LLAMA3 = (
 ENDS = "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}<|eot_id|>{% endif %}"
 CUT = LLAMA3.replace("<|eot_id|>{% endfor %}", ENDS + "{% endfor %}")
 # A template that checks the conversation, as Mistral's and Llama 2's do.
-STRICT = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-          "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
-          "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")  # fmt: skip
+STRICT = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 BOS = "<|begin_of_text|>"
 QUESTION = "What is 2 + 3?"
 SEED, LENGTH = 5, 24  # the cut run's answers: seed and most tokens
@@ -71,8 +73,13 @@ def runs(tmp_path_factory):
     (root / "corpus.txt").write_text(TEXT * 40)
     with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        attnlab.train(root / "llama", tiny_model(n_layer=1, context=256), tiny_train(max_steps=5, eval_interval=5),
-                      tiny_data(root / "corpus.txt"), progress=False)  # fmt: skip
+        attnlab.train(
+            root / "llama",
+            tiny_model(n_layer=1, context=256),
+            tiny_train(max_steps=5, eval_interval=5),
+            tiny_data(root / "corpus.txt"),
+            progress=False,
+        )
     for name in ("chatml", "cut", "strict"):
         shutil.copytree(root / "llama", root / name)
     write_template(root / "llama", ChatTemplate(LLAMA3, BOS, "<|eot_id|>"))
@@ -80,11 +87,27 @@ def runs(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # an sft run (LoRA) from "llama": it keeps Llama 3's template
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
         data = ChatData(examples=16, test_examples=2)
-        attnlab.train(root / "sft", None, tiny_train(max_steps=2, eval_interval=2), data, init=root / "llama",
-                      task="sft", lora_rank=2, progress=False)  # fmt: skip
+        attnlab.train(
+            root / "sft",
+            None,
+            tiny_train(max_steps=2, eval_interval=2),
+            data,
+            init=root / "llama",
+            task="sft",
+            lora_rank=2,
+            progress=False,
+        )
     run = load(root / "cut", "cpu")
-    raw = "".join(stream_text(run.model, run.tokenizer, ChatTemplate(CUT, BOS).prompt([Message("user", QUESTION)]),
-                              max_new_tokens=LENGTH, temperature=1.0, seed=SEED))  # fmt: skip
+    raw = "".join(
+        stream_text(
+            run.model,
+            run.tokenizer,
+            ChatTemplate(CUT, BOS).prompt([Message("user", QUESTION)]),
+            max_new_tokens=LENGTH,
+            temperature=1.0,
+            seed=SEED,
+        )
+    )
     marker = marker_in(raw)
     write_template(root / "cut", ChatTemplate(CUT, BOS, marker))
     return root, raw[: raw.index(marker)], marker
@@ -115,8 +138,9 @@ def test_v1_chat_prompts_with_each_run_s_own_template(client, runs):
         r = client.chat.completions.create(model=name, messages=asked, max_tokens=10, seed=3, **PLAIN)
         counts[name] = len(run.tokenizer.encode(template.prompt(turns)))
         assert r.usage.prompt_tokens == counts[name]
-        expected = "".join(stream_answer(run.model, run.tokenizer, template, turns, seed=3, temperature=1.0,
-                                         max_new_tokens=10))  # fmt: skip
+        expected = "".join(
+            stream_answer(run.model, run.tokenizer, template, turns, seed=3, temperature=1.0, max_new_tokens=10)
+        )
         assert r.choices[0].message.content == expected  # the continuation of exactly that prompt
         developer = [{"role": "developer", "content": "Be terse."}, asked[1]]  # a developer message is a system one
         again = client.chat.completions.create(model=name, messages=developer, max_tokens=10, seed=3, **PLAIN)
@@ -124,8 +148,9 @@ def test_v1_chat_prompts_with_each_run_s_own_template(client, runs):
     old = len(run.tokenizer.encode(f"System: Be terse.\nUser: {QUESTION}\nAssistant:"))
     assert len({counts["llama"], counts["chatml"], old}) == 3  # a server on another template would fail above
     assert counts["sft"] == counts["llama"]  # the sft run answers in the template it was trained with
-    assert counts["llama"] == len("<|begin_of_text|>") + 2 * len("<|start_header_id|><|end_header_id|>\n\n<|eot_id|>") \
-        + len("systemBe terse.user" + QUESTION) + len("<|start_header_id|>assistant<|end_header_id|>\n\n")  # fmt: skip
+    assert counts["llama"] == len("<|begin_of_text|>") + 2 * len(
+        "<|start_header_id|><|end_header_id|>\n\n<|eot_id|>"
+    ) + len("systemBe terse.user" + QUESTION) + len("<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_v1_chat_replies_end_before_the_template_s_end_of_turn(client, runs):
@@ -135,12 +160,16 @@ def test_v1_chat_replies_end_before_the_template_s_end_of_turn(client, runs):
     (choice,) = r.choices
     assert choice.message.content == cut and marker not in cut and choice.finish_reason == "stop"
     assert r.usage.completion_tokens < LENGTH
-    chunks = list(client.chat.completions.create(model="cut", messages=messages, max_tokens=LENGTH, seed=SEED,
-                                                 stream=True, **PLAIN))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="cut", messages=messages, max_tokens=LENGTH, seed=SEED, stream=True, **PLAIN
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
     assert chunks[-1].choices[0].finish_reason == "stop"
-    both = client.chat.completions.create(model="cut", messages=messages, max_tokens=LENGTH, seed=SEED,
-                                          stop=cut[2:4], **PLAIN)  # fmt: skip
+    both = client.chat.completions.create(
+        model="cut", messages=messages, max_tokens=LENGTH, seed=SEED, stop=cut[2:4], **PLAIN
+    )
     assert both.choices[0].message.content == cut[: cut.index(cut[2:4])]  # the request's stops still cut
 
 
@@ -159,14 +188,33 @@ def test_v1_chat_a_conversation_the_template_refuses_is_a_400_naming_messages(cl
 
 def test_sample_chat_prints_the_answer_alone(runs, capsys):
     root, cut, _ = runs
-    args = ["sample", root / "cut", "--chat", QUESTION, "--seed", SEED, "--temperature", "1.0", "--max-new-tokens",
-            LENGTH, "--device", "cpu"]  # fmt: skip
+    args = [
+        "sample",
+        root / "cut",
+        "--chat",
+        QUESTION,
+        "--seed",
+        SEED,
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        LENGTH,
+        "--device",
+        "cpu",
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     assert out == cut.strip() + "\n"
     run = load(root / "cut", "cpu")
-    texts = answers(run.model, run.tokenizer, run_template(run.path), [[Message("user", QUESTION)]] * 3, seed=SEED,
-                    temperature=1.0, max_new_tokens=LENGTH)  # fmt: skip
+    texts = answers(
+        run.model,
+        run.tokenizer,
+        run_template(run.path),
+        [[Message("user", QUESTION)]] * 3,
+        seed=SEED,
+        temperature=1.0,
+        max_new_tokens=LENGTH,
+    )
     code, out, _ = run_cli([*args, "--num-samples", "3"], capsys)
     assert code == 0 and texts[0] == cut.strip() and len(set(texts)) > 1
     assert out == "".join(("\n" + "-" * 40 + "\n" if i else "") + t + "\n" for i, t in enumerate(texts))
@@ -176,8 +224,9 @@ def test_sample_chat_prints_the_answer_alone(runs, capsys):
 
 def test_sample_chat_without_a_template_of_its_own_uses_chatml_and_says_so(runs, capsys):
     root = runs[0]
-    code, out, err = run_cli(["sample", root / "chatml", "--chat", "hi", "--seed", "1", "--max-new-tokens", "8",
-                              "--device", "cpu"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["sample", root / "chatml", "--chat", "hi", "--seed", "1", "--max-new-tokens", "8", "--device", "cpu"], capsys
+    )
     run = load(root / "chatml", "cpu")
     expected = answers(run.model, run.tokenizer, ChatTemplate(), [[Message("user", "hi")]], seed=1, max_new_tokens=8)
     assert code == 0 and out == expected[0] + "\n" and "built-in ChatML" in err
@@ -225,8 +274,11 @@ def test_chat_keeps_the_conversation_in_the_template_and_resets(llama, prompts):
         expected.append("".join(replay.answer()))  # answer k draws with seed + k, reset or not
     first, second, third = expected
     prompts.clear()
-    talk(Dialogue(llama.model, llama.tokenizer, template, **settings), lines("hello", "and then?", "/reset", "again"),
-         out)  # fmt: skip
+    talk(
+        Dialogue(llama.model, llama.tokenizer, template, **settings),
+        lines("hello", "and then?", "/reset", "again"),
+        out,
+    )
     assert out.getvalue() == f"{first}\n{second}\n[a new conversation]\n{third}\n\n"  # the end of input: a newline
     assert len(prompts) == 3 and prompts[0] == template.prompt([Message("user", "hello")])
     exchange = [Message("user", "hello"), Message("assistant", first)]
@@ -261,8 +313,9 @@ def test_chat_leaves_cleanly_on_quit_ctrl_c_and_end_of_input(llama, runs, capsys
     talk(Dialogue(llama.model, llama.tokenizer, run_template(llama.path)), interrupted, out)
     assert out.getvalue() == "\n"
     monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))  # input() reads it, then meets the end of input
-    code, stdout, err = run_cli(["chat", runs[0] / "llama", "--seed", "1", "--max-new-tokens", "4", "--device",
-                                 "cpu"], capsys)  # fmt: skip
+    code, stdout, err = run_cli(
+        ["chat", runs[0] / "llama", "--seed", "1", "--max-new-tokens", "4", "--device", "cpu"], capsys
+    )
     assert code == 0 and "Traceback" not in err and stdout.startswith(PROMPT) and stdout.count(PROMPT) == 2
     monkeypatch.setattr("builtins.input", interrupted)
     code, stdout, err = run_cli(["chat", runs[0] / "llama", "--device", "cpu"], capsys)
@@ -288,8 +341,20 @@ def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatc
 
 def test_chat_and_sample_chat_refuse_a_run_that_does_not_generate(tmp_path, capsys):
     bow = tmp_path / "bow"
-    train = ["train", "classify", "--model", "bow", "--out", bow, "--max-steps", "3", "--warmup-steps", "1",
-             "--device", "cpu"]  # fmt: skip
+    train = [
+        "train",
+        "classify",
+        "--model",
+        "bow",
+        "--out",
+        bow,
+        "--max-steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert run_cli(train, capsys)[0] == 0
     for args in (["chat", bow], ["sample", bow, "--chat", "hi"]):
         code, _, err = run_cli(args, capsys)

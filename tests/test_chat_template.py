@@ -33,9 +33,15 @@ SYSTEM_IN_FIRST = (
 )
 TEMPLATES = {"chatml": CHATML, "headers": HEADERS, "system_in_first": SYSTEM_IN_FIRST}
 
-THREE_TURNS = [Message("system", "You are terse."), Message("user", "What is 2 + 2?"), Message("assistant", "4"),
-               Message("user", "And times 3?"), Message("assistant", "12"), Message("user", "Thanks!"),
-               Message("assistant", "You're welcome.")]  # fmt: skip
+THREE_TURNS = [
+    Message("system", "You are terse."),
+    Message("user", "What is 2 + 2?"),
+    Message("assistant", "4"),
+    Message("user", "And times 3?"),
+    Message("assistant", "12"),
+    Message("user", "Thanks!"),
+    Message("assistant", "You're welcome."),
+]
 
 
 def reference(template: str, messages, add_generation_prompt: bool) -> str:
@@ -43,8 +49,8 @@ def reference(template: str, messages, add_generation_prompt: bool) -> str:
     from tokenizers import Tokenizer, models
 
     tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), bos_token="<s>",
-        eos_token="</s>")  # fmt: skip
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), bos_token="<s>", eos_token="</s>"
+    )
     tok.chat_template = template
     rows = [{"role": m.role, "content": m.content} for m in messages]
     return tok.apply_chat_template(rows, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -75,12 +81,15 @@ def test_the_builtin_template_marks_each_turn():
     assert [text[a:b] for a, b in spans] == ["4<|im_end|>\n"]
 
 
-@pytest.mark.parametrize("source, says", [
-    ("{{ messages.__class__.__mro__ }}", "failed on this conversation"),  # the sandbox refuses Python's internals
-    ("{% set x = messages.append(1) %}", "failed on this conversation"),  # and changing what it was given
-    ("{{ raise_exception('no system role') }}", "no system role"),
-    ("{% for %}", "does not compile"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "source, says",
+    [
+        ("{{ messages.__class__.__mro__ }}", "failed on this conversation"),  # the sandbox refuses Python's internals
+        ("{% set x = messages.append(1) %}", "failed on this conversation"),  # and changing what it was given
+        ("{{ raise_exception('no system role') }}", "no system role"),
+        ("{% for %}", "does not compile"),
+    ],
+)
 def test_an_untrusted_template_is_contained_and_one_line(source, says):
     with pytest.raises(AttnlabError, match=says):
         ChatTemplate(source).render(THREE_TURNS)
@@ -91,8 +100,9 @@ def test_a_huggingface_folders_template_is_read(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     template = hf_template(tmp_path)
     assert template.render(THREE_TURNS[1:2]).startswith("<|begin_of_text|><|start_header_id|>user")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "default",
-                                                                                   "template": CHATML}]}))  # fmt: skip
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": [{"name": "default", "template": CHATML}]})
+    )
     assert hf_template(tmp_path).source == CHATML
     (tmp_path / "tokenizer_config.json").write_text("{}")
     assert hf_template(tmp_path) is None

@@ -45,8 +45,15 @@ def sft(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
         mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
         base = tiny_chat_base(root, dropout=0.0)
-        attnlab.train(root / "sft", None, tiny_train(max_steps=1, eval_interval=1, warmup_steps=1),
-                      ChatData(examples=400, test_examples=2), init=base, task="sft", progress=False)  # fmt: skip
+        attnlab.train(
+            root / "sft",
+            None,
+            tiny_train(max_steps=1, eval_interval=1, warmup_steps=1),
+            ChatData(examples=400, test_examples=2),
+            init=base,
+            task="sft",
+            progress=False,
+        )
     return load(root / "sft", "cpu")
 
 
@@ -103,8 +110,9 @@ def test_reserve_flag_and_runs_without_training_data(sft, tmp_path, capsys):
     assert code == 2 and "less than the model's context (256), got 256" in err and len(err.strip().splitlines()) == 1
     template = run_template(sft.path)
     assert chat_cli.answer_room(sft, template, ChatOptions(run="x", reserve=40))[0] == 40
-    answers, where = chat_cli.trained_answers({"task": {"kind": "dpo"}, "data": {"data": "preferences",
-                                                                                "examples": 50}})  # fmt: skip
+    answers, where = chat_cli.trained_answers(
+        {"task": {"kind": "dpo"}, "data": {"data": "preferences", "examples": 50}}
+    )
     pairs = preferences("train", 50, 0)  # a DPO run's answers: both of each pair
     assert answers == [a for p in pairs for a in (p.chosen[-1].content, p.rejected[-1].content)]
     assert where == "the built-in preferences"
@@ -115,8 +123,10 @@ def test_reserve_flag_and_runs_without_training_data(sft, tmp_path, capsys):
     room, said = chat_cli.answer_room(sft, template, ChatOptions(run="x"))
     assert room is None and "not readable here" in said and "gone.jsonl" in said
     rows = tmp_path / "chats.jsonl"
-    rows.write_text('{"prompt": "hi", "completion": "a long answer of forty characters......"}\n'
-                    '{"chosen": "x", "rejected": "twelve chars"}\n{"neither": 1}\n')  # fmt: skip
+    rows.write_text(
+        '{"prompt": "hi", "completion": "a long answer of forty characters......"}\n'
+        '{"chosen": "x", "rejected": "twelve chars"}\n{"neither": 1}\n'
+    )
     sft.config["data"] = {"data": str(rows)}
     room, said = chat_cli.answer_room(sft, template, ChatOptions(run="x"))
     assert room == len("a long answer of forty characters......<|im_end|>") and "chats.jsonl" in said
@@ -138,8 +148,11 @@ def test_ctrl_c_during_an_answer_stops_it_and_the_talk_goes_on(sft, monkeypatch)
     dialogue = Dialogue(sft.model, sft.tokenizer, template, reserve=30)
     talk(dialogue, lines("What comes after 9?", "hi", "And after that?"), out, out)  # notes shown in line
     assert out.getvalue() == f"10\nhel\n[{STOPPED}]\n11\n\n"  # the piece drawn when it came is shown
-    assert seen[2] == [Message("user", "What comes after 9?"), Message("assistant", "10"),
-                       Message("user", "And after that?")]  # the stopped turn is not in the history  # fmt: skip
+    assert seen[2] == [
+        Message("user", "What comes after 9?"),
+        Message("assistant", "10"),
+        Message("user", "And after that?"),
+    ]  # the stopped turn is not in the history
     assert signal.getsignal(signal.SIGINT) is handler  # Ctrl-C is the user's again at the prompt
 
     def twice(model, tok, template, messages, **kw):
@@ -270,8 +283,10 @@ def screen_until(fd: int, text: str, seen: bytearray, count: int = 1) -> str:
 
 
 # A session of its own whose controlling terminal is the pty: Ctrl-C typed there is a SIGINT.
-OWN_TERMINAL = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")  # fmt: skip
+OWN_TERMINAL = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal and GNU readline")
 
 
@@ -281,15 +296,27 @@ def chat_in_a_terminal(run, tmp_path, *flags: str):
     tmp_path/history."""
     import pty
 
-    env = {**os.environ, "ATTNLAB_HISTORY": str(tmp_path / "history"), "HOME": str(tmp_path), "TERM": "xterm",
-           "ATTNLAB_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ATTNLAB_HISTORY": str(tmp_path / "history"),
+        "HOME": str(tmp_path),
+        "TERM": "xterm",
+        "ATTNLAB_THREADS": "1",
+    }
     main, child = pty.openpty()
     args = [sys.executable, "-c", OWN_TERMINAL, "-m", "attnlab.cli.main", "chat", str(run), "--device", "cpu", *flags]
     # SIGINT as a shell gives it: a test runner's worker may ignore it, and a process started with SIGINT
     # ignored keeps ignoring it (Python installs its handler only over the default), so Ctrl-C at the
     # prompt would never arrive (seen in the whole suite under pytest-xdist, never alone).
-    proc = subprocess.Popen(args, stdin=child, stdout=child, stderr=child, env=env, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(child)
     try:
         yield main, proc
@@ -336,8 +363,13 @@ def test_the_terminal_s_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(tm
     # Trained until it no longer draws the end-of-text id (never in the corpus) nor ChatML's end of turn:
     # an untrained model draws the end-of-text id once in about as many tokens as the vocabulary has.
     (tmp_path / "corpus.txt").write_text("abcdefghij <|im_start|>user\n" * 200)
-    attnlab.train(tmp_path / "long", tiny_model(n_layer=1, d_model=16, context=2048), tiny_train(max_steps=40, lr=1e-2),
-                  DataConfig(data=str(tmp_path / "corpus.txt"), tokenizer="char"), progress=False)  # fmt: skip
+    attnlab.train(
+        tmp_path / "long",
+        tiny_model(n_layer=1, d_model=16, context=2048),
+        tiny_train(max_steps=40, lr=1e-2),
+        DataConfig(data=str(tmp_path / "corpus.txt"), tokenizer="char"),
+        progress=False,
+    )
     seen = bytearray()
     flags = ("--temperature", "1", "--seed", "1", "--max-new-tokens", "2000")
     with chat_in_a_terminal(tmp_path / "long", tmp_path, *flags) as (main, proc):

@@ -12,26 +12,10 @@ import pytest
 from attnlab.cli.main import build_parser
 from tests.conftest import TEXT, run_cli
 
-TINY = [
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--d-model",
-    "16",
-    "--context",
-    "32",
-    "--batch-size",
-    "4",
-    "--max-steps",
-    "6",
-    "--eval-interval",
-    "3",
-    "--eval-batches",
-    "1",
-    "--device",
-    "cpu",
-]
+TINY = (
+    "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --max-steps 6 "
+    "--eval-interval 3 --eval-batches 1 --device cpu"
+).split()
 
 
 def assert_one_line_error(code, err, fragment):
@@ -62,22 +46,10 @@ def trained(tmp_path, text, capsys):
 def test_help_comes_from_the_config_dataclasses():
     helptext = build_parser()._subparsers._group_actions[0].choices["train"]
     lm = helptext._subparsers._group_actions[0].choices["lm"].format_help()
-    for flag in [
-        "--n-layer",
-        "--d-model",
-        "--norm",
-        "--positions",
-        "--lr",
-        "--warmup-steps",
-        "--grad-accum",
-        "--block-size",
-        "--dtype",
-        "--tokenizer",
-        "--vocab-size",
-        "--config",
-        "--resume",
-        "--force",
-    ]:
+    for flag in (
+        "--n-layer --d-model --norm --positions --lr --warmup-steps --grad-accum "
+        "--block-size --dtype --tokenizer --vocab-size --config --resume --force"
+    ).split():
         assert flag in lm, flag
     assert "peak learning rate" in lm  # TrainConfig.lr's metadata
 
@@ -127,8 +99,10 @@ def test_many_samples_are_drawn_a_batch_at_a_time_with_the_same_texts(trained, c
 def test_preset_then_toml_then_flags(tmp_path, text, capsys):
     """defaults < preset < TOML < flags, and widths derived from d_model follow an override."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text('preset = "gpt-micro"\n[model]\nn_layer = 1\ncontext = 16\n[train]\nmax_steps = 1\n'
-                   'batch_size = 2\neval_batches = 1\n')  # fmt: skip
+    cfg.write_text(
+        'preset = "gpt-micro"\n[model]\nn_layer = 1\ncontext = 16\n[train]\nmax_steps = 1\n'
+        "batch_size = 2\neval_batches = 1\n"
+    )
     out = tmp_path / "run"
     code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, "--d-model", "24"], capsys)
     assert code == 0, err

@@ -47,8 +47,14 @@ LISTS = list_arguments()
 
 def test_the_walk_finds_the_list_options_we_know():
     seen = {(path, action.dest) for path, _, action in LISTS}
-    known = {(("train", "sft"), "lora_targets"), (("train", "dpo"), "lora_targets"), (("serve",), "cors_origin"),
-             (("serve",), "runs"), (("vectors",), "neighbors"), (("runs", "compare"), "runs")}  # fmt: skip
+    known = {
+        (("train", "sft"), "lora_targets"),
+        (("train", "dpo"), "lora_targets"),
+        (("serve",), "cors_origin"),
+        (("serve",), "runs"),
+        (("vectors",), "neighbors"),
+        (("runs", "compare"), "runs"),
+    }
     assert known <= seen
     by_hand = [
         (p, a.dest)
@@ -106,8 +112,7 @@ def test_every_list_option_takes_its_values_space_and_comma_separated(path, pars
         assert action.commas == f.metadata.get("commas", True)
     for how, argv in forms(action, words).items():
         positional = [] if action.option_strings else argv
-        args = build_parser().parse_args([*path, *rest_of(parser, action), *([] if positional else argv),
-                                          *positional])  # fmt: skip
+        args = build_parser().parse_args([*path, *rest_of(parser, action), *([] if positional else argv), *positional])
         value = getattr(args, action.dest)
         assert value == expected and type(value) is into, how
         if "__" in action.dest:  # a settings section: given() passes it on, the config reads it back
@@ -139,19 +144,28 @@ def toy_parser(section: bool = False) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("section", [False, True], ids=["options", "section"])
 def test_elements_are_converted_checked_and_gathered_in_the_fields_container(section, capsys):
-    args = toy_parser(section).parse_args(["--sizes", "3,5", "8", "--names", "q", "v", "--seen", "a,b", "--seen",
-                                           "c", "--ratios", "0.25, 1"])  # fmt: skip
+    args = toy_parser(section).parse_args(
+        ["--sizes", "3,5", "8", "--names", "q", "v", "--seen", "a,b", "--seen", "c", "--ratios", "0.25, 1"]
+    )
     got = given(args, "toy") if section else vars(args)
     assert {k: got[k] for k in ("sizes", "names", "seen", "ratios")} == {
-        "sizes": (3, 5, 8), "names": ["q", "v"], "seen": ["a", "b", "c"], "ratios": [0.25, 1.0]}  # fmt: skip
+        "sizes": (3, 5, 8),
+        "names": ["q", "v"],
+        "seen": ["a", "b", "c"],
+        "ratios": [0.25, 1.0],
+    }
     if section:
         assert from_dict(Toy, {"sizes": given(args, "toy")["sizes"]}).sizes == (3, 5, 8)  # as train's sections
     else:
         assert read_options(args, Toy) == Toy((3, 5, 8), ["q", "v"], ["a", "b", "c"], [0.25, 1.0])
     assert "(several: 2 4, or 2,4)" in " ".join(toy_parser(section).format_help().split())
-    for bad, says in ((["--sizes", "0"], "at least 1"), (["--names", "q,x"], "invalid choice: 'x'"),
-                      (["--sizes", "3,,5"], "an empty value"), (["--sizes", "x"], "expected a whole number"),
-                      (["--ratios", "nan"], "finite")):  # fmt: skip
+    for bad, says in (
+        (["--sizes", "0"], "at least 1"),
+        (["--names", "q,x"], "invalid choice: 'x'"),
+        (["--sizes", "3,,5"], "an empty value"),
+        (["--sizes", "x"], "expected a whole number"),
+        (["--ratios", "nan"], "finite"),
+    ):
         with pytest.raises(SystemExit):
             toy_parser(section).parse_args(bad)
         assert says in capsys.readouterr().err
@@ -162,8 +176,9 @@ def test_train_sft_lora_targets_reach_the_lora_config(targets, tmp_path):
     """`attnlab train sft --lora-targets q v` (and q,v): the targets reach the run's adapter section,
     through the request the command builds (nothing is trained)."""
     task = TASKS["sft"]
-    args = build_parser().parse_args(["train", "sft", "--out", str(tmp_path / "run"), "--lora-rank", "4",
-                                      "--lora-targets", *targets])  # fmt: skip
+    args = build_parser().parse_args(
+        ["train", "sft", "--out", str(tmp_path / "run"), "--lora-rank", "4", "--lora-targets", *targets]
+    )
     opts = read_options(args, task.options)
     flags = {name: given(args, name) for name in ("data", "model", "train")}
     req = task.request(opts, flags, TrainConfig(), None)
@@ -173,8 +188,9 @@ def test_train_sft_lora_targets_reach_the_lora_config(targets, tmp_path):
 
 def test_an_unknown_lora_target_is_one_line(tmp_path):
     task = TASKS["sft"]
-    args = build_parser().parse_args(["train", "sft", "--out", str(tmp_path), "--lora-rank", "4", "--lora-targets",
-                                      "q", "query"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["train", "sft", "--out", str(tmp_path), "--lora-rank", "4", "--lora-targets", "q", "query"]
+    )
     req = task.request(read_options(args, task.options), {"data": {}, "model": {}, "train": {}}, TrainConfig(), None)
     with pytest.raises(AttnlabError, match="unknown LoRA target 'query'; choose from q, k, v"):
         task.adapter(req)

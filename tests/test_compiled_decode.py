@@ -18,8 +18,8 @@ from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.sampling import read_together, stream
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn import row_kernels
-from attnlab.nn.packed import PackedLinear
+from attnlab.quant import row_kernels
+from attnlab.quant.packed import PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,8 +48,9 @@ def nano_fast() -> GPT:
     it: a decode step must be given the row's previous one), a mixture of experts, qk-norm, relu^2,
     rotary positions and soft-capped logits; every weight perturbed (the bigram table starts at zero)."""
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset("gpt-nano-fast", n_layer=2, d_model=64, n_head=4, context=48, vocab_size=96,
-                                bigram_vocab=512, tie_weights=True)  # fmt: skip
+    cfg = GPTConfig.from_preset(
+        "gpt-nano-fast", n_layer=2, d_model=64, n_head=4, context=48, vocab_size=96, bigram_vocab=512, tie_weights=True
+    )
     assert cfg.bigram_vocab and cfg.n_experts > 1
     model = perturb(GPT(cfg), 0.05)
     assert model.head.weight is model.tok.weight
@@ -68,9 +69,13 @@ def gpt2_tied() -> GPT:
 # that between them hand the ahead-of-time step every kind of tensor (packed int8 weights and their
 # scales, rotary tables, a tied head, a bigram table, experts); the others run under `make test-slow`.
 SLOW = pytest.mark.slow
-ROUTES = [(llama_int8, "exported"), (nano_fast, "exported"), pytest.param(gpt2_tied, "exported", marks=SLOW),
-          pytest.param(llama_int4, "exported", marks=SLOW),
-          pytest.param(nano_fast, "torch.compile", marks=SLOW)]  # fmt: skip
+ROUTES = [
+    (llama_int8, "exported"),
+    (nano_fast, "exported"),
+    pytest.param(gpt2_tied, "exported", marks=SLOW),
+    pytest.param(llama_int4, "exported", marks=SLOW),
+    pytest.param(nano_fast, "torch.compile", marks=SLOW),
+]
 
 
 def side_by_side(model, fast: LMDecoder, prompt: list[int], until: int):
@@ -214,8 +219,12 @@ def test_readers_step_the_engine_together_in_one_thread_and_across_threads():
     assert texts == ["".join(map(str, t)) for t in alone]
     # and readers in several threads at once
     got: dict[int, list[int]] = {}
-    threads = [threading.Thread(target=lambda s=s: got.__setitem__(s, list(stream(model, [1, 2, 3], 30,
-                                temperature=1.0, seed=s)))) for s in (7, 8)]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=lambda s=s: got.__setitem__(s, list(stream(model, [1, 2, 3], 30, temperature=1.0, seed=s)))
+        )
+        for s in (7, 8)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -20,10 +20,19 @@ ROWS = [  # (row, the messages it reads as)
     ({"instruction": "Add.", "input": "2 and 2", "output": "4"}, [(U, "Add.\n\n2 and 2"), (A, "4")]),
     ({"instruction": "Say hi.", "output": "hi"}, [(U, "Say hi."), (A, "hi")]),
     ({"instruction": "Say hi.", "input": "", "output": "hi"}, [(U, "Say hi."), (A, "hi")]),
-    ({"messages": [{"role": S, "content": "Be brief."}, {"role": U, "content": "1+1?"}, {"role": A, "content": "2"},
-                   {"role": U, "content": "And 2+2?"}, {"role": A, "content": "4"}]},
-     [(S, "Be brief."), (U, "1+1?"), (A, "2"), (U, "And 2+2?"), (A, "4")]),
-]  # fmt: skip
+    (
+        {
+            "messages": [
+                {"role": S, "content": "Be brief."},
+                {"role": U, "content": "1+1?"},
+                {"role": A, "content": "2"},
+                {"role": U, "content": "And 2+2?"},
+                {"role": A, "content": "4"},
+            ]
+        },
+        [(S, "Be brief."), (U, "1+1?"), (A, "2"), (U, "And 2+2?"), (A, "4")],
+    ),
+]
 
 
 def write_jsonl(path, rows) -> str:
@@ -45,9 +54,14 @@ def test_a_json_list_reads_as_its_rows(tmp_path):
 
 
 def test_preference_pairs_of_texts_or_messages(tmp_path):
-    rows = [{"prompt": "2+2?", "chosen": "4", "rejected": "5"},
-            {"prompt": [{"role": S, "content": "Be brief."}, {"role": U, "content": "2+2?"}],
-             "chosen": [{"role": A, "content": "4"}], "rejected": [{"role": A, "content": "22"}]}]  # fmt: skip
+    rows = [
+        {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+        {
+            "prompt": [{"role": S, "content": "Be brief."}, {"role": U, "content": "2+2?"}],
+            "chosen": [{"role": A, "content": "4"}],
+            "rejected": [{"role": A, "content": "22"}],
+        },
+    ]
     a, b = read_preferences(write_jsonl(tmp_path / "p.jsonl", rows))
     assert a.prompt == (Message(U, "2+2?"),) and a.chosen == (Message(A, "4"),) and a.rejected == (Message(A, "5"),)
     assert [m.role for m in b.prompt] == [S, U] and b.rejected == (Message(A, "22"),)
@@ -92,9 +106,11 @@ QUESTIONS = {
     "larger": (r"Which is larger, (\d+) or (\d+)\?", lambda g, first: g[0] if int(g[0]) > int(g[1]) else g[1]),
     "digits": (r"Say (\d+) digit by digit\.", lambda g, first: " ".join(DIGITS[int(d)] for d in g[0])),
     "the last too": (r"And the last\?", lambda g, first: re.fullmatch(r'First letter of "([a-z]+)"\?', first)[1][-1]),
-    "after that": (r"And after that\?",
-                   lambda g, first: str(int(re.fullmatch(r"What comes after (\d+)\?", first)[1]) + 2)),
-}  # fmt: skip
+    "after that": (
+        r"And after that\?",
+        lambda g, first: str(int(re.fullmatch(r"What comes after (\d+)\?", first)[1]) + 2),
+    ),
+}
 
 
 def kind_and_answer(turns: list[str]) -> tuple[str, str]:
@@ -148,8 +164,9 @@ def test_chained_conversations_ask_independent_instructions_each_answered_right(
 
 
 def test_every_kind_has_a_fair_share_of_the_test_questions():
-    counts = Counter(kind_and_answer([m.content for m in c.messages if m.role == U])[0]
-                     for c in instructions("test", 300, seed=1))  # fmt: skip
+    counts = Counter(
+        kind_and_answer([m.content for m in c.messages if m.role == U])[0] for c in instructions("test", 300, seed=1)
+    )
     assert set(counts) == set(QUESTIONS) and min(counts.values()) >= 300 / len(QUESTIONS) / 2, counts
 
 

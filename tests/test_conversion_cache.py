@@ -53,8 +53,15 @@ def models(tmp_path_factory) -> Path:
     run = root / "run"
     fresh_dir(run)
     record(run, CONFIG, WEIGHTS, TOKENIZER)
-    write_json(run / CONFIG, {"family": "gpt", "model": asdict(cfg), "train": asdict(TrainConfig()),
-                              "data": asdict(DataConfig(tokenizer="char", vocab_size=tok.vocab_size))})  # fmt: skip
+    write_json(
+        run / CONFIG,
+        {
+            "family": "gpt",
+            "model": asdict(cfg),
+            "train": asdict(TrainConfig()),
+            "data": asdict(DataConfig(tokenizer="char", vocab_size=tok.vocab_size)),
+        },
+    )
     torch.manual_seed(0)
     save_weights(build_model("gpt", cfg), run / WEIGHTS, {"step": "0"})
     write_text(run / TOKENIZER, tok.to_json())

@@ -59,8 +59,14 @@ def save_hf(path, name: str, seed: int = 0):
     torch.manual_seed(seed)
     # initializer_range 0.2, not GPT-2's 0.02: at 0.02 a tied random model mostly predicts the token
     # it just read, so greedy decoding repeats one token and would prove little.
-    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size + pad, bos_token_id=None, eos_token_id=None,
-                                  initializer_range=0.2, attn_implementation="eager", **keys)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        vocab_size=tok.vocab_size + pad,
+        bos_token_id=None,
+        eos_token_id=None,
+        initializer_range=0.2,
+        attn_implementation="eager",
+        **keys,
+    )
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(path)
     (path / "tokenizer.json").write_text(tok.to_json())
@@ -148,8 +154,10 @@ def test_export_round_trip(converted, tmp_path, name):
 
 def test_trained_run_round_trip(tmp_path, corpus):
     """A run trained by attnlab (plain GELU, BPE) exports and converts back; so does a character-level one."""
-    tiny = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32", "--batch-size", "4",
-            "--max-steps", "3", "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+    tiny = (
+        "--n-layer 2 --n-head 2 --d-model 32 --context 32 --batch-size 4 --max-steps 3 "
+        "--eval-interval 3 --eval-batches 1 --device cpu"
+    ).split()
     args = ["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "bpe"), "--tokenizer", "bpe"]
     assert main([*args, "--vocab-size", "300", *tiny]) == 0
     export_hf(tmp_path / "bpe", tmp_path / "bpe-hf")
@@ -193,8 +201,11 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path, monkeypatch):
         state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, tmp_path / "hf" / "pytorch_model.bin")
     monkeypatch.setattr(torch, "load", _refuse_to_unpickle)
-    with pytest.raises(AttnlabError, match=r"pytorch_model.bin\): attnlab never loads a pickle.*"
-                       r"save_pretrained\(DIR, safe_serialization=True\)") as e:  # fmt: skip
+    with pytest.raises(
+        AttnlabError,
+        match=r"pytorch_model.bin\): attnlab never loads a pickle.*"
+        r"save_pretrained\(DIR, safe_serialization=True\)",
+    ) as e:
         convert_from_hf(tmp_path / "hf", tmp_path / "run")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
@@ -322,9 +333,34 @@ def test_existing_out_is_refused(good_dir, tmp_path):
 
 
 def test_export_refuses_what_gpt2_cannot_express(tmp_path, corpus):
-    args = ["train", "lm", "--data", str(corpus), "--out", str(tmp_path / "run"), "--n-layer", "1", "--d-model",
-            "16", "--n-head", "2", "--context", "16", "--max-steps", "1", "--eval-interval", "1",
-            "--eval-batches", "1", "--batch-size", "2", "--device", "cpu", "--positions", "sinusoidal"]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--data",
+        str(corpus),
+        "--out",
+        str(tmp_path / "run"),
+        "--n-layer",
+        "1",
+        "--d-model",
+        "16",
+        "--n-head",
+        "2",
+        "--context",
+        "16",
+        "--max-steps",
+        "1",
+        "--eval-interval",
+        "1",
+        "--eval-batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--positions",
+        "sinusoidal",
+    ]
     assert main(args) == 0
     with pytest.raises(AttnlabError, match="positions 'sinusoidal'"):
         export_hf(tmp_path / "run", tmp_path / "hf")

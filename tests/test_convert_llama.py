@@ -29,24 +29,68 @@ VOCAB = 300
 ROPE = lambda theta: {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}  # noqa: E731
 # name -> (transformers config class, model class, config keys)
 CONFIGS = {
-    "llama_gqa_untied": ("LlamaConfig", "LlamaForCausalLM", dict(
-        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, **ROPE(500000.0))),
-    "llama_tied_wide_heads": ("LlamaConfig", "LlamaForCausalLM", dict(
-        hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-        max_position_embeddings=64, tie_word_embeddings=True, **ROPE(10000.0))),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
-        hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64, sliding_window=None,
-        tie_word_embeddings=False, **ROPE(1e6))),
-}  # fmt: skip
+    "llama_gqa_untied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            **ROPE(500000.0),
+        ),
+    ),
+    "llama_tied_wide_heads": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            head_dim=16,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            **ROPE(10000.0),
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            **ROPE(1e6),
+        ),
+    ),
+}
 NEW_TOKENS = 30
 
 
 def save_hf(path, name: str):
     config_cls, model_cls, keys = CONFIGS[name]
-    hf = random_hf_model(config_cls, model_cls, vocab_size=VOCAB, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None, initializer_range=0.2, **keys)  # fmt: skip
+    hf = random_hf_model(
+        config_cls,
+        model_cls,
+        vocab_size=VOCAB,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.2,
+        **keys,
+    )
     hf.save_pretrained(path)
     (path / "tokenizer.json").write_text(tokenizer(VOCAB).to_json())
     return hf
@@ -93,8 +137,9 @@ def test_greedy_tokens_match_transformers(converted, name):
     hf, run, _ = converted[name]
     prompt = run.tokenizer.encode(TEXT)[:8]
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                      pad_token_id=0)  # fmt: skip
+    out = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+    )
     theirs = out[0, len(prompt) :].tolist()
     ours = list(stream(run.model, prompt, max_new_tokens=NEW_TOKENS, temperature=0, dtype="float32"))
     assert len(ours) == NEW_TOKENS and len(set(ours)) > 3
@@ -136,7 +181,8 @@ def _other_expert_layout(tensors: dict[str, torch.Tensor], experts: int) -> dict
             hub = f"model.layers.{i}.block_sparse_moe."
             w = lambda j, n, hub=hub: tensors[f"{hub}experts.{j}.{n}.weight"]  # noqa: E731
             out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
-                [torch.cat([w(j, "w1"), w(j, "w3")]) for j in range(experts)])  # fmt: skip
+                [torch.cat([w(j, "w1"), w(j, "w3")]) for j in range(experts)]
+            )
             out[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack([w(j, "w2") for j in range(experts)])
             out[f"model.layers.{i}.mlp.gate.weight"] = tensors[f"{hub}gate.weight"]
         return out | {k: v for k, v in tensors.items() if ".block_sparse_moe." not in k}
@@ -145,8 +191,11 @@ def _other_expert_layout(tensors: dict[str, torch.Tensor], experts: int) -> dict
         gate, up = tensors[f"{fused}experts.gate_up_proj"].chunk(2, dim=1)
         for j in range(experts):
             hub = f"model.layers.{i}.block_sparse_moe.experts.{j}."
-            out |= {hub + "w1.weight": gate[j], hub + "w3.weight": up[j],
-                    hub + "w2.weight": tensors[f"{fused}experts.down_proj"][j]}  # fmt: skip
+            out |= {
+                hub + "w1.weight": gate[j],
+                hub + "w3.weight": up[j],
+                hub + "w2.weight": tensors[f"{fused}experts.down_proj"][j],
+            }
         out[f"model.layers.{i}.block_sparse_moe.gate.weight"] = tensors[f"{fused}gate.weight"]
     return out | {k: v for k, v in tensors.items() if ".mlp." not in k}
 
@@ -193,8 +242,22 @@ def test_what_attnlab_cannot_read_is_one_line(converted, tmp_path, keys, message
 def test_a_trained_llama_nano_exports_and_a_modern_gpt_says_what_does_not_fit(tmp_path, corpus):
     from transformers import LlamaForCausalLM
 
-    tiny = ["--context", "32", "--batch-size", "4", "--max-steps", "2", "--eval-interval", "2", "--eval-batches", "1",
-            "--device", "cpu", "--data", str(corpus)]  # fmt: skip
+    tiny = [
+        "--context",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "2",
+        "--eval-interval",
+        "2",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        "--data",
+        str(corpus),
+    ]
     assert main(["train", "lm", "--preset", "llama-nano", "--out", str(tmp_path / "llama"), *tiny]) == 0
     assert export_hf(tmp_path / "llama", tmp_path / "llama-hf")["architecture"] == "LlamaForCausalLM"
     run = attnlab.load(tmp_path / "llama", device="cpu")

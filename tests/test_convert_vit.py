@@ -163,8 +163,13 @@ def test_folded_pixel_normalization_takes_images_in_0_1(tmp_path):
     hf = hf_model(**CONFIGS["rgb-16"])
     hf_dict, tensors = saved(hf, tmp_path)
     _, cfg, _ = config_from_hf(hf_dict)
-    processor = {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-                 "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}  # fmt: skip
+    processor = {
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225],
+    }
     mean, std = pixels_from_hf(processor, 3)
     model = ViT(cfg).eval()
     model.load_state_dict(fold_pixel_normalization(weights_from_hf(tensors, cfg), mean, std), strict=True)
@@ -179,8 +184,19 @@ def test_folded_pixel_normalization_takes_images_in_0_1(tmp_path):
 
 def test_exported_vit_loads_in_transformers_with_the_same_logits(tmp_path):
     torch.manual_seed(0)
-    cfg = ViTConfig(n_layer=2, n_head=2, d_model=16, d_ff=40, image_size=12, image_width=8, channels=3,
-                    patch_size=4, n_labels=3, activation="gelu_tanh", ln_eps=1e-6)  # fmt: skip
+    cfg = ViTConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        d_ff=40,
+        image_size=12,
+        image_width=8,
+        channels=3,
+        patch_size=4,
+        n_labels=3,
+        activation="gelu_tanh",
+        ln_eps=1e-6,
+    )
     model = perturb(ViT(cfg))
     labels = ["a", "b", "c"]
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(cfg, labels)))
@@ -222,8 +238,13 @@ def test_convert_a_vit_directory_with_its_preprocessor_then_predict(tmp_path, ca
     hf = hf_model(**CONFIGS["gray-8"])
     hf.config.id2label = {0: "zero", 1: "one", 2: "two"}
     hf.save_pretrained(tmp_path / "hf")
-    processor = {"do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-                 "image_mean": [0.5], "image_std": [0.5]}  # fmt: skip
+    processor = {
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5],
+        "image_std": [0.5],
+    }
     (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps(processor))
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
     run = load(tmp_path / "run", device="cpu")

@@ -45,8 +45,7 @@ from tests.test_decode_path import greedy_reference
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
 ON_GPU = DEVICE.type == "cuda"
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(),
-                                                   reason="needs a CUDA GPU")]  # fmt: skip
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,8 +56,16 @@ def corpus(folder: Path) -> Path:
 
 
 def tiny(**kw) -> TrainConfig:
-    base = dict(max_steps=12, batch_size=16, lr=1e-2, warmup_steps=2, eval_interval=12, eval_batches=1,
-                device=str(DEVICE), dtype="float32")  # fmt: skip
+    base = dict(
+        max_steps=12,
+        batch_size=16,
+        lr=1e-2,
+        warmup_steps=2,
+        eval_interval=12,
+        eval_batches=1,
+        device=str(DEVICE),
+        dtype="float32",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -74,9 +81,20 @@ def test_auto_precision_on_the_gpu_trains_in_bf16_and_decodes_in_float32():
 # ---- 1. every family trains in bf16 ------------------------------------------------------------------
 
 T = dict(n_layer=1, n_head=2, d_model=64)  # the Transformer families' width
-FAMILY_RUNS = [("lm", "gpt"), ("reward", "reward"), ("mlm", "encoder"), ("tag", "encoder"), ("sft", "gpt"),
-               ("dpo", "gpt"), ("translate", "transformer"), ("translate", "rnn-attention"), ("image", "vit"),
-               ("image", "mlp"), ("caption", "transformer"), ("caption", "rnn-attention")]  # fmt: skip
+FAMILY_RUNS = [
+    ("lm", "gpt"),
+    ("reward", "reward"),
+    ("mlm", "encoder"),
+    ("tag", "encoder"),
+    ("sft", "gpt"),
+    ("dpo", "gpt"),
+    ("translate", "transformer"),
+    ("translate", "rnn-attention"),
+    ("image", "vit"),
+    ("image", "mlp"),
+    ("caption", "transformer"),
+    ("caption", "rnn-attention"),
+]
 FAMILY_RUNS += [("classify", m) for m in TASKS["classify"].models]  # encoder, bow, pooled, conv1d, rnn, ...
 FAMILY_TRAIN = {"mlm": {"block_size": 16, "batch_size": 64}, "image": {"batch_size": 64}}  # less noisy losses
 

@@ -26,7 +26,7 @@ from attnlab.decoding.exact import multinomial_is_a_race
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.engine.config import TrainConfig
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn.packed import COMPUTE, KINDS, PackedLinear
+from attnlab.quant.packed import COMPUTE, KINDS, PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 from tests.conftest import TEXT, perturb
 from tests.test_compiled_decode import side_by_side
@@ -34,8 +34,7 @@ from tests.test_quantized_inference import wide_gaps_model
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
 ON_GPU = DEVICE.type == "cuda"
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(),
-                                                   reason="needs a CUDA GPU")]  # fmt: skip
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 # ---- 7. the server's batched decoding ------------------------------------------------------------------
@@ -59,13 +58,36 @@ def test_the_servers_batched_decoding_gives_each_request_its_text_alone(tmp_path
 
     assert multinomial_is_a_race(DEVICE)  # else the engine decodes every row alone (engine.py)
     (tmp_path / "code.txt").write_text(TEXT * 40)
-    attnlab.train(tmp_path / "lm", GPTConfig(n_layer=1, n_head=2, d_model=64, context=32),
-                  TrainConfig(max_steps=20, batch_size=16, lr=1e-2, warmup_steps=2, eval_interval=20,
-                              eval_batches=1, device=str(DEVICE), dtype="float32"),
-                  DataConfig(data=str(tmp_path / "code.txt")), progress=False)  # fmt: skip
+    attnlab.train(
+        tmp_path / "lm",
+        GPTConfig(n_layer=1, n_head=2, d_model=64, context=32),
+        TrainConfig(
+            max_steps=20,
+            batch_size=16,
+            lr=1e-2,
+            warmup_steps=2,
+            eval_interval=20,
+            eval_batches=1,
+            device=str(DEVICE),
+            dtype="float32",
+        ),
+        DataConfig(data=str(tmp_path / "code.txt")),
+        progress=False,
+    )
     draws = [(1.0, 1.0, 0), (0.0, 1.0, 0), (0.7, 0.9, 0), (1.2, 1.0, 5)] * 2  # temperature, top_p, top_k
-    bodies = [{"model": "lm", "prompt": "def ", "max_tokens": 40 + 3 * i, "temperature": t, "top_p": p, "top_k": k,
-               "seed": i, "ignore_eos": True} for i, (t, p, k) in enumerate(draws)]  # fmt: skip
+    bodies = [
+        {
+            "model": "lm",
+            "prompt": "def ",
+            "max_tokens": 40 + 3 * i,
+            "temperature": t,
+            "top_p": p,
+            "top_k": k,
+            "seed": i,
+            "ignore_eos": True,
+        }
+        for i, (t, p, k) in enumerate(draws)
+    ]
     app = create_app([tmp_path / "lm"], device=str(DEVICE))
     batcher = app.state.batchers["lm"]
     with running(app) as url:
@@ -129,8 +151,10 @@ def test_int8_on_the_device_decodes_what_it_decodes_on_the_cpu():
     if first is not None:
         with torch.no_grad():
             top = on_cpu(torch.tensor([prompt + want[:first]]))[0, -1].topk(2).values
-        pytest.fail(f"int8 on {DEVICE} differs from the CPU's at token {first} (the CPU's top-2 gap "
-                    f"{float(top[0] - top[1]):.4f})")  # fmt: skip
+        pytest.fail(
+            f"int8 on {DEVICE} differs from the CPU's at token {first} (the CPU's top-2 gap "
+            f"{float(top[0] - top[1]):.4f})"
+        )
     assert got == list(stream(model, prompt, 40, temperature=0, use_cache=False, dtype="float32"))
     rows = [list(map(int, step)) for step in stream_rows(model, prompt, 3, 40, temperature=0, dtype="float32")]
     assert rows == [[t] * 3 for t in got]

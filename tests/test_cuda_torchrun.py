@@ -17,13 +17,17 @@ from attnlab.models.gpt import GPTConfig
 from tests.conftest import losses
 from tests.test_cuda import DEVICE, ON_GPU, ROOT, corpus, tiny
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(ON_GPU and not __import__("torch").cuda.is_available(),
-                                                   reason="needs a CUDA GPU")]  # fmt: skip
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(ON_GPU and not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 # ---- torchrun: NCCL, DDP and FSDP -------------------------------------------------------------------
 
-TRAIN = ["train", "lm", "--n-layer", "1", "--n-head", "2", "--d-model", "64", "--context", "32", "--batch-size", "8",
-         "--eval-interval", "4", "--eval-batches", "1", "--warmup-steps", "1", "--dtype", "float32"]  # fmt: skip
+TRAIN = (
+    "train lm --n-layer 1 --n-head 2 --d-model 64 --context 32 --batch-size 8 "
+    "--eval-interval 4 --eval-batches 1 --warmup-steps 1 --dtype float32"
+).split()
 
 # A world of one is no group at all to attnlab (runtime/distributed.py: WORLD_SIZE 1 joins nothing, wraps
 # nothing). This driver makes one: init() sees a world of 2 (past that shortcut: attnlab picks the device
@@ -60,8 +64,11 @@ json.dump(joined, open(f"{out}/backends.json", "w"))
 
 def torchrun(args: list[str], timeout: float = 240) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    }
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-6000:]  # the worker's traceback, then torchrun's summary
 

@@ -25,8 +25,17 @@ def base(tmp_path_factory):
 @pytest.fixture
 def quick(monkeypatch) -> list[tuple[str, bool]]:
     """The chain at a size that runs in seconds; returns the list of (stage, resumed) it trains."""
-    steps = dict(max_steps=2, time_budget=None, min_steps=0, batch_size=4, eval_interval=1, eval_batches=1,
-                 warmup_steps=1, device="cpu", dtype="float32")  # fmt: skip
+    steps = dict(
+        max_steps=2,
+        time_budget=None,
+        min_steps=0,
+        batch_size=4,
+        eval_interval=1,
+        eval_batches=1,
+        warmup_steps=1,
+        device="cpu",
+        dtype="float32",
+    )
     for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN", "GRPO_CHAIN"):
         monkeypatch.setattr(demo, name, {**getattr(demo, name), **steps})
     for name, value in {"TEST": 4, "SAMPLED": 2, "BEST_OF": 2, "EXAMPLES": 48, "PAIRS": 48}.items():
@@ -51,8 +60,10 @@ def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, 
     with ctrl_c_at(monkeypatch, 1, "dpo"):
         code, _, err = run_cli(["demo", "--chat", "--base", base, "--out", out], capsys)
     assert code == 130
-    assert said(err) == [f"attnlab: interrupted at step 1; saved in stage dpo; finished stages are kept. "
-                         f"Continue with: attnlab demo --chat --out {out}"]  # fmt: skip
+    assert said(err) == [
+        f"attnlab: interrupted at step 1; saved in stage dpo; finished stages are kept. "
+        f"Continue with: attnlab demo --chat --out {out}"
+    ]
     assert quick == [("sft", False), ("dpo", False)]
     assert EXACT in err and "reference log-probabilities" in err  # sft's final scoring, dpo's reference
     sft_weights = (out / "sft" / "model.safetensors").stat().st_mtime_ns
@@ -70,8 +81,14 @@ def test_an_interrupted_chain_continues_where_it_stopped(base, tmp_path, quick, 
     sft_data = json.loads((out / "sft" / "config.json").read_text())["data"]
     assert sft_data["chained"] == demo.CHAINED > 0  # unrelated questions in a row: what later turns need
     record = json.loads((out / demo.CHAIN).read_text())
-    assert record["base"] == str(base.resolve()) and set(record["seconds"]) == {"before", "sft", "dpo", "reward",
-                                                                                 "best_of", "grpo"}  # fmt: skip
+    assert record["base"] == str(base.resolve()) and set(record["seconds"]) == {
+        "before",
+        "sft",
+        "dpo",
+        "reward",
+        "best_of",
+        "grpo",
+    }
     grpo = json.loads((out / "grpo" / "config.json").read_text())
     assert grpo["task"]["reward"] == "exact" and grpo["init"].endswith("sft")  # RL from the sft run
     quick.clear()
@@ -86,8 +103,9 @@ def test_a_stage_interrupted_while_scored_is_scored_not_trained_again(base, tmp_
     with monkeypatch.context() as m:
         m.setattr(SupervisedFineTuning, "test_scores", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
         code, _, err = run_cli(["demo", "--chat", "--base", base, "--out", out], capsys)
-    assert code == 130 and said(err) == [f"attnlab: interrupted in stage sft; finished stages are kept. Continue "
-                                         f"with: attnlab demo --chat --out {out}"]  # fmt: skip
+    assert code == 130 and said(err) == [
+        f"attnlab: interrupted in stage sft; finished stages are kept. Continue with: attnlab demo --chat --out {out}"
+    ]
     assert not (out / "sft" / "eval.json").exists()
     quick.clear()
     with ctrl_c_at(monkeypatch, 0, "dpo"):  # the rerun scores sft, then stops at dpo's first step
@@ -102,8 +120,10 @@ def test_the_chain_never_writes_into_a_folder_of_someone_else(base, tmp_path, ca
     theirs.mkdir()
     (theirs / "notes.txt").write_text("mine")
     code, _, err = run_cli(["demo", "--chat", "--base", base, "--out", theirs], capsys)
-    assert code == 2 and said(err) == [f"attnlab: error: {theirs} exists and is not a chat demo's folder (no "
-                                       f"chain.json): choose another --out, e.g. --out {theirs}-2"]  # fmt: skip
+    assert code == 2 and said(err) == [
+        f"attnlab: error: {theirs} exists and is not a chat demo's folder (no "
+        f"chain.json): choose another --out, e.g. --out {theirs}-2"
+    ]
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
     own = tmp_path / "own"
     own.mkdir()
@@ -115,9 +135,11 @@ def test_the_chain_never_writes_into_a_folder_of_someone_else(base, tmp_path, ca
 
 def test_ctrl_c_in_attnlab_train_exits_130_with_the_line_that_continues(corpus, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    tiny = ["--max-steps", "5", "--batch-size", "2", "--eval-interval", "5", "--device", "cpu", "--n-layer", "1",
-            "--d-model", "16", "--n-head", "2", "--context", "16", "--tokenizer", "char", "--dtype", "float32",
-            "--warmup-steps", "1"]  # fmt: skip
+    tiny = (
+        "--max-steps 5 --batch-size 2 --eval-interval 5 --device cpu --n-layer 1 "
+        "--d-model 16 --n-head 2 --context 16 --tokenizer char --dtype float32 "
+        "--warmup-steps 1"
+    ).split()
     with ctrl_c_at(monkeypatch, 2, "lm"):
         code, _, err = run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)
     assert code == 130
@@ -156,8 +178,9 @@ def test_seed_sets_every_stage_s_seed_and_a_chain_keeps_its_own(base, tmp_path, 
     assert json.loads((out / demo.CHAIN).read_text())["seed"] == 7
     assert json.loads((out / "sft" / "config.json").read_text())["train"]["seed"] == 7
     code, _, err = run_cli(["demo", "--chat", "--out", out, "--seed", "8"], capsys)
-    assert code == 2 and said(err) == [f"attnlab: error: {out} continues a chain with --seed 7: leave --seed out, "
-                                       "or give another --out"]  # fmt: skip
+    assert code == 2 and said(err) == [
+        f"attnlab: error: {out} continues a chain with --seed 7: leave --seed out, or give another --out"
+    ]
     code, _, err = run_cli(["demo", "--seed", "3"], capsys)
     assert code == 2 and "--seed is for the assistant chain: give --chat too" in err
 

@@ -29,8 +29,10 @@ def hook():
 
 def page(text: str) -> str:
     """The page as the site's build writes it: mkdocs.yml's arithmatex, then the hook."""
-    md = markdown.Markdown(extensions=["pymdownx.arithmatex", "pymdownx.superfences"],
-                           extension_configs={"pymdownx.arithmatex": {"generic": True}})  # fmt: skip
+    md = markdown.Markdown(
+        extensions=["pymdownx.arithmatex", "pymdownx.superfences"],
+        extension_configs={"pymdownx.arithmatex": {"generic": True}},
+    )
     return hook().on_page_content(md.convert(text), PAGE, {}, None)
 
 

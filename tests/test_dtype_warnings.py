@@ -76,8 +76,10 @@ def test_sample_says_why_before_the_text_never_inside_it(tmp_path, corpus, capsy
     """`attnlab sample` with --dtype auto on a machine too noisy to trust: the warning is written
     before the prompt, not between the prompt and its continuation (stdout and stderr share a terminal)."""
     run = tmp_path / "run"
-    tiny = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4", "--max-steps",
-            "2", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    tiny = (
+        "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --max-steps 2 "
+        "--eval-interval 2 --eval-batches 1 --device cpu --dtype float32"
+    ).split()
     assert run_cli(["train", "lm", "--data", corpus, "--out", run, *tiny], capsys)[0] == 0
     monkeypatch.setattr(precision, "_DECIDED", {})
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))  # not a decision kept by an earlier test

@@ -31,9 +31,27 @@ STEPS, EVERY, KILL_AFTER = 160, 20, 30
 
 def launch(corpus: Path, out: Path, log: Path) -> subprocess.Popen:
     """torchrun on this machine, two processes, one restart allowed, writing `out`; output to `log`."""
-    args = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "attnlab", "train",
-            "lm", "--data", str(corpus), *FLAGS, "--eval-interval", str(EVERY), "--max-steps", str(STEPS),
-            "--out", str(out)]  # fmt: skip
+    args = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "-m",
+        "attnlab",
+        "train",
+        "lm",
+        "--data",
+        str(corpus),
+        *FLAGS,
+        "--eval-interval",
+        str(EVERY),
+        "--max-steps",
+        str(STEPS),
+        "--out",
+        str(out),
+    ]
     # torchrun's agent otherwise keeps one store across restarts, where the restarted processes find the
     # failed ones' addresses (pytorch/pytorch#135712: gloo's "connectFullMesh failed", measured here).
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -90,9 +108,11 @@ def test_killed_worker_restarts_from_the_checkpoint_to_the_same_weights(tmp_path
     wa, wb = (read_safetensors(run / "model.safetensors")[0] for run in (killed, whole))
     same = all(torch.equal(wa[k], wb[k]) for k in wb)
     with capsys.disabled():
-        print(f"\nkilled rank 1 (pid {pid}) after step {at}; {resumed[0].strip()}; {time.perf_counter() - t0:.1f} s"
-              f"\nmax |loss difference| over {STEPS} steps: {max(abs(x - y) for x, y in zip(a, b)):.1e}; "
-              f"final weights bit-identical: {same}")  # fmt: skip
+        print(
+            f"\nkilled rank 1 (pid {pid}) after step {at}; {resumed[0].strip()}; {time.perf_counter() - t0:.1f} s"
+            f"\nmax |loss difference| over {STEPS} steps: {max(abs(x - y) for x, y in zip(a, b)):.1e}; "
+            f"final weights bit-identical: {same}"
+        )
     assert a == b
     assert same
 
@@ -119,9 +139,14 @@ def test_a_worker_killed_on_one_of_two_nodes_restarts_both(tmp_path, corpus, cap
     args = ["train", "lm", "--data", str(corpus), *FLAGS, "--eval-interval", str(EVERY), "--max-steps", str(STEPS)]
     killed: list[tuple[int, int]] = []
     codes, logs, _, seconds = two_nodes(
-        tmp_path, [*args, "--out", str(run)], "elastic", timeout=400, launch=("--max-restarts", "1"),
+        tmp_path,
+        [*args, "--out", str(run)],
+        "elastic",
+        timeout=400,
+        launch=("--max-restarts", "1"),
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
-        meanwhile=lambda procs: killed.append(kill_when(run, procs[1].pid, None)))  # fmt: skip
+        meanwhile=lambda procs: killed.append(kill_when(run, procs[1].pid, None)),
+    )
     assert codes == [0, 0], logs
     code, _, err = run_cli([*args, "--out", single], capsys)
     assert code == 0, err
@@ -130,8 +155,10 @@ def test_a_worker_killed_on_one_of_two_nodes_restarts_both(tmp_path, corpus, cap
     assert len(a) == len(b) == STEPS
     worst = max(abs(x - y) for x, y in zip(a, b))
     with capsys.disabled():
-        print(f"\nkilled node B's worker (pid {killed[0][0]}) after step {killed[0][1]}; {resumed[0].strip()}; "
-              f"{seconds:.1f} s\nmax |loss - one process| over {STEPS} steps: {worst:.1e}")  # fmt: skip
+        print(
+            f"\nkilled node B's worker (pid {killed[0][0]}) after step {killed[0][1]}; {resumed[0].strip()}; "
+            f"{seconds:.1f} s\nmax |loss - one process| over {STEPS} steps: {worst:.1e}"
+        )
     assert resumed and "torchrun restarted the group" in resumed[0]
     assert worst < 1e-5
 

@@ -154,8 +154,22 @@ def test_classify_file_predict_and_eval_files(tmp_path, capsys):
     rows = [(f"the food was {w}", lab) for w, lab in [("good", "pos"), ("bad", "neg")] for _ in range(60)]
     (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
     run = tmp_path / "run"
-    code, out, _ = run_cli(["train", "classify", "--data", tmp_path / "train.csv", "--out", run, "--model", "pooled",
-                            "--lr", "0.03", *FAST], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "train",
+            "classify",
+            "--data",
+            tmp_path / "train.csv",
+            "--out",
+            run,
+            "--model",
+            "pooled",
+            "--lr",
+            "0.03",
+            *FAST,
+        ],
+        capsys,
+    )
     assert code == 0 and "test: accuracy 1.0000" in out
     result = json.loads((run / "eval.json").read_text())
     assert result["accuracy"] == 1.0 and result["labels"] == ["neg", "pos"]
@@ -184,8 +198,25 @@ def test_tagging_with_rnn_and_long_texts_are_truncated_with_a_warning(tmp_path, 
     )
     run = tmp_path / "tag"
     with pytest.warns(UserWarning, match="truncated"):
-        code, out, _ = run_cli(["train", "tag", "--data", tmp_path / "t.conll", "--out", run, "--model", "rnn",
-                                "--max-len", "2", "--lr", "0.03", "--bidirectional", *FAST], capsys)  # fmt: skip
+        code, out, _ = run_cli(
+            [
+                "train",
+                "tag",
+                "--data",
+                tmp_path / "t.conll",
+                "--out",
+                run,
+                "--model",
+                "rnn",
+                "--max-len",
+                "2",
+                "--lr",
+                "0.03",
+                "--bidirectional",
+                *FAST,
+            ],
+            capsys,
+        )
     assert code == 0
     code, out, _ = run_cli(["predict", run, "we fish", "--json"], capsys)
     assert [t["tag"] for t in json.loads(out)["tokens"]] == ["PRON", "VERB"]
@@ -193,8 +224,26 @@ def test_tagging_with_rnn_and_long_texts_are_truncated_with_a_warning(tmp_path, 
 
 def test_mlm_pretraining_then_finetuning_with_init(tmp_path, corpus, capsys):
     mlm = tmp_path / "mlm"
-    code, out, _ = run_cli(["train", "mlm", "--data", corpus, "--out", mlm, "--preset", "encoder-tiny",
-                            "--context", "48", "--block-size", "16", "--batch-size", "8", *FAST], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "train",
+            "mlm",
+            "--data",
+            corpus,
+            "--out",
+            mlm,
+            "--preset",
+            "encoder-tiny",
+            "--context",
+            "48",
+            "--block-size",
+            "16",
+            "--batch-size",
+            "8",
+            *FAST,
+        ],
+        capsys,
+    )
     assert code == 0 and "validation loss" in out
     losses = [json.loads(line) for line in (mlm / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in losses if "val_loss" in r]
@@ -215,8 +264,23 @@ def test_word_vectors_flag_loads_rows(tmp_path, capsys):
     (tmp_path / "train.csv").write_text("text,label\n" + "good food,a\nbad food,b\n" * 20)
     (tmp_path / "vec.txt").write_text("good " + " ".join(["0.5"] * 64) + "\nfood " + " ".join(["-1"] * 64) + "\n")
     run = tmp_path / "run"
-    code, out, _ = run_cli(["train", "classify", "--data", tmp_path / "train.csv", "--out", run, "--model", "pooled",
-                            "--word-vectors", tmp_path / "vec.txt", "--freeze-vectors", *FAST], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "train",
+            "classify",
+            "--data",
+            tmp_path / "train.csv",
+            "--out",
+            run,
+            "--model",
+            "pooled",
+            "--word-vectors",
+            tmp_path / "vec.txt",
+            "--freeze-vectors",
+            *FAST,
+        ],
+        capsys,
+    )
     assert code == 0 and "2 of 3 vocabulary words found" in out
     from attnlab.runs.run import load
 
@@ -229,8 +293,11 @@ def test_compare_prints_a_table_and_writes_a_chart(tmp_path, capsys, monkeypatch
     import attnlab.tasks.labeled as classify
 
     for name in ("pooled", "conv1d"):  # a short budget: this checks the command, not the scores
-        monkeypatch.setitem(classify.TRAIN_DEFAULTS, name, dict(max_steps=30, batch_size=32, eval_interval=30,
-                                                                 eval_batches=1, lr=0.01, device="cpu"))  # fmt: skip
+        monkeypatch.setitem(
+            classify.TRAIN_DEFAULTS,
+            name,
+            dict(max_steps=30, batch_size=32, eval_interval=30, eval_batches=1, lr=0.01, device="cpu"),
+        )
     code, out, _ = run_cli(["compare", "--task", "sentiment", "--models", "pooled,conv1d", "--out", tmp_path], capsys)
     assert code == 0 and "pooled" in out and "conv1d" in out and "accuracy" in out
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]

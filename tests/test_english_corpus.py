@@ -34,8 +34,10 @@ class C:
 
 def test_docstrings_and_comment_runs_are_the_paragraphs():
     found = list(source_paragraphs(SOURCE))
-    assert found[:2] == ["A module docstring that says what the module is for.",
-                         "Its second paragraph explains a little more about it."]  # fmt: skip
+    assert found[:2] == [
+        "A module docstring that says what the module is for.",
+        "Its second paragraph explains a little more about it.",
+    ]
     assert "the operating system module, imported for paths" in found
     assert "A comment of two lines that together\nmake one paragraph of plain English." in found
     assert "Return the argument unchanged, as a teaching example." in found

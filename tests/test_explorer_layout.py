@@ -12,8 +12,10 @@ import pytest
 from attnlab.viz.html import static_text
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]  # fmt: skip
+ARGS = (
+    "--no-sandbox --disable-gpu --disable-quic --no-first-run "
+    "--disable-background-networking --disable-component-update --disable-sync"
+).split()
 # 240 tokens with no space between or inside them: 6,000 px on one line before the fix
 TOKENS = ["def\\n", "add", "(a,", "b)"] * 60
 # the line's box in each page: (style sheet, its package, the box's HTML, its selector, its tokens' class)

@@ -21,8 +21,22 @@ MUON = dict(optimizer="muon", muon_lr=0.05, schedule="wsd", cooldown=0.5, min_lr
 
 
 def test_the_preset_brings_its_training_settings_and_flags_still_win(tmp_path, corpus, capsys):
-    args = ["train", "lm", "--preset", "gpt-nano-fast", "--data", corpus, "--max-steps", "2", "--batch-size", "2",
-            "--eval-interval", "2", "--eval-batches", "1"]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--preset",
+        "gpt-nano-fast",
+        "--data",
+        corpus,
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-interval",
+        "2",
+        "--eval-batches",
+        "1",
+    ]
     assert run_cli([*args, "--out", tmp_path / "a"], capsys)[0] == 0
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert {k: config["train"][k] for k in PRESET_TRAINING["gpt-nano-fast"] if k != "batch_size"} == {
@@ -84,8 +98,9 @@ def test_recipes_take_out_one_part_each():
 
 def test_compare_lm_trains_each_recipe_for_the_budget_and_draws_the_table(tmp_path, corpus, capsys, monkeypatch):
     monkeypatch.setattr(lm_compare, "EVAL_TOKENS", 300)
-    code, out, err = run_cli(["compare", "--task", "lm", "--budget", "1s", "--data", corpus, "--parts", "Muon",
-                              "--out", tmp_path], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["compare", "--task", "lm", "--budget", "1s", "--data", corpus, "--parts", "Muon", "--out", tmp_path], capsys
+    )
     assert code == 0, err
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert [r["recipe"] for r in rows] == ["gpt-nano", "gpt-nano-fast", "- Muon"]
@@ -101,12 +116,16 @@ def test_compare_lm_trains_each_recipe_for_the_budget_and_draws_the_table(tmp_pa
 
 
 def test_compare_blocks_reports_total_and_active_parameters(tmp_path, corpus, capsys, monkeypatch):
-    assert list(lm_compare.block_recipes()) == ["classic block (gpt-nano)", "Llama block (llama-nano)",
-                                                "MoE block (moe-nano)"]  # fmt: skip
+    assert list(lm_compare.block_recipes()) == [
+        "classic block (gpt-nano)",
+        "Llama block (llama-nano)",
+        "MoE block (moe-nano)",
+    ]
     monkeypatch.setattr(lm_compare, "EVAL_TOKENS", 300)
     monkeypatch.setattr(lm_compare, "BLOCKS", {"MoE block": "moe-nano"})  # one short run is enough here
-    code, out, err = run_cli(["compare", "--task", "lm", "--blocks", "--budget", "1s", "--data", corpus,
-                              "--out", tmp_path], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["compare", "--task", "lm", "--blocks", "--budget", "1s", "--data", corpus, "--out", tmp_path], capsys
+    )
     assert code == 0, err
     (row,) = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert row["recipe"] == "MoE block (moe-nano)" and row["vs_fast"] == 0

@@ -23,7 +23,7 @@ from attnlab.engine.train import TrainRequest
 from attnlab.io import read_safetensors
 from attnlab.nn.lora import LoRALinear, adapters_off
 from attnlab.nn.preference import RewardObjective
-from attnlab.nn.quantize import QuantizedLinear
+from attnlab.quant.quantize import QuantizedLinear
 from attnlab.runs.adapted import build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks import TASKS
@@ -42,8 +42,16 @@ def base(tmp_path_factory):
 
 
 def train(task, out, base, data, steps=3, **options):
-    return attnlab.train(out, None, tiny_train(max_steps=steps, eval_interval=steps), data, init=base, task=task,
-                         progress=False, **options)  # fmt: skip
+    return attnlab.train(
+        out,
+        None,
+        tiny_train(max_steps=steps, eval_interval=steps),
+        data,
+        init=base,
+        task=task,
+        progress=False,
+        **options,
+    )
 
 
 def logits(model, n=2):
@@ -102,8 +110,23 @@ def test_a_full_fine_tune_trains_every_weight_and_answers(base, tmp_path, capsys
 
 
 def test_show_masks_marks_the_trained_tokens(base, tmp_path, capsys):
-    args = ["train", "sft", "--init", base, "--out", tmp_path / "m", "--show-masks", "--examples", "8",
-            "--test-examples", "2", "--max-steps", "1", "--device", "cpu"]  # fmt: skip
+    args = [
+        "train",
+        "sft",
+        "--init",
+        base,
+        "--out",
+        tmp_path / "m",
+        "--show-masks",
+        "--examples",
+        "8",
+        "--test-examples",
+        "2",
+        "--max-steps",
+        "1",
+        "--device",
+        "cpu",
+    ]
     code, _, err = run_cli(args, capsys)
     assert code == 0
     shown = err.split("in green:\n", 1)[1]
@@ -179,8 +202,9 @@ def test_best_of_n_picks_the_answer_the_reward_model_scores_highest(base, tmp_pa
         reward.model.reward_head.weight.normal_()
     messages = [Message("user", "What is 2 + 3?")]
     ranked = best_of(policy, reward, messages, 5, seed=4, temperature=1.0, max_new_tokens=8)
-    drawn = answers(policy.model, policy.tokenizer, ChatTemplate(), [messages] * 5, seed=4, temperature=1.0,
-                    max_new_tokens=8)  # fmt: skip
+    drawn = answers(
+        policy.model, policy.tokenizer, ChatTemplate(), [messages] * 5, seed=4, temperature=1.0, max_new_tokens=8
+    )
     assert sorted(a for _, a in ranked) == sorted(drawn)
     assert [s for s, _ in ranked] == sorted(score_answers(reward, messages, drawn), reverse=True)
     code, _, err = run_cli(["sample", base, "--best-of", "3"], capsys)
@@ -203,8 +227,16 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
     hf_dir = tmp_path / "hf"
     texts = [ChatTemplate(LLAMA3_STYLE).render(c.messages) for c in instructions("train", 200, 2)]
     tok = BPETokenizer.train(texts, 300)
-    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_layer=1, n_embd=16, n_head=2, n_positions=256,
-                                  bos_token_id=None, eos_token_id=None, attn_implementation="eager")  # fmt: skip
+    cfg = transformers.GPT2Config(
+        vocab_size=tok.vocab_size,
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        n_positions=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(hf_dir)
@@ -229,8 +261,17 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
 def test_the_chat_demo_chains_the_tasks(base, tmp_path, monkeypatch, capsys):
     import attnlab.cli.demo_chat as demo
 
-    quick = dict(max_steps=2, time_budget=None, min_steps=0, batch_size=4, eval_interval=2, eval_batches=1,
-                 warmup_steps=1, device="cpu", dtype="float32")  # fmt: skip
+    quick = dict(
+        max_steps=2,
+        time_budget=None,
+        min_steps=0,
+        batch_size=4,
+        eval_interval=2,
+        eval_batches=1,
+        warmup_steps=1,
+        device="cpu",
+        dtype="float32",
+    )
     for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"):
         monkeypatch.setattr(demo, name, {**getattr(demo, name), **quick})
     monkeypatch.setattr(demo, "TEST", 4)
@@ -252,11 +293,16 @@ def test_a_base_read_a_tensor_at_a_time_checks_what_load_checks(base, tmp_path):
     tensors, _ = read_safetensors(base / "model.safetensors")
     streamed, whole = build_base(base, "gpt", model), attnlab.load(base).model
     assert all(torch.equal(streamed.state_dict()[k], whole.state_dict()[k]) for k in whole.state_dict())
-    cases = {"nan": {**tensors, "norm.weight": torch.full_like(tensors["norm.weight"], float("nan"))},
-             "shape": {**tensors, "norm.weight": torch.ones(3)},
-             "missing": {k: v for k, v in tensors.items() if k != "norm.weight"}}  # fmt: skip
-    says = {"nan": "NaN or infinite values (first in norm.weight)", "shape": "norm.weight is (3,)",
-            "missing": "missing ['norm.weight']"}  # fmt: skip
+    cases = {
+        "nan": {**tensors, "norm.weight": torch.full_like(tensors["norm.weight"], float("nan"))},
+        "shape": {**tensors, "norm.weight": torch.ones(3)},
+        "missing": {k: v for k, v in tensors.items() if k != "norm.weight"},
+    }
+    says = {
+        "nan": "NaN or infinite values (first in norm.weight)",
+        "shape": "norm.weight is (3,)",
+        "missing": "missing ['norm.weight']",
+    }
     for name, bad in cases.items():
         write_safetensors(tmp_path / f"{name}.safetensors", bad, {})
         with pytest.raises(attnlab.AttnlabError, match=re.escape(says[name])):

@@ -40,8 +40,9 @@ Q = gguf.GGMLQuantizationType
 # Multi-byte characters of every width, so a character vocabulary needs merges of 2, 3 and 4 bytes.
 CORPUS = TEXT + "The quick brown fox jumps over the lazy dog.\nCafé, naïve — 🙂 ≥ 10 ü\n"
 GPT2_BLOCK = dict(n_layer=2, n_head=4, d_model=64, activation="gelu_tanh")
-LLAMA_BLOCK = dict(n_layer=2, n_head=4, d_model=64, d_ff=96, positions="rope", norm_kind="rmsnorm",
-                   feedforward="swiglu", bias=False)  # fmt: skip
+LLAMA_BLOCK = dict(
+    n_layer=2, n_head=4, d_model=64, d_ff=96, positions="rope", norm_kind="rmsnorm", feedforward="swiglu", bias=False
+)
 MIXTRAL_BLOCK = {**LLAMA_BLOCK, "feedforward": "moe", "expert_ff": "swiglu", "n_experts": 4, "experts_per_token": 2}
 # name -> (model settings, tokenizer). transformers' GGUF reader sizes GPT-2's positions as GPT-2's
 # 1024 whatever the file says (it reads context_length as n_ctx), so the GPT-2 it loads has that context.
@@ -70,8 +71,15 @@ def make_run(out, cfg: GPTConfig, tok, seed: int = 0, scale: float = 0.2):
             p.add_(scale * torch.randn_like(p))
     fresh_dir(out)
     record(out, CONFIG, WEIGHTS, TOKENIZER)
-    write_json(out / CONFIG, {"family": "gpt", "model": asdict(cfg), "train": asdict(TrainConfig()),
-                              "data": asdict(DataConfig(tokenizer=tok.kind, vocab_size=tok.vocab_size))})  # fmt: skip
+    write_json(
+        out / CONFIG,
+        {
+            "family": "gpt",
+            "model": asdict(cfg),
+            "train": asdict(TrainConfig()),
+            "data": asdict(DataConfig(tokenizer=tok.kind, vocab_size=tok.vocab_size)),
+        },
+    )
     save_weights(model, out / WEIGHTS, {"step": "0"})
     write_text(out / TOKENIZER, tok.to_json())
     return out
@@ -80,8 +88,10 @@ def make_run(out, cfg: GPTConfig, tok, seed: int = 0, scale: float = 0.2):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {name: attnlab.load(make_run(root / name, GPTConfig(**keys), tokenizer(kind)), device="cpu")
-            for name, (keys, kind) in RUNS.items()}  # fmt: skip
+    return {
+        name: attnlab.load(make_run(root / name, GPTConfig(**keys), tokenizer(kind)), device="cpu")
+        for name, (keys, kind) in RUNS.items()
+    }
 
 
 def ids(run, n: int = 20, seed: int = 1) -> torch.Tensor:
@@ -137,8 +147,10 @@ def test_written_tensors_read_back(runs, tmp_path, name, qtype):
     arch = summary["architecture"]
     table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA if arch == "llama" else gguf.MODEL_ARCH.GPT2, 2)
     tensors = {k: v for k, v in hf.state_dict().items() if not (k == "lm_head.weight" and run.model.cfg.tie_weights)}
-    wanted = {table.get_name(k, try_suffixes=(".weight", ".bias")): gguf_layout(k, v.numpy(), arch, heads_of(hf.config))
-              for k, v in tensors.items()}  # fmt: skip
+    wanted = {
+        table.get_name(k, try_suffixes=(".weight", ".bias")): gguf_layout(k, v.numpy(), arch, heads_of(hf.config))
+        for k, v in tensors.items()
+    }
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     assert {t.name for t in reader.tensors} == set(wanted)
     worst = 0.0
@@ -164,20 +176,63 @@ def test_written_tensors_read_back(runs, tmp_path, name, qtype):
 
 # A SentencePiece-style vocabulary (Llama's layout): <unk>, <s>, </s>, the 256 byte tokens, then pieces
 # scored best first; as in a real one, every character of a piece is a piece itself.
-MERGED = ["▁t", "he", "▁the", "in", "▁a", "er", "on", "re", "at", "▁s", "en", "▁w", "▁o", "nd", "▁c", "es", "or",
-          "▁f", "▁in", "ar", "is", "ed", "le", "▁d", "ou", "▁an", "de", "▁(", "):", "rn"]  # fmt: skip
+MERGED = [
+    "▁t",
+    "he",
+    "▁the",
+    "in",
+    "▁a",
+    "er",
+    "on",
+    "re",
+    "at",
+    "▁s",
+    "en",
+    "▁w",
+    "▁o",
+    "nd",
+    "▁c",
+    "es",
+    "or",
+    "▁f",
+    "▁in",
+    "ar",
+    "is",
+    "ed",
+    "le",
+    "▁d",
+    "ou",
+    "▁an",
+    "de",
+    "▁(",
+    "):",
+    "rn",
+]
 PIECES = sorted(set("".join(MERGED))) + MERGED
-SPM = {"model": "llama", "tokens": ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *PIECES],
-       "types": [2, 3, 3] + [6] * 256 + [1] * len(PIECES),
-       "scores": [0.0] * 259 + [-float(i) for i in range(len(PIECES))], "bos": 1, "eos": 2, "unk": 0}  # fmt: skip
+SPM = {
+    "model": "llama",
+    "tokens": ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *PIECES],
+    "types": [2, 3, 3] + [6] * 256 + [1] * len(PIECES),
+    "scores": [0.0] * 259 + [-float(i) for i in range(len(PIECES))],
+    "bos": 1,
+    "eos": 2,
+    "unk": 0,
+}
 
 
 def gpt2_vocab(tok: BPETokenizer) -> dict:
     data = json.loads(tok.to_json())
     tokens = [t for t, _ in sorted(tok.tok.get_vocab().items(), key=lambda kv: kv[1])]
     types = [3 if t == "<|endoftext|>" else 1 for t in tokens]  # a control token, the rest normal
-    return {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": types,
-            "merges": [" ".join(m) for m in data["model"]["merges"]], "bos": tok.eot_id, "eos": tok.eot_id}  # fmt: skip
+    return {
+        "model": "gpt2",
+        "pre": "gpt-2",
+        "tokens": tokens,
+        "types": types,
+        "merges": [" ".join(m) for m in data["model"]["merges"]],
+        "bos": tok.eot_id,
+        "eos": tok.eot_id,
+    }
 
 
 def write_vocab(w: gguf.GGUFWriter, v: dict) -> None:
@@ -243,15 +298,38 @@ def reference_model(arch: str):
     from tests.conftest import random_hf_model
 
     if arch == "llama":
-        hf = random_hf_model("LlamaConfig", "LlamaForCausalLM", vocab_size=len(SPM["tokens"]), hidden_size=64,
-                             intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, bos_token_id=None,
-                             eos_token_id=None, pad_token_id=None, initializer_range=0.2)  # fmt: skip
+        hf = random_hf_model(
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            vocab_size=len(SPM["tokens"]),
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            initializer_range=0.2,
+        )
         return hf, SPM
     tok = tokenizer("bpe")
-    hf = random_hf_model("GPT2Config", "GPT2LMHeadModel", vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=4,
-                         n_positions=64, bos_token_id=None, eos_token_id=None, initializer_range=0.2)  # fmt: skip
+    hf = random_hf_model(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        vocab_size=tok.vocab_size,
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        initializer_range=0.2,
+    )
     return hf, gpt2_vocab(tok)
 
 
@@ -281,8 +359,10 @@ def test_file_of_a_transformers_model_converts(references, tmp_path, arch, qtype
     exact = (logits(run.model, idx) - logits(as_stored, idx)).abs().max().item()
     original = logits(hf, idx)
     off = ((logits(run.model, idx) - original).pow(2).mean() / original.pow(2).mean()).sqrt().item()
-    print(f"{arch} {qtype.name}: max |logits - the file's model's| = {exact:.2g}; relative RMS change from the "
-          f"unquantized model {off:.3g}")  # fmt: skip
+    print(
+        f"{arch} {qtype.name}: max |logits - the file's model's| = {exact:.2g}; relative RMS change from the "
+        f"unquantized model {off:.3g}"
+    )
     assert exact < 1e-4
     assert off < {Q.F32: 1e-5, Q.F16: 0.01, Q.BF16: 0.05, Q.Q8_0: 0.15, Q.Q4_0: 1.0}[qtype]
 
@@ -367,9 +447,17 @@ def test_a_converted_checkpoint_keeps_its_padding_rows(tmp_path):
     """A HuggingFace GPT-2 whose embedding has rows beyond its tokenizer (padding): the file lists them as
     UNUSED [PAD] tokens, as llama.cpp's converter does, and converting back drops them from the tokenizer."""
     tok = tokenizer("bpe")
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=tok.vocab_size + 7, n_layer=1, n_embd=32,
-                                                              n_head=2, n_positions=32, bos_token_id=None,
-                                                              eos_token_id=None))  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=tok.vocab_size + 7,
+            n_layer=1,
+            n_embd=32,
+            n_head=2,
+            n_positions=32,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+    )
     hf.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.json").write_text(tok.to_json())
     from attnlab.interop.convert import convert_from_hf
@@ -459,8 +547,9 @@ def test_command_line_both_ways(runs, tmp_path, capsys):
     assert code == 0 and json.loads(out)["tensors"] == {"F32": 5, "Q8_0": 16}
     code, out, _ = run_cli(["convert", tmp_path / "m.gguf", "--out", tmp_path / "back"], capsys)
     assert code == 0 and "gpt run from LlamaForCausalLM (GGUF tensors 16 Q8_0, 5 F32; 100,160 parameters)" in out
-    code, out, _ = run_cli(["sample", tmp_path / "back", "--prompt", "def", "--max-new-tokens", "5", "--device",
-                            "cpu"], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        ["sample", tmp_path / "back", "--prompt", "def", "--max-new-tokens", "5", "--device", "cpu"], capsys
+    )
     assert code == 0 and out.startswith("def")
     code, _, _ = run_cli(["attention", tmp_path / "back", "def add", "--out", tmp_path / "a.json"], capsys)
     assert code == 0 and (tmp_path / "a.json").is_file()

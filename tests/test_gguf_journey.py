@@ -36,8 +36,9 @@ from tests.test_gguf import ids, logits, make_run, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DOCS = Path(__file__).parent.parent / "docs"
-has_llamacpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                  reason="llama.cpp's Python binding: pip install -e '.[llamacpp]'")  # fmt: skip
+has_llamacpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama.cpp's Python binding: pip install -e '.[llamacpp]'"
+)
 
 
 @pytest.mark.parametrize("name", ["demo", "chat_base"])
@@ -80,14 +81,26 @@ def test_qwen3_both_ways_with_transformers(tmp_path):
     idx = ids(run)
     assert type(theirs).__name__ == "Qwen3ForCausalLM"
     assert (logits(theirs, idx) - logits(run.model, idx)).abs().max() < 1e-4
-    keys = dict(vocab_size=run.model.cfg.vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2)  # fmt: skip
+    keys = dict(
+        vocab_size=run.model.cfg.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+    )
     random_hf_model("Qwen3Config", "Qwen3ForCausalLM", **keys).save_pretrained(tmp_path / "q3")
     (tmp_path / "q3" / "tokenizer.json").write_text((tmp_path / "hf" / "tokenizer.json").read_text())
     convert_from_hf(tmp_path / "q3", tmp_path / "back")
-    back, q3 = attnlab.load(tmp_path / "back", device="cpu"), transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "q3").eval()  # fmt: skip
+    back, q3 = (
+        attnlab.load(tmp_path / "back", device="cpu"),
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q3").eval(),
+    )
     assert back.model.cfg.qk_norm and (logits(back.model, idx) - logits(q3, idx)).abs().max() < 1e-4
     random_hf_model("Qwen3Config", "Qwen3ForCausalLM", **{**keys, "rms_norm_eps": 1e-6}).save_pretrained(tmp_path / "e")
     (tmp_path / "e" / "tokenizer.json").write_text((tmp_path / "hf" / "tokenizer.json").read_text())
@@ -118,8 +131,12 @@ def test_the_modelfile_renders_the_runs_chat_template():
     run is trained with) for a conversation with a system turn and two user turns, and stops where it does."""
     template, stop = modelfile()
     builtin = ChatTemplate()
-    conversation = [Message("system", "Be brief."), Message("user", "Reverse: abc"), Message("assistant", "cba"),
-                    Message("user", "Uppercase: dog")]  # fmt: skip
+    conversation = [
+        Message("system", "Be brief."),
+        Message("user", "Reverse: abc"),
+        Message("assistant", "cba"),
+        Message("user", "Uppercase: dog"),
+    ]
     messages = [{"role": m.role, "content": m.content} for m in conversation]
     assert jinja2.Template(go_as_jinja(template), keep_trailing_newline=True).render(messages=messages) == (
         builtin.prompt(conversation)
@@ -133,9 +150,30 @@ def test_the_modelfile_renders_the_runs_chat_template():
 def demo_run(root: Path, capsys) -> Path:
     """A demo-recipe run: the demo's preset and training settings, a few steps on a small corpus."""
     (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n" * 300)
-    args = ["train", "lm", "--preset", demo.PRESET, "--data", root / "corpus.txt", "--tokenizer", "char",
-            "--max-steps", "40", "--warmup-steps", "5", "--batch-size", "8", "--eval-interval", "40",
-            "--eval-batches", "1", "--device", "cpu", "--out", root / "demo"]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--preset",
+        demo.PRESET,
+        "--data",
+        root / "corpus.txt",
+        "--tokenizer",
+        "char",
+        "--max-steps",
+        "40",
+        "--warmup-steps",
+        "5",
+        "--batch-size",
+        "8",
+        "--eval-interval",
+        "40",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        root / "demo",
+    ]
     assert run_cli(args, capsys)[0] == 0
     return root / "demo"
 
@@ -148,8 +186,23 @@ def test_llamacpp_continues_the_demo_run_as_attnlab_sample(tmp_path, capsys):
     assert run_cli(["export", run, "--to", "gguf", tmp_path / "demo.gguf"], capsys)[0] == 0
     said = []
     for prompt in ("def ", "class P", "    return", "x = "):
-        code, ours, _ = run_cli(["sample", run, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "48",
-                                 "--dtype", "float32", "--device", "cpu"], capsys)  # fmt: skip
+        code, ours, _ = run_cli(
+            [
+                "sample",
+                run,
+                "--prompt",
+                prompt,
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "48",
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+            ],
+            capsys,
+        )
         theirs = prompt + greedy_text(tmp_path / "demo.gguf", prompt, 48)
         said.append(f"attnlab   {ours[:-1]!r}\nllama.cpp {theirs!r}")
         assert code == 0 and ours[:-1] == theirs and len(set(theirs)) > 5  # sample ends its text with a newline
@@ -162,11 +215,40 @@ def chat_run(root: Path, capsys) -> Path:
     corpus = root / "chats.txt"
     corpus.write_text("".join(ChatTemplate().render(c.messages) for c in instructions("train", 300, 5)))
     base = replace(demo_chat.BASE_MODEL, n_layer=2, d_model=64, context=256)
-    attnlab.train(root / "base", base, tiny_train(max_steps=20, eval_interval=20), DataConfig(data=str(corpus),
-                  tokenizer="char"), progress=False)  # fmt: skip
-    code, _, _ = run_cli(["train", "sft", "--init", root / "base", "--out", root / "sft", "--max-steps", "30",
-                          "--batch-size", "8", "--examples", "200", "--test-examples", "8", "--eval-interval", "30",
-                          "--lr", "1e-2", "--eval-batches", "1", "--device", "cpu"], capsys)  # fmt: skip
+    attnlab.train(
+        root / "base",
+        base,
+        tiny_train(max_steps=20, eval_interval=20),
+        DataConfig(data=str(corpus), tokenizer="char"),
+        progress=False,
+    )
+    code, _, _ = run_cli(
+        [
+            "train",
+            "sft",
+            "--init",
+            root / "base",
+            "--out",
+            root / "sft",
+            "--max-steps",
+            "30",
+            "--batch-size",
+            "8",
+            "--examples",
+            "200",
+            "--test-examples",
+            "8",
+            "--eval-interval",
+            "30",
+            "--lr",
+            "1e-2",
+            "--eval-batches",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0
     return root / "sft"
 
@@ -185,8 +267,7 @@ def test_llamacpp_answers_held_out_instructions_as_attnlab_chat(tmp_path, capsys
     formatter = Jinja2ChatFormatter(carried, eos_token="", bos_token="")  # llama-cpp-python's own renderer
     model = attnlab.load(run, device="cpu")
     held_out = [c.messages[:-1] for c in instructions("test", 6, 0)]
-    ours = answers(model.model, model.tokenizer, template, held_out, temperature=0, max_new_tokens=40,
-                   dtype="float32")  # fmt: skip
+    ours = answers(model.model, model.tokenizer, template, held_out, temperature=0, max_new_tokens=40, dtype="float32")
     for messages, answer in zip(held_out, ours, strict=True):
         prompt = formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
         theirs = greedy_text(tmp_path / "sft.gguf", prompt, 40, stop=template.end_of_turn()).strip()

@@ -134,8 +134,12 @@ def test_k_quants_from_llamacpps_quantizer(tmp_path):
     export_gguf(src.path, tmp_path / "f32.gguf")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = gguf.LlamaFileType.MOSTLY_Q4_K_M
-    assert llama_cpp.llama_model_quantize(str(tmp_path / "f32.gguf").encode(), str(tmp_path / "q4km.gguf").encode(),
-                                          params) == 0  # fmt: skip
+    assert (
+        llama_cpp.llama_model_quantize(
+            str(tmp_path / "f32.gguf").encode(), str(tmp_path / "q4km.gguf").encode(), params
+        )
+        == 0
+    )
     for t in gguf.GGUFReader(tmp_path / "q4km.gguf").tensors:
         if t.tensor_type in (Q.Q4_K, Q.Q6_K):
             assert np.array_equal(gguf.quants.dequantize(t.data, t.tensor_type).ravel(), ggml_dequantized(t))

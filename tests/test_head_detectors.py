@@ -29,7 +29,7 @@ def test_each_detector_finds_the_head_built_to_do_its_job():
             _pattern(T, lambda t: t - half + 1 if t >= half else 0),  # induction
             torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None],  # uniform over the past
         ]
-    )[None, None]  # fmt: skip  (B=1, L=1, H=4, T, T)
+    )[None, None]  # (B=1, L=1, H=4, T, T)
     scores = head_scores(heads[:, 0][:, None], ids, half)
     assert scores["previous-token"][0].tolist()[:2] == pytest.approx([1.0, 1 / (T - 1)])  # t=1 looks at 0
     assert scores["first-token"][0, 1] == 1.0 and float(scores["first-token"][0, 0]) == pytest.approx(1 / (T - 1))
@@ -116,18 +116,21 @@ def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
 
     attnlab.train(tmp_path / "r", tiny_model(), tiny_train(max_steps=2), tiny_data(corpus), progress=False)
     run = str(tmp_path / "r")
-    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "lens", "--out", str(tmp_path / "l.svg")],
-                             capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["inspect", run, "def add(a, b):", "--what", "lens", "--out", str(tmp_path / "l.svg")], capsys
+    )
     assert code == 0, err
     assert "embed: p(actual next token)" in out and (tmp_path / "l.svg").read_text().startswith("<?xml")
-    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "heads", "--out", str(tmp_path / "h.json")],
-                             capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["inspect", run, "def add(a, b):", "--what", "heads", "--out", str(tmp_path / "h.json")], capsys
+    )
     assert code == 0, err
     heads = json.loads((tmp_path / "h.json").read_text())
     assert set(heads["tables"]) == {"previous-token", "first-token", "duplicate-token", "induction"}
     assert len(heads["tables"]["induction"]) == 2  # layers, each a row of heads
-    code, out, err = run_cli(["inspect", run, "def add(a, b):", "--what", "ablate", "--out", str(tmp_path / "a.png")],
-                             capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["inspect", run, "def add(a, b):", "--what", "ablate", "--out", str(tmp_path / "a.png")], capsys
+    )
     assert code == 0 and "loss change when zeroed" in out and (tmp_path / "a.png").stat().st_size > 5_000
     code, _, err = run_cli(["inspect", run, "d", "--what", "lens"], capsys)
     assert code == 2 and "two tokens" in err
@@ -139,8 +142,9 @@ def test_inspect_command_draws_and_writes_numbers(tmp_path, capsys, corpus):
         code, _, err = run_cli(["inspect", run, "def add", "--what", what, "--out", str(tmp_path / out_file)], capsys)
         page = (tmp_path / out_file).read_text()
         assert code == 0 and page.startswith("<!DOCTYPE html>") and "<script" not in page and row in page
-    code, out, err = run_cli(["inspect", run, "def add", "--what", "rollout", "--out", str(tmp_path / "r.html")],
-                             capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["inspect", run, "def add", "--what", "rollout", "--out", str(tmp_path / "r.html")], capsys
+    )
     assert code == 0 and "self-attention rollout: the last position" in out
     assert "attention-data" in (tmp_path / "r.html").read_text()  # the attention page, with the rollout
     code, _, err = run_cli(["inspect", run, "def add", "--what", "flow", "--out", str(tmp_path / "f.gif")], capsys)
@@ -154,10 +158,10 @@ def test_snapshots_follow_the_heads_over_training(tmp_path, capsys, corpus):
 
     out = tmp_path / "r"
     attnlab.train(out, tiny_model(), tiny_train(max_steps=4, snapshot_every=2), tiny_data(corpus), progress=False)
-    assert sorted(p.name for p in (out / "snapshots").iterdir()) == [
-        f"step_{s:07d}.safetensors" for s in (0, 2, 4)]  # fmt: skip
-    code, text, err = run_cli(["inspect", str(out), "--what", "over-training", "--out", str(tmp_path / "o.json")],
-                              capsys)  # fmt: skip
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == [f"step_{s:07d}.safetensors" for s in (0, 2, 4)]
+    code, text, err = run_cli(
+        ["inspect", str(out), "--what", "over-training", "--out", str(tmp_path / "o.json")], capsys
+    )
     assert code == 0, err
     result = json.loads((tmp_path / "o.json").read_text())
     assert result["steps"] == [0, 2, 4] and len(result["repeat_loss"]) == 3

@@ -26,8 +26,10 @@ def gpt(**kw) -> torch.nn.Module:
 def test_specs_name_layers_and_heads_from_one():
     model = gpt()
     assert parse_heads("2.3", model) == {"blocks.1.attn.hook_head_out": {2}}
-    assert parse_heads("1.1, 1.4,2", model) == {"blocks.0.attn.hook_head_out": {0, 3},
-                                                 "blocks.1.attn.hook_head_out": {0, 1, 2, 3}}  # fmt: skip
+    assert parse_heads("1.1, 1.4,2", model) == {
+        "blocks.0.attn.hook_head_out": {0, 3},
+        "blocks.1.attn.hook_head_out": {0, 1, 2, 3},
+    }
     for bad in ("3.1", "1.5", "0.1", "x", "cross:1.1", "left:1.1", ""):
         with pytest.raises(AttnlabError):
             parse_heads(bad, model)
@@ -85,9 +87,34 @@ def test_cli_sample_removes_heads_and_says_how_many(tmp_path, capsys, monkeypatc
 
     (tmp_path / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 100)
     run = tmp_path / "gpt"
-    args = ["train", "lm", "--data", tmp_path / "corpus.txt", "--out", run, "--preset", "gpt-nano", "--n-layer", "2",
-            "--d-model", "16", "--n-head", "2", "--context", "16", "--max-steps", "3", "--batch-size", "2",
-            "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--data",
+        tmp_path / "corpus.txt",
+        "--out",
+        run,
+        "--preset",
+        "gpt-nano",
+        "--n-layer",
+        "2",
+        "--d-model",
+        "16",
+        "--n-head",
+        "2",
+        "--context",
+        "16",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--eval-interval",
+        "3",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main([str(a) for a in args]) == 0
     capsys.readouterr()
     greedy = ["sample", run, "--prompt", "def", "--max-new-tokens", "12", "--temperature", "0", "--device", "cpu"]

@@ -32,8 +32,21 @@ from tests.conftest import TEXT, code_file, extra
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 SMALL = ["--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
-LM = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-      "--dtype", "float32", *SMALL]  # fmt: skip
+LM = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--d-model",
+    "16",
+    "--context",
+    "32",
+    "--batch-size",
+    "4",
+    "--dtype",
+    "float32",
+    *SMALL,
+]
 ENCODER = ["--n-layer", "1", "--n-head", "2", "--d-model", "16"]
 
 
@@ -43,8 +56,11 @@ def attnlab(call: list | Callable[[], object]) -> tuple[int, str]:
     from attnlab.cli.main import main
 
     out = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(out):  # fmt: skip
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(out),
+    ):
         warnings.simplefilter("always")
         try:
             if isinstance(call, list):
@@ -78,8 +94,26 @@ def w(tmp_path_factory):
     table.write_text(csv_rows(80))
     trained(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
     trained(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
-    trained(["train", "mlm", "--data", corpus, "--out", root / "mlm", *ENCODER, "--context", "32", "--block-size",
-             "32", "--batch-size", "4", "--vocab-size", "200", *SMALL])  # fmt: skip
+    trained(
+        [
+            "train",
+            "mlm",
+            "--data",
+            corpus,
+            "--out",
+            root / "mlm",
+            *ENCODER,
+            "--context",
+            "32",
+            "--block-size",
+            "32",
+            "--batch-size",
+            "4",
+            "--vocab-size",
+            "200",
+            *SMALL,
+        ]
+    )
     trained(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     return SimpleNamespace(root=root, corpus=corpus, table=table, **{n: root / n for n in ("lm", "cls", "mlm", "img")})
 

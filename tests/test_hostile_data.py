@@ -42,8 +42,9 @@ def base(tmp_path_factory):
 
 
 def jsonl(path, *rows) -> str:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows),
-                    encoding="utf-8")  # fmt: skip
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows), encoding="utf-8"
+    )
     return str(path)
 
 
@@ -72,7 +73,7 @@ BAD_ROWS = [  # (the row, what the line says); the row is row 2, after a good on
     (7, r"row 2: expected an object with fields, got int"),
     (None, r"row 2: expected an object with fields, got null"),
     ({"prompt": "q", "chosen": "a", "rejected": "b"}, r"row 2: a preference pair .* is DPO data"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("row, says", BAD_ROWS, ids=[f"{i}" for i in range(len(BAD_ROWS))])
@@ -84,10 +85,12 @@ def test_a_row_of_the_wrong_shape_is_one_line(tmp_path, row, says):
 BAD_PAIRS = [
     ({"prompt": "q", "chosen": 5, "rejected": "b"}, r"field 'chosen' must be a text or a non-empty list of messages"),
     ({"prompt": None, "chosen": "a", "rejected": "b"}, r"field 'prompt' must be a text or .* got null"),
-    ({"prompt": "q", "chosen": [{"role": "user", "content": "a"}], "rejected": "b"},
-     r"field 'chosen' must end with the assistant's turn \(the answer\), not the user's"),
+    (
+        {"prompt": "q", "chosen": [{"role": "user", "content": "a"}], "rejected": "b"},
+        r"field 'chosen' must end with the assistant's turn \(the answer\), not the user's",
+    ),
     (GOOD, r"row 2: needs the fields prompt, chosen and rejected"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("row, says", BAD_PAIRS, ids=[f"{i}" for i in range(len(BAD_PAIRS))])
@@ -104,11 +107,19 @@ def test_chosen_equal_to_rejected_is_left_out_and_said_once_all_of_them_refused(
         warnings.simplefilter("always")
         pairs = read_preferences(path)
     assert len(pairs) == 7 and all(p.chosen != p.rejected for p in pairs) and len(said) == 1
-    one_line(str(said[0].message), r"left out 3 of 10 pairs whose chosen answer is the rejected one \(first: row 1\): "
-             r"they teach nothing")  # fmt: skip
+    one_line(
+        str(said[0].message),
+        r"left out 3 of 10 pairs whose chosen answer is the rejected one \(first: row 1\): "
+        r"they teach nothing",
+    )
     same = jsonl(tmp_path / "same.jsonl", *[{**r, "rejected": "a"} for r in rows])
-    refused(lambda: read_preferences(same), r"in every pair the chosen answer is the rejected one", SECONDS, MIB,
-            keep=(tmp_path,))  # fmt: skip
+    refused(
+        lambda: read_preferences(same),
+        r"in every pair the chosen answer is the rejected one",
+        SECONDS,
+        MIB,
+        keep=(tmp_path,),
+    )
 
 
 def test_a_conversation_that_opens_with_the_assistant_is_trained_with_a_warning(tmp_path):
@@ -126,8 +137,14 @@ def test_a_conversation_that_opens_with_the_assistant_is_trained_with_a_warning(
 def test_invalid_utf8_is_one_line_naming_the_row_and_the_byte(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_bytes(json.dumps(GOOD).encode() + b'\n{"text": "caf\xe9"}\n')  # Latin-1, not UTF-8
-    refused(lambda: read_conversations(path), r"row 2 is not UTF-8 \(byte 0xe9 at byte 14 of the line\): save the "
-            r"file as UTF-8", SECONDS, MIB, keep=(tmp_path,))  # fmt: skip
+    refused(
+        lambda: read_conversations(path),
+        r"row 2 is not UTF-8 \(byte 0xe9 at byte 14 of the line\): save the "
+        r"file as UTF-8",
+        SECONDS,
+        MIB,
+        keep=(tmp_path,),
+    )
     whole = tmp_path / "d.json"
     whole.write_bytes(b'[\n{"text": "a"},\n{"text": "\xff"}\n]')
     refused(lambda: read_conversations(whole), r"line 3 is not UTF-8 \(byte 0xff\)", SECONDS, MIB, keep=(tmp_path,))
@@ -153,8 +170,10 @@ def test_unicode_line_separators_inside_a_row_are_text(tmp_path):
     assert len(convs) == 2 and convs[0].messages[0].content == odd
 
 
-@pytest.mark.parametrize("text, where", [("[" * 100_000 + "]" * 100_000, "the file"),
-                                         ('{"text": ' + "[" * 50_000 + "]" * 50_000 + "}", "row 2")])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, where",
+    [("[" * 100_000 + "]" * 100_000, "the file"), ('{"text": ' + "[" * 50_000 + "]" * 50_000 + "}", "row 2")],
+)
 def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path, text, where):
     path = tmp_path / "d.jsonl"
     path.write_text(text if where == "the file" else f"{json.dumps(GOOD)}\n{text}\n")
@@ -164,8 +183,9 @@ def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path, text, where):
 def test_a_row_of_a_million_lists_is_refused_before_it_is_parsed(tmp_path):
     """1.2 million empty lists are 2.4 MB of text and would be ~70 MB of Python lists."""
     path = jsonl(tmp_path / "d.jsonl", '{"text": [' + ",".join(["[]"] * 1_200_000) + "]}")
-    refused(lambda: read_conversations(path), r"row 1 holds over 1,000,000 objects and lists", SECONDS, 30,
-            keep=(tmp_path,))  # fmt: skip
+    refused(
+        lambda: read_conversations(path), r"row 1 holds over 1,000,000 objects and lists", SECONDS, 30, keep=(tmp_path,)
+    )
 
 
 @pytest.mark.parametrize("content, says", [("", r"no rows"), ("\n \n\t\n", r"no rows"), (None, r"not a file")])
@@ -213,9 +233,13 @@ CLI_CASES = {  # name: (task, the file's bytes, what the line says)
     "not UTF-8": ("sft", b'{"text": "\xff"}\n', r"row 1 is not UTF-8"),
     "nested": ("reward", b"[" * 10_000 + b"]" * 10_000, r"nests JSON too deeply"),
     "chosen == rejected": ("dpo", b'{"prompt": "q", "chosen": "a", "rejected": "a"}\n', r"in every pair the chosen"),
-    "a row too long": ("sft", json.dumps({"text": "a" * 2_000_000}).encode(), r"every conversation is longer than "
-                       r"the model's context of 256 tokens"),
-}  # fmt: skip
+    "a row too long": (
+        "sft",
+        json.dumps({"text": "a" * 2_000_000}).encode(),
+        r"every conversation is longer than "
+        r"the model's context of 256 tokens",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
@@ -224,8 +248,14 @@ def test_the_command_line_refuses_in_one_line_and_writes_nothing(base, tmp_path,
     (tmp_path / "in").mkdir()
     path, out = tmp_path / "in" / "d.jsonl", tmp_path / "out"
     path.write_bytes(raw)
-    line = cli_refuses(["train", task, "--init", base, "--out", out, "--data", path, "--device", "cpu"], capsys, says,
-                       SECONDS, MIB, keep=(path.parent, base))  # fmt: skip
+    line = cli_refuses(
+        ["train", task, "--init", base, "--out", out, "--data", path, "--device", "cpu"],
+        capsys,
+        says,
+        SECONDS,
+        MIB,
+        keep=(path.parent, base),
+    )
     assert not out.exists() and (str(path) in line or "context" in line)
 
 
@@ -240,14 +270,21 @@ def hypothesis():
 def rows_strategy(st):
     """Rows near the formats: their fields (and others) holding any JSON value, messages of any shape."""
     scalar = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
-    value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5),
-                         inner, max_size=3), max_leaves=8)  # fmt: skip
+    value = st.recursive(
+        scalar,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=8,
+    )
     role = st.sampled_from(["system", "user", "assistant", "tool", "", "USER"]) | value
     message = st.fixed_dictionaries({}, optional={"role": role, "content": st.text(max_size=8) | value})
-    field = st.sampled_from(["text", "prompt", "completion", "messages", "instruction", "input", "output", "chosen",
-                             "rejected", "other"])  # fmt: skip
-    return st.lists(st.dictionaries(field, value | st.text(max_size=8) | st.lists(message, max_size=3), max_size=4)
-                    | value, min_size=0, max_size=4)  # fmt: skip
+    field = st.sampled_from(
+        ["text", "prompt", "completion", "messages", "instruction", "input", "output", "chosen", "rejected", "other"]
+    )
+    return st.lists(
+        st.dictionaries(field, value | st.text(max_size=8) | st.lists(message, max_size=3), max_size=4) | value,
+        min_size=0,
+        max_size=4,
+    )
 
 
 def read_or_refused(path, read) -> None:

@@ -49,8 +49,9 @@ SECONDS, MIB = 10.0, 300  # per case; refusals take milliseconds, a conversion a
 CHARS = "abcdefghijklmnopqrstuvwxyz .,!?\n"
 V = len(CHARS) + 2  # the character tokenizer's <unk> and <|endoftext|> first
 TINY = dict(n_layer=2, n_head=2, d_model=16)
-LLAMA = dict(TINY, context=32, vocab_size=V, positions="rope", norm_kind="rmsnorm", bias=False, tie_weights=False,
-             n_kv_head=1)  # fmt: skip
+LLAMA = dict(
+    TINY, context=32, vocab_size=V, positions="rope", norm_kind="rmsnorm", bias=False, tie_weights=False, n_kv_head=1
+)
 MODELS: dict[str, tuple[Any, str, Any, list[str] | None]] = {  # name -> (module, family, config, labels)
     "gpt2": (gpt2, "gpt", GPTConfig(**TINY, context=32, vocab_size=V, activation="gelu_tanh"), None),
     "llama": (llama, "gpt", GPTConfig(**LLAMA, feedforward="swiglu"), None),
@@ -394,25 +395,52 @@ def test_through_the_command_line(bases, tmp_path, capsys, monkeypatch):
     """`attnlab convert DIR --out RUN`: a config of a million layers, and a folder of pickles only."""
     d = copy(bases, tmp_path, G)
     config(n_layer=10**6)(d)
-    line = cli_refuses(["convert", d, "--out", tmp_path / "run"], capsys, r"n_layer 1,000,000, but the weights",
-                       SECONDS, MIB, keep=(d,))  # fmt: skip
+    line = cli_refuses(
+        ["convert", d, "--out", tmp_path / "run"],
+        capsys,
+        r"n_layer 1,000,000, but the weights",
+        SECONDS,
+        MIB,
+        keep=(d,),
+    )
     assert line.startswith("attnlab: error: ") and not (tmp_path / "run").exists()
     d = copy(bases, tmp_path / "p", G)
     _pickled("pytorch_model.bin")(d)
     _no_unpickling(monkeypatch)
-    cli_refuses(["convert", d, "--out", tmp_path / "run"], capsys, r"never loads a pickle.*safe_serialization=True",
-                SECONDS, MIB, keep=(d,))  # fmt: skip
+    cli_refuses(
+        ["convert", d, "--out", tmp_path / "run"],
+        capsys,
+        r"never loads a pickle.*safe_serialization=True",
+        SECONDS,
+        MIB,
+        keep=(d,),
+    )
 
 
 # JSON values a random config.json key may take: sizes near and far, every kind, nested a little.
 JSON = st.recursive(
-    st.none() | st.booleans() | st.sampled_from([0, 1, 2, 16, 32, -1, 10**6, 10**12, 2**63, 0.5, 1e-5])
-    | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
+    st.none()
+    | st.booleans()
+    | st.sampled_from([0, 1, 2, 16, 32, -1, 10**6, 10**12, 2**63, 0.5, 1e-5])
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=6,
-)  # fmt: skip
-OTHER_KEYS = ["rope_scaling", "rope_parameters", "n_ctx", "head_dim", "quantization_config", "sliding_window",
-              "num_local_experts", "id2label", "tie_word_embeddings", "architectures", "model_type"]  # fmt: skip
+)
+OTHER_KEYS = [
+    "rope_scaling",
+    "rope_parameters",
+    "n_ctx",
+    "head_dim",
+    "quantization_config",
+    "sliding_window",
+    "num_local_experts",
+    "id2label",
+    "tie_word_embeddings",
+    "architectures",
+    "model_type",
+]
 
 
 @pytest.fixture(scope="module")
@@ -493,14 +521,28 @@ def test_hostile_peft_folders_are_refused_in_one_line(bases, tmp_path, case, mon
 def test_peft_through_the_command_line(bases, tmp_path, capsys, monkeypatch):
     """`attnlab train sft --init ADAPTER`: rank 0, and an adapter_model.bin, refused before any training."""
     (tmp_path / "chat.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
-    cases = (("r0", peft_case(r=0), r"r must be a whole number of at least 1, got 0"),
-             ("bin", _adapter_bin, r"adapter_model.bin\): attnlab never loads a pickle"))  # fmt: skip
+    cases = (
+        ("r0", peft_case(r=0), r"r must be a whole number of at least 1, got 0"),
+        ("bin", _adapter_bin, r"adapter_model.bin\): attnlab never loads a pickle"),
+    )
     for name, change, match in cases:
         d = copy(bases, tmp_path / name, "peft")
         change(d)
         _no_unpickling(monkeypatch)
-        argv = ["train", "sft", "--init", d, "--data", tmp_path / "chat.jsonl", "--out", tmp_path / name / "run",
-                "--max-steps", "1", "--device", "cpu"]  # fmt: skip
+        argv = [
+            "train",
+            "sft",
+            "--init",
+            d,
+            "--data",
+            tmp_path / "chat.jsonl",
+            "--out",
+            tmp_path / name / "run",
+            "--max-steps",
+            "1",
+            "--device",
+            "cpu",
+        ]
         cli_refuses(argv, capsys, match, SECONDS, MIB, keep=(d, bases / "gpt2"))
         assert not (tmp_path / name / "run").exists()
 

@@ -252,8 +252,9 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(server, quiet_log, what)
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
-def test_a_client_that_disconnects_mid_stream_frees_its_rows_and_others_are_served(server, quiet_log, monkeypatch,
-                                                                                  path):  # fmt: skip
+def test_a_client_that_disconnects_mid_stream_frees_its_rows_and_others_are_served(
+    server, quiet_log, monkeypatch, path
+):
     """Two choices of 2048 tokens streamed, the client gone after the first event: both rows leave the
     engine and their streams are given back while another request is answered. A completion ignoring
     the end-of-text token has no other way to end early: its rows were cut short, not finished."""
@@ -288,24 +289,41 @@ def hypothesis():
 def bodies(st):
     """Chat and completion bodies: each field absent, one of its edge values, or any JSON value."""
     scalar = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
-    any_json = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3)
-                            | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)  # fmt: skip
+    any_json = st.recursive(
+        scalar,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+        max_leaves=6,
+    )
     number = st.sampled_from([0, 1, 2, -1, 2.5, 2**62, 10**12, "2", True, None, 1e308]) | st.floats()
     part = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=4)})
     roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "x", ""])
     contents = st.text(max_size=8) | st.lists(part, max_size=2) | any_json
-    message = st.fixed_dictionaries({}, optional={"role": roles | any_json, "name": st.text(max_size=4),
-                                                  "content": contents})  # fmt: skip
+    message = st.fixed_dictionaries(
+        {}, optional={"role": roles | any_json, "name": st.text(max_size=4), "content": contents}
+    )
     texts = st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=6)
     fields = {
-        "model": st.sampled_from(["lm", "nope", ""]) | any_json, "messages": st.lists(message, max_size=3) | any_json,
+        "model": st.sampled_from(["lm", "nope", ""]) | any_json,
+        "messages": st.lists(message, max_size=3) | any_json,
         "prompt": st.text(max_size=8) | st.lists(st.integers(-2, 40), max_size=4) | any_json,
-        "n": st.sampled_from([1, 2, 0, 17, 10**9, None]), "temperature": number, "top_p": number, "top_k": number,
-        "seed": number, "stop": texts | any_json, "stream": st.booleans() | any_json, "logit_bias": any_json,
-        "logprobs": st.booleans() | number, "top_logprobs": number, "echo": st.booleans(), "ignore_eos": st.booleans(),
-        "stream_options": any_json, "response_format": any_json, "tools": any_json, "user": any_json,
+        "n": st.sampled_from([1, 2, 0, 17, 10**9, None]),
+        "temperature": number,
+        "top_p": number,
+        "top_k": number,
+        "seed": number,
+        "stop": texts | any_json,
+        "stream": st.booleans() | any_json,
+        "logit_bias": any_json,
+        "logprobs": st.booleans() | number,
+        "top_logprobs": number,
+        "echo": st.booleans(),
+        "ignore_eos": st.booleans(),
+        "stream_options": any_json,
+        "response_format": any_json,
+        "tools": any_json,
+        "user": any_json,
         "other": any_json,
-    }  # fmt: skip
+    }
     # max_tokens always given (a chat's default is 256 tokens): the valid ones short, so that 100 cases take seconds
     lengths = st.sampled_from([0, 1, 4, -1, 2.5, 10**12, "3", None]) | any_json
     return st.fixed_dictionaries({"max_tokens": lengths}, optional=fields)
@@ -315,8 +333,9 @@ def test_random_request_bodies_are_answered_or_refused_in_one_line(server, quiet
     h = hypothesis()
     st = h.strategies
 
-    @h.settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[h.HealthCheck.too_slow])  # fmt: skip
+    @h.settings(
+        max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=[h.HealthCheck.too_slow]
+    )
     @h.given(bodies(st), st.sampled_from([CHAT, COMPLETIONS]))
     def check(body, path):
         with bounded(SECONDS, MIB):

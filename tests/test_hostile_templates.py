@@ -72,40 +72,64 @@ HOSTILE = {
     "sum of lists": ("{{ ([[1]] * 10000)|sum(start=[]) }}", "sum adds numbers only"),
     "tojson indent": ("{{ messages|tojson(indent=1000000000) }}", "tojson's indent"),
     "a power": ("{{ 2 ** 100000000 }}", r"bits with '\*\*'"),
-    "squaring in a loop": ("{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}"
-                           "{% endfor %}", r"bits with '\*'"),
+    "squaring in a loop": (
+        "{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+        r"bits with '\*'",
+    ),
     "a list's text": (BIG + "{% set l = [s, s, s, s, s, s, s, s, s, s] %}{{ l }}", GROWTH),
     "a list's text via string": (BIG + "{{ [s, s, s, s, s, s, s, s, s, s]|string }}", "the filter string"),
     "dict.fromkeys": ("{{ dict.fromkeys(range(100000), 'x' * 1000) }}", GROWTH),
     # growing a little at a time: each step measured
-    "doubling with ~": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
-                        "{% endfor %}", r"\(~\).*" + GROWTH),
-    "doubling with +": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
-                        "{% endfor %}", GROWTH),
-    "accumulating in {% set %} blocks": ("{% set ns = namespace(s='x' * 1000) %}{% for i in range(1000) %}{% set t %}"
-                                         "{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}", GROWTH),
-    "a macro's output": ("{% macro m() %}{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}{% endmacro %}"
-                         "{{ m()|length }}", "writes more than its cap.*" + GROWTH),
-    "a macro's own text in a loop": ("{% macro m() %}{% for i in range(100000) %}" + "A" * 64 + "{% endfor %}"
-                                     "{% endmacro %}{{ m()|length }}", "writes more than its cap"),
+    "doubling with ~": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        r"\(~\).*" + GROWTH,
+    ),
+    "doubling with +": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        GROWTH,
+    ),
+    "accumulating in {% set %} blocks": (
+        "{% set ns = namespace(s='x' * 1000) %}{% for i in range(1000) %}{% set t %}"
+        "{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}",
+        GROWTH,
+    ),
+    "a macro's output": (
+        "{% macro m() %}{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}{% endmacro %}{{ m()|length }}",
+        "writes more than its cap.*" + GROWTH,
+    ),
+    "a macro's own text in a loop": (
+        "{% macro m() %}{% for i in range(100000) %}" + "A" * 64 + "{% endfor %}{% endmacro %}{{ m()|length }}",
+        "writes more than its cap",
+    ),
     "top-level text in a loop": ("{% for i in range(100000) %}0123456789{% endfor %}", "writes more than its cap"),
-    "a list grown in a loop": ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}"
-                               "{% endfor %}", f"{GROWTH}|{SECS}"),
-    "a list nested 5,000 deep": ("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}"
-                                 "{% endfor %}{{ ns.x }}", "deeper than Python can follow"),
+    "a list grown in a loop": (
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}",
+        f"{GROWTH}|{SECS}",
+    ),
+    "a list nested 5,000 deep": (
+        "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+        "deeper than Python can follow",
+    ),
     "a namespace holding itself": ("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", GROWTH),
     "joiner": ("{% set j = joiner('x' * 100000) %}{% for i in range(100) %}{{ j() }}{% endfor %}", GROWTH),
     "cycler": ("{% set c = cycler('x' * 100000) %}{% for i in range(100) %}{{ c.next() }}{% endfor %}", GROWTH),
     # time
-    "nested loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                     r"more than 0\.2 s.*" + SECS),
-    "nested loops over a variable": ("{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% for c in r %}"
-                                     "{% endfor %}{% endfor %}{% endfor %}", SECS),
+    "nested loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        r"more than 0\.2 s.*" + SECS,
+    ),
+    "nested loops over a variable": (
+        "{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% for c in r %}"
+        "{% endfor %}{% endfor %}{% endfor %}",
+        SECS,
+    ),
     "a huge range": ("{{ range(100000000)|length }}", "MAX_RANGE"),
     # depth
     "a macro calling itself": ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", r"more than 50 deep.*" + DEPTH),
-    "two macros calling each other": ("{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}"
-                                      "{{ a() }}", DEPTH),
+    "two macros calling each other": (
+        "{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}",
+        DEPTH,
+    ),
     "a recursive loop": ("{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}", DEPTH),
     "a block calling itself": ("{% block b %}{{ self.b() }}{% endblock %}", DEPTH),
     # failures of the template itself
@@ -133,7 +157,7 @@ HOSTILE = {
     "an HTML filter left out": ("{{ 'x'|wordwrap(1) }}", COMPILE + ".*wordwrap"),
     "a long template": ("x" * 200_000, r"200,000 characters long, more than 100,000.*" + GROWTH),
     "a multi-line message": ("{{ raise_exception('first line\nsecond line') }}", "first line second line"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -157,9 +181,11 @@ def test_every_refusal_names_where_the_template_came_from(tmp_path):
 def test_a_template_that_refuses_some_conversations_is_still_read(tmp_path):
     """The probe is a conversation the strictest templates accept; a template's own raise_exception()
     on it (one that wants a system turn first) is its rule, not a fault: it is read, and says so later."""
-    strict = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-              "{{ raise_exception('roles must alternate') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
-              "{% endfor %}")  # fmt: skip
+    strict = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}[{{ m['role'] }}]{{ m['content'] }}"
+        "{% endfor %}"
+    )
     wants_system = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system turn first') }}{% endif %}x"
     for source in (strict, wants_system):
         (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": source}))
@@ -322,8 +348,9 @@ def plain(source: str, messages, generation: bool) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
     rows = [{"role": m.role, "content": m.content} for m in messages]
-    return env.from_string(source).render(messages=rows, add_generation_prompt=generation, bos_token="<s>",
-                                          eos_token="</s>")  # fmt: skip
+    return env.from_string(source).render(
+        messages=rows, add_generation_prompt=generation, bos_token="<s>", eos_token="</s>"
+    )
 
 
 def hundred_turns() -> list[Message]:
@@ -369,7 +396,7 @@ FEATURES = [
     "{{ messages[0]|tojson(indent=2) }}{{ [3, 1, 2]|sort|list }}{{ 'x'|center(7) }}{{ 'a\nb'|indent(2) }}",
     "{% set j = joiner(', ') %}{% for m in messages %}{{ j() }}{{ m.role|title }}{% endfor %}"
     "{% set c = cycler('odd', 'even') %}{% for m in messages %}{{ c.next() }}{% endfor %}{{ (2 ** 10) // 3 }}",
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("source", FEATURES)
@@ -406,8 +433,14 @@ def test_a_run_with_a_hostile_template_is_refused_by_sample_and_chat(tiny_run, c
         message = cli_refuses(argv, capsys, GROWTH, SECONDS, MIB, keep=(tiny_run,))
         assert f"the chat template in {where}" in message
         with_template(tiny_run, "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
-        cli_refuses(["--template-seconds", FAST, "chat", tiny_run], capsys, rf"{where}.*more than 0\.2 s.*{SECS}",
-                    SECONDS, MIB, keep=(tiny_run,))  # fmt: skip
+        cli_refuses(
+            ["--template-seconds", FAST, "chat", tiny_run],
+            capsys,
+            rf"{where}.*more than 0\.2 s.*{SECS}",
+            SECONDS,
+            MIB,
+            keep=(tiny_run,),
+        )
         with template_limits_set(seconds=FAST):  # the library's call, as `chat` makes it
             refused(lambda: run_template(tiny_run), SECS, SECONDS, MIB)
     finally:
@@ -417,11 +450,31 @@ def test_a_run_with_a_hostile_template_is_refused_by_sample_and_chat(tiny_run, c
 def test_the_top_level_options_set_the_limits_for_the_command(tiny_run, capsys):
     before, chatml = template_limits(), with_template(tiny_run, BUILTIN)
     try:
-        cli_refuses(["--template-growth", "0.01", "sample", chatml, "--chat", "hi", "--dtype", "float32"], capsys,
-                    f"{CHAT_TEMPLATE} is 155 characters long, more than 50 .*{GROWTH}", SECONDS, MIB)  # fmt: skip
+        cli_refuses(
+            ["--template-growth", "0.01", "sample", chatml, "--chat", "hi", "--dtype", "float32"],
+            capsys,
+            f"{CHAT_TEMPLATE} is 155 characters long, more than 50 .*{GROWTH}",
+            SECONDS,
+            MIB,
+        )
         assert template_limits() == before  # put back after the command
-        rc, out, err = run_cli(["--template-growth", "1000", "--template-depth", "80", "sample", chatml, "--chat",
-                                "hi", "--max-new-tokens", "2", "--dtype", "float32"], capsys)  # fmt: skip
+        rc, out, err = run_cli(
+            [
+                "--template-growth",
+                "1000",
+                "--template-depth",
+                "80",
+                "sample",
+                chatml,
+                "--chat",
+                "hi",
+                "--max-new-tokens",
+                "2",
+                "--dtype",
+                "float32",
+            ],
+            capsys,
+        )
         assert rc == 0, err
     finally:
         (tiny_run / CHAT_TEMPLATE).unlink()
@@ -435,11 +488,43 @@ def test_the_top_level_options_set_the_limits_for_the_command(tiny_run, capsys):
 # ---- random templates ------------------------------------------------------------------------------------------
 
 NUMBERS = [0, 1, 3, 7, 100, 1000, 10**5, 10**6, 10**9, 2**31, 10**18]
-FILTERS = ["upper", "trim", "length", "string", "list", "first", "last", "reverse", "tojson", "center({n})",
-           "indent({n})", "replace('a', {s})", "join({s})", "format({s})", "batch({n})|list", "slice({n})|list",
-           "default({s})", "int", "title", "e", "unique|list", "sort"]  # fmt: skip
-METHODS = ["ljust({n})", "rjust({n})", "center({n})", "zfill({n})", "replace('', {s})", "join({s})", "format({s})",
-           "expandtabs({n})", "split()", "upper()", "strip()"]  # fmt: skip
+FILTERS = [
+    "upper",
+    "trim",
+    "length",
+    "string",
+    "list",
+    "first",
+    "last",
+    "reverse",
+    "tojson",
+    "center({n})",
+    "indent({n})",
+    "replace('a', {s})",
+    "join({s})",
+    "format({s})",
+    "batch({n})|list",
+    "slice({n})|list",
+    "default({s})",
+    "int",
+    "title",
+    "e",
+    "unique|list",
+    "sort",
+]
+METHODS = [
+    "ljust({n})",
+    "rjust({n})",
+    "center({n})",
+    "zfill({n})",
+    "replace('', {s})",
+    "join({s})",
+    "format({s})",
+    "expandtabs({n})",
+    "split()",
+    "upper()",
+    "strip()",
+]
 
 
 def hypothesis():
@@ -471,7 +556,7 @@ def grammar(st):
             st.tuples(expr, body, body).map(lambda t: f"{{% if {t[0]} %}}{t[1]}{{% else %}}{t[2]}{{% endif %}}"),
             st.tuples(expr, body).map(lambda t: f"{{% set x = {t[0]} %}}{t[1]}"),
             body.map(lambda b: f"{{% macro m() %}}{b}{{% endmacro %}}{{{{ m() }}}}{{{{ m() }}}}"),
-        )  # fmt: skip
+        )
 
     simple = st.one_of(text.map(lambda t: t[1:-1]), expr.map(lambda e: f"{{{{ {e} }}}}"))
     return st.recursive(simple, statements, max_leaves=5)
@@ -481,8 +566,13 @@ def test_random_templates_render_within_the_cap_or_are_refused_in_one_line():
     h = hypothesis()
     cap = TemplateLimits().cap(sum(len(m.role) + len(m.content) + 50 for m in CONV))
 
-    @h.settings(max_examples=80, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.filter_too_much])  # fmt: skip
+    @h.settings(
+        max_examples=80,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.filter_too_much],
+    )
     @h.given(grammar(h.strategies))
     def check(source):
         with template_limits_set(seconds=0.1), bounded(SECONDS, MIB):

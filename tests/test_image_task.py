@@ -119,8 +119,9 @@ def test_train_image_on_an_npz_of_colour_images(tmp_path, capsys):
     labels = np.array(["cat", "dog"] * 20)
     np.savez(tmp_path / "pets.npz", images=images, labels=labels)
     run = tmp_path / "pets"
-    code, _, _ = run_cli(["train", "image", "--data", tmp_path / "pets.npz", "--out", run, "--d-model", "32", *FAST],
-                         capsys)  # fmt: skip
+    code, _, _ = run_cli(
+        ["train", "image", "--data", tmp_path / "pets.npz", "--out", run, "--d-model", "32", *FAST], capsys
+    )
     config = json.loads((run / "config.json").read_text())
     assert code == 0 and config["task"]["labels"] == ["cat", "dog"]
     assert config["model"]["channels"] == 3 and config["model"]["patch_size"] == 4  # 4 x 4 = 16 patches

@@ -80,9 +80,15 @@ def test_digits_resized_to_image_size_without_warning():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"val_fraction": 1.0}, {"test_fraction": -0.1}, {"val_fraction": 0.5, "test_fraction": 0.5},
-               {"augment": -1}, {"image_size": 0}]
-)  # fmt: skip
+    "kwargs",
+    [
+        {"val_fraction": 1.0},
+        {"test_fraction": -0.1},
+        {"val_fraction": 0.5, "test_fraction": 0.5},
+        {"augment": -1},
+        {"image_size": 0},
+    ],
+)
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         ImageDataConfig(**kwargs)

@@ -58,8 +58,9 @@ def test_zero_steps_keeps_the_weights_and_tokenizer(base, corpus, tmp_path, caps
 def test_fine_tuning_starts_where_the_run_left_off(base, corpus, tmp_path, capsys):
     code, _, err = fine_tune(corpus, base, tmp_path / "b", capsys, "--max-steps", "3")
     assert code == 0, err
-    code, _, err = run_cli(["train", "lm", "--data", corpus, "--out", tmp_path / "fresh", *ARCH, *TINY, *CPU,
-                            "--max-steps", "1"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "lm", "--data", corpus, "--out", tmp_path / "fresh", *ARCH, *TINY, *CPU, "--max-steps", "1"], capsys
+    )
     assert code == 0, err
     a_val = [r["val_loss"] for r in metrics(base) if "val_loss" in r][-1]
     first = metrics(tmp_path / "b")[0]
@@ -92,8 +93,9 @@ def test_library_refuses_another_architecture(base, corpus, tmp_path):
 
 def test_init_needs_a_gpt_run(tmp_path, corpus, capsys):
     bow = tmp_path / "bow"
-    code, _, err = run_cli(["train", "classify", "--model", "bow", "--out", bow, "--max-steps", "3", "--device", "cpu"],
-                           capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "classify", "--model", "bow", "--out", bow, "--max-steps", "3", "--device", "cpu"], capsys
+    )
     assert code == 0, err
     code, _, err = fine_tune(corpus, bow, tmp_path / "b", capsys)
     assert_one_line_error(code, err, "needs a gpt run")

@@ -33,8 +33,9 @@ def is_png(path) -> bool:
 
 
 def tiny_vit(positions: str) -> ViT:
-    cfg = ViTConfig(n_layer=1, n_head=2, d_model=16, image_size=8, channels=1, patch_size=4, n_labels=3,
-                    positions=positions)  # fmt: skip
+    cfg = ViTConfig(
+        n_layer=1, n_head=2, d_model=16, image_size=8, channels=1, patch_size=4, n_labels=3, positions=positions
+    )
     return ViT(cfg)
 
 
@@ -108,8 +109,9 @@ def test_position_table_of_a_vit_is_its_grid_table():
 
 
 def test_position_table_of_seq2seq_is_the_encoders():
-    model = Seq2Seq(Seq2SeqConfig(n_layer=1, n_head=2, d_model=16, context=8, src_vocab=10, tgt_vocab=12,
-                                  positions="learned"))  # fmt: skip
+    model = Seq2Seq(
+        Seq2SeqConfig(n_layer=1, n_head=2, d_model=16, context=8, src_vocab=10, tgt_vocab=12, positions="learned")
+    )
     table, label = position_table(model)
     assert label == "encoder learned positions"
     assert np.array_equal(table, model.src_pos.embedding.weight.detach().numpy())
@@ -175,9 +177,36 @@ def gpt_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inspect")
     corpus, run = tmp / "corpus.txt", tmp / "run"
     corpus.write_text(TEXT * 40)
-    args = ["train", "lm", "--data", corpus, "--out", run, "--preset", "gpt-nano", "--n-layer", "1", "--d-model", "32",
-            "--n-head", "2", "--context", "32", "--max-steps", "10", "--batch-size", "4", "--eval-interval", "5",
-            "--eval-batches", "1", "--device", "cpu", "--tokenizer", "char"]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--data",
+        corpus,
+        "--out",
+        run,
+        "--preset",
+        "gpt-nano",
+        "--n-layer",
+        "1",
+        "--d-model",
+        "32",
+        "--n-head",
+        "2",
+        "--context",
+        "32",
+        "--max-steps",
+        "10",
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        "5",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        "--tokenizer",
+        "char",
+    ]
     assert main([str(a) for a in args]) == 0
     return attnlab.load(run, device="cpu")
 

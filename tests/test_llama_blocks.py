@@ -97,8 +97,20 @@ def test_grouped_query_attention_is_mha_with_repeated_key_value_heads():
 )
 def test_the_cache_holds_only_the_key_value_heads(kv_heads, ff, positions):
     torch.manual_seed(0)
-    model = perturb(GPT(GPTConfig(n_layer=2, n_head=4, d_model=32, context=16, vocab_size=23, n_kv_head=kv_heads,
-                                  positions=positions, feedforward=ff)))  # fmt: skip
+    model = perturb(
+        GPT(
+            GPTConfig(
+                n_layer=2,
+                n_head=4,
+                d_model=32,
+                context=16,
+                vocab_size=23,
+                n_kv_head=kv_heads,
+                positions=positions,
+                feedforward=ff,
+            )
+        )
+    )
     assert model.blocks[0].attn.qkv_proj.weight.shape == ((4 + 2 * kv_heads) * 8, 32)
     ids = torch.randint(0, 23, (2, 10))
     with torch.no_grad():
@@ -148,13 +160,13 @@ FAMILIES = {
     "gpt": lambda **kw: GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, context=8, vocab_size=11, **kw)),
     "encoder": lambda **kw: Encoder(
         EncoderConfig(n_layer=2, n_head=2, d_model=16, context=8, vocab_size=11, n_labels=3, **kw)
-    ),  # fmt: skip
+    ),
     "vit": lambda **kw: ViT(
         ViTConfig(n_layer=2, n_head=2, d_model=16, image_size=8, channels=1, patch_size=4, n_labels=3, **kw)
-    ),  # fmt: skip
+    ),
     "seq2seq": lambda **kw: Seq2Seq(
         Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=11, tgt_vocab=11, dropout=0.0, **kw)
-    ),  # fmt: skip
+    ),
 }
 
 

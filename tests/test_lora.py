@@ -44,12 +44,18 @@ BUILD = {
     "gpt-nano-fast": lambda: (GPT(GPTConfig.from_preset("gpt-nano-fast")), (_ids(256),)),
     "llama-nano": lambda: (GPT(GPTConfig.from_preset("llama-nano")), (_ids(256),)),  # grouped k/v, swiglu
     "moe-nano": lambda: (GPT(GPTConfig.from_preset("moe-nano")), (_ids(256),)),
-    "encoder": lambda: (Encoder(EncoderConfig(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)),
-                        (_ids(40),)),
+    "encoder": lambda: (
+        Encoder(EncoderConfig(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)),
+        (_ids(40),),
+    ),
     # cross-attention reads rows of the stacked matrix (LoRALinear.weight) instead of calling it
-    "seq2seq": lambda: (Seq2Seq(Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=32, src_vocab=23,
-                                              tgt_vocab=19, norm="pre")), (_ids(23, 10), _ids(19, 7))),
-}  # fmt: skip
+    "seq2seq": lambda: (
+        Seq2Seq(
+            Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=32, src_vocab=23, tgt_vocab=19, norm="pre")
+        ),
+        (_ids(23, 10), _ids(19, 7)),
+    ),
+}
 FAMILIES = list(BUILD)
 
 
@@ -123,8 +129,12 @@ def test_the_state_dict_holds_only_the_adapters():
     names = add_lora(model, LoRAConfig(rank=4, targets=("q", "v", "down")))
     sd = lora_state_dict(model)
     params = dict(model.named_parameters())
-    expected = {f"{n}.lora_{ab}.{part}" for n in names for ab in "AB"
-                for part in (("q", "v") if n.endswith("qkv_proj") else ("down",))}  # fmt: skip
+    expected = {
+        f"{n}.lora_{ab}.{part}"
+        for n in names
+        for ab in "AB"
+        for part in (("q", "v") if n.endswith("qkv_proj") else ("down",))
+    }
     assert set(sd) == expected and len(sd) == 4 * 3 * 2  # 4 blocks x (q, v, down) x (A, B)
     assert all(torch.equal(t, params[k]) and params[k].requires_grad for k, t in sd.items())
     assert {k for k, p in params.items() if p.requires_grad} == expected
@@ -330,7 +340,7 @@ def test_lora_on_a_quantized_base_is_qlora(kind):
     B = 0 gives the quantized model's logits exactly; only the adapters learn; merging is refused."""
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.nn.lora import LoRAConfig, add_lora, lora_parameters, merge_lora
-    from attnlab.nn.quantize import quantize_model
+    from attnlab.quant.quantize import quantize_model
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=64, context=16, vocab_size=50, dropout=0.0)).eval()

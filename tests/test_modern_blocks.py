@@ -18,8 +18,15 @@ from attnlab.nn import ACTIVATIONS, KVCache, MultiHeadAttention
 from attnlab.nn.norm import RMSNorm
 from attnlab.nn.position import RotaryPositions, rotary_angles, rotate
 
-MODERN = dict(positions="rope", qk_norm=True, activation="relu2", tie_weights=False, norm_kind="rmsnorm",
-              logit_softcap=15.0, bigram_vocab=97)  # fmt: skip
+MODERN = dict(
+    positions="rope",
+    qk_norm=True,
+    activation="relu2",
+    tie_weights=False,
+    norm_kind="rmsnorm",
+    logit_softcap=15.0,
+    bigram_vocab=97,
+)
 
 
 def gpt(**kw) -> GPT:
@@ -91,8 +98,9 @@ def test_encoder_takes_rotary_positions():
 
 
 def test_vit_takes_rotary_positions():
-    cfg = ViTConfig(image_size=8, patch_size=4, channels=1, n_labels=3, n_layer=1, n_head=2, d_model=16,
-                    positions="rope")  # fmt: skip
+    cfg = ViTConfig(
+        image_size=8, patch_size=4, channels=1, n_labels=3, n_layer=1, n_head=2, d_model=16, positions="rope"
+    )
     assert ViT(cfg)(torch.rand(2, 1, 8, 8)).shape == (2, 3)
 
 
@@ -101,8 +109,11 @@ def test_every_modern_option_decodes_with_the_cache_as_without():
     ids = torch.randint(0, 40, (3, 20))
     full = model(ids)
     caches = model.new_caches()
-    parts = [model(ids[:, :7], caches=caches), model(ids[:, 7:8], caches=caches, offset=7),
-             model(ids[:, 8:], caches=caches, offset=8)]  # fmt: skip
+    parts = [
+        model(ids[:, :7], caches=caches),
+        model(ids[:, 7:8], caches=caches, offset=7),
+        model(ids[:, 8:], caches=caches, offset=8),
+    ]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
     cached = list(stream(model, [1, 2, 3], 60, temperature=0, use_cache=True, dtype="float32"))
     assert cached == list(stream(model, [1, 2, 3], 60, temperature=0, use_cache=False, dtype="float32"))

@@ -20,13 +20,23 @@ from tests.conftest import losses, run_cli
 from tests.netns import namespace_pair, torchrun, wait_all
 
 PORT = 29500  # free in any new namespace: nothing else listens there
-FLAGS = ["--n-layer", "2", "--n-head", "2", "--d-model", "32", "--context", "32", "--dropout", "0",
-         "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "5", "--schedule", "inverse_sqrt",
-         "--eval-interval", "5", "--eval-batches", "2", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+FLAGS = (
+    "--n-layer 2 --n-head 2 --d-model 32 --context 32 --dropout 0 --batch-size 8 --lr 3e-3 "
+    "--warmup-steps 5 --schedule inverse_sqrt --eval-interval 5 --eval-batches 2 "
+    "--device cpu --dtype float32"
+).split()
 
 
-def two_nodes(tmp_path, args: list[str], tag: str, blind_b: bool = False, timeout: float = 300,
-              launch: tuple[str, ...] = (), env: dict[str, str] | None = None, meanwhile=None):  # fmt: skip
+def two_nodes(
+    tmp_path,
+    args: list[str],
+    tag: str,
+    blind_b: bool = False,
+    timeout: float = 300,
+    launch: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    meanwhile=None,
+):
     """torchrun [LAUNCH] -m attnlab ARGS on nodes A and B; returns (exit codes, logs, nodes, seconds).
     meanwhile(procs): called once both have started (what the test does while they run)."""
     with namespace_pair() as (a, b):
@@ -59,10 +69,12 @@ def test_two_nodes_train_as_one_process_and_resume_on_one(tmp_path, corpus, caps
     assert len(one) == len(two) == 20
     diffs = [abs(x - y) for x, y in zip(one, two)]
     with capsys.disabled():
-        print(f"\nnode A {a.netns} {a.addr} ({a.dev}), node B {b.netns} {b.addr} ({b.dev}); two nodes, 10 steps: "
-              f"{seconds:.1f} s wall\nper-step |loss - one process|, steps 1-10 on two nodes: "
-              f"{' '.join(f'{d:.1e}' for d in diffs[:10])}\nsteps 11-20 resumed on one: "
-              f"{' '.join(f'{d:.1e}' for d in diffs[10:])}")  # fmt: skip
+        print(
+            f"\nnode A {a.netns} {a.addr} ({a.dev}), node B {b.netns} {b.addr} ({b.dev}); two nodes, 10 steps: "
+            f"{seconds:.1f} s wall\nper-step |loss - one process|, steps 1-10 on two nodes: "
+            f"{' '.join(f'{d:.1e}' for d in diffs[:10])}\nsteps 11-20 resumed on one: "
+            f"{' '.join(f'{d:.1e}' for d in diffs[10:])}"
+        )
     assert max(diffs) < 1e-5, (one, two)
     assert "x 2 processes" in logs[0]  # rank 0 (node A) announced the group
 
@@ -102,20 +114,34 @@ def test_the_slurm_template_runs_torchrun_as_documented(tmp_path, resumed):
 
     stubs, run = tmp_path / "bin", tmp_path / "run"
     stubs.mkdir()
-    for name, body in {"srun": 'exec "$@"', "scontrol": "printf 'gpu-a\\ngpu-b\\n'",
-                       "torchrun": f'printf "%s\\0" "$@" > {tmp_path}/argv'}.items():  # fmt: skip
+    for name, body in {
+        "srun": 'exec "$@"',
+        "scontrol": "printf 'gpu-a\\ngpu-b\\n'",
+        "torchrun": f'printf "%s\\0" "$@" > {tmp_path}/argv',
+    }.items():
         (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
         (stubs / name).chmod(0o755)
     if resumed:
         run.mkdir()
         (run / "train_state.safetensors").write_bytes(b"")
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RUN": str(run), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242",
-           "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "32"}  # fmt: skip
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "RUN": str(run),
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu-[a-b]",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_CPUS_PER_TASK": "32",
+    }
     subprocess.run(["bash", str(SBATCH)], env=env, check=True, timeout=30)
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
     launch = get_args_parser().parse_args(argv)
-    assert (launch.nnodes, launch.nproc_per_node, launch.rdzv_endpoint, launch.rdzv_id) == ("2", "4", "gpu-a:29500",
-                                                                                             "4242")  # fmt: skip
+    assert (launch.nnodes, launch.nproc_per_node, launch.rdzv_endpoint, launch.rdzv_id) == (
+        "2",
+        "4",
+        "gpu-a:29500",
+        "4242",
+    )
     assert launch.module and launch.training_script == "attnlab" and launch.max_restarts == 1
     args = build_parser().parse_args(launch.training_script_args)
     assert (args.out, args.resume) == (str(run), resumed)

@@ -26,8 +26,10 @@ def loop_attention(q, k, v, bias, mask):
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
             for i in range(q.shape[2]):
-                scores = [float(q[b, h, i] @ k[b, h, j]) / math.sqrt(q.shape[-1]) + float(bias[b, h, i, j])
-                          for j in range(k.shape[2])]  # fmt: skip
+                scores = [
+                    float(q[b, h, i] @ k[b, h, j]) / math.sqrt(q.shape[-1]) + float(bias[b, h, i, j])
+                    for j in range(k.shape[2])
+                ]
                 keep = [j for j in range(k.shape[2]) if mask is None or mask[b, 0, i, j]]
                 if not keep:
                     continue
@@ -105,8 +107,9 @@ def test_a_norm_and_a_feedforward_registered_outside_plug_into_every_block(monke
     monkeypatch.setitem(FEEDFORWARDS, "doubled", lambda c: Doubled(c.d_model, c.d_ff, c.activation, c.bias))
     block = Block(BlockConfig(d_model=8, n_head=2, d_ff=32, feedforward="doubled", norm_kind="scale"))
     assert isinstance(block.ff, Doubled) and isinstance(block.norm_attn, ScaleNorm)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, d_model=8, context=8, vocab_size=11, feedforward="doubled",
-                          norm_kind="scale"))  # fmt: skip
+    model = GPT(
+        GPTConfig(n_layer=2, n_head=2, d_model=8, context=8, vocab_size=11, feedforward="doubled", norm_kind="scale")
+    )
     assert isinstance(model.norm, ScaleNorm) and isinstance(model.blocks[1].ff, Doubled)
     # init roles reach the new parts: the residual output scaled, the norm reset
     assert model.blocks[0].ff.b.weight.std() < model.blocks[0].ff.a.weight.std()

@@ -86,8 +86,9 @@ def lm_run(tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text("def add(a, b):\n    return a + b\n" * 100)
     run = root / "run"
-    attnlab.train(run, tiny_model(n_layer=1), tiny_train(max_steps=2, eval_interval=2), tiny_data(corpus),
-                  progress=False)  # fmt: skip
+    attnlab.train(
+        run, tiny_model(n_layer=1), tiny_train(max_steps=2, eval_interval=2), tiny_data(corpus), progress=False
+    )
     return run
 
 
@@ -126,8 +127,9 @@ def test_a_config_json_with_attnlabs_keys_is_not_enough_to_be_a_run(tmp_path, co
     (folder / "config.json").write_text(json.dumps({"model": {}, "train": {}, "data": {}}))
     (folder / "app.py").write_text("print('hi')\n")
     with pytest.raises(attnlab.AttnlabError, match="not an attnlab run"):
-        attnlab.train(folder, tiny_model(n_layer=1), tiny_train(max_steps=2), tiny_data(corpus), force=True,
-                      progress=False)  # fmt: skip
+        attnlab.train(
+            folder, tiny_model(n_layer=1), tiny_train(max_steps=2), tiny_data(corpus), force=True, progress=False
+        )
     assert (folder / "app.py").read_text() == "print('hi')\n"
 
 

@@ -46,14 +46,18 @@ def run_dir(tmp_path_factory) -> Path:
     config = tiny_model(vocab_size=tok.vocab_size)
     fresh_dir(out)
     record(out, CONFIG, WEIGHTS, TOKENIZER, "metrics.jsonl")
-    write_json(out / CONFIG, {"family": "gpt", "model": asdict(config), "train": {"max_steps": 4},
-                              "data": {"tokenizer": "char"}})  # fmt: skip
+    write_json(
+        out / CONFIG,
+        {"family": "gpt", "model": asdict(config), "train": {"max_steps": 4}, "data": {"tokenizer": "char"}},
+    )
     model = GPT(config)
     tied = tied_names(model)  # the head shares the embedding's weight: stored once, as training stores it
     write_weights({k: v for k, v in model.state_dict().items() if k not in tied}, out / WEIGHTS, {"step": "4"})
     (out / TOKENIZER).write_text(tok.to_json(), encoding="utf-8")
-    rows = [{"step": s, "loss": 3.4 - 0.2 * s} for s in range(1, 5)] + [{"step": 2, "val_loss": 3.1},
-                                                                          {"step": 4, "val_loss": 2.8}]  # fmt: skip
+    rows = [{"step": s, "loss": 3.4 - 0.2 * s} for s in range(1, 5)] + [
+        {"step": 2, "val_loss": 3.1},
+        {"step": 4, "val_loss": 2.8},
+    ]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
 
@@ -125,8 +129,15 @@ def test_a_trace_shows_its_points_and_its_attention():
 def test_a_run_says_what_it_is(run_dir, tmp_path):
     run = attnlab.load(run_dir, "cpu")
     text = repr(run)
-    for fact in ("task       lm", "gpt: 2 layers x 2 heads, width 32", "parameters", "steps      4 of 4",
-                 "device     cpu", "tokenizer  char", "validation"):  # fmt: skip
+    for fact in (
+        "task       lm",
+        "gpt: 2 layers x 2 heads, width 32",
+        "parameters",
+        "steps      4 of 4",
+        "device     cpu",
+        "tokenizer  char",
+        "validation",
+    ):
         assert fact in text
     assert '<svg class="attnlab-curve"' in run._repr_html_()
     bare = tmp_path / "bare"

@@ -26,9 +26,10 @@ from tests.conftest import TEXT, perturb, run_cli, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--max-steps", "3", "--batch-size", "4", "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu",
-        "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
-        "--tokenizer", "char"]  # fmt: skip
+TINY = (
+    "--max-steps 3 --batch-size 4 --eval-interval 3 --eval-batches 1 --device cpu "
+    "--n-layer 1 --d-model 32 --preset gpt-nano --n-head 2 --context 32 --tokenizer char"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,14 @@ def test_the_explorer_and_v1_are_decoded_in_shared_steps(run_dir, monkeypatch):
             body = {"run": "lm", "prompt": "def ", "seed": seed, "max_new_tokens": 60, "temperature": 1.0}
             answer = httpx.post(f"{url}/api/generate", json=body, timeout=60)
             return "".join(json.loads(line).get("text", "") for line in answer.text.splitlines() if line)
-        body = {"model": "lm", "prompt": "class ", "seed": seed, "max_tokens": 60, "temperature": 1.0,
-                "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": "lm",
+            "prompt": "class ",
+            "seed": seed,
+            "max_tokens": 60,
+            "temperature": 1.0,
+            "ignore_eos": True,
+        }
         return httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
     with running(app) as url, ThreadPoolExecutor(6) as pool:
@@ -90,8 +97,23 @@ def test_samples_of_the_command_line_are_rows_of_the_one_engine(run_dir, capsys)
     for i, text in enumerate(texts):
         alone = "".join(stream_text(run.model, run.tokenizer, "def ", max_new_tokens=30, seed=5 + i, use_cache=False))
         assert text == alone
-    code, out, err = run_cli(["sample", run_dir, "--prompt", "def ", "--num-samples", "3", "--seed", "5",
-                              "--max-new-tokens", "30", "--device", "cpu"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        [
+            "sample",
+            run_dir,
+            "--prompt",
+            "def ",
+            "--num-samples",
+            "3",
+            "--seed",
+            "5",
+            "--max-new-tokens",
+            "30",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert out.split("\n" + "-" * 40 + "\n") == [f"def {t}\n" for t in texts]
 
@@ -116,8 +138,19 @@ def test_captions_are_decoded_by_the_engine_with_where_each_word_looked():
     from attnlab.decoding.beam import greedy
 
     torch.manual_seed(0)
-    cfg = CaptionerConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=12, dropout=0.0, tgt_vocab=20,
-                          image_size=8, image_width=16, channels=1, patch_size=4)  # fmt: skip
+    cfg = CaptionerConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        d_ff=32,
+        context=12,
+        dropout=0.0,
+        tgt_vocab=20,
+        image_size=8,
+        image_width=16,
+        channels=1,
+        patch_size=4,
+    )
     model = perturb(build_model("captioner", cfg), 0.5)
     image = torch.rand(1, 1, 8, 16)
     engine = engine_for(model)

@@ -54,8 +54,11 @@ def complete(client, prompt="def ", **kw):
 
 
 def streamed(client, **kw) -> tuple[list, str]:
-    chunks = list(client.completions.create(model="lm", prompt="def ", stream=True,
-                                            **{"max_tokens": 20, "seed": 7, **PLAIN, **kw}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="lm", prompt="def ", stream=True, **{"max_tokens": 20, "seed": 7, **PLAIN, **kw}
+        )
+    )
     return chunks, "".join(c.choices[0].text for c in chunks if c.choices)
 
 
@@ -73,8 +76,9 @@ def test_a_completion_is_the_library_s_text_with_its_usage(client, run):
     assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == "lm" and r.created > 0
     (choice,) = r.choices
     drawn = []
-    expected = generate_text(run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7,
-                             on_token=drawn.append)[4:]  # fmt: skip
+    expected = generate_text(
+        run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7, on_token=drawn.append
+    )[4:]
     assert choice.text == expected == run.tokenizer.decode(drawn) and choice.finish_reason == "length"
     assert r.usage.prompt_tokens == len(run.tokenizer.encode("def "))
     assert r.usage.completion_tokens == len(drawn) == 24
@@ -82,16 +86,38 @@ def test_a_completion_is_the_library_s_text_with_its_usage(client, run):
     assert complete(client, max_tokens=24, n=None, stop=None).choices[0].text == expected  # null: the default
     stop = expected[5:7]  # a stop text: the tokens that spell it were drawn, and count
     cut, counted = complete(client, max_tokens=24, stop=stop), []
-    generate_text(run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7, stop=stop,
-                  on_token=counted.append)  # fmt: skip
+    generate_text(
+        run.model, run.tokenizer, "def ", max_new_tokens=24, temperature=1.0, seed=7, stop=stop, on_token=counted.append
+    )
     assert cut.choices[0].text == expected[: expected.index(stop)] and cut.usage.completion_tokens == len(counted)
 
 
 def test_a_seeded_stream_is_what_attnlab_sample_prints(client, run_dir, capsys):
     settings = {"max_tokens": 30, "top_p": 0.9, "extra_body": {"ignore_eos": True, "top_k": 12}}
     chunks, text = streamed(client, **settings)
-    assert main(["sample", str(run_dir), "--prompt", "def ", "--seed", "7", "--temperature", "1.0", "--top-k", "12",
-                 "--top-p", "0.9", "--max-new-tokens", "30", "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sample",
+                str(run_dir),
+                "--prompt",
+                "def ",
+                "--seed",
+                "7",
+                "--temperature",
+                "1.0",
+                "--top-k",
+                "12",
+                "--top-p",
+                "0.9",
+                "--max-new-tokens",
+                "30",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == "def " + text + "\n"
     assert len(chunks) > 1 and all(c.object == "text_completion" for c in chunks)
     assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
@@ -101,8 +127,14 @@ def test_a_seeded_stream_is_what_attnlab_sample_prints(client, run_dir, capsys):
 
 
 def test_the_stream_is_server_sent_events_ending_in_done_with_usage(server):
-    body = {"model": "lm", "prompt": "def ", "max_tokens": 5, "seed": 1, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "lm",
+        "prompt": "def ",
+        "max_tokens": 5,
+        "seed": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     response = httpx.post(f"{server[0]}/v1/completions", json=body, timeout=30)
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [line for line in response.text.split("\n\n") if line]
@@ -173,13 +205,15 @@ def test_chat_is_the_completion_of_the_run_s_template(client, run_dir):
     uncut = complete(client, prompt=prompt, max_tokens=25, seed=7).choices[0].text
     assert "\n" in uncut and choice.message.content == uncut[: uncut.index("\n")]  # the end of turn was drawn
     assert choice.finish_reason == "stop"
-    stream = list(client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=7, stream=True,
-                                                 **PLAIN))  # fmt: skip
+    stream = list(
+        client.chat.completions.create(model="lm", messages=messages, max_tokens=25, seed=7, stream=True, **PLAIN)
+    )
     assert all(c.object == "chat.completion.chunk" for c in stream) and stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == choice.message.content
     assert stream[-1].choices[0].finish_reason == choice.finish_reason
-    with_lp = client.chat.completions.create(model="lm", messages=messages, max_tokens=5, seed=7, logprobs=True,
-                                             top_logprobs=2, **PLAIN)  # fmt: skip
+    with_lp = client.chat.completions.create(
+        model="lm", messages=messages, max_tokens=5, seed=7, logprobs=True, top_logprobs=2, **PLAIN
+    )
     content = with_lp.choices[0].logprobs.content
     assert len(content) == with_lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
 
@@ -207,16 +241,19 @@ def test_errors_are_openai_error_objects(client):
     assert "foo" in body["message"]
     body = expect(openai.BadRequestError, 400, "context_length_exceeded", lambda: complete(client, prompt="x" * 40))
     assert body["message"] == "this model's context is 32 tokens, but the prompt takes 40 tokens; shorten it"
-    body = expect(openai.BadRequestError, 400, "context_length_exceeded",
-                  lambda: complete(client, prompt=["x", "x" * 40]))  # fmt: skip
+    body = expect(
+        openai.BadRequestError, 400, "context_length_exceeded", lambda: complete(client, prompt=["x", "x" * 40])
+    )
     assert "but prompt 1 (from 0) takes 40 tokens" in body["message"]
     chat = lambda **kw: client.chat.completions.create(model="lm", **kw)  # noqa: E731
     system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x" * 20}]  # 28 characters
     body = expect(openai.BadRequestError, 400, "context_length_exceeded", lambda: chat(messages=system))
     took = int(body["message"].split(" take ")[1].split()[0])  # the template's markers counted: more than 28
-    assert took > 32 and body["message"] == (f"this model's context is 32 tokens, but the messages take {took} "
-                                             "tokens (the chat template included); shorten them or leave out "
-                                             "earlier turns")  # fmt: skip
+    assert took > 32 and body["message"] == (
+        f"this model's context is 32 tokens, but the messages take {took} "
+        "tokens (the chat template included); shorten them or leave out "
+        "earlier turns"
+    )
     expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[{"role": "tool", "content": "x"}]))
     expect(openai.BadRequestError, 400, "invalid_value", lambda: chat(messages=[]))
     expect(openai.NotFoundError, 404, "not_found", lambda: client.get("/nothing", cast_to=object))
@@ -229,12 +266,24 @@ def test_eight_concurrent_seeded_streams_each_get_their_text_alone(client, serve
     """8 streamed requests at once with their own settings: each text is its seed's text alone
     (generate_text, one request, no batch), and the server decoded them together."""
     draws = [(1.0, 1.0, 0), (0.0, 1.0, 0), (0.7, 0.9, 0), (1.2, 1.0, 5)] * 2  # temperature, top_p, top_k
-    settings = [dict(temperature=t, top_p=p, seed=s, extra_body={"ignore_eos": True, "top_k": k})
-                for s, (t, p, k) in enumerate(draws)]  # fmt: skip
+    settings = [
+        dict(temperature=t, top_p=p, seed=s, extra_body={"ignore_eos": True, "top_k": k})
+        for s, (t, p, k) in enumerate(draws)
+    ]
     lengths = [40 + 3 * i for i in range(8)]  # past the context of 32: every row jumps ahead at its own step
-    alone = [generate_text(run.model, run.tokenizer, "def ", max_new_tokens=n, temperature=kw["temperature"],
-                           top_k=kw["extra_body"]["top_k"] or None, top_p=kw["top_p"] if kw["top_p"] < 1 else None,
-                           seed=kw["seed"])[4:] for n, kw in zip(lengths, settings)]  # fmt: skip
+    alone = [
+        generate_text(
+            run.model,
+            run.tokenizer,
+            "def ",
+            max_new_tokens=n,
+            temperature=kw["temperature"],
+            top_k=kw["extra_body"]["top_k"] or None,
+            top_p=kw["top_p"] if kw["top_p"] < 1 else None,
+            seed=kw["seed"],
+        )[4:]
+        for n, kw in zip(lengths, settings)
+    ]
     batcher = server[1].state.batchers["lm"]
     before = dict(batcher.stats)
     start = threading.Barrier(8)

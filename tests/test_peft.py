@@ -59,7 +59,8 @@ def test_an_attnlab_adapter_loads_in_peft_with_the_same_logits(llama, tmp_path):
     assert (ours - base).abs().max() > 1e-2  # the adapter matters
     assert (ours - out).abs().max() < 1e-4
     assert json.loads((tmp_path / "adapter" / CONFIG).read_text())["target_modules"] == sorted(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
 
 
 def test_a_peft_adapter_reads_into_attnlab_with_the_same_logits(llama, tmp_path):
@@ -120,8 +121,13 @@ def test_an_attnlab_adapter_on_gpt2_loads_in_peft_with_the_same_logits(gpt2, tmp
 
 def test_a_peft_adapter_on_gpt2_reads_into_attnlab_with_the_same_logits(gpt2, tmp_path):
     # c_proj names both attention's output and the MLP's; c_fc has its own rank and alpha
-    config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["c_attn", "c_proj", "c_fc"],
-                             rank_pattern={"c_fc": 2}, alpha_pattern={"c_fc": 3})  # fmt: skip
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=16,
+        target_modules=["c_attn", "c_proj", "c_fc"],
+        rank_pattern={"c_fc": 2},
+        alpha_pattern={"c_fc": 3},
+    )
     theirs = peft.get_peft_model(gpt2_base(gpt2), config)
     torch.manual_seed(2)
     with torch.no_grad():
@@ -163,8 +169,9 @@ def test_an_adapter_read_back_is_the_same_model(gpt2, tmp_path):
 def test_what_attnlab_cannot_map_is_one_line(llama, tmp_path):
     run = attnlab.load(llama / "run", device="cpu")
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
-                                                     "target_modules": ["q_proj", "lm_head"]}))  # fmt: skip
+    (tmp_path / "a" / CONFIG).write_text(
+        json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "lm_head"]})
+    )
     head = "base_model.model.lm_head.lora_A.weight"
     write_safetensors(tmp_path / "a" / WEIGHTS, {head: torch.zeros(4, 32)}, {})
     with pytest.raises(AttnlabError, match=f"{WEIGHTS} holds {head}: attnlab maps LoRA on Llama's"):

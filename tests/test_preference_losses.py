@@ -34,8 +34,10 @@ def test_dpo_loss_is_the_papers_formula():
     rc, rr = torch.tensor([-4.0, -9.0, -4.2]), torch.tensor([-4.5, -9.5, -4.1])
     beta = 0.5
     out = dpo_loss(pc, pr, rc, rr, beta)
-    terms = [-math.log(sigmoid(beta * ((a - c) - (b - d))))
-             for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())]  # fmt: skip
+    terms = [
+        -math.log(sigmoid(beta * ((a - c) - (b - d))))
+        for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())
+    ]
     assert out.loss.item() == pytest.approx(sum(terms) / 3, rel=1e-6)
     assert out.chosen_rewards.tolist() == pytest.approx([0.5, -0.5, 0.1]) and out.accuracy == pytest.approx(2 / 3)
     assert out.margin == pytest.approx(((0.5 - -0.25) + (-0.5 - 0.75) + (0.1 - -0.2)) / 3)

@@ -1,4 +1,4 @@
-"""Quantized frozen linears (nn/quantize.py): the NF4 table against the QLoRA paper's, error bounds of
+"""Quantized frozen linears (quant/quantize.py): the NF4 table against the QLoRA paper's, error bounds of
 int8 and NF4 from their definitions, the layer against nn.Linear, a quantized GPT against the float one,
 the bytes from the formula, gradients, and a safetensors round trip."""
 
@@ -12,7 +12,7 @@ from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors
 from attnlab.models import FAMILIES
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn.quantize import (
+from attnlab.quant.quantize import (
     NF4_LEVELS,
     QuantizedLinear,
     dequantize_int8,
@@ -180,8 +180,11 @@ def test_a_quantized_gpt_stays_close_to_the_float_one(kind, bound):
         report = quantize_model(model, kind)
         got = model(idx)
     assert len(report.replaced) == 8  # 2 blocks x (qkv, out, up, down)
-    assert all(isinstance(m, QuantizedLinear) for m in model.blocks[0].modules() if m is not model.blocks[0]
-               and isinstance(m, (nn.Linear, QuantizedLinear)))  # fmt: skip
+    assert all(
+        isinstance(m, QuantizedLinear)
+        for m in model.blocks[0].modules()
+        if m is not model.blocks[0] and isinstance(m, (nn.Linear, QuantizedLinear))
+    )
     outside = [n for n, m in model.named_modules() if isinstance(m, QuantizedLinear) and not n.startswith("blocks.")]
     assert outside == [] and type(model.head) is nn.Linear  # embeddings and the head stay float
     rel = ((got - want).norm() / want.norm()).item()

@@ -1,4 +1,4 @@
-"""Quantized weights for inference (nn/packed.py, runs/quantized.py): the int8 and int4 products against
+"""Quantized weights for inference (quant/packed.py, runs/quantized.py): the int8 and int4 products against
 dequantize-then-multiply, the int4 error bound, every decoder family quantized, greedy decoding against
 float32, cached against uncached and batched against alone, quantized runs written and read back, the
 per-shape choice of kernel, and the command line."""
@@ -19,8 +19,8 @@ from attnlab.decoding.engine import Batcher
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn import pack_choice, row_kernels
-from attnlab.nn.packed import COMPUTE, KINDS, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
+from attnlab.quant import pack_choice, row_kernels
+from attnlab.quant.packed import COMPUTE, KINDS, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
 from attnlab.runs.quantized import FLOAT, quantize_for_inference
 from attnlab.runs.quantized_run import quantize_run
 from attnlab.runtime.timing import Measurement, Timing
@@ -232,8 +232,9 @@ def test_quantize_refuses_what_it_cannot_quantize(lm_run, tmp_path, capsys):
 
 
 def test_sample_and_eval_take_quantize(lm_run, tmp_path, capsys):
-    code, out, err = run_cli(["sample", lm_run, "--quantize", "int4", "--max-new-tokens", "8", "--seed", "1",
-                              "--device", "cpu"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["sample", lm_run, "--quantize", "int4", "--max-new-tokens", "8", "--seed", "1", "--device", "cpu"], capsys
+    )
     assert code == 0 and "as int4" in err and out.strip()
     code, out, err = run_cli(["quantize", lm_run, "--to", "int8", "--out", tmp_path / "q8", "--every-layer"], capsys)
     assert code == 0 and "as int8" in out
@@ -246,8 +247,10 @@ def test_the_servers_batched_steps_decode_quantized_rows_as_each_alone():
     quantize_for_inference(model, "int4", every_layer=True)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     draws = [Draw(0.0, seed=1), Draw(1.0, 5, seed=2), Draw(0.8, None, 0.9, seed=3), Draw(1.2, seed=4)]
-    alone = [[int(t[0]) for t in stream_rows(model, p, 1, 24, d.temperature, d.top_k, d.top_p, d.seed)]
-             for p, d in zip(prompts, draws)]  # fmt: skip
+    alone = [
+        [int(t[0]) for t in stream_rows(model, p, 1, 24, d.temperature, d.top_k, d.top_p, d.seed)]
+        for p, d in zip(prompts, draws)
+    ]
     engine = Batcher(model, max_batch=4, dtype="float32")
     got, ended = [[] for _ in prompts], threading.Semaphore(0)
     for i, (p, d) in enumerate(zip(prompts, draws)):  # submit(): the server's way, on the engine's thread

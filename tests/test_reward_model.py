@@ -102,8 +102,9 @@ def base(tmp_path_factory):
 
 
 def trained(out, base, **options) -> attnlab.Run:
-    attnlab.train(out, None, tiny_train(max_steps=2, eval_interval=2), PAIRS, init=base, task="reward",
-                  progress=False, **options)  # fmt: skip
+    attnlab.train(
+        out, None, tiny_train(max_steps=2, eval_interval=2), PAIRS, init=base, task="reward", progress=False, **options
+    )
     return attnlab.load(out)
 
 
@@ -150,8 +151,16 @@ def test_sampled_negatives_reject_the_policys_own_wrong_answers(base, monkeypatc
     rows = tmp_path / "pairs.jsonl"
     rows.write_text("".join(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n" for _ in range(4)))
     with pytest.raises(attnlab.AttnlabError, match="built-in pairs"):
-        attnlab.train(tmp_path / "f", None, tiny_train(max_steps=1), PreferenceData(data=str(rows)), init=base,
-                      task="reward", progress=False, sampled_negatives=1)  # fmt: skip
+        attnlab.train(
+            tmp_path / "f",
+            None,
+            tiny_train(max_steps=1),
+            PreferenceData(data=str(rows)),
+            init=base,
+            task="reward",
+            progress=False,
+            sampled_negatives=1,
+        )
 
 
 def test_a_reward_run_trains_on_sampled_negatives_and_records_how_many(base, tmp_path):

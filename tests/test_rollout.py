@@ -152,8 +152,26 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
     (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
     small = ["--n-layer", "2", "--max-steps", "3", "--batch-size", "8", "--eval-interval", "3", *FAST]
-    train(["lm", "--data", root / "corpus.txt", "--out", root / "gpt", "--preset", "gpt-nano", "--d-model", "32",
-           "--n-head", "2", "--context", "32", "--tokenizer", "char", *small])  # fmt: skip
+    train(
+        [
+            "lm",
+            "--data",
+            root / "corpus.txt",
+            "--out",
+            root / "gpt",
+            "--preset",
+            "gpt-nano",
+            "--d-model",
+            "32",
+            "--n-head",
+            "2",
+            "--context",
+            "32",
+            "--tokenizer",
+            "char",
+            *small,
+        ]
+    )
     train(["classify", "--out", root / "encoder", *small])
     train(["translate", "--data", "reverse", "--n-train", "200", "--out", root / "seq2seq", *small])
     return root
@@ -189,8 +207,11 @@ def test_run_rollouts_of_a_seq2seq(runs):
     assert dec.weights.shape == (1, 1, tt, tt) and cross.weights.shape == (1, 1, tt, 3)
     np.testing.assert_allclose(cross.weights.sum(-1), 1.0, atol=1e-9)  # a distribution over the source
     names = [v.name for v in run_rollouts(run, "abc", method="flow")]
-    assert names == ["encoder self-attention flow", "decoder self-attention flow",
-                     "cross-attention through the encoder flow"]  # fmt: skip
+    assert names == [
+        "encoder self-attention flow",
+        "decoder self-attention flow",
+        "cross-attention through the encoder flow",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +219,26 @@ def more_runs(tmp_path_factory):
     """The families without a stack of self-attention: the Bahdanau RNN and a ViT."""
     root = tmp_path_factory.mktemp("rollout")
     steps = ["--max-steps", "2", "--batch-size", "8", "--eval-interval", "2", *FAST]
-    train(["translate", "--model", "rnn-attention", "--data", "reverse", "--n-train", "100", "--out", root / "rnn",
-           "--d-emb", "16", "--d-hidden", "16", "--d-attn", "16", *steps])  # fmt: skip
+    train(
+        [
+            "translate",
+            "--model",
+            "rnn-attention",
+            "--data",
+            "reverse",
+            "--n-train",
+            "100",
+            "--out",
+            root / "rnn",
+            "--d-emb",
+            "16",
+            "--d-hidden",
+            "16",
+            "--d-attn",
+            "16",
+            *steps,
+        ]
+    )
     train(["image", "--data", "digits", "--n-layer", "2", "--out", root / "vit", *steps])
     return root
 

@@ -1,4 +1,4 @@
-"""attnlab's one-row operators (nn/row_kernels.py, csrc/row_products.cpp): built on this machine, they
+"""attnlab's one-row operators (quant/row_kernels.py, csrc/row_products.cpp): built on this machine, they
 equal the float64 product for every shape their loops split differently (rows per task, four
 accumulators of 16 lanes, the tails), are what a packed layer's decode step takes, survive torch.compile
 and torch.export as operators, refuse wrong inputs in one line, and leave PyTorch's kernels in charge
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.nn import row_kernels
-from attnlab.nn.packed import ROW_OPS, PackedLinear
+from attnlab.quant import row_kernels
+from attnlab.quant.packed import ROW_OPS, PackedLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,9 +18,10 @@ from tests.conftest import TEXT, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-        "--max-steps", "4", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu",
-        "--dtype", "float32"]  # fmt: skip
+TINY = (
+    "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --max-steps 4 "
+    "--eval-interval 2 --eval-batches 1 --device cpu --dtype float32"
+).split()
 
 
 @pytest.fixture
@@ -83,8 +84,9 @@ def test_a_kill_between_the_state_and_the_weights_still_resumes(tmp_path, corpus
 
 def test_a_loss_that_turns_nan_stops_before_the_update_and_keeps_the_checkpoint(tmp_path, corpus, capsys):
     run = tmp_path / "run"
-    code, err = train(capsys, "--data", corpus, "--out", run, *TINY, "--max-steps", "40", "--lr", "1e6",
-                      "--warmup-steps", "0")  # fmt: skip
+    code, err = train(
+        capsys, "--data", corpus, "--out", run, *TINY, "--max-steps", "40", "--lr", "1e6", "--warmup-steps", "0"
+    )
     assert code == 2
     assert "the training loss is nan" in err and "lower one" in err and f"--out {run} --resume --lr" in err
     loaded = attnlab.load(run)  # the last good checkpoint: finite weights, a run that samples
@@ -102,8 +104,9 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, corpus,
     def full(tensors, path, metadata=None):
         with open(path, "wb") as f:
             f.write(b"\0" * 1000)
-        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
-                              'message: "No space left on device" })')  # fmt: skip
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     monkeypatch.setattr("safetensors.torch.save_file", full)  # attnlab.io imports it where it writes
     code, err = train(capsys, "--out", run, "--resume", "--max-steps", "6")
@@ -126,8 +129,23 @@ def test_rows_with_an_empty_text_or_label_are_dropped_with_a_count(tmp_path, cap
     rows = "".join(f"film {i},{'pos' if i % 2 else 'neg'}\n" for i in range(60))
     (tmp_path / "t.csv").write_text("text,label\n" + rows + ",\n ,pos\nbad film,\n")
     with pytest.warns(UserWarning, match="3 of 63 rows have an empty text or label"):
-        code, _, err = run_cli(["train", "classify", "--data", tmp_path / "t.csv", "--model", "bow", "--out",
-                                tmp_path / "run", "--max-steps", "1", "--device", "cpu"], capsys)  # fmt: skip
+        code, _, err = run_cli(
+            [
+                "train",
+                "classify",
+                "--data",
+                tmp_path / "t.csv",
+                "--model",
+                "bow",
+                "--out",
+                tmp_path / "run",
+                "--max-steps",
+                "1",
+                "--device",
+                "cpu",
+            ],
+            capsys,
+        )
     assert code == 0, err
     assert "" not in attnlab.load(tmp_path / "run").config["task"]["labels"]
 

@@ -64,11 +64,14 @@ def test_the_original_command_with_resume_appended_continues_and_says_from_where
     assert max(steps) == 6
 
 
-@pytest.mark.parametrize("change, said", [
-    (["--n-layer", "2"], "--n-layer 2 differs from the run's 1"),
-    (["--preset", "gpt-micro"], "--preset gpt-micro differs from the run's gpt-nano"),
-    (["--tokenizer", "bpe"], "--tokenizer bpe differs from the run's char"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (["--n-layer", "2"], "--n-layer 2 differs from the run's 1"),
+        (["--preset", "gpt-micro"], "--preset gpt-micro differs from the run's gpt-nano"),
+        (["--tokenizer", "bpe"], "--tokenizer bpe differs from the run's char"),
+    ],
+)
 def test_a_real_change_on_resume_is_refused_by_name(made, capsys, change, said):
     run, command = made
     before = (run / "config.json").read_bytes()
@@ -85,8 +88,9 @@ def test_a_run_without_a_recorded_preset_compares_the_presets_fields(made, tmp_p
     config = json.loads((old / "config.json").read_text())
     del config["preset"]
     (old / "config.json").write_text(json.dumps(config))
-    code, _, err = run_cli(["train", "lm", "--out", old, "--resume", "--max-steps", "20", "--preset", "gpt-nano"],
-                           capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "lm", "--out", old, "--resume", "--max-steps", "20", "--preset", "gpt-nano"], capsys
+    )
     one_line_error(code, err, "--preset gpt-nano (its --n-head 4) differs from the run's 2")
 
 
@@ -114,12 +118,15 @@ def test_resume_to_a_step_already_reached_is_refused_and_touches_nothing(made, c
 
 
 # ---- 3. inspect --on ------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, said", [
-    (["def x(a):", "--what", "lens", "--on", "val"], "--on val does not apply to --what lens"),
-    (["def x(a):", "--what", "heads", "--on", "val"], "--on val does not apply to --what heads"),
-    (["--what", "over-training", "--on", "val"], "does not apply to --what over-training"),
-    (["def x(a):", "--what", "ablate", "--on", "val"], "give the text or --on, not both"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["def x(a):", "--what", "lens", "--on", "val"], "--on val does not apply to --what lens"),
+        (["def x(a):", "--what", "heads", "--on", "val"], "--on val does not apply to --what heads"),
+        (["--what", "over-training", "--on", "val"], "does not apply to --what over-training"),
+        (["def x(a):", "--what", "ablate", "--on", "val"], "give the text or --on, not both"),
+    ],
+)
 def test_inspect_on_is_refused_where_it_would_be_ignored(made, capsys, args, said):
     run, _ = made
     code, _, err = run_cli(["inspect", run, *args], capsys)

@@ -20,8 +20,9 @@ def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("listing")
     data = tiny_data(code_file(root))
     runs = root / "runs"
-    attnlab.train(runs / "a", tiny_model(), tiny_train(max_steps=8, eval_interval=4, snapshot_every=4), data,
-                  progress=False)  # fmt: skip
+    attnlab.train(
+        runs / "a", tiny_model(), tiny_train(max_steps=8, eval_interval=4, snapshot_every=4), data, progress=False
+    )
     short = tiny_train(max_steps=4, eval_interval=2, warmup_steps=1)
     attnlab.train(runs / "deeper" / "b", tiny_model(n_layer=1), short, data, progress=False)
     (runs / "notes").mkdir()

@@ -90,8 +90,13 @@ class Parity(Task):
 
     def prepare(self, req: TrainRequest, d) -> Prepared:
         cfg = ToyConfig(**req.model_config)
-        config = {"family": "toy", "model": vars(cfg), "train": vars(req.train), "data": vars(req.data),
-                  "task": {"kind": self.name}}  # fmt: skip
+        config = {
+            "family": "toy",
+            "model": vars(cfg),
+            "train": vars(req.train),
+            "data": vars(req.data),
+            "task": {"kind": self.name},
+        }
         return Prepared(ParityBatches(req.data.length), lambda: build_model("toy", cfg), config)
 
     def predict(self, run, text, options):
@@ -117,8 +122,25 @@ def test_a_family_and_task_from_outside_train_load_and_predict(toy, tmp_path, ca
     assert run.tokenizer is None and run.step == 3
     assert run.task.predict(run, "1234", {}) in ({"odd": True}, {"odd": False})
     # The command line is built from the registry: the new task has its own `train` sub-command.
-    code, _, err = run_cli(["train", "parity", "--out", tmp_path / "cli", "--max-steps", "3", "--batch-size", "4",
-                            "--eval-interval", "3", "--length", "7", "--device", "cpu"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "train",
+            "parity",
+            "--out",
+            tmp_path / "cli",
+            "--max-steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--eval-interval",
+            "3",
+            "--length",
+            "7",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     config = json.loads((tmp_path / "cli" / "config.json").read_text())
     assert config["data"] == {"length": 7} and task_of(config) is TASKS["parity"]
@@ -145,8 +167,7 @@ def losses(run) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-TINY = dict(max_steps=12, batch_size=8, eval_interval=6, eval_batches=1, warmup_steps=2, device="cpu",
-            dtype="float32")  # fmt: skip
+TINY = dict(max_steps=12, batch_size=8, eval_interval=6, eval_batches=1, warmup_steps=2, device="cpu", dtype="float32")
 
 
 def case(name: str, tmp_path):
@@ -188,8 +209,16 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
     full, cut = tmp_path / "full", tmp_path / "cut"
 
     def request(out, **kw):
-        return TrainRequest(out, model, dict(fields), TrainConfig(**TINY, **block), data, progress=False, **kw,
-                            **(extras[0] if extras else {}))  # fmt: skip
+        return TrainRequest(
+            out,
+            model,
+            dict(fields),
+            TrainConfig(**TINY, **block),
+            data,
+            progress=False,
+            **kw,
+            **(extras[0] if extras else {}),
+        )
 
     run_task(TASKS[task], request(full))
     real_step, real_estimate = loop_mod.train_step, loop_mod.estimate_loss

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 
 def tiny(norm: str = "post", **kw) -> Seq2Seq:
     torch.manual_seed(0)
-    cfg = Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, d_ff=32, context=32, src_vocab=23, tgt_vocab=19,
-                        dropout=0.0, norm=norm, **kw)  # fmt: skip
+    cfg = Seq2SeqConfig(
+        n_layer=2, n_head=2, d_model=16, d_ff=32, context=32, src_vocab=23, tgt_vocab=19, dropout=0.0, norm=norm, **kw
+    )
     return Seq2Seq(cfg).eval()
 
 
@@ -154,8 +155,16 @@ def test_beam_search_finds_the_better_sequence_greedy_misses():
 
 def test_beam_search_waits_for_the_likely_hypothesis_that_ends_late():
     # 4 and 5 end at once (0.2 each) and improbable ones end next; 3 6 7 (0.6) ends last but wins.
-    toy = Toy({BOS_ID: {3: 0.6, 4: 0.2, 5: 0.2}, 4: {EOS_ID: 1.0}, 5: {EOS_ID: 1.0}, 3: {6: 1.0}, 6: {7: 1.0},
-               7: {EOS_ID: 1.0}})  # fmt: skip
+    toy = Toy(
+        {
+            BOS_ID: {3: 0.6, 4: 0.2, 5: 0.2},
+            4: {EOS_ID: 1.0},
+            5: {EOS_ID: 1.0},
+            3: {6: 1.0},
+            6: {7: 1.0},
+            7: {EOS_ID: 1.0},
+        }
+    )
     src = torch.ones(2, 3, dtype=torch.long)
     assert beam_search(toy, src, beam=3, max_len=8, alpha=0.0) == [[3, 6, 7]] * 2
     assert beam_search(toy, src, beam=3, max_len=8, alpha=0.6) == [[3, 6, 7]] * 2

@@ -35,8 +35,7 @@ httpx = pytest.importorskip("httpx", reason="httpx (the client here, and TestCli
 TestClient = pytest.importorskip("fastapi.testclient").TestClient
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
-        "--n-layer", "1", "--d-model", "32"]  # fmt: skip
+TINY = ("--max-steps 5 --batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu --n-layer 1 --d-model 32").split()
 TASKS = {
     "lm": ["--preset", "gpt-nano", "--n-head", "2", "--context", "32", "--tokenizer", "char"],
     "classify": ["--data", "sentiment"],
@@ -102,7 +101,10 @@ def test_runs_lists_each_run_with_its_size_and_settings(client, runs):
         assert r["path"] == str(runs[name].resolve())
         # what the page asks instead of the task's name: where inputs go, and what the run does with them
         assert (r["endpoint"], r["generates"], r["reads_images"]) == (
-            run.task.endpoint, run.task.generates, run.task.reads_images)  # fmt: skip
+            run.task.endpoint,
+            run.task.generates,
+            run.task.reads_images,
+        )
 
 
 def test_runs_are_named_by_directory_duplicates_numbered(runs, tmp_path):
@@ -219,8 +221,9 @@ def test_inspect_answers_the_library_s_numbers(client, runs):
     assert rollout["views"][0]["name"] == "self-attention rollout"
     expect_error(client.post("/api/inspect", json={"run": "lm", "text": "x", "what": "lens"}), 400, "two tokens")
     expect_error(client.post("/api/inspect", json={"run": "lm", "text": "ab", "what": "x"}), 422, "what")
-    expect_error(client.post("/api/inspect", json={"run": "classify", "text": "ab", "what": "lens"}), 400,
-                 "language-model run")  # fmt: skip
+    expect_error(
+        client.post("/api/inspect", json={"run": "classify", "text": "ab", "what": "lens"}), 400, "language-model run"
+    )
     expect_error(client.post("/api/inspect", json={"run": "image", "text": "ab", "what": "rollout"}), 400, "image")
 
 
@@ -334,8 +337,9 @@ def test_predict_image_labels_an_upload_with_its_cls_attention(client, runs, tmp
 
 def test_predict_image_errors(client, monkeypatch):
     image = png()
-    upload = lambda run="image", data=image: client.post("/api/predict_image", data={"run": run},
-                                                         files={"image": ("mine.png", data)})  # fmt: skip
+    upload = lambda run="image", data=image: client.post(
+        "/api/predict_image", data={"run": run}, files={"image": ("mine.png", data)}
+    )
     error = expect_error(upload(data=b"not an image"), 400, "mine.png", "cannot identify image file")
     assert "/tmp" not in error  # the user's file name, not the server's temporary path
     expect_error(upload(run="classify"), 400, "classifier run", "/api/predict")
@@ -390,8 +394,14 @@ def test_the_page_is_self_contained_and_has_its_hooks(client, tmp_path):
 
 def test_openapi_documents_the_requests(client):
     schema = client.get("/openapi.json").json()
-    assert {"/api/runs", "/api/runs/{name}/metrics", "/api/generate", "/api/predict", "/api/predict_image",
-            "/api/attention"} <= set(schema["paths"])  # fmt: skip
+    assert {
+        "/api/runs",
+        "/api/runs/{name}/metrics",
+        "/api/generate",
+        "/api/predict",
+        "/api/predict_image",
+        "/api/attention",
+    } <= set(schema["paths"])
     generate = schema["components"]["schemas"]["GenerateRequest"]["properties"]
     assert generate["prompt"]["maxLength"] == MAX_INPUT_CHARS
     assert generate["max_new_tokens"]["maximum"] == MAX_NEW_TOKENS

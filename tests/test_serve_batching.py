@@ -89,10 +89,17 @@ def test_a_sure_draw_from_perturbed_logits_is_the_lone_draw(settings):
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"positions": "rope"}, {"positions": "alibi"}, {"positions": "sinusoidal"}, {"bigram_vocab": 128},
-     {"n_kv_head": 1}, {"feedforward": "moe", "n_experts": 2, "experts_per_token": 1}],
+    [
+        {},
+        {"positions": "rope"},
+        {"positions": "alibi"},
+        {"positions": "sinusoidal"},
+        {"bigram_vocab": 128},
+        {"n_kv_head": 1},
+        {"feedforward": "moe", "n_experts": 2, "experts_per_token": 1},
+    ],
     ids=["learned", "rope", "alibi", "sinusoidal", "bigram", "gqa", "moe"],
-)  # fmt: skip
+)
 def test_a_step_over_rows_of_different_lengths_is_each_row_alone(kw):
     """Slot caches with per-row positions and key masks: each row's logits are its lone logits (up to
     float rounding), step after step, with rows of 1, 4 and 9 tokens."""

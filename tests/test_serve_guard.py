@@ -22,9 +22,10 @@ from tests.conftest import extra
 httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--max-steps", "5", "--batch-size", "4", "--eval-interval", "5", "--eval-batches", "1", "--device", "cpu",
-        "--n-layer", "1", "--d-model", "32", "--preset", "gpt-nano", "--n-head", "2", "--context", "32",
-        "--tokenizer", "char"]  # fmt: skip
+TINY = (
+    "--max-steps 5 --batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu "
+    "--n-layer 1 --d-model 32 --preset gpt-nano --n-head 2 --context 32 --tokenizer char"
+).split()
 KEY = "s3cret-key-0123456789"  # 21 characters: beyond loopback a key needs 16
 FAST = Limits(header_timeout=0.6, body_timeout=0.6, max_streams=3, request_timeout=30)
 
@@ -158,8 +159,10 @@ def test_cors_is_off_unless_an_origin_is_named(server, run_dir):
         assert httpx.get(f"{other}/v1/models", headers=origin).headers["access-control-allow-origin"] == (
             "http://page.example"
         )
-        preflight = httpx.options(f"{other}/v1/completions", headers={
-            "Origin": "http://page.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+        preflight = httpx.options(
+            f"{other}/v1/completions",
+            headers={"Origin": "http://page.example", "Access-Control-Request-Method": "POST"},
+        )
         assert preflight.status_code == 200
         other_page = httpx.get(f"{other}/v1/models", headers={"Origin": "http://elsewhere.example"})
         assert "access-control-allow-origin" not in other_page.headers
@@ -188,12 +191,19 @@ def test_an_oversized_body_is_refused_before_it_is_read(server):
     """A request announcing 200 MB gets 413 at once, with only 10 bytes of it sent: the server read the
     headers only. A body sent without a length is cut off once it passes the limit."""
     url, _ = server
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: 200000000\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 200000000\r\n\r\n"
+    )
     answer = reply(raw_request(url, head, b'{"model": '))  # a server that waited for the body: 10 s, TimeoutError
     assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer
-    chunked = post(url, "/v1/completions", {}, content=(b"x" * 65536 for _ in range(40)),
-                   headers={"Content-Type": "application/json"})  # fmt: skip
+    chunked = post(
+        url,
+        "/v1/completions",
+        {},
+        content=(b"x" * 65536 for _ in range(40)),
+        headers={"Content-Type": "application/json"},
+    )
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
     assert post(url, "/api/generate", {"run": "lm", "prompt": "x" * 2_000_000}).status_code == 413
 
@@ -204,8 +214,10 @@ def test_slow_clients_are_dropped_and_do_not_block_others(server):
     connection has been closed by the server."""
     url, _ = server
     slow_head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-    full_head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")  # fmt: skip
+    full_head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
     socks = [raw_request(url, slow_head[:10]) for _ in range(3)] + [raw_request(url, full_head) for _ in range(3)]
     closed = [False] * len(socks)
 
@@ -244,8 +256,12 @@ def test_concurrent_streams_are_limited_and_freed(server):
     url, app = server
     openai = openai_client()
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-    streams = [client.completions.create(model="lm", prompt="def ", max_tokens=2000, stream=True,
-                                         extra_body={"ignore_eos": True}) for _ in range(3)]  # fmt: skip
+    streams = [
+        client.completions.create(
+            model="lm", prompt="def ", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+        )
+        for _ in range(3)
+    ]
     for s in streams:
         next(iter(s))  # each is generating
     with pytest.raises(openai.RateLimitError) as caught:

@@ -34,10 +34,10 @@ FAMILIES = {
     "encoder": lambda **kw: Encoder(EncoderConfig(n_layer=2, n_head=2, d_model=16, context=8, vocab_size=11, **kw)),
     "vit": lambda **kw: ViT(
         ViTConfig(n_layer=2, n_head=2, d_model=16, image_size=8, channels=1, patch_size=4, n_labels=3, **kw)
-    ),  # fmt: skip
+    ),
     "seq2seq": lambda **kw: Seq2Seq(
         Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=11, tgt_vocab=11, **{"dropout": 0.0, **kw})
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -60,26 +60,67 @@ def attention_of(model: nn.Module, family: str) -> list[torch.Tensor]:
 def test_every_family_keeps_its_parameter_names():
     """Run directories and the HuggingFace mappings name weights this way."""
     names = {family: set(make().state_dict()) for family, make in FAMILIES.items()}
-    block = {"attn.qkv_proj.weight", "attn.qkv_proj.bias", "attn.out_proj.weight", "attn.out_proj.bias",
-             "ff.up.weight", "ff.up.bias", "ff.down.weight", "ff.down.bias",
-             "norm_attn.weight", "norm_attn.bias", "norm_ff.weight", "norm_ff.bias"}  # fmt: skip
+    block = {
+        "attn.qkv_proj.weight",
+        "attn.qkv_proj.bias",
+        "attn.out_proj.weight",
+        "attn.out_proj.bias",
+        "ff.up.weight",
+        "ff.up.bias",
+        "ff.down.weight",
+        "ff.down.bias",
+        "norm_attn.weight",
+        "norm_attn.bias",
+        "norm_ff.weight",
+        "norm_ff.bias",
+    }
     blocks = {f"blocks.{i}.{n}" for i in range(2) for n in block}
     assert names["gpt"] == blocks | {"tok.weight", "pos.embedding.weight", "norm.weight", "norm.bias", "head.weight"}
-    assert names["encoder"] == blocks | {"tok.weight", "pos.embedding.weight", "norm.weight", "norm.bias",
-                                         "out.weight", "out.bias"}  # fmt: skip
-    assert names["vit"] == blocks | {"cls", "patches.proj.weight", "patches.proj.bias", "pos.embedding.weight",
-                                     "norm.weight", "norm.bias", "out.weight", "out.bias"}  # fmt: skip
-    cross = {"cross.qkv_proj.weight", "cross.qkv_proj.bias", "cross.out_proj.weight", "cross.out_proj.bias",
-             "norm_cross.weight", "norm_cross.bias"}  # fmt: skip
+    assert names["encoder"] == blocks | {
+        "tok.weight",
+        "pos.embedding.weight",
+        "norm.weight",
+        "norm.bias",
+        "out.weight",
+        "out.bias",
+    }
+    assert names["vit"] == blocks | {
+        "cls",
+        "patches.proj.weight",
+        "patches.proj.bias",
+        "pos.embedding.weight",
+        "norm.weight",
+        "norm.bias",
+        "out.weight",
+        "out.bias",
+    }
+    cross = {
+        "cross.qkv_proj.weight",
+        "cross.qkv_proj.bias",
+        "cross.out_proj.weight",
+        "cross.out_proj.bias",
+        "norm_cross.weight",
+        "norm_cross.bias",
+    }
     assert names["seq2seq"] == (
         {f"encoder.{i}.{n}" for i in range(2) for n in block}
         | {f"decoder.{i}.{n}" for i in range(2) for n in block | cross}
         | {"src_tok.weight", "tgt_tok.weight", "out.weight"}  # post-norm: no final norms
     )
     bert = FAMILIES["encoder"](norm="post", head="mlm", type_vocab_size=2).state_dict()
-    assert set(bert) == blocks | {"tok.weight", "pos.embedding.weight", "token_type.weight", "embed_norm.weight",
-                                  "embed_norm.bias", "transform.weight", "transform.bias", "transform_norm.weight",
-                                  "transform_norm.bias", "out.weight", "out.bias"}  # fmt: skip
+    assert set(bert) == blocks | {
+        "tok.weight",
+        "pos.embedding.weight",
+        "token_type.weight",
+        "embed_norm.weight",
+        "embed_norm.bias",
+        "transform.weight",
+        "transform.bias",
+        "transform_norm.weight",
+        "transform_norm.bias",
+        "out.weight",
+        "out.bias",
+    }
     pre = set(FAMILIES["seq2seq"](norm="pre", share_embeddings=True).state_dict())
     assert pre == names["seq2seq"] | {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
     assert isinstance(FAMILIES["gpt"]().blocks, Stack) and len(FAMILIES["seq2seq"]().blocks) == 4

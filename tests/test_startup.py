@@ -62,11 +62,14 @@ def test_a_command_help_loads_no_torch(name):
     assert "attnlab.models.families" not in r["loaded"]
 
 
-@pytest.mark.parametrize(("argv", "flags"), [
-    (("size",), ("--preset", "--gpu-tflops", "--micro-batch")),  # models/cluster.py's ClusterConfig
-    (("compare",), ("{sentiment,tagging,numbers,dates,copy,reverse,digits,caption,lm}", "--word-vectors")),
-    (("train",), (*choices.TASK_HELPS, *choices.TASK_HELPS.values(), "vectors")),  # each task and its line
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "flags"),
+    [
+        (("size",), ("--preset", "--gpu-tflops", "--micro-batch")),  # models/cluster.py's ClusterConfig
+        (("compare",), ("{sentiment,tagging,numbers,dates,copy,reverse,digits,caption,lm}", "--word-vectors")),
+        (("train",), (*choices.TASK_HELPS, *choices.TASK_HELPS.values(), "vectors")),  # each task and its line
+    ],
+)
 def test_the_helps_that_moved_are_whole(argv, flags):
     """The options moved to torch-free modules are still every flag, choice and help line."""
     r = started(*argv, "--help")
@@ -108,8 +111,10 @@ def test_a_run_loads_through_the_runs_floor_alone(runs):
 
 def test_import_attnlab_loads_no_torch_and_every_public_name_still_works():
     code = "import sys, attnlab; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
-        == "False"  # fmt: skip
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
     from attnlab.models.gpt import GPTConfig
     from attnlab.runs.run import load
     from attnlab.tasks import train
@@ -127,7 +132,7 @@ def test_the_parser_choices_are_the_registries():
     from attnlab.interpret.plots import PLOTS
     from attnlab.interpret.report import INSPECTIONS
     from attnlab.interpret.views import VIEW_NAMES
-    from attnlab.nn.packed import KINDS
+    from attnlab.quant.packed import KINDS
     from attnlab.runtime.device import DTYPE_NAMES
     from attnlab.tasks.lm_eval import SPLITS
     from attnlab.viz.vectors import PROJECTIONS

@@ -10,8 +10,14 @@ import numpy as np
 from attnlab.serve.page import page
 from attnlab.viz.html import AttentionView, fill, render_attention_html, static_text
 
-VIEWS = [AttentionView("self-attention", ["a", "</script><b>x", "@@SCRIPT@@"], ["a", "</script><b>x", "@@SCRIPT@@"],
-                       np.full((1, 2, 3, 3), 1 / 3))]  # fmt: skip
+VIEWS = [
+    AttentionView(
+        "self-attention",
+        ["a", "</script><b>x", "@@SCRIPT@@"],
+        ["a", "</script><b>x", "@@SCRIPT@@"],
+        np.full((1, 2, 3, 3), 1 / 3),
+    )
+]
 
 
 def test_the_static_files_are_package_data():

@@ -152,8 +152,9 @@ def test_the_loss_plot_is_drawn_at_the_end_not_at_every_evaluation(tmp_path, cor
     drawn.clear()
     monkeypatch.setattr(loop_mod, "PLOT_EVERY", 0.0)  # a long run: redrawn at evaluations too, then at the end
     monkeypatch.setattr(loop_mod, "PLOT_SHARE", 1e9)  # however long drawing takes
-    attnlab.train(tmp_path / "long", tiny_model(), tiny_train(max_steps=12, eval_interval=3), tiny_data(corpus),
-                  progress=False)  # fmt: skip
+    attnlab.train(
+        tmp_path / "long", tiny_model(), tiny_train(max_steps=12, eval_interval=3), tiny_data(corpus), progress=False
+    )
     assert len(drawn) == 4  # at steps 3, 6 and 9, and at the end (not twice at step 12)
 
 

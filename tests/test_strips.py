@@ -101,7 +101,7 @@ def test_as_arrays():
                 ("-", (2, 3)),
                 ("one", (3,)),
             ],
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_caption_words_by_hand(digits, words):
@@ -158,9 +158,12 @@ def test_load_captions_from_a_folder(tmp_path):
         for x, c in zip(images, captions):
             seen[c] = (split, round(float(x.mean()) * 255))
     # every caption once, with its own image; both captions of 1.png in one split (cut by image)
-    assert seen == {"a dark square": (seen["a dark square"][0], 40), "a grey square": (seen["a grey square"][0], 80),
-                    "another grey square": (seen["a grey square"][0], 80),
-                    "a light square": (seen["a light square"][0], 120)}  # fmt: skip
+    assert seen == {
+        "a dark square": (seen["a dark square"][0], 40),
+        "a grey square": (seen["a grey square"][0], 80),
+        "another grey square": (seen["a grey square"][0], 80),
+        "a light square": (seen["a light square"][0], 120),
+    }
     again = load_captions(CaptionDataConfig(data=str(root / "captions.jsonl")))
     assert {k: v[1] for k, v in again.items()} == {k: v[1] for k, v in splits.items()}
 

@@ -62,24 +62,45 @@ def test_only_other_busy_attnlab_and_torch_processes_count():
 
 def test_torchrun_ranks_of_the_same_job_do_not_count_each_other():
     agent, rank, job = 9_000_010, 9_000_102, 9_000_200
-    ranks = {1: (0, ["init"], False, 0.0), agent: (1, ["/v/bin/python", "/v/bin/torchrun", "-m", "attnlab"], True, 0.0),
-             ME: (agent, TRAIN, True, 1.0), rank: (agent, TRAIN, True, 1.0), job: (1, TRAIN, True, 1.0)}  # fmt: skip
+    ranks = {
+        1: (0, ["init"], False, 0.0),
+        agent: (1, ["/v/bin/python", "/v/bin/torchrun", "-m", "attnlab"], True, 0.0),
+        ME: (agent, TRAIN, True, 1.0),
+        rank: (agent, TRAIN, True, 1.0),
+        job: (1, TRAIN, True, 1.0),
+    }
     assert [o.pid for o in others(ranks, {"WORLD_SIZE": "2"})] == [job]
     assert [o.pid for o in others(ranks)] == [rank, job]  # without torchrun a sibling is another job
 
 
 @pytest.mark.parametrize(
     ("argv", "what"),
-    [(TRAIN, "attnlab train lm"), (["attnlab", "chat", "r"], "attnlab chat r"),
-     (["python", "-m", "attnlab", "--threads", "1", "serve"], "attnlab serve"), (["python3"], "python"),
-     (["attnlab", "demo", "--chat", "--out", "/tmp/x"], "attnlab demo"), (["vim", "attnlab.txt"], None), ([], None)],
-)  # fmt: skip
+    [
+        (TRAIN, "attnlab train lm"),
+        (["attnlab", "chat", "r"], "attnlab chat r"),
+        (["python", "-m", "attnlab", "--threads", "1", "serve"], "attnlab serve"),
+        (["python3"], "python"),
+        (["attnlab", "demo", "--chat", "--out", "/tmp/x"], "attnlab demo"),
+        (["vim", "attnlab.txt"], None),
+        ([], None),
+    ],
+)
 def test_command_lines_are_named(argv, what):
     assert threads.describe(argv) == what
 
 
-@pytest.mark.parametrize(("cores", "used", "world", "want"), [(2, [], 1, 2), (2, [1.9], 1, 1), (2, [0.6], 1, 1),
-                         (2, [2.0, 2.0], 1, 1), (16, [3.7], 1, 12), (16, [4.0], 2, 6), (16, [], 4, 4)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cores", "used", "world", "want"),
+    [
+        (2, [], 1, 2),
+        (2, [1.9], 1, 1),
+        (2, [0.6], 1, 1),
+        (2, [2.0, 2.0], 1, 1),
+        (16, [3.7], 1, 12),
+        (16, [4.0], 2, 6),
+        (16, [], 4, 4),
+    ],
+)
 def test_threads_are_the_cores_the_others_leave(cores, used, world, want):
     busy = [threads.Other(i, "x", c) for i, c in enumerate(used)]
     assert threads.choose(cores, busy, world) == want
@@ -119,9 +140,16 @@ class Untouchable(FakeProc):
         raise AssertionError("a thread count the user set needs no look at the other processes")
 
 
-@pytest.mark.parametrize(("env", "asked", "want"), [({"ATTNLAB_THREADS": "2"}, None, 2), ({}, 2, 2),
-                         ({"ATTNLAB_THREADS": "1"}, 2, 2), ({"OMP_NUM_THREADS": "2"}, None, 2),
-                         ({"ATTNLAB_THREADS": "0"}, None, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env", "asked", "want"),
+    [
+        ({"ATTNLAB_THREADS": "2"}, None, 2),
+        ({}, 2, 2),
+        ({"ATTNLAB_THREADS": "1"}, 2, 2),
+        ({"OMP_NUM_THREADS": "2"}, None, 2),
+        ({"ATTNLAB_THREADS": "0"}, None, 2),
+    ],
+)
 def test_what_the_user_set_wins(two_threads, env, asked, want):
     threads.ask(asked)
     threads.share(Untouchable(PROCS), env=env, err=io.StringIO())

@@ -15,8 +15,10 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-        "--eval-interval", "1000", "--eval-batches", "1", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+TINY = (
+    "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --eval-interval 1000 "
+    "--eval-batches 1 --device cpu --dtype float32"
+).split()
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("2m", 120), ("1.5h", 5400), ("45", 45), (" 2M ", 120)])
@@ -55,8 +57,24 @@ def fake_clock(monkeypatch, step_seconds: float) -> None:
 def test_training_stops_when_the_budget_is_spent_and_resumes_the_clock(tmp_path, capsys, monkeypatch):
     fake_clock(monkeypatch, 1.0)  # 3 calls per step: 3 s a step
     run = tmp_path / "run"
-    code, _, err = run_cli(["train", "lm", "--data", corpus(tmp_path), "--out", run, *TINY, "--max-steps", "500",
-                            "--warmup-steps", "2", "--time-budget", "30s"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "train",
+            "lm",
+            "--data",
+            corpus(tmp_path),
+            "--out",
+            run,
+            *TINY,
+            "--max-steps",
+            "500",
+            "--warmup-steps",
+            "2",
+            "--time-budget",
+            "30s",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "time budget of 30s spent: " in err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -86,8 +104,26 @@ def test_a_floor_of_steps_trains_past_the_budget_and_says_why(tmp_path, capsys, 
     once, and the decay ends with the steps instead of the clock."""
     fake_clock(monkeypatch, 1.0)  # 3 s a step: the 9 s budget is spent after 3 steps
     run = tmp_path / "run"
-    code, _, err = run_cli(["train", "lm", "--data", corpus(tmp_path), "--out", run, *TINY, "--max-steps", "500",
-                            "--warmup-steps", "2", "--time-budget", "9s", "--min-steps", "12"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "train",
+            "lm",
+            "--data",
+            corpus(tmp_path),
+            "--out",
+            run,
+            *TINY,
+            "--max-steps",
+            "500",
+            "--warmup-steps",
+            "2",
+            "--time-budget",
+            "9s",
+            "--min-steps",
+            "12",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert err.count("short of the 12 steps") == 1 and "training on to step 12" in err
     assert "time budget of 9s spent: 12 steps (at least 12)" in err

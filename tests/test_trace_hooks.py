@@ -24,10 +24,15 @@ def test_gpt_trace_names_shapes_and_the_residual_stream_add_up():
     model, ids = gpt(), torch.randint(0, 40, (2, 7))
     t = attnlab.trace(model, ids)
     for i in range(2):
-        for name, shape in [("hook_resid_pre", (2, 7, 16)), ("attn.hook_pattern", (2, 2, 7, 7)),
-                            ("attn.hook_head_out", (2, 2, 7, 8)), ("hook_attn_out", (2, 7, 16)),
-                            ("hook_resid_mid", (2, 7, 16)), ("hook_ff_out", (2, 7, 16)),
-                            ("hook_resid_post", (2, 7, 16))]:  # fmt: skip
+        for name, shape in [
+            ("hook_resid_pre", (2, 7, 16)),
+            ("attn.hook_pattern", (2, 2, 7, 7)),
+            ("attn.hook_head_out", (2, 2, 7, 8)),
+            ("hook_attn_out", (2, 7, 16)),
+            ("hook_resid_mid", (2, 7, 16)),
+            ("hook_ff_out", (2, 7, 16)),
+            ("hook_resid_post", (2, 7, 16)),
+        ]:
             assert t[f"blocks.{i}.{name}"].shape == shape, name
         block = model.blocks[i]
         # Pre-norm: the stream is the input plus each sublayer's output.
@@ -134,8 +139,17 @@ def test_attention_only_blocks_add_nothing_after_attention():
 
 def test_mixture_of_experts_routing_is_a_point_and_a_replaced_router_reroutes():
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=40, context=16, n_layer=1, n_head=2, d_model=16, dropout=0.0, feedforward="moe",
-                    n_experts=4, experts_per_token=1)  # fmt: skip
+    cfg = GPTConfig(
+        vocab_size=40,
+        context=16,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        dropout=0.0,
+        feedforward="moe",
+        n_experts=4,
+        experts_per_token=1,
+    )
     model, ids = build_model("gpt", cfg).eval(), torch.randint(0, 40, (2, 5))
     t = attnlab.trace(model, ids)
     probs = t["blocks.0.ff.hook_router"]

@@ -16,8 +16,9 @@ event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator", reason="the tensorboard extra"
 )
 pytestmark = pytest.mark.usefixtures("one_thread")
-TINY = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--context", "32", "--batch-size", "4",
-        "--eval-interval", "3", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+TINY = (
+    "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --eval-interval 3 --eval-batches 1 --device cpu"
+).split()
 
 
 def scalars(run, tag: str) -> dict[int, float]:
@@ -35,8 +36,9 @@ def test_tensorboard_holds_the_losses_of_metrics_jsonl_across_a_resume(tmp_path,
     """Train 4 steps with --log tensorboard, resume to 8: TensorBoard's reader finds every train and
     validation loss of metrics.jsonl at its step (float32 of the same number), nothing more."""
     run, data = tmp_path / "run", code_file(tmp_path)
-    code, _, err = run_cli(["train", "lm", "--data", data, "--out", run, *TINY, "--max-steps", "4", "--log",
-                            "tensorboard"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "lm", "--data", data, "--out", run, *TINY, "--max-steps", "4", "--log", "tensorboard"], capsys
+    )
     assert code == 0, err
     code, _, err = run_cli(["train", "lm", "--out", run, "--resume", "--max-steps", "8"], capsys)
     assert code == 0, err  # the saved settings keep --log on
@@ -51,8 +53,9 @@ def test_tensorboard_holds_the_losses_of_metrics_jsonl_across_a_resume(tmp_path,
 
 def test_no_tracker_unless_asked(tmp_path, capsys):
     run = tmp_path / "run"
-    code, _, err = run_cli(["train", "lm", "--data", code_file(tmp_path), "--out", run, *TINY, "--max-steps", "2"],
-                           capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "lm", "--data", code_file(tmp_path), "--out", run, *TINY, "--max-steps", "2"], capsys
+    )
     assert code == 0, err
     assert (run / "metrics.jsonl").is_file() and not (run / "tensorboard").exists()
 

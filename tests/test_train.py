@@ -71,8 +71,13 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, corpus, monkeypat
     """train_step with 4 micro-batches of 2 gives the gradients of one batch of 8."""
     grads = {}
     for accum in (1, 4):
-        s = prepare(tmp_path / f"r{accum}", tiny_model(), tiny_train(batch_size=8, grad_accum=accum),
-                    tiny_data(corpus), progress=False)  # fmt: skip
+        s = prepare(
+            tmp_path / f"r{accum}",
+            tiny_model(),
+            tiny_train(batch_size=8, grad_accum=accum),
+            tiny_data(corpus),
+            progress=False,
+        )
 
         # Same 8 sequences either way: the micro-batches are drawn one after another.
         def capture(s=s, accum=accum):
@@ -195,8 +200,9 @@ def test_activation_checkpointing_recomputes_blocks_and_changes_nothing(tmp_path
     and the losses are those of the plain run."""
     results = {}
     for flag in (False, True):
-        s = prepare(tmp_path / f"r{flag}", tiny_model(), tiny_train(grad_checkpoint=flag), tiny_data(corpus),
-                    progress=False)  # fmt: skip
+        s = prepare(
+            tmp_path / f"r{flag}", tiny_model(), tiny_train(grad_checkpoint=flag), tiny_data(corpus), progress=False
+        )
         calls = []  # a pre-hook: the recompute stops early, before a forward hook would run
         s.model.blocks[0].register_forward_pre_hook(lambda *a, calls=calls: calls.append(1))
         results[flag] = ([train_step(s) for _ in range(3)], len(calls))

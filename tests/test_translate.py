@@ -12,8 +12,7 @@ from attnlab.data.parallel import ParallelDataConfig
 from attnlab.tasks.translate import scores
 from tests.conftest import run_cli
 
-FAST = ["--n-train", "400", "--max-steps", "40", "--batch-size", "32", "--eval-interval", "40",
-        "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+FAST = ("--n-train 400 --max-steps 40 --batch-size 32 --eval-interval 40 --eval-batches 1 --device cpu").split()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -72,8 +71,26 @@ def test_rnn_models_train_from_a_tsv_file(model, tmp_path, capsys):
     f = tmp_path / "train.tsv"
     f.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ["abc", "hello", "xyz", "attention", "rnn"] * 20))
     run = tmp_path / model
-    code, out, _ = run_cli(["train", "translate", "--model", model, "--data", f, "--out", run, "--tokenizer", "char",
-                            "--split-fraction", "0.1", "--cell", "lstm", *FAST[2:]], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "train",
+            "translate",
+            "--model",
+            model,
+            "--data",
+            f,
+            "--out",
+            run,
+            "--tokenizer",
+            "char",
+            "--split-fraction",
+            "0.1",
+            "--cell",
+            "lstm",
+            *FAST[2:],
+        ],
+        capsys,
+    )
     assert code == 0 and "exact match" in out
     assert json.loads((run / "config.json").read_text())["model"]["attention"] == (model == "rnn-attention")
     code, _, err = run_cli(["translate", run, "abc", "--attention", tmp_path / "a.png"], capsys)

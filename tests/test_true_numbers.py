@@ -11,7 +11,7 @@ import attnlab
 from attnlab.models import build_model
 from attnlab.nn.counting import count_parameters
 from attnlab.nn.lora import LoRAConfig, add_lora, lora_parameters
-from attnlab.nn.quantize import quantize_model
+from attnlab.quant.quantize import quantize_model
 from attnlab.runs.listing import list_runs
 from attnlab.runs.quantized import quantize_for_inference
 from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
@@ -52,8 +52,9 @@ def test_a_quantized_base_under_lora_counts_whole():
 def float_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("numbers")
     (root / "c.txt").write_text("def f(x):\n    return x * 2\n" * 300)
-    attnlab.train(root / "lm", tiny_model(), tiny_train(max_steps=2, warmup_steps=1), tiny_data(root / "c.txt"),
-                  progress=False)  # fmt: skip
+    attnlab.train(
+        root / "lm", tiny_model(), tiny_train(max_steps=2, warmup_steps=1), tiny_data(root / "c.txt"), progress=False
+    )
     return root / "lm"
 
 
@@ -86,14 +87,46 @@ def test_an_sft_run_names_its_preset_and_counts_its_quantized_base(tmp_path, cap
 
     chats = "".join(ChatTemplate().render(c.messages) for c in instructions("train", 200, 5))
     (tmp_path / "chats.txt").write_text(chats)
-    small = ["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--batch-size", "2", "--device", "cpu",
-             "--dtype", "float32", "--warmup-steps", "1", "--eval-batches", "1"]  # fmt: skip
+    small = (
+        "--n-layer 1 --d-model 16 --n-head 2 --batch-size 2 --device cpu --dtype float32 "
+        "--warmup-steps 1 --eval-batches 1"
+    ).split()
     base = ["train", "lm", "--preset", "gpt-nano", "--context", "256", "--tokenizer", "char", "--max-steps", "1"]
     assert run_cli([*base, "--data", tmp_path / "chats.txt", "--out", tmp_path / "runs/base", *small], capsys)[0] == 0
-    sft = ["train", "sft", "--init", tmp_path / "runs/base", "--lora-rank", "2", "--quantize-base", "nf4",
-           "--max-steps", "1", "--examples", "20", "--test-examples", "4", "--out", tmp_path / "runs/sft"]  # fmt: skip
-    code, _, err = run_cli([*sft, "--batch-size", "2", "--warmup-steps", "1", "--eval-batches", "1", "--dtype",
-                            "float32", "--device", "cpu"], capsys)  # fmt: skip
+    sft = [
+        "train",
+        "sft",
+        "--init",
+        tmp_path / "runs/base",
+        "--lora-rank",
+        "2",
+        "--quantize-base",
+        "nf4",
+        "--max-steps",
+        "1",
+        "--examples",
+        "20",
+        "--test-examples",
+        "4",
+        "--out",
+        tmp_path / "runs/sft",
+    ]
+    code, _, err = run_cli(
+        [
+            *sft,
+            "--batch-size",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--eval-batches",
+            "1",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     whole = count_parameters(attnlab.load(tmp_path / "runs/base", device="cpu").model).logical
     adapters = sum(p.numel() for p in lora_parameters(attnlab.load(tmp_path / "runs/sft", device="cpu").model))

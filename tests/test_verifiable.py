@@ -29,13 +29,33 @@ def test_countdown_targets_are_what_their_reference_expressions_compute():
         assert len(re.findall(r"\d+", p.answer)) >= 2  # built from two numbers or more
 
 
-@pytest.mark.parametrize("answer, right", [
-    ("3*8", True), ("(9-5)*(8-3)-(-4)", False), ("8*3", True), ("(5+3)*(9-8+2)", False), ("9+5+8+3-1", False),
-    ("(9-3)*(8-5+1)", False), ("8*(9-5-1)", False), ("3*8*1", False), ("8/3*9", False), ("3**2", False),
-    ("__import__('os').system('true')", False), ("3*8 if 1 else 0", False), ("3 * 8", True), ("24", False),
-    ("(9+3)*(8-5)-(5)", False), ("9*8/3", True), ("(9*8)/3", True), ("", False), ("3*", False),
-    ("8*3.0", False), ("True*24", False), ("9" + "+0" * 40, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer, right",
+    [
+        ("3*8", True),
+        ("(9-5)*(8-3)-(-4)", False),
+        ("8*3", True),
+        ("(5+3)*(9-8+2)", False),
+        ("9+5+8+3-1", False),
+        ("(9-3)*(8-5+1)", False),
+        ("8*(9-5-1)", False),
+        ("3*8*1", False),
+        ("8/3*9", False),
+        ("3**2", False),
+        ("__import__('os').system('true')", False),
+        ("3*8 if 1 else 0", False),
+        ("3 * 8", True),
+        ("24", False),
+        ("(9+3)*(8-5)-(5)", False),
+        ("9*8/3", True),
+        ("(9*8)/3", True),
+        ("", False),
+        ("3*", False),
+        ("8*3.0", False),
+        ("True*24", False),
+        ("9" + "+0" * 40, False),
+    ],
+)
 def test_the_countdown_checker_reads_only_arithmetic_over_the_given_numbers(answer, right):
     assert check("Make 24 from 3 5 8 9.", answer) is right
 

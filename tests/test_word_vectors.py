@@ -75,8 +75,11 @@ def test_one_thread_repeats_exactly_and_the_seed_matters(tmp_path, text):
 def test_fasttext_gives_vectors_to_unseen_words_from_their_ngrams(tmp_path):
     rng = np.random.default_rng(0)
     stems = {"walk": "run jump climb swim".split(), "house": "home tower castle hut".split()}
-    lines = [" ".join(rng.choice([w + s for w in words for s in ("", "ing", "ed")], size=10))
-             for words in stems.values() for _ in range(200)]  # fmt: skip
+    lines = [
+        " ".join(rng.choice([w + s for w in words for s in ("", "ing", "ed")], size=10))
+        for words in stems.values()
+        for _ in range(200)
+    ]
     train_vectors(tmp_path / "ft", VectorsConfig(method="fasttext", **SMALL), text="\n".join(lines), progress=False)
     wv = load_vectors(tmp_path / "ft")
     assert "climbs" not in wv.index and "climbs" in wv  # never seen, but its n-grams were
@@ -133,9 +136,15 @@ def test_analogies_and_similarity_agree_with_gensim(tmp_path):
     wv = _vectors_with_known_analogies()
     questions = tmp_path / "q.txt"
     lines = [": capital-common-countries"]
-    lines += [f"{a} {ca} {b} {cb}" for a, ca, b, cb in
-              [("France", "Paris", "Germany", "Berlin"), ("italy", "rome", "spain", "madrid"),
-               ("japan", "tokyo", "france", "paris"), ("italy", "rome", "atlantis", "x")]]  # fmt: skip
+    lines += [
+        f"{a} {ca} {b} {cb}"
+        for a, ca, b, cb in [
+            ("France", "Paris", "Germany", "Berlin"),
+            ("italy", "rome", "spain", "madrid"),
+            ("japan", "tokyo", "france", "paris"),
+            ("italy", "rome", "atlantis", "x"),
+        ]
+    ]
     lines += [": gram1-adjective-to-adverb", "w1 w2 w3 w4", "w5 w6 w7 w8"]
     questions.write_text("\n".join(lines) + "\n")
     result = evaluate.analogies(wv, questions)
@@ -146,8 +155,14 @@ def test_analogies_and_similarity_agree_with_gensim(tmp_path):
     theirs, _ = kv.evaluate_word_analogies(str(questions))
     assert result["accuracy"] == pytest.approx(theirs)
     pairs = tmp_path / "ws.tsv"
-    rated = [("france", "germany", 7), ("paris", "berlin", 8.5), ("rome", "w1", 1), ("japan", "tokyo", 6),
-             ("w2", "w3", 2), ("spain", "nowhere", 5)]  # fmt: skip
+    rated = [
+        ("france", "germany", 7),
+        ("paris", "berlin", 8.5),
+        ("rome", "w1", 1),
+        ("japan", "tokyo", 6),
+        ("w2", "w3", 2),
+        ("spain", "nowhere", 5),
+    ]
     pairs.write_text("# Word 1\tWord 2\tHuman (mean)\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in rated))
     sim = evaluate.similarity(wv, pairs)
     (_, spearman_theirs, oov) = kv.evaluate_word_pairs(str(pairs))
@@ -182,14 +197,51 @@ def test_cli_trains_queries_evaluates_draws_and_exports(tmp_path, capsys, text):
     corpus = tmp_path / "topics.txt"
     corpus.write_text(text)
     run = tmp_path / "run"
-    code, out, err = run_cli(["train", "vectors", "--data", str(corpus), "--out", str(run), "--dim", "16",
-                              "--epochs", "3", "--min-count", "1", "--window", "3"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        [
+            "train",
+            "vectors",
+            "--data",
+            str(corpus),
+            "--out",
+            str(run),
+            "--dim",
+            "16",
+            "--epochs",
+            "3",
+            "--min-count",
+            "1",
+            "--window",
+            "3",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "vectors for 24 words" in out and "words/s" in out
     picture, export = str(tmp_path / "map.png"), str(tmp_path / "v.txt")
-    code, out, err = run_cli(["vectors", str(run), "--neighbors", "cat", "--similarity", "cat", "dog", "--analogy",
-                              "cat", "dog", "hammer", "--plot", picture, "--arrows", "cat:dog", "--export", export,
-                              "--json"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        [
+            "vectors",
+            str(run),
+            "--neighbors",
+            "cat",
+            "--similarity",
+            "cat",
+            "dog",
+            "--analogy",
+            "cat",
+            "dog",
+            "hammer",
+            "--plot",
+            picture,
+            "--arrows",
+            "cat:dog",
+            "--export",
+            export,
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     report = json.loads(out)
     assert {w for w, _ in report["neighbors"]["cat"][:3]} <= set(TOPICS["animals"])
@@ -201,11 +253,13 @@ def test_cli_trains_queries_evaluates_draws_and_exports(tmp_path, capsys, text):
 
 
 def test_bad_requests_are_one_line_errors(tmp_path, capsys, corpus):
-    code, _, err = run_cli(["train", "vectors", "--data", str(corpus), "--out", str(tmp_path / "r"), "--method",
-                            "lsa"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "vectors", "--data", str(corpus), "--out", str(tmp_path / "r"), "--method", "lsa"], capsys
+    )
     assert code == 2 and "lsa" in err and "Traceback" not in err
-    code, _, err = run_cli(["train", "vectors", "--data", str(corpus), "--out", str(tmp_path / "r"),
-                            "--min-count", "100000"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "vectors", "--data", str(corpus), "--out", str(tmp_path / "r"), "--min-count", "100000"], capsys
+    )
     assert code == 2 and "--min-count" in err and not (tmp_path / "r").exists()
     code, _, err = run_cli(["vectors", str(tmp_path), "--neighbors", "x"], capsys)
     assert code == 2 and "not a word-vectors run" in err

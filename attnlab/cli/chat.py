@@ -45,8 +45,9 @@ def generating_run(path: str, device: str, command: str, quantize: str | None = 
         raise AttnlabError(f"{path} is not a language model run: --quantize is for decoding")
     run = load(path, device=device, quantize=quantize, compiled=compiled)
     if not run.task.generates:
-        raise AttnlabError(f"{path} is not a language model run (it is {run.task.name}): attnlab {command} needs "
-                           "a gpt run")  # fmt: skip
+        raise AttnlabError(
+            f"{path} is not a language model run (it is {run.task.name}): attnlab {command} needs a gpt run"
+        )
     return note_quantized(run)
 
 
@@ -54,8 +55,10 @@ def template_of(run: Run) -> ChatTemplate:
     """The run's chat template; on stderr, a note when it has none of its own (a run trained on plain
     text knows no template: its answers show what the built-in one makes of it)."""
     if not (run.path / CHAT_TEMPLATE).is_file():
-        print(f"[{run.path.name} has no chat template of its own ({CHAT_TEMPLATE}): using attnlab's built-in "
-              "ChatML]", file=sys.stderr)  # fmt: skip
+        print(
+            f"[{run.path.name} has no chat template of its own ({CHAT_TEMPLATE}): using attnlab's built-in ChatML]",
+            file=sys.stderr,
+        )
     return run_template(run.path)
 
 
@@ -199,12 +202,25 @@ def run_chat(opts: ChatOptions) -> int:
     run = generating_run(opts.run, opts.device, "chat", opts.quantize, opts.compile)
     template = template_of(run)
     reserve, said = answer_room(run, template, opts)
-    dialogue = Dialogue(run.model, run.tokenizer, template, opts.system, opts.seed, reserve,
-                        max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_k=opts.top_k,
-                        top_p=opts.top_p, compile=opts.compile)  # fmt: skip
-    print(f"[chatting with {run.path.name}, context {run.model.cfg.context} tokens, {said}]\n["
-          + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items())
-          + f"; {BLOCK} opens and closes a message of several lines]", file=sys.stderr)  # fmt: skip
+    dialogue = Dialogue(
+        run.model,
+        run.tokenizer,
+        template,
+        opts.system,
+        opts.seed,
+        reserve,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        top_k=opts.top_k,
+        top_p=opts.top_p,
+        compile=opts.compile,
+    )
+    print(
+        f"[chatting with {run.path.name}, context {run.model.cfg.context} tokens, {said}]\n["
+        + "; ".join(f"{k} to {v}" for k, v in COMMANDS.items())
+        + f"; {BLOCK} opens and closes a message of several lines]",
+        file=sys.stderr,
+    )
     try:
         with terminal() as remember:
             talk(dialogue, remember=remember)

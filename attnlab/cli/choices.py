@@ -1,6 +1,6 @@
 """The names the parser offers as choices, kept here so that cli/options.py imports without torch.
 
-Each registry lives beside the code it runs (interpret/plots.py's PLOTS, nn/packed.py's KINDS, ...),
+Each registry lives beside the code it runs (interpret/plots.py's PLOTS, quant/packed.py's KINDS, ...),
 and those modules import torch: 2-4 s on a 2-core machine, which `attnlab COMMAND --help` should
 not pay. So the parser reads the names from here, and tests/test_startup.py holds each tuple equal
 to its registry: a new plot, inspection or quantized kind is refused by that test until it is named
@@ -15,13 +15,23 @@ VIEW_NAMES = ("self", "encoder", "decoder", "cross")  # interpret/views.py
 PATCH_METRICS = ("logit-diff", "prob", "loss")  # interpret/patching_inputs.py's METRICS
 PATCH_METHODS = ("activation", "attribution", "eap", "eap-ig")  # interpret/patching_run.py's METHODS, EDGES
 PATCH_GRANULARITIES = ("resid", "heads", "components")  # interpret/patching.py's GRANULARITIES
-QUANTIZED = ("int8", "int4", "bf16")  # nn/packed.py's KINDS
+QUANTIZED = ("int8", "int4", "bf16")  # quant/packed.py's KINDS
 SPLITS = ("val", "train", "all")  # tasks/lm_eval.py
 PROJECTIONS = ("pca", "tsne")  # viz/vectors.py
 # interop/hf's family modules' ARCHITECTURES, in their order
-ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM",
-                 "ViTForImageClassification", "ViTModel", "BertForMaskedLM", "BertForPreTraining",
-                 "BertForSequenceClassification", "BertForTokenClassification", "BertModel")  # fmt: skip
+ARCHITECTURES = (
+    "GPT2LMHeadModel",
+    "LlamaForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3ForCausalLM",
+    "ViTForImageClassification",
+    "ViTModel",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertModel",
+)
 
 # tasks/registry.py's TASKS, in its order: each task's `help` (its line in `attnlab train --help`)
 TASK_HELPS = {

@@ -83,11 +83,15 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
     """One sample streams as it is generated; several are drawn as one batch."""
     cfg = checked(GenerateConfig, gen, where="generation")
     if (opts.best_of > 1 or opts.reward is not None) and (opts.chat is None or opts.reward is None):
-        raise AttnlabError("best-of-N answers a chat message and scores it with a reward model: give --chat MESSAGE, "
-                           "--best-of N and --reward RUN")  # fmt: skip
+        raise AttnlabError(
+            "best-of-N answers a chat message and scores it with a reward model: give --chat MESSAGE, "
+            "--best-of N and --reward RUN"
+        )
     if opts.chat is not None and ({"prompt", "stop"} & set(gen)):
-        raise AttnlabError("--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
-                           "--prompt and --stop")  # fmt: skip
+        raise AttnlabError(
+            "--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
+            "--prompt and --stop"
+        )
     run = generating_run(opts.run, opts.device, "sample", opts.quantize, cfg.compile)
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
@@ -124,8 +128,9 @@ def sample_answers(run: Run, opts: SampleOptions, cfg: GenerateConfig) -> int:
     base = sampling.seed_of(cfg.seed)
     for start in range(0, opts.num_samples, SAMPLE_BATCH):  # batches, as plain samples are drawn
         n = min(SAMPLE_BATCH, opts.num_samples - start)
-        for i, text in enumerate(answers(run.model, run.tokenizer, template, [messages] * n, seed=base + start, **kw),
-                                 start):  # fmt: skip
+        for i, text in enumerate(
+            answers(run.model, run.tokenizer, template, [messages] * n, seed=base + start, **kw), start
+        ):
             print(("\n" + "-" * 40 + "\n" if i else "") + text, flush=True)
     return 0
 

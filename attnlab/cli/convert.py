@@ -27,9 +27,12 @@ def run_convert(opts: ConvertOptions) -> int:
     else:
         summary, what = convert_from_hf(source, opts.out, force=opts.force), ""
     try_next = "sample" if kind_of(read_run_config(Path(opts.out))).generates else "predict"  # images: RUN image.png
-    print(json.dumps(summary) if opts.json else
-          f"{opts.out}: {summary['family']} run from {summary['architecture']} "
-          f"({what}{summary['parameters']:,} parameters). Try: attnlab {try_next} {opts.out} ...")  # fmt: skip
+    print(
+        json.dumps(summary)
+        if opts.json
+        else f"{opts.out}: {summary['family']} run from {summary['architecture']} "
+        f"({what}{summary['parameters']:,} parameters). Try: attnlab {try_next} {opts.out} ..."
+    )
     return 0
 
 
@@ -61,10 +64,16 @@ def run_export(opts: ExportOptions) -> int:
 def run_merge(opts: MergeOptions) -> int:
     summary = merge_run(opts.run, opts.out, force=opts.force)
     quantized = summary["quantized_base"]
-    note = (f" It trained over its base quantized to {quantized}: the adapters are folded into the float base."
-            if quantized else "")  # fmt: skip
-    print(json.dumps(summary) if opts.json else
-          f"{opts.out}: {opts.run}'s adapters folded into its base ({summary['merged']} matrices; "
-          f"{summary['parameters']:,} parameters), a full run.{note} Export it with: attnlab export "
-          f"{opts.out} --to hf DIR")  # fmt: skip
+    note = (
+        f" It trained over its base quantized to {quantized}: the adapters are folded into the float base."
+        if quantized
+        else ""
+    )
+    print(
+        json.dumps(summary)
+        if opts.json
+        else f"{opts.out}: {opts.run}'s adapters folded into its base ({summary['merged']} matrices; "
+        f"{summary['parameters']:,} parameters), a full run.{note} Export it with: attnlab export "
+        f"{opts.out} --to hf DIR"
+    )
     return 0

@@ -24,15 +24,11 @@ BUDGET = "2m"
 # The preset's tuned recipe, for a time budget: training stops when it is spent (max_steps only
 # caps it), and the schedule's decay ends with it. Validation every 150 steps, as a progress report.
 DEMO_TRAIN = dict(PRESET_TRAINING[PRESET], max_steps=100_000, eval_interval=150, eval_batches=20)
-# A floor under the budget: a loaded machine once spent the 2 minutes on 64 steps and ended at 1.83
-# nats/char with gibberish. 300 steps (`attnlab demo --max-steps 300`, AMD EPYC, loaded) reached 1.27
-# on the held-out 200,000 characters with gpt-nano-fast, with samples that read as Python, and 1.345
-# with qwen3-nano-fast (benchmarks/demo_recipes.py --steps 300).
+# A floor under the budget: a loaded machine once spent the 2 minutes on 64 steps and ended with
+# gibberish, where 300 steps give samples that read as Python (docs/log.md, "The demo").
 FLOOR = 300
-# What a quiet 2-core AMD EPYC (AVX-512) reached in the 2-minute budget: `make demo` from a fresh
-# clone, 2026-11-28 14:08 UTC, 844 steps and 1.1428 nats/char on the 200,000 held-out characters (the
-# AVX2-only EPYC of earlier weeks made 498 gpt-nano-fast steps in the same budget; at 500 steps
-# qwen3-nano-fast is at 1.2292, benchmarks/demo_recipes.py).
+# What a quiet 2-core CPU with AVX-512 reached in the 2-minute budget from a fresh clone (`make demo`;
+# the runs behind it: docs/log.md, "The demo"); the demo prints it beside its own result.
 EXPECTED_STEPS, EXPECTED_LOSS = 840, 1.14
 PROMPTS = ["def ", "class ", "import "]
 
@@ -85,8 +81,10 @@ def verdict(steps: int, loss: float, seconds: float) -> str:
     """The steps and loss reached against what a quiet 2-core CPU reaches in the same budget, and this
     machine's pace against it (steps a second: a busy machine trains on past the budget to FLOOR)."""
     budget = budget_seconds(BUDGET)
-    line = (f"reached {steps} steps and {loss:.2f} nats/char in {seconds / 60:.1f} minutes of training; a quiet "
-            f"2-core CPU (AMD EPYC) reaches about {EXPECTED_STEPS} steps and {EXPECTED_LOSS} in {BUDGET}")  # fmt: skip
+    line = (
+        f"reached {steps} steps and {loss:.2f} nats/char in {seconds / 60:.1f} minutes of training; a quiet "
+        f"2-core CPU (AMD EPYC) reaches about {EXPECTED_STEPS} steps and {EXPECTED_LOSS} in {BUDGET}"
+    )
     pace = (steps / seconds) / (EXPECTED_STEPS / budget)
     if pace < 0.8:
         line += f". This machine trained at {pace:.0%} of that pace (slower, or busy)"

@@ -56,10 +56,20 @@ BASE_MODEL = replace(GPTConfig.from_preset("qwen3-nano-fast"), context=512, drop
 BASE_TRAIN = dict(FAST_TRAINING, batch_size=16, warmup_steps=20, max_steps=300, eval_interval=100, eval_batches=4)
 # SFT: Muon on the blocks' matrices (AdamW alone reached 61% exact in the same 800 steps, Muon 93%:
 # reversing and capitalizing unseen strings are what it learns faster), no weight decay.
-SFT_TRAIN = dict(optimizer="muon", lr=3e-3, muon_lr=0.02, batch_size=32, warmup_steps=50, max_steps=800,
-                 weight_decay=0.0, eval_interval=200, eval_batches=4)  # fmt: skip
-DPO_TRAIN = dict(lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_decay=0.0, eval_interval=50,
-                 eval_batches=2)  # fmt: skip
+SFT_TRAIN = dict(
+    optimizer="muon",
+    lr=3e-3,
+    muon_lr=0.02,
+    batch_size=32,
+    warmup_steps=50,
+    max_steps=800,
+    weight_decay=0.0,
+    eval_interval=200,
+    eval_batches=4,
+)
+DPO_TRAIN = dict(
+    lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_decay=0.0, eval_interval=50, eval_batches=2
+)
 # The reward model: the sft model with the mean head (models/reward.py: a per-token score averaged
 # over the answer's tokens, starting from the sft log-probability; no length term for RL to find):
 # 98.5% of held-out pairs ranked right, where the last-token head reached 67% in the same 250 steps
@@ -90,13 +100,28 @@ def exact_share(run: Run, convs: list[Conversation], template: ChatTemplate) -> 
 def sampled_vs_best(policy: Run, reward: Run, convs: list[Conversation], seed: int = 0) -> list[float]:
     """Exact answers of one sample each, and of the reward model's pick of BEST_OF samples."""
     template = run_template(policy.path)
-    plain = answers(policy.model, policy.tokenizer, template, [c.messages[:-1] for c in convs], seed=seed,
-                    temperature=TEMPERATURE, max_new_tokens=SAMPLE_TOKENS, progress="one sample each")  # fmt: skip
+    plain = answers(
+        policy.model,
+        policy.tokenizer,
+        template,
+        [c.messages[:-1] for c in convs],
+        seed=seed,
+        temperature=TEMPERATURE,
+        max_new_tokens=SAMPLE_TOKENS,
+        progress="one sample each",
+    )
     right_plain = sum(a == c.messages[-1].content for a, c in zip(plain, convs, strict=True))
     right_best = 0
     for i, c in enumerate(tqdm(convs, desc=f"best of {BEST_OF}", unit=" questions", leave=False)):
-        ranked = best_of(policy, reward, list(c.messages[:-1]), BEST_OF, seed=seed + 1000 * i, temperature=TEMPERATURE,
-                         max_new_tokens=SAMPLE_TOKENS)  # fmt: skip
+        ranked = best_of(
+            policy,
+            reward,
+            list(c.messages[:-1]),
+            BEST_OF,
+            seed=seed + 1000 * i,
+            temperature=TEMPERATURE,
+            max_new_tokens=SAMPLE_TOKENS,
+        )
         right_best += ranked[0][1] == c.messages[-1].content
     return [right_plain / len(convs), right_best / len(convs)]
 
@@ -140,8 +165,16 @@ class Chain:
         self.save()
         return value
 
-    def stage(self, name: str, title: str, task: str, settings: dict, model: GPTConfig | None = None,
-              tested: bool = True, **kw: Any) -> dict[str, Any]:  # fmt: skip
+    def stage(
+        self,
+        name: str,
+        title: str,
+        task: str,
+        settings: dict,
+        model: GPTConfig | None = None,
+        tested: bool = True,
+        **kw: Any,
+    ) -> dict[str, Any]:
         """A run of the chain, kept if done, else resumed or started; its test scores (tested=False: a
         stage with none, the pretrained base). kw: train()'s."""
         seeded = {} if self.seed is None else {"seed": self.seed}
@@ -177,11 +210,18 @@ def open_chain(root: Path, base: str | None, seed: int | None = None) -> dict[st
             raise AttnlabError(f"{root} continues a chain with {had}: leave --seed out, or give another --out")
         return {"numbers": {}, "seconds": {}, **rec}
     if root.exists() and not (root.is_dir() and not any(root.iterdir())):
-        raise AttnlabError(f"{root} exists and is not a chat demo's folder (no {CHAIN}): choose another --out, "
-                           f"e.g. --out {free_dir(root)}")  # fmt: skip
+        raise AttnlabError(
+            f"{root} exists and is not a chat demo's folder (no {CHAIN}): choose another --out, "
+            f"e.g. --out {free_dir(root)}"
+        )
     root.mkdir(parents=True, exist_ok=True)
-    rec = {"demo": "chat", "base": None if base is None else str(Path(base).resolve()), "seed": seed,
-           "numbers": {}, "seconds": {}}  # fmt: skip
+    rec = {
+        "demo": "chat",
+        "base": None if base is None else str(Path(base).resolve()),
+        "seed": seed,
+        "numbers": {},
+        "seconds": {},
+    }
     write_json(root / CHAIN, rec)
     return rec
 
@@ -203,8 +243,9 @@ def run_chat_demo(out: str | Path = "runs/chat", base: str | None = None, seed: 
         numbers = stages(chain)
     except (Interrupted, KeyboardInterrupt) as e:
         what = e.what if isinstance(e, Interrupted) else "interrupted"
-        raise Interrupted(f"{what} in stage {chain.current}; finished stages are kept",
-                          f"attnlab demo --chat --out {chain.root}") from None  # fmt: skip
+        raise Interrupted(
+            f"{what} in stage {chain.current}; finished stages are kept", f"attnlab demo --chat --out {chain.root}"
+        ) from None
     report(numbers, chain)
     return {**numbers, "out": str(chain.root)}
 
@@ -213,27 +254,66 @@ def stages(chain: Chain) -> dict[str, Any]:
     root, base = chain.root, chain.base
     test = instructions("test", TEST, TEST_SEED)
     if chain.record["base"] is None:
-        chain.stage("base", "base: pretraining on Python's standard library", "lm", BASE_TRAIN, model=BASE_MODEL,
-                    tested=False, data=DataConfig("stdlib"))  # fmt: skip
+        chain.stage(
+            "base",
+            "base: pretraining on Python's standard library",
+            "lm",
+            BASE_TRAIN,
+            model=BASE_MODEL,
+            tested=False,
+            data=DataConfig("stdlib"),
+        )
     before = chain.number("exact_before", "before", lambda: exact_share(load(base), test, run_template(base)))
     print(f"exact answers before fine-tuning: {before:.1%}")
     pairs = PreferenceData(examples=PAIRS, test_examples=TEST)
-    sft = chain.stage("sft", "sft: fine-tuning on the built-in instructions", "sft", SFT_TRAIN,
-                      data=ChatData(examples=EXAMPLES, test_examples=TEST, chained=CHAINED), init=base)  # fmt: skip
-    dpo = chain.stage("dpo", "dpo: preferring right answers to near misses", "dpo", DPO_TRAIN, data=pairs,
-                      init=root / "sft", beta=BETA)  # fmt: skip
-    rm = chain.stage("reward", "reward: a reward model on the same pairs", "reward", REWARD_TRAIN, data=pairs,
-                     init=root / "sft")  # fmt: skip
+    sft = chain.stage(
+        "sft",
+        "sft: fine-tuning on the built-in instructions",
+        "sft",
+        SFT_TRAIN,
+        data=ChatData(examples=EXAMPLES, test_examples=TEST, chained=CHAINED),
+        init=base,
+    )
+    dpo = chain.stage(
+        "dpo",
+        "dpo: preferring right answers to near misses",
+        "dpo",
+        DPO_TRAIN,
+        data=pairs,
+        init=root / "sft",
+        beta=BETA,
+    )
+    rm = chain.stage(
+        "reward", "reward: a reward model on the same pairs", "reward", REWARD_TRAIN, data=pairs, init=root / "sft"
+    )
     title = f"best-of-{BEST_OF} through the reward model"
     print(f"\n== {title}", flush=True)
-    plain, best = chain.number("sampled_vs_best", "best_of", lambda: sampled_vs_best(
-        load(root / "sft"), load(root / "reward"), test[:SAMPLED], chain.seed or 0))  # fmt: skip
-    grpo = chain.stage("grpo", "grpo: reinforcement learning against exact answers", "grpo", GRPO_CHAIN,
-                       data=ChatData(examples=EXAMPLES, test_examples=TEST), init=root / "sft", beta=GRPO_BETA,
-                       reward="exact")  # fmt: skip
-    return {"exact_before": before, "exact_sft": sft["exact"], "exact_dpo": dpo["exact"], "exact_grpo": grpo["exact"],
-            "dpo_preference_accuracy": dpo["preference_accuracy"], "reward_pair_accuracy": rm["pair_accuracy"],
-            "sampled": plain, "best_of": best, "seconds": sum(chain.record["seconds"].values())}  # fmt: skip
+    plain, best = chain.number(
+        "sampled_vs_best",
+        "best_of",
+        lambda: sampled_vs_best(load(root / "sft"), load(root / "reward"), test[:SAMPLED], chain.seed or 0),
+    )
+    grpo = chain.stage(
+        "grpo",
+        "grpo: reinforcement learning against exact answers",
+        "grpo",
+        GRPO_CHAIN,
+        data=ChatData(examples=EXAMPLES, test_examples=TEST),
+        init=root / "sft",
+        beta=GRPO_BETA,
+        reward="exact",
+    )
+    return {
+        "exact_before": before,
+        "exact_sft": sft["exact"],
+        "exact_dpo": dpo["exact"],
+        "exact_grpo": grpo["exact"],
+        "dpo_preference_accuracy": dpo["preference_accuracy"],
+        "reward_pair_accuracy": rm["pair_accuracy"],
+        "sampled": plain,
+        "best_of": best,
+        "seconds": sum(chain.record["seconds"].values()),
+    }
 
 
 def report(n: dict[str, Any], chain: Chain) -> None:

@@ -55,8 +55,12 @@ def finite(text: str) -> float:
     return value
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, dict] | None = None,
-                skip: frozenset[str] = frozenset()) -> None:  # fmt: skip
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    overrides: dict[str, dict] | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> None:
     """One argument per field of the options dataclass cls; overrides[name] replaces parts of a
     field's metadata for this command (its help, choices or default)."""
     groups: dict[str, Any] = {}
@@ -139,9 +143,14 @@ def several(base: Any, meta: dict, text: str, default: Any, positional: bool) ->
     commas = not positional and nargs in ("+", "*", None) and meta.get("commas", True)
     choices = meta.get("choices")
     convert = _converter(typing.get_args(base)[0], meta)
-    kw = {"action": Several, "into": typing.get_origin(base), "repeat": repeat, "commas": commas,
-          "type": _items(convert, choices, commas),
-          "help": _several_help(text, meta, default, nargs, commas)}  # fmt: skip
+    kw = {
+        "action": Several,
+        "into": typing.get_origin(base),
+        "repeat": repeat,
+        "commas": commas,
+        "type": _items(convert, choices, commas),
+        "help": _several_help(text, meta, default, nargs, commas),
+    }
     if nargs is not None:
         kw["nargs"] = nargs
     if meta.get("metavar") is not None or choices is not None:
@@ -188,8 +197,14 @@ def read_options(args: argparse.Namespace, cls: type) -> Any:
         raise AttnlabError(str(e)) from None
 
 
-def add_section(parser: argparse.ArgumentParser, section: str, cls: type | tuple[type, ...], title: str,
-                skip: frozenset[str] = frozenset(), defaults: dict[str, Any] | None = None) -> None:  # fmt: skip
+def add_section(
+    parser: argparse.ArgumentParser,
+    section: str,
+    cls: type | tuple[type, ...],
+    title: str,
+    skip: frozenset[str] = frozenset(),
+    defaults: dict[str, Any] | None = None,
+) -> None:
     """One --flag per field of a settings dataclass, defaulting to None (so we know what was given).
     Several classes: one flag per field name, its help naming the class. `defaults`: the values the
     command uses in place of the fields' own (a preset, tuned settings), for --help."""
@@ -208,8 +223,11 @@ def add_section(parser: argparse.ArgumentParser, section: str, cls: type | tuple
 def _flag(section: str, cls: type, f: dataclasses.Field, where: str, defaults: dict) -> dict[str, Any]:
     base, _ = field_type(cls, f)
     default = defaults.get(f.name, None if f.default is dataclasses.MISSING else f.default)
-    kw: dict[str, Any] = {"dest": f"{section}__{f.name}", "default": None,
-                          "help": f"{f.metadata.get('help', '')} (default: {default}){where}"}  # fmt: skip
+    kw: dict[str, Any] = {
+        "dest": f"{section}__{f.name}",
+        "default": None,
+        "help": f"{f.metadata.get('help', '')} (default: {default}){where}",
+    }
     if base is bool:
         kw["action"] = argparse.BooleanOptionalAction
     elif is_list(base):  # laid over the preset whole: the values given replace the preset's list

@@ -35,8 +35,8 @@ def run_serve(opts: ServeOptions) -> int:
             f"attnlab serve needs fastapi, uvicorn and python-multipart ({e}): pip install -e ."
         ) from None
     # The model's threads; by default one core is left to the thread that speaks HTTP, which works
-    # while the decode loop computes (benchmarks/serve_load.py on 2 cores shared with another job:
-    # 16 streams of gpt-nano gave 4.0x one stream's tokens/s with 1 model thread, 2.9x with 2).
+    # while the decode loop computes (benchmarks/serve_load.py: more streams served with one model
+    # thread than with two on 2 cores; docs/log.md, "Serving").
     # Fewer still when other attnlab/torch processes are busy here (runtime/threads.py, as the runs load).
     torch.set_num_threads(opts.threads or max(1, torch.get_num_threads() - 1))
     if opts.threads:
@@ -45,7 +45,18 @@ def run_serve(opts: ServeOptions) -> int:
     check_exposure(opts.host, key, opts.insecure_no_key)  # before the runs load: a refusal is instant
     hosts = [h.strip() for h in (opts.allowed_hosts or "").split(",") if h.strip()]
     limits = Limits(max_streams=opts.max_streams, max_batch=opts.max_batch, request_timeout=opts.request_timeout)
-    serve(opts.runs, host=opts.host, port=opts.port, device=opts.device, api_key=key,
-          insecure_no_key=opts.insecure_no_key, allowed_hosts=hosts, cors_origins=opts.cors_origin,
-          limits=limits, quantize=opts.quantize, compiled=opts.compile, transcoders=opts.transcoders)  # fmt: skip
+    serve(
+        opts.runs,
+        host=opts.host,
+        port=opts.port,
+        device=opts.device,
+        api_key=key,
+        insecure_no_key=opts.insecure_no_key,
+        allowed_hosts=hosts,
+        cors_origins=opts.cors_origin,
+        limits=limits,
+        quantize=opts.quantize,
+        compiled=opts.compile,
+        transcoders=opts.transcoders,
+    )
     return 0

@@ -84,8 +84,7 @@ def _over_training_lines(result: dict) -> list[str]:
     return lines
 
 
-SUMMARIES = {"lens": _lens_lines, "tables": _table_lines, "views": _view_lines,
-             "over-training": _over_training_lines}  # fmt: skip
+SUMMARIES = {"lens": _lens_lines, "tables": _table_lines, "views": _view_lines, "over-training": _over_training_lines}
 
 
 # ---- the pictures, by kind of result ------------------------------------------------------------

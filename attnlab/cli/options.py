@@ -38,10 +38,14 @@ class ReadsRun(OnDevice):
 
 @dataclass
 class Quantizes:
-    quantize: str | None = option(None, "decode from weights stored small: int8 (per output channel), int4 (groups "
-                                  "of 32) or bf16; the blocks' matrices and the LM head, each kept float32 where "
-                                  "this machine measured float32 faster for its shape (a run written by attnlab "
-                                  "quantize already is quantized)", QUANTIZED)  # fmt: skip
+    quantize: str | None = option(
+        None,
+        "decode from weights stored small: int8 (per output channel), int4 (groups "
+        "of 32) or bf16; the blocks' matrices and the LM head, each kept float32 where "
+        "this machine measured float32 faster for its shape (a run written by attnlab "
+        "quantize already is quantized)",
+        QUANTIZED,
+    )
 
 
 @dataclass
@@ -51,11 +55,20 @@ class Answers:
 
 @dataclass
 class HeadsOut:
-    remove: str | None = option(None, "zero these heads' outputs: LAYER.HEAD from 1, comma-separated (2.3,1.1); a "
-                                "layer alone (2) is all its heads; encoder-decoder: encoder:, decoder: or cross: "
-                                "before it", metavar="HEADS", group=HEADS)  # fmt: skip
-    keep: str | None = option(None, "zero every other head of the same attention: only these remain (same syntax "
-                              "as --remove)", metavar="HEADS", group=HEADS)  # fmt: skip
+    remove: str | None = option(
+        None,
+        "zero these heads' outputs: LAYER.HEAD from 1, comma-separated (2.3,1.1); a "
+        "layer alone (2) is all its heads; encoder-decoder: encoder:, decoder: or cross: "
+        "before it",
+        metavar="HEADS",
+        group=HEADS,
+    )
+    keep: str | None = option(
+        None,
+        "zero every other head of the same attention: only these remain (same syntax as --remove)",
+        metavar="HEADS",
+        group=HEADS,
+    )
 
 
 @dataclass
@@ -70,71 +83,102 @@ PICTURE, PAGE = (".png", ".svg", ".json"), (".png", ".svg", ".html", ".json")
 
 @dataclass
 class DemoOptions:
-    out: str = option("runs/demo", "run directory (a free name is picked if it exists; with --chat, the chain's "
-                      "folder: run again, it goes on where it stopped)")  # fmt: skip
+    out: str = option(
+        "runs/demo",
+        "run directory (a free name is picked if it exists; with --chat, the chain's "
+        "folder: run again, it goes on where it stopped)",
+    )
     time_budget: str = option("2m", "minutes of training (90s, 2m, 1.5h)")
     max_steps: int | None = option(None, "train for this many steps instead of a budget", at_least=1)
-    chat: bool = option(False, "the assistant chain instead (about 14 minutes on a quiet 2-core CPU; Ctrl-C, then "
-                        "the same command goes on where it stopped): pretrain a small base, fine-tune it on "
-                        "instructions (sft), tune it on preferences (dpo), train a reward model and sample "
-                        "best-of-8 through it, then tune the sft run by RL (grpo); --out defaults to "
-                        "runs/chat; `attnlab report OUT` draws its report card")  # fmt: skip
-    base: str | None = option(None, "with --chat: start from this GPT run instead of pretraining a base",
-                              metavar="RUN")  # fmt: skip
-    seed: int | None = option(None, "with --chat: every stage's seed (default: each stage's own); a chain keeps "
-                              "the seed it started with")  # fmt: skip
+    chat: bool = option(
+        False,
+        "the assistant chain instead (about 14 minutes on a quiet 2-core CPU; Ctrl-C, then "
+        "the same command goes on where it stopped): pretrain a small base, fine-tune it on "
+        "instructions (sft), tune it on preferences (dpo), train a reward model and sample "
+        "best-of-8 through it, then tune the sft run by RL (grpo); --out defaults to "
+        "runs/chat; `attnlab report OUT` draws its report card",
+    )
+    base: str | None = option(None, "with --chat: start from this GPT run instead of pretraining a base", metavar="RUN")
+    seed: int | None = option(
+        None, "with --chat: every stage's seed (default: each stage's own); a chain keeps the seed it started with"
+    )
 
 
 @dataclass
 class PredictOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
-    text: str = option("", 'text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); for an image '
-                       "run, an image file", positional=True)  # fmt: skip
-    top_k: int | None = option(None, "candidates per [MASK] (default: 5), classes shown for an image (default: 3)",
-                               at_least=1)  # fmt: skip
+    text: str = option(
+        "",
+        'text to read (for a masked-LM run put [MASK] in it: "import [MASK]"); for an image run, an image file',
+        positional=True,
+    )
+    top_k: int | None = option(
+        None, "candidates per [MASK] (default: 5), classes shown for an image (default: 3)", at_least=1
+    )
     beam: int = option(1, "translation and caption runs: beam width, 1 = greedy", at_least=1)
-    attention: str | None = option(None, "translation runs: draw the alignment; ViT runs: draw [CLS]'s attention "
-                                   "to each patch over the image (.png, .svg or .json); caption runs: where each "
-                                   "word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
-                                   "where hovering a word moves the attention)", metavar="FILE",
-                                   writes=PAGE)  # fmt: skip
+    attention: str | None = option(
+        None,
+        "translation runs: draw the alignment; ViT runs: draw [CLS]'s attention "
+        "to each patch over the image (.png, .svg or .json); caption runs: where each "
+        "word looked, one panel per word and head (.png, .svg, .json, or .html: a page "
+        "where hovering a word moves the attention)",
+        metavar="FILE",
+        writes=PAGE,
+    )
 
 
 @dataclass
 class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     text: str = option("", "source text", positional=True)
     beam: int = option(1, "beam width; 1 is greedy decoding", at_least=1)
-    attention: str | None = option(None, "also draw the alignment (cross-attention): .png, .svg or .json",
-                                   metavar="FILE", writes=PICTURE)  # fmt: skip
+    attention: str | None = option(
+        None, "also draw the alignment (cross-attention): .png, .svg or .json", metavar="FILE", writes=PICTURE
+    )
 
 
 @dataclass
 class SampleOptions(Quantizes, HeadsOut, ReadsRun):
-    num_samples: int = option(1, "how many samples, drawn 64 at a time as one batch, each batch printed when done",
-                              at_least=1)  # fmt: skip
-    chat: str | None = option(None, "answer MESSAGE as a user's turn: rendered with the run's chat template, only "
-                              "the answer printed (it ends at the template's end of turn); not with --prompt or "
-                              "--stop", metavar="MESSAGE")  # fmt: skip
-    best_of: int = option(1, "with --chat and --reward: draw N answers and print the one the reward model scores "
-                          "highest (best-of-N)", at_least=1, metavar="N")  # fmt: skip
-    reward: str | None = option(None, "a reward run (attnlab train reward) that scores --best-of's answers",
-                                metavar="RUN")  # fmt: skip
+    num_samples: int = option(
+        1, "how many samples, drawn 64 at a time as one batch, each batch printed when done", at_least=1
+    )
+    chat: str | None = option(
+        None,
+        "answer MESSAGE as a user's turn: rendered with the run's chat template, only "
+        "the answer printed (it ends at the template's end of turn); not with --prompt or "
+        "--stop",
+        metavar="MESSAGE",
+    )
+    best_of: int = option(
+        1,
+        "with --chat and --reward: draw N answers and print the one the reward model scores highest (best-of-N)",
+        at_least=1,
+        metavar="N",
+    )
+    reward: str | None = option(
+        None, "a reward run (attnlab train reward) that scores --best-of's answers", metavar="RUN"
+    )
 
 
 @dataclass
 class ChatOptions(Quantizes, ReadsRun):
-    system: str | None = option(None, "a system message that opens the conversation (kept when the oldest turns "
-                                "are dropped)", metavar="TEXT")  # fmt: skip
-    max_new_tokens: int = option(256, "an answer's length at most, in tokens (and never past the context)",
-                                 at_least=1)  # fmt: skip
-    reserve: int | None = option(None, "tokens of the context kept free for the answer: older turns are dropped "
-                                 "when the prompt leaves less (default: the longest answer in the run's training "
-                                 "data, at most --max-new-tokens; without such data, min(--max-new-tokens, half "
-                                 "the context))", at_least=1, metavar="N")  # fmt: skip
+    system: str | None = option(
+        None, "a system message that opens the conversation (kept when the oldest turns are dropped)", metavar="TEXT"
+    )
+    max_new_tokens: int = option(256, "an answer's length at most, in tokens (and never past the context)", at_least=1)
+    reserve: int | None = option(
+        None,
+        "tokens of the context kept free for the answer: older turns are dropped "
+        "when the prompt leaves less (default: the longest answer in the run's training "
+        "data, at most --max-new-tokens; without such data, min(--max-new-tokens, half "
+        "the context))",
+        at_least=1,
+        metavar="N",
+    )
     temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
     top_k: int | None = option(None, "sample only among the k most likely tokens", at_least=1)
     top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
-    seed: int | None = option(None, "random seed: answer k draws with seed + k, so the same messages give the same "
-                              "conversation")  # fmt: skip
+    seed: int | None = option(
+        None, "random seed: answer k draws with seed + k, so the same messages give the same conversation"
+    )
     compile: bool = option(False, COMPILE_HELP)
 
     def __post_init__(self):
@@ -143,14 +187,24 @@ class ChatOptions(Quantizes, ReadsRun):
 
 @dataclass
 class EvalOptions(Quantizes, WritesFiles, Answers, ReadsRun):
-    data: str | None = option(None, "file, folder or stdlib; image runs: digits, a folder of class sub-folders or "
-                              "a .npz, scored whole (default: the run's own data)")  # fmt: skip
+    data: str | None = option(
+        None,
+        "file, folder or stdlib; image runs: digits, a folder of class sub-folders or "
+        "a .npz, scored whole (default: the run's own data)",
+    )
     glob: str | None = option(None, "files of a folder to read (default: the run's, or *)")
-    split: str | None = option(None, "held-out part (same split as training), training part, or all (default: "
-                               "val; classifiers and taggers: test)", (*SPLITS, "test"))  # fmt: skip
+    split: str | None = option(
+        None,
+        "held-out part (same split as training), training part, or all (default: val; classifiers and taggers: test)",
+        (*SPLITS, "test"),
+    )
     max_tokens: int | None = option(None, "evaluate at most this many tokens", at_least=1)
-    confusion: str | None = option(None, "image runs: where to draw the confusion matrix, .png, .svg or .json "
-                                   "(default: RUN/eval_confusion.png)", metavar="FILE", writes=PICTURE)  # fmt: skip
+    confusion: str | None = option(
+        None,
+        "image runs: where to draw the confusion matrix, .png, .svg or .json (default: RUN/eval_confusion.png)",
+        metavar="FILE",
+        writes=PICTURE,
+    )
     beam: int = option(1, "translation runs: beam width, 1 = greedy", at_least=1)
 
 
@@ -162,82 +216,132 @@ class SizeOptions(Answers):
 @dataclass
 class AttentionOptions(WritesFiles, ReadsRun):
     input: str = option("", "text to read (an image file for image runs)", positional=True)
-    out: str = option("", "what to write, by suffix: .png or .svg picture, .html page, .json numbers",
-                      required=True, metavar="FILE", writes=PAGE)  # fmt: skip
+    out: str = option(
+        "",
+        "what to write, by suffix: .png or .svg picture, .html page, .json numbers",
+        required=True,
+        metavar="FILE",
+        writes=PAGE,
+    )
     layer: int | None = option(None, "PNG, SVG, JSON: only this layer (1 = first), all its heads")
     head: int | None = option(None, "PNG, SVG, JSON: only this head of --layer (1 = first)")
-    view: str | None = option(None, "a translation run: which attention (PNG, SVG default: cross; JSON default: all)",
-                              VIEW_NAMES)  # fmt: skip
+    view: str | None = option(
+        None, "a translation run: which attention (PNG, SVG default: cross; JSON default: all)", VIEW_NAMES
+    )
 
 
 @dataclass
 class ReportOptions:
-    folder: str = option("runs/chat", "the chain's folder: the --out of `attnlab demo --chat`", positional=True,
-                         nargs="?")  # fmt: skip
+    folder: str = option(
+        "runs/chat", "the chain's folder: the --out of `attnlab demo --chat`", positional=True, nargs="?"
+    )
 
 
 @dataclass
 class RunsOptions:
-    folder: str = option("runs", "the folder to look in: every run under it, at any depth", positional=True,
-                         nargs="?")  # fmt: skip
+    folder: str = option("runs", "the folder to look in: every run under it, at any depth", positional=True, nargs="?")
 
 
 @dataclass
 class RunsCompareOptions(WritesFiles):
     runs: list[str] = option(None, "run folders to draw together", positional=True, nargs="+", metavar="RUN")
-    out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
-                      metavar="FILE", writes=PICTURE)  # fmt: skip
+    out: str = option(
+        "",
+        "picture to write: .png, .svg (vector) or .json (its numbers)",
+        required=True,
+        metavar="FILE",
+        writes=PICTURE,
+    )
 
 
 @dataclass
 class PlotOptions(WritesFiles):
     run: str = option("", "run directory", positional=True)
     what: str = option("", "what to draw", tuple(PLOTS), required=True)
-    out: str = option("", "picture to write: .png, .svg (vector) or .json (its numbers)", required=True,
-                      metavar="FILE", writes=PICTURE)  # fmt: skip
+    out: str = option(
+        "",
+        "picture to write: .png, .svg (vector) or .json (its numbers)",
+        required=True,
+        metavar="FILE",
+        writes=PICTURE,
+    )
     tokens: int = option(60, "embeddings: how many tokens to label", at_least=1)
     text: str | None = option(None, "experts: the text to route (default: a line of Python)")
 
 
 @dataclass
 class InspectOptions(WritesFiles, ReadsRun):
-    text: str | None = option(None, "input text, or an image file for image runs (not needed for over-training, "
-                              "optional for ablate)", positional=True, nargs="?")  # fmt: skip
+    text: str | None = option(
+        None,
+        "input text, or an image file for image runs (not needed for over-training, optional for ablate)",
+        positional=True,
+        nargs="?",
+    )
     what: str = option("", "what to compute", tuple(INSPECTIONS), required=True)
-    out: str | None = option(None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)",
-                             metavar="FILE", writes=PAGE)  # fmt: skip
-    on: str | None = option(None, "ablate with no text: random tokens repeated twice, the loss of their repeated "
-                            "half (default: repeats), or the run's validation split; other inspections refuse it",
-                            ("repeats", "val"))  # fmt: skip
+    out: str | None = option(
+        None, "by suffix: a picture (.png, .svg), a page (.html) or the numbers (.json)", metavar="FILE", writes=PAGE
+    )
+    on: str | None = option(
+        None,
+        "ablate with no text: random tokens repeated twice, the loss of their repeated "
+        "half (default: repeats), or the run's validation split; other inspections refuse it",
+        ("repeats", "val"),
+    )
 
 
 @dataclass
 class PatchOptions(WritesFiles, Answers, ReadsRun):
-    clean: str = option("", "the clean input: a text (an image file for image runs; a translation run's source)",
-                        required=True, metavar="TEXT")  # fmt: skip
+    clean: str = option(
+        "",
+        "the clean input: a text (an image file for image runs; a translation run's source)",
+        required=True,
+        metavar="TEXT",
+    )
     corrupted: str = option("", "the corrupted input, as many tokens long as --clean", required=True, metavar="TEXT")
-    metric: str = option("logit-diff", "what is measured of the answer: logit(target) - logit(wrong), p(target) or "
-                         "-log p(target)", PATCH_METRICS)  # fmt: skip
-    target: str | None = option(None, "the answer the metric reads, a token or a label (default: the clean run's "
-                                "top answer)", metavar="TOKEN")  # fmt: skip
-    wrong: str | None = option(None, "logit-diff's other answer (default: the corrupted run's top answer)",
-                               metavar="TOKEN")  # fmt: skip
-    method: str = option("activation", "activation: run the corrupted input once per site with that site's clean "
-                         "value; attribution: AtP's gradient estimate of every site from one backward pass; eap, "
-                         "eap-ig: edge attribution over the residual graph (each sublayer output -> each later "
-                         "sublayer input), EAP-IG's gradients averaged over --steps points", PATCH_METHODS)  # fmt: skip
+    metric: str = option(
+        "logit-diff",
+        "what is measured of the answer: logit(target) - logit(wrong), p(target) or -log p(target)",
+        PATCH_METRICS,
+    )
+    target: str | None = option(
+        None, "the answer the metric reads, a token or a label (default: the clean run's top answer)", metavar="TOKEN"
+    )
+    wrong: str | None = option(
+        None, "logit-diff's other answer (default: the corrupted run's top answer)", metavar="TOKEN"
+    )
+    method: str = option(
+        "activation",
+        "activation: run the corrupted input once per site with that site's clean "
+        "value; attribution: AtP's gradient estimate of every site from one backward pass; eap, "
+        "eap-ig: edge attribution over the residual graph (each sublayer output -> each later "
+        "sublayer input), EAP-IG's gradients averaged over --steps points",
+        PATCH_METHODS,
+    )
     steps: int = option(5, "eap-ig: points on the line from the corrupted input to the clean one", at_least=1)
-    granularity: list[str] = field(default_factory=list, metadata={
-        "help": "what to patch, repeatable (default: all): resid (layer x position), heads (each head, all "
-                "positions), components (attention, MLP and residual outputs by layer)",
-        "repeat": True, "choices": PATCH_GRANULARITIES})  # fmt: skip
-    out: str | None = option(None, "a picture of the effects (.png, .svg: layer x position heatmaps, tokens along "
-                             "x) or the numbers (.json)", metavar="FILE", writes=PICTURE)  # fmt: skip
-    sender: str | None = option(None, "path patching: the sender heads, LAYER.HEAD from 1 as --remove names them "
-                                "(cross:1.2 in an encoder-decoder); their effect through --receivers only",
-                                metavar="HEADS")  # fmt: skip
-    receivers: str | None = option(None, "path patching: the receiver heads (same syntax; 2 = all of layer 2)",
-                                   metavar="HEADS")  # fmt: skip
+    granularity: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "what to patch, repeatable (default: all): resid (layer x position), heads (each head, all "
+            "positions), components (attention, MLP and residual outputs by layer)",
+            "repeat": True,
+            "choices": PATCH_GRANULARITIES,
+        },
+    )
+    out: str | None = option(
+        None,
+        "a picture of the effects (.png, .svg: layer x position heatmaps, tokens along x) or the numbers (.json)",
+        metavar="FILE",
+        writes=PICTURE,
+    )
+    sender: str | None = option(
+        None,
+        "path patching: the sender heads, LAYER.HEAD from 1 as --remove names them "
+        "(cross:1.2 in an encoder-decoder); their effect through --receivers only",
+        metavar="HEADS",
+    )
+    receivers: str | None = option(
+        None, "path patching: the receiver heads (same syntax; 2 = all of layer 2)", metavar="HEADS"
+    )
 
 
 @dataclass
@@ -245,23 +349,37 @@ class ServeOptions(Quantizes, OnDevice):
     runs: list[str] = option(None, "run directories to serve", positional=True, nargs="+", metavar="RUN")
     host: str = option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = option(8765, "port (0: any free one)")
-    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every request but /health (default: "
-                                 "the ATTNLAB_API_KEY environment variable; needed with a --host beyond loopback)",
-                                 metavar="KEY")  # fmt: skip
-    insecure_no_key: bool = option(False, "serve a --host beyond loopback without a key: anyone who reaches it can "
-                                   "use it")  # fmt: skip
-    allowed_hosts: str | None = option(None, "comma-separated Host header names to answer besides loopback and "
-                                       "--host ('*': any); a name a browser page could use to reach the server "
-                                       "(DNS rebinding) is refused", metavar="NAMES")  # fmt: skip
-    cors_origin: list[str] = field(default_factory=list, metadata={
-        "help": "let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable (default: none, "
-                "CORS off)", "repeat": True, "metavar": "ORIGIN"})  # fmt: skip
+    api_key: str | None = option(
+        None,
+        "require 'Authorization: Bearer KEY' on every request but /health (default: "
+        "the ATTNLAB_API_KEY environment variable; needed with a --host beyond loopback)",
+        metavar="KEY",
+    )
+    insecure_no_key: bool = option(
+        False, "serve a --host beyond loopback without a key: anyone who reaches it can use it"
+    )
+    allowed_hosts: str | None = option(
+        None,
+        "comma-separated Host header names to answer besides loopback and "
+        "--host ('*': any); a name a browser page could use to reach the server "
+        "(DNS rebinding) is refused",
+        metavar="NAMES",
+    )
+    cors_origin: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable (default: none, "
+            "CORS off)",
+            "repeat": True,
+            "metavar": "ORIGIN",
+        },
+    )
     max_streams: int = option(32, "sequences generated at once over all requests; more get 429")
     max_batch: int = option(16, "sequences of one run decoded in one forward pass; more wait")
-    request_timeout: float = option(300.0, "a generation running longer is stopped with an error",
-                                    metavar="SECONDS")  # fmt: skip
-    threads: int | None = option(None, "CPU threads for the model (default: one per core but one, which the HTTP "
-                                 "side keeps)")  # fmt: skip
+    request_timeout: float = option(300.0, "a generation running longer is stopped with an error", metavar="SECONDS")
+    threads: int | None = option(
+        None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
+    )
     compile: bool = option(False, COMPILE_HELP + "; a request decoded alone takes it, batched rows do not")
     transcoders: list[str] = field(default_factory=list, metadata={
         "help": "a folder of transcoders (attnlab circuits writes OUT/transcoders): the explorer draws "
@@ -278,34 +396,52 @@ class ServeOptions(Quantizes, OnDevice):
 
 @dataclass
 class ConvertOptions(Answers):
-    source: str | None = option(None, f"what to convert: a HuggingFace-format model directory whose config.json names "
-                                f"one of {', '.join(architectures())}; or a .gguf file (llama.cpp's llama or gpt2, "
-                                "weights F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)", positional=True,
-                                nargs="?", metavar="SOURCE")  # fmt: skip
-    from_hf: str | None = option(None, "a HuggingFace model directory: the same as giving it as SOURCE",
-                                 metavar="DIR")  # fmt: skip
+    source: str | None = option(
+        None,
+        f"what to convert: a HuggingFace-format model directory whose config.json names "
+        f"one of {', '.join(architectures())}; or a .gguf file (llama.cpp's llama or gpt2, "
+        "weights F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)",
+        positional=True,
+        nargs="?",
+        metavar="SOURCE",
+    )
+    from_hf: str | None = option(None, "a HuggingFace model directory: the same as giving it as SOURCE", metavar="DIR")
     out: str = option("", "run directory to create", required=True, metavar="RUN")
     force: bool = option(False, "replace --out if it is an attnlab run")
 
     def __post_init__(self):
         if (self.source is None) == (self.from_hf is None):
-            raise ValueError("convert takes one source: a HuggingFace directory or a .gguf file as SOURCE (or the "
-                             "directory as --from-hf DIR)")  # fmt: skip
+            raise ValueError(
+                "convert takes one source: a HuggingFace directory or a .gguf file as SOURCE (or the "
+                "directory as --from-hf DIR)"
+            )
 
 
 @dataclass
 class ExportOptions:
     run: str = option("", "run directory", positional=True)
-    to: str = option("", "target format: hf, a HuggingFace model folder; peft, a LoRA run's adapter as PEFT's "
-                     "adapter folder; onnx, an ONNX file; gguf, a .gguf file for llama.cpp and ollama",
-                     ("hf", "peft", "onnx", "gguf"), required=True)  # fmt: skip
-    out: str = option("", "directory (hf, peft), .onnx file (onnx) or .gguf file (gguf) to write", positional=True,
-                      metavar="OUT")  # fmt: skip
-    type: str | None = option(None, "--to gguf: how weight matrices are stored: f32, f16, q8_0 (8 bits in blocks of "
-                              "32), q4_0 (4 bits; the token embedding and output stay q8_0); norms and biases stay "
-                              "f32 (default: f32)", ("f32", "f16", "q8_0", "q4_0"))  # fmt: skip
-    force: bool = option(False, "replace OUT if it is a HuggingFace model folder (hf), a PEFT adapter folder "
-                         "(peft), an .onnx file (onnx) or a file (gguf)")  # fmt: skip
+    to: str = option(
+        "",
+        "target format: hf, a HuggingFace model folder; peft, a LoRA run's adapter as PEFT's "
+        "adapter folder; onnx, an ONNX file; gguf, a .gguf file for llama.cpp and ollama",
+        ("hf", "peft", "onnx", "gguf"),
+        required=True,
+    )
+    out: str = option(
+        "", "directory (hf, peft), .onnx file (onnx) or .gguf file (gguf) to write", positional=True, metavar="OUT"
+    )
+    type: str | None = option(
+        None,
+        "--to gguf: how weight matrices are stored: f32, f16, q8_0 (8 bits in blocks of "
+        "32), q4_0 (4 bits; the token embedding and output stay q8_0); norms and biases stay "
+        "f32 (default: f32)",
+        ("f32", "f16", "q8_0", "q4_0"),
+    )
+    force: bool = option(
+        False,
+        "replace OUT if it is a HuggingFace model folder (hf), a PEFT adapter folder "
+        "(peft), an .onnx file (onnx) or a file (gguf)",
+    )
 
     def __post_init__(self):
         if self.type is not None and self.to != "gguf":
@@ -314,21 +450,29 @@ class ExportOptions:
 
 @dataclass
 class QuantizeOptions(Answers):
-    run: str = option("", "language model run directory (a GPT run, or a converted Llama or Mixtral)",
-                      positional=True)  # fmt: skip
-    to: str = option("", "int8: per output channel, 1 byte a weight; int4: groups of 32, 5 bits a weight with their "
-                     "scales; bf16: 2 bytes a weight", QUANTIZED, required=True)  # fmt: skip
+    run: str = option("", "language model run directory (a GPT run, or a converted Llama or Mixtral)", positional=True)
+    to: str = option(
+        "",
+        "int8: per output channel, 1 byte a weight; int4: groups of 32, 5 bits a weight with their "
+        "scales; bf16: 2 bytes a weight",
+        QUANTIZED,
+        required=True,
+    )
     out: str = option("", "run directory to create", required=True, metavar="RUN")
     force: bool = option(False, "replace --out if it is an attnlab run")
-    every_layer: bool = option(False, "pack every layer the kernel takes, also those float32 ran faster here (for "
-                               "the memory, or to measure what the precision costs)")  # fmt: skip
+    every_layer: bool = option(
+        False,
+        "pack every layer the kernel takes, also those float32 ran faster here (for "
+        "the memory, or to measure what the precision costs)",
+    )
 
 
 @dataclass
 class MergeOptions(Answers):
     run: str = option("", "LoRA run directory (its model is a base run's plus adapters)", positional=True)
-    out: str = option("", "run directory to create: the base's weights with the adapters folded in",
-                      required=True, metavar="RUN")  # fmt: skip
+    out: str = option(
+        "", "run directory to create: the base's weights with the adapters folded in", required=True, metavar="RUN"
+    )
     force: bool = option(False, "replace --out if it is an attnlab run")
 
 
@@ -343,35 +487,60 @@ class TrainVectorsOptions:
 class VectorsOptions(WritesFiles, Answers):
     run: str = option("", "vectors run directory, .safetensors file, or word2vec/GloVe text file", positional=True)
     # commas=False: a word of a vectors file may hold commas (GloVe has "," and "1,000")
-    neighbors: list[str] | None = option(None, "the nearest words to each WORD", nargs="+", metavar="WORD",
-                                         commas=False)  # fmt: skip
-    analogy: list[str] | None = option(None, "A is to B as C is to ?: the words nearest to B - A + C (man king "
-                                       "woman -> queen)", nargs=3, metavar=("A", "B", "C"))  # fmt: skip
+    neighbors: list[str] | None = option(
+        None, "the nearest words to each WORD", nargs="+", metavar="WORD", commas=False
+    )
+    analogy: list[str] | None = option(
+        None,
+        "A is to B as C is to ?: the words nearest to B - A + C (man king woman -> queen)",
+        nargs=3,
+        metavar=("A", "B", "C"),
+    )
     similarity: list[str] | None = option(None, "the cosine similarity of two words", nargs=2, metavar=("A", "B"))
     top: int = option(10, "how many words to list", at_least=1)
     analogies: str | None = option(None, "score on analogy questions (questions-words.txt)", metavar="FILE")
     wordsim: str | None = option(None, "score on similarity ratings (wordsim353.tsv): Spearman", metavar="FILE")
-    export: str | None = option(None, "write the vectors: .txt/.vec (word2vec text) or .safetensors", metavar="FILE",
-                                writes=(".txt", ".vec", ".safetensors"))  # fmt: skip
-    plot: str | None = option(None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE",
-                              writes=PICTURE)  # fmt: skip
+    export: str | None = option(
+        None,
+        "write the vectors: .txt/.vec (word2vec text) or .safetensors",
+        metavar="FILE",
+        writes=(".txt", ".vec", ".safetensors"),
+    )
+    plot: str | None = option(
+        None, "draw words in 2-D (.png, .svg, or .json: the points)", metavar="FILE", writes=PICTURE
+    )
     words: str | None = option(None, "comma-separated words to draw (default: the most frequent)")
     top_words: int = option(60, "how many frequent words to draw", at_least=1)
-    arrows: list[str] = option((), "draw an arrow from A to B for each pair (e.g. man:king woman:queen)", nargs="*",
-                               metavar="A:B", commas=False)  # fmt: skip
+    arrows: list[str] = option(
+        (),
+        "draw an arrow from A to B for each pair (e.g. man:king woman:queen)",
+        nargs="*",
+        metavar="A:B",
+        commas=False,
+    )
     projection: str = option("pca", "2-D projection", tuple(PROJECTIONS))
 
 
 @dataclass
 class DoctorOptions(Answers, OnDevice):
-    measure: int | None = option(None, "measure --dtype auto's choice at this width now, for training and for "
-                                 "decoding (a few seconds), and keep what can be trusted", metavar="WIDTH",
-                                 at_least=1)  # fmt: skip
-    clear: bool = option(False, "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
-                         "--quantize's float32-or-packed choice per shape; help/: the kept help of `train TASK`; "
-                         "nothing else in the cache folder is touched) and say what was removed")  # fmt: skip
-    clear_cache: bool = option(False, "remove the converted models kept in the cache folder (its converted/ and "
-                               "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
-                               "use converts it again) and say what was removed; the measurements (--clear), token "
-                               "caches and anything else there stay, a conversion under way is left to finish, and "
-                               "a link is removed, never followed")  # fmt: skip
+    measure: int | None = option(
+        None,
+        "measure --dtype auto's choice at this width now, for training and for "
+        "decoding (a few seconds), and keep what can be trusted",
+        metavar="WIDTH",
+        at_least=1,
+    )
+    clear: bool = option(
+        False,
+        "forget every kept measurement (dtype.json: --dtype auto's; kernels.json: "
+        "--quantize's float32-or-packed choice per shape; help/: the kept help of `train TASK`; "
+        "nothing else in the cache folder is touched) and say what was removed",
+    )
+    clear_cache: bool = option(
+        False,
+        "remove the converted models kept in the cache folder (its converted/ and "
+        "peft/: each HuggingFace or PEFT folder given to --init, converted once; the next "
+        "use converts it again) and say what was removed; the measurements (--clear), token "
+        "caches and anything else there stay, a conversion under way is left to finish, and "
+        "a link is removed, never followed",
+    )

@@ -44,8 +44,9 @@ def run_patch(opts: PatchOptions) -> int:
 
 def run_path(run, opts: PatchOptions) -> int:
     """--sender and --receivers: one path patching, printed (or --json, --out FILE.json)."""
-    result = patch_path(run, opts.clean, opts.corrupted, opts.sender, opts.receivers, opts.metric, opts.target,
-                        opts.wrong)  # fmt: skip
+    result = patch_path(
+        run, opts.clean, opts.corrupted, opts.sender, opts.receivers, opts.metric, opts.target, opts.wrong
+    )
     return _numbers(run, opts, result, path_lines(result), "path patching measures one number")
 
 

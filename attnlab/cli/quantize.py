@@ -26,6 +26,8 @@ def run_quantize(opts: QuantizeOptions) -> int:
         print(json.dumps(summary))
         return 0
     files = f"{WEIGHTS} {summary['bytes_before'] / 1e6:.2f} MB -> {summary['bytes_after'] / 1e6:.2f} MB on disk"
-    print(f"{opts.out}: {opts.run} with {summary['summary']}; {files}. Every command loads it: "
-          f"attnlab sample {opts.out} ...")  # fmt: skip
+    print(
+        f"{opts.out}: {opts.run} with {summary['summary']}; {files}. Every command loads it: "
+        f"attnlab sample {opts.out} ..."
+    )
     return 0

@@ -43,9 +43,11 @@ def fill_runs(runs: argparse.ArgumentParser, parser_class: type) -> None:
             return super().parse_known_args(args, namespace)
 
     runs.usage = "attnlab runs [FOLDER]  |  attnlab runs compare RUN RUN ... --out FILE [--force]"
-    runs.description = ("attnlab runs [FOLDER] lists every run under FOLDER (default ./runs): its task, model, "
-                        "parameters, steps, best validation loss and training time. attnlab runs compare RUN RUN "
-                        "... --out FILE draws their training and validation losses on one picture.")  # fmt: skip
+    runs.description = (
+        "attnlab runs [FOLDER] lists every run under FOLDER (default ./runs): its task, model, "
+        "parameters, steps, best validation loss and training time. attnlab runs compare RUN RUN "
+        "... --out FILE draws their training and validation losses on one picture."
+    )
     runs.__class__ = RunsParser  # argparse made it; the subclass only rewrites the arguments it is given
     what = runs.add_subparsers(dest="runs_command", metavar="COMMAND", parser_class=parser_class)
     p = what.add_parser("list", help="the runs under FOLDER, one line each (the default)")

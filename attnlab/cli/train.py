@@ -32,30 +32,41 @@ def fill_task(p: argparse.ArgumentParser, name: str) -> None:
 
 def fill_vectors(p: argparse.ArgumentParser) -> None:
     """`attnlab train vectors`: word vectors, trained by their own trainer (wordvec/)."""
-    p.description = ("Train word vectors on a text. --data english (the default) is the built-in corpus: the "
-                     "docstrings and comments of Python's standard library (about 545k words), "
-                     "no download.")  # fmt: skip
+    p.description = (
+        "Train word vectors on a text. --data english (the default) is the built-in corpus: the "
+        "docstrings and comments of Python's standard library (about 545k words), "
+        "no download."
+    )
     add_options(p, TrainVectorsOptions)
     add_section(p, "vectors", VectorsConfig, "word vectors")
-    p.set_defaults(command=lambda args: run_train_vectors(read_options(args, TrainVectorsOptions),
-                                                          given(args, "vectors")))  # fmt: skip
+    p.set_defaults(
+        command=lambda args: run_train_vectors(read_options(args, TrainVectorsOptions), given(args, "vectors"))
+    )
 
 
 def add_task_flags(p: argparse.ArgumentParser, task: Task) -> None:
     """The task's options, then its data, model and training settings, with the defaults it uses shown."""
     choice = task.models[task.default_model]
     several = len(task.models) > 1
-    overrides = {"init": {"help": task.init_help},
-                 "model": {"choices": list(task.models), "default": task.default_model,
-                           "help": f"which model (default: {task.default_model})"}}  # fmt: skip
+    overrides = {
+        "init": {"help": task.init_help},
+        "model": {
+            "choices": list(task.models),
+            "default": task.default_model,
+            "help": f"which model (default: {task.default_model})",
+        },
+    }
     if choice.presets and "preset" not in vars(task.options):  # a task's own --preset help stays
         overrides["preset"] = {"help": f"preset: {', '.join(choice.presets)} (default: {choice.default_preset})"}
     skip = frozenset({"model"} if not several else ()) | frozenset({"preset"} if not choice.presets else ())
     add_options(p, task.options, overrides, skip)
     add_section(p, "data", task.data_config, "data", defaults=asdict(task.default_data()))
     classes = tuple(dict.fromkeys(m.config for m in task.models.values()))
-    title = "model (fields of the chosen --model; the class each belongs to in brackets)" if several else \
-        "model (override the preset)"  # fmt: skip
+    title = (
+        "model (fields of the chosen --model; the class each belongs to in brackets)"
+        if several
+        else "model (override the preset)"
+    )
     preset = asdict(choice.presets[choice.default_preset]) if choice.presets else {}
     add_section(p, "model", classes, title, task.set_by_data, defaults=preset)
     title = f"training (tuned per --model; defaults shown: the {task.default_model}'s)" if several else "training"

@@ -19,10 +19,12 @@ from attnlab.wordvec.train import train_vectors
 def run_train_vectors(opts: TrainVectorsOptions, settings: dict[str, Any]) -> int:
     cfg = checked(VectorsConfig, settings, where="[vectors]")
     summary = train_vectors(opts.out, cfg, opts.data, force=opts.force, progress=sys.stderr.isatty())
-    print(f"{opts.out}: {summary['method']} vectors for {summary['vocabulary']:,} words from "
-          f"{summary['corpus_words']:,} corpus words; {summary['train_seconds']}s of training, "
-          f"{summary['words_per_s']:,} words/s, final loss {summary['loss']:.4f}. "
-          f"Try: attnlab vectors {opts.out} --neighbors WORD")  # fmt: skip
+    print(
+        f"{opts.out}: {summary['method']} vectors for {summary['vocabulary']:,} words from "
+        f"{summary['corpus_words']:,} corpus words; {summary['train_seconds']}s of training, "
+        f"{summary['words_per_s']:,} words/s, final loss {summary['loss']:.4f}. "
+        f"Try: attnlab vectors {opts.out} --neighbors WORD"
+    )
     return 0
 
 
@@ -39,8 +41,14 @@ def run_vectors(opts: VectorsOptions) -> int:
         _export(wv, opts.export)
         lines.append(f"wrote {opts.export}")
     if opts.plot:
-        shown = plot_vectors(wv, opts.plot, words=opts.words.split(",") if opts.words else None, top=opts.top_words,
-                             analogies=opts.arrows, method=opts.projection)  # fmt: skip
+        shown = plot_vectors(
+            wv,
+            opts.plot,
+            words=opts.words.split(",") if opts.words else None,
+            top=opts.top_words,
+            analogies=opts.arrows,
+            method=opts.projection,
+        )
         lines.append(f"drew {len(shown)} words in {opts.plot}")
     print(json.dumps(report, default=float) if opts.json else "\n".join(lines))
     return 0
@@ -70,8 +78,10 @@ def _scores(wv: WordVectors, opts: VectorsOptions, report: dict) -> list[str]:
     lines = []
     if opts.analogies:
         r = report["analogies"] = evaluate.analogies(wv, opts.analogies)
-        lines.append(f"analogies: {r['accuracy']:.2%} of {r['answerable']:,} answerable questions right "
-                     f"(coverage {r['coverage']:.1%} of {r['questions']:,})")  # fmt: skip
+        lines.append(
+            f"analogies: {r['accuracy']:.2%} of {r['answerable']:,} answerable questions right "
+            f"(coverage {r['coverage']:.1%} of {r['questions']:,})"
+        )
         lines += [f"  {s['section']:<28} {s['correct']:>5} / {s['answerable']:<5}" for s in r["sections"]]
     if opts.wordsim:
         r = report["wordsim"] = evaluate.similarity(wv, opts.wordsim)

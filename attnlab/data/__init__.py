@@ -14,9 +14,18 @@ if TYPE_CHECKING:
     from attnlab.data.tokens import TokenData, build_token_cache, workers_for
 
 TEXT, TOKENS = "attnlab.data.text", "attnlab.data.tokens"
-__getattr__, __dir__ = lazy_names(__name__, {"DataConfig": TEXT, "read_texts": TEXT, "resolve_sources": TEXT,
-                                             "stdlib_files": TEXT, "TokenData": TOKENS, "build_token_cache": TOKENS,
-                                             "workers_for": TOKENS})  # fmt: skip
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "DataConfig": TEXT,
+        "read_texts": TEXT,
+        "resolve_sources": TEXT,
+        "stdlib_files": TEXT,
+        "TokenData": TOKENS,
+        "build_token_cache": TOKENS,
+        "workers_for": TOKENS,
+    },
+)
 
 __all__ = [
     "DataConfig",

@@ -1,7 +1,7 @@
 """Batches for the training loop: one interface, whatever the task.
 
 Every source answers `batch(split, n, rng, part)` with a tuple of tensors that the model takes
-as `model(*batch)` and that ends with the labels, so `training.py` needs no knowledge of the
+as `model(*batch)` and that ends with the labels, so the training loop (engine/loop.py) needs no knowledge of the
 task. part=(rank, world): all processes draw the same global batch from the same RNG and each
 keeps its own slice, so the global batch is the same whatever the number of processes.
 

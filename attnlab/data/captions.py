@@ -47,15 +47,17 @@ class CaptionDataConfig:
     val_fraction: float = option(0.1, "share of a folder's images held out for validation (not digits-strips)")
     test_fraction: float = option(0.1, "share of a folder's images held out for testing (not digits-strips)")
     image_size: int | None = option(
-        None, "resize images to this height, the width in the data's most common proportion "
-        "(default: the data's own size, the most common one if they differ)"
-    )  # fmt: skip
+        None,
+        "resize images to this height, the width in the data's most common proportion "
+        "(default: the data's own size, the most common one if they differ)",
+    )
     data_seed: int = option(0, "seed of the digits-strips and of a folder's train/val/test cut")
     n_train: int = option(strips.DEFAULT_COUNTS["train"], "digits-strips: strips to train on")
     n_test: int = option(strips.DEFAULT_COUNTS["test"], "digits-strips: strips to test on")
     # Measured on digits-strips: see data/jitter.py.
-    shift: float = option(0.5, "training only: move images by up to this many pixels each way, fractions "
-                          "resampled bilinearly (0 = off)")  # fmt: skip
+    shift: float = option(
+        0.5, "training only: move images by up to this many pixels each way, fractions resampled bilinearly (0 = off)"
+    )
     shift_share: float = option(0.5, "training only: the share of each batch's images that --shift moves")
 
     def __post_init__(self):
@@ -123,27 +125,32 @@ def read_captions(spec: str) -> tuple[list[tuple[str, str]], Path]:
     if path.is_dir():
         path = path / CAPTIONS_FILE
         if not path.is_file():
-            raise AttnlabError(f"{spec}: no {CAPTIONS_FILE} in this folder; write one line per caption: "
-                               '{"image": "a.png", "caption": "..."}')  # fmt: skip
+            raise AttnlabError(
+                f"{spec}: no {CAPTIONS_FILE} in this folder; write one line per caption: "
+                '{"image": "a.png", "caption": "..."}'
+            )
     elif not path.is_file():
-        raise AttnlabError(f"caption data not found: {spec} (use digits-strips, a folder with {CAPTIONS_FILE}, "
-                           "or a .jsonl file)")  # fmt: skip
+        raise AttnlabError(
+            f"caption data not found: {spec} (use digits-strips, a folder with {CAPTIONS_FILE}, or a .jsonl file)"
+        )
     lines = []
     with open_data(path) as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 lines.append(_line(_json_row(line, path, n), f"{path}:{n}"))
     if not lines:
-        raise AttnlabError(f"{path}: no captions in it; write one line per caption: "
-                           '{"image": "a.png", "caption": "..."}')  # fmt: skip
+        raise AttnlabError(
+            f'{path}: no captions in it; write one line per caption: {{"image": "a.png", "caption": "..."}}'
+        )
     return lines, path
 
 
 def _line(row: dict, where: str) -> tuple[str, str]:
     for key in ("image", "caption"):
         if not isinstance(row.get(key), str):
-            raise AttnlabError(f'{where}: expected {{"image": PATH, "caption": TEXT}}, the {key!r} is missing '
-                               "or not text")  # fmt: skip
+            raise AttnlabError(
+                f'{where}: expected {{"image": PATH, "caption": TEXT}}, the {key!r} is missing or not text'
+            )
     caption = " ".join(row["caption"].split())  # line breaks and runs of spaces would be tokens or noise
     if not caption:
         raise AttnlabError(f"{where}: the caption of {row['image']} is empty")
@@ -161,11 +168,15 @@ def cut_images(n: int, cfg: CaptionDataConfig) -> dict[str, set[int]]:
     """Image indices 0..n-1 of each split, a seeded shuffle cut by cfg's fractions. A split with a
     non-zero fraction gets at least one image, so a small folder still has something to score."""
     order = np.random.default_rng(cfg.data_seed).permutation(n)
-    sizes = {name: max(1, round(n * f)) if f > 0 else 0
-             for name, f in (("test", cfg.test_fraction), ("val", cfg.val_fraction))}  # fmt: skip
+    sizes = {
+        name: max(1, round(n * f)) if f > 0 else 0
+        for name, f in (("test", cfg.test_fraction), ("val", cfg.val_fraction))
+    }
     if n - sum(sizes.values()) < 1:
-        raise AttnlabError(f"{cfg.data}: {n} image{'s' if n != 1 else ''} cannot be cut into train, val and test; "
-                           "give at least 3 images")  # fmt: skip
+        raise AttnlabError(
+            f"{cfg.data}: {n} image{'s' if n != 1 else ''} cannot be cut into train, val and test; "
+            "give at least 3 images"
+        )
     test, val = sizes["test"], sizes["val"]
     return {
         "train": set(order[test + val :].tolist()),

@@ -65,8 +65,9 @@ class ChatTemplate:
     """A compiled template and the special texts it may name (bos_token, eos_token). `where`: the file
     it was read from, named by its errors; a template read from a file is tried once when it is read."""
 
-    def __init__(self, source: str = BUILTIN, bos_token: str = "", eos_token: str = "",
-                 where: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, source: str = BUILTIN, bos_token: str = "", eos_token: str = "", where: str | None = None
+    ) -> None:
         self.name = f"the chat template in {where}" if where else "the chat template"
         if not isinstance(source, str) or not source.strip():
             raise AttnlabError(f"{self.name} must be a non-empty text")
@@ -93,8 +94,12 @@ class ChatTemplate:
             return _chatml(messages, add_generation_prompt)
         rows = [{"role": m.role, "content": m.content} for m in messages]
         chars = sum(len(m.role) + len(m.content) + PER_TURN for m in messages) + len(self.bos_token + self.eos_token)
-        variables = {"messages": rows, "add_generation_prompt": add_generation_prompt,
-                     "bos_token": self.bos_token, "eos_token": self.eos_token}  # fmt: skip
+        variables = {
+            "messages": rows,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
         return render_bounded(self.template, variables, chars, template_limits(), deadline)
 
     def _failure(self, e: Exception, on: str = "this conversation") -> AttnlabError:
@@ -148,8 +153,10 @@ class ChatTemplate:
             last = i + 1 == len(messages)  # the whole conversation, rendered already
             upto = text if last else self._spanning(messages[: i + 1], False, deadline, len(messages))
             if not (text.startswith(upto) and upto.startswith(before)):
-                raise AttnlabError(f"{self.name} renders turn {i + 1} differently once later turns follow: "
-                                   "the assistant's part of the text cannot be found")  # fmt: skip
+                raise AttnlabError(
+                    f"{self.name} renders turn {i + 1} differently once later turns follow: "
+                    "the assistant's part of the text cannot be found"
+                )
             spans.append((len(before), len(upto)))
         return text, spans
 
@@ -160,9 +167,11 @@ class ChatTemplate:
         except LimitHit as e:
             if e.limit != "seconds":
                 raise self._failure(e) from None
-            raise AttnlabError(f"{self.name} took more than {template_limits().seconds:g} s to find the assistant "
-                               f"turns of a {n:,}-turn conversation, which renders every prefix of it "
-                               f"({_help('seconds')}, or split the conversation)") from None  # fmt: skip
+            raise AttnlabError(
+                f"{self.name} took more than {template_limits().seconds:g} s to find the assistant "
+                f"turns of a {n:,}-turn conversation, which renders every prefix of it "
+                f"({_help('seconds')}, or split the conversation)"
+            ) from None
         except Exception as e:
             raise self._failure(e) from None
 

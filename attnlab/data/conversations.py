@@ -116,15 +116,17 @@ def _decoded(p: Path, raw: bytes, n: int) -> str:
         return raw.decode("utf-8-sig" if n == 1 else "utf-8")  # strict: bad bytes are an error
     except UnicodeDecodeError as e:
         at = e.start + len(BOM) * (n == 1 and raw.startswith(BOM))
-        raise RowError(f"{p}: row {n} is not UTF-8 (byte 0x{raw[at]:02x} at byte {at + 1} of the line): save the "
-                       "file as UTF-8") from None  # fmt: skip
+        raise RowError(
+            f"{p}: row {n} is not UTF-8 (byte 0x{raw[at]:02x} at byte {at + 1} of the line): save the file as UTF-8"
+        ) from None
 
 
 def _parsed(p: Path, text: str, where: str) -> Any:
     """JSON `text`, or one line saying why not (`where`: "row N" or "the file")."""
     if where != "the file" and len(text) > MAX_CONTAINERS and text.count("{") + text.count("[") > MAX_CONTAINERS:
-        raise RowError(f"{p}: {where} holds over {MAX_CONTAINERS:,} objects and lists: no fine-tuning row needs "
-                       "that many")  # fmt: skip
+        raise RowError(
+            f"{p}: {where} holds over {MAX_CONTAINERS:,} objects and lists: no fine-tuning row needs that many"
+        )
     if text.startswith("\ufeff"):  # (json.loads says so too; the decoder it wraps, only "Expecting value")
         raise RowError(f"{p}: {where} is not valid JSON (it starts with a byte-order mark: only the file may)")
     try:
@@ -159,8 +161,10 @@ def kind_of(row: Any) -> str:
     if "text" in keys:
         return "text"
     shown = [k[:30] for k in sorted(keys)[:8]]  # keys are the file's: a few, short, escaped by repr
-    raise ValueError(f"fields {shown} fit no format: give text, prompt+completion, messages, "
-                     "instruction+output (Alpaca) or prompt+chosen+rejected")  # fmt: skip
+    raise ValueError(
+        f"fields {shown} fit no format: give text, prompt+completion, messages, "
+        "instruction+output (Alpaca) or prompt+chosen+rejected"
+    )
 
 
 def _name(value: Any) -> str:
@@ -251,8 +255,11 @@ def read_conversations(path: str | Path) -> list[Conversation]:
     convs, numbers = _read(path, conversation)
     first = [n for n, c in zip(numbers, convs, strict=True) if opens_with_assistant(c)]
     if first:
-        warnings.warn(f"{path}: {len(first)} of {len(convs)} conversations open with the assistant's turn (first: "
-                      f"row {first[0]}), an answer to no question; trained as given", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path}: {len(first)} of {len(convs)} conversations open with the assistant's turn (first: "
+            f"row {first[0]}), an answer to no question; trained as given",
+            stacklevel=2,
+        )
     return convs
 
 
@@ -262,11 +269,16 @@ def read_preferences(path: str | Path) -> list[Preference]:
     pairs, numbers = _read(path, preference)
     same = [n for n, p in zip(numbers, pairs, strict=True) if p.chosen == p.rejected]
     if len(same) == len(pairs):
-        raise AttnlabError(f"{path}: in every pair the chosen answer is the rejected one: they teach nothing; give "
-                           "pairs whose answers differ")  # fmt: skip
+        raise AttnlabError(
+            f"{path}: in every pair the chosen answer is the rejected one: they teach nothing; give "
+            "pairs whose answers differ"
+        )
     if same:
-        warnings.warn(f"{path}: left out {len(same)} of {len(pairs)} pairs whose chosen answer is the rejected one "
-                      f"(first: row {same[0]}): they teach nothing", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path}: left out {len(same)} of {len(pairs)} pairs whose chosen answer is the rejected one "
+            f"(first: row {same[0]}): they teach nothing",
+            stacklevel=2,
+        )
         pairs = [p for p in pairs if p.chosen != p.rejected]
     return pairs
 

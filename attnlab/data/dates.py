@@ -60,9 +60,17 @@ def write(d: date, fmt: str) -> str:
     """`d` written in `fmt`, one of FORMATS: write(date(2026, 11, 21), "{d} {Mon} {yyyy}") -> "21 Nov 2026"."""
     month, weekday = MONTHS[d.month - 1], WEEKDAYS[d.weekday()]
     return fmt.format(
-        d=d.day, dd=f"{d.day:02d}", th=ordinal(d.day), m=d.month, mm=f"{d.month:02d}",
-        Month=month, Mon=month[:3], Weekday=weekday, Wkd=weekday[:3], yyyy=d.year,
-    )  # fmt: skip
+        d=d.day,
+        dd=f"{d.day:02d}",
+        th=ordinal(d.day),
+        m=d.month,
+        mm=f"{d.month:02d}",
+        Month=month,
+        Mon=month[:3],
+        Weekday=weekday,
+        Wkd=weekday[:3],
+        yyyy=d.year,
+    )
 
 
 def render(d: date, rng: random.Random) -> str:

@@ -35,19 +35,29 @@ TEST_SEED = 1  # the test questions are drawn apart from the training ones (and 
 
 @dataclass
 class ChatData:
-    data: str = option("instructions", "conversations: 'instructions' (built-in, generated), a verifiable task "
-                       "(add, multiply, countdown: generated, answers checked by a program; see --level) or a "
-                       'JSON/JSONL file of {"messages": [...]}, {"prompt", "completion"}, Alpaca or {"text"} '
-                       "rows")  # fmt: skip
+    data: str = option(
+        "instructions",
+        "conversations: 'instructions' (built-in, generated), a verifiable task "
+        "(add, multiply, countdown: generated, answers checked by a program; see --level) or a "
+        'JSON/JSONL file of {"messages": [...]}, {"prompt", "completion"}, Alpaca or {"text"} '
+        "rows",
+    )
     train_on: str = option("assistant", "the tokens the loss reads: the assistant's turns, or all", TRAIN_ON)
     examples: int = option(4000, "built-in data: training conversations to generate", at_least=1)
-    test_examples: int = option(200, "built-in data: held-out conversations to generate (validation and test)",
-                                at_least=1)  # fmt: skip
+    test_examples: int = option(
+        200, "built-in data: held-out conversations to generate (validation and test)", at_least=1
+    )
     val_fraction: float = option(0.05, "a file: the share held out for validation")
-    chained: float = option(0.0, "built-in data: the share of training conversations that chain 2-4 "
-                            "independent instructions (so later, unrelated ones are answered), in [0, 1)")  # fmt: skip
-    level: int | None = option(None, "a verifiable task's difficulty: digits of each number (add, multiply), how "
-                               "many numbers are given (countdown); default 3, 3, 4")  # fmt: skip
+    chained: float = option(
+        0.0,
+        "built-in data: the share of training conversations that chain 2-4 "
+        "independent instructions (so later, unrelated ones are answered), in [0, 1)",
+    )
+    level: int | None = option(
+        None,
+        "a verifiable task's difficulty: digits of each number (add, multiply), how "
+        "many numbers are given (countdown); default 3, 3, 4",
+    )
 
     def __post_init__(self):
         check_types(self)
@@ -60,9 +70,12 @@ class ChatData:
 
 @dataclass
 class PreferenceData:
-    data: str = option("preferences", "preference pairs: 'preferences' (built-in: the instructions' right answer "
-                       'chosen, a near miss rejected) or a JSON/JSONL file of {"prompt", "chosen", "rejected"} '
-                       "rows")  # fmt: skip
+    data: str = option(
+        "preferences",
+        "preference pairs: 'preferences' (built-in: the instructions' right answer "
+        'chosen, a near miss rejected) or a JSON/JSONL file of {"prompt", "chosen", "rejected"} '
+        "rows",
+    )
     examples: int = option(2000, "built-in data: training pairs to generate", at_least=1)
     test_examples: int = option(200, "built-in data: held-out pairs to generate (validation and test)", at_least=1)
     val_fraction: float = option(0.05, "a file: the share held out for validation")
@@ -127,8 +140,11 @@ def fitting(examples: Sequence[T], lengths: Sequence[int], context: int, what: s
     if len(kept) < len(examples):
         if not kept:
             raise AttnlabError(f"every {what} is longer than the model's context of {context} tokens")
-        warnings.warn(f"left out {len(examples) - len(kept)} of {len(examples)} {what}s longer than the model's "
-                      f"context of {context} tokens", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"left out {len(examples) - len(kept)} of {len(examples)} {what}s longer than the model's "
+            f"context of {context} tokens",
+            stacklevel=2,
+        )
     return kept
 
 

@@ -231,8 +231,9 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, channels: 
             gray = Image.getmodebase(img.mode) == "L"  # 1, L, LA, I, F, I;16; a palette (P) counts as colour
             img = img.convert("L" if (channels or (1 if gray else 3)) == 1 else "RGB")
     except Image.DecompressionBombError:  # Pillow's own refusal, beyond twice its limit: ours is lower
-        raise AttnlabError(f"image {path} is over the limit of {MAX_PIXELS / 1e6:.0f} million pixels: "
-                           "scale it down first") from None  # fmt: skip
+        raise AttnlabError(
+            f"image {path} is over the limit of {MAX_PIXELS / 1e6:.0f} million pixels: scale it down first"
+        ) from None
     except (OSError, ValueError, SyntaxError) as e:
         reason = "cannot identify image file" if isinstance(e, UnidentifiedImageError) else None
         raise AttnlabError(f"cannot read image {path}: {reason or getattr(e, 'strerror', None) or e}") from None
@@ -246,8 +247,9 @@ MAX_PIXELS = 25_000_000  # 5000x5000: a 12-megapixel photo reads, a decompressio
 def check_pixels(size: tuple[int, int], path) -> None:
     w, h = size
     if w * h > MAX_PIXELS:
-        raise AttnlabError(f"image {path} is {w}x{h} pixels, over the limit of {MAX_PIXELS / 1e6:.0f} million: "
-                           "scale it down first")  # fmt: skip
+        raise AttnlabError(
+            f"image {path} is {w}x{h} pixels, over the limit of {MAX_PIXELS / 1e6:.0f} million: scale it down first"
+        )
 
 
 def resize(x: np.ndarray, size) -> np.ndarray:
@@ -275,8 +277,11 @@ def _fit(images, size, channels, quiet: bool = False) -> np.ndarray:
     if channels is None:
         channels = 3 if 2 * sum(x.shape[0] == 3 for x in images) > len(images) else 1
     # float32 pixels of every image at the new size, checked before the first is resized
-    check_fits(4 * len(images) * channels * size[0] * size[1], f"holding {len(images):,} images at {size[0]}x{size[1]}",
-               "choose a smaller --image-size")  # fmt: skip
+    check_fits(
+        4 * len(images) * channels * size[0] * size[1],
+        f"holding {len(images):,} images at {size[0]}x{size[1]}",
+        "choose a smaller --image-size",
+    )
     resized = sum(x.shape[1:] != size for x in images)
     converted = sum(x.shape[0] != channels for x in images)
     if resized and not quiet:

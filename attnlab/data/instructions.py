@@ -131,8 +131,17 @@ def _after_then_after(rng: random.Random) -> Example:
 
 # Each kind is drawn equally often, so a test set holds them in about equal shares.
 KINDS: tuple[Callable[[random.Random], Example], ...] = (
-    _reverse, _capitals, _first, _last, _length, _after, _larger, _digits, _first_then_last, _after_then_after,
-)  # fmt: skip
+    _reverse,
+    _capitals,
+    _first,
+    _last,
+    _length,
+    _after,
+    _larger,
+    _digits,
+    _first_then_last,
+    _after_then_after,
+)
 
 
 @dataclass(frozen=True)
@@ -210,5 +219,7 @@ def instructions(split: str = "train", n: int = 4000, seed: int = 0, chained: fl
 
 def preferences(split: str = "train", n: int = 4000, seed: int = 0) -> list[Preference]:
     """n preference pairs of `split`: the right answer chosen, a near miss rejected."""
-    return [Preference(turns, (Message("assistant", right),), (Message("assistant", near),))
-            for turns, right, near in _examples(split, n, seed)]  # fmt: skip
+    return [
+        Preference(turns, (Message("assistant", right),), (Message("assistant", near),))
+        for turns, right, near in _examples(split, n, seed)
+    ]

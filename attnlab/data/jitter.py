@@ -5,12 +5,10 @@ quarter or half a pixel to the side is as real a sample as the one in the data. 
 (dy, dx) pixels resamples it bilinearly: each output pixel is the area-weighted mix of the (up to)
 four input pixels under it, with zeros coming in at the edges.
 
-On digits-strips (8,000 steps, AMD EPYC), moving half of each training batch by up to half a pixel
-took the Transformer captioner from 93.4% and 95.3% exact match to 95.9% and 96.6% (the same two
-seeds), and `attnlab train caption` to 95.1-96.5% over five seeds: the model had learnt its 1,258
-training digit images by heart (the training loss sat at label smoothing's floor from step 4,000),
-and moved ones it cannot. Moving every image (95.3%) or by up to a whole pixel (94.3%) did less on
-the seed that gained most.
+Why: the captioner had learnt its 1,258 training digit images by heart (the training loss sat at
+label smoothing's floor long before the end), and moved ones it cannot. Moving half of each training
+batch by up to half a pixel gained the most exact matches on digits-strips; moving every image, or by
+up to a whole pixel, did less (docs/log.md, "Captioning").
 
 Legend: B images, C channels, H height, W width.
 """

@@ -108,8 +108,10 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> list[tu
     pairs = [tuple("" if r[c] is None else str(r[c]) for c in (text_column, label_column)) for r in rows]
     kept = [(text, label) for text, label in pairs if text.strip() and label.strip()]
     if len(kept) < len(pairs):
-        warnings.warn(f"{path}: {len(pairs) - len(kept):,} of {len(pairs):,} rows have an empty text or label "
-                      "and were dropped", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path}: {len(pairs) - len(kept):,} of {len(pairs):,} rows have an empty text or label and were dropped",
+            stacklevel=2,
+        )
     return kept
 
 
@@ -123,15 +125,19 @@ def _csv_rows(f: io.StringIO, path, delimiter: str, label_column: str) -> list[d
             end = reader.line_num
             label = row.get(label_column)
             if isinstance(label, str) and "\n" in label.strip("\r\n"):  # a label never spans lines
-                raise AttnlabError(f"{path}: row {n} (line {start}): its {label_column!r} runs over lines {start}"
-                                   f"-{end}: a quote opened on line {start} closes only on line {end}")  # fmt: skip
+                raise AttnlabError(
+                    f"{path}: row {n} (line {start}): its {label_column!r} runs over lines {start}"
+                    f"-{end}: a quote opened on line {start} closes only on line {end}"
+                )
             rows.append(row)
             start = end + 1
     except csv.Error as e:
         open_quote = "end of data" in str(e)
         why = "a quote opened on this line is never closed" if open_quote else f"not valid CSV ({e})"
-        raise AttnlabError(f"{path}: row {len(rows) + 1} (line {start}): {why}; a quote inside a field "
-                           f'is written "" and the field quoted') from None  # fmt: skip
+        raise AttnlabError(
+            f"{path}: row {len(rows) + 1} (line {start}): {why}; a quote inside a field "
+            f'is written "" and the field quoted'
+        ) from None
     return rows
 
 
@@ -176,8 +182,9 @@ class LabeledFormat:
 
 # By task: classification reads tables (text, label); tagging reads CoNLL sentences (words, tags).
 FORMATS = {
-    "classify": LabeledFormat("sentiment", sentiment, lambda path, cfg: read_table(path, cfg.text_column,
-                                                                                  cfg.label_column)),
+    "classify": LabeledFormat(
+        "sentiment", sentiment, lambda path, cfg: read_table(path, cfg.text_column, cfg.label_column)
+    ),
     "tag": LabeledFormat("tagging", tagging, lambda path, cfg: read_conll(path)),
-}  # fmt: skip
+}
 BUILTIN_TASKS = {f.builtin: task for task, f in FORMATS.items()}  # generated data -> the task it is for

@@ -40,8 +40,9 @@ def _tone(shade: float) -> str:
     return "light on dark" if shade < 0.5 else "dark on light"
 
 
-def fit_polarity(x: np.ndarray, own: tuple[int, int], size: tuple[int, int], trained: float | None,
-                 path: str | Path) -> np.ndarray:  # fmt: skip
+def fit_polarity(
+    x: np.ndarray, own: tuple[int, int], size: tuple[int, int], trained: float | None, path: str | Path
+) -> np.ndarray:
     """`x` (C, H, W) at the run's size, inverted when its background is the opposite of the
     training images' plain one; one warning line says what was done (resized `own` to `size`,
     inverted), or nothing when the image already looked like the training data."""

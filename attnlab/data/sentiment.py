@@ -24,9 +24,19 @@ import random
 LABELS = ("negative", "positive")  # index = class id; polarity -1 -> 0, +1 -> 1
 
 ASPECTS = (
-    "food", "service", "staff", "restaurant", "music", "price",
-    "view", "dessert", "room", "wine", "menu", "atmosphere",
-)  # fmt: skip
+    "food",
+    "service",
+    "staff",
+    "restaurant",
+    "music",
+    "price",
+    "view",
+    "dessert",
+    "room",
+    "wine",
+    "menu",
+    "atmosphere",
+)
 COPULAS = ("was", "is")
 INTENSIFIERS = ("very", "really", "extremely", "quite")
 NEGATIONS = (("not",), ("not", "too"), ("never",), ("hardly",))
@@ -160,8 +170,16 @@ def _one(rng: random.Random, y: int, aspects: list[str], cop: str) -> list[Examp
 
 def _and(rng: random.Random, y: int, aspects: list[str], cop: str) -> list[Example]:
     a, b = aspects
-    return [(_head(a, cop) + _pred(rng, a, y, rng.random() < 0.3) + ["and"] + _head(b, cop)
-             + _pred(rng, b, y, rng.random() < 0.3), y)]  # fmt: skip
+    return [
+        (
+            _head(a, cop)
+            + _pred(rng, a, y, rng.random() < 0.3)
+            + ["and"]
+            + _head(b, cop)
+            + _pred(rng, b, y, rng.random() < 0.3),
+            y,
+        )
+    ]
 
 
 def _but(rng: random.Random, y: int, aspects: list[str], cop: str) -> list[Example]:
@@ -204,8 +222,8 @@ def generate(n: int, seed: int) -> list[tuple[str, str]]:
     return list(_generated(n, seed))
 
 
-# The 24,000 reviews of the built-in task take 1.7 s to draw (2-core Xeon), and a run draws them when
-# it is set up and again when its data are prepared: drawn once a process, kept as immutable tuples.
+# The 24,000 reviews of the built-in task take seconds to draw, and a run draws them when it is set
+# up and again when its data are prepared: drawn once a process, kept as immutable tuples.
 @functools.lru_cache(maxsize=4)
 def _generated(n: int, seed: int) -> tuple[tuple[str, str], ...]:
     rng = random.Random(seed)

@@ -56,8 +56,10 @@ def encode(conv: Conversation, template: ChatTemplate, tok: Tokenizer, train_on:
     cut = pieces(text, spans)
     # numpy arrays, not lists: a list of ints costs 8 bytes a token more, and as much again to convert
     ids = [tok.encode_array(piece) for piece, _ in cut]
-    trained = [(np.ones if inside or train_on == "all" else np.zeros)(len(a), dtype=bool)
-               for a, (_, inside) in zip(ids, cut, strict=True)]  # fmt: skip
+    trained = [
+        (np.ones if inside or train_on == "all" else np.zeros)(len(a), dtype=bool)
+        for a, (_, inside) in zip(ids, cut, strict=True)
+    ]
     if len(cut) == 1:  # a {"text"} row: one piece, nothing to join
         return Example(ids[0].astype(np.int64, copy=False), trained[0])
     empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)  # (int64 first: the ids come out int64)
@@ -93,8 +95,9 @@ def show(example: Example, tok: Tokenizer, mark: tuple[str, str] = ("\x1b[1;32m"
 def pair_examples(pair: Preference, template: ChatTemplate, tok: Tokenizer) -> tuple[Example, Example]:
     """A preference pair as two examples, prompt + chosen and prompt + rejected, each training only its
     final answer (an earlier assistant turn of the prompt is context, the same in both)."""
-    return tuple(encode(Conversation((*pair.prompt, *answer)), template, tok, "last")
-                 for answer in (pair.chosen, pair.rejected))  # fmt: skip
+    return tuple(
+        encode(Conversation((*pair.prompt, *answer)), template, tok, "last") for answer in (pair.chosen, pair.rejected)
+    )
 
 
 def shifted(examples: list[Example], pad: int = 0) -> tuple[Tensor, Tensor]:
@@ -150,8 +153,9 @@ class Pairs:
     """Preference pairs: the chosen answers' rows then the rejected ones', padded alike, with (for DPO)
     each answer's log-probability under the reference model, or (a reward model) each row's last token."""
 
-    def __init__(self, pairs: dict[str, list[tuple[Example, Example]]], refs: dict[str, np.ndarray] | None = None,
-                 batch: int = 0):  # fmt: skip
+    def __init__(
+        self, pairs: dict[str, list[tuple[Example, Example]]], refs: dict[str, np.ndarray] | None = None, batch: int = 0
+    ):
         self.pairs, self.refs = pairs, refs  # refs[split]: (N, 2) float, chosen and rejected
         lengths = [max(len(c.ids), len(r.ids)) for c, r in pairs["train"]]
         self.per_example = (round(float(np.mean([len(c.ids) + len(r.ids) for c, r in pairs["train"]]))), "tokens")

@@ -28,14 +28,48 @@ TAGS = ("DET", "NOUN", "VERB", "ADJ", "ADV", "PRON", "PREP", "CONJ", "NUM")
 
 # Words that are also something else: most of the task's difficulty lives here.
 NOUN_VERBS = (
-    "fish", "watch", "run", "book", "duck", "saw", "light", "play", "park", "cook",
-    "drink", "walk", "paint", "plant", "train", "ring", "water", "dance",
-)  # fmt: skip
+    "fish",
+    "watch",
+    "run",
+    "book",
+    "duck",
+    "saw",
+    "light",
+    "play",
+    "park",
+    "cook",
+    "drink",
+    "walk",
+    "paint",
+    "plant",
+    "train",
+    "ring",
+    "water",
+    "dance",
+)
 # Unambiguous vocabulary.
 NOUNS = ("dog", "car", "house", "river", "box", "garden", "bell", "game", "room", "tree", "song", "letter")
 PLURALS = ("cooks", "children", "dogs", "birds", "players", "students", "people", "fish", "ducks", "friends")
-TRANSITIVE = ("watch", "book", "cook", "drink", "light", "paint", "plant", "train", "ring", "water", "saw",
-              "see", "like", "want", "find", "carry", "play", "park")  # fmt: skip
+TRANSITIVE = (
+    "watch",
+    "book",
+    "cook",
+    "drink",
+    "light",
+    "paint",
+    "plant",
+    "train",
+    "ring",
+    "water",
+    "saw",
+    "see",
+    "like",
+    "want",
+    "find",
+    "carry",
+    "play",
+    "park",
+)
 INTRANSITIVE = ("fish", "run", "duck", "play", "walk", "dance", "cook", "sleep", "swim", "sing", "wait")
 ADJECTIVES = ("old", "new", "big", "small", "red", "quiet", "little", "light", "fast")
 DETERMINERS = ("the", "a", "this", "that", "my", "every")  # before a singular noun

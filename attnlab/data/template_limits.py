@@ -78,8 +78,9 @@ def template_limits() -> TemplateLimits:
     return _limits
 
 
-def set_template_limits(seconds: float | None = None, growth: float | None = None,
-                        depth: int | None = None) -> TemplateLimits:  # fmt: skip
+def set_template_limits(
+    seconds: float | None = None, growth: float | None = None, depth: int | None = None
+) -> TemplateLimits:
     """Change the limits of every later render (for templates the user trusts); returns the limits
     before (to put back with set_template_limits(**asdict(before)))."""
     global _limits
@@ -89,8 +90,9 @@ def set_template_limits(seconds: float | None = None, growth: float | None = Non
 
 
 @contextmanager
-def template_limits_set(seconds: float | None = None, growth: float | None = None,
-                        depth: int | None = None) -> Iterator[TemplateLimits]:  # fmt: skip
+def template_limits_set(
+    seconds: float | None = None, growth: float | None = None, depth: int | None = None
+) -> Iterator[TemplateLimits]:
     """set_template_limits for the block only; yields the limits in force."""
     global _limits
     before = set_template_limits(seconds, growth, depth)
@@ -132,8 +134,9 @@ class Render:
 
     def fits(self, size: int, what: str) -> None:
         if size > self.cap:
-            raise LimitHit("growth", f"would make a value of about {size:,} characters ({what}), over its cap of "
-                                     f"{self.cap:,}")  # fmt: skip
+            raise LimitHit(
+                "growth", f"would make a value of about {size:,} characters ({what}), over its cap of {self.cap:,}"
+            )
 
 
 RENDER: ContextVar[Render | None] = ContextVar("attnlab_template_render", default=None)
@@ -295,5 +298,19 @@ def filter_size(name: str, value: Any, args: tuple, kwargs: dict, budget: int) -
 
 
 # Filters that turn their value into text (a list into its repr), so a value is measured before they run.
-TEXT_FILTERS = {"capitalize", "e", "escape", "forceescape", "lower", "safe", "string", "title", "trim", "truncate",
-                "upper", "urlencode", "wordcount", "xmlattr"}  # fmt: skip
+TEXT_FILTERS = {
+    "capitalize",
+    "e",
+    "escape",
+    "forceescape",
+    "lower",
+    "safe",
+    "string",
+    "title",
+    "trim",
+    "truncate",
+    "upper",
+    "urlencode",
+    "wordcount",
+    "xmlattr",
+}

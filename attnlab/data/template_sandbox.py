@@ -121,15 +121,18 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         filters = {name: f for name, f in self.filters.items() if name not in LEFT_OUT}
         self.filters = {name: bounded_filter(name, f) for name, f in {**filters, "tojson": tojson}.items()}
 
-    def _generate(self, source: nodes.Template, name: str | None, filename: str | None,
-                  defer_init: bool = False) -> str:  # fmt: skip
+    def _generate(
+        self, source: nodes.Template, name: str | None, filename: str | None, defer_init: bool = False
+    ) -> str:
         """Jinja's documented hook between parsing and code: no other file read, every loop stepped."""
         for node in source.find_all(tuple(OTHER_FILES)):
-            raise TemplateSyntaxError(f"a chat template cannot read other files ({{% {OTHER_FILES[type(node)]} %}})",
-                                      node.lineno)  # fmt: skip
+            raise TemplateSyntaxError(
+                f"a chat template cannot read other files ({{% {OTHER_FILES[type(node)]} %}})", node.lineno
+            )
         for loop in list(source.find_all(nodes.For)):
-            loop.iter = nodes.Call(nodes.EnvironmentAttribute("looped"), [loop.iter], [], None, None,
-                                   lineno=loop.lineno)  # fmt: skip
+            loop.iter = nodes.Call(
+                nodes.EnvironmentAttribute("looped"), [loop.iter], [], None, None, lineno=loop.lineno
+            )
         return super()._generate(source, name, filename, defer_init)
 
     # The three below count down by hand and call Render.settle only when a count runs out.
@@ -167,8 +170,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         render = now()
         render.tick()
         if (bits := number_bits(operator, left, right)) > MAX_INT_BITS:
-            raise LimitHit("growth", f"would compute a number of {bits:,} bits with {operator!r}, more than "
-                                     f"{MAX_INT_BITS:,}")  # fmt: skip
+            raise LimitHit(
+                "growth", f"would compute a number of {bits:,} bits with {operator!r}, more than {MAX_INT_BITS:,}"
+            )
         render.fits(binop_size(operator, left, right, render.cap), repr(operator))
         return super().call_binop(context, operator, left, right)
 
@@ -218,8 +222,9 @@ def compile_template(source: str, limits: TemplateLimits, functions: dict[str, A
     return env.from_string(source)
 
 
-def render_bounded(template: Template, variables: dict, chars: int, limits: TemplateLimits,
-                   deadline: float | None = None) -> str:  # fmt: skip
+def render_bounded(
+    template: Template, variables: dict, chars: int, limits: TemplateLimits, deadline: float | None = None
+) -> str:
     """The template's text for `variables` (a conversation of `chars` characters), within `limits`:
     by `deadline` (a monotonic time) when given, else `limits.seconds` from now."""
     render = Render(limits, chars, deadline)

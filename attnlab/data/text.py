@@ -95,8 +95,10 @@ def refuse_nul_run(path: Path, block: bytes, offset: int, before: bytes = b"") -
     where = (carry + block).find(NUL_RUN) if carry else block.find(NUL_RUN)
     if where >= 0:
         at = offset - len(carry) + where
-        raise AttnlabError(f"{path} is not text: it holds a run of NUL bytes from byte {at:,} (a file padded "
-                           f"with zeros, a disk image or a binary?): give a text file")  # fmt: skip
+        raise AttnlabError(
+            f"{path} is not text: it holds a run of NUL bytes from byte {at:,} (a file padded "
+            f"with zeros, a disk image or a binary?): give a text file"
+        )
 
 
 def _trim_heap() -> None:
@@ -128,8 +130,11 @@ def warn_undecodable(path: Path, bad: int, sample: bytes) -> None:
         guess = "Latin-1 / Windows-1252"
     except UnicodeDecodeError:
         guess = "an unknown encoding"
-    warnings.warn(f"{path}: {bad:,} bytes are not UTF-8 and were read as U+FFFD; the file looks like {guess}: "
-                  f"convert it, e.g. iconv -f cp1252 -t utf-8", stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"{path}: {bad:,} bytes are not UTF-8 and were read as U+FFFD; the file looks like {guess}: "
+        f"convert it, e.g. iconv -f cp1252 -t utf-8",
+        stacklevel=3,
+    )
 
 
 def read_text(path: Path) -> str:

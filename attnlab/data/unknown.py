@@ -51,7 +51,9 @@ def warn_unknown(tok, share: UnknownShare, what: str, consequence: str, stacklev
     if share.rate <= THRESHOLD:
         return False
     examples = ", ".join(repr(piece) for piece, _ in share.unknown.most_common(EXAMPLES))
-    warnings.warn(f"{what}: {share.n_unknown:,} of {share.pieces:,} {tok.unit}s ({share.rate:.0%}) are not in the "
-                  f"run's vocabulary and are read as {tok.unk_name} (most often {examples}); {consequence}",
-                  stacklevel=stacklevel + 1)  # fmt: skip
+    warnings.warn(
+        f"{what}: {share.n_unknown:,} of {share.pieces:,} {tok.unit}s ({share.rate:.0%}) are not in the "
+        f"run's vocabulary and are read as {tok.unk_name} (most often {examples}); {consequence}",
+        stacklevel=stacklevel + 1,
+    )
     return True

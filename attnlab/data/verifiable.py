@@ -75,8 +75,11 @@ def _countdown(rng: random.Random, level: int) -> Problem:
             return Problem(f"Make {int(value)} from {' '.join(map(str, numbers))}.", text[1:-1])
 
 
-KINDS: dict[str, Callable[[random.Random, int], Problem]] = {"add": _add, "multiply": _multiply,
-                                                             "countdown": _countdown}  # fmt: skip
+KINDS: dict[str, Callable[[random.Random, int], Problem]] = {
+    "add": _add,
+    "multiply": _multiply,
+    "countdown": _countdown,
+}
 
 
 def problems(kind: str, split: str = "train", n: int = 1000, seed: int = 0, level: int | None = None) -> list[Problem]:
@@ -97,15 +100,24 @@ def problems(kind: str, split: str = "train", n: int = 1000, seed: int = 0, leve
             out.append(p)
             if len(out) == n:
                 return out
-    raise ArgumentValueError(f"only {len(out)} distinct {split} {kind} problems at level {level}: ask for fewer "
-                             "(--examples, --test-examples) or raise --level")  # fmt: skip
+    raise ArgumentValueError(
+        f"only {len(out)} distinct {split} {kind} problems at level {level}: ask for fewer "
+        "(--examples, --test-examples) or raise --level"
+    )
 
 
-def conversations(kind: str, split: str = "train", n: int = 1000, seed: int = 0, level: int | None = None,
-                  ) -> list[Conversation]:  # fmt: skip
+def conversations(
+    kind: str,
+    split: str = "train",
+    n: int = 1000,
+    seed: int = 0,
+    level: int | None = None,
+) -> list[Conversation]:
     """The problems as chat conversations ending in their reference answer (for sft)."""
-    return [Conversation((Message("user", p.question), Message("assistant", p.answer)))
-            for p in problems(kind, split, n, seed, level)]  # fmt: skip
+    return [
+        Conversation((Message("user", p.question), Message("assistant", p.answer)))
+        for p in problems(kind, split, n, seed, level)
+    ]
 
 
 ARITHMETIC = re.compile(r"What is (\d+) ([+*]) (\d+)\?")

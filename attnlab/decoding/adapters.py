@@ -49,14 +49,20 @@ class LMDecoder:
         """A window longer than the context jumps ahead (engine.py), as stream_rows does."""
         return length > self.context
 
-    def feed(self, state: list, ids: list[int], offset: int, attention: bool = False,
-             hooked: bool = False) -> tuple[Tensor, list | None]:  # fmt: skip
+    def feed(
+        self, state: list, ids: list[int], offset: int, attention: bool = False, hooked: bool = False
+    ) -> tuple[Tensor, list | None]:
         """(1, V) next-token logits of `ids` fed at `offset` alone, and (attention) each layer's row of
         the newest query over the keys so far, mean of the heads (L, Tk). One token of a row without
         attention or hooks (`hooked`) takes the compiled step when there is one."""
         step = self.compiled
-        if step is not None and len(ids) == 1 and not (attention or hooked) and step.usable(state) \
-                and state[0].length == offset:  # fmt: skip
+        if (
+            step is not None
+            and len(ids) == 1
+            and not (attention or hooked)
+            and step.usable(state)
+            and state[0].length == offset
+        ):
             with autocast(self.device, self.precision):
                 logits = step.feed(state, ids[0])
             if logits is not None:
@@ -100,8 +106,9 @@ class StepDecoder:
             raise AttnlabError("an encoder-decoder decodes from a source: give one")
         return self.model.start(source.to(self.device))
 
-    def feed(self, state, ids: list[int], offset: int, attention: bool = False,
-             hooked: bool = False) -> tuple[Tensor, list | None]:  # fmt: skip
+    def feed(
+        self, state, ids: list[int], offset: int, attention: bool = False, hooked: bool = False
+    ) -> tuple[Tensor, list | None]:
         """The ids one at a time (the model steps a token at a time); the last one's logits (1, V) and
         (attention) where it looked, (L, H, S)."""
         for token in ids:
@@ -127,5 +134,6 @@ def decoder_for(model, dtype: str = "auto", compiled: bool = False) -> LMDecoder
         return LMDecoder(model, dtype, compiled)
     if isinstance(model, StepDecoding):
         return StepDecoder(model)
-    raise AttnlabError(f"a {type(model).__name__} does not generate: it is neither a language model nor an "
-                       "encoder-decoder")  # fmt: skip
+    raise AttnlabError(
+        f"a {type(model).__name__} does not generate: it is neither a language model nor an encoder-decoder"
+    )

@@ -20,17 +20,24 @@ from attnlab.models.protocols import CausalLM
 from attnlab.progress import tqdm
 
 
-def stream_answer(model: CausalLM, tok: Tokenizer, template: ChatTemplate, messages: Sequence[Message],
-                  **kw: Any) -> Iterator[str]:  # fmt: skip
+def stream_answer(
+    model: CausalLM, tok: Tokenizer, template: ChatTemplate, messages: Sequence[Message], **kw: Any
+) -> Iterator[str]:
     """The assistant's next turn, piece by piece (keyword arguments as in stream_text, but stop: the
     template's end of turn, or the tokenizer's end of text)."""
     kw.setdefault("max_new_tokens", 256)
-    return stream_text(model, tok, template.prompt(messages), stop=template.end_of_turn(), stop_token=tok.eot_id,
-                       **kw)  # fmt: skip
+    return stream_text(model, tok, template.prompt(messages), stop=template.end_of_turn(), stop_token=tok.eot_id, **kw)
 
 
-def answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Sequence[Message]],
-            seed: int | None = None, progress: str | None = None, **kw: Any) -> list[str]:  # fmt: skip
+def answers(
+    model: CausalLM,
+    tok: Tokenizer,
+    template: ChatTemplate,
+    conversations: Sequence[Sequence[Message]],
+    seed: int | None = None,
+    progress: str | None = None,
+    **kw: Any,
+) -> list[str]:
     """The next assistant turn of each conversation, decoded together; conversation i samples with
     seed + i (greedy with temperature=0). progress: a bar of that name counts the finished answers
     (200 answers of a small model took minutes on a busy 2-core CPU)."""
@@ -49,25 +56,45 @@ def answer_room(tok: Tokenizer, expected: Sequence[str]) -> int:
     return max(len(tok.encode(e)) for e in expected) + ANSWER_ROOM
 
 
-def greedy_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
-                   progress: str | None = None) -> list[str]:  # fmt: skip
+def greedy_answers(
+    model: CausalLM,
+    tok: Tokenizer,
+    template: ChatTemplate,
+    conversations: Sequence[Conversation],
+    progress: str | None = None,
+) -> list[str]:
     """The model's greedy answer to each conversation (all but its last message, the expected answer,
     which sets the room it has)."""
     if not conversations:
         return []
     room = answer_room(tok, [c.messages[-1].content.strip() for c in conversations])
-    return answers(model, tok, template, [c.messages[:-1] for c in conversations], temperature=0.0,
-                   max_new_tokens=room, seed=0, progress=progress)  # fmt: skip
+    return answers(
+        model,
+        tok,
+        template,
+        [c.messages[:-1] for c in conversations],
+        temperature=0.0,
+        max_new_tokens=room,
+        seed=0,
+        progress=progress,
+    )
 
 
-def right_answers(model: CausalLM, tok: Tokenizer, template: ChatTemplate, conversations: Sequence[Conversation],
-                  progress: str | None = None) -> list[bool]:  # fmt: skip
+def right_answers(
+    model: CausalLM,
+    tok: Tokenizer,
+    template: ChatTemplate,
+    conversations: Sequence[Conversation],
+    progress: str | None = None,
+) -> list[bool]:
     """Whether the model's greedy answer to each conversation (all but its last message) is right: that
     last message's text exactly, or for a verifiable question any answer its checker accepts
     (data/verifiable.graded): how every held-out chat figure is scored."""
     got = greedy_answers(model, tok, template, conversations, progress)
-    return [graded(question_of(c.messages[:-1]), g, c.messages[-1].content.strip())
-            for c, g in zip(conversations, got, strict=True)]  # fmt: skip
+    return [
+        graded(question_of(c.messages[:-1]), g, c.messages[-1].content.strip())
+        for c, g in zip(conversations, got, strict=True)
+    ]
 
 
 def _counted(stream: Iterator[str], bar: tqdm) -> Iterator[str]:

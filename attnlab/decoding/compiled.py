@@ -4,12 +4,12 @@ block with its Python and dispatch cost gone.
 Legend: Hkv key/value heads, C the context, Dh head size, L keys the step attends over, V vocabulary.
 
 A decode step at batch 1 reads every weight once and does little else, so on a CPU a small model's
-step is mostly per-operation cost: on a 2-core Xeon a 6 x 384 GPT spent 2.4 of its 5.8 ms a token
-in the 25 matrix-vector products and the rest in some 200 operations around them, each paying
-Python, dispatch and a thread wake-up. Compiled (inductor: C++ kernels with the norms, residuals,
-activations and cache writes fused between the matrix products, called from a C++ wrapper), the
-step is the model's own forward, so every block option and the packed int8/int4/bf16 layers come
-with it, traced once over caches that never move:
+step is mostly per-operation cost: a 6 x 384 GPT spent less than half of its time a token in the 25
+matrix-vector products and the rest in some 200 operations around them, each paying Python, dispatch
+and a thread wake-up (docs/log.md, "The compiled decode step"). Compiled (inductor: C++ kernels with
+the norms, residuals, activations and cache writes fused between the matrix products, called from a
+C++ wrapper), the step is the model's own forward, so every block option and the packed
+int8/int4/bf16 layers come with it, traced once over caches that never move:
 
     the row's caches     each layer's KVCache, its (1, Hkv, C, Dh) buffers zeroed when made (a masked
                          key still multiplies: it must be a number), filled by the prompt's ordinary
@@ -21,7 +21,7 @@ with it, traced once over caches that never move:
 
 Two ways to the same compiled step, the first that works:
     ahead of time        exported.py: torch.export traces it once and AOTInductor makes a library of it,
-                         called without TorchDynamo in between (0.35 ms less a step of a 1.7 ms one);
+                         called without TorchDynamo in between (a fifth of a small model's step less);
                          not under autocast
     torch.compile        the step through TorchDynamo, its guards skipped once warm (_stance)
 
@@ -41,18 +41,18 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.exported import ExportedStep
-from attnlab.nn import row_kernels
 from attnlab.nn.attention import KVCache
+from attnlab.quant import row_kernels
 
 # inductor's wrapper in C++: the step's 60-odd kernel calls without Python between them. Freezing the
-# weights into constants and max-autotune's GEMM templates were measured too (a 6 x 384 GPT on the
-# Xeon): no faster, and freezing keeps a second copy of the weights.
+# weights into constants and max-autotune's GEMM templates were measured too: no faster, and freezing
+# keeps a second copy of the weights.
 _OPTIONS = {"cpp_wrapper": True}
-# The step compiled ahead of time first (exported.py: the same kernels without TorchDynamo's 0.35 ms a
+# The step compiled ahead of time first (exported.py: the same kernels without TorchDynamo's cost a
 # call); torch.compile's step where that fails (a model torch.export cannot trace) or under autocast.
 EXPORT = True
-# ...on these devices only. On an H100 with torch 2.11.0+cu130 loading the step's package killed the
-# process (a segmentation fault inside aoti_load_package, which no `except` catches), so a model on a
+# ...on these devices only. On a GPU loading the step's package killed the process (a segmentation
+# fault inside aoti_load_package, which no `except` catches; docs/log.md, "On a GPU"), so a model on a
 # GPU takes torch.compile's step (worth checking again on a newer torch: benchmarks/gpu_check.sh).
 EXPORT_DEVICES = ("cpu",)
 
@@ -130,8 +130,8 @@ class CompiledStep:
             self.bias = torch.zeros(1, 1, 1, context, device=device)
 
     def _stance(self):
-        """Once compiled, skip the guards that every step passes (0.3-0.5 ms of a 2 ms step on the
-        Xeon): the inputs are always these tensors and the caches' buffers, only L changes, and L is
+        """Once compiled, skip the guards that every step passes (a fifth of a small model's step): the
+        inputs are always these tensors and the caches' buffers, only L changes, and L is
         symbolic. What could change the model under the graph (hooks, attention) takes the eager path."""
         if not self.warm:
             return contextlib.nullcontext()

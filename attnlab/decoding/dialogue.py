@@ -39,8 +39,10 @@ from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 
 PROMPT, MORE = "you> ", "...  "
-COMMANDS = {"/reset": "forget the conversation (the system text stays)",
-            "/quit": "leave (so do Ctrl-D and Ctrl-C at the prompt; Ctrl-C during an answer stops it)"}  # fmt: skip
+COMMANDS = {
+    "/reset": "forget the conversation (the system text stays)",
+    "/quit": "leave (so do Ctrl-D and Ctrl-C at the prompt; Ctrl-C during an answer stops it)",
+}
 BLOCK = '"""'  # a line that starts with it opens a message of several lines; one that ends with it closes it
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"  # what a terminal in bracketed paste mode puts around a paste
 STOPPED = "stopped: this turn is left out of the conversation"
@@ -73,16 +75,31 @@ class Dialogue:
     dialogue draws with seed + k, so the same inputs give the same conversation. `reserve`: the
     tokens of room a prompt must leave the answer (default min(max_new_tokens, half the context))."""
 
-    def __init__(self, model: CausalLM, tok: Tokenizer, template: ChatTemplate, system: str | None = None,
-                 seed: int | None = None, reserve: int | None = None, **sampling: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: CausalLM,
+        tok: Tokenizer,
+        template: ChatTemplate,
+        system: str | None = None,
+        seed: int | None = None,
+        reserve: int | None = None,
+        **sampling: Any,
+    ) -> None:
         sampling.setdefault("max_new_tokens", 256)
-        check_sampling(sampling["max_new_tokens"], sampling.get("temperature", 0.8), sampling.get("top_k"),
-                       sampling.get("top_p"), seed)  # fmt: skip
+        check_sampling(
+            sampling["max_new_tokens"],
+            sampling.get("temperature", 0.8),
+            sampling.get("top_k"),
+            sampling.get("top_p"),
+            seed,
+        )
         context = model.cfg.context
         self.reserve = min(sampling["max_new_tokens"], context // 2) if reserve is None else reserve
         if not 1 <= self.reserve < context:
-            raise AttnlabError(f"the answer's room must be at least 1 token and less than the model's context "
-                               f"({context}), got {self.reserve}")  # fmt: skip
+            raise AttnlabError(
+                f"the answer's room must be at least 1 token and less than the model's context "
+                f"({context}), got {self.reserve}"
+            )
         self.model, self.tok, self.template, self.sampling = model, tok, template, sampling
         self.system = [Message("system", system)] if system else []
         self.seed = seed_of(seed)
@@ -113,14 +130,18 @@ class Dialogue:
         n = self.prompt_tokens([*self.system, *history])
         if n > limit:
             what = "this message and the system text take" if self.system else "this message takes"
-            raise AttnlabError(f"{what} {n} tokens as the template renders them; this model reads {context}, "
-                               f"{self.reserve} of them kept for the answer: say it shorter")  # fmt: skip
+            raise AttnlabError(
+                f"{what} {n} tokens as the template renders them; this model reads {context}, "
+                f"{self.reserve} of them kept for the answer: say it shorter"
+            )
         notes = []
         if len(history) < len(self.history) + 1 and not self.told:
             self.told = True
-            notes.append(f"the conversation outgrew the model's context ({context} tokens, {self.reserve} of them "
-                         "kept for the answer): its oldest turns are dropped from now on"
-                         + (" (the system text stays)" if self.system else ""))  # fmt: skip
+            notes.append(
+                f"the conversation outgrew the model's context ({context} tokens, {self.reserve} of them "
+                "kept for the answer): its oldest turns are dropped from now on"
+                + (" (the system text stays)" if self.system else "")
+            )
         self.before, self.history = self.history, history
         return notes
 
@@ -136,8 +157,9 @@ class Dialogue:
         room = self.model.cfg.context - self.prompt_tokens(self.messages())
         sampling = {**self.sampling, "max_new_tokens": min(self.sampling["max_new_tokens"], room)}
         text = ""
-        for piece in trimmed(stream_answer(self.model, self.tok, self.template, self.messages(), seed=seed,
-                                           **sampling)):  # fmt: skip
+        for piece in trimmed(
+            stream_answer(self.model, self.tok, self.template, self.messages(), seed=seed, **sampling)
+        ):
             text += piece
             yield piece
         self.history.append(Message("assistant", text))
@@ -185,8 +207,13 @@ class StopOnInterrupt:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def talk(dialogue: Dialogue, read: Callable[[str], str] | None = None, out: TextIO | None = None,
-         err: TextIO | None = None, remember: Callable[[str], None] | None = None) -> None:  # fmt: skip
+def talk(
+    dialogue: Dialogue,
+    read: Callable[[str], str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    remember: Callable[[str], None] | None = None,
+) -> None:
     """The terminal loop: read a message (next_message over read(prompt), default input(): EOFError at
     the end), stream the answer to `out` (default stdout), until /quit, the end of input or Ctrl-C at
     the prompt; /reset starts over; Ctrl-C during an answer stops it and the talk goes on. Notes (turns

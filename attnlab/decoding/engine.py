@@ -89,10 +89,21 @@ class Batcher:
 
     # ---- the requests' side (any thread) ----------------------------------------------------------
 
-    def submit(self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, logprobs: int | None = None,
-               seconds: float | None = None, on_exit: Callable[[], None] | None = None,
-               wake: Callable[[], None] | None = None, attention: bool = False, source: Tensor | None = None,
-               tag: str = "", start: bool = True) -> Row:  # fmt: skip
+    def submit(
+        self,
+        ids: list[int],
+        draw: Draw,
+        max_tokens: int,
+        emit: Emit,
+        logprobs: int | None = None,
+        seconds: float | None = None,
+        on_exit: Callable[[], None] | None = None,
+        wake: Callable[[], None] | None = None,
+        attention: bool = False,
+        source: Tensor | None = None,
+        tag: str = "",
+        start: bool = True,
+    ) -> Row:
         """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
         exception: TimeoutError after `seconds`). on_exit() runs once when it leaves, however it ends;
         wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
@@ -102,8 +113,9 @@ class Batcher:
         run yet (generate() steps the engine itself instead). Returns the row, to cancel."""
         if not ids:
             raise ValueError("generation needs at least one prompt token")
-        row = Row(ids[-self.decoder.context :] if self.decoder.batched else ids, draw, max_tokens, logprobs, emit,
-                  self.device)  # fmt: skip
+        row = Row(
+            ids[-self.decoder.context :] if self.decoder.batched else ids, draw, max_tokens, logprobs, emit, self.device
+        )
         row.deadline = None if seconds is None else time.monotonic() + seconds
         row.on_exit, row.wake, row.attention, row.source, row.tag = on_exit, wake, attention, source, tag
         row.hooks = thread_hooks(self.model)
@@ -119,8 +131,9 @@ class Batcher:
                 _RUNNING.add(self)
         return row
 
-    def generate(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None,
-                 **ask) -> Iterator[Step]:  # fmt: skip
+    def generate(
+        self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None, **ask
+    ) -> Iterator[Step]:
         """submit() as an iterator of Steps, for code that may block (the command line, tests). While the
         engine has no thread of its own (no submit() started one), the reader runs the turns itself
         when it waits for a step: on a CPU a second thread computing costs each step a hand-over, and

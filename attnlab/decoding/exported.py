@@ -4,18 +4,18 @@ it to C++ (kernels and the wrapper that calls them), and each step is one call i
 Legend: Hkv key/value heads, C the context, Dh head size, L keys the step attends over, V vocabulary.
 
 Why not torch.compile alone (compiled.py's other way): its compiled step is as fast, but each call
-first passes through TorchDynamo (frame entry, guards, the runtime wrappers), about 0.35 ms of a
-1.7 ms step of a 6 x 384 GPT with int8 weights on a 2-core Xeon; one call into this library costs a
-few microseconds (docs/cpu.md has the measurements).
+first passes through TorchDynamo (frame entry, guards, the runtime wrappers), about a fifth of a
+small model's int8 step; one call into this library costs a few microseconds (docs/log.md, "The
+compiled decode step", has the measurements).
 
     traced once       the step (compiled._step) over the row's caches: (ids (1, 1), position (1,), bias
                       (1, 1, 1, L), the caches' k, v buffers (1, Hkv, C + 1, Dh) each, the previous
                       token (1, 1) when the model reads it) -> logits (1, V); L symbolic (2..C); the cache
                       writes are in place, as in the model's forward
-    its products      a float32 layer's one-row product is attnlab's operator (nn/row_kernels.FloatRows,
-                      active while the step is traced): 6 x 384 float32 342 tokens/s against 288
-                      through PyTorch's product (Xeon, 2 threads, median of 5); GPT-2 small's, whose
-                      matrices are read at the memory's speed either way, 35 against 35
+    its products      a float32 layer's one-row product is attnlab's operator (quant/row_kernels.FloatRows,
+                      active while the step is traced), faster than PyTorch's product for a small
+                      model and equal for GPT-2 small, whose matrices are read at the memory's speed
+                      either way
     the weights       are not in the library: it is handed the model's own tensors by name (parameters,
                       buffers, a packed layer's operands) and keeps no copy, so a model trained in place
                       decodes with its new weights; a tensor replaced by another is handed over again
@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from torch.export.graph_signature import InputKind
 
 from attnlab.io import atomic_write
-from attnlab.nn import row_kernels
-from attnlab.nn.packed import PackedLinear
+from attnlab.quant import row_kernels
+from attnlab.quant.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
 
@@ -59,8 +59,9 @@ class ExportedStep:
     """One model's step compiled ahead of time. `run` takes the tensors compiled.CompiledStep keeps and
     a row's caches; `refresh` hands the library the model's tensors again when one was replaced."""
 
-    def __init__(self, model: nn.Module, step, ids: Tensor, position: Tensor, bias: Tensor,
-                 kv: list[Tensor], last: Tensor | None):  # fmt: skip
+    def __init__(
+        self, model: nn.Module, step, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None
+    ):
         for layer in model.modules():
             if isinstance(layer, PackedLinear):
                 layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
@@ -126,6 +127,8 @@ def _library(program: torch.export.ExportedProgram) -> Path:
         return path
     folder.mkdir(parents=True, exist_ok=True)
     options = {"aot_inductor.package_constants_in_so": False}
-    atomic_write(path, lambda tmp: torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
-                                                                          inductor_configs=options))  # fmt: skip
+    atomic_write(
+        path,
+        lambda tmp: torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options),
+    )
     return path

@@ -34,9 +34,21 @@ from attnlab.runtime.device import autocast, pick_dtype
 
 T = TypeVar("T")
 
-__all__ = ["GenerateConfig", "TextPieces", "filter_logits", "first_stop", "generate_text", "next_token",
-           "next_tokens", "read_in_turn", "read_together", "sample_texts", "stream", "stream_rows",
-           "stream_text"]  # fmt: skip
+__all__ = [
+    "GenerateConfig",
+    "TextPieces",
+    "filter_logits",
+    "first_stop",
+    "generate_text",
+    "next_token",
+    "next_tokens",
+    "read_in_turn",
+    "read_together",
+    "sample_texts",
+    "stream",
+    "stream_rows",
+    "stream_text",
+]
 
 
 @torch.no_grad()
@@ -135,8 +147,10 @@ def stream(
 
 def _cropped(ids: list[int], context: int) -> list[int]:
     if len(ids) > context:
-        warnings.warn(f"prompt of {len(ids)} tokens is longer than the context of {context}; keeping the last "
-                      f"{context}", stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"prompt of {len(ids)} tokens is longer than the context of {context}; keeping the last {context}",
+            stacklevel=4,
+        )
     return ids[-context:]
 
 
@@ -198,11 +212,13 @@ def stream_text(
         if text is not None and not isinstance(text, str):
             raise ArgumentTypeError(f"{name}: expected a text (str), got {kind(text)}")
     if not prompt and tokenizer.eot_id is None:  # a converted Llama's tokenizer has no <|endoftext|> to start from
-        raise AttnlabError("an empty prompt starts from the end-of-text token, which this run's tokenizer does not "
-                           "have: give a prompt")  # fmt: skip
+        raise AttnlabError(
+            "an empty prompt starts from the end-of-text token, which this run's tokenizer does not have: give a prompt"
+        )
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype,
-                    compile=compile)  # fmt: skip
+    sampling = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype, compile=compile
+    )
     pieces = TextPieces(tokenizer, [stop] if stop else [])
     for token in stream(model, ids, max_new_tokens, **sampling):
         if token == stop_token and stop_token is not None:  # the end of a text: not part of it

@@ -19,12 +19,17 @@ COMPILE_HELP = (
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
-                   seed: int | None = None) -> None:  # fmt: skip
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None
+) -> None:
     """The settings of a generation, each of its type and range (a library caller's "5" is named)."""
-    for name, value, number in (("max_new_tokens", max_new_tokens, numbers.Integral),
-                                ("temperature", temperature, numbers.Real), ("top_k", top_k, numbers.Integral),
-                                ("top_p", top_p, numbers.Real), ("seed", seed, numbers.Integral)):  # fmt: skip
+    for name, value, number in (
+        ("max_new_tokens", max_new_tokens, numbers.Integral),
+        ("temperature", temperature, numbers.Real),
+        ("top_k", top_k, numbers.Integral),
+        ("top_p", top_p, numbers.Real),
+        ("seed", seed, numbers.Integral),
+    ):
         if value is not None and (not isinstance(value, number) or isinstance(value, bool)):
             expected = "a whole number" if number is numbers.Integral else "a number"
             raise ArgumentTypeError(f"{name}: expected {expected}, got {kind(value)}")
@@ -51,8 +56,9 @@ class GenerateConfig:
     seed: int | None = option(None, "random seed, for repeatable samples")
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
-    dtype: str = option("auto", "auto (on a CPU bf16 where measured faster here; float32 on a GPU), float32 or "
-                        "bfloat16", DTYPE_NAMES)  # fmt: skip
+    dtype: str = option(
+        "auto", "auto (on a CPU bf16 where measured faster here; float32 on a GPU), float32 or bfloat16", DTYPE_NAMES
+    )
     compile: bool = option(False, COMPILE_HELP)
 
     def __post_init__(self):

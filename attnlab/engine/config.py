@@ -39,30 +39,46 @@ def warn_short_warmup(cfg: TrainConfig) -> None:
         return
     peak = cfg.lr * cfg.max_steps / cfg.warmup_steps  # lr_at: lr * (step + 1) / warmup_steps up to max_steps - 1
     share = cfg.max_steps / cfg.warmup_steps
-    warnings.warn(f"warmup_steps {cfg.warmup_steps} is more than max_steps {cfg.max_steps}: the learning rate is "
-                  f"still warming up when training ends and peaks at {peak:.3g}, {share:.0%} of lr {cfg.lr:g} "
-                  "(lower warmup_steps to reach lr)", stacklevel=2)  # fmt: skip
+    warnings.warn(
+        f"warmup_steps {cfg.warmup_steps} is more than max_steps {cfg.max_steps}: the learning rate is "
+        f"still warming up when training ends and peaks at {peak:.3g}, {share:.0%} of lr {cfg.lr:g} "
+        "(lower warmup_steps to reach lr)",
+        stacklevel=2,
+    )
 
 
 @dataclass
 class TrainConfig:
     max_steps: int = option(2000, "optimizer steps to train for")
-    time_budget: str | None = option(None, "train for this long (90s, 2m, 1.5h): the cosine decay follows elapsed "
-                                     "time and ends with it; max_steps still caps the steps")  # fmt: skip
-    min_steps: int = option(0, "with --time-budget: train at least this many steps, past the budget if this "
-                            "machine is slow or busy (the decay then ends with the steps)")  # fmt: skip
+    time_budget: str | None = option(
+        None,
+        "train for this long (90s, 2m, 1.5h): the cosine decay follows elapsed "
+        "time and ends with it; max_steps still caps the steps",
+    )
+    min_steps: int = option(
+        0,
+        "with --time-budget: train at least this many steps, past the budget if this "
+        "machine is slow or busy (the decay then ends with the steps)",
+    )
     batch_size: int = option(32, "sequences per optimizer step (the global batch)")
     grad_accum: int = option(1, "micro-batches per step, each of batch_size / grad_accum sequences")
     block_size: int | None = option(None, "tokens per training sequence (default: the model's context)")
     lr: float = option(3e-3, "peak learning rate")
     min_lr: float | None = option(None, "learning rate at the end of the cosine decay (default lr / 10)")
     warmup_steps: int = option(100, "steps of linear warmup from 0 to lr")
-    schedule: str = option("cosine", "after warmup: cosine decay to min_lr; wsd (warmup-stable-decay): lr held, "
-                           "then a linear decay to min_lr over the last --cooldown of training; or the "
-                           "Transformer paper's inverse square root of the step", SCHEDULES)  # fmt: skip
+    schedule: str = option(
+        "cosine",
+        "after warmup: cosine decay to min_lr; wsd (warmup-stable-decay): lr held, "
+        "then a linear decay to min_lr over the last --cooldown of training; or the "
+        "Transformer paper's inverse square root of the step",
+        SCHEDULES,
+    )
     cooldown: float = option(0.3, "wsd: the final fraction of training (steps, or the time budget) spent decaying")
-    optimizer: str = option("adamw", "adamw, or muon: Muon for the blocks' weight matrices and AdamW for the "
-                            "rest (embeddings, head, norms, biases)", OPTIMIZERS)  # fmt: skip
+    optimizer: str = option(
+        "adamw",
+        "adamw, or muon: Muon for the blocks' weight matrices and AdamW for the rest (embeddings, head, norms, biases)",
+        OPTIMIZERS,
+    )
     muon_lr: float = option(0.02, "muon: peak learning rate of the Muon-trained matrices (lr is AdamW's)")
     weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
     beta1: float = option(0.9, "AdamW beta1")
@@ -70,18 +86,27 @@ class TrainConfig:
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0 = off)")
     eval_interval: int = option(250, "steps between validation-loss estimates and checkpoints")
     eval_batches: int = option(20, "batches per validation-loss estimate")
-    snapshot_every: int = option(0, "keep the weights every N steps in RUN/snapshots/, to follow the model as it "
-                                 "learns (attnlab inspect RUN --what over-training); 0: none")  # fmt: skip
+    snapshot_every: int = option(
+        0,
+        "keep the weights every N steps in RUN/snapshots/, to follow the model as it "
+        "learns (attnlab inspect RUN --what over-training); 0: none",
+    )
     seed: int = option(1337, "random seed (initialization, batches, dropout)")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
-    parallel: str = option("ddp", "with several processes: replicate the model (ddp) or shard it (fsdp)",
-                           ("ddp", "fsdp"))  # fmt: skip
+    parallel: str = option(
+        "ddp", "with several processes: replicate the model (ddp) or shard it (fsdp)", ("ddp", "fsdp")
+    )
     compile: bool = option(False, "run the model through torch.compile (slower first steps, faster after)")
     grad_checkpoint: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
-    dtype: str = option("auto", "auto (bf16 on a GPU that has it; on a CPU where measured faster), float32 or "
-                        "bfloat16", DTYPE_NAMES)  # fmt: skip
-    log: str | None = option(None, "also send the metrics to a tracker (metrics.jsonl is always written): "
-                             "tensorboard, event files in RUN/tensorboard/", names(TRACKERS))  # fmt: skip
+    dtype: str = option(
+        "auto", "auto (bf16 on a GPU that has it; on a CPU where measured faster), float32 or bfloat16", DTYPE_NAMES
+    )
+    log: str | None = option(
+        None,
+        "also send the metrics to a tracker (metrics.jsonl is always written): "
+        "tensorboard, event files in RUN/tensorboard/",
+        names(TRACKERS),
+    )
 
     def __post_init__(self):
         check_types(self)  # TrainConfig(max_steps="5"): named here, not "'<' not supported" below
@@ -125,5 +150,7 @@ class TrainConfig:
         """A decay that climbs is refused (a warmup the run never finishes is said by the loop as it
         starts: warn_short_warmup)."""
         if self.min_lr is not None and self.min_lr > self.lr:
-            raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
-                             f"give a min_lr below lr (default lr / 10)")  # fmt: skip
+            raise ValueError(
+                f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the decay would raise the rate; "
+                f"give a min_lr below lr (default lr / 10)"
+            )

@@ -47,6 +47,10 @@ def check_training_fits(build: Callable[[], nn.Module], batch: int, tokens: int 
     if model is None:
         return
     params, act = training_bytes(model, batch, tokens)
-    check_fits(params + act, "training this model", "lower --context, --batch-size, --d-model or --n-layer "
-               f"(weights, gradients and AdamW moments ~{gb(params)} GB, a batch's activations ~{gb(act)} GB)",
-               device)  # fmt: skip
+    check_fits(
+        params + act,
+        "training this model",
+        "lower --context, --batch-size, --d-model or --n-layer "
+        f"(weights, gradients and AdamW moments ~{gb(params)} GB, a batch's activations ~{gb(act)} GB)",
+        device,
+    )

@@ -95,9 +95,11 @@ def train_step(s: Session) -> float:
 def diverged_message(s: Session, loss: float, norm: float) -> str:
     kept = f"{s.run} keeps its checkpoint from step {s.saved_step}" if s.saved_step is not None else "nothing saved"
     lower = f"{s.cfg.lr / 10:.3g}"
-    return (f"step {s.step + 1}: the training loss is {loss:g} (gradient norm {norm:g}): stopped before that update; "
-            f"{kept}. Is the learning rate too high? Continue with a lower one: "
-            f"attnlab train {s.command} --out {s.run} --resume --lr {lower}")  # fmt: skip
+    return (
+        f"step {s.step + 1}: the training loss is {loss:g} (gradient norm {norm:g}): stopped before that update; "
+        f"{kept}. Is the learning rate too high? Continue with a lower one: "
+        f"attnlab train {s.command} --out {s.run} --resume --lr {lower}"
+    )
 
 
 def clip_gradients(params: list[nn.Parameter], max_norm: float) -> float:
@@ -199,8 +201,11 @@ def announce(s: Session) -> None:
     size = count_parameters(s.model).line()  # packed or quantized matrices at their logical count
     procs = f" x {s.dist.world} processes" if s.dist.enabled else ""
     why = f" ({s.dtype_note})" if s.cfg.dtype == "auto" else ""
-    print(f"model {size} | {s.data.describe()} | {s.device.type}{procs} "
-          f"{str(s.dtype).removeprefix('torch.')}{why} | batch {s.cfg.batch_size}", file=sys.stderr)  # fmt: skip
+    print(
+        f"model {size} | {s.data.describe()} | {s.device.type}{procs} "
+        f"{str(s.dtype).removeprefix('torch.')}{why} | batch {s.cfg.batch_size}",
+        file=sys.stderr,
+    )
 
 
 @dataclass
@@ -294,11 +299,15 @@ def past_the_budget(s: Session, p: Progress) -> None:
     p.past_budget = True
     p.bar.close()
     if s.dist.main:
-        print(f"time budget of {cfg.time_budget} spent at step {s.step}, short of the {cfg.min_steps} steps a "
-              f"trained model needs here: training on to step {cfg.min_steps} (this machine is slower than "
-              "expected, or busy)", file=sys.stderr)  # fmt: skip
-    p.bar = tqdm(total=cfg.min_steps, initial=s.step, desc="training on", unit="step", disable=disable,
-                 dynamic_ncols=True)  # fmt: skip
+        print(
+            f"time budget of {cfg.time_budget} spent at step {s.step}, short of the {cfg.min_steps} steps a "
+            f"trained model needs here: training on to step {cfg.min_steps} (this machine is slower than "
+            "expected, or busy)",
+            file=sys.stderr,
+        )
+    p.bar = tqdm(
+        total=cfg.min_steps, initial=s.step, desc="training on", unit="step", disable=disable, dynamic_ncols=True
+    )
 
 
 def stop_on_interrupt(s: Session, snapshot: dict) -> None:
@@ -316,11 +325,19 @@ def progress_bar(s: Session, budget: float | None, disable: bool) -> tqdm:
     """Steps out of max_steps; under a time budget, seconds out of the budget (max_steps is then
     usually a far bound), the step shown beside the loss."""
     if budget is None:
-        return tqdm(total=s.cfg.max_steps, initial=s.step, desc="training", unit="step", disable=disable,
-                    dynamic_ncols=True)  # fmt: skip
+        return tqdm(
+            total=s.cfg.max_steps, initial=s.step, desc="training", unit="step", disable=disable, dynamic_ncols=True
+        )
     form = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]"
-    return tqdm(total=budget, initial=min(s.elapsed, budget), desc="training", unit="s", disable=disable,
-                dynamic_ncols=True, bar_format=form)  # fmt: skip
+    return tqdm(
+        total=budget,
+        initial=min(s.elapsed, budget),
+        desc="training",
+        unit="s",
+        disable=disable,
+        dynamic_ncols=True,
+        bar_format=form,
+    )
 
 
 def spent(s: Session, budget: float | None) -> bool:

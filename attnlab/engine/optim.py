@@ -89,8 +89,10 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer 
     muon_ids = hidden_matrices(model) if cfg.optimizer == "muon" else set()
     decay = [p for p in params if p.dim() >= 2 and id(p) not in embeddings and id(p) not in muon_ids]
     no_decay = [p for p in params if p.dim() < 2 or id(p) in embeddings]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "role": "decay"},
-              {"params": no_decay, "weight_decay": 0.0, "role": "no_decay"}]  # fmt: skip
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay, "role": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "role": "no_decay"},
+    ]
     groups = [g for g in groups if g["params"]]  # with Muon and a tied head no AdamW matrix may be left
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
     if not muon_ids:

@@ -30,8 +30,9 @@ def show(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def check_unchanged(what: str, cls: type, saved: dict[str, Any], given: dict[str, tuple[str, Any]],
-                    why: str = "") -> None:  # fmt: skip
+def check_unchanged(
+    what: str, cls: type, saved: dict[str, Any], given: dict[str, tuple[str, Any]], why: str = ""
+) -> None:
     """Settings given again on --resume must equal the run's own (its config.json section `saved`);
     the first that differs is refused, by name. given: field -> (what set it, e.g. "--n-layer" or
     "--preset gpt-micro", its value as given)."""
@@ -43,8 +44,10 @@ def check_unchanged(what: str, cls: type, saved: dict[str, Any], given: dict[str
         if parse_value(cls, name, value) != ours:
             set_by = f"{source} {show(value)}" if source == flag(name) else f"{source} (its {flag(name)} {show(value)})"
             because = f" ({why})" if why else ""
-            raise AttnlabError(f"{set_by} differs from the run's {show(ours)}: {what} settings cannot change when "
-                               f"resuming{because}; give {flag(name)} {show(ours)} or leave it out")  # fmt: skip
+            raise AttnlabError(
+                f"{set_by} differs from the run's {show(ours)}: {what} settings cannot change when "
+                f"resuming{because}; give {flag(name)} {show(ours)} or leave it out"
+            )
 
 
 def as_given(fields: dict[str, Any], source: str | None = None) -> dict[str, tuple[str, Any]]:
@@ -58,11 +61,15 @@ def check_same_init(init: str | Path | None, saved: dict[str, Any]) -> None:
         return
     first = saved.get("init")
     if first is None:
-        raise AttnlabError(f"--init starts a new run and --resume continues one: give only one of them (this run "
-                           f"was not started from --init {init})")  # fmt: skip
+        raise AttnlabError(
+            f"--init starts a new run and --resume continues one: give only one of them (this run "
+            f"was not started from --init {init})"
+        )
     if Path(init).resolve() != Path(first).resolve():
-        raise AttnlabError(f"--init {init} differs from the run's --init {first}: a resumed run keeps the weights "
-                           f"it started from; drop --init or give --init {first}")  # fmt: skip
+        raise AttnlabError(
+            f"--init {init} differs from the run's --init {first}: a resumed run keeps the weights "
+            f"it started from; drop --init or give --init {first}"
+        )
 
 
 def saved_progress(run: Path) -> tuple[int, float] | None:
@@ -84,12 +91,17 @@ def check_more_to_train(run: Path, cfg: TrainConfig) -> int | None:
         return None
     step, elapsed = progress
     if cfg.max_steps <= step:
-        where = f"has trained its {step} steps" if cfg.max_steps == step else \
-            f"is at step {step}, beyond --max-steps {cfg.max_steps}"  # fmt: skip
+        where = (
+            f"has trained its {step} steps"
+            if cfg.max_steps == step
+            else f"is at step {step}, beyond --max-steps {cfg.max_steps}"
+        )
         raise AttnlabError(f"{run} {where}: nothing to train; give a --max-steps above {step} to go on")
     if cfg.time_budget is not None and elapsed >= budget_seconds(cfg.time_budget):
-        raise AttnlabError(f"{run} has spent its time budget of {cfg.time_budget} ({math.floor(elapsed)} s "
-                           f"of training, at step {step}): nothing to train; give a larger --time-budget")  # fmt: skip
+        raise AttnlabError(
+            f"{run} has spent its time budget of {cfg.time_budget} ({math.floor(elapsed)} s "
+            f"of training, at step {step}): nothing to train; give a larger --time-budget"
+        )
     return step
 
 

@@ -77,8 +77,9 @@ def start(
     share()  # fewer threads when other attnlab/torch processes are busy on these cores (runtime/threads.py)
     tokens, _ = data.per_example
     # One line, not an allocator error; from the config (`build` may also read an --init run's weights).
-    check_training_fits(lambda: build_model(config["family"], config["model"]), cfg.batch_size // cfg.grad_accum,
-                        tokens, device)  # fmt: skip
+    check_training_fits(
+        lambda: build_model(config["family"], config["model"]), cfg.batch_size // cfg.grad_accum, tokens, device
+    )
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = build().to(device)
     set_grad_checkpoint(model, cfg.grad_checkpoint)  # every Stack of every family honours it
@@ -94,8 +95,20 @@ def start(
         fully_shard(model)
     width = max((stack.cfg.d_model for stack in stacks_of(model)), default=384)  # what bf16 is measured at
     dtype, note = dtype_choice(cfg.dtype, device, width)
-    s = Session(run, model, make_optimizer(model, cfg), data, cfg, device, dtype, rng, dist=d, raw=model,
-                command=command, dtype_note=note)  # fmt: skip
+    s = Session(
+        run,
+        model,
+        make_optimizer(model, cfg),
+        data,
+        cfg,
+        device,
+        dtype,
+        rng,
+        dist=d,
+        raw=model,
+        command=command,
+        dtype_note=note,
+    )
     if state is not None:
         if state.optimizer["state"]:  # empty at step 0: a fresh optimizer is that state
             api = state_dict_api()

@@ -97,8 +97,15 @@ def completed(task: Task, req: TrainRequest) -> TrainRequest:
         train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
         check_more_to_train(Path(req.out), train)  # before the run's config.json takes the new settings
         data = req.data or from_dict(task.data_config, saved["data"], where="data config")
-        return replace(req, model=task.model_of(saved), model_config=dict(saved["model"]), train=train, data=data,
-                       init=saved.get("init") or None, saved=saved)  # fmt: skip
+        return replace(
+            req,
+            model=task.model_of(saved),
+            model_config=dict(saved["model"]),
+            train=train,
+            data=data,
+            init=saved.get("init") or None,
+            saved=saved,
+        )
     model = req.model or task.default_model
     if model not in task.models:
         raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(task.models)}")
@@ -121,8 +128,10 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         micro = cfg.batch_size // cfg.grad_accum if cfg.batch_size % cfg.grad_accum == 0 else 0
         fits = ", ".join(str(n) for n in range(1, micro + 1) if micro % n == 0)
         fix = f"run on {fits} processes or change" if fits else "change"
-        raise AttnlabError(f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on "
-                           f"{world} processes: {fix} --batch-size or --grad-accum")  # fmt: skip
+        raise AttnlabError(
+            f"batch_size {cfg.batch_size} does not split into {cfg.grad_accum} micro-batches on "
+            f"{world} processes: {fix} --batch-size or --grad-accum"
+        )
     d, device = distributed.init(cfg.device)
     try:
         check_shared(d, out)  # every node sees the run folder, or all stop with one line (not a hang)
@@ -146,8 +155,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         preset = (req.saved or {}).get("preset") if req.resume else fresh
         if preset is not None:  # what a --preset given again on --resume is compared with
             prepared.config["preset"] = preset
-        s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume,
-                  command=task.name)  # fmt: skip
+        s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume, command=task.name)
         s.trackers = trackers
         if req.resume and d.main:
             spent = f" ({s.elapsed:.0f} s of the {cfg.time_budget} budget spent)" if cfg.time_budget else ""

@@ -48,8 +48,10 @@ from attnlab.runs.weights import write_weights
 def _gpt_config(config: dict[str, Any], what: str) -> GPTConfig:
     """The GPT of a run's config.json; PEFT's layouts are GPT-2's and a Llama's."""
     if not kind_of(config).generates:  # a language model's GPT: what GPT-2's and a Llama's layouts map
-        raise AttnlabError(f"{what} is {kind_of(config).noun} run: PEFT adapters are mapped for GPT language "
-                           "models (as GPT-2 or a Llama)")  # fmt: skip
+        raise AttnlabError(
+            f"{what} is {kind_of(config).noun} run: PEFT adapters are mapped for GPT language "
+            "models (as GPT-2 or a Llama)"
+        )
     return from_dict(GPTConfig, config["model"], where="model config")
 
 
@@ -70,8 +72,9 @@ def _check_target(out: Path, force: bool) -> None:
     if not force:
         raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
     if not (out / PEFT_CONFIG).is_file():
-        raise AttnlabError(f"{out} is not a PEFT adapter folder ({describe(out)}): refusing to replace it; "
-                           "choose another directory")  # fmt: skip
+        raise AttnlabError(
+            f"{out} is not a PEFT adapter folder ({describe(out)}): refusing to replace it; choose another directory"
+        )
 
 
 def export_peft(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> dict[str, Any]:
@@ -89,8 +92,10 @@ def export_peft(run_dir: str | Path, out_dir: str | Path, force: bool = False) -
     write_peft(out, tensors, cfg, lora, base)
     summary = {"out": str(out), "layout": layout.name, "targets": list(lora.targets), "base": base}
     if not loads:
-        summary["note"] = (f"PEFT loads the base from base_model_name_or_path: export it with `attnlab export "
-                           f"{base} --to hf DIR` and set base_model_name_or_path to DIR")  # fmt: skip
+        summary["note"] = (
+            f"PEFT loads the base from base_model_name_or_path: export it with `attnlab export "
+            f"{base} --to hf DIR` and set base_model_name_or_path to DIR"
+        )
     return summary
 
 
@@ -99,9 +104,11 @@ def _base_of(src: Path) -> Path:
     peft = read_peft_config(src)  # bounded, checked: a file from someone else
     name = peft.get("base_model_name_or_path") or ""
     if not isinstance(name, str) or not Path(name).is_dir():
-        raise AttnlabError(f"{src / PEFT_CONFIG}: base_model_name_or_path {name!r} is not a local folder: attnlab "
-                           "downloads nothing; set it to the base model's folder (HuggingFace's, or an attnlab "
-                           "run)")  # fmt: skip
+        raise AttnlabError(
+            f"{src / PEFT_CONFIG}: base_model_name_or_path {name!r} is not a local folder: attnlab "
+            "downloads nothing; set it to the base model's folder (HuggingFace's, or an attnlab "
+            "run)"
+        )
     base = as_run(name)
     if adapter_of(read_run_config(base)) is not None:
         raise AttnlabError(f"{src}: its base {name} is a LoRA run; merge it first (attnlab merge {name} --out DIR)")
@@ -128,9 +135,16 @@ def peft_run(src: Path) -> Path | None:
         return out
     based = read_run_config(base)
     lora, tensors = read_peft(src, _gpt_config(based, str(base)))
-    config = {"family": based["family"], "model": based["model"], "train": based["train"], "data": based["data"],
-              "task": {"kind": "sft"}, "init": str(base), "source": {"peft": str(src)},
-              "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": None, "also": []}}  # fmt: skip
+    config = {
+        "family": based["family"],
+        "model": based["model"],
+        "train": based["train"],
+        "data": based["data"],
+        "task": {"kind": "sft"},
+        "init": str(base),
+        "source": {"peft": str(src)},
+        "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": None, "also": []},
+    }
     load_lora_state(build_adapted(config), tensors)  # the adapter fits its base, before anything is written
     template = hf_template(src)  # the adapter's own chat template (saved beside it), else its base's
     copies = {n: base / n for n in (TOKENIZER, CHAT_TEMPLATE) if (base / n).is_file()}

@@ -69,8 +69,9 @@ def exporter(family: str, cfg, run: Path | str = "this run") -> ModuleType:
     said = " -- nor does it fit ".join(f"HuggingFace's {name}: {'; '.join(why)}" for name, why in needs.items())
     fast = getattr(cfg, "bigram_vocab", 0) or getattr(cfg, "logit_softcap", None) is not None
     hint = " (--preset qwen3-nano-fast is the fast recipe without them, as attnlab demo trains it)" if fast else ""
-    raise AttnlabError(f"{run} does not fit {said}. Export it with --to onnx, or train a run without those "
-                       f"choices{hint}")  # fmt: skip
+    raise AttnlabError(
+        f"{run} does not fit {said}. Export it with --to onnx, or train a run without those choices{hint}"
+    )
 
 
 PADDING_ROWS = 128  # rows beyond the tokenizer's tokens that an embedding may have as padding
@@ -111,8 +112,12 @@ def convert_hf_parts(
         weights = module.fold_pixel_normalization(weights, *pixels)
     model.load_state_dict(weights, strict=True)  # every tensor, every shape
     tok = _tokenizer(tokenizer_json, src, family, cfg, kind)
-    config = {"family": family, "model": asdict(cfg), "train": asdict(TrainConfig()),
-              "data": asdict(_data_config(kind, tok))}  # fmt: skip
+    config = {
+        "family": family,
+        "model": asdict(cfg),
+        "train": asdict(TrainConfig()),
+        "data": asdict(_data_config(kind, tok)),
+    }
     if task is not None:
         config["task"] = task
     config["source"] = {**source, "architecture": arch}
@@ -143,16 +148,20 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     config = read_run_config(run)
     family = config["family"]
     if adapter_of(config) is not None:  # its weights file holds the adapters alone
-        raise AttnlabError(f"{run} is a LoRA run: export its adapter with --to peft, or merge it into its base "
-                           f"first (attnlab merge {run} --out DIR) and export that")  # fmt: skip
+        raise AttnlabError(
+            f"{run} is a LoRA run: export its adapter with --to peft, or merge it into its base "
+            f"first (attnlab merge {run} --out DIR) and export that"
+        )
     if family not in EXPORTERS:
         raise AttnlabError(f"{run} is a {family} run: export to hf supports {' and '.join(EXPORTERS)} runs")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise AttnlabError(f"{out} already exists: choose another directory, or --force to replace it")
         if not is_hf_dir(out):  # another project's config.json is not ours to overwrite
-            raise AttnlabError(f"{out} is not a HuggingFace model directory ({describe(out)}): refusing to "
-                               "replace it; choose another directory")  # fmt: skip
+            raise AttnlabError(
+                f"{out} is not a HuggingFace model directory ({describe(out)}): refusing to "
+                "replace it; choose another directory"
+            )
     config_cls, model_cls = family_classes(family)
     cfg = from_dict(config_cls, config["model"], where="model config")
     module = exporter(family, cfg, run)
@@ -166,8 +175,13 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> 
     if tokenizer_json is not None and "eos_token_id" in hf_config:  # a causal LM: end-of-text begins and ends texts
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = tok.eot_id
     write_hf_dir(out, hf_config, module.weights_to_hf(model.state_dict(), cfg), tokenizer_json)
-    return {"family": family, "architecture": hf_config["architectures"][0], "parameters": _num_params(model),
-            "out": str(out), "tokenizer": note}  # fmt: skip
+    return {
+        "family": family,
+        "architecture": hf_config["architectures"][0],
+        "parameters": _num_params(model),
+        "out": str(out),
+        "tokenizer": note,
+    }
 
 
 def converted(src: Path) -> Path | None:
@@ -204,7 +218,8 @@ def is_hf_dir(d: Path) -> bool:
         return False
     # pickles count as weights here, so that such a folder reaches read_hf_weights' refusal of them
     weights = any((d / name).is_file() for name in (WEIGHTS, SAFE_INDEX, BIN_INDEX)) or any(
-        p.suffix in PICKLES and p.is_file() for p in d.iterdir())  # fmt: skip
+        p.suffix in PICKLES and p.is_file() for p in d.iterdir()
+    )
     return isinstance(hf, dict) and ("model_type" in hf or "architectures" in hf) and weights
 
 
@@ -241,9 +256,11 @@ def _check_vocabulary(size: int, top: int, vocab: int, src: Path) -> None:
         raise AttnlabError(f"{src}: tokenizer.json gives ids up to {top}, beyond the model's vocabulary of {vocab}")
     padding = max(PADDING_ROWS, vocab // 20)
     if vocab - size > padding:
-        raise AttnlabError(f"{src}: tokenizer.json has {size} tokens for a model of {vocab}: {vocab - size} of the "
-                           f"model's ids would decode to nothing, more than an embedding's padding (at most "
-                           f"{padding} here); give the model's own tokenizer.json")  # fmt: skip
+        raise AttnlabError(
+            f"{src}: tokenizer.json has {size} tokens for a model of {vocab}: {vocab - size} of the "
+            f"model's ids would decode to nothing, more than an embedding's padding (at most "
+            f"{padding} here); give the model's own tokenizer.json"
+        )
 
 
 def _as_loaded(cfg: Any, src: Path) -> Any:

@@ -22,9 +22,16 @@ T, K = gguf.TokenType, gguf.Keys.Tokenizer
 
 # {arch}.* settings attnlab reads no value from but may pass, with the values that change nothing it
 # computes (None: any value). vocab_size is checked against the embedding (check_sizes).
-HARMLESS = {"vocab_size": None, "tensor_data_layout": None, "rope.scaling.original_context_length": None,
-            "rope.scaling.finetuned": None, "rope.scaling.type": ("none",), "rope.scaling.factor": (0.0, 1.0),
-            "rope.scaling.attn_factor": (1.0,), "rope.scale_linear": (0.0, 1.0)}  # fmt: skip
+HARMLESS = {
+    "vocab_size": None,
+    "tensor_data_layout": None,
+    "rope.scaling.original_context_length": None,
+    "rope.scaling.finetuned": None,
+    "rope.scaling.type": ("none",),
+    "rope.scaling.factor": (0.0, 1.0),
+    "rope.scaling.attn_factor": (1.0,),
+    "rope.scale_linear": (0.0, 1.0),
+}
 
 
 def check_keys(meta: dict[str, Any], layout: Layout, where: str) -> None:
@@ -39,10 +46,13 @@ def check_keys(meta: dict[str, Any], layout: Layout, where: str) -> None:
         if _harmless(name, value):
             continue
         if name.startswith("rope.scal"):
-            raise AttnlabError(f"{where} scales its rotary angles ({full} is {kind(value)}): attnlab computes the "
-                               "default angles only")  # fmt: skip
-        raise AttnlabError(f"{where} sets {full} ({kind(value)}), which attnlab's {layout.arch} does not read: "
-                           "the run would compute another model than the file's")  # fmt: skip
+            raise AttnlabError(
+                f"{where} scales its rotary angles ({full} is {kind(value)}): attnlab computes the default angles only"
+            )
+        raise AttnlabError(
+            f"{where} sets {full} ({kind(value)}), which attnlab's {layout.arch} does not read: "
+            "the run would compute another model than the file's"
+        )
 
 
 def _harmless(name: str, value: Any) -> bool:
@@ -57,8 +67,9 @@ OWN_CHECK = ("block_count", "context_length")  # sizes that are no dimension: ch
 ROUTER = "blk.0.ffn_gate_inp.weight"  # (E, C): a Mixtral's router in its first block
 
 
-def check_sizes(meta: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple[int, ...]], layout: Layout,
-                where: str) -> None:  # fmt: skip
+def check_sizes(
+    meta: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple[int, ...]], layout: Layout, where: str
+) -> None:
     """The settings' sizes against the tensors the file holds (numpy shapes by GGUF name), before any
     layer is built or named from them: the block count against the blk.N tensors, the width and
     vocabulary against token_embd's, the experts against the router's, GPT-2's context against its
@@ -66,8 +77,9 @@ def check_sizes(meta: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     arch, hf_key = layout.arch, {key.gguf: key.hf for key in layout.keys}
     _check_blocks(hf[hf_key["block_count"]], shapes, arch, where)
     if len(shapes["token_embd.weight"]) != 2:
-        raise AttnlabError(f"{where}: token_embd.weight has the shape {shapes['token_embd.weight']}; a token "
-                           "embedding is a matrix")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: token_embd.weight has the shape {shapes['token_embd.weight']}; a token embedding is a matrix"
+        )
     rows, width = shapes["token_embd.weight"]
     embedding = "its token embedding (token_embd.weight)"
     _same(f"{arch}.embedding_length", hf[hf_key["embedding_length"]], width, f"{embedding} is {{}} wide", where)
@@ -83,16 +95,19 @@ def check_sizes(meta: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     for key in layout.keys:
         value = hf.get(key.hf)
         if key.kind is int and key.gguf not in OWN_CHECK and value is not None and value > largest:
-            raise AttnlabError(f"{where} sets {arch}.{key.gguf} {value:,}, larger than any dimension of its "
-                               f"tensors (the largest is {largest:,})")  # fmt: skip
+            raise AttnlabError(
+                f"{where} sets {arch}.{key.gguf} {value:,}, larger than any dimension of its "
+                f"tensors (the largest is {largest:,})"
+            )
 
 
 def _check_blocks(n: int, shapes: dict[str, tuple[int, ...]], arch: str, where: str) -> None:
     blocks = {int(m[1]) for name in shapes if (m := BLOCK.match(name))}
     if n != len(blocks) or n - 1 != max(blocks, default=-1):
         held = f"blk.{min(blocks)} to blk.{max(blocks)}" if blocks else "none"
-        raise AttnlabError(f"{where} sets {arch}.block_count {n:,}, but holds tensors of {len(blocks):,} blocks "
-                           f"({held})")  # fmt: skip
+        raise AttnlabError(
+            f"{where} sets {arch}.block_count {n:,}, but holds tensors of {len(blocks):,} blocks ({held})"
+        )
 
 
 def _same(full: str, value: Any, held: int, what: str, where: str) -> None:
@@ -110,8 +125,10 @@ def _check_experts(hf: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch:
     if experts is not None and router is None:
         raise AttnlabError(f"{where} sets {arch}.expert_count {experts:,} but holds no router ({ROUTER})")
     if experts is not None and used is None:
-        raise AttnlabError(f"{where} sets {arch}.expert_count {experts:,} but not {arch}.expert_used_count (how "
-                           "many experts each token uses)")  # fmt: skip
+        raise AttnlabError(
+            f"{where} sets {arch}.expert_count {experts:,} but not {arch}.expert_used_count (how "
+            "many experts each token uses)"
+        )
     if experts is not None:
         _same(f"{arch}.expert_count", experts, router[0], f"its router ({ROUTER}) chooses among {{}} experts", where)
         if used > experts:
@@ -122,11 +139,14 @@ def _check_heads(heads: int, kv: int | None, width: int, own_width: bool, arch: 
     """Query heads share the width unless the file gives their own (attention.key_length); key/value
     heads serve whole groups of query heads."""
     if not own_width and width % heads:
-        raise AttnlabError(f"{where} sets {arch}.attention.head_count {heads:,}, which does not divide its width "
-                           f"{width:,} (and no attention.key_length)")  # fmt: skip
+        raise AttnlabError(
+            f"{where} sets {arch}.attention.head_count {heads:,}, which does not divide its width "
+            f"{width:,} (and no attention.key_length)"
+        )
     if kv is not None and heads % kv:
-        raise AttnlabError(f"{where} sets {arch}.attention.head_count_kv {kv:,}, which does not divide its "
-                           f"{heads:,} query heads")  # fmt: skip
+        raise AttnlabError(
+            f"{where} sets {arch}.attention.head_count_kv {kv:,}, which does not divide its {heads:,} query heads"
+        )
 
 
 # ---- the vocabulary (tokenizer.ggml.*)
@@ -144,18 +164,27 @@ def vocab_keys(meta: dict[str, Any], where: str, rows: int | None = None) -> dic
     known = {int(t) for t in T} | {0}  # 0: llama.cpp's "undefined", read as a normal token
     bad = next((i for i, t in enumerate(types) if t not in known), None)
     if bad is not None:
-        raise AttnlabError(f"{where}: token {bad} has the type {types[bad]} in {K.TOKEN_TYPE}; GGUF's types are "
-                           f"{', '.join(f'{int(t)} {t.name}' for t in T)}")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: token {bad} has the type {types[bad]} in {K.TOKEN_TYPE}; GGUF's types are "
+            f"{', '.join(f'{int(t)} {t.name}' for t in T)}"
+        )
     merges = _listed(meta, K.MERGES, str, where)
     bad = next((i for i, m in enumerate(merges) if len(merge_pair(m)) != 2), None)
     if bad is not None:
-        raise AttnlabError(f"{where}: merge {bad} of {K.MERGES} is {merges[bad][:40]!r}, not two tokens with a "
-                           "space between them")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: merge {bad} of {K.MERGES} is {merges[bad][:40]!r}, not two tokens with a space between them"
+        )
     ids = {key: _token_id(meta, key, len(tokens), where) for key in meta if _is_token_id(key)}
     texts = {key: _text(meta, key, where) for key in (K.MODEL, K.PRE, K.CHAT_TEMPLATE)}
-    return {K.LIST: tokens, K.TOKEN_TYPE: types, K.MERGES: merges, K.ADD_BOS: _flag(meta, K.ADD_BOS, where),
-            K.SCORES: _listed(meta, K.SCORES, float, where, len(tokens)) or None,
-            **{key: ids.get(key) for key in (K.BOS_ID, K.EOS_ID, K.UNK_ID)}, **texts}  # fmt: skip
+    return {
+        K.LIST: tokens,
+        K.TOKEN_TYPE: types,
+        K.MERGES: merges,
+        K.ADD_BOS: _flag(meta, K.ADD_BOS, where),
+        K.SCORES: _listed(meta, K.SCORES, float, where, len(tokens)) or None,
+        **{key: ids.get(key) for key in (K.BOS_ID, K.EOS_ID, K.UNK_ID)},
+        **texts,
+    }
 
 
 def merge_pair(merge: str) -> list[str]:
@@ -179,8 +208,9 @@ def _check_tokens(tokens: list[str], rows: int | None, where: str) -> None:
     if not tokens:
         raise AttnlabError(f"{where}: its vocabulary ({K.LIST}) is empty")
     if rows is not None and len(tokens) > rows:
-        raise AttnlabError(f"{where} has {len(tokens):,} tokens but its embedding (token_embd.weight) has only "
-                           f"{rows:,} rows")  # fmt: skip
+        raise AttnlabError(
+            f"{where} has {len(tokens):,} tokens but its embedding (token_embd.weight) has only {rows:,} rows"
+        )
     if len(set(tokens)) != len(tokens):
         first: dict[str, int] = {}
         i, token = next((i, t) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)

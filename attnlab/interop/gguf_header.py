@@ -8,8 +8,8 @@ The layout (llama.cpp's docs/gguf.md; little-endian):
     padding to general.alignment (32 unless set) | the tensors' data, each at its offset from here
 Every count and length is checked against the bytes left and a bound below before it is used, so a
 header declaring 2^62 elements or a 2^50-byte string is refused in one line having read only what the
-file holds. The header's time and memory follow its real size, capped by the bounds (measured on a
-busy 2-core EPYC: a million tokens and their types, 22 MB, parse in 1.4 s within 100 MB).
+file holds. The header's time and memory follow its real size, capped by the bounds (a million
+tokens parse in about a second within 100 MB: docs/log.md, "GGUF").
 
 The gguf package's GGUFReader is not used to parse: it makes numpy arrays for every element of every
 array (measured: 40 us and 1.3 KB per token), and it loops on a declared count it never checks.
@@ -38,8 +38,19 @@ MAX_NAME = 64  # ggml's GGML_MAX_NAME: llama.cpp refuses a longer tensor name
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays, as GGUF allows
 # value type -> numpy's little-endian dtype of one element (BOOL: a byte, 0 or not)
-NUMBERS = {V.UINT8: "<u1", V.INT8: "<i1", V.UINT16: "<u2", V.INT16: "<i2", V.UINT32: "<u4", V.INT32: "<i4",
-           V.FLOAT32: "<f4", V.BOOL: "<u1", V.UINT64: "<u8", V.INT64: "<i8", V.FLOAT64: "<f8"}  # fmt: skip
+NUMBERS = {
+    V.UINT8: "<u1",
+    V.INT8: "<i1",
+    V.UINT16: "<u2",
+    V.INT16: "<i2",
+    V.UINT32: "<u4",
+    V.INT32: "<i4",
+    V.FLOAT32: "<f4",
+    V.BOOL: "<u1",
+    V.UINT64: "<u8",
+    V.INT64: "<i8",
+    V.FLOAT64: "<f8",
+}
 SMALLEST = {V.STRING: 8, V.ARRAY: 12}  # bytes the shortest value of each other kind takes
 
 
@@ -72,8 +83,9 @@ def read_header(path: Path) -> Header:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             if size < 24:  # magic, version and the two counts
-                raise AttnlabError(f"{path} is not a readable GGUF file: it has {size} bytes, fewer than GGUF's "
-                                   "24-byte start")  # fmt: skip
+                raise AttnlabError(
+                    f"{path} is not a readable GGUF file: it has {size} bytes, fewer than GGUF's 24-byte start"
+                )
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 return _Walk(buf, path).header()
     except OSError as e:
@@ -97,11 +109,14 @@ class _Walk:
         if n > self.left() and not declared:
             raise self.fail(f"ends inside {what} (byte {self.pos:,}): the file is cut short")
         if n > self.left():
-            raise self.fail(f"declares {what} of {n:,} bytes at byte {self.pos:,}, but the file has only "
-                            f"{self.left():,} bytes left")  # fmt: skip
+            raise self.fail(
+                f"declares {what} of {n:,} bytes at byte {self.pos:,}, but the file has only {self.left():,} bytes left"
+            )
         if self.pos + n > MAX_HEADER_BYTES:
-            raise self.fail(f"has a header longer than {MAX_HEADER_BYTES:,} bytes (at {what}); attnlab reads "
-                            "headers up to that size (a 256k-token vocabulary takes about 10 MB)")  # fmt: skip
+            raise self.fail(
+                f"has a header longer than {MAX_HEADER_BYTES:,} bytes (at {what}); attnlab reads "
+                "headers up to that size (a 256k-token vocabulary takes about 10 MB)"
+            )
         self.pos += n
         return self.buf[self.pos - n : self.pos]  # a copy: no view of the map outlives it
 
@@ -138,8 +153,10 @@ class _Walk:
 
     def _count(self, n: int, bound: int, smallest: int, what: str) -> None:
         if n * smallest > self.left():
-            raise self.fail(f"declares {n:,} {what}, but the file has only {self.left():,} bytes left (each takes "
-                            f"at least {smallest})")  # fmt: skip
+            raise self.fail(
+                f"declares {n:,} {what}, but the file has only {self.left():,} bytes left (each takes "
+                f"at least {smallest})"
+            )
         if n > bound:
             raise self.fail(f"declares {n:,} {what}; attnlab reads at most {bound:,}")
 
@@ -160,12 +177,15 @@ class _Walk:
             raise self.fail(f"gives the array {key} the element type {kind}, which GGUF does not have (0 to 12)")
         size = np.dtype(NUMBERS[kind]).itemsize if kind in NUMBERS else SMALLEST[kind]
         if n * size > self.left():
-            raise self.fail(f"declares an array of {n:,} elements in key {key}, but the file has only "
-                            f"{self.left():,} bytes left")  # fmt: skip
+            raise self.fail(
+                f"declares an array of {n:,} elements in key {key}, but the file has only {self.left():,} bytes left"
+            )
         self.elements += n
         if self.elements > MAX_ELEMENTS:
-            raise self.fail(f"holds more than {MAX_ELEMENTS:,} array elements in all (key {key} has {n:,}); "
-                            f"attnlab reads at most that many (Llama 3's vocabulary takes 537,000)")  # fmt: skip
+            raise self.fail(
+                f"holds more than {MAX_ELEMENTS:,} array elements in all (key {key} has {n:,}); "
+                f"attnlab reads at most that many (Llama 3's vocabulary takes 537,000)"
+            )
         if kind in NUMBERS:  # at once: no Python work per element until tolist
             data = np.frombuffer(self.take(n * size, f"the elements of {key}"), NUMBERS[kind])
             return (data != 0 if kind == V.BOOL else data).tolist()
@@ -221,14 +241,18 @@ class _Walk:
             if offset % align:
                 raise self.fail(f"places tensor {name} at offset {offset:,}, not a multiple of its alignment {align}")
             if data_start + offset + n_bytes > len(self.buf):
-                raise self.fail(f"places tensor {name} ({n_bytes:,} bytes) at byte {data_start + offset:,}, past "
-                                f"the end of the file ({len(self.buf):,} bytes): it is cut short or wrong")  # fmt: skip
+                raise self.fail(
+                    f"places tensor {name} ({n_bytes:,} bytes) at byte {data_start + offset:,}, past "
+                    f"the end of the file ({len(self.buf):,} bytes): it is cut short or wrong"
+                )
             tensors[name] = TensorInfo(name, gguf.GGMLQuantizationType(kind), ne, data_start + offset, n_bytes)
         ordered = sorted(tensors.values(), key=lambda t: t.start)
         for a, b in zip(ordered, ordered[1:]):
             if b.start < a.start + a.n_bytes:
-                raise self.fail(f"places tensors {a.name} and {b.name} on the same bytes ({a.name} ends at byte "
-                                f"{a.start + a.n_bytes:,}, {b.name} starts at {b.start:,})")  # fmt: skip
+                raise self.fail(
+                    f"places tensors {a.name} and {b.name} on the same bytes ({a.name} ends at byte "
+                    f"{a.start + a.n_bytes:,}, {b.name} starts at {b.start:,})"
+                )
         return tensors
 
     def _bytes(self, name: str, kind: int, ne: tuple[int, ...]) -> int:
@@ -241,9 +265,13 @@ class _Walk:
             raise self.fail(f"gives tensor {name} the dimensions {list(ne)}: one is 0")
         elements = math.prod(ne)  # Python's integers: no overflow
         if elements * block_bytes // block > len(self.buf):
-            raise self.fail(f"declares tensor {name} of {elements:,} elements ({list(ne)}), more than the file's "
-                            f"{len(self.buf):,} bytes hold")  # fmt: skip
+            raise self.fail(
+                f"declares tensor {name} of {elements:,} elements ({list(ne)}), more than the file's "
+                f"{len(self.buf):,} bytes hold"
+            )
         if ne[0] % block:
-            raise self.fail(f"gives tensor {name} rows of {ne[0]:,} values, not whole {block}-value blocks of its "
-                            f"type {gguf.GGMLQuantizationType(kind).name}")  # fmt: skip
+            raise self.fail(
+                f"gives tensor {name} rows of {ne[0]:,} values, not whole {block}-value blocks of its "
+                f"type {gguf.GGMLQuantizationType(kind).name}"
+            )
         return elements // block * block_bytes

@@ -52,8 +52,7 @@ def convert_from_gguf(src: str | Path, out: str | Path, force: bool = False) -> 
     template = chat_template(vocab, f"tokenizer.chat_template of {src}")  # tried as it is read
     tensors = read_tensors(header, src, hf, layout)
     types = dict(Counter(t.type.name for t in header.tensors.values()))
-    summary = convert_hf_parts(hf, tensors, tokenizer, src, out, {"gguf": str(src), "types": types},
-                               template)  # fmt: skip
+    summary = convert_hf_parts(hf, tensors, tokenizer, src, out, {"gguf": str(src), "types": types}, template)
     return summary | {"types": types}
 
 
@@ -67,8 +66,9 @@ def _layout(meta: dict[str, Any], src: Path) -> Layout:
     arch = meta.get(gguf.Keys.General.ARCHITECTURE)
     if not isinstance(arch, str) or arch not in LAYOUTS:
         *others, last = LAYOUTS
-        raise AttnlabError(f"{src} holds a {arch!r:.60} model: attnlab converts GGUF's {', '.join(others)} and "
-                           f"{last} architectures")  # fmt: skip
+        raise AttnlabError(
+            f"{src} holds a {arch!r:.60} model: attnlab converts GGUF's {', '.join(others)} and {last} architectures"
+        )
     return LAYOUTS[arch]
 
 
@@ -111,7 +111,9 @@ def read_tensors(header: Header, src: Path, hf: dict[str, Any], layout: Layout) 
 def _values(data: np.ndarray, t: TensorInfo, src: Path) -> np.ndarray:
     """One tensor's values as float32 (a copy: the file stays closed to writes and may be unmapped)."""
     if t.type not in READ_TYPES:
-        raise AttnlabError(f"{src}: tensor {t.name} is {t.type.name}; attnlab reads the weight types "
-                           f"{', '.join(q.name for q in READ_TYPES)}")  # fmt: skip
+        raise AttnlabError(
+            f"{src}: tensor {t.name} is {t.type.name}; attnlab reads the weight types "
+            f"{', '.join(q.name for q in READ_TYPES)}"
+        )
     blocks = data[t.start : t.start + t.n_bytes].reshape(gguf.quant_shape_to_byte_shape(t.shape, t.type))
     return np.array(gguf.quants.dequantize(blocks, t.type), dtype=np.float32)

@@ -165,21 +165,42 @@ _as_is: Callable[[Tensors, dict], Tensors] = lambda tensors, hf: tensors  # noqa
 
 
 LAYOUTS = {
-    "gpt2": Layout("gpt2", gpt2, GPT2_KEYS, _conv1d_flipped, _conv1d_flipped,
-                   ("activation_function", "gelu_new", "llama.cpp's GPT-2 computes the tanh GELU: train with "
-                    "--activation gelu_tanh"),
-                   lambda hf: "GPT2LMHeadModel"),
-    "llama": Layout("llama", llama, LLAMA_KEYS, _llama_to_gguf, _llama_from_gguf,
-                    ("hidden_act", "silu", "llama.cpp's llama gates with SiLU: train with --feedforward swiglu"),
-                    lambda hf: "MixtralForCausalLM" if hf.get("num_local_experts") else "LlamaForCausalLM"),
-    "qwen3": Layout("qwen3", qwen3, QWEN3_KEYS, _as_is, _as_is,
-                    ("hidden_act", "silu", "llama.cpp's qwen3 gates with SiLU: train with --feedforward swiglu"),
-                    lambda hf: "Qwen3ForCausalLM"),
-}  # fmt: skip
+    "gpt2": Layout(
+        "gpt2",
+        gpt2,
+        GPT2_KEYS,
+        _conv1d_flipped,
+        _conv1d_flipped,
+        (
+            "activation_function",
+            "gelu_new",
+            "llama.cpp's GPT-2 computes the tanh GELU: train with --activation gelu_tanh",
+        ),
+        lambda hf: "GPT2LMHeadModel",
+    ),
+    "llama": Layout(
+        "llama",
+        llama,
+        LLAMA_KEYS,
+        _llama_to_gguf,
+        _llama_from_gguf,
+        ("hidden_act", "silu", "llama.cpp's llama gates with SiLU: train with --feedforward swiglu"),
+        lambda hf: "MixtralForCausalLM" if hf.get("num_local_experts") else "LlamaForCausalLM",
+    ),
+    "qwen3": Layout(
+        "qwen3",
+        qwen3,
+        QWEN3_KEYS,
+        _as_is,
+        _as_is,
+        ("hidden_act", "silu", "llama.cpp's qwen3 gates with SiLU: train with --feedforward swiglu"),
+        lambda hf: "Qwen3ForCausalLM",
+    ),
+}
 
 
 def layout_of(module: ModuleType) -> Layout:
-    """The GGUF layout of a HuggingFace mapping (interop/hf/gpt2.py or llama.py)."""
+    """The GGUF layout of a HuggingFace mapping (interop/hf/gpt2.py or interop/hf/llama.py)."""
     return next(layout for layout in LAYOUTS.values() if layout.module is module)
 
 
@@ -227,8 +248,9 @@ def _in_range(key: Key, full: str, value: Any, where: str) -> int | float:
     if key.kind is int:
         least = 0 if key.gguf.startswith("expert") else 1
         if not isinstance(value, int) or not least <= value <= MAX_SIZE:
-            raise AttnlabError(f"{where}: {full} is {value!r}; attnlab reads a whole number from {least} to "
-                               f"{MAX_SIZE:,} there")  # fmt: skip
+            raise AttnlabError(
+                f"{where}: {full} is {value!r}; attnlab reads a whole number from {least} to {MAX_SIZE:,} there"
+            )
         return value
     if not math.isfinite(value) or value <= 0:
         raise AttnlabError(f"{where}: {full} is {value!r}; it must be a finite number above 0")

@@ -95,16 +95,24 @@ def write_gguf(
     settings = settings_to_gguf(hf, layout) | {f"{layout.arch}.vocab_size": cfg.vocab_size}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: _write(tmp, layout.arch, name, qtype, settings, vocab, stored))
-    return {"architecture": layout.arch, "type": qtype, "out": str(out), "bytes": out.stat().st_size,
-            "tensors": dict(Counter(kind.name for _, kind in stored.values())), "tokenizer": vocab.note}  # fmt: skip
+    return {
+        "architecture": layout.arch,
+        "type": qtype,
+        "out": str(out),
+        "bytes": out.stat().st_size,
+        "tensors": dict(Counter(kind.name for _, kind in stored.values())),
+        "tokenizer": vocab.note,
+    }
 
 
 def _model(run: Path) -> torch.nn.Module:
     """The run's model with its weights (a LoRA run's weights file holds its adapters alone: refused)."""
     config = read_run_config(run)
     if adapter_of(config) is not None:
-        raise AttnlabError(f"{run} is a LoRA run: merge its adapters into its base first (attnlab merge {run} "
-                           "--out DIR) and export that")  # fmt: skip
+        raise AttnlabError(
+            f"{run} is a LoRA run: merge its adapters into its base first (attnlab merge {run} "
+            "--out DIR) and export that"
+        )
     config_cls, model_cls = family_classes(config["family"])
     model = model_cls(from_dict(config_cls, config["model"], where="model config"))
     load_weights(model, run / WEIGHTS)
@@ -118,16 +126,19 @@ def _layout(model: torch.nn.Module, where: str) -> Layout:
     with_layout = {layout.module for layout in LAYOUTS.values()}
     if not with_layout & set(EXPORTERS.get(family, ())):
         writes = [f for f, modules in EXPORTERS.items() if with_layout & set(modules)]
-        raise AttnlabError(f"{where} holds a model of the {family} family: GGUF export writes {', '.join(writes)} "
-                           "runs (llama.cpp's gpt2, llama and qwen3)")  # fmt: skip
+        raise AttnlabError(
+            f"{where} holds a model of the {family} family: GGUF export writes {', '.join(writes)} "
+            "runs (llama.cpp's gpt2, llama and qwen3)"
+        )
     return layout_of(exporter(family, model.cfg, where))  # one line saying what no form expresses
 
 
 def _check_computes(hf: dict[str, Any], layout: Layout, where: str) -> None:
     key, value, why = layout.computes
     if hf.get(key) != value:
-        raise AttnlabError(f"{where} does not fit GGUF's {layout.arch}: {why} (HuggingFace's {key} is {hf.get(key)} "
-                           "here)")  # fmt: skip
+        raise AttnlabError(
+            f"{where} does not fit GGUF's {layout.arch}: {why} (HuggingFace's {key} is {hf.get(key)} here)"
+        )
 
 
 def _template(run: Path) -> str | None:

@@ -38,8 +38,10 @@ K = gguf.Keys.Tokenizer
 
 # llama.cpp's name of a pre-tokenizer -> the regex its words are split by (GPT-2's is ByteLevel's own).
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")  # fmt: skip
+LLAMA3_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 PRE_SPLITS = {"gpt-2": GPT2_SPLIT, "llama-bpe": LLAMA3_SPLIT}
 
 
@@ -62,9 +64,19 @@ class Vocab:
 
     def to_metadata(self) -> dict[str, Any]:
         """The keys a GGUFWriter writes (None and empty lists left out)."""
-        meta = {K.MODEL: self.model, K.PRE: self.pre, K.LIST: self.tokens, K.TOKEN_TYPE: self.types,
-                K.MERGES: self.merges, K.SCORES: self.scores, K.BOS_ID: self.bos, K.EOS_ID: self.eos,
-                K.UNK_ID: self.unk, K.ADD_BOS: self.add_bos, K.CHAT_TEMPLATE: self.template}  # fmt: skip
+        meta = {
+            K.MODEL: self.model,
+            K.PRE: self.pre,
+            K.LIST: self.tokens,
+            K.TOKEN_TYPE: self.types,
+            K.MERGES: self.merges,
+            K.SCORES: self.scores,
+            K.BOS_ID: self.bos,
+            K.EOS_ID: self.eos,
+            K.UNK_ID: self.unk,
+            K.ADD_BOS: self.add_bos,
+            K.CHAT_TEMPLATE: self.template,
+        }
         return {k: v for k, v in meta.items() if v is not None and v != []}
 
 
@@ -104,8 +116,10 @@ def vocab_of_run(tok: Tokenizer, rows: int, run: str) -> Vocab:
     elif tok.kind == "bpe":
         vocab = _bpe_vocab(json.loads(tok.to_json()), run)
     else:
-        raise AttnlabError(f"{run} has a {tok.kind} tokenizer: GGUF holds byte-level BPE and character "
-                           "tokenizers (llama.cpp has no word-level vocabulary)")  # fmt: skip
+        raise AttnlabError(
+            f"{run} has a {tok.kind} tokenizer: GGUF holds byte-level BPE and character "
+            "tokenizers (llama.cpp has no word-level vocabulary)"
+        )
     if len(vocab.tokens) > rows:
         raise AttnlabError(f"{run}: its tokenizer has {len(vocab.tokens)} tokens, more than the model's {rows}")
     pad = rows - len(vocab.tokens)  # embedding rows no token uses
@@ -125,10 +139,19 @@ def ids_only(rows: int) -> Vocab:
 
 def _char_vocab(tok: CharTokenizer) -> Vocab:
     tokens = [UNK, EOT] + [as_byte_symbols(c) for c in tok.chars]
-    note = (f"gpt2: the run's {len(tok.chars)} characters as byte-level tokens (a character outside them is "
-            "<unk> to attnlab, dropped by llama.cpp)")  # fmt: skip
-    return Vocab("gpt2", "gpt-2", tokens, [T.UNKNOWN, T.CONTROL] + [T.NORMAL] * len(tok.chars),
-                 char_merges(tok.chars), unk=tok.unk_id, note=note)  # fmt: skip
+    note = (
+        f"gpt2: the run's {len(tok.chars)} characters as byte-level tokens (a character outside them is "
+        "<unk> to attnlab, dropped by llama.cpp)"
+    )
+    return Vocab(
+        "gpt2",
+        "gpt-2",
+        tokens,
+        [T.UNKNOWN, T.CONTROL] + [T.NORMAL] * len(tok.chars),
+        char_merges(tok.chars),
+        unk=tok.unk_id,
+        note=note,
+    )
 
 
 def char_merges(chars: str) -> list[str]:
@@ -149,18 +172,27 @@ def _bpe_vocab(data: dict[str, Any], run: str) -> Vocab:
     byte_level = pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space")
     plain = not any(model.get(k) for k in ("continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"))
     if model.get("type") != "BPE" or not byte_level or not plain or data.get("normalizer"):
-        raise AttnlabError(f"{run}: its tokenizer.json is not GPT-2's byte-level BPE (pre-tokenizer "
-                           f"{pre.get('type')}), the one BPE vocabulary GGUF export writes")  # fmt: skip
+        raise AttnlabError(
+            f"{run}: its tokenizer.json is not GPT-2's byte-level BPE (pre-tokenizer "
+            f"{pre.get('type')}), the one BPE vocabulary GGUF export writes"
+        )
     by_id = {i: t for t, i in model["vocab"].items()}
     added = {t["id"]: t for t in data.get("added_tokens") or []}
     by_id |= {i: t["content"] for i, t in added.items()}
     if sorted(by_id) != list(range(len(by_id))):
         raise AttnlabError(f"{run}: its tokenizer's ids are not 0..n-1, as a GGUF token list needs")
-    types = [T.NORMAL if i not in added else T.CONTROL if added[i]["special"] else T.USER_DEFINED
-             for i in range(len(by_id))]  # fmt: skip
+    types = [
+        T.NORMAL if i not in added else T.CONTROL if added[i]["special"] else T.USER_DEFINED for i in range(len(by_id))
+    ]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    return Vocab("gpt2", "gpt-2", [by_id[i] for i in range(len(by_id))], types, merges or [NO_MERGE],
-                 note=f"gpt2: byte-level BPE, {len(by_id)} tokens, {len(merges)} merges")  # fmt: skip
+    return Vocab(
+        "gpt2",
+        "gpt-2",
+        [by_id[i] for i in range(len(by_id))],
+        types,
+        merges or [NO_MERGE],
+        note=f"gpt2: byte-level BPE, {len(by_id)} tokens, {len(merges)} merges",
+    )
 
 
 # ---- in
@@ -169,8 +201,19 @@ def _bpe_vocab(data: dict[str, Any], run: str) -> Vocab:
 def vocab_from_metadata(meta: dict[str, Any], where: str, rows: int | None = None) -> Vocab:
     """The tokenizer.ggml.* keys of a GGUF file's metadata, checked (gguf_checks.vocab_keys)."""
     v = vocab_keys(meta, where, rows)
-    return Vocab(v[K.MODEL] or "?", v[K.PRE], v[K.LIST], v[K.TOKEN_TYPE], v[K.MERGES], v[K.SCORES], v[K.BOS_ID],
-                 v[K.EOS_ID], v[K.UNK_ID], v[K.ADD_BOS], v[K.CHAT_TEMPLATE])  # fmt: skip
+    return Vocab(
+        v[K.MODEL] or "?",
+        v[K.PRE],
+        v[K.LIST],
+        v[K.TOKEN_TYPE],
+        v[K.MERGES],
+        v[K.SCORES],
+        v[K.BOS_ID],
+        v[K.EOS_ID],
+        v[K.UNK_ID],
+        v[K.ADD_BOS],
+        v[K.CHAT_TEMPLATE],
+    )
 
 
 def tokenizer_json(vocab: Vocab, where: str) -> str:
@@ -178,8 +221,10 @@ def tokenizer_json(vocab: Vocab, where: str) -> str:
     if vocab.model == "llama":
         return _sentencepiece(vocab, where).to_str()
     if vocab.model != "gpt2":
-        raise AttnlabError(f"{where}: its tokenizer is tokenizer.ggml.model {vocab.model!r}; attnlab reads gpt2 "
-                           "(byte-level BPE) and llama (SentencePiece) vocabularies")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: its tokenizer is tokenizer.ggml.model {vocab.model!r}; attnlab reads gpt2 "
+            "(byte-level BPE) and llama (SentencePiece) vocabularies"
+        )
     chars = _chars_of(vocab)
     if chars is not None:
         return CharTokenizer(chars).to_json()
@@ -211,17 +256,22 @@ def _chars_of(vocab: Vocab) -> str | None:
 
 def _byte_level(vocab: Vocab, where: str) -> HFTokenizer:
     if vocab.pre not in PRE_SPLITS and vocab.pre is not None:
-        raise AttnlabError(f"{where}: its tokenizer splits words as {vocab.pre!r}; attnlab reads the "
-                           f"pre-tokenizers {', '.join(PRE_SPLITS)}")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: its tokenizer splits words as {vocab.pre!r}; attnlab reads the "
+            f"pre-tokenizers {', '.join(PRE_SPLITS)}"
+        )
     tokens = _used(vocab)
     ids = {t: i for i, t in enumerate(tokens)}
     pairs = [merge_pair(m) for m in vocab.merges]
     merges = [(a, b) for a, b in pairs if a in ids and b in ids and a + b in ids]  # what a tokenizers BPE holds
     hf = HFTokenizer(models.BPE(ids, merges, ignore_merges=vocab.pre == "llama-bpe"))  # as Llama 3's file says
     if vocab.pre == "llama-bpe":
-        hf.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])  # fmt: skip
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, then bytes
     hf.decoder = decoders.ByteLevel()
@@ -239,8 +289,9 @@ def _sentencepiece(vocab: Vocab, where: str) -> HFTokenizer:
     unk = tokens[vocab.unk] if vocab.unk is not None else UNK
     hf = HFTokenizer(models.BPE(ids, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     hf.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                    decoders.Strip(" ", 1, 0)])  # fmt: skip
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return _with_specials(hf, vocab, tokens)
 
 
@@ -249,39 +300,50 @@ def _sentencepiece(vocab: Vocab, where: str) -> HFTokenizer:
 MAX_PIECE, MAX_PIECE_CHARS, MAX_MERGES = 256, 1 << 22, 1 << 19
 
 
-def _piece_merges(tokens: list[str], normal: list[int], scores: list[float], ids: dict[str, int],
-                  where: str) -> list[tuple[str, str]]:  # fmt: skip
+def _piece_merges(
+    tokens: list[str], normal: list[int], scores: list[float], ids: dict[str, int], where: str
+) -> list[tuple[str, str]]:
     """Every split of a piece into two pieces, the best-scored piece's first."""
     longest = max(normal, key=lambda i: len(tokens[i]), default=None)
     if longest is not None and len(tokens[longest]) > MAX_PIECE:
-        raise AttnlabError(f"{where}: piece {longest} of its SentencePiece vocabulary is {len(tokens[longest]):,} "
-                           f"characters long; attnlab reads pieces of up to {MAX_PIECE}")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: piece {longest} of its SentencePiece vocabulary is {len(tokens[longest]):,} "
+            f"characters long; attnlab reads pieces of up to {MAX_PIECE}"
+        )
     if sum(len(tokens[i]) for i in normal) > MAX_PIECE_CHARS:
-        raise AttnlabError(f"{where}: its SentencePiece pieces hold more than {MAX_PIECE_CHARS:,} characters, "
-                           "more than attnlab reads")  # fmt: skip
+        raise AttnlabError(
+            f"{where}: its SentencePiece pieces hold more than {MAX_PIECE_CHARS:,} characters, more than attnlab reads"
+        )
     pairs = []  # (the score of the piece made, its id, left, right)
     for i in normal:
         piece = tokens[i]
-        pairs += [(-scores[i], i, piece[:k], piece[k:]) for k in range(1, len(piece))
-                  if piece[:k] in ids and piece[k:] in ids]  # fmt: skip
+        pairs += [
+            (-scores[i], i, piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in ids and piece[k:] in ids
+        ]
         if len(pairs) > MAX_MERGES:
-            raise AttnlabError(f"{where}: its SentencePiece pieces split into more than {MAX_MERGES:,} pairs of "
-                               "pieces, more than attnlab reads")  # fmt: skip
+            raise AttnlabError(
+                f"{where}: its SentencePiece pieces split into more than {MAX_MERGES:,} pairs of "
+                "pieces, more than attnlab reads"
+            )
     return [(left, right) for _, _, left, right in sorted(pairs)]
 
 
 def _with_specials(hf: HFTokenizer, vocab: Vocab, tokens: list[str]) -> HFTokenizer:
     """Control and unknown tokens as special added tokens, user-defined ones as added tokens (both
     matched whole in a text, as llama.cpp does), and the begin-of-text token when the file adds one."""
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(tokens, vocab.types) if kind in (T.CONTROL, T.UNKNOWN)]  # fmt: skip
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, kind in zip(tokens, vocab.types)
+        if kind in (T.CONTROL, T.UNKNOWN)
+    ]
     user = [AddedToken(t, normalized=False) for t, kind in zip(tokens, vocab.types) if kind == T.USER_DEFINED]
     hf.add_special_tokens(special)
     hf.add_tokens(user)
     if vocab.add_bos and vocab.bos is not None:
         bos = tokens[vocab.bos]
-        hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                          special_tokens=[(bos, vocab.bos)])  # fmt: skip
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab.bos)]
+        )
     return hf
 
 

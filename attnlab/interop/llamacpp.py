@@ -121,8 +121,9 @@ def _rows_step(ctx, batch, tokens: list[list[int]], start: int, vocab_size: int)
     batch.n_tokens = i
     if llama_cpp.llama_decode(ctx, batch) != 0:
         raise AttnlabError(f"llama.cpp could not decode {i} token(s) of {len(tokens)} rows at position {start}")
-    return [int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, k), shape=(vocab_size,)).argmax())
-            for k in last]  # fmt: skip
+    return [
+        int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, k), shape=(vocab_size,)).argmax()) for k in last
+    ]
 
 
 def tokenize(path: str | Path, text: str, special: bool = False) -> list[int]:
@@ -140,8 +141,9 @@ def tokenize(path: str | Path, text: str, special: bool = False) -> list[int]:
     try:
         data = text.encode("utf-8")
         ids = (llama_cpp.llama_token * (len(data) + 2))()  # at most one token per byte
-        n = llama_cpp.llama_tokenize(llama_cpp.llama_model_get_vocab(model), data, len(data), ids, len(ids), False,
-                                     special)  # fmt: skip
+        n = llama_cpp.llama_tokenize(
+            llama_cpp.llama_model_get_vocab(model), data, len(data), ids, len(ids), False, special
+        )
         return list(ids[:n])
     finally:
         llama_cpp.llama_model_free(model)
@@ -215,8 +217,9 @@ def _step(ctx, batch, tokens: list[int], start: int, vocab_size: int) -> int:
 
 
 @contextmanager
-def _context(path: Path, positions: int, batch: int, threads: int, repack: bool,
-             sequences: int = 1, exact: bool = False) -> Iterator[tuple[object, int]]:  # fmt: skip
+def _context(
+    path: Path, positions: int, batch: int, threads: int, repack: bool, sequences: int = 1, exact: bool = False
+) -> Iterator[tuple[object, int]]:
     """(a llama.cpp context over the model in `path` holding `positions` positions, shared by
     `sequences` sequences, and its vocabulary size); exact: a float32 key/value cache, no flash attention."""
     if not path.is_file():

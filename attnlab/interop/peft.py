@@ -64,15 +64,33 @@ class Layout:
         return f"{self.layers}.{i}.{module}"
 
 
-LLAMA = Layout("Llama", "model.layers", {
-    "q": ("attn.qkv_proj", "self_attn.q_proj"), "k": ("attn.qkv_proj", "self_attn.k_proj"),
-    "v": ("attn.qkv_proj", "self_attn.v_proj"), "out": ("attn.out_proj", "self_attn.o_proj"),
-    "gate": ("ff.gate", "mlp.gate_proj"), "up": ("ff.up", "mlp.up_proj"), "down": ("ff.down", "mlp.down_proj")},
-    conv1d=False)  # fmt: skip
-GPT2 = Layout("GPT-2", "transformer.h", {
-    "q": ("attn.qkv_proj", "attn.c_attn"), "k": ("attn.qkv_proj", "attn.c_attn"),
-    "v": ("attn.qkv_proj", "attn.c_attn"), "out": ("attn.out_proj", "attn.c_proj"),
-    "up": ("ff.up", "mlp.c_fc"), "down": ("ff.down", "mlp.c_proj")}, conv1d=True)  # fmt: skip
+LLAMA = Layout(
+    "Llama",
+    "model.layers",
+    {
+        "q": ("attn.qkv_proj", "self_attn.q_proj"),
+        "k": ("attn.qkv_proj", "self_attn.k_proj"),
+        "v": ("attn.qkv_proj", "self_attn.v_proj"),
+        "out": ("attn.out_proj", "self_attn.o_proj"),
+        "gate": ("ff.gate", "mlp.gate_proj"),
+        "up": ("ff.up", "mlp.up_proj"),
+        "down": ("ff.down", "mlp.down_proj"),
+    },
+    conv1d=False,
+)
+GPT2 = Layout(
+    "GPT-2",
+    "transformer.h",
+    {
+        "q": ("attn.qkv_proj", "attn.c_attn"),
+        "k": ("attn.qkv_proj", "attn.c_attn"),
+        "v": ("attn.qkv_proj", "attn.c_attn"),
+        "out": ("attn.out_proj", "attn.c_proj"),
+        "up": ("ff.up", "mlp.c_fc"),
+        "down": ("ff.down", "mlp.c_proj"),
+    },
+    conv1d=True,
+)
 # The HuggingFace model a GPT exports as (interop/convert.py's order): its adapter names that model's modules.
 LAYOUTS = ((gpt2, GPT2), (llama, LLAMA))
 
@@ -121,12 +139,23 @@ def adapter_config(lora: LoRAConfig, base: str = "", layout: Layout = LLAMA) -> 
     has rank n r and lora_alpha n alpha, in rank_pattern and alpha_pattern: the same scale."""
     modules = modules_of(layout, lora.targets)
     fused = {_short(layout, m): len(ts) for m, ts in modules.items() if len(layout.carried(m)) > 1}
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
-            "rank_pattern": {m: n * lora.rank for m, n in fused.items() if n > 1},
-            "alpha_pattern": {m: n * lora.alpha for m, n in fused.items() if n > 1},
-            "lora_dropout": lora.dropout, "target_modules": sorted(_short(layout, m) for m in modules),
-            "bias": "none", "fan_in_fan_out": layout.conv1d, "inference_mode": True, "modules_to_save": None,
-            "base_model_name_or_path": base, "use_rslora": False, "use_dora": False}  # fmt: skip
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "rank_pattern": {m: n * lora.rank for m, n in fused.items() if n > 1},
+        "alpha_pattern": {m: n * lora.alpha for m, n in fused.items() if n > 1},
+        "lora_dropout": lora.dropout,
+        "target_modules": sorted(_short(layout, m) for m in modules),
+        "bias": "none",
+        "fan_in_fan_out": layout.conv1d,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "base_model_name_or_path": base,
+        "use_rslora": False,
+        "use_dora": False,
+    }
 
 
 def _fuse(a: list[Tensor], b: list[Tensor], rows: list[tuple[int, int]], height: int) -> tuple[Tensor, Tensor]:
@@ -140,8 +169,12 @@ def _fuse(a: list[Tensor], b: list[Tensor], rows: list[tuple[int, int]], height:
 
 def adapter_keys(layout: Layout, cfg: GPTConfig, lora: LoRAConfig) -> set[str]:
     """The names of an attnlab adapter's A and B tensors (nn/lora.py lora_state_dict)."""
-    return {f"blocks.{i}.{layout.modules[t][0]}.lora_{ab}.{t}"
-            for i in range(cfg.n_layer) for t in lora.targets for ab in "AB"}  # fmt: skip
+    return {
+        f"blocks.{i}.{layout.modules[t][0]}.lora_{ab}.{t}"
+        for i in range(cfg.n_layer)
+        for t in lora.targets
+        for ab in "AB"
+    }
 
 
 def to_peft(adapter: dict[str, Tensor], cfg: GPTConfig, lora: LoRAConfig) -> dict[str, Tensor]:
@@ -187,8 +220,9 @@ def _adapted(tensors: dict[str, Any], cfg: GPTConfig, layout: Layout) -> list[st
     for key in tensors:
         m = name.fullmatch(key)
         if m is None or m[2] not in known:
-            raise AttnlabError(f"{WEIGHTS} holds {key}: attnlab maps LoRA on {layout.name}'s "
-                               f"{', '.join(sorted(known))} in every layer")  # fmt: skip
+            raise AttnlabError(
+                f"{WEIGHTS} holds {key}: attnlab maps LoRA on {layout.name}'s {', '.join(sorted(known))} in every layer"
+            )
         found.setdefault(m[2], set()).add(key)
     for module in found:
         for i in range(cfg.n_layer):
@@ -209,8 +243,10 @@ def _check_targets(peft: dict[str, Any], modules: list[str], layout: Layout) -> 
     for name in targets:
         if not any(m == name or m.endswith("." + name) for m in modules):
             known = {_short(layout, m) for _, m in layout.modules.values()}
-            raise AttnlabError(f"{CONFIG}: target_modules names {name!r}, but {WEIGHTS} adapts no such module "
-                               f"(attnlab maps {layout.name}'s {', '.join(sorted(known))})")  # fmt: skip
+            raise AttnlabError(
+                f"{CONFIG}: target_modules names {name!r}, but {WEIGHTS} adapts no such module "
+                f"(attnlab maps {layout.name}'s {', '.join(sorted(known))})"
+            )
     for m in modules:
         if not any(m == name or m.endswith("." + name) for name in targets):
             raise AttnlabError(f"{WEIGHTS} adapts {m}, which {CONFIG}'s target_modules does not name")
@@ -231,8 +267,10 @@ def _check_shapes(peft: dict[str, Any], shapes: dict, cfg: GPTConfig, layout: La
             for ab, want in (("A", (r, width)), ("B", (out, r))):
                 got = tuple(shapes[f"{PREFIX}.{key}.lora_{ab}.weight"])
                 if got != want:
-                    raise AttnlabError(f"{WEIGHTS}: {key}.lora_{ab} has shape {list(got)}; rank {r} ({CONFIG}) "
-                                       f"on the base's {width} -> {out} matrix needs {list(want)}")  # fmt: skip
+                    raise AttnlabError(
+                        f"{WEIGHTS}: {key}.lora_{ab} has shape {list(got)}; rank {r} ({CONFIG}) "
+                        f"on the base's {width} -> {out} matrix needs {list(want)}"
+                    )
 
 
 def _pair(tensors: dict[str, Tensor], key: str) -> tuple[Tensor, Tensor]:
@@ -285,8 +323,10 @@ def read_peft(folder: str | Path, cfg: GPTConfig) -> tuple[LoRAConfig, dict[str,
 
 
 # How to make a PEFT adapter's safetensors from its pickle, with one's own trusted tools.
-HOW = ("peft: PeftModel.from_pretrained(BASE_MODEL, DIR).save_pretrained(DIR, safe_serialization=True); or "
-       f"safetensors.torch.save_file(torch.load(FILE), '{WEIGHTS}')")  # fmt: skip
+HOW = (
+    "peft: PeftModel.from_pretrained(BASE_MODEL, DIR).save_pretrained(DIR, safe_serialization=True); or "
+    f"safetensors.torch.save_file(torch.load(FILE), '{WEIGHTS}')"
+)
 
 
 def _renamed(name: str) -> str:

@@ -48,10 +48,17 @@ def _pattern(value: str) -> Kind:
 
 
 KEYS: dict[str, Kind] = {
-    "r": "size", "lora_alpha": "positive", "lora_dropout": "rate or null", "target_modules": _names,
-    "rank_pattern": _pattern("size"), "alpha_pattern": _pattern("positive"), "bias": "name",
-    "use_dora": "flag", "use_rslora": "flag", "lora_bias": "flag",
-}  # fmt: skip
+    "r": "size",
+    "lora_alpha": "positive",
+    "lora_dropout": "rate or null",
+    "target_modules": _names,
+    "rank_pattern": _pattern("size"),
+    "alpha_pattern": _pattern("positive"),
+    "bias": "name",
+    "use_dora": "flag",
+    "use_rslora": "flag",
+    "lora_bias": "flag",
+}
 # Options that adapt part of the model, or more than LoRA's matrices: refused by name unless null.
 PARTIAL = ("layers_to_transform", "layers_pattern", "modules_to_save", "trainable_token_indices")
 
@@ -69,8 +76,10 @@ def check_peft_config(peft: Any) -> None:
         raise AttnlabError(f"{CONFIG}: bias {peft['bias']!r}; attnlab's adapters train no biases")
     for key in PARTIAL:
         if peft.get(key) not in (None, [], {}):
-            raise AttnlabError(f"{CONFIG}: {key} is {shown(peft[key])}; attnlab's adapters are LoRA's A and B "
-                               "on the same matrices of every block")  # fmt: skip
+            raise AttnlabError(
+                f"{CONFIG}: {key} is {shown(peft[key])}; attnlab's adapters are LoRA's A and B "
+                "on the same matrices of every block"
+            )
 
 
 def read_peft_config(d: Path) -> dict[str, Any]:

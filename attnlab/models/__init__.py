@@ -18,7 +18,16 @@ if TYPE_CHECKING:
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 
 FAMILY, GPT_ = "attnlab.models.families", "attnlab.models.gpt"
-__getattr__, __dir__ = lazy_names(__name__, {"FAMILIES": FAMILY, "build_model": FAMILY, "family_classes": FAMILY,
-                                             "GPT": GPT_, "PRESETS": GPT_, "GPTConfig": GPT_})  # fmt: skip
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "FAMILIES": FAMILY,
+        "build_model": FAMILY,
+        "family_classes": FAMILY,
+        "GPT": GPT_,
+        "PRESETS": GPT_,
+        "GPTConfig": GPT_,
+    },
+)
 
 __all__ = ["FAMILIES", "GPT", "PRESETS", "GPTConfig", "build_model", "family_classes"]

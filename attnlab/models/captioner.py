@@ -48,8 +48,10 @@ class CaptionerConfig(Seq2SeqConfig, PatchGrid):
         self.check_patches()
         n = self.n_patches
         if not POSITIONS[self.positions].on_grid and n > self.context:  # a 1-D table over the patches
-            raise ValueError(f"{self.positions} positions cover {self.context} tokens but the image has {n} "
-                             "patches: raise --context or use sinusoidal (2-D) positions")  # fmt: skip
+            raise ValueError(
+                f"{self.positions} positions cover {self.context} tokens but the image has {n} "
+                "patches: raise --context or use sinusoidal (2-D) positions"
+            )
         self.check_grid_positions()
 
 
@@ -69,10 +71,10 @@ PRESETS: dict[str, CaptionerConfig] = {
         dropout=0.0,
         label_smoothing=0.1,
         stem=32,
-    ),  # fmt: skip
+    ),
     "captioner-small": CaptionerConfig(
         n_layer=4, n_dec_layer=2, n_head=4, d_model=128, d_ff=512, context=32, dropout=0.1, stem=32
-    ),  # fmt: skip
+    ),
 }
 
 

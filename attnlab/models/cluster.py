@@ -52,12 +52,14 @@ def cluster_estimate(e: dict, c: ClusterConfig) -> dict:
 
 
 def format_cluster(e: dict, c: dict) -> str:
-    return "\n".join([
-        f"  on {c['devices']} GPUs   DDP {c['ddp_memory_per_device_gb']:.1f} GiB/GPU, "
-        f"FSDP {c['fsdp_memory_per_device_gb']:.1f} GiB/GPU",
-        f"  training on {c['train_tokens']:.3g} tokens: {c['train_flops']:.3g} FLOPs, "
-        f"{_duration(c['train_days'])} at {c['gpu_tflops']:g} TFLOP/s per GPU and {c['mfu']:.0%} utilization",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"  on {c['devices']} GPUs   DDP {c['ddp_memory_per_device_gb']:.1f} GiB/GPU, "
+            f"FSDP {c['fsdp_memory_per_device_gb']:.1f} GiB/GPU",
+            f"  training on {c['train_tokens']:.3g} tokens: {c['train_flops']:.3g} FLOPs, "
+            f"{_duration(c['train_days'])} at {c['gpu_tflops']:g} TFLOP/s per GPU and {c['mfu']:.0%} utilization",
+        ]
+    )
 
 
 def _duration(days: float) -> str:

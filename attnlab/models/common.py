@@ -31,9 +31,11 @@ class Presets:
         presets = sys.modules[cls.__module__].PRESETS
         if not isinstance(name, str) or name not in presets:
             near = difflib.get_close_matches(name, list(presets), n=1) if isinstance(name, str) else []
-            raise UnknownPreset(f"unknown preset {name!r} for {cls.__name__}"
-                                + (f" (did you mean {near[0]!r}?)" if near else "")
-                                + f"; choose from {', '.join(presets)}")  # fmt: skip
+            raise UnknownPreset(
+                f"unknown preset {name!r} for {cls.__name__}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+                + f"; choose from {', '.join(presets)}"
+            )
         return replace(presets[name], **overrides)
 
 
@@ -46,8 +48,10 @@ class TransformerConfig(BlockOptions):
     context: int = option(256, "longest sequence the model accepts (positions)")
     positions: str = option("learned", "position information", names(POSITIONS))
     rope_theta: float = option(10000.0, "base of the rotary positions' angles (Llama 3 uses 500000)")
-    zero_init: bool = option(False, "start the projections that write into the residual stream at zero, "
-                             "so every block begins as the identity")  # fmt: skip
+    zero_init: bool = option(
+        False,
+        "start the projections that write into the residual stream at zero, so every block begins as the identity",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -99,8 +103,10 @@ class PatchGrid:
     def check_patches(self) -> None:
         (h, w), (ph, pw) = self.size, self.patch
         if h % ph or w % pw:
-            raise ValueError(f"a {h}x{w} image does not cut into {ph}x{pw} patches: "
-                             "choose a patch size that divides both sides (or resize the images)")  # fmt: skip
+            raise ValueError(
+                f"a {h}x{w} image does not cut into {ph}x{pw} patches: "
+                "choose a patch size that divides both sides (or resize the images)"
+            )
 
     def check_grid_positions(self) -> None:
         """2-D sin/cos positions split the width in four (row and column, sin and cos)."""

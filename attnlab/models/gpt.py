@@ -30,8 +30,9 @@ class GPTConfig(TransformerConfig, Presets):
     vocab_size: int = option(50257, "vocabulary size (set from the tokenizer when training)")
     tie_weights: bool = option(True, "share the token embedding with the LM head")
     logit_softcap: float | None = option(None, "squash the logits into (-cap, cap) with cap * tanh(logits / cap)")
-    bigram_vocab: int = option(0, "add an embedding of each (previous token, token) pair, hashed into this "
-                               "many rows (0 = off)")  # fmt: skip
+    bigram_vocab: int = option(
+        0, "add an embedding of each (previous token, token) pair, hashed into this many rows (0 = off)"
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -58,9 +59,20 @@ def _gpt3(n_layer: int, d_model: int, n_head: int, d_head: int) -> GPTConfig:
 
 def _llama(n_layer: int, d_model: int, n_head: int, d_ff: int, context: int, **kw) -> GPTConfig:
     """The Llama block: rotary positions, RMSNorm, SwiGLU, no biases, an untied head."""
-    return GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, d_ff=d_ff, context=context,
-                     vocab_size=kw.pop("vocab_size", 32000), positions="rope", norm_kind="rmsnorm",
-                     feedforward=kw.pop("feedforward", "swiglu"), bias=False, tie_weights=False, **kw)  # fmt: skip
+    return GPTConfig(
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        d_ff=d_ff,
+        context=context,
+        vocab_size=kw.pop("vocab_size", 32000),
+        positions="rope",
+        norm_kind="rmsnorm",
+        feedforward=kw.pop("feedforward", "swiglu"),
+        bias=False,
+        tie_weights=False,
+        **kw,
+    )
 
 
 # Named presets. The GPT-3 rows follow Table 2.1 of "Language Models are Few-Shot Learners"
@@ -119,7 +131,7 @@ PRESETS: dict[str, GPTConfig] = {
         n_experts=8,
         experts_per_token=2,
         expert_ff="swiglu",
-    ),  # fmt: skip
+    ),
 }
 
 # The training settings a preset was tuned with: a new run of the preset starts from them (flags,
@@ -251,8 +263,9 @@ class GPT(Checkpointing, CausalLM, nn.Module):
         Targets equal to -1 are ignored.
         """
         if idx.dim() != 2 or idx.shape[1] == 0:  # a (T,) list of ids, or none: named, not "tuple index"
-            raise ArgumentValueError(f"GPT: token ids must be a (batch, time) tensor with at least one token, "
-                                     f"got shape {tuple(idx.shape)}")  # fmt: skip
+            raise ArgumentValueError(
+                f"GPT: token ids must be a (batch, time) tensor with at least one token, got shape {tuple(idx.shape)}"
+            )
         if caches is None and idx.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x, _ = self.hidden(idx, caches, offset)

@@ -42,8 +42,12 @@ PER_TOKEN = ("mean", "answer")  # the heads that read every answer token
 @dataclass
 class RewardConfig(GPTConfig):
     # "last" by default: a run written before the answer head existed has no `head` in its config.json
-    head: str = option("last", "what the score reads: the answer's tokens with their log-probabilities "
-                       "(answer: summed; mean: averaged) or the last token alone (last)", HEADS)  # fmt: skip
+    head: str = option(
+        "last",
+        "what the score reads: the answer's tokens with their log-probabilities "
+        "(answer: summed; mean: averaged) or the last token alone (last)",
+        HEADS,
+    )
 
     def __post_init__(self):
         super().__post_init__()

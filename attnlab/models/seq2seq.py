@@ -40,8 +40,9 @@ from attnlab.nn.position import Positions
 @dataclass
 class Seq2SeqConfig(TransformerConfig, Presets):
     # The paper's choices as defaults: post-norm, ReLU, sinusoidal positions, dropout 0.1.
-    norm: str = option("post", "LayerNorm after each residual (post, the paper) or before each sublayer (pre)",
-                       NORM_PLACES)  # fmt: skip
+    norm: str = option(
+        "post", "LayerNorm after each residual (post, the paper) or before each sublayer (pre)", NORM_PLACES
+    )
     activation: str = option("relu", "feed-forward activation", names(ACTIVATIONS))
     positions: str = option("sinusoidal", "position information", names(POSITIONS))
     dropout: float = option(0.1, "dropout probability on attention, residuals and embeddings")
@@ -68,8 +69,9 @@ class Seq2SeqConfig(TransformerConfig, Presets):
 
 def _paper(d_model: int, n_head: int, d_ff: int, dropout: float) -> Seq2SeqConfig:
     # Table 3 of the paper: N=6, a shared 37,000-token BPE vocabulary, tied embeddings.
-    return Seq2SeqConfig(n_layer=6, n_head=n_head, d_model=d_model, d_ff=d_ff, dropout=dropout, context=512,
-                         share_embeddings=True)  # fmt: skip
+    return Seq2SeqConfig(
+        n_layer=6, n_head=n_head, d_model=d_model, d_ff=d_ff, dropout=dropout, context=512, share_embeddings=True
+    )
 
 
 PRESETS: dict[str, Seq2SeqConfig] = {
@@ -169,8 +171,9 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
         if tgt_in.shape[1] > self.cfg.context:
             raise ValueError(f"target of {tgt_in.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self._embed(self.tgt_tok, self.tgt_pos, tgt_in)
-        x, weights = self.decoder(x, self.tgt_pos, memory=memory, memory_mask=memory_mask,
-                                  return_weights=return_weights)  # fmt: skip
+        x, weights = self.decoder(
+            x, self.tgt_pos, memory=memory, memory_mask=memory_mask, return_weights=return_weights
+        )
         return self.dec_norm(x), weights
 
     def forward(self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
@@ -180,8 +183,12 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
         logits = self.out(x)  # (B, T, V)
         if labels is None:
             return logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
-                               label_smoothing=self.cfg.label_smoothing if self.training else 0.0)  # fmt: skip
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.flatten(),
+            ignore_index=IGNORE,
+            label_smoothing=self.cfg.label_smoothing if self.training else 0.0,
+        )
         return logits, loss
 
     def start(self, src: Tensor) -> Seq2SeqState:
@@ -202,9 +209,16 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
     def _step(self, tokens: Tensor, state: Seq2SeqState, return_weights: bool):
         x = self._embed(self.tgt_tok, self.tgt_pos, tokens[:, None], state.offset)  # (B, 1, C)
         first = state.offset == 0  # the memory's keys/values are projected on the first step only
-        x, weights = self.decoder(x, self.tgt_pos, memory=state.memory if first else None,
-                                  memory_mask=state.memory_mask, caches=state.caches, cross_caches=state.cross,
-                                  offset=state.offset, return_weights=return_weights)  # fmt: skip
+        x, weights = self.decoder(
+            x,
+            self.tgt_pos,
+            memory=state.memory if first else None,
+            memory_mask=state.memory_mask,
+            caches=state.caches,
+            cross_caches=state.cross,
+            offset=state.offset,
+            return_weights=return_weights,
+        )
         state.offset += 1
         return self.out(self.dec_norm(x))[:, 0], state, weights
 

@@ -47,10 +47,14 @@ class ViTConfig(TransformerConfig, Presets, PatchGrid):
     patch_size: int = option(16, "side P of the square patches: the image becomes (H/P) x (W/P) tokens")
     n_labels: int = option(1000, "number of classes (set from the data when training)")
     pooling: str = option("cls", "what the head reads: the [CLS] token or the mean of all tokens", ("cls", "mean"))
-    patch_embed: str = option("conv", "patch projection: strided convolution (fast) or cut-flatten-linear "
-                              "(as taught); same weights, same result", PATCH_PATHS)  # fmt: skip
-    label_smoothing: float = option(0.1, "label smoothing of the training loss (DeiT: 0.1); validation "
-                                    "and test losses are plain cross-entropy")  # fmt: skip
+    patch_embed: str = option(
+        "conv",
+        "patch projection: strided convolution (fast) or cut-flatten-linear (as taught); same weights, same result",
+        PATCH_PATHS,
+    )
+    label_smoothing: float = option(
+        0.1, "label smoothing of the training loss (DeiT: 0.1); validation and test losses are plain cross-entropy"
+    )
     context: int = option(0, "tokens per image, 1 + patches (derived from the sizes)")
 
     def __post_init__(self):
@@ -75,8 +79,9 @@ def _paper(n_layer: int, d_model: int, n_head: int, patch: int, d_ff: int) -> Vi
 def _cpu(n_layer: int, d_model: int) -> ViTConfig:
     # Sized here for the 8 x 8 digits; training takes the image size, channels, classes (and the
     # patch size) from the data. Dropout, because a few thousand images are soon memorized.
-    return ViTConfig(n_layer=n_layer, n_head=4, d_model=d_model, dropout=0.1, image_size=8, channels=1,
-                     patch_size=4, n_labels=10)  # fmt: skip
+    return ViTConfig(
+        n_layer=n_layer, n_head=4, d_model=d_model, dropout=0.1, image_size=8, channels=1, patch_size=4, n_labels=10
+    )
 
 
 # The paper's presets follow its table 1.

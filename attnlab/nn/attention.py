@@ -101,8 +101,8 @@ def attend(
 def stored(t: Tensor) -> Tensor:
     """t, contiguous, as a view torch.compile must store before the sums that read it: otherwise inductor
     may compute t inside each sum's loop, once per key or per output row (a layer norm or a GELU
-    recomputed for each of a head's 50,257 rows: GPT-2 small's int8 step took 17.7 ms, 12.4 ms with
-    its inputs stored; the 6 x 384 model's 1.72 ms, 1.36 ms). Eager: the same values."""
+    recomputed for each of a head's 50,257 rows: a third of GPT-2 small's int8 step; docs/log.md,
+    "The compiled decode step"). Eager: the same values."""
     t = t.contiguous()
     return t.as_strided(t.shape, t.stride())
 
@@ -110,7 +110,7 @@ def stored(t: Tensor) -> Tensor:
 def _one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
     """One query per row (a decode step) as sums that torch.compile fuses into two loops over the keys:
     q (..., 1, Dh), k and v (..., Tk, Dh) -> (..., 1, Dh). The fused kernel's extern call, with its
-    mask broadcast and copied, took 60 us of a compiled step's 2-3 ms per layer (a 6 x 384 GPT, Xeon)."""
+    mask broadcast and copied, cost more than the sums (docs/log.md, "The compiled decode step")."""
     scores = (stored(q) * k).sum(-1, keepdim=True).transpose(-1, -2) * scale  # (..., 1, Tk)
     if bias is not None:
         scores = scores + bias

@@ -31,8 +31,9 @@ class Block(nn.Module):
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
         norm = lambda: build_norm(cfg)
-        attention = lambda: MultiHeadAttention(cfg.d_model, cfg.n_head, cfg.d_head, cfg.bias, cfg.dropout,
-                                               cfg.qk_norm, cfg.n_kv_head)  # fmt: skip
+        attention = lambda: MultiHeadAttention(
+            cfg.d_model, cfg.n_head, cfg.d_head, cfg.bias, cfg.dropout, cfg.qk_norm, cfg.n_kv_head
+        )
         self.attn = attention()
         self.norm_attn = norm()
         if cfg.cross_attention:

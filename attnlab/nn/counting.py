@@ -1,6 +1,6 @@
 """Counting a model's parameters as a reader means them: every weight it computes with.
 
-A layer stored packed or quantized (nn/packed.py's int8/int4/bf16 for inference, nn/quantize.py's
+A layer stored packed or quantized (quant/packed.py's int8/int4/bf16 for inference, quant/quantize.py's
 int8/NF4 frozen QLoRA base) holds its matrix as codes and scales in buffers, not Parameters, so
 `sum(p.numel() for p in model.parameters())` leaves it out: a LoRA run on an NF4 base said "0.08M
 parameters" of a 0.87M model. Such a layer says how many weights it stands for

@@ -28,5 +28,7 @@ class TokenEmbedding(nn.Embedding):
             V = self.num_embeddings
             bad = idx[(idx < 0) | (idx >= V)]
             first = int(bad[0]) if bad.numel() else "?"
-            raise ArgumentValueError(f"token id {first} is outside the vocabulary of {V} (ids 0 to {V - 1}); "
-                                     f"{bad.numel()} of the {idx.numel()} ids given are") from None  # fmt: skip
+            raise ArgumentValueError(
+                f"token id {first} is outside the vocabulary of {V} (ids 0 to {V - 1}); "
+                f"{bad.numel()} of the {idx.numel()} ids given are"
+            ) from None

@@ -15,8 +15,16 @@ from attnlab.nn.moe import MixtureOfExperts
 if TYPE_CHECKING:
     from attnlab.nn.options import BlockConfig
 
-__all__ = ["ACTIVATIONS", "FEEDFORWARDS", "GATES", "FeedForward", "GatedFeedForward", "build_feedforward",
-           "default_width", "dense_feedforward"]  # fmt: skip
+__all__ = [
+    "ACTIVATIONS",
+    "FEEDFORWARDS",
+    "GATES",
+    "FeedForward",
+    "GatedFeedForward",
+    "build_feedforward",
+    "default_width",
+    "dense_feedforward",
+]
 
 
 def _moe(cfg: BlockConfig) -> nn.Module:

@@ -83,8 +83,10 @@ def hooks(model: nn.Module, fns: dict[str, Hook]) -> Iterator[nn.Module]:
     unknown = [name for name in fns if name not in points]
     if unknown:
         close = [n for n in points if n.rsplit(".", 1)[-1] == unknown[0].rsplit(".", 1)[-1]][:3]
-        raise AttnlabError(f"no hook point {unknown[0]!r} in this model"
-                           + (f" (e.g. {', '.join(close)})" if close else "; see trace(...).names()"))  # fmt: skip
+        raise AttnlabError(
+            f"no hook point {unknown[0]!r} in this model"
+            + (f" (e.g. {', '.join(close)})" if close else "; see trace(...).names()")
+        )
     for name, fn in fns.items():
         if not callable(fn):
             raise ArgumentTypeError(f"hooks: the hook of {name!r} must be a function of the tensor, got {kind(fn)}")
@@ -152,8 +154,9 @@ class HeadMask:
         if n_heads is None:
             raise ArgumentValueError(f"zero_head: {point!r} has no heads; use an ...attn.hook_head_out point")
         if max(self.heads, default=0) >= n_heads:
-            raise ArgumentValueError(f"zero_head({max(self.heads)}): {point} has {n_heads} heads, numbered 0 to "
-                                     f"{n_heads - 1}")  # fmt: skip
+            raise ArgumentValueError(
+                f"zero_head({max(self.heads)}): {point} has {n_heads} heads, numbered 0 to {n_heads - 1}"
+            )
 
     def __call__(self, x: Tensor) -> Tensor:
         self.check("this attention", x.shape[1])  # a hook set on a Tap directly, without hooks()

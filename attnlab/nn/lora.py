@@ -45,8 +45,10 @@ from attnlab.nn.stack import stacks_of
 
 TARGETS = ("q", "k", "v", "out", "gate", "up", "down")
 # The matrices of each dense feed-forward kind, by their attribute (= target) names.
-FEEDFORWARD_MATRICES: dict[type, tuple[str, ...]] = {FeedForward: ("up", "down"),
-                                                    GatedFeedForward: ("gate", "up", "down")}  # fmt: skip
+FEEDFORWARD_MATRICES: dict[type, tuple[str, ...]] = {
+    FeedForward: ("up", "down"),
+    GatedFeedForward: ("gate", "up", "down"),
+}
 
 
 @dataclass
@@ -56,9 +58,12 @@ class LoRAConfig:
     rank: int = option(8, "LoRA rank r: each adapted matrix trains r * (in + out) numbers", at_least=1)
     alpha: float = option(16.0, "LoRA scale: the update is multiplied by alpha / rank (PEFT's lora_alpha)")
     dropout: float = option(0.0, "dropout on the adapters' input, in [0, 1)")
-    targets: tuple[str, ...] = option(("q", "v"), f"the block matrices to adapt, of {', '.join(TARGETS)}: "
-                                      "attention's query/key/value rows and output, the feed-forward's",
-                                      nargs="+")  # fmt: skip
+    targets: tuple[str, ...] = option(
+        ("q", "v"),
+        f"the block matrices to adapt, of {', '.join(TARGETS)}: "
+        "attention's query/key/value rows and output, the feed-forward's",
+        nargs="+",
+    )
 
     def __post_init__(self):
         if isinstance(self.targets, str):  # "q,v": tuple("qv") would read it letter by letter
@@ -85,8 +90,9 @@ class LoRALinear(nn.Module):
     """A frozen linear layer plus one low-rank update per named range of its output rows ("parts"):
     the whole matrix (one part), or some of q, k, v of a stacked projection."""
 
-    def __init__(self, base: nn.Module, parts: dict[str, tuple[int, int]], rank: int, alpha: float,
-                 dropout: float = 0.0):  # fmt: skip
+    def __init__(
+        self, base: nn.Module, parts: dict[str, tuple[int, int]], rank: int, alpha: float, dropout: float = 0.0
+    ):
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
@@ -140,8 +146,10 @@ class LoRALinear(nn.Module):
     def merged(self) -> nn.Linear:
         """The base with the updates folded into its weight (the base itself, changed in place)."""
         if not isinstance(self.base, nn.Linear):
-            raise AttnlabError(f"cannot merge a LoRA adapter into a {type(self.base).__name__}: merge onto "
-                               "the unquantized base instead (a quantized weight would lose the update)")  # fmt: skip
+            raise AttnlabError(
+                f"cannot merge a LoRA adapter into a {type(self.base).__name__}: merge onto "
+                "the unquantized base instead (a quantized weight would lose the update)"
+            )
         with torch.no_grad():
             for name, (lo, hi) in self.parts.items():
                 self.base.weight[lo:hi] += self.delta(name).to(self.base.weight.dtype)
@@ -158,8 +166,12 @@ Sites = tuple[nn.Module, dict[str, tuple[str, tuple[int, int] | None]]]
 
 def _attention_sites(attn: MultiHeadAttention) -> Sites:
     q, kv = attn.inner, attn.kv_inner  # qkv_proj's rows: H*Dh queries, then Hkv*Dh keys and values
-    return attn, {"q": ("qkv_proj", (0, q)), "k": ("qkv_proj", (q, q + kv)),
-                  "v": ("qkv_proj", (q + kv, q + 2 * kv)), "out": ("out_proj", None)}  # fmt: skip
+    return attn, {
+        "q": ("qkv_proj", (0, q)),
+        "k": ("qkv_proj", (q, q + kv)),
+        "v": ("qkv_proj", (q + kv, q + 2 * kv)),
+        "out": ("out_proj", None),
+    }
 
 
 def _feedforward_sites(ff: nn.Module) -> list[Sites]:
@@ -195,8 +207,9 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     available = available_targets(model)
     if missing := [t for t in cfg.targets if t not in available]:
         choices = ", ".join(available) or "nothing (it has no Transformer blocks)"
-        raise AttnlabError(f"this model's blocks have no {missing[0]!r} matrix to adapt; "
-                           f"choose LoRA targets from {choices}")  # fmt: skip
+        raise AttnlabError(
+            f"this model's blocks have no {missing[0]!r} matrix to adapt; choose LoRA targets from {choices}"
+        )
     model.requires_grad_(False)
     for owner, names in block_sites(model):
         parts: dict[str, dict[str, tuple[int, int]]] = {}  # attribute -> {target: rows}: q and v share qkv_proj
@@ -223,15 +236,22 @@ def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def adapter_names(model: nn.Module) -> set[str]:
     """The state-dict names of the adapters' tensors: all a LoRA run saves of its model."""
-    return {f"{name}.lora_{ab}.{part}" for name, m in lora_layers(model).items()
-            for ab, mats in (("A", m.lora_A), ("B", m.lora_B)) for part in mats}  # fmt: skip
+    return {
+        f"{name}.lora_{ab}.{part}"
+        for name, m in lora_layers(model).items()
+        for ab, mats in (("A", m.lora_A), ("B", m.lora_B))
+        for part in mats
+    }
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """Only the adapters' tensors, keyed as in the model's state dict (`blocks.0.attn.qkv_proj.lora_A.q`)."""
-    return {f"{name}.lora_{ab}.{part}": t.detach().clone()
-            for name, m in lora_layers(model).items()
-            for ab, mats in (("A", m.lora_A), ("B", m.lora_B)) for part, t in mats.items()}  # fmt: skip
+    return {
+        f"{name}.lora_{ab}.{part}": t.detach().clone()
+        for name, m in lora_layers(model).items()
+        for ab, mats in (("A", m.lora_A), ("B", m.lora_B))
+        for part, t in mats.items()
+    }
 
 
 def load_lora_state(model: nn.Module, tensors: dict[str, Tensor]) -> None:
@@ -241,13 +261,17 @@ def load_lora_state(model: nn.Module, tensors: dict[str, Tensor]) -> None:
     missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or extra:
         what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
-        raise AttnlabError(f"the LoRA adapter does not fit this model: {what} "
-                           f"({len(missing)} missing, {len(extra)} unexpected of {len(own)})")  # fmt: skip
+        raise AttnlabError(
+            f"the LoRA adapter does not fit this model: {what} "
+            f"({len(missing)} missing, {len(extra)} unexpected of {len(own)})"
+        )
     params = dict(model.named_parameters())
     for key, t in tensors.items():
         if t.shape != own[key].shape:
-            raise AttnlabError(f"the LoRA adapter does not fit this model: {key} is {tuple(t.shape)}, "
-                               f"the model's is {tuple(own[key].shape)}")  # fmt: skip
+            raise AttnlabError(
+                f"the LoRA adapter does not fit this model: {key} is {tuple(t.shape)}, "
+                f"the model's is {tuple(own[key].shape)}"
+            )
     with torch.no_grad():
         for key, t in tensors.items():
             params[key].copy_(t)

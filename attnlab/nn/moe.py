@@ -74,8 +74,17 @@ class MixtureOfExperts(nn.Module):
 
     @classmethod
     def from_block(cls, c: BlockConfig) -> MixtureOfExperts:
-        return cls(c.d_model, c.ff_width, c.n_experts, c.experts_per_token, c.expert_ff, c.activation, c.bias,
-                   c.capacity_factor, c.aux_loss_weight)  # fmt: skip
+        return cls(
+            c.d_model,
+            c.ff_width,
+            c.n_experts,
+            c.experts_per_token,
+            c.expert_ff,
+            c.activation,
+            c.bias,
+            c.capacity_factor,
+            c.aux_loss_weight,
+        )
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (N, C) -> gates (N, k) renormalised, experts (N, k), kept (N, k) bool; sets the statistics."""

@@ -34,8 +34,9 @@ class BlockOptions:
     d_model: int = option(128, "model width (embedding size)")
     d_ff: int | None = option(None, "feed-forward hidden width (default 4 * d_model; 2/3 of that for swiglu/geglu)")
     d_head: int | None = option(None, "width of each head (default d_model / n_head)")
-    n_kv_head: int | None = option(None, "key/value heads shared by the query heads (grouped-query attention; "
-                                   "default n_head, 1 = multi-query)")  # fmt: skip
+    n_kv_head: int | None = option(
+        None, "key/value heads shared by the query heads (grouped-query attention; default n_head, 1 = multi-query)"
+    )
     dropout: float = option(0.0, "dropout probability on attention, residuals and embeddings")
     norm: str = option("pre", "LayerNorm before each sublayer (pre) or after the residual (post)", NORM_PLACES)
     activation: str = option("gelu", "feed-forward activation", names(ACTIVATIONS))
@@ -43,8 +44,9 @@ class BlockOptions:
     n_experts: int = option(4, "experts in each mixture-of-experts feed-forward (--feedforward moe)")
     experts_per_token: int = option(2, "experts each token is routed to (top-k of the router)")
     expert_ff: str = option("mlp", "the feed-forward each expert is", names(DENSE))
-    capacity_factor: float | None = option(None, "cap each expert at this many times its even share of the "
-                                           "tokens; the rest are dropped (default: no cap)")  # fmt: skip
+    capacity_factor: float | None = option(
+        None, "cap each expert at this many times its even share of the tokens; the rest are dropped (default: no cap)"
+    )
     aux_loss_weight: float = option(0.01, "weight of the experts' load-balancing loss in the training loss")
     norm_kind: str = option("layernorm", "the normalization of each block", names(NORMS))
     bias: bool = option(True, "biases in linear layers and norms")
@@ -142,8 +144,15 @@ def _rebuild() -> None:
         for f in cls.__dict__.get("__dataclass_fields__", {}).values():
             if f.name in own:  # @dataclass left the default value there; it needs the Field back
                 setattr(cls, f.name, f)
-        for attr in ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__", "__dataclass_fields__",
-                     "__dataclass_params__"):  # fmt: skip
+        for attr in (
+            "__init__",
+            "__repr__",
+            "__eq__",
+            "__hash__",
+            "__match_args__",
+            "__dataclass_fields__",
+            "__dataclass_params__",
+        ):
             if attr in cls.__dict__:
                 delattr(cls, attr)
         dataclasses.dataclass(cls)

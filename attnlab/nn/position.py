@@ -316,8 +316,15 @@ POSITIONS: dict[str, type[Positions]] = {
 }
 
 
-def build_positions(kind: str, max_len: int, d_model: int, grid: tuple[int, int] | None = None, n_heads: int = 1,
-                    rope_theta: float = 10000.0, lead: int = 1) -> Positions:  # fmt: skip
+def build_positions(
+    kind: str,
+    max_len: int,
+    d_model: int,
+    grid: tuple[int, int] | None = None,
+    n_heads: int = 1,
+    rope_theta: float = 10000.0,
+    lead: int = 1,
+) -> Positions:
     """The position module named by a config value (a key of POSITIONS), built by its class from the
     model's shape (see PositionSpec)."""
     if kind not in POSITIONS:

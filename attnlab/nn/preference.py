@@ -47,8 +47,9 @@ class DPOResult:
         return (self.chosen_rewards - self.rejected_rewards).mean().item()
 
 
-def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor,
-             beta: float = 0.1) -> DPOResult:  # fmt: skip
+def dpo_loss(
+    policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
+) -> DPOResult:
     """DPO's loss from the four sequence log-probabilities of a batch of pairs, each (B,)."""
     chosen = beta * (policy_chosen - ref_chosen)  # (B,)
     rejected = beta * (policy_rejected - ref_rejected)  # (B,)

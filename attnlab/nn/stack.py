@@ -74,11 +74,17 @@ class Stack(nn.ModuleList):
         recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled() and caches is None
         weights: dict[str, list[Tensor]] = {"self": [], "cross": []}
         for i, block in enumerate(self):
-            kwargs = dict(mask=mask, memory=memory, memory_mask=memory_mask,
-                          cache=None if caches is None else caches[i],
-                          cross_cache=None if cross_caches is None else cross_caches[i],
-                          qk_transform=qk_transform, offset=offset, return_weights=return_weights,
-                          bias=bias)  # fmt: skip
+            kwargs = dict(
+                mask=mask,
+                memory=memory,
+                memory_mask=memory_mask,
+                cache=None if caches is None else caches[i],
+                cross_cache=None if cross_caches is None else cross_caches[i],
+                qk_transform=qk_transform,
+                offset=offset,
+                return_weights=return_weights,
+                bias=bias,
+            )
             if recompute:
                 x, w = checkpoint(block, x, use_reentrant=False, **kwargs)
             else:

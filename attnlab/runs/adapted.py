@@ -25,7 +25,7 @@ from attnlab.io import read_json
 from attnlab.lazy import fill_registries
 from attnlab.models import build_model
 from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
-from attnlab.nn.quantize import quantize_model
+from attnlab.quant.quantize import quantize_model
 from attnlab.runs.folder import WEIGHTS, check_run_dir, is_run, read_run_config
 from attnlab.runs.weights import load_state, load_streamed, load_weights
 
@@ -63,16 +63,19 @@ def merged_weights(base: Path, config: dict[str, Any]) -> dict[str, Tensor]:
     its float base, so that a run fine-tuned from it starts from what it computes."""
     quantized = adapter_of(config).get("quantize_base")
     if quantized:
-        raise AttnlabError(f"{base} is a LoRA run on a {quantized} base: merge it first "
-                           f"(attnlab merge {base} --out DIR) and start from DIR")  # fmt: skip
+        raise AttnlabError(
+            f"{base} is a LoRA run on a {quantized} base: merge it first "
+            f"(attnlab merge {base} --out DIR) and start from DIR"
+        )
     net = build_adapted(config)
     load_weights(net, base / WEIGHTS)
     merge_lora(net)
     return net.state_dict()
 
 
-def build_base(base: str | Path, family: str, model: dict[str, Any], quantize: str | None = None,
-               new: Collection[str] = ()) -> nn.Module:  # fmt: skip
+def build_base(
+    base: str | Path, family: str, model: dict[str, Any], quantize: str | None = None, new: Collection[str] = ()
+) -> nn.Module:
     """The model a fine-tuning starts from: `family` built from `model` with the weights of the run
     `base` (all but those named in `new`: a head the base has not got), its block matrices quantized
     (int8, nf4) when asked."""

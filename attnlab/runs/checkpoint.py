@@ -125,8 +125,12 @@ def load_train_state(path: Path, rng: np.random.Generator) -> TrainState:
             if key.startswith("opt::"):
                 _, name, k = key.split("::")
                 opt.setdefault(name, {})[k] = t
-        state = TrainState(int(meta["step"]), weights, {"state": opt, "param_groups": meta_state["param_groups"]},
-                           float(meta.get("elapsed", 0.0)))  # fmt: skip
+        state = TrainState(
+            int(meta["step"]),
+            weights,
+            {"state": opt, "param_groups": meta_state["param_groups"]},
+            float(meta.get("elapsed", 0.0)),
+        )
         torch.set_rng_state(tensors["rng.torch"])
         rng.bit_generator.state = meta_state["numpy_rng"]
     except (KeyError, ValueError, TypeError) as e:

@@ -65,8 +65,10 @@ def check_resumable(path: str | Path) -> Path:
     if not is_run(p):
         raise AttnlabError(f"{p} is not an attnlab run ({describe(p)}): nothing to resume")
     if not (p / STATE).is_file():
-        raise AttnlabError(f"{p} has no training state ({STATE}), so it cannot be resumed; start a new run from "
-                           f"its weights with --init {p}")  # fmt: skip
+        raise AttnlabError(
+            f"{p} has no training state ({STATE}), so it cannot be resumed; start a new run from "
+            f"its weights with --init {p}"
+        )
     return p
 
 
@@ -113,8 +115,10 @@ def check_dir(out: Path, resume: bool, force: bool) -> None:
     if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and unstarted(out)):
         return
     if not is_run(out):
-        raise AttnlabError(f"{out} exists and is not an attnlab run ({describe(out)}): refusing to "
-                           f"{'replace' if force else 'write into'} it; choose another --out")  # fmt: skip
+        raise AttnlabError(
+            f"{out} exists and is not an attnlab run ({describe(out)}): refusing to "
+            f"{'replace' if force else 'write into'} it; choose another --out"
+        )
     if not force:
         raise AttnlabError(f"run directory {out} already exists: use --resume to continue it or --force to replace it")
 
@@ -132,8 +136,9 @@ def check_new_run(out: Path, force: bool, sources: dict[Path, str]) -> None:
     if not force:
         raise AttnlabError(f"run directory {out} already exists: choose another --out, or --force to replace it")
     if not is_run(out):
-        raise AttnlabError(f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; "
-                           "choose another --out")  # fmt: skip
+        raise AttnlabError(
+            f"{out} is not an attnlab run ({describe(out)}): refusing to replace it; choose another --out"
+        )
 
 
 def describe(p: Path) -> str:

@@ -44,8 +44,9 @@ class RunKind:
     def lens_input(self, run: Run, text: str) -> tuple[Tensor, Tensor | None, Callable[[int], str]]:
         """What the logit lens reads of `text`: the decoder's token ids (1, T), the source ids (1, S)
         of an encoder-decoder (None for a decoder alone), and each id's text."""
-        raise AttnlabError("lens, heads and ablate read a language-model run (attnlab train lm); "
-                           "rollout and flow read any run")  # fmt: skip
+        raise AttnlabError(
+            "lens, heads and ablate read a language-model run (attnlab train lm); rollout and flow read any run"
+        )
 
     def image(self, run: Run, path: str | Path) -> np.ndarray:
         """An image file as the run's model reads it: (C, H, W) in [0, 1]."""

@@ -142,14 +142,23 @@ def duration(seconds: float | None) -> str:
 def table(runs: list[RunSummary]) -> str:
     """The runs as aligned columns under a header line."""
     head = ("run", "task", "model", "params", "steps", "best val", "time")
-    rows = [head] + [(str(r.path), r.task, r.model, "-" if r.parameters is None else f"{r.parameters:,}",
-                      "-" if r.steps is None else f"{r.steps:,}",
-                      "-" if r.best_val is None else f"{r.best_val:.4f}", duration(r.seconds))
-                     for r in runs]  # fmt: skip
+    rows = [head] + [
+        (
+            str(r.path),
+            r.task,
+            r.model,
+            "-" if r.parameters is None else f"{r.parameters:,}",
+            "-" if r.steps is None else f"{r.steps:,}",
+            "-" if r.best_val is None else f"{r.best_val:.4f}",
+            duration(r.seconds),
+        )
+        for r in runs
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     right = {3, 4, 5, 6}  # numbers line up on their last digit
-    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in rows]  # fmt: skip
+    lines = [
+        "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -21,8 +21,18 @@ from attnlab.version import __version__
 
 MARKER = "attnlab.json"
 # What attnlab wrote into a run before markers listed it (and what a kill mid-save leaves: .NAME.tmp-PID.SUFFIX).
-LEGACY = ("attnlab.json", "config.json", "model.safetensors", "tokenizer.json", "train_state.safetensors",
-          "metrics.jsonl", "loss.png", "eval.json", "eval_confusion.png", "snapshots")  # fmt: skip
+LEGACY = (
+    "attnlab.json",
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "train_state.safetensors",
+    "metrics.jsonl",
+    "loss.png",
+    "eval.json",
+    "eval_confusion.png",
+    "snapshots",
+)
 
 
 def read_marker(d: Path) -> dict[str, Any] | None:

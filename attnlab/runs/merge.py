@@ -62,10 +62,16 @@ def merge_run(run: str | Path, out: str | Path, force: bool = False) -> dict[str
     copies = {name: d / name for name, d in found if (d / name).is_file()}
     fresh_dir(out)  # only now: a failure above never costs an old run
     record(out, CONFIG, WEIGHTS, *copies)
-    write_json(out / CONFIG, {**{k: v for k, v in config.items() if k != "adapter"},
-                              "merged": {"run": str(run), "base": adapter["base"]}})  # fmt: skip
+    write_json(
+        out / CONFIG,
+        {**{k: v for k, v in config.items() if k != "adapter"}, "merged": {"run": str(run), "base": adapter["base"]}},
+    )
     save_weights(net, out / WEIGHTS, {"step": meta.get("step", "0")})
     for name, src in copies.items():
         shutil.copyfile(src, out / name)
-    return {"run": str(out), "merged": len(merged), "parameters": sum(p.numel() for p in net.parameters()),
-            "quantized_base": adapter.get("quantize_base")}  # fmt: skip
+    return {
+        "run": str(out),
+        "merged": len(merged),
+        "parameters": sum(p.numel() for p in net.parameters()),
+        "quantized_base": adapter.get("quantize_base"),
+    }

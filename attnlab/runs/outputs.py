@@ -36,8 +36,10 @@ def check_output(path: str | Path, force: bool, suffixes: tuple[str, ...] = (), 
         raise AttnlabError(f"{flag} {p}: the suffix picks the format, {either(suffixes)}; {named} is none of them")
     run = run_holding(p)
     if run is not None:
-        raise AttnlabError(f"{flag} {p} is inside the run folder {run}, which holds only what attnlab writes there: "
-                           "choose a path outside it")  # fmt: skip
+        raise AttnlabError(
+            f"{flag} {p} is inside the run folder {run}, which holds only what attnlab writes there: "
+            "choose a path outside it"
+        )
     if p.is_dir():
         raise AttnlabError(f"{flag} {p} is a folder: give a file name")
     if p.exists() and not force:
@@ -54,7 +56,10 @@ def check_outputs(options: Any) -> None:
     """check_output for every file flag given on a command's options (a dataclass with `force`), then
     the folders they go in made, as a user who names pics/attention.png expects."""
     force = getattr(options, "force", False)
-    paths = [check_output(value, force, suffixes, "--" + name.replace("_", "-"))
-             for name, suffixes in output_flags(options) if (value := getattr(options, name))]  # fmt: skip
+    paths = [
+        check_output(value, force, suffixes, "--" + name.replace("_", "-"))
+        for name, suffixes in output_flags(options)
+        if (value := getattr(options, name))
+    ]
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Quantized runs: a language model's weights stored int8, int4 or bfloat16 for inference (nn/packed.py).
+"""Quantized runs: a language model's weights stored int8, int4 or bfloat16 for inference (quant/packed.py).
 
     attnlab quantize RUN --to int8 --out DIR    a run folder every command loads: model.safetensors holds
                                                 each packed layer's codes and scales (int4: and zeros)
@@ -13,7 +13,7 @@ Packed: every linear layer of the blocks (attention, feed-forward, each expert's
 (the LM head, a third of GPT-2 small's weights, read whole at every step). Kept float32: embeddings
 and positions (a decode step reads one row of them), norms, a mixture's router (tiny, and its choice
 of experts is what a rounding could flip), and any layer whose shape this machine measured faster in
-float32 (nn/pack_choice.py), or that int4's groups do not divide.
+float32 (quant/pack_choice.py), or that int4's groups do not divide.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 from attnlab.nn.lora import has_lora
-from attnlab.nn.pack_choice import choose
-from attnlab.nn.packed import GROUP, KINDS, PackedLinear, packable
-from attnlab.nn.quantize import block_linears
+from attnlab.quant.pack_choice import choose
+from attnlab.quant.packed import GROUP, KINDS, PackedLinear, packable
+from attnlab.quant.quantize import block_linears
 
 QUANTIZED = "quantized"  # config.json's section
 FLOAT = "float32"
@@ -66,11 +66,15 @@ def inference_linears(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Mo
     """(name, parent, attribute, layer) of every linear layer a decode step reads in full: the blocks'
     matrices and the output layer. Asks the model (CausalLM); other families are refused in one line."""
     if not isinstance(model, CausalLM):
-        raise AttnlabError(f"quantize: a {type(model).__name__} is not a language model; quantized weights are "
-                           "for decoding (GPT runs, and Llama or Mixtral checkpoints converted to one)")  # fmt: skip
+        raise AttnlabError(
+            f"quantize: a {type(model).__name__} is not a language model; quantized weights are "
+            "for decoding (GPT runs, and Llama or Mixtral checkpoints converted to one)"
+        )
     if has_lora(model):
-        raise AttnlabError("quantize: this model has LoRA adapters; merge them into its base first "
-                           "(attnlab merge RUN --out DIR) and quantize that")  # fmt: skip
+        raise AttnlabError(
+            "quantize: this model has LoRA adapters; merge them into its base first "
+            "(attnlab merge RUN --out DIR) and quantize that"
+        )
     found = block_linears(model, (nn.Linear, PackedLinear))
     head = model.output_layer()
     names = {id(m): n for n, m in model.named_modules()}
@@ -87,7 +91,7 @@ def quantize_for_inference(
     """Replace, in place, the model's decode-step linears (inference_linears) by PackedLinear layers of
     `kind`, except those kept float32: SKIP, a shape the kernel cannot take, and (unless `every_layer`)
     a shape measured faster in float32 here (`compiled`: by the products a compiled decode step runs,
-    nn/pack_choice.py). The model is put in eval mode: packed layers do not train."""
+    quant/pack_choice.py). The model is put in eval mode: packed layers do not train."""
     report = Quantization(check_kind(kind))
     device, tied = next(model.parameters()).device, tied_weights(model)
     for name, parent, attr, layer in inference_linears(model):
@@ -115,8 +119,9 @@ def tied_weights(model: nn.Module) -> set[int]:
     return {i for i, n in held.items() if n > 1}
 
 
-def _kept_float(name: str, layer: nn.Linear, kind: str, device: torch.device, measure: bool,
-                compiled: bool) -> str | None:  # fmt: skip
+def _kept_float(
+    name: str, layer: nn.Linear, kind: str, device: torch.device, measure: bool, compiled: bool
+) -> str | None:
     """Why this layer stays float32, or None to pack it."""
     if any(name == s or name.endswith("." + s) for s in SKIP):
         return "a mixture's router: its choice of experts is kept exact"
@@ -147,8 +152,10 @@ def rebuild_packed(model: nn.Module, section: dict[str, Any]) -> None:
         if kind == FLOAT:
             continue
         if name not in places or kind not in KINDS:
-            raise AttnlabError(f"config.json's quantized section names {name!r} as {kind!r}: this model has no "
-                               "such layer or attnlab no such kind")  # fmt: skip
+            raise AttnlabError(
+                f"config.json's quantized section names {name!r} as {kind!r}: this model has no "
+                "such layer or attnlab no such kind"
+            )
         parent, attr, layer = places[name]
         packed = PackedLinear(layer.in_features, layer.out_features, kind, layer.bias is not None, group)
         packed.tied = id(layer.weight) in tied
@@ -168,8 +175,10 @@ def describe(report: Quantization) -> str:
     """One line: what was packed and what stayed float32. The megabytes are those of the layers looked
     at (their weights and biases in memory), not a file's: embeddings and norms are not among them."""
     packed = sum(k != FLOAT for k in report.layers.values())
-    line = (f"{packed} of {len(report.layers)} layers as {report.kind} (those layers {report.bytes_before / 1e6:.1f} "
-            f"MB -> {report.bytes_after / 1e6:.1f} MB)")  # fmt: skip
+    line = (
+        f"{packed} of {len(report.layers)} layers as {report.kind} (those layers {report.bytes_before / 1e6:.1f} "
+        f"MB -> {report.bytes_after / 1e6:.1f} MB)"
+    )
     if report.kept:
         reasons = sorted(set(report.kept.values()))
         line += f"; {len(report.kept)} kept float32 ({'; '.join(reasons[:3])})"

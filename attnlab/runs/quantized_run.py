@@ -24,8 +24,9 @@ from attnlab.runs.run import load
 from attnlab.runs.weights import tied_names, write_weights
 
 
-def quantize_run(run: str | Path, kind: str, out: str | Path, force: bool = False,
-                 every_layer: bool = False) -> dict[str, Any]:  # fmt: skip
+def quantize_run(
+    run: str | Path, kind: str, out: str | Path, force: bool = False, every_layer: bool = False
+) -> dict[str, Any]:
     """Write run `run` with its language model quantized to `kind` as a new run `out` (every_layer:
     also the layers float32 ran faster here); returns a summary. An existing `out` is replaced only
     with force, and only if it is an attnlab run."""
@@ -43,6 +44,14 @@ def quantize_run(run: str | Path, kind: str, out: str | Path, force: bool = Fals
     for name, path in copies.items():
         shutil.copyfile(path, out / name)
     before, after = (src / WEIGHTS).stat().st_size, (out / WEIGHTS).stat().st_size  # the files, as on disk
-    return {"run": str(out), "kind": kind, "summary": describe(report), "packed": report.layers,
-            "kept_float32": report.kept, "bytes_before": before, "bytes_after": after,
-            "megabytes_before": round(before / 1e6, 3), "megabytes_after": round(after / 1e6, 3)}  # fmt: skip
+    return {
+        "run": str(out),
+        "kind": kind,
+        "summary": describe(report),
+        "packed": report.layers,
+        "kept_float32": report.kept,
+        "bytes_before": before,
+        "bytes_after": after,
+        "megabytes_before": round(before / 1e6, 3),
+        "megabytes_after": round(after / 1e6, 3),
+    }

@@ -68,9 +68,14 @@ def by_kind(run, convs: list[Conversation]) -> dict[str, float]:
 def stage_row(path: Path, seconds: float | None, test: list[Conversation]) -> dict[str, Any]:
     run = load(path)
     weights = next(run.model.parameters())
-    row = {"stage": path.name, "task": run.task.name,
-           "parameters": count_parameters(run.model).logical, "dtype": str(weights.dtype).removeprefix("torch."),
-           "seconds": seconds, **{k: v for k, v in _eval(path).items() if k != "split"}}  # fmt: skip
+    row = {
+        "stage": path.name,
+        "task": run.task.name,
+        "parameters": count_parameters(run.model).logical,
+        "dtype": str(weights.dtype).removeprefix("torch."),
+        "seconds": seconds,
+        **{k: v for k, v in _eval(path).items() if k != "split"},
+    }
     if answers(run, row):
         row["by_kind"] = by_kind(run, test)
     return row
@@ -98,17 +103,28 @@ def chain_report(root: str | Path) -> dict[str, Any]:
     test = instructions("test", TEST, TEST_SEED)
     stages = [root / s for s in STAGES if is_run(root / s)]
     rows = [stage_row(p, record.get("seconds", {}).get(p.name), test) for p in stages]
-    return {"rows": rows, "numbers": record.get("numbers", {}), "seconds": record.get("seconds", {}),
-            "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}", "commit": commit(),
-            "attnlab": __version__, "written": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    return {
+        "rows": rows,
+        "numbers": record.get("numbers", {}),
+        "seconds": record.get("seconds", {}),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}",
+        "commit": commit(),
+        "attnlab": __version__,
+        "written": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def commit() -> str:
     """The git commit attnlab's code is at (an editable install), or `unknown`."""
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -125,8 +141,9 @@ def table(report: dict[str, Any]) -> list[list[str]]:
         exact = r.get("exact", report["numbers"].get("exact_before") if r["stage"] == "base" else None)
         pairs = r.get("preference_accuracy", r.get("pair_accuracy"))
         seconds = f"{r['seconds']:.0f}" if r.get("seconds") is not None else ""
-        rows.append([r["stage"], str(r["task"]), _percent(exact), _percent(pairs), seconds, f"{r['parameters']:,}",
-                     r["dtype"]])  # fmt: skip
+        rows.append(
+            [r["stage"], str(r["task"]), _percent(exact), _percent(pairs), seconds, f"{r['parameters']:,}", r["dtype"]]
+        )
     return rows
 
 
@@ -152,19 +169,34 @@ def draw(report: dict[str, Any], path: Path):
 def markdown(report: dict[str, Any], picture: str) -> str:
     rows = table(report)
     cells = ["| " + " | ".join(r) + " |" for r in rows]
-    lines = ["# The chain's report card", "", *_meta(report), "", cells[0], "|" + "---|" * len(rows[0]), *cells[1:],
-             "", f"![exact answers by kind]({picture})", ""]  # fmt: skip
+    lines = [
+        "# The chain's report card",
+        "",
+        *_meta(report),
+        "",
+        cells[0],
+        "|" + "---|" * len(rows[0]),
+        *cells[1:],
+        "",
+        f"![exact answers by kind]({picture})",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _meta(report: dict[str, Any]) -> list[str]:
     plain, best = report["numbers"].get("sampled_vs_best", [None, None])
     minutes = sum(report["seconds"].values()) / 60
-    lines = [f"- machine: {report['machine']}", f"- attnlab {report['attnlab']}, commit {report['commit']}",
-             f"- written {report['written']}; the chain took {minutes:.1f} minutes"]  # fmt: skip
+    lines = [
+        f"- machine: {report['machine']}",
+        f"- attnlab {report['attnlab']}, commit {report['commit']}",
+        f"- written {report['written']}; the chain took {minutes:.1f} minutes",
+    ]
     if plain is not None:
-        lines.append(f"- sampling at temperature 1: one sample {plain:.1%} exact, best-of-8 picked by the reward "
-                     f"model {best:.1%}")  # fmt: skip
+        lines.append(
+            f"- sampling at temperature 1: one sample {plain:.1%} exact, best-of-8 picked by the reward "
+            f"model {best:.1%}"
+        )
     return lines
 
 
@@ -174,13 +206,17 @@ def page(report: dict[str, Any], png: bytes) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
     meta = "".join(f"<li>{html.escape(m[2:])}</li>" for m in _meta(report))
     image = base64.b64encode(png).decode()
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>attnlab report</title><style>{STYLE}</style>"
-            f"</head><body><h1>The chain's report card</h1><ul>{meta}</ul><table><tr>{head}</tr>{body}</table>"
-            f"<img alt='exact answers by kind' src='data:image/png;base64,{image}'></body></html>")  # fmt: skip
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>attnlab report</title><style>{STYLE}</style>"
+        f"</head><body><h1>The chain's report card</h1><ul>{meta}</ul><table><tr>{head}</tr>{body}</table>"
+        f"<img alt='exact answers by kind' src='data:image/png;base64,{image}'></body></html>"
+    )
 
 
-STYLE = ("body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}table{border-collapse:collapse}"
-         "th,td{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}img{max-width:100%}")  # fmt: skip
+STYLE = (
+    "body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}table{border-collapse:collapse}"
+    "th,td{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}img{max-width:100%}"
+)
 
 
 def write_report(root: str | Path) -> dict[str, Any]:

@@ -61,8 +61,13 @@ class Run:
         return run_html(self)
 
 
-def load(path: str | Path, device: str = "auto", quantize: str | None = None, every_layer: bool = False,
-         compiled: bool = False) -> Run:  # fmt: skip
+def load(
+    path: str | Path,
+    device: str = "auto",
+    quantize: str | None = None,
+    every_layer: bool = False,
+    compiled: bool = False,
+) -> Run:
     """Load a run directory written by training (weights read from safetensors, no pickle). quantize:
     "int8", "int4" or "bf16" stores the language model's block matrices and head that way for
     inference (runs/quantized.py), each kept float32 where float32 measured faster here unless
@@ -76,8 +81,9 @@ def load(path: str | Path, device: str = "auto", quantize: str | None = None, ev
         raise AttnlabError(f"{p} is not a complete run: {TOKENIZER} is missing")
     stored = quantized_of(config)
     if quantize is not None and stored is not None:
-        raise AttnlabError(f"{p} is already quantized ({stored.get('kind')}); quantize its source run "
-                           f"{stored.get('from', '')} instead")  # fmt: skip
+        raise AttnlabError(
+            f"{p} is already quantized ({stored.get('kind')}); quantize its source run {stored.get('from', '')} instead"
+        )
     try:
         model = build_adapted(config) if adapter_of(config) else build_model(config["family"], config["model"])
     except (TypeError, ValueError) as e:

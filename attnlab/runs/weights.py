@@ -73,8 +73,10 @@ def first_not_finite(tensors: dict[str, torch.Tensor]) -> str | None:
 
 
 def _diverged(path: Path, name: str) -> AttnlabError:
-    return AttnlabError(f"{path}: the weights hold NaN or infinite values (first in {name}): this run diverged; "
-                        "train it again, with a lower --lr")  # fmt: skip
+    return AttnlabError(
+        f"{path}: the weights hold NaN or infinite values (first in {name}): this run diverged; "
+        "train it again, with a lower --lr"
+    )
 
 
 def _misfit(path: Path, missing: list[str], unexpected: list[str]) -> AttnlabError:
@@ -114,8 +116,10 @@ def load_streamed(model: nn.Module, path: Path, new: Collection[str] = ()) -> No
             for name in names:
                 t = f.get_tensor(name)
                 if t.shape != own[name].shape:
-                    raise AttnlabError(f"{path}: weights do not fit the model ({name} is {tuple(t.shape)}, "
-                                       f"the model's {tuple(own[name].shape)})")  # fmt: skip
+                    raise AttnlabError(
+                        f"{path}: weights do not fit the model ({name} is {tuple(t.shape)}, "
+                        f"the model's {tuple(own[name].shape)})"
+                    )
                 if first_not_finite({name: t}):
                     raise _diverged(path, name)
                 with torch.no_grad():

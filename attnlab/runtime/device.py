@@ -42,9 +42,8 @@ def dtype_choice(name: str, device: torch.device, width: int = 384, use: str = "
     if name == "auto":
         if device.type == "cuda":
             # Decoding under bf16 autocast casts every float32 weight at every step: a cast kernel more
-            # per product, in a step whose cost at these sizes is its kernel launches. On an H100 it
-            # decoded at 0.48-0.65x float32's tokens/s (6 x 384 and GPT-2 small, batch 1 and 16;
-            # benchmarks/gpu_generate.py, torch 2.11).
+            # per product, in a step whose cost at these sizes is its kernel launches, so it decoded
+            # slower than float32 (docs/log.md, "On a GPU"; benchmarks/gpu_generate.py).
             if use == "decode":
                 return torch.float32, "auto: float32 to decode on a GPU (bf16 autocast is slower there)"
             bf16 = torch.cuda.is_bf16_supported()

@@ -91,15 +91,20 @@ def init(device_name: str = "auto") -> tuple[Dist, torch.device]:
         except ValueError as e:  # e.g. MASTER_ADDR missing
             raise AttnlabError(f"cannot join the process group ({e}): launch with torchrun") from None
         except dist.DistError as e:  # a process never came (its own error is in its node's log), or no master
-            raise AttnlabError(f"rank {rank} could not join the other {world - 1} processes within {join:.0f} s "
-                               f"(ATTNLAB_JOIN_TIMEOUT): one stopped before it joined (see its node's log) or "
-                               f"MASTER_ADDR is out of reach ({str(e).splitlines()[0]})") from None  # fmt: skip
+            raise AttnlabError(
+                f"rank {rank} could not join the other {world - 1} processes within {join:.0f} s "
+                f"(ATTNLAB_JOIN_TIMEOUT): one stopped before it joined (see its node's log) or "
+                f"MASTER_ADDR is out of reach ({str(e).splitlines()[0]})"
+            ) from None
         steps = (default_pg_nccl_timeout if device.type == "cuda" else None) or default_pg_timeout
         dist.distributed_c10d._set_pg_timeout(steps)  # torch's own, for the steps
         if rank == 0 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and shared_store():
-            warnings.warn("torchrun --max-restarts: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun, or a "
-                          "restarted group reads the failed one's addresses from torchrun's store and cannot "
-                          "join (pytorch/pytorch#135712)", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                "torchrun --max-restarts: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun, or a "
+                "restarted group reads the failed one's addresses from torchrun's store and cannot "
+                "join (pytorch/pytorch#135712)",
+                stacklevel=2,
+            )
     return Dist(rank, world, local, owns), device
 
 

@@ -1,12 +1,13 @@
 """--dtype auto on a CPU: float32 or bf16, whichever ran this kind of work faster here, kept per CPU,
 torch version, thread count, use and width in the cache folder (dtype.json).
 
-A CPU's flags cannot say that bf16 is faster (0.5x on a Xeon with AVX512-BF16 but no AMX, 2.5x on
-an AMD Zen 5), but they can say that it is not: without bf16 instructions it is emulated, 15-55x
-slower, and float32 is chosen without measuring. Otherwise the run's own kind of work is timed
-(workloads.py: `train` for training and evaluation, `decode` for sampling, serving and the decoding
-engine) by timing.py, and an answer that cannot be trusted (too noisy after its rounds, or a ratio
-no CPU can give) is not kept: that run uses float32, the safe choice, and says so once.
+A CPU's flags cannot say that bf16 is faster (with the same instructions it ran at half float32's
+speed on one CPU and 2.5x on another: docs/log.md, "Precision"), but they can say that it is not:
+without bf16 instructions it is emulated, 15-55x slower, and float32 is chosen without measuring.
+Otherwise the run's own kind of work is timed (workloads.py: `train` for training and evaluation,
+`decode` for sampling, serving and the decoding engine) by timing.py, and an answer that cannot be
+trusted (too noisy after its rounds, or a ratio no CPU can give) is not kept: that run uses float32,
+the safe choice, and says so once.
 """
 
 from __future__ import annotations
@@ -149,8 +150,11 @@ def _measured(device: torch.device, use: str, width: int, k: str) -> Decision:
     m = measure(timer_for(device, use, width), native_bf16(cpu_flags()))
     why_not = _doubt(m)
     if why_not:
-        warnings.warn(f"--dtype auto ({use}, width {width}): {why_not}; using float32, the safe choice, and not "
-                      f"keeping it (`attnlab doctor --measure {width}` measures again)", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"--dtype auto ({use}, width {width}): {why_not}; using float32, the safe choice, and not "
+            f"keeping it (`attnlab doctor --measure {width}` measures again)",
+            stacklevel=2,
+        )
         return Decision(torch.float32, f"the safe choice: {why_not}", m)
     return Decision(chosen(m), f"bf16 measured {m.ratio:.2g}x float32 here", m, _keep(k, m, use, width))
 

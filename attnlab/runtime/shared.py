@@ -71,8 +71,10 @@ def check_shared(d: Dist, out: Path, timeout: float | None = None) -> None:
     dist.broadcast_object_list(sent, src=0)
     nonce, error, first = sent
     if error is not None:
-        raise AttnlabError(f"rank 0 on {first} cannot write into {folder} ({error}): the run directory must be "
-                           "on storage every process can write and read")  # fmt: skip
+        raise AttnlabError(
+            f"rank 0 on {first} cannot write into {folder} ({error}): the run directory must be "
+            "on storage every process can write and read"
+        )
     probe = folder / f"{PROBE}{nonce}"
     found = read_probe(probe, nonce, timeout)
     seen: list = [None] * d.world
@@ -81,6 +83,8 @@ def check_shared(d: Dist, out: Path, timeout: float | None = None) -> None:
         probe.unlink(missing_ok=True)
     blind = [f"rank {r} on {h}: {why}" for r, h, why in seen if why is not None]
     if blind:
-        raise AttnlabError(f"{len(blind)} of {d.world} processes cannot read the file rank 0 on {first} wrote into "
-                           f"{folder} ({'; '.join(blind)}): the run directory must be on storage every node sees, "
-                           "at the same path; give --out a folder there")  # fmt: skip
+        raise AttnlabError(
+            f"{len(blind)} of {d.world} processes cannot read the file rank 0 on {first} wrote into "
+            f"{folder} ({'; '.join(blind)}): the run directory must be on storage every node sees, "
+            "at the same path; give --out a folder there"
+        )

@@ -218,8 +218,9 @@ def share(reader: ProcReader | None = None, env: dict[str, str] | None = None, e
     return _follow(others(reader, env=env), env, err)
 
 
-def revisit(reader: ProcReader | None = None, env: dict[str, str] | None = None, err=None,
-            now: float | None = None) -> int | None:  # fmt: skip
+def revisit(
+    reader: ProcReader | None = None, env: dict[str, str] | None = None, err=None, now: float | None = None
+) -> int | None:
     """During training, after REVISITS seconds (2, 5, 10, then every 30): look again, so that a training
     started together with another, or alone, gives
     up threads to one started after it, and takes them back when that one ends (one line each time

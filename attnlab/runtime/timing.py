@@ -1,8 +1,8 @@
 """Timing float32 against bf16 so that the answer can be trusted: interleaved, repeated, medians,
 a spread check that measures again when the samples disagree, and bounds on what a CPU can gain.
 
-One timing of one product once decided every later run before: on a loaded machine it kept "bf16
-14x faster" and "29x slower" for the same width, where six fresh measurements gave 0.75x. Here:
+One timing of one product is not to be trusted on a shared machine (a loaded one once gave "bf16 14x
+faster" and "29x slower" for the same width; docs/log.md, "Precision"). Here:
   - float32 and bf16 alternate (and swap order each pair), so a neighbour's burst hits both sides;
   - REPEATS pairs per round; each side's median, and its spread: (q3 - q1) / median;
   - a round where either side's spread is above SPREAD_LIMIT is measured again, ROUNDS in all, and
@@ -23,24 +23,21 @@ import torch
 REPEATS = 7  # pairs per round: the median of 7 shrugs off up to 3 samples hit by a neighbour
 MIN_PAIRS = 3  # fewer samples have no spread worth the name
 ROUNDS = 3  # a noisy round is measured again, at most this many rounds in all
-BUDGET = 2.0  # seconds: no round begins, and a round takes no pair past MIN_PAIRS, after this. A quiet
-# 2-core AMD EPYC measures a round at width 384 in 0.6 s; a loaded one took 10-29 s for 3 rounds.
+BUDGET = 2.0  # seconds: no round begins, and a round takes no pair past MIN_PAIRS, after this: a quiet
+# 2-core CPU needs well under a second a round, a loaded one would take tens of seconds (docs/log.md).
 SPREAD_LIMIT = 0.3  # interquartile range over the median of either side above this: too noisy
 Timer = Callable[[torch.dtype], float]  # seconds of one run of the work in that dtype
 EMULATED = 8.0  # bf16 this many times slower on the first pair: emulated, no need to look closer
 
-# What a CPU can gain from bf16 in these workloads, from numbers. AVX512-BF16 multiplies twice as
-# many pairs per instruction as float32 FMAs, and bf16 halves the bytes read: a block runs at most
-# about 2-2.5x faster (2.4x whole training steps at width 384 on an AMD EPYC with AVX512-BF16, 2.5x a
-# matrix product on a Zen 5); 4x leaves room and still rejects the 14x a loaded machine produced.
-# AMX multiplies whole tiles, and then what autocast keeps in float32 bounds the gain: the norms,
-# softmax, GELU and casts took 9.9 ms of a bf16 step whose float32 step took 75.7 ms (width 384,
-# torch profiler, this machine), so at most 7.6x: 8x.
+# What a CPU can gain from bf16 in these workloads. AVX512-BF16 multiplies twice as many pairs per
+# instruction as float32 FMAs, and bf16 halves the bytes read: a block runs at most about 2-2.5x
+# faster, so 4x leaves room and still rejects the 14x a loaded machine produced. AMX multiplies whole
+# tiles, and then what autocast keeps in float32 (norms, softmax, GELU, casts: about an eighth of a
+# step) bounds the gain: 8x. The measurements behind both: docs/log.md, "Precision".
 MOST_GAIN, MOST_GAIN_AMX = 4.0, 8.0
-# How much slower bf16 can honestly be with bf16 instructions: decoding 4 rows at width 128 ran 5x
-# slower, steadily, on the AMD EPYC with AVX512-BF16 (autocast casts every weight to bf16 at every
-# step, which costs more than the few rows' products); so 10x, which still rejects the 29x kept
-# under load. Without bf16 instructions (emulated: 15-55x slower measured) no bound applies.
+# How much slower bf16 can honestly be with bf16 instructions: autocast casts every weight at every
+# step, which can cost more than a few rows' products (5x measured), so 10x, which still rejects the
+# 29x kept under load. Without bf16 instructions (emulated, far slower) no bound applies.
 MOST_LOSS = 10.0
 
 
@@ -105,8 +102,9 @@ def one_round(timer: Timer, repeats: int, deadline: float, early: bool) -> Measu
     return Measurement(Timing.of(times[torch.float32]), Timing.of(times[torch.bfloat16]))
 
 
-def measure(timer: Timer, native: bool | None = True, repeats: int = REPEATS, rounds: int = ROUNDS,
-            budget: float = BUDGET) -> Measurement:  # fmt: skip
+def measure(
+    timer: Timer, native: bool | None = True, repeats: int = REPEATS, rounds: int = ROUNDS, budget: float = BUDGET
+) -> Measurement:
     """Rounds until one is steady (both spreads within SPREAD_LIMIT), at most `rounds` and none begun
     after `budget` seconds; the steadiest round. `native`: the CPU has bf16 instructions (None: unknown)."""
     deadline = time.perf_counter() + budget
@@ -129,8 +127,10 @@ def distrust(m: Measurement, native: bool | None, amx: bool) -> str | None:
     if m.samples < MIN_PAIRS and not (native is not True and m.ratio < 1 / EMULATED):
         return f"only {m.samples} timing{'s' * (m.samples > 1)} of each in the time allowed"
     if m.spread > SPREAD_LIMIT:
-        return f"timings too noisy to trust, spread {m.spread:.0%} > {SPREAD_LIMIT:.0%} after {m.rounds} " \
-               f"round{'s' * (m.rounds > 1)}"  # fmt: skip
+        return (
+            f"timings too noisy to trust, spread {m.spread:.0%} > {SPREAD_LIMIT:.0%} after {m.rounds} "
+            f"round{'s' * (m.rounds > 1)}"
+        )
     low, high = bounds(native, amx)
     if m.ratio > high:
         return f"bf16 measured {m.ratio:.2g}x float32, more than a CPU can gain, {high:g}x at most"

@@ -165,9 +165,13 @@ def create_app(
             if s.run.task.generates:
                 s.engine().close()
 
-    app = FastAPI(title="attnlab explorer", version=__version__, lifespan=lifespan,
-                  description="Trained runs: generate, predict, see attention; and an OpenAI-compatible API "
-                  "under /v1. Errors are {\"error\": \"one line\"} (under /v1: OpenAI's error object).")  # fmt: skip
+    app = FastAPI(
+        title="attnlab explorer",
+        version=__version__,
+        lifespan=lifespan,
+        description="Trained runs: generate, predict, see attention; and an OpenAI-compatible API "
+        'under /v1. Errors are {"error": "one line"} (under /v1: OpenAI\'s error object).',
+    )
     app.state.runs = list(served)  # the names
     app.state.limits, app.state.access = limits, access
     streams = app.state.streams = StreamLimit(limits.max_streams)
@@ -175,8 +179,12 @@ def create_app(
     # The last added runs first: the Host check, then CORS (which answers preflights), then the key and size.
     app.add_middleware(Gate, api_key=access.api_key, limit_of=body_limit)
     if access.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=access.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=access.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     if access.allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=access.allowed_hosts)
     add_openai_routes(app, served, limits, streams)
@@ -226,8 +234,12 @@ def add_page_routes(app: FastAPI, served: dict[str, Served], find: Callable[...,
 
 
 def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits, streams: StreamLimit) -> None:
-    @app.post("/api/generate", summary="stream a GPT's continuation (NDJSON)", response_class=StreamingResponse,
-              responses=STREAMED)  # fmt: skip
+    @app.post(
+        "/api/generate",
+        summary="stream a GPT's continuation (NDJSON)",
+        response_class=StreamingResponse,
+        responses=STREAMED,
+    )
     def generate(req: GenerateRequest) -> StreamingResponse:
         s = find(req.run, "/api/generate")
         if not streams.take(1):
@@ -266,8 +278,12 @@ def add_upload_routes(app: FastAPI, find: Callable[..., Served], limits: Limits)
         out = s.run.task.answer_image(s.run, pixels, image.filename)
         return {**out, "image": image.filename}
 
-    @app.post("/api/caption", summary="a captioner's caption of an uploaded image, word by word (NDJSON)",
-              response_class=StreamingResponse, responses=STREAMED)  # fmt: skip
+    @app.post(
+        "/api/caption",
+        summary="a captioner's caption of an uploaded image, word by word (NDJSON)",
+        response_class=StreamingResponse,
+        responses=STREAMED,
+    )
     def caption_upload(run: Annotated[str, Form()], image: Annotated[UploadFile, File()]) -> StreamingResponse:
         s = find(run, "/api/caption")
         pixels = read_upload(image, lambda path: s.run.task.image(s.run, path))
@@ -281,16 +297,20 @@ def add_inside_routes(app: FastAPI, find: Callable[..., Served]) -> None:
     def inspect_text(req: InspectRequest) -> dict:
         s = find(req.run)
         if s.run.task.reads_images:
-            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: these views read text; for an image, "
-                               "attnlab inspect RUN IMAGE --what rollout")  # fmt: skip
+            raise AttnlabError(
+                f"{req.run} is {s.run.task.noun} run: these views read text; for an image, "
+                "attnlab inspect RUN IMAGE --what rollout"
+            )
         return inspect(s.run, req.text, req.what)
 
     @app.post("/api/attention", summary="every attention map of a run on a text, for the head and model views")
     def attention(req: TextRequest) -> dict:
         s = find(req.run)
         if s.run.task.reads_images:  # an image: its attention comes with its prediction or caption
-            raise AttnlabError(f"{req.run} is {s.run.task.noun} run: send the image to {s.run.task.endpoint}, "
-                               "whose answer carries its attention")  # fmt: skip
+            raise AttnlabError(
+                f"{req.run} is {s.run.task.noun} run: send the image to {s.run.task.endpoint}, "
+                "whose answer carries its attention"
+            )
         return views_json(views(s.run, req.text), routing_json(s.run, req.text))
 
 
@@ -347,6 +367,9 @@ def serve(
     sock = listen(host, port)
     if not is_loopback(host) and not api_key:
         print(f"attnlab: warning: --host {host} --insecure-no-key: anyone who reaches this machine can use these runs")
-    print(f"attnlab: serving {', '.join(app.state.runs)} at {address(sock)}/ (OpenAI-compatible API at "
-          f"{address(sock)}/v1{'; key required' if api_key else ''}; Ctrl-C stops)", flush=True)  # fmt: skip
+    print(
+        f"attnlab: serving {', '.join(app.state.runs)} at {address(sock)}/ (OpenAI-compatible API at "
+        f"{address(sock)}/v1{'; key required' if api_key else ''}; Ctrl-C stops)",
+        flush=True,
+    )
     uvicorn.Server(server_config(app)).run(sockets=[sock])

@@ -63,8 +63,9 @@ def add_error_handlers(app: FastAPI) -> None:
         if extra:  # OpenAI's words for a field it does not know (the client's: a few, cut short)
             more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
             names = ", ".join(shown(x) for x in extra[:5]) + more
-            return reply(request, 400, f"Unrecognized request argument supplied: {names}", "unknown_parameter",
-                         shown(extra[0]))  # fmt: skip
+            return reply(
+                request, 400, f"Unrecognized request argument supplied: {names}", "unknown_parameter", shown(extra[0])
+            )
         loc = [str(x) for x in errors[0].get("loc", ())] if errors else []
         return reply(request, 400, invalid(e), "invalid_value", ".".join(loc[1:]) or None)
 

@@ -73,8 +73,16 @@ class Job:
         def emit(item, i=choice.index):  # called in the batcher's thread
             self.mailbox.post(self.queue, (i, item))
 
-        choice.row = self.batcher.submit(ids, draw, max_tokens, emit, logprobs, self.limits.request_timeout,
-                                         on_exit=lambda: self.streams.give(1), wake=self.mailbox.wake)  # fmt: skip
+        choice.row = self.batcher.submit(
+            ids,
+            draw,
+            max_tokens,
+            emit,
+            logprobs,
+            self.limits.request_timeout,
+            on_exit=lambda: self.streams.give(1),
+            wake=self.mailbox.wake,
+        )
         self.choices.append(choice)
 
     def cancel(self) -> None:

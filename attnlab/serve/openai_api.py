@@ -78,11 +78,15 @@ class Jobs:
         """Reserve the streams and start every (prompt, choice) sequence in the model's batcher."""
         n, streams = len(prompts) * req.n, self.streams
         if n > streams.limit:
-            raise BadField(f"this request asks for {n} sequences; the server generates at most {streams.limit} at once",
-                           "n")  # fmt: skip
+            raise BadField(
+                f"this request asks for {n} sequences; the server generates at most {streams.limit} at once", "n"
+            )
         if not streams.take(n):
-            raise APIError(429, f"the server is generating {streams.active} streams (limit {streams.limit}); "
-                                "retry later", "rate_limit_exceeded")  # fmt: skip
+            raise APIError(
+                429,
+                f"the server is generating {streams.active} streams (limit {streams.limit}); retry later",
+                "rate_limit_exceeded",
+            )
         job = Job(self.engines[req.model], streams, self.limits)
         seed = secrets.randbelow(2**62) if req.seed is None else req.seed
         eot = None if req.ignore_eos else s.run.tokenizer.eot_id
@@ -90,8 +94,13 @@ class Jobs:
             for p, (text, ids) in enumerate(prompts):
                 for j in range(req.n):
                     draw = Draw(req.temperature, req.top_k_or_none(), req.top_p_or_none(), seed + j)
-                    choice = Choice(p * req.n + j, TextPieces(s.run.tokenizer, stops), eot,
-                                    logprobs is not None, text if echo else "")  # fmt: skip
+                    choice = Choice(
+                        p * req.n + j,
+                        TextPieces(s.run.tokenizer, stops),
+                        eot,
+                        logprobs is not None,
+                        text if echo else "",
+                    )
                     job.start(choice, ids, draw, max_tokens, logprobs)
         except Exception:
             job.cancel()
@@ -109,8 +118,12 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
     def find(name: str):
         if name not in batchers:
             what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
-            raise APIError(404, f"the model {clip(name)} does not exist{what}; serving: {', '.join(batchers)}",
-                           "model_not_found", "model")  # fmt: skip
+            raise APIError(
+                404,
+                f"the model {clip(name)} does not exist{what}; serving: {', '.join(batchers)}",
+                "model_not_found",
+                "model",
+            )
         return served[name]
 
     @app.get("/health", summary="whether the server is up (no key needed)")
@@ -162,8 +175,13 @@ class Reply:
 
     def head(self) -> dict:
         kind = "chat.completion.chunk" if self.chat and self.req.stream else self.kind
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+        }
 
     def usage(self) -> dict:
         prompt = sum(len(ids) for _, ids in self.prompts)
@@ -179,9 +197,12 @@ class Reply:
             alt = lambda i, lp: {"token": word(i), "logprob": lp, "bytes": list(word(i).encode())}  # noqa: E731
             content = [{**alt(s.token, s.logprob), "top_logprobs": [alt(i, lp) for i, lp in s.top]} for s in steps]
             return {"content": content, "refusal": None}
-        out = {"tokens": [word(s.token) for s in steps], "token_logprobs": [s.logprob for s in steps],
-               "top_logprobs": [{word(i): lp for i, lp in s.top} for s in steps],
-               "text_offset": c.offsets[start : start + len(steps)]}  # fmt: skip
+        out = {
+            "tokens": [word(s.token) for s in steps],
+            "token_logprobs": [s.logprob for s in steps],
+            "top_logprobs": [{word(i): lp for i, lp in s.top} for s in steps],
+            "text_offset": c.offsets[start : start + len(steps)],
+        }
         echo = self.echo_lp[c.index // self.req.n] if start == 0 and self.echo_lp else None
         return out if echo is None else {k: echo[k] + out[k] for k in out}
 
@@ -257,11 +278,19 @@ async def cancel_on_disconnect(request: Request, job: Job) -> None:
 
 def error_body(e: Exception) -> dict:
     if isinstance(e, TimeoutError):
-        return {"message": str(e) or "the generation ran past its time limit", "type": "server_error",
-                "param": None, "code": "timeout"}  # fmt: skip
+        return {
+            "message": str(e) or "the generation ran past its time limit",
+            "type": "server_error",
+            "param": None,
+            "code": "timeout",
+        }
     message = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return {"message": f"internal error: {type(e).__name__}: {message}", "type": "server_error", "param": None,
-            "code": "internal_error"}  # fmt: skip
+    return {
+        "message": f"internal error: {type(e).__name__}: {message}",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
 
 
 def sse(obj: dict) -> str:
@@ -289,8 +318,12 @@ def prompt_ids(tokenizer, prompt, context: int, param: str) -> list[tuple[str, l
                 raise BadField(f"{param}: token ids must be 0..{vocab - 1}, and at least one", param)
             ids, p = list(p), tokenizer.decode(p)
         if len(ids) > context:
-            raise APIError(400, too_long(param, i if len(prompt) > 1 else None, len(ids), context),
-                           "context_length_exceeded", param)  # fmt: skip
+            raise APIError(
+                400,
+                too_long(param, i if len(prompt) > 1 else None, len(ids), context),
+                "context_length_exceeded",
+                param,
+            )
         out.append((p, ids))
     return out
 

@@ -138,8 +138,9 @@ class CompletionRequest(Sampling):
         elif isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
             texts = [p for p in value if isinstance(p, str)]
         else:
-            raise PydanticCustomError("prompt", "must be a text, a list of texts, token ids or lists of token ids, "
-                                      f"got {_kind(value)}")  # fmt: skip
+            raise PydanticCustomError(
+                "prompt", f"must be a text, a list of texts, token ids or lists of token ids, got {_kind(value)}"
+            )
         if any(len(t) > MAX_PROMPT_CHARS for t in texts):
             raise PydanticCustomError("prompt", f"a prompt has at most {MAX_PROMPT_CHARS:,} characters")
         return value
@@ -211,16 +212,21 @@ class ChatRequest(Sampling):
         super().check()
         for i, m in enumerate(self.messages):
             if m.role in TOOL_ROLES:
-                raise BadField(f"messages[{i}].role {m.role!r} is not supported: tool calls are not (these are base "
-                               f"models); use {', '.join(ROLES)}", f"messages[{i}].role")  # fmt: skip
+                raise BadField(
+                    f"messages[{i}].role {m.role!r} is not supported: tool calls are not (these are base "
+                    f"models); use {', '.join(ROLES)}",
+                    f"messages[{i}].role",
+                )
             if m.role not in ROLES:
                 raise BadField(
                     f"messages[{i}].role {clip(m.role)} is not one of {', '.join(ROLES)}", f"messages[{i}].role"
                 )
             used = [f for f in TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
             if used:
-                raise BadField(f"messages[{i}].{used[0]}: tool calls are not supported (these are base models)",
-                               f"messages[{i}].{used[0]}")  # fmt: skip
+                raise BadField(
+                    f"messages[{i}].{used[0]}: tool calls are not supported (these are base models)",
+                    f"messages[{i}].{used[0]}",
+                )
         if self.tools:
             raise BadField("tools are not supported: these are base models", "tools")
         if self.tool_choice not in (None, "none"):

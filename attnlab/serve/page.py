@@ -27,8 +27,11 @@ def page(max_chars: int, max_tokens: int) -> str:
     """The page's HTML (serve/static/explorer.*, with the views of viz/static/), with the server's
     limits on the inputs."""
     serve = "attnlab.serve"
-    parts = {"STYLE": static_text("views.css") + static_text("caption.css") + static_text("explorer.css", serve),
-             "VIEWS": static_text("views.html"),
-             "SCRIPT": static_text("views.js") + static_text("caption.js") + static_text("explorer.js", serve),
-             "MAX_CHARS": str(max_chars), "MAX_TOKENS": str(max_tokens)}  # fmt: skip
+    parts = {
+        "STYLE": static_text("views.css") + static_text("caption.css") + static_text("explorer.css", serve),
+        "VIEWS": static_text("views.html"),
+        "SCRIPT": static_text("views.js") + static_text("caption.js") + static_text("explorer.js", serve),
+        "MAX_CHARS": str(max_chars),
+        "MAX_TOKENS": str(max_tokens),
+    }
     return fill(static_text("explorer.html", "attnlab.serve"), parts)

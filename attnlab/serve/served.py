@@ -33,10 +33,20 @@ class Served:
     def summary(self) -> dict:
         family = self.run.config["family"]
         task = self.run.task  # what the page asks of a run: where its inputs go, whether it generates or reads images
-        return {"name": self.name, "path": str(self.run.path), "family": family, "kind": self.kind,
-                "parameters": self.parameters, "step": self.run.step, "config": self.run.config,
-                "endpoint": task.endpoint, "generates": task.generates, "reads_images": task.reads_images,
-                "quantized": self.quantized, "graphs": bool(self.transcoders)}  # fmt: skip
+        return {
+            "name": self.name,
+            "path": str(self.run.path),
+            "family": family,
+            "kind": self.kind,
+            "parameters": self.parameters,
+            "step": self.run.step,
+            "config": self.run.config,
+            "endpoint": task.endpoint,
+            "generates": task.generates,
+            "reads_images": task.reads_images,
+            "quantized": self.quantized,
+            "graphs": bool(self.transcoders),
+        }
 
     def engine(self, max_batch: int | None = None) -> Batcher:
         """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""
@@ -50,8 +60,9 @@ class Served:
         return asked.kind if asked is not None else stored.get("kind") if isinstance(stored, dict) else None
 
 
-def load_runs(paths: list[str | Path], device: str, quantize: str | None = None,
-              compiled: bool = False) -> dict[str, Served]:  # fmt: skip
+def load_runs(
+    paths: list[str | Path], device: str, quantize: str | None = None, compiled: bool = False
+) -> dict[str, Served]:
     """Each run by its directory name (a second "lm" becomes "lm-2"); a run that fails to load stops
     the server before it starts, with the run's path in the message. quantize: the language models'
     weights stored that way for decoding (runs/quantized.py); the other runs load as they are. compiled:
@@ -76,6 +87,5 @@ def load_runs(paths: list[str | Path], device: str, quantize: str | None = None,
         name, k = resolved.name or "run", 2
         while name in served:
             name, k = f"{resolved.name}-{k}", k + 1
-        served[name] = Served(name, run, count_parameters(run.model).logical, template,
-                              compiled and run.task.generates)  # fmt: skip
+        served[name] = Served(name, run, count_parameters(run.model).logical, template, compiled and run.task.generates)
     return served

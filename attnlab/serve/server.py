@@ -19,8 +19,13 @@ from attnlab.serve.guard import Limits, timed_h11
 def server_config(app: FastAPI):
     """uvicorn's settings for the app: its read deadlines, keep-alive and header size (guard.Limits)."""
     limits: Limits = app.state.limits
-    return uvicorn.Config(app, log_level="warning", http=timed_h11(limits), timeout_keep_alive=limits.keep_alive,
-                          h11_max_incomplete_event_size=limits.max_header_bytes)  # fmt: skip
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        http=timed_h11(limits),
+        timeout_keep_alive=limits.keep_alive,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
 
 
 @contextmanager

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from attnlab.tasks.registry import TASKS, register, task_of, train
 
 REGISTRY = "attnlab.tasks.registry"
-__getattr__, __dir__ = lazy_names(__name__, {"TASKS": REGISTRY, "Task": "attnlab.tasks.base", "register": REGISTRY,
-                                             "task_of": REGISTRY, "train": REGISTRY})  # fmt: skip
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {"TASKS": REGISTRY, "Task": "attnlab.tasks.base", "register": REGISTRY, "task_of": REGISTRY, "train": REGISTRY},
+)
 
 __all__ = ["TASKS", "Task", "register", "task_of", "train"]

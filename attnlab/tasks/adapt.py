@@ -34,8 +34,8 @@ from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig
-from attnlab.nn.quantize import KINDS as QUANTIZED
 from attnlab.progress import tqdm
+from attnlab.quant.quantize import KINDS as QUANTIZED
 from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template, with_adapters
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
@@ -43,24 +43,35 @@ from attnlab.tasks.base import ModelChoice, Task, TrainOptions, own_options
 
 # A fine-tuning's training settings: a smaller step than pretraining's (the base knows much already),
 # no weight decay pulling the adapters to zero, and validation often enough to watch a short run.
-TUNED = dict(lr=1e-3, batch_size=32, max_steps=600, warmup_steps=30, weight_decay=0.0, eval_interval=100,
-             eval_batches=4)  # fmt: skip
+TUNED = dict(
+    lr=1e-3, batch_size=32, max_steps=600, warmup_steps=30, weight_decay=0.0, eval_interval=100, eval_batches=4
+)
 
 
 @dataclass
 class AdaptOptions(TrainOptions):
-    init: str | None = option(None, "the model to adapt: an attnlab GPT run (lm, sft, dpo; a LoRA run's adapters "
-                              "are merged in) or a HuggingFace folder (GPT-2, Llama, Mixtral: converted once)",
-                              metavar="RUN")  # fmt: skip
-    lora_rank: int = option(0, "LoRA rank: train low-rank adapters of this rank on the frozen base (0: train "
-                            "every weight)")  # fmt: skip
+    init: str | None = option(
+        None,
+        "the model to adapt: an attnlab GPT run (lm, sft, dpo; a LoRA run's adapters "
+        "are merged in) or a HuggingFace folder (GPT-2, Llama, Mixtral: converted once)",
+        metavar="RUN",
+    )
+    lora_rank: int = option(
+        0, "LoRA rank: train low-rank adapters of this rank on the frozen base (0: train every weight)"
+    )
     lora_alpha: float = option(16.0, "LoRA scale: the update is multiplied by alpha / rank")
     lora_dropout: float = option(0.0, "dropout on the adapters' input, in [0, 1)")
-    lora_targets: tuple[str, ...] = option(("q", "v"), "the block matrices to adapt: q, k, v (attention's "
-                                           "query/key/value rows), out, gate, up, down", nargs="+")  # fmt: skip
-    quantize_base: str | None = option(None, "keep the frozen base's block matrices quantized: int8 (per channel) "
-                                       "or nf4 (4-bit NormalFloat in blocks of 64, as QLoRA); needs --lora-rank",
-                                       QUANTIZED)  # fmt: skip
+    lora_targets: tuple[str, ...] = option(
+        ("q", "v"),
+        "the block matrices to adapt: q, k, v (attention's query/key/value rows), out, gate, up, down",
+        nargs="+",
+    )
+    quantize_base: str | None = option(
+        None,
+        "keep the frozen base's block matrices quantized: int8 (per channel) "
+        "or nf4 (4-bit NormalFloat in blocks of 64, as QLoRA); needs --lora-rank",
+        QUANTIZED,
+    )
     show_masks: bool = option(False, "print one training example with the tokens the loss reads marked")
 
 
@@ -70,8 +81,12 @@ def adapter_section(options: dict[str, Any], also: tuple[str, ...]) -> dict[str,
         if options.get("quantize_base"):
             raise AttnlabError("--quantize-base freezes the base: give --lora-rank too (e.g. --lora-rank 8)")
         return None
-    lora = LoRAConfig(options["lora_rank"], options.get("lora_alpha", 16.0), options.get("lora_dropout", 0.0),
-                      tuple(options.get("lora_targets", ("q", "v"))))  # fmt: skip
+    lora = LoRAConfig(
+        options["lora_rank"],
+        options.get("lora_alpha", 16.0),
+        options.get("lora_dropout", 0.0),
+        tuple(options.get("lora_targets", ("q", "v"))),
+    )
     return {"lora": asdict(lora), "quantize_base": options.get("quantize_base"), "also": list(also)}
 
 
@@ -167,8 +182,10 @@ class Adapting(Task):
     def init_run(self, init: str | Path | None) -> Path:
         """The --init model as a run folder, checked to be a language model."""
         if init is None:
-            raise AttnlabError(f"attnlab train {self.name} adapts a pretrained model: give --init RUN (an attnlab "
-                               "GPT run or a HuggingFace folder)")  # fmt: skip
+            raise AttnlabError(
+                f"attnlab train {self.name} adapts a pretrained model: give --init RUN (an attnlab "
+                "GPT run or a HuggingFace folder)"
+            )
         path = as_run(init)
         config = read_run_config(path)
         if not kind_of(config).generates:
@@ -193,8 +210,14 @@ class Adapting(Task):
         return build
 
     def run_config(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None) -> dict:
-        config = {"family": self.family, "model": model, "train": asdict(req.train), "data": asdict(req.data),
-                  "task": {"kind": self.name}, "init": str(req.init)}  # fmt: skip
+        config = {
+            "family": self.family,
+            "model": model,
+            "train": asdict(req.train),
+            "data": asdict(req.data),
+            "task": {"kind": self.name},
+            "init": str(req.init),
+        }
         if adapter is not None:
             config["adapter"] = {"base": str(self.init_run(req.init).resolve()), **adapter}
         return config
@@ -225,24 +248,41 @@ class Adapting(Task):
         return Encoded(tok, template, model, adapter, parts)
 
     # ---- from options, as the command line gives them -------------------------------------------
-    def request(self, opts: AdaptOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
-                saved: dict | None) -> TrainRequest:  # fmt: skip
+    def request(
+        self, opts: AdaptOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
+    ) -> TrainRequest:
         clash = [f"--{k.replace('_', '-')}" for k in given["model"]] + ["--preset"] * bool(opts.preset)
         if clash:
             raise AttnlabError(f"--init decides the model of a fine-tuning: drop {', '.join(clash)}")
         if saved is not None:
-            check_unchanged("data", self.data_config, saved["data"], as_given(given["data"]),
-                            "the run's examples stay as they were")  # fmt: skip
+            check_unchanged(
+                "data", self.data_config, saved["data"], as_given(given["data"]), "the run's examples stay as they were"
+            )
         data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
-        return TrainRequest(opts.out, self.default_model, {}, train, data, resume=opts.resume, force=opts.force,
-                            init=opts.init, options=own_options(opts))  # fmt: skip
+        return TrainRequest(
+            opts.out,
+            self.default_model,
+            {},
+            train,
+            data,
+            resume=opts.resume,
+            force=opts.force,
+            init=opts.init,
+            options=own_options(opts),
+        )
 
     # ---- a trained run --------------------------------------------------------------------------
     def next_step(self, out: str) -> str:
         return f". Try: attnlab chat {out}"
 
-    def exact(self, model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation],
-              progress: str | None = None) -> dict:  # fmt: skip
+    def exact(
+        self,
+        model: nn.Module,
+        tok: Tokenizer,
+        template: ChatTemplate,
+        convs: list[Conversation],
+        progress: str | None = None,
+    ) -> dict:
         """The share of conversations whose final answer the model gives exactly (greedy); progress: the
         name of a bar counting the answers."""
         if not convs:

@@ -51,8 +51,9 @@ class TrainOptions:
 
     out: str = option("", "run directory to create (or continue with --resume)", required=True)
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
-    force: bool = option(False, "replace --out if it is an attnlab run (it has attnlab.json); other folders are "
-                         "refused")  # fmt: skip
+    force: bool = option(
+        False, "replace --out if it is an attnlab run (it has attnlab.json); other folders are refused"
+    )
     init: str | None = option(None, "start from this run's weights and tokenizer", metavar="RUN")
     model: str | None = option(None, "which model")
     preset: str | None = option(None, "a named model size")
@@ -129,8 +130,9 @@ class Task(RunKind, Printer):
         return {"test": test}
 
     # ---- from options, as the command line gives them -------------------------------------------
-    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
-                saved: dict | None) -> TrainRequest:  # fmt: skip
+    def request(
+        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
+    ) -> TrainRequest:
         """A TrainRequest from `attnlab train NAME`'s options and the settings the user gave, by
         section ("data", "model": {field: value}); `train` is already merged (tuned or saved < given)."""
         overrides = dict(given["model"])
@@ -141,21 +143,38 @@ class Task(RunKind, Printer):
             overrides["preset"] = choice.default_preset  # recorded in config.json, for --resume to compare
         if saved is not None:
             self.check_resumed(saved, opts.model, opts.preset, given["model"])
-            check_unchanged("data", self.data_config, saved["data"], as_given(given["data"]),
-                            "the run's examples and labels stay as they were")  # fmt: skip
+            check_unchanged(
+                "data",
+                self.data_config,
+                saved["data"],
+                as_given(given["data"]),
+                "the run's examples and labels stay as they were",
+            )
         data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
-        return TrainRequest(opts.out, opts.model, overrides, train, data, resume=opts.resume, force=opts.force,
-                            init=opts.init, options=own_options(opts))  # fmt: skip
+        return TrainRequest(
+            opts.out,
+            opts.model,
+            overrides,
+            train,
+            data,
+            resume=opts.resume,
+            force=opts.force,
+            init=opts.init,
+            options=own_options(opts),
+        )
 
-    def check_resumed(self, saved: dict[str, Any], model: str | None, preset: str | None,
-                      flags: dict[str, Any]) -> None:  # fmt: skip
+    def check_resumed(
+        self, saved: dict[str, Any], model: str | None, preset: str | None, flags: dict[str, Any]
+    ) -> None:
         """--resume given the model settings of the command that started the run: those equal to the
         run's own pass (that command runs again with --resume appended); a change is refused by name."""
         name = self.model_of(saved)
         if model is not None and model != name:
-            raise AttnlabError(f"--model {model} differs from the run's {name}: model settings cannot change "
-                               f"when resuming (the weights have their shape); give --model {name} or leave it "
-                               "out")  # fmt: skip
+            raise AttnlabError(
+                f"--model {model} differs from the run's {name}: model settings cannot change "
+                f"when resuming (the weights have their shape); give --model {name} or leave it "
+                "out"
+            )
         choice = self.models[name]
         given = as_given(flags)
         if preset is not None:
@@ -169,9 +188,11 @@ class Task(RunKind, Printer):
         recorded = saved.get("preset")
         if recorded is not None:
             if preset != recorded:
-                raise AttnlabError(f"--preset {preset} differs from the run's {recorded}: model settings cannot change "
-                                   f"when resuming (the weights have their shape); give --preset {recorded} or "
-                                   "leave it out")  # fmt: skip
+                raise AttnlabError(
+                    f"--preset {preset} differs from the run's {recorded}: model settings cannot change "
+                    f"when resuming (the weights have their shape); give --preset {recorded} or "
+                    "leave it out"
+                )
             return {}
         if not choice.presets or preset not in choice.presets:
             known = f"; choose from {', '.join(choice.presets)}" if choice.presets else ""

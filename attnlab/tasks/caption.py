@@ -53,14 +53,14 @@ from attnlab.tasks.translate import (
 from attnlab.viz.captions import plot_caption_attention, write_caption_html
 
 # Settings that caption digits-strips in under five minutes on a laptop CPU (benchmarks/captioning.py).
-# The RNN gained from 6,000 steps over 3,000 (88.3% -> 89.6% exact match, one thread, AMD EPYC).
+# The RNN gained from 6,000 steps over 3,000 (docs/log.md, "Captioning").
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "transformer": dict(
         max_steps=8000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.1, eval_interval=1000, beta2=0.98
-    ),  # fmt: skip
+    ),
     "rnn-attention": dict(
         max_steps=6000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=500
-    ),  # fmt: skip
+    ),
 }
 # Text lines (digits-strips: 8 px tall) are read best in full-height columns: patches of 8 x 4 over the
 # stem's features gave 94.9% exact match where 4 x 4 gave 93.4% (6,000 steps), at half the tokens,
@@ -94,8 +94,10 @@ def caption_tokens(tok: Tokenizer, caption: str) -> list[str]:
 class Captioning(Task):
     name = "caption"
     help = "image -> words: a ViT encoder with a Transformer decoder, or Show, Attend and Tell's RNN"
-    description = ("Train a captioner on images with captions (the built-in digits-strips, or a folder with "
-                   "captions.jsonl), then caption its test split: exact match, BLEU, chrF.")  # fmt: skip
+    description = (
+        "Train a captioner on images with captions (the built-in digits-strips, or a folder with "
+        "captions.jsonl), then caption its test split: exact match, BLEU, chrF."
+    )
     models = {
         "transformer": ModelChoice("captioner", CaptionerConfig, presets=PRESETS, default_preset="captioner-tiny"),
         "rnn-attention": ModelChoice("rnn-captioner", RNNCaptionerConfig),
@@ -119,14 +121,19 @@ class Captioning(Task):
         out, data = Path(req.out), req.data
         splits = load_captions(data)
         tok = load_tokenizer(out)
-        cfg = model_config(req.model, tok.vocab_size + N_SPECIAL, splits["train"][0].shape[1:], data.max_len,
-                           self.model_fields(req))  # fmt: skip
+        cfg = model_config(
+            req.model, tok.vocab_size + N_SPECIAL, splits["train"][0].shape[1:], data.max_len, self.model_fields(req)
+        )
         targets = {name: [to_ids(tok, c)[: data.max_len] for c in caps] for name, (_, caps) in splits.items()}
         max_out = min(data.max_len, 2 * max(len(t) for t in targets["train"]) + 2)
         family = self.models[req.model].family
-        config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
-                  "data": dataclasses.asdict(data), "task": {"kind": self.name, "model": req.model,
-                  "max_out": max_out}}  # fmt: skip
+        config = {
+            "family": family,
+            "model": dataclasses.asdict(cfg),
+            "train": dataclasses.asdict(req.train),
+            "data": dataclasses.asdict(data),
+            "task": {"kind": self.name, "model": req.model, "max_out": max_out},
+        }
         if req.init is not None:
             config["init"] = str(req.init)
 
@@ -156,15 +163,20 @@ class Captioning(Task):
             title = f"{run.config['task']['model']}: {Path(text).name} -> {caption!r}"
             draw = write_caption_html if Path(picture).suffix.lower() in (".html", ".htm") else plot_caption_attention
             draw(pixels, words, weights, run.model.cfg.grid, picture, title)
-        return {"kind": self.name, "image": str(text), "caption": caption,
-                **({"attention": str(picture)} if picture else {})}  # fmt: skip
+        return {
+            "kind": self.name,
+            "image": str(text),
+            "caption": caption,
+            **({"attention": str(picture)} if picture else {}),
+        }
 
     def show_prediction(self, result: dict[str, Any]) -> str:
         return result["caption"] + (f"\nattention: {result['attention']}" if result.get("attention") else "")
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        return evaluate_captions(run, data, split or "test", options.get("beam") or 1,
-                                 progress=options.get("progress", True))  # fmt: skip
+        return evaluate_captions(
+            run, data, split or "test", options.get("beam") or 1, progress=options.get("progress", True)
+        )
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "images") + _where(r)
@@ -176,8 +188,15 @@ class Captioning(Task):
         return stream_caption(run, pixels)
 
 
-def caption_ids(model: nn.Module, images: np.ndarray, max_len: int, beam: int = 1, batch_size: int = 256,
-                device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
+def caption_ids(
+    model: nn.Module,
+    images: np.ndarray,
+    max_len: int,
+    beam: int = 1,
+    batch_size: int = 256,
+    device=None,
+    progress: bool = False,
+) -> list[list[int]]:
     """Decoded caption ids for each image of (N, C, H, W) (greedy when beam is 1; progress: a bar on stderr)."""
     return decode_all(model, images, torch.from_numpy, max_len, beam, batch_size, device, progress)
 
@@ -212,8 +231,9 @@ def caption_scores(tok: Tokenizer, hyps: list[list[int]], captions: list[str]) -
     return scores(hyp, ref)
 
 
-def evaluate_captions(run, data: str | None = None, split: str = "test", beam: int = 1,
-                      progress: bool = False) -> dict[str, Any]:  # fmt: skip
+def evaluate_captions(
+    run, data: str | None = None, split: str = "test", beam: int = 1, progress: bool = False
+) -> dict[str, Any]:
     """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on other data."""
     cfg = from_dict(CaptionDataConfig, run.config["data"], where="data config")
     if data is not None:
@@ -228,8 +248,14 @@ def evaluate_captions(run, data: str | None = None, split: str = "test", beam: i
         if model_cfg.size == (strips.HEIGHT, strips.WIDTH)
         else {}
     )
-    return {"data": cfg.data, "split": split, "beam": beam, **caption_scores(run.tokenizer, hyps, captions),
-            "loss": loss, **where}  # fmt: skip
+    return {
+        "data": cfg.data,
+        "split": split,
+        "beam": beam,
+        **caption_scores(run.tokenizer, hyps, captions),
+        "loss": loss,
+        **where,
+    }
 
 
 def _where(r: dict[str, Any]) -> str:
@@ -242,8 +268,9 @@ def _where(r: dict[str, Any]) -> str:
     )
 
 
-def word_regions(model: nn.Module, tok: Tokenizer, hyps: list[list[int]], data: CaptionDataConfig,
-                 split: str = "test") -> dict[str, Any]:  # fmt: skip
+def word_regions(
+    model: nn.Module, tok: Tokenizer, hyps: list[list[int]], data: CaptionDataConfig, split: str = "test"
+) -> dict[str, Any]:
     """On digits-strips, whether each word looked at its digit (interpret/word_regions.py); {} on other data."""
     if data.data not in BUILTIN_CAPTIONS:  # only generated strips know where each digit is
         return {}

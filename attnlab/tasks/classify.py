@@ -33,8 +33,11 @@ class Classify(Labeled):
 
     def answer(self, words: list[str], probs: torch.Tensor, first: int, labels: list[str]) -> dict[str, Any]:
         best = int(probs.argmax())  # probs (L,)
-        return {"label": labels[best], "probability": float(probs[best]),
-                "probabilities": dict(zip(labels, probs.tolist()))}  # fmt: skip
+        return {
+            "label": labels[best],
+            "probability": float(probs[best]),
+            "probabilities": dict(zip(labels, probs.tolist())),
+        }
 
     def show_prediction(self, result: dict[str, Any]) -> str:
         return f"{result['label']}  ({result['probability']:.3f})"

@@ -68,8 +68,15 @@ class RecipeComparison:
 
     def run(self, opts: CompareOptions, progress: bool = True) -> tuple[list[dict], str]:
         parts = opts.parts.split(",") if opts.parts else None
-        rows = compare_lm(Path(opts.out), opts.budget or LM_BUDGET, opts.data, parts, force=opts.force,
-                          progress=progress, blocks=opts.blocks)  # fmt: skip
+        rows = compare_lm(
+            Path(opts.out),
+            opts.budget or LM_BUDGET,
+            opts.data,
+            parts,
+            force=opts.force,
+            progress=progress,
+            blocks=opts.blocks,
+        )
         return rows, format_lm_table(rows, blocks=opts.blocks)
 
 
@@ -98,8 +105,19 @@ def trainer(task, data, out: Path, force: bool, progress: bool, budget: str | No
 
     def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
         train = TrainConfig(**{**task.train_defaults(name), "time_budget": budget}) if budget else None
-        return run(task, TrainRequest(out / (folder or name), name, fields or {}, train=train, data=data,
-                                      force=force, progress=progress, options=options or {}))  # fmt: skip
+        return run(
+            task,
+            TrainRequest(
+                out / (folder or name),
+                name,
+                fields or {},
+                train=train,
+                data=data,
+                force=force,
+                progress=progress,
+                options=options or {},
+            ),
+        )
 
     return one
 
@@ -125,49 +143,85 @@ def train_each(models: list[str], train: Callable[[str], dict], scores: tuple, p
         if progress:
             print(f"== {name}")
         r = train(name)
-        rows.append({"model": name, **{k: r["test"][k] for k in scores},
-                     "parameters": r["parameters"], "train_seconds": r["train_seconds"]})  # fmt: skip
+        rows.append(
+            {
+                "model": name,
+                **{k: r["test"][k] for k in scores},
+                "parameters": r["parameters"],
+                "train_seconds": r["train_seconds"],
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
     if rows and "exact_match" in rows[0]:
         where = "attention_on_digit" in rows[0]  # captions: a digit word's attention on its digit
-        lines = [f"{'model':<14} {'exact':>8} {'BLEU':>7} {'chrF':>7}" + (f" {'on digit':>9}" if where else "")
-                 + f" {'parameters':>11} {'train time':>11}"]  # fmt: skip
-        lines += [f"{r['model']:<14} {r['exact_match']:>8.2%} {r['bleu']:>7.2f} {r['chrf']:>7.2f}"
-                  + (f" {r['attention_on_digit']:>9.2%}" if where else "")
-                  + f" {r['parameters']:>11,} {r['train_seconds']:>10.0f}s" for r in rows]  # fmt: skip
+        lines = [
+            f"{'model':<14} {'exact':>8} {'BLEU':>7} {'chrF':>7}"
+            + (f" {'on digit':>9}" if where else "")
+            + f" {'parameters':>11} {'train time':>11}"
+        ]
+        lines += [
+            f"{r['model']:<14} {r['exact_match']:>8.2%} {r['bleu']:>7.2f} {r['chrf']:>7.2f}"
+            + (f" {r['attention_on_digit']:>9.2%}" if where else "")
+            + f" {r['parameters']:>11,} {r['train_seconds']:>10.0f}s"
+            for r in rows
+        ]
         return "\n".join(lines)
     lines = [f"{'model':<22} {'accuracy':>9} {'macro-F1':>9} {'parameters':>11} {'train time':>11}"]
     for r in rows:
-        lines.append(f"{r['model']:<22} {r['accuracy']:>9.2%} {r['macro_f1']:>9.4f} {r['parameters']:>11,} "
-                     f"{r['train_seconds']:>10.0f}s")  # fmt: skip
+        lines.append(
+            f"{r['model']:<22} {r['accuracy']:>9.2%} {r['macro_f1']:>9.4f} {r['parameters']:>11,} "
+            f"{r['train_seconds']:>10.0f}s"
+        )
     return "\n".join(lines)
 
 
 def _labeled(data: str, task: str) -> ModelComparison:
-    return ModelComparison(task, lambda: LabeledDataConfig(data=data), LADDER_MODELS, ("accuracy", "macro_f1"),
-                           f"{data}: test scores, same data and budget", reads_vectors=True)  # fmt: skip
+    return ModelComparison(
+        task,
+        lambda: LabeledDataConfig(data=data),
+        LADDER_MODELS,
+        ("accuracy", "macro_f1"),
+        f"{data}: test scores, same data and budget",
+        reads_vectors=True,
+    )
 
 
 def _translation(data: str) -> ModelComparison:
     # ParallelDataConfig is read when the comparison runs (a test may shrink it).
-    return ModelComparison("translate", lambda: ParallelDataConfig(data=data), "transformer,rnn-attention,rnn",
-                           ("exact_match", "bleu", "chrf"), f"{data}: test scores (greedy), same data and budget",
-                           TRANSLATION_BARS)  # fmt: skip
+    return ModelComparison(
+        "translate",
+        lambda: ParallelDataConfig(data=data),
+        "transformer,rnn-attention,rnn",
+        ("exact_match", "bleu", "chrf"),
+        f"{data}: test scores (greedy), same data and budget",
+        TRANSLATION_BARS,
+    )
 
 
-COMPARISONS.update({
-    "sentiment": _labeled("sentiment", "classify"),
-    "tagging": _labeled("tagging", "tag"),
-    **{name: _translation(name) for name in GENERATED},
-    "digits": ModelComparison("image", lambda: ImageDataConfig(data="digits"), "vit,mlp", ("accuracy", "macro_f1"),
-                              "digits: test scores, same data split"),
-    "caption": ModelComparison("caption", lambda: captions.CaptionDataConfig(), "transformer,rnn-attention",
-                               ("exact_match", "bleu", "chrf", "attention_on_digit"),
-                               "digits-strips captions: test scores (greedy), same data",
-                               (*TRANSLATION_BARS, ("attention_on_digit", "digit word's attention on its digit", 1.0)),
-                               label="digits-strips"),
-    "lm": RecipeComparison(),
-})  # fmt: skip
+COMPARISONS.update(
+    {
+        "sentiment": _labeled("sentiment", "classify"),
+        "tagging": _labeled("tagging", "tag"),
+        **{name: _translation(name) for name in GENERATED},
+        "digits": ModelComparison(
+            "image",
+            lambda: ImageDataConfig(data="digits"),
+            "vit,mlp",
+            ("accuracy", "macro_f1"),
+            "digits: test scores, same data split",
+        ),
+        "caption": ModelComparison(
+            "caption",
+            lambda: captions.CaptionDataConfig(),
+            "transformer,rnn-attention",
+            ("exact_match", "bleu", "chrf", "attention_on_digit"),
+            "digits-strips captions: test scores (greedy), same data",
+            (*TRANSLATION_BARS, ("attention_on_digit", "digit word's attention on its digit", 1.0)),
+            label="digits-strips",
+        ),
+        "lm": RecipeComparison(),
+    }
+)

@@ -18,24 +18,40 @@ LADDER_MODELS = "bow,pooled,self-attention,qkv-attention,conv1d,rnn,encoder"
 
 @dataclass
 class CompareOptions:
-    task: str = option("sentiment", "generated task: sentiment, tagging, a translation task, the digits images, "
-                       "caption (digits-strips: the Transformer captioner against Show-Attend-Tell's RNN), or lm: "
-                       "the language-model recipes, classic gpt-nano against gpt-nano-fast and its ablations",
-                       COMPARED)  # fmt: skip
-    models: str | None = option(None, f"comma-separated models (default: {LADDER_MODELS}; translation: "
-                                "transformer,rnn-attention,rnn; digits: vit,mlp)")  # fmt: skip
+    task: str = option(
+        "sentiment",
+        "generated task: sentiment, tagging, a translation task, the digits images, "
+        "caption (digits-strips: the Transformer captioner against Show-Attend-Tell's RNN), or lm: "
+        "the language-model recipes, classic gpt-nano against gpt-nano-fast and its ablations",
+        COMPARED,
+    )
+    models: str | None = option(
+        None,
+        f"comma-separated models (default: {LADDER_MODELS}; translation: "
+        "transformer,rnn-attention,rnn; digits: vit,mlp)",
+    )
     out: str = option("runs/compare", "folder for the runs, table and chart")
     force: bool = option(False, "replace earlier runs in --out")
-    budget: str | None = option(None, "training time of EACH model (90s, 2m, 1.5h), not of the whole comparison: "
-                                "a model stops at its budget or its tuned step count, whichever comes first "
-                                "(default: the tuned steps; lm: 2m for each recipe)")  # fmt: skip
+    budget: str | None = option(
+        None,
+        "training time of EACH model (90s, 2m, 1.5h), not of the whole comparison: "
+        "a model stops at its budget or its tuned step count, whichever comes first "
+        "(default: the tuned steps; lm: 2m for each recipe)",
+    )
     data: str = option("stdlib", "lm: the corpus (a file, a folder or stdlib)")
     parts: str | None = option(None, "lm: comma-separated parts of the fast recipe to ablate (default: every one)")
-    blocks: bool = option(False, "lm: compare blocks instead of recipes: the classic (gpt-nano), Llama (llama-nano) "
-                          "and mixture-of-experts (moe-nano) blocks, trained alike")  # fmt: skip
-    word_vectors: str | None = option(None, "sentiment, tagging: also train each model with a word embedding from "
-                                      "these vectors (an attnlab train vectors run, or a word2vec/GloVe file), as "
-                                      "the row MODEL+vectors", metavar="RUN_OR_FILE")  # fmt: skip
+    blocks: bool = option(
+        False,
+        "lm: compare blocks instead of recipes: the classic (gpt-nano), Llama (llama-nano) "
+        "and mixture-of-experts (moe-nano) blocks, trained alike",
+    )
+    word_vectors: str | None = option(
+        None,
+        "sentiment, tagging: also train each model with a word embedding from "
+        "these vectors (an attnlab train vectors run, or a word2vec/GloVe file), as "
+        "the row MODEL+vectors",
+        metavar="RUN_OR_FILE",
+    )
     freeze_vectors: bool = option(True, "keep the pretrained vectors fixed while training")
 
     def __post_init__(self):

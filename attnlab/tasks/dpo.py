@@ -66,8 +66,10 @@ def preference_scores(policy: np.ndarray, reference: np.ndarray) -> dict[str, fl
 class DirectPreference(Adapting):
     name = "dpo"
     help = "preference tuning (DPO) of a fine-tuned GPT on chosen/rejected answers (every weight, or LoRA)"
-    description = ("Tune a GPT run (usually an sft run, --init) to prefer the chosen answer of each pair: the "
-                   "built-in preference pairs or a JSON/JSONL file of {prompt, chosen, rejected} rows.")  # fmt: skip
+    description = (
+        "Tune a GPT run (usually an sft run, --init) to prefer the chosen answer of each pair: the "
+        "built-in preference pairs or a JSON/JSONL file of {prompt, chosen, rejected} rows."
+    )
     noun = "a preference-tuned (dpo)"
     data_config = PreferenceData
     options = DPOOptions
@@ -112,5 +114,7 @@ class DirectPreference(Adapting):
         return f"{exact}preference accuracy {test['preference_accuracy']:.1%} ({test['pairs']} held-out pairs)"
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
-        return (f"{super().show_evaluation(r)}\n  preference accuracy {r['preference_accuracy']:.1%} "
-                f"(policy prefers chosen {r['prefers_chosen']:.1%}) on {r['pairs']} held-out pairs")  # fmt: skip
+        return (
+            f"{super().show_evaluation(r)}\n  preference accuracy {r['preference_accuracy']:.1%} "
+            f"(policy prefers chosen {r['prefers_chosen']:.1%}) on {r['pairs']} held-out pairs"
+        )

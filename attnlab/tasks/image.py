@@ -68,8 +68,12 @@ def model_config(name: str, images: ImageSet, overrides: dict) -> Any:
     size, channels and classes of the data."""
     overrides = dict(overrides)
     h, w = images.size
-    sizes = {"image_size": h, "image_width": None if w == h else w, "channels": images.channels,
-             "n_labels": len(images.classes)}  # fmt: skip
+    sizes = {
+        "image_size": h,
+        "image_width": None if w == h else w,
+        "channels": images.channels,
+        "n_labels": len(images.classes),
+    }
     base: dict[str, Any] = {}
     choice = ImageClassification.models[name]
     if choice.presets:  # the ViT
@@ -89,18 +93,24 @@ def patch_for(h: int, w: int) -> int:
     preferred = [p for p in sides if p >= MIN_PATCH and (h // p) * (w // p) >= 4]
     if preferred or sides:
         return (preferred or sides)[0]
-    raise AttnlabError(f"no patch size divides {h}x{w} images into at most {MAX_PATCHES} patches: "
-                       "set --patch-size, or --image-size to resize them")  # fmt: skip
+    raise AttnlabError(
+        f"no patch size divides {h}x{w} images into at most {MAX_PATCHES} patches: "
+        "set --patch-size, or --image-size to resize them"
+    )
 
 
 class ImageClassification(Task):
     name = "image"
     help = "images: a Vision Transformer or an MLP on the pixels"
-    description = ("Train an image classifier on digits (built in), a folder with one sub-folder per class, "
-                   "or a .npz; then score its test split and draw confusion.png, predictions.png and, "
-                   "for the ViT, attention.png.")  # fmt: skip
-    models = {"vit": ModelChoice("vit", ViTConfig, presets=VIT_PRESETS, default_preset="vit-nano"),
-              "mlp": ModelChoice("mlp", MLPConfig)}  # fmt: skip
+    description = (
+        "Train an image classifier on digits (built in), a folder with one sub-folder per class, "
+        "or a .npz; then score its test split and draw confusion.png, predictions.png and, "
+        "for the ViT, attention.png."
+    )
+    models = {
+        "vit": ModelChoice("vit", ViTConfig, presets=VIT_PRESETS, default_preset="vit-nano"),
+        "mlp": ModelChoice("mlp", MLPConfig),
+    }
     default_model = "vit"
     data_config = ImageDataConfig
     tokenized = False
@@ -124,8 +134,13 @@ class ImageClassification(Task):
             "channels": images.channels,
             "background": background(images.splits["train"][0]),
         }  # what predict makes a user's image look like
-        config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
-                  "data": dataclasses.asdict(req.data), "task": task}  # fmt: skip
+        config = {
+            "family": req.model,
+            "model": dataclasses.asdict(cfg),
+            "train": dataclasses.asdict(req.train),
+            "data": dataclasses.asdict(req.data),
+            "task": task,
+        }
         if req.init is not None:
             config["init"] = str(req.init)
 
@@ -163,8 +178,10 @@ class ImageClassification(Task):
         return result
 
     def show_prediction(self, result: dict[str, Any]) -> str:
-        lines = [f"{result['label']}  ({result['probability']:.3f})",
-                 "  top: " + "  ".join(f"{r['label']} {r['probability']:.3f}" for r in result["top"])]  # fmt: skip
+        lines = [
+            f"{result['label']}  ({result['probability']:.3f})",
+            "  top: " + "  ".join(f"{r['label']} {r['probability']:.3f}" for r in result["top"]),
+        ]
         if result.get("attention"):
             lines.append(f"attention: {result['attention']}")
         return "\n".join(lines)
@@ -220,8 +237,10 @@ def predict_split(model: nn.Module, images: ImageSet, split: str, device, batch_
     """(gold labels (N,), class probabilities (N, K)) over a whole split, unaugmented."""
     model.eval()
     x, y = images.splits[split]
-    probs = [model(torch.from_numpy(x[i : i + batch_size]).to(device)).float().softmax(-1).cpu()
-             for i in range(0, len(x), batch_size)]  # fmt: skip
+    probs = [
+        model(torch.from_numpy(x[i : i + batch_size]).to(device)).float().softmax(-1).cpu()
+        for i in range(0, len(x), batch_size)
+    ]
     return y, torch.cat(probs).numpy() if probs else np.zeros((0, len(images.classes)), dtype=np.float32)
 
 
@@ -268,8 +287,13 @@ def predict_image(run, image: str | Path | np.ndarray, top: int = 3, name: str |
     p, best = probs.topk(min(top, len(labels)))
     ranked = [{"label": labels[int(i)], "probability": float(q)} for q, i in zip(p, best)]
     shown = name if name is not None or isinstance(image, np.ndarray) else str(image)
-    return {"kind": "image", "image": shown,
-            "label": ranked[0]["label"], "probability": ranked[0]["probability"], "top": ranked}  # fmt: skip
+    return {
+        "kind": "image",
+        "image": shown,
+        "label": ranked[0]["label"],
+        "probability": ranked[0]["probability"],
+        "top": ranked,
+    }
 
 
 def attention_picture(model: ViT, image: np.ndarray, path: Path, title: str, labels: list[str]) -> str:

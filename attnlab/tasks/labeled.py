@@ -82,15 +82,21 @@ class Labeled(Task):
     def __init__(self) -> None:
         # The encoder's head and a baseline's task are this task: the models it trains predict what it labels.
         encoder = ModelChoice("encoder", EncoderConfig, (("head", self.name),), ENCODER_PRESETS, "encoder-tiny")
-        self.models = {"encoder": encoder, **{name: ModelChoice(name, cls, (("task", self.name),))
-                                               for name, (cls, _) in {**BASELINES, **LADDER}.items()}}  # fmt: skip
+        self.models = {
+            "encoder": encoder,
+            **{
+                name: ModelChoice(name, cls, (("task", self.name),))
+                for name, (cls, _) in {**BASELINES, **LADDER}.items()
+            },
+        }
 
     def default_data(self) -> LabeledDataConfig:
         """The task's own generated data when --data is not given: classify sentiment, tag tagging."""
         return LabeledDataConfig(data=FORMATS[self.name].builtin)
 
-    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
-                saved: dict | None) -> TrainRequest:  # fmt: skip
+    def request(
+        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
+    ) -> TrainRequest:
         req = super().request(opts, given, train, saved)
         if saved is None:  # the flags over this task's default data (the dataclass's own default is classify's)
             req.data = checked(LabeledDataConfig, {"data": self.default_data().data, **given["data"]}, where="[data]")
@@ -117,8 +123,12 @@ class Labeled(Task):
         if not req.init:
             return {TOKENIZER: WordTokenizer.train(self.texts(splits["train"]), req.data.vocab_size).to_json()}
         tok = init_tokenizer(req.init)  # the pretrained run's vocabulary, which may not cover this data
-        warn_unknown(tok, unknown_share(tok, self.texts(splits["train"])), f"--data {req.data.data}",
-                     f"fine-tuning from {req.init} learns from {tok.unk_name} in their place")  # fmt: skip
+        warn_unknown(
+            tok,
+            unknown_share(tok, self.texts(splits["train"])),
+            f"--data {req.data.data}",
+            f"fine-tuning from {req.init} learns from {tok.unk_name} in their place",
+        )
         return {TOKENIZER: tok.to_json()}
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
@@ -133,8 +143,13 @@ class Labeled(Task):
         if req.saved is not None:  # a frozen embedding stays out of the optimizer, as it was
             freeze = req.saved["task"].get("freeze_vectors", False)
         task_info = {"kind": self.name, "labels": labels, "init": str(req.init or ""), "freeze_vectors": freeze}
-        config = {"family": req.model, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
-                  "data": dataclasses.asdict(req.data), "task": task_info}  # fmt: skip
+        config = {
+            "family": req.model,
+            "model": dataclasses.asdict(cfg),
+            "train": dataclasses.asdict(req.train),
+            "data": dataclasses.asdict(req.data),
+            "task": task_info,
+        }
         if req.init:
             config["init"] = str(req.init)  # the run it started from, as every task records it
 
@@ -183,8 +198,12 @@ class Labeled(Task):
             raise AttnlabError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)}")
         examples = load_splits(cfg, self.name)[split]
         if data is not None:
-            warn_unknown(run.tokenizer, unknown_share(run.tokenizer, self.texts(examples)), data,
-                         "the scores are the model's on what it can read")  # fmt: skip
+            warn_unknown(
+                run.tokenizer,
+                unknown_share(run.tokenizer, self.texts(examples)),
+                data,
+                "the scores are the model's on what it can read",
+            )
         max_len = min(cfg.max_len, run.model.cfg.context)  # a converted model may read less than the default
         ids, ys = self.encode(run.tokenizer, examples, {y: i for i, y in enumerate(labels)}, max_len, split)
         result = score(run.model, Examples({split: ids}, {split: ys}), split, labels, run.device)
@@ -217,8 +236,11 @@ class Labeled(Task):
         if max_len > context:
             raise AttnlabError(f"--max-len {max_len} is beyond the pretrained encoder's context of {context}")
         sizes = {"vocab_size": vocab_size, "n_labels": n_labels, "context": context, **dict(choice.fixed)}
-        base = preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset, name) \
-            if choice.presets else {}  # fmt: skip
+        base = (
+            preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset, name)
+            if choice.presets
+            else {}
+        )
         return build_config(name, choice.config, base, overrides, sizes)
 
     def encode(self, tok, examples: list, label_ids: dict[str, int], max_len: int, split: str):
@@ -230,15 +252,18 @@ class Labeled(Task):
             seqs.append(np.array(ids[:max_len] or [tok.unk_id], dtype=np.int64))
             labels.append(y if self.pooled else y[:max_len])
         if cut:
-            warnings.warn(f"{cut} {split} examples longer than {max_len} tokens were truncated (raise --max-len)",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{cut} {split} examples longer than {max_len} tokens were truncated (raise --max-len)", stacklevel=2
+            )
         return seqs, labels
 
 
 def show_scores(r: dict[str, Any], unit: str) -> str:
     """Accuracy, macro-F1 and each class's precision and recall, as eval prints them."""
-    lines = [f"{r['data']} ({r['split']}): {r['examples']:,} {unit}",
-             f"  accuracy  {r['accuracy']:.4f}\n  macro-F1  {r['macro_f1']:.4f}"]  # fmt: skip
+    lines = [
+        f"{r['data']} ({r['split']}): {r['examples']:,} {unit}",
+        f"  accuracy  {r['accuracy']:.4f}\n  macro-F1  {r['macro_f1']:.4f}",
+    ]
     for name, c in r["per_class"].items():
         lines.append(f"  {name:<12} precision {c['precision']:.3f}  recall {c['recall']:.3f}  support {c['support']}")
     return "\n".join(lines)
@@ -274,8 +299,10 @@ def _load_vectors(model: nn.Module, path, tok: WordTokenizer, freeze: bool, repo
     found, missing = load_word_vectors(model.word_embedding, path, tok.itos, freeze)
     if report:
         words = tok.vocab_size - len(tok.specials)
-        print(f"word vectors: {found:,} of {words:,} vocabulary words found in {path}, {len(missing):,} missing"
-              + (f" (e.g. {', '.join(missing[:5])})" if missing else ""))  # fmt: skip
+        print(
+            f"word vectors: {found:,} of {words:,} vocabulary words found in {path}, {len(missing):,} missing"
+            + (f" (e.g. {', '.join(missing[:5])})" if missing else "")
+        )
 
 
 @torch.no_grad()

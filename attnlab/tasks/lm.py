@@ -98,9 +98,12 @@ def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
 
 @dataclass
 class LMOptions(TrainOptions):
-    preset: str | None = option(None, f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
-                                f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
-                                "flags")  # fmt: skip
+    preset: str | None = option(
+        None,
+        f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
+        f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
+        "flags",
+    )
     config: str | None = option(None, "settings in [model], [train], [data] tables", metavar="FILE.toml")
 
 
@@ -175,13 +178,21 @@ class LanguageModel(Task):
         if split == "test":
             raise AttnlabError("a language model's data has a train and a val split: use --split val, train or all")
         glob = options.get("glob") or (run.config["data"].get("glob", "*") if not data else "*")
-        return evaluate(run, data or run.config["data"]["data"], glob, split or "val", options.get("max_tokens"),
-                        progress=options.get("progress", True))  # fmt: skip
+        return evaluate(
+            run,
+            data or run.config["data"]["data"],
+            glob,
+            split or "val",
+            options.get("max_tokens"),
+            progress=options.get("progress", True),
+        )
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
-        return (f"{r['data']} ({r['split']}): {r['tokens']:,} tokens, {r['characters']:,} characters\n"
-                f"  loss            {r['loss']:.4f} nats/token\n  perplexity      {r['perplexity']:.3f}\n"
-                f"  bits per char   {r['bits_per_char']:.4f}")  # fmt: skip
+        return (
+            f"{r['data']} ({r['split']}): {r['tokens']:,} tokens, {r['characters']:,} characters\n"
+            f"  loss            {r['loss']:.4f} nats/token\n  perplexity      {r['perplexity']:.3f}\n"
+            f"  bits per char   {r['bits_per_char']:.4f}"
+        )
 
     def lens_input(self, run: Run, text: str) -> tuple[torch.Tensor, None, Callable[[int], str]]:
         ids = torch.tensor([run.tokenizer.encode(text)], device=run.device)[:, : run.model.cfg.context]  # (1, T)
@@ -195,8 +206,9 @@ class LanguageModel(Task):
         return [self_attention_view(run, ids)]
 
     # ---- from options, as the command line gives them ---------------------------------------------
-    def request(self, opts: LMOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
-                saved: dict | None) -> TrainRequest:  # fmt: skip
+    def request(
+        self, opts: LMOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
+    ) -> TrainRequest:
         """defaults < preset < TOML file < the options given (resume: the run's own settings)."""
         toml = read_sections(opts.config)
         flags = {name: {**toml.get(name, {}), **given[name]} for name in SECTIONS}
@@ -211,8 +223,9 @@ class LanguageModel(Task):
             model = {"preset": preset or self.models["gpt"].default_preset, **flags["model"]}
             data = checked(DataConfig, flags["data"], where="[data]")
         tuned = PRESET_TRAINING.get(model.get("preset"), {})  # a new run of a preset: its training settings
-        train = checked(TrainConfig, {**asdict(train), **tuned, **toml.get("train", {}), **given["train"]},
-                        where="[train]")  # fmt: skip
+        train = checked(
+            TrainConfig, {**asdict(train), **tuned, **toml.get("train", {}), **given["train"]}, where="[train]"
+        )
         return TrainRequest(opts.out, "gpt", model, train, data, resume=opts.resume, force=opts.force, init=opts.init)
 
 
@@ -243,8 +256,13 @@ def init_fields(init: str, flags: dict[str, dict], preset: str | None) -> dict[s
     return {**asdict(init_model(init)), **flags["model"]}
 
 
-def prepare(out: str | Path, model: GPTConfig | None = None, train: TrainConfig | None = None,
-            data: DataConfig | None = None, **request: Any) -> Session:  # fmt: skip
+def prepare(
+    out: str | Path,
+    model: GPTConfig | None = None,
+    train: TrainConfig | None = None,
+    data: DataConfig | None = None,
+    **request: Any,
+) -> Session:
     """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model,
     optimizer); `request`: the other TrainRequest fields (resume, force, init, progress)."""
     req = TrainRequest(out, "gpt", asdict(model) if model is not None else {}, train, data, **request)

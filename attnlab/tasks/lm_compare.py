@@ -85,8 +85,15 @@ def held_out_corpus() -> Path | None:
     return folder if (folder / "__init__.py").is_file() else None
 
 
-def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[str] | None = None,
-               force: bool = False, progress: bool = True, blocks: bool = False) -> list[dict]:  # fmt: skip
+def compare_lm(
+    out: Path,
+    budget: str = "2m",
+    data: str = "stdlib",
+    parts: list[str] | None = None,
+    force: bool = False,
+    progress: bool = True,
+    blocks: bool = False,
+) -> list[dict]:
     """Train every recipe (blocks: every block) for `budget` on `data` into out/<recipe>; rows as
     the module says."""
 
@@ -107,20 +114,35 @@ def compare_lm(out: Path, budget: str = "2m", data: str = "stdlib", parts: list[
         trained = load(folder)
         row = {"recipe": name, "loss": evaluate(trained, data, max_tokens=EVAL_TOKENS, progress=False)["loss"]}
         if other is not None:
-            row["other_loss"] = evaluate(trained, str(other), split="all", max_tokens=EVAL_TOKENS,
-                                         progress=False)["loss"]  # fmt: skip
+            row["other_loss"] = evaluate(trained, str(other), split="all", max_tokens=EVAL_TOKENS, progress=False)[
+                "loss"
+            ]
         block = cfg.block_size or model["context"]
         tokens = result["step"] * cfg.batch_size * block
-        row.update(steps=result["step"], tokens=tokens, train_seconds=result["train_seconds"],
-                   parameters=result["parameters"], active_parameters=trained.model.num_params(active=True),
-                   tokens_per_s=tokens / max(result["train_seconds"], 1e-9))  # fmt: skip
+        row.update(
+            steps=result["step"],
+            tokens=tokens,
+            train_seconds=result["train_seconds"],
+            parameters=result["parameters"],
+            active_parameters=trained.model.num_params(active=True),
+            tokens_per_s=tokens / max(result["train_seconds"], 1e-9),
+        )
         rows.append(row)
     # The row the others are measured from: the full fast recipe, or (blocks) the classic block.
     fast = rows[0] if blocks and rows else next((r for r in rows if r["recipe"] == FAST), None)
     for r in rows:
         r["vs_fast"] = None if fast is None else r["loss"] - fast["loss"]
-    write_json(out / "compare.json", {"task": "lm", "budget": budget, "data": data, "other": str(other),
-                                         "compared": "blocks" if blocks else "recipes", "rows": rows})  # fmt: skip
+    write_json(
+        out / "compare.json",
+        {
+            "task": "lm",
+            "budget": budget,
+            "data": data,
+            "other": str(other),
+            "compared": "blocks" if blocks else "recipes",
+            "rows": rows,
+        },
+    )
 
     plot_recipes(rows, out / "compare.png", f"{data}, {budget} of training each: held-out loss (lower is better)")
     return rows

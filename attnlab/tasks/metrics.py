@@ -28,10 +28,14 @@ def scores(m: np.ndarray, labels: list[str]) -> dict:
     # a class no example has but the model predicts scores F1 0 and counts; one in neither is left out.
     present = (actual > 0) | (predicted > 0)
     per_class = {
-        name: {"precision": float(precision[i]), "recall": float(recall[i]), "f1": float(f1[i]),
-               "support": int(actual[i])}
+        name: {
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(actual[i]),
+        }
         for i, name in enumerate(labels)
-    }  # fmt: skip
+    }
     return {
         "accuracy": float(tp.sum() / max(m.sum(), 1)),
         "macro_f1": float(f1[present].mean()) if present.any() else 0.0,
@@ -48,6 +52,9 @@ def warn_small_split(split: str, examples: int, m: np.ndarray, labels: list[str]
         return False
     few = f"only {examples} example{'s' * (examples != 1)}" if examples < TINY_SPLIT else f"{examples} examples"
     lacks = f" and no example of {', '.join(map(repr, missing[:5]))}{' ...' * (len(missing) > 5)}" if missing else ""
-    warnings.warn(f"the {split} split has {few}{lacks}: its accuracy and macro-F1 are noisy (macro-F1 averages the "
-                  f"classes in its labels or predictions); give more data or a {split} file", stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"the {split} split has {few}{lacks}: its accuracy and macro-F1 are noisy (macro-F1 averages the "
+        f"classes in its labels or predictions); give more data or a {split} file",
+        stacklevel=3,
+    )
     return True

@@ -38,8 +38,11 @@ class MaskedLM(Task):
     name = "mlm"
     help = "an encoder by masked-language modelling (BERT's pretraining)"
     description = "Pretrain an encoder: 15%% of word tokens hidden, each predicted from both sides."
-    models = {"encoder": ModelChoice("encoder", EncoderConfig, (("head", "mlm"),), presets=PRESETS,
-                                     default_preset=DEFAULT_PRESET)}  # fmt: skip
+    models = {
+        "encoder": ModelChoice(
+            "encoder", EncoderConfig, (("head", "mlm"),), presets=PRESETS, default_preset=DEFAULT_PRESET
+        )
+    }
     default_model = "encoder"
     data_config = DataConfig
     noun = "a masked-LM"
@@ -77,8 +80,13 @@ class MaskedLM(Task):
         block = checked_block_size(req.train, model.context)
         tokens.check(block)
         batches = MaskedWindows(tokens, block, tok.mask_id, n_special=len(WORD_SPECIALS))
-        config = {"family": "encoder", "model": asdict(model), "train": asdict(req.train), "data": asdict(req.data),
-                  "task": {"kind": self.name}}  # fmt: skip
+        config = {
+            "family": "encoder",
+            "model": asdict(model),
+            "train": asdict(req.train),
+            "data": asdict(req.data),
+            "task": {"kind": self.name},
+        }
         if req.init is not None:
             config["init"] = str(req.init)
 
@@ -105,8 +113,12 @@ class MaskedLM(Task):
         out = []
         for i in masks:
             p, top = probs[i].topk(options.get("top_k") or 5)
-            out.append({"position": i, "candidates": [{"token": tok.itos[int(t)], "probability": float(q)}
-                                                      for t, q in zip(top, p)]})  # fmt: skip
+            out.append(
+                {
+                    "position": i,
+                    "candidates": [{"token": tok.itos[int(t)], "probability": float(q)} for t, q in zip(top, p)],
+                }
+            )
         return {"kind": self.name, "tokens": words, "masks": out}
 
     def show_prediction(self, result: dict[str, Any]) -> str:
@@ -126,8 +138,9 @@ class MaskedLM(Task):
         return [self_attention_view(run, ids)]
 
     # ---- from options, as the command line gives them -----------------------------------------
-    def request(self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig,
-                saved: dict | None) -> TrainRequest:  # fmt: skip
+    def request(
+        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
+    ) -> TrainRequest:
         req = super().request(opts, given, train, saved)
         if saved is None:  # the data a masked LM trains on by default (the word tokenizer, which has [MASK])
             req.data = checked(DataConfig, {**MLM_DATA, **given["data"]}, where="[data]")

@@ -93,8 +93,9 @@ def train(
         name = fits[0] if fits else None
         if name is None:
             raise AttnlabError(f"a {type(model).__name__} is not a model of task {task} ({', '.join(t.models)})")
-    req = TrainRequest(out, name, fields, train, data, resume=resume, force=force, init=init, progress=progress,
-                       options=options)  # fmt: skip
+    req = TrainRequest(
+        out, name, fields, train, data, resume=resume, force=force, init=init, progress=progress, options=options
+    )
     return run(t, req)
 
 
@@ -106,8 +107,10 @@ def _check_arguments(t: Task, out: Any, model: Any, train: Any, data: Any, init:
         path_argument(init, "train: init")
     if model is not None and not (is_dataclass(model) and not isinstance(model, type)):
         classes = ", ".join(dict.fromkeys(m.config.__name__ for m in t.models.values()))
-        raise ArgumentTypeError(f"train: model must be a model config of task {t.name} ({classes}), e.g. "
-                                f"GPTConfig.from_preset('gpt-nano'); got {kind(model)}")  # fmt: skip
+        raise ArgumentTypeError(
+            f"train: model must be a model config of task {t.name} ({classes}), e.g. "
+            f"GPTConfig.from_preset('gpt-nano'); got {kind(model)}"
+        )
     if train is not None and not isinstance(train, TrainConfig):
         raise ArgumentTypeError(f"train: train must be a TrainConfig, got {kind(train)}")
     if data is not None and not isinstance(data, t.data_config):
@@ -125,5 +128,6 @@ def _check_options(t: Task, options: dict[str, Any]) -> None:
             hint = f"; did you mean {near[0]}?" if near else ""
             if name in settings:
                 hint = f"; {name} is a training setting: pass train=TrainConfig({name}=...)"
-            raise ArgumentTypeError(f"train: unknown option {name!r} for task {t.name} "
-                                    f"(its own: {', '.join(own) or 'none'}){hint}")  # fmt: skip
+            raise ArgumentTypeError(
+                f"train: unknown option {name!r} for task {t.name} (its own: {', '.join(own) or 'none'}){hint}"
+            )

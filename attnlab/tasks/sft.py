@@ -28,8 +28,10 @@ EXACT = "answering the held-out instructions"  # the bar of the final scoring
 class SupervisedFineTuning(Adapting):
     name = "sft"
     help = "supervised fine-tuning of a pretrained GPT on conversations (every weight, or LoRA)"
-    description = ("Fine-tune a GPT run or a HuggingFace checkpoint (--init) on instructions or chats: the "
-                   "built-in generated instructions, or a JSON/JSONL file of conversations.")  # fmt: skip
+    description = (
+        "Fine-tune a GPT run or a HuggingFace checkpoint (--init) on instructions or chats: the "
+        "built-in generated instructions, or a JSON/JSONL file of conversations."
+    )
     noun = "a fine-tuned (sft)"
     data_config = ChatData
     unit = "conversation"
@@ -41,8 +43,12 @@ class SupervisedFineTuning(Adapting):
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
         test = test_split(req.data, self.builtin)
-        return Prepared(Supervised(e.parts, req.train.batch_size), self.builder(req, e.model, e.adapter),
-                        self.run_config(req, e.model, e.adapter), state=(e.tok, e.template, test))  # fmt: skip
+        return Prepared(
+            Supervised(e.parts, req.train.batch_size),
+            self.builder(req, e.model, e.adapter),
+            self.run_config(req, e.model, e.adapter),
+            state=(e.tok, e.template, test),
+        )
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state

@@ -44,8 +44,9 @@ class Tag(Labeled):
 
     def answer(self, words: list[str], probs: torch.Tensor, first: int, labels: list[str]) -> dict[str, Any]:
         p, best = probs[first : first + len(words)].max(-1)  # probs (T, L): the words' own positions
-        return {"tokens": [{"token": w, "tag": labels[int(b)], "probability": float(q)}
-                           for w, b, q in zip(words, best, p)]}  # fmt: skip
+        return {
+            "tokens": [{"token": w, "tag": labels[int(b)], "probability": float(q)} for w, b, q in zip(words, best, p)]
+        }
 
     def show_prediction(self, result: dict[str, Any]) -> str:
         return "\n".join(f"{t['token']:<20} {t['tag']:<10} {t['probability']:.3f}" for t in result["tokens"])

@@ -46,10 +46,10 @@ TARGET_TOKENIZER = "tokenizer_target.json"  # absent when both sides share token
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "transformer": dict(
         max_steps=3000, batch_size=64, lr=1e-3, warmup_steps=200, weight_decay=0.01, eval_interval=500, beta2=0.98
-    ),  # fmt: skip
+    ),
     "rnn-attention": dict(
         max_steps=3000, batch_size=64, lr=2e-3, warmup_steps=100, weight_decay=0.0, eval_interval=500
-    ),  # fmt: skip
+    ),
 }
 TRAIN_DEFAULTS["rnn"] = dict(TRAIN_DEFAULTS["rnn-attention"])
 
@@ -75,8 +75,10 @@ def train_tokenizers(pairs: list[tuple[str, str]], kind: str, vocab_size: int, s
     if shared:
         tok = train_tokenizer(kind, [s for pair in pairs for s in pair], vocab_size)
         return tok, tok
-    return (train_tokenizer(kind, [s for s, _ in pairs], vocab_size),
-            train_tokenizer(kind, [t for _, t in pairs], vocab_size))  # fmt: skip
+    return (
+        train_tokenizer(kind, [s for s, _ in pairs], vocab_size),
+        train_tokenizer(kind, [t for _, t in pairs], vocab_size),
+    )
 
 
 def encode_pairs(src_tok, tgt_tok, pairs: list[tuple[str, str]], max_len: int, split: str):
@@ -88,16 +90,19 @@ def encode_pairs(src_tok, tgt_tok, pairs: list[tuple[str, str]], max_len: int, s
         src.append(a[:max_len])
         tgt.append(b[:max_len])
     if cut:
-        warnings.warn(f"{cut} {split} pairs longer than {max_len} tokens were truncated (raise --max-len)",
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{cut} {split} pairs longer than {max_len} tokens were truncated (raise --max-len)", stacklevel=2
+        )
     return src, tgt
 
 
 class Translation(Task):
     name = "translate"
     help = "source -> target: the Transformer or an RNN encoder-decoder"
-    description = ("Train an encoder-decoder on sentence pairs (a built-in task or a TSV/two files), then "
-                   "decode its test split: exact match, BLEU, chrF.")  # fmt: skip
+    description = (
+        "Train an encoder-decoder on sentence pairs (a built-in task or a TSV/two files), then "
+        "decode its test split: exact match, BLEU, chrF."
+    )
     models = {
         "transformer": ModelChoice("seq2seq", Seq2SeqConfig, presets=PRESETS, default_preset="transformer-tiny"),
         "rnn-attention": ModelChoice("rnn-seq2seq", RNNSeq2SeqConfig, (("attention", True),)),
@@ -120,8 +125,9 @@ class Translation(Task):
                 files[TARGET_TOKENIZER] = (Path(req.init) / TARGET_TOKENIZER).read_text(encoding="utf-8")
             return files
         splits = load_pairs(req.data)
-        src_tok, tgt_tok = train_tokenizers(splits["train"], tokenizer_kind(req.data), req.data.vocab_size,
-                                            req.data.shared_vocab)  # fmt: skip
+        src_tok, tgt_tok = train_tokenizers(
+            splits["train"], tokenizer_kind(req.data), req.data.vocab_size, req.data.shared_vocab
+        )
         files = {TOKENIZER: src_tok.to_json()}
         if tgt_tok is not src_tok:
             files[TARGET_TOKENIZER] = tgt_tok.to_json()
@@ -132,22 +138,36 @@ class Translation(Task):
         splits = load_pairs(data)
         src_tok = load_tokenizer(out)
         tgt_tok = load_tokenizer(out / TARGET_TOKENIZER) if (out / TARGET_TOKENIZER).is_file() else src_tok
-        cfg = model_config(req.model, src_tok.vocab_size + N_SPECIAL, tgt_tok.vocab_size + N_SPECIAL, data.max_len,
-                           self.model_fields(req))  # fmt: skip
+        cfg = model_config(
+            req.model,
+            src_tok.vocab_size + N_SPECIAL,
+            tgt_tok.vocab_size + N_SPECIAL,
+            data.max_len,
+            self.model_fields(req),
+        )
         encoded = {name: encode_pairs(src_tok, tgt_tok, p, data.max_len, name) for name, p in splits.items()}
         # Decoding stops at EOS or after this many tokens: twice the longest training target, which an
         # untrained model (that never says EOS) reaches quickly instead of running to max_len.
         max_out = min(data.max_len, 2 * max(len(t) for t in encoded["train"][1]) + 10)
         task = {"kind": self.name, "model": req.model, "max_out": max_out}
         family = self.models[req.model].family
-        config = {"family": family, "model": dataclasses.asdict(cfg), "train": dataclasses.asdict(req.train),
-                  "data": dataclasses.asdict(data), "task": task}  # fmt: skip
+        config = {
+            "family": family,
+            "model": dataclasses.asdict(cfg),
+            "train": dataclasses.asdict(req.train),
+            "data": dataclasses.asdict(data),
+            "task": task,
+        }
         if req.init is not None:
             config["init"] = str(req.init)
 
         batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
-        return Prepared(batches, init_builder(family, cfg, req), config,
-                        state=(encoded["test"][0], splits["test"], tgt_tok, max_out))  # fmt: skip
+        return Prepared(
+            batches,
+            init_builder(family, cfg, req),
+            config,
+            state=(encoded["test"][0], splits["test"], tgt_tok, max_out),
+        )
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any]:
         sources, pairs, tgt_tok, max_out = prepared.state
@@ -166,8 +186,11 @@ class Translation(Task):
             raise AttnlabError("the text is empty")
         beam, picture = options.get("beam") or 1, options.get("attention")
         if picture:
-            return {"kind": self.name, "translation": alignment_picture(run, text, picture, beam),
-                    "attention": str(picture)}  # fmt: skip
+            return {
+                "kind": self.name,
+                "translation": alignment_picture(run, text, picture, beam),
+                "attention": str(picture),
+            }
         return {"kind": self.name, "translation": translate(run, [text], beam)[0]}
 
     def show_prediction(self, result: dict[str, Any]) -> str:
@@ -175,8 +198,9 @@ class Translation(Task):
         return result["translation"] + (f"\nalignment: {picture}" if picture else "")
 
     def evaluate(self, run, data: str | None, split: str | None, options: dict[str, Any]) -> dict[str, Any]:
-        return evaluate_translation(run, data, split or "test", options.get("beam") or 1,
-                                    progress=options.get("progress", True))  # fmt: skip
+        return evaluate_translation(
+            run, data, split or "test", options.get("beam") or 1, progress=options.get("progress", True)
+        )
 
     def show_evaluation(self, r: dict[str, Any]) -> str:
         return show_scores(r, "pairs")
@@ -197,8 +221,16 @@ MODELS = Translation.models  # model name -> ModelChoice
 
 
 @torch.no_grad()
-def decode_all(model: nn.Module, sources, collate, max_len: int, beam: int = 1, batch_size: int = 256,
-               device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
+def decode_all(
+    model: nn.Module,
+    sources,
+    collate,
+    max_len: int,
+    beam: int = 1,
+    batch_size: int = 256,
+    device=None,
+    progress: bool = False,
+) -> list[list[int]]:
     """Decoded target ids for each source, batch_size at a time as collate(sources[a:b]) makes them
     (greedy when beam is 1): token id arrays for translation, an image array for captioning.
     progress: a bar on stderr, source by source (a test set takes 30-50 s on a CPU, beam search more)."""
@@ -206,8 +238,7 @@ def decode_all(model: nn.Module, sources, collate, max_len: int, beam: int = 1, 
     device = device or next(model.parameters()).device
     out: list[list[int]] = []
     how = "greedy" if beam == 1 else f"beam {beam}"
-    with tqdm(total=len(sources), desc=f"decoding ({how})", unit=" examples", disable=not progress,
-              leave=False) as bar:  # fmt: skip
+    with tqdm(total=len(sources), desc=f"decoding ({how})", unit=" examples", disable=not progress, leave=False) as bar:
         for start in range(0, len(sources), batch_size):
             src = collate(sources[start : start + batch_size]).to(device)
             out += greedy(model, src, max_len) if beam == 1 else beam_search(model, src, beam, max_len)
@@ -215,8 +246,15 @@ def decode_all(model: nn.Module, sources, collate, max_len: int, beam: int = 1, 
     return out
 
 
-def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, beam: int = 1,
-                  batch_size: int = 256, device=None, progress: bool = False) -> list[list[int]]:  # fmt: skip
+def translate_ids(
+    model: nn.Module,
+    sources: list[np.ndarray],
+    max_len: int,
+    beam: int = 1,
+    batch_size: int = 256,
+    device=None,
+    progress: bool = False,
+) -> list[list[int]]:
     """Decoded target ids for each source id array (greedy when beam is 1)."""
     collate = lambda part: pad([torch.as_tensor(s) for s in part], PAD_ID)  # (B, S)
     return decode_all(model, sources, collate, max_len, beam, batch_size, device, progress)
@@ -230,18 +268,23 @@ def scores_line(t: dict[str, Any]) -> str:
 def show_scores(r: dict[str, Any], unit: str) -> str:
     """`attnlab eval`'s lines for a sequence-output task; unit: what one example is ("pairs", "images")."""
     decoding = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-    return (f"{r['data']} ({r['split']}): {r['examples']:,} {unit}, {decoding}\n"
-            f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
-            f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token")  # fmt: skip
+    return (
+        f"{r['data']} ({r['split']}): {r['examples']:,} {unit}, {decoding}\n"
+        f"  exact match  {r['exact_match']:.2%}\n  BLEU         {r['bleu']:.2f}\n"
+        f"  chrF         {r['chrf']:.2f}\n  loss         {r['loss']:.4f} nats/token"
+    )
 
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
     """Exact match, and corpus BLEU and chrF from sacrebleu (the field's reference implementation)."""
 
     exact = float(np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)]))
-    return {"examples": len(references), "exact_match": exact,
-            "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}  # fmt: skip
+    return {
+        "examples": len(references),
+        "exact_match": exact,
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    }
 
 
 def target_tokenizer(run) -> Tokenizer:
@@ -259,8 +302,9 @@ def translate(run, texts: list[str], beam: int = 1) -> list[str]:
     return [to_text(target_tokenizer(run), h) for h in hyps]
 
 
-def evaluate_translation(run, data: str | None = None, split: str = "test", beam: int = 1,
-                         progress: bool = False) -> dict:  # fmt: skip
+def evaluate_translation(
+    run, data: str | None = None, split: str = "test", beam: int = 1, progress: bool = False
+) -> dict:
     """Exact match, BLEU, chrF and loss of a trained run on a split of its data, or on a file `data`
     (progress: a bar on stderr while it decodes)."""
     cfg = from_dict(ParallelDataConfig, run.config["data"], where="data config")

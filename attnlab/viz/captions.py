@@ -38,8 +38,15 @@ def panels(weights: np.ndarray, heads: bool = True) -> list[tuple[str, np.ndarra
     return rows
 
 
-def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
-                           path: str | Path, title: str = "", heads: bool = True) -> None:  # fmt: skip
+def plot_caption_attention(
+    image: np.ndarray,
+    words: list[str],
+    weights: np.ndarray,
+    grid: tuple[int, int],
+    path: str | Path,
+    title: str = "",
+    heads: bool = True,
+) -> None:
     """image (C, H, W) in [0, 1], words (T,), weights (L, H, T, N): see the module docstring."""
     plt = pyplot()
 
@@ -48,8 +55,13 @@ def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndar
     rows = panels(np.asarray(weights, dtype=float), heads)
     aspect = gray.shape[1] / gray.shape[0]
     w_in = min(3.2, max(1.2, 0.25 * aspect + 0.8))  # a wide strip gets a wide panel
-    fig, axes = plt.subplots(len(rows), len(words), figsize=(w_in * len(words) + 1.2, (w_in / aspect + 0.35) *
-                             len(rows) + 0.6), squeeze=False, dpi=110)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(rows),
+        len(words),
+        figsize=(w_in * len(words) + 1.2, (w_in / aspect + 0.35) * len(rows) + 0.6),
+        squeeze=False,
+        dpi=110,
+    )
     for r, (name, table) in enumerate(rows):
         for t, word in enumerate(words):
             ax = axes[r][t]
@@ -67,25 +79,36 @@ def plot_caption_attention(image: np.ndarray, words: list[str], weights: np.ndar
     save_figure(fig, path)
 
 
-def caption_json(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
-                 title: str = "") -> dict:  # fmt: skip
+def caption_json(
+    image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int], title: str = ""
+) -> dict:
     """What the caption page and the explorer draw: the image in grey, one byte per pixel (255 =
     the image's brightest), the words and their attention (L, H, T, N) to 4 decimals."""
     gray = np.asarray(image, dtype=float).mean(0)  # (H, W)
     u8 = np.round(255 * gray / max(gray.max(), 1e-9)).astype(np.uint8)
-    return {"title": title, "height": int(u8.shape[0]), "width": int(u8.shape[1]), "grid": list(grid),
-            "pixels": base64.b64encode(u8.tobytes()).decode("ascii"), "words": list(words),
-            "weights": np.round(np.asarray(weights, dtype=float), 4).tolist()}  # fmt: skip
+    return {
+        "title": title,
+        "height": int(u8.shape[0]),
+        "width": int(u8.shape[1]),
+        "grid": list(grid),
+        "pixels": base64.b64encode(u8.tobytes()).decode("ascii"),
+        "words": list(words),
+        "weights": np.round(np.asarray(weights, dtype=float), 4).tolist(),
+    }
 
 
-def write_caption_html(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
-                       path: str | Path, title: str = "") -> None:  # fmt: skip
+def write_caption_html(
+    image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int], path: str | Path, title: str = ""
+) -> None:
     """A page of its own (no network): the caption's words; hover one to see the image under its
     attention, a layer and a head (or their mean) chosen from selects; play moves the attention word
     by word; below, a small panel per head and word of the chosen layer, as the PNG has."""
 
-    parts = {"TITLE": html.escape(title or "caption"), "STYLE": static_text("caption.css"),
-             "DATA": script_json(caption_json(image, words, weights, grid, title)),
-             "SCRIPT": static_text("caption.js")}  # fmt: skip
+    parts = {
+        "TITLE": html.escape(title or "caption"),
+        "STYLE": static_text("caption.css"),
+        "DATA": script_json(caption_json(image, words, weights, grid, title)),
+        "SCRIPT": static_text("caption.js"),
+    }
     text = fill(static_text("caption.html"), parts)
     atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))

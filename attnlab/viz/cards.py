@@ -30,8 +30,10 @@ def facts_html(title: str, facts: dict[str, str], picture: str = "", css_class: 
         for k, v in facts.items()
     )
     side = f'<div class="attnlab-picture">{picture}</div>' if picture else ""
-    return (f'<div class="{css_class}" style="display:flex;gap:2em;align-items:flex-start;flex-wrap:wrap">'
-            f'<div><strong>{html.escape(title)}</strong><table>{rows}</table></div>{side}</div>')  # fmt: skip
+    return (
+        f'<div class="{css_class}" style="display:flex;gap:2em;align-items:flex-start;flex-wrap:wrap">'
+        f"<div><strong>{html.escape(title)}</strong><table>{rows}</table></div>{side}</div>"
+    )
 
 
 def _averaged(points: np.ndarray, n: int) -> np.ndarray:
@@ -56,8 +58,9 @@ def curve_svg(train: list[tuple[float, float]], val: list[tuple[float, float]], 
     def xy(p: np.ndarray) -> str:  # step, loss -> px; the y axis points down in SVG
         return f"{PAD + (p[0] - x0) * sx:.1f},{HEIGHT - PAD - (p[1] - y0) * sy:.1f}"
 
-    parts = [f'<rect x="{PAD}" y="{PAD}" width="{WIDTH - 2 * PAD}" height="{HEIGHT - 2 * PAD}" fill="none" '
-             f'stroke="#ccc"/>']  # fmt: skip
+    parts = [
+        f'<rect x="{PAD}" y="{PAD}" width="{WIDTH - 2 * PAD}" height="{HEIGHT - 2 * PAD}" fill="none" stroke="#ccc"/>'
+    ]
     if len(t) > 1:
         parts.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{" ".join(map(xy, t))}"/>')
     dots = [(p, "#1f77b4") for p in t] if len(t) == 1 else []
@@ -65,14 +68,18 @@ def curve_svg(train: list[tuple[float, float]], val: list[tuple[float, float]], 
     parts += [f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{c}"/>' for p, c in dots for cx, cy in [xy(p).split(",")]]
     text = 'font-size="10" fill="#555"'
     legend = '<tspan fill="#1f77b4">train</tspan>' + (' <tspan fill="#ff7f0e">validation</tspan>' if len(v) else "")
-    parts += [f'<text x="{PAD - 3}" y="{PAD + 4}" text-anchor="end" {text}>{y1:.3g}</text>',
-              f'<text x="{PAD - 3}" y="{HEIGHT - PAD}" text-anchor="end" {text}>{y0:.3g}</text>',
-              f'<text x="{PAD}" y="{HEIGHT - PAD + 12}" {text}>{x0:.0f}</text>',
-              f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 12}" text-anchor="end" {text}>step {x1:.0f}</text>',
-              f'<text x="{PAD}" y="{PAD - 8}" {text}>{html.escape(label)}: {legend}</text>']  # fmt: skip
-    return (f'<svg class="attnlab-curve" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{html.escape(label)} curve">'
-            f"<title>{html.escape(label)} over training steps</title>{''.join(parts)}</svg>")  # fmt: skip
+    parts += [
+        f'<text x="{PAD - 3}" y="{PAD + 4}" text-anchor="end" {text}>{y1:.3g}</text>',
+        f'<text x="{PAD - 3}" y="{HEIGHT - PAD}" text-anchor="end" {text}>{y0:.3g}</text>',
+        f'<text x="{PAD}" y="{HEIGHT - PAD + 12}" {text}>{x0:.0f}</text>',
+        f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 12}" text-anchor="end" {text}>step {x1:.0f}</text>',
+        f'<text x="{PAD}" y="{PAD - 8}" {text}>{html.escape(label)}: {legend}</text>',
+    ]
+    return (
+        f'<svg class="attnlab-curve" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{html.escape(label)} curve">'
+        f"<title>{html.escape(label)} over training steps</title>{''.join(parts)}</svg>"
+    )
 
 
 def shapes_text(rows: list[tuple[str, str]], limit: int = 40) -> list[str]:
@@ -88,5 +95,7 @@ def shapes_text(rows: list[tuple[str, str]], limit: int = 40) -> list[str]:
 def shapes_html(title: str, rows: list[tuple[str, str]]) -> str:
     """A folded table of names and shapes (a <details> a reader opens), title as its summary."""
     body = "".join(f"<tr><td><code>{html.escape(n)}</code></td><td>{html.escape(s)}</td></tr>" for n, s in rows)
-    return (f'<details class="attnlab-points"><summary>{html.escape(title)}</summary>'
-            f"<table><tr><th>point</th><th>shape</th></tr>{body}</table></details>")  # fmt: skip
+    return (
+        f'<details class="attnlab-points"><summary>{html.escape(title)}</summary>'
+        f"<table><tr><th>point</th><th>shape</th></tr>{body}</table></details>"
+    )

@@ -20,8 +20,7 @@ def running_mean(values, k: int) -> np.ndarray:
     return (c[i + 1] - c[i + 1 - n]) / n
 
 
-def draw_losses(ax, rows: list[dict], color: str = "tab:blue", val_color: str = "tab:orange",
-                label: str = "") -> None:  # fmt: skip
+def draw_losses(ax, rows: list[dict], color: str = "tab:blue", val_color: str = "tab:orange", label: str = "") -> None:
     """Onto `ax`: the train loss of metrics.jsonl's rows (light, every step, and a running mean) and
     the validation loss (points); `label` names the run when several share the axes."""
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
@@ -32,8 +31,13 @@ def draw_losses(ax, rows: list[dict], color: str = "tab:blue", val_color: str = 
         mean = running_mean(losses, max(1, len(losses) // 50))
         ax.plot(steps, mean, color=color, label=f"{label} train" if label else "train")
     if val:
-        ax.plot(*zip(*val), "o--" if label else "o-", color=val_color, ms=3 if label else 6,
-                label=f"{label} validation" if label else "validation")  # fmt: skip
+        ax.plot(
+            *zip(*val),
+            "o--" if label else "o-",
+            color=val_color,
+            ms=3 if label else 6,
+            label=f"{label} validation" if label else "validation",
+        )
 
 
 def loss_figure(curves: dict[str, list[dict]], title: str = ""):

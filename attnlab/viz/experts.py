@@ -55,8 +55,9 @@ def plot_routing(r: Routing, out: Path) -> Picture:
     lines = _lines(r.tokens)
     n_layers = r.experts.shape[0]
     width = CHAR * max(sum(len(t) for _, t in line) for line in lines) + 0.8
-    fig, axes = plt.subplots(n_layers, 1, figsize=(max(width, 4.5), (0.24 * len(lines) + 0.45) * n_layers + 0.5),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        n_layers, 1, figsize=(max(width, 4.5), (0.24 * len(lines) + 0.45) * n_layers + 0.5), squeeze=False
+    )
     for layer, ax in enumerate(axes[:, 0]):
         ax.set_axis_off()
         ax.set_xlim(-0.5, (width - 0.8) / CHAR + 0.5)
@@ -66,12 +67,25 @@ def plot_routing(r: Routing, out: Path) -> Picture:
             x = 0.0
             for i, shown in line:
                 e, gate = int(r.experts[layer, i, 0]), float(r.gates[layer, i, 0])
-                ax.text(x, row, shown, family="monospace", fontsize=9, va="center",
-                        bbox=dict(boxstyle="square,pad=0.1", lw=0, fc=colours(e), alpha=0.3 + 0.7 * gate))  # fmt: skip
+                ax.text(
+                    x,
+                    row,
+                    shown,
+                    family="monospace",
+                    fontsize=9,
+                    va="center",
+                    bbox=dict(boxstyle="square,pad=0.1", lw=0, fc=colours(e), alpha=0.3 + 0.7 * gate),
+                )
                 x += len(shown)
     handles = [plt.Rectangle((0, 0), 1, 1, fc=colours(e)) for e in range(r.n_experts)]
-    fig.legend(handles, [f"expert {e}" for e in range(r.n_experts)], loc="lower center", ncol=min(r.n_experts, 8),
-               fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(
+        handles,
+        [f"expert {e}" for e in range(r.n_experts)],
+        loc="lower center",
+        ncol=min(r.n_experts, 8),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return save_figure(fig, out)
 
@@ -98,5 +112,7 @@ def plot_expert_load(metrics: Path, out: Path) -> str:
     fig.tight_layout()
     save_figure(fig, out)
     spread = load[-1].max() - load[-1].min()
-    return (f"expert load of {n_layers} layers x {n_experts} experts at {len(steps)} evaluations "
-            f"(steps {steps[0]}..{steps[-1]}); at the last, shares range over {spread:.2f}")  # fmt: skip
+    return (
+        f"expert load of {n_layers} layers x {n_experts} experts at {len(steps)} evaluations "
+        f"(steps {steps[0]}..{steps[-1]}); at the last, shares range over {spread:.2f}"
+    )

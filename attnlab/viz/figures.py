@@ -33,14 +33,28 @@ def _values(a) -> list:
 
 def _panel(ax) -> dict:
     ticks = lambda labels: [t.get_text() for t in labels] if any(t.get_text() for t in labels) else None
-    lines = [{"label": None if line.get_label().startswith("_") else line.get_label(),
-              "x": _values(line.get_xdata()), "y": _values(line.get_ydata())} for line in ax.get_lines()]  # fmt: skip
+    lines = [
+        {
+            "label": None if line.get_label().startswith("_") else line.get_label(),
+            "x": _values(line.get_xdata()),
+            "y": _values(line.get_ydata()),
+        }
+        for line in ax.get_lines()
+    ]
     points = [_values(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets") and len(c.get_offsets())]
-    out = {"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-           "xticks": ticks(ax.get_xticklabels()), "yticks": ticks(ax.get_yticklabels()), "lines": lines,
-           "images": [_values(im.get_array()) for im in ax.get_images()], "points": points,
-           "texts": [{"x": float(t.get_position()[0]), "y": float(t.get_position()[1]), "text": t.get_text()}
-                     for t in ax.texts]}  # fmt: skip
+    out = {
+        "title": ax.get_title(),
+        "xlabel": ax.get_xlabel(),
+        "ylabel": ax.get_ylabel(),
+        "xticks": ticks(ax.get_xticklabels()),
+        "yticks": ticks(ax.get_yticklabels()),
+        "lines": lines,
+        "images": [_values(im.get_array()) for im in ax.get_images()],
+        "points": points,
+        "texts": [
+            {"x": float(t.get_position()[0]), "y": float(t.get_position()[1]), "text": t.get_text()} for t in ax.texts
+        ],
+    }
     return {k: v for k, v in out.items() if v not in (None, [], "")}
 
 

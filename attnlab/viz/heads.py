@@ -18,8 +18,9 @@ def plot_head_tables(tables: dict[str, Tensor], path: str | Path, title: str, di
 
     n = len(tables)
     L, H = next(iter(tables.values())).shape
-    fig, axes = plt.subplots(1, n, figsize=(max(3.2, 0.7 * H + 1.6) * n, max(2.6, 0.5 * L + 1.4)), dpi=110,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, n, figsize=(max(3.2, 0.7 * H + 1.6) * n, max(2.6, 0.5 * L + 1.4)), dpi=110, squeeze=False
+    )
     for ax, (name, table) in zip(axes[0], tables.items()):
         values = table.float().numpy()
         bound = max(float(np.nanmax(np.abs(values))), 1e-9) if diverging else 1.0

@@ -114,9 +114,13 @@ def render_attention_html(views: list[AttentionView], title: str = "", experts: 
     if not views:
         raise ValueError("no attention to show: pass at least one AttentionView")
     # The data sits in a JSON tag that the page parses, never evaluates: token text cannot run as code.
-    parts = {"TITLE": html.escape(title or "attention"), "STYLE": static_text("views.css"),
-             "VIEWS": static_text("views.html"), "DATA": script_json(views_json(views, experts)),
-             "SCRIPT": static_text("views.js")}  # fmt: skip
+    parts = {
+        "TITLE": html.escape(title or "attention"),
+        "STYLE": static_text("views.css"),
+        "VIEWS": static_text("views.html"),
+        "DATA": script_json(views_json(views, experts)),
+        "SCRIPT": static_text("views.js"),
+    }
     return fill(static_text("attention.html"), parts)
 
 
@@ -135,16 +139,22 @@ def inline_attention_html(views: list[AttentionView], title: str = "", experts: 
         raise ValueError("no attention to show: pass at least one AttentionView")
     n = sum(v.weights.size for v in views)
     if n > INLINE_WEIGHTS:
-        return (f'<p class="attnlab-too-big">{n:,} attention weights are too many to keep in a notebook '
-                f"(over {INLINE_WEIGHTS:,}): write them as a page with attnlab.viz.html.write_attention_html"
-                "(views, 'attention.html'), or pass fewer tokens or layers.</p>")  # fmt: skip
+        return (
+            f'<p class="attnlab-too-big">{n:,} attention weights are too many to keep in a notebook '
+            f"(over {INLINE_WEIGHTS:,}): write them as a page with attnlab.viz.html.write_attention_html"
+            "(views, 'attention.html'), or pass fewer tokens or layers.</p>"
+        )
     root = f"attnlab-{secrets.token_hex(6)}"  # unique per output: two views on one page never share an id
     markup = static_text("views.html")
     ids = re.findall(r'id="([\w-]+)"', markup)
-    parts = {"ROOT": root, "TITLE": html.escape(title), "DATA": script_json(views_json(views, experts)),
-             "STYLE": scoped_css(static_text("views.css") + static_text("inline.css"), root, ids),
-             "VIEWS": re.sub(r'id="([\w-]+)"', rf'id="{root}-\1"', markup),
-             "SCRIPT": static_text("views.js")}  # fmt: skip
+    parts = {
+        "ROOT": root,
+        "TITLE": html.escape(title),
+        "DATA": script_json(views_json(views, experts)),
+        "STYLE": scoped_css(static_text("views.css") + static_text("inline.css"), root, ids),
+        "VIEWS": re.sub(r'id="([\w-]+)"', rf'id="{root}-\1"', markup),
+        "SCRIPT": static_text("views.js"),
+    }
     return fill(static_text("inline.html"), parts)
 
 

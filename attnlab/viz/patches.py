@@ -44,8 +44,16 @@ def _overlay(ax, heat: np.ndarray, size: tuple[int, int], vmax: float) -> None:
     ax.imshow(heat, vmin=0, vmax=max(vmax, 1e-12), extent=(0, gw * pw, gh * ph, 0), **HEAT)
     if gh * gw <= MAX_LABELLED:
         for (r, c), value in np.ndenumerate(heat):
-            ax.text((c + 0.5) * pw, (r + 0.5) * ph, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white", bbox=dict(boxstyle="round,pad=0.15", fc="black", alpha=0.5, lw=0))  # fmt: skip
+            ax.text(
+                (c + 0.5) * pw,
+                (r + 0.5) * ph,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+                bbox=dict(boxstyle="round,pad=0.15", fc="black", alpha=0.5, lw=0),
+            )
     ax.set_xlim(0, w)
     ax.set_ylim(h, 0)
 

@@ -33,8 +33,10 @@ def _shade(v: float, diverging: bool) -> str:
 
 def _cell(text: str, value: float, diverging: bool = False, tip: str = "") -> str:
     colour = "#fff" if (abs(value) if diverging else value) > 0.6 else "#000"
-    return (f'<td style="background:{_shade(value, diverging)};color:{colour}" title="{html.escape(tip)}">'
-            f"{html.escape(text)}</td>")  # fmt: skip
+    return (
+        f'<td style="background:{_shade(value, diverging)};color:{colour}" title="{html.escape(tip)}">'
+        f"{html.escape(text)}</td>"
+    )
 
 
 def _table(caption: str, columns: list[str], rows: list[tuple[str, list[str]]]) -> str:
@@ -50,8 +52,11 @@ def lens_tables(result: dict) -> str:
     rows = []
     for name, top, prob in reversed(list(zip(result["layers"], result["top"], result["prob"]))):
         rows.append((name, [_cell(shown(t), p, tip=f"{shown(t)}: {p:.3f}") for t, p in zip(top, prob)]))
-    return _table("logit lens: the top next token after each layer, shaded by its probability",
-                  [shown(t) for t in result["tokens"]], rows)  # fmt: skip
+    return _table(
+        "logit lens: the top next token after each layer, shaded by its probability",
+        [shown(t) for t in result["tokens"]],
+        rows,
+    )
 
 
 def head_tables(result: dict) -> str:
@@ -59,8 +64,10 @@ def head_tables(result: dict) -> str:
     out = []
     for name, table in result["tables"].items():
         scale = (max((abs(v) for row in table for v in row), default=1.0) or 1.0) if diverging else 1.0
-        rows = [(f"layer {i + 1}", [_cell(f"{v:.2f}", v / scale, diverging, f"{v:.4f}") for v in row])
-                for i, row in enumerate(table)]  # fmt: skip
+        rows = [
+            (f"layer {i + 1}", [_cell(f"{v:.2f}", v / scale, diverging, f"{v:.4f}") for v in row])
+            for i, row in enumerate(table)
+        ]
         out.append(_table(name, [f"head {h + 1}" for h in range(len(table[0]))], rows))
     return "".join(out)
 
@@ -82,9 +89,11 @@ def _tables_page(tables: Callable[[dict], str]) -> Callable[[dict, Path, str], N
 
     def write(result: dict, path: Path, title: str) -> None:
         note = f"<p>{html.escape(result['title'])}</p>" if "title" in result else ""
-        text = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-                f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{note}{tables(result)}"
-                "</body></html>")  # fmt: skip
+        text = (
+            f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{note}{tables(result)}"
+            "</body></html>"
+        )
         atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     return write

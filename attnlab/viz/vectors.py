@@ -23,8 +23,9 @@ def _pca(points: np.ndarray, seed: int) -> np.ndarray:
 def _tsne(points: np.ndarray, seed: int) -> np.ndarray:
     from sklearn.manifold import TSNE  # scikit-learn's t-SNE: 2 s to import, for --projection tsne alone
 
-    return TSNE(2, perplexity=min(30.0, max(2.0, (len(points) - 1) / 3)), init="pca",
-                random_state=seed).fit_transform(points)  # fmt: skip
+    return TSNE(2, perplexity=min(30.0, max(2.0, (len(points) - 1) / 3)), init="pca", random_state=seed).fit_transform(
+        points
+    )
 
 
 PROJECTIONS = {"pca": _pca, "tsne": _tsne}  # --projection, by name
@@ -35,8 +36,9 @@ def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarra
     return PROJECTIONS[method](points, seed)
 
 
-def draw_word_map(vectors: np.ndarray, words: list[str], arrows: list[tuple[str, str]], path: str | Path,
-                  method: str = "pca") -> None:  # fmt: skip
+def draw_word_map(
+    vectors: np.ndarray, words: list[str], arrows: list[tuple[str, str]], path: str | Path, method: str = "pca"
+) -> None:
     """The words' vectors (N, D) projected to 2-D, each point labelled, with an arrow a -> b for each pair."""
     plt = pyplot()
     xy = project(vectors, method)

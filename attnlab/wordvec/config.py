@@ -13,8 +13,9 @@ METHODS = ("skipgram", "cbow", "fasttext", "glove")
 
 @dataclass
 class VectorsConfig:
-    method: str = _f("skipgram", "skipgram, cbow (Word2Vec), fasttext (skip-gram over character n-grams) or glove",
-                     METHODS)  # fmt: skip
+    method: str = _f(
+        "skipgram", "skipgram, cbow (Word2Vec), fasttext (skip-gram over character n-grams) or glove", METHODS
+    )
     dim: int = _f(100, "vector dimension")
     window: int = _f(5, "context words on each side (Word2Vec and FastText draw 1..window per word; GloVe: fixed)")
     min_count: int = _f(5, "drop words seen fewer times")
@@ -30,8 +31,11 @@ class VectorsConfig:
     x_max: float = _f(100.0, "glove: co-occurrence count at which a pair's weight reaches 1")
     power: float = _f(0.75, "glove: exponent of the weighting function below x_max")
     eta: float = _f(0.05, "glove: AdaGrad's learning rate")
-    tokens: str = _f("words", "words: lowercased letters and digits (prose); split: whitespace (pre-tokenized text)",
-                     ("words", "split"))  # fmt: skip
+    tokens: str = _f(
+        "words",
+        "words: lowercased letters and digits (prose); split: whitespace (pre-tokenized text)",
+        ("words", "split"),
+    )
     threads: int = _f(0, "threads (0: every core)")
     seed: int = _f(0, "random seed (results repeat exactly with --threads 1)")
 
@@ -40,8 +44,13 @@ class VectorsConfig:
         check_seed("seed", self.seed)
         if self.method not in METHODS:
             raise AttnlabError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
-        positive = {"dim": self.dim, "window": self.window, "min_count": self.min_count, "epochs": self.epochs,
-                    "buckets": self.buckets}  # fmt: skip
+        positive = {
+            "dim": self.dim,
+            "window": self.window,
+            "min_count": self.min_count,
+            "epochs": self.epochs,
+            "buckets": self.buckets,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise AttnlabError(f"{name} must be at least 1, got {value}")

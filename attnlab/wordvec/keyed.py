@@ -71,8 +71,10 @@ class WordVectors:
             return self.vectors[self.index[word]]
         v = self.subwords.vector(word) if self.subwords is not None else None
         if v is None:
-            raise AttnlabError(f"{word!r} is not in the vocabulary ({len(self):,} words)"
-                               + ("" if self.subwords is None else " and none of its n-grams was trained"))  # fmt: skip
+            raise AttnlabError(
+                f"{word!r} is not in the vocabulary ({len(self):,} words)"
+                + ("" if self.subwords is None else " and none of its n-grams was trained")
+            )
         return v
 
     def _unit(self, word: str) -> np.ndarray:
@@ -82,8 +84,9 @@ class WordVectors:
     def similarity(self, a: str, b: str) -> float:
         return float(self._unit(a) @ self._unit(b))
 
-    def nearest(self, query: np.ndarray, k: int = 10, exclude: set[str] = frozenset(),
-                limit: int | None = None) -> list[tuple[str, float]]:  # fmt: skip
+    def nearest(
+        self, query: np.ndarray, k: int = 10, exclude: set[str] = frozenset(), limit: int | None = None
+    ) -> list[tuple[str, float]]:
         """The k words (among the `limit` most frequent) with the highest cosine to the query."""
         unit = self.unit[:limit] if limit else self.unit
         scores = unit @ (query / max(float(np.linalg.norm(query)), 1e-12))  # (V,)

@@ -12,8 +12,14 @@ from attnlab.viz.vectors import draw_word_map
 from attnlab.wordvec.keyed import WordVectors
 
 
-def plot_vectors(wv: WordVectors, path: str | Path, words: list[str] | None = None, top: int = 60,
-                 analogies: list[str] = (), method: str = "pca") -> list[str]:  # fmt: skip
+def plot_vectors(
+    wv: WordVectors,
+    path: str | Path,
+    words: list[str] | None = None,
+    top: int = 60,
+    analogies: list[str] = (),
+    method: str = "pca",
+) -> list[str]:
     """Draw `words` and the arrows `a:b`; returns the words drawn. Without `words`: the arrows' words
     and each one's 4 nearest neighbours, or, with no arrows either, the `top` most frequent words."""
     arrows = [pair.split(":") for pair in analogies]

@@ -141,8 +141,9 @@ def _cbow(sen, i, lo, hi, w_in, w_out, negative, noise_keep, noise_alias, alpha,
 
 
 @njit(inline="always")
-def _skipgram(sen, i, lo, hi, rows_at, rows, subwords, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad,
-              state):  # fmt: skip
+def _skipgram(
+    sen, i, lo, hi, rows_at, rows, subwords, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad, state
+):
     """Skip-gram for the word sen[i]. FastText: the centre's rows (the word and its n-grams) predict
     each context word, as fastText does. Word2Vec: each context word's row predicts the centre, as
     word2vec and gensim do."""
@@ -194,11 +195,28 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
             lo, hi = max(0, i - window + b), min(n, i + window - b + 1)
             grad[:] = 0.0
             if cbow:
-                state, lw, sw = _cbow(sen, i, lo, hi, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad,
-                                      state)  # fmt: skip
+                state, lw, sw = _cbow(
+                    sen, i, lo, hi, w_in, w_out, negative, noise_keep, noise_alias, alpha, h, grad, state
+                )
             else:
-                state, lw, sw = _skipgram(sen, i, lo, hi, rows_at, rows, subwords, w_in, w_out, negative, noise_keep,
-                                          noise_alias, alpha, h, grad, state)  # fmt: skip
+                state, lw, sw = _skipgram(
+                    sen,
+                    i,
+                    lo,
+                    hi,
+                    rows_at,
+                    rows,
+                    subwords,
+                    w_in,
+                    w_out,
+                    negative,
+                    noise_keep,
+                    noise_alias,
+                    alpha,
+                    h,
+                    grad,
+                    state,
+                )
             total_loss, total_scored = total_loss + lw, total_scored + sw
     loss[c] = total_loss
     scored[c] = total_scored

@@ -121,8 +121,24 @@ def _train_glove(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, prog
             start, cost = time.perf_counter(), 0.0
             order = rng.permutation(len(counts))
             for lo in range(0, len(order), piece):
-                cost += fit_epoch(order[lo : lo + piece], rows, cols, counts, w, c, bw, bc, gw, gc, gbw, gbc,
-                                  cfg.eta, cfg.x_max, cfg.power, threads)  # fmt: skip
+                cost += fit_epoch(
+                    order[lo : lo + piece],
+                    rows,
+                    cols,
+                    counts,
+                    w,
+                    c,
+                    bw,
+                    bc,
+                    gw,
+                    gc,
+                    gbw,
+                    gbc,
+                    cfg.eta,
+                    cfg.x_max,
+                    cfg.power,
+                    threads,
+                )
                 bar.update(min(piece, len(order) - lo))
                 bar.set_postfix(epoch=epoch + 1, cost=f"{cost / (lo + min(piece, len(order) - lo)):.4f}")
             seconds = time.perf_counter() - start
@@ -130,8 +146,15 @@ def _train_glove(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, prog
     return WordVectors(vocab.words, w + c, vocab.counts)
 
 
-def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, force: bool = False,
-                  progress: bool = True, text: str | None = None) -> dict:  # fmt: skip
+def train_vectors(
+    out: str | Path,
+    cfg: VectorsConfig,
+    data: str = BUILTIN,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    text: str | None = None,
+) -> dict:
     """Train word vectors on `data` (or on `text` given directly) and write the run to `out`;
     returns a summary (vocabulary, corpus words, seconds, words per second, final loss)."""
     out = Path(out)
@@ -147,8 +170,11 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
     del sents
     if len(corpus.ids) < 2:
         raise AttnlabError("the corpus has fewer than two words of the vocabulary: give more text")
-    check_fits(cfg.training_bytes(vocab.words), f"{cfg.method} vectors of dimension {cfg.dim} for "
-               f"{len(vocab):,} words", "lower --dim, or --max-vocab / raise --min-count")  # fmt: skip
+    check_fits(
+        cfg.training_bytes(vocab.words),
+        f"{cfg.method} vectors of dimension {cfg.dim} for {len(vocab):,} words",
+        "lower --dim, or --max-vocab / raise --min-count",
+    )
     fresh_dir(out)
     record(out, METRICS, WEIGHTS, CONFIG)
     try:
@@ -158,8 +184,9 @@ def train_vectors(out: str | Path, cfg: VectorsConfig, data: str = BUILTIN, *, f
         raise
 
 
-def _fit_and_save(out: Path, cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, data: str, progress: bool,
-                  started: float) -> dict:  # fmt: skip
+def _fit_and_save(
+    out: Path, cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, data: str, progress: bool, started: float
+) -> dict:
     """Train, then write the vectors and config.json into the fresh run folder `out`; the summary."""
     log = open(out / METRICS, "w", encoding="utf-8")  # noqa: SIM115 - closed below
     rows: list[dict] = []
@@ -176,10 +203,16 @@ def _fit_and_save(out: Path, cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, d
         fit = time.perf_counter() - fit
     finally:
         log.close()
-    summary = {"method": cfg.method, "vocabulary": len(vocab), "corpus_words": corpus.raw_words,
-               "trained_words": int(len(corpus.ids)), "train_seconds": round(fit, 2),
-               "words_per_s": round(corpus.raw_words * cfg.epochs / fit), "loss": rows[-1].get("loss"),
-               "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+    summary = {
+        "method": cfg.method,
+        "vocabulary": len(vocab),
+        "corpus_words": corpus.raw_words,
+        "trained_words": int(len(corpus.ids)),
+        "train_seconds": round(fit, 2),
+        "words_per_s": round(corpus.raw_words * cfg.epochs / fit),
+        "loss": rows[-1].get("loss"),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     arrays, meta = wv.tensors()
     write_safetensors(out / WEIGHTS, {k: _tensor(v) for k, v in arrays.items()}, meta)
     config = {"family": FAMILY, "model": asdict(cfg), "train": {}, "data": {"data": data}, "summary": summary}

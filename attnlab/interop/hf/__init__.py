@@ -80,16 +80,20 @@ def labels_from_hf(hf: dict) -> list[str]:
     if not id2label:
         n = hf.get("num_labels", 2)
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_LABELS:
-            raise AttnlabError(f"config.json: num_labels must be a whole number from 0 to {MAX_LABELS:,}; give "
-                               "id2label for the model's classes")  # fmt: skip
+            raise AttnlabError(
+                f"config.json: num_labels must be a whole number from 0 to {MAX_LABELS:,}; give "
+                "id2label for the model's classes"
+            )
         return [f"LABEL_{i}" for i in range(n)]
     if not isinstance(id2label, dict) or not all(_label_number(k) for k in id2label):
         raise AttnlabError('config.json: id2label must map label numbers to names ({"0": "cat", "1": "dog"})')
     by_index = {int(k): str(v) for k, v in id2label.items()}
     if sorted(by_index) != list(range(len(by_index))):
         numbers = sorted(by_index)
-        raise AttnlabError(f"config.json: id2label must number the labels 0 to n-1, got {numbers[:5]}"
-                           f"{' ...' if len(numbers) > 5 else ''}")  # fmt: skip
+        raise AttnlabError(
+            f"config.json: id2label must number the labels 0 to n-1, got {numbers[:5]}"
+            f"{' ...' if len(numbers) > 5 else ''}"
+        )
     return [by_index[i] for i in range(len(by_index))]
 
 
@@ -105,8 +109,10 @@ def labels_to_hf(labels: list[str] | None, n_labels: int) -> dict[str, dict]:
     labels = labels or [f"LABEL_{i}" for i in range(n_labels)]
     if len(labels) != n_labels:
         raise AttnlabError(f"{len(labels)} labels for a head of {n_labels} classes")
-    return {"id2label": {str(i): label for i, label in enumerate(labels)},
-            "label2id": {label: i for i, label in enumerate(labels)}}  # fmt: skip
+    return {
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
 
 
 def expected_shapes(model_cls: type[nn.Module], cfg) -> dict[str, torch.Size]:

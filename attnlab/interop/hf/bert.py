@@ -61,25 +61,48 @@ from attnlab.models.encoder import HEADS as ENCODER_HEADS
 from attnlab.models.encoder import Encoder, EncoderConfig
 
 # architecture -> our head; BertForPreTraining's next-sentence head is dropped, its MLM kept.
-HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "classify",
-         "BertForTokenClassification": "tag", "BertModel": "classify"}  # fmt: skip
+HEADS = {
+    "BertForMaskedLM": "mlm",
+    "BertForPreTraining": "mlm",
+    "BertForSequenceClassification": "classify",
+    "BertForTokenClassification": "tag",
+    "BertModel": "classify",
+}
 pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = tuple(HEADS)
 EXPORT = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification", "tag": "BertForTokenClassification"}
 EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 # transformers' BertConfig defaults, for the keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
-    "layer_norm_eps": 1e-12, "position_embedding_type": "absolute",
-}  # fmt: skip
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "position_embedding_type": "absolute",
+}
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
-    "architectures": "names or null", "vocab_size": "size", "hidden_size": "size", "num_hidden_layers": "size",
-    "num_attention_heads": "size", "intermediate_size": "size", "max_position_embeddings": "size",
-    "type_vocab_size": "count", "hidden_act": "name", "layer_norm_eps": "positive", "position_embedding_type": "name",
-    "num_labels": "count", "id2label": "section or null", "is_decoder": "flag", "add_cross_attention": "flag",
-}  # fmt: skip
+    "architectures": "names or null",
+    "vocab_size": "size",
+    "hidden_size": "size",
+    "num_hidden_layers": "size",
+    "num_attention_heads": "size",
+    "intermediate_size": "size",
+    "max_position_embeddings": "size",
+    "type_vocab_size": "count",
+    "hidden_act": "name",
+    "layer_norm_eps": "positive",
+    "position_embedding_type": "name",
+    "num_labels": "count",
+    "id2label": "section or null",
+    "is_decoder": "flag",
+    "add_cross_attention": "flag",
+}
 CONTEXT_KEY = "max_position_embeddings"
 FILLED = r"^out\."  # a BertModel's classifier: zeros, every label equally likely
 # One block: ours -> HuggingFace's, under blocks.i. / encoder.layer.i. (query, key, value apart).
@@ -116,12 +139,24 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
         raise AttnlabError("config.json: num_labels is 0 (a classifier without labels); give id2label")
     try:
         cfg = EncoderConfig(
-            n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"], d_model=hf["hidden_size"],
-            d_ff=hf["intermediate_size"], context=hf["max_position_embeddings"], dropout=0.0, norm="post",
-            activation=ACTIVATIONS[hf["hidden_act"]], positions="learned", bias=True, ln_eps=hf["layer_norm_eps"],
-            vocab_size=hf["vocab_size"], head=head, n_labels=max(len(labels), 1), pooling="cls",
-            type_vocab_size=hf["type_vocab_size"], pooler=ENCODER_HEADS[head].pooled,
-        )  # fmt: skip
+            n_layer=hf["num_hidden_layers"],
+            n_head=hf["num_attention_heads"],
+            d_model=hf["hidden_size"],
+            d_ff=hf["intermediate_size"],
+            context=hf["max_position_embeddings"],
+            dropout=0.0,
+            norm="post",
+            activation=ACTIVATIONS[hf["hidden_act"]],
+            positions="learned",
+            bias=True,
+            ln_eps=hf["layer_norm_eps"],
+            vocab_size=hf["vocab_size"],
+            head=head,
+            n_labels=max(len(labels), 1),
+            pooling="cls",
+            type_vocab_size=hf["type_vocab_size"],
+            pooler=ENCODER_HEADS[head].pooled,
+        )
     except (TypeError, ValueError) as e:
         raise AttnlabError(f"config.json describes a BERT attnlab cannot build: {e}") from None
     task: dict[str, Any] = {"kind": head, "labels": labels} if labelled else {"kind": head}
@@ -133,8 +168,11 @@ def config_from_hf(hf: dict) -> tuple[str, EncoderConfig, dict]:
 def pairs(cfg: EncoderConfig, prefix: str = "bert.") -> list[Pair]:
     """Every tensor of Encoder(cfg): (attnlab name, HuggingFace name, transposed: never for BERT)."""
     emb = f"{prefix}embeddings."
-    names = [("tok", f"{emb}word_embeddings"), ("pos.embedding", f"{emb}position_embeddings"),
-             ("embed_norm", f"{emb}LayerNorm")]  # fmt: skip
+    names = [
+        ("tok", f"{emb}word_embeddings"),
+        ("pos.embedding", f"{emb}position_embeddings"),
+        ("embed_norm", f"{emb}LayerNorm"),
+    ]
     if cfg.type_vocab_size:
         names.append(("token_type", f"{emb}token_type_embeddings"))
     for i in range(cfg.n_layer):
@@ -142,8 +180,10 @@ def pairs(cfg: EncoderConfig, prefix: str = "bert.") -> list[Pair]:
         names += [(f"blocks.{i}.{ours}", layer + theirs) for ours, theirs in LAYER.items()]
         names.append((f"blocks.{i}.attn.qkv_proj", layer + STACKED))
     if ENCODER_HEADS[cfg.head].over_vocabulary:
-        names += [("transform", "cls.predictions.transform.dense"),
-                  ("transform_norm", "cls.predictions.transform.LayerNorm")]  # fmt: skip
+        names += [
+            ("transform", "cls.predictions.transform.dense"),
+            ("transform_norm", "cls.predictions.transform.LayerNorm"),
+        ]
     else:
         names.append(("out", "classifier"))
     if cfg.pooler:
@@ -167,11 +207,12 @@ def sizes(cfg: EncoderConfig, shapes: Shapes) -> list[Size]:
         need(shapes, f"{emb}position_embeddings.weight", 2),
     )
     blocks = layers(shapes, rf"{re.escape(p)}encoder\.layer\.(\d+)\.")
-    out = [Size("num_hidden_layers", cfg.n_layer, blocks, f"layers {p}encoder.layer.N"),
-           Size("vocab_size", cfg.vocab_size, words[0], f"rows of {emb}word_embeddings.weight"),
-           Size("hidden_size", cfg.d_model, words[1], f"columns of {emb}word_embeddings.weight"),
-           Size("max_position_embeddings", cfg.context, pos[0], f"rows of {emb}position_embeddings.weight"),
-           ]  # fmt: skip
+    out = [
+        Size("num_hidden_layers", cfg.n_layer, blocks, f"layers {p}encoder.layer.N"),
+        Size("vocab_size", cfg.vocab_size, words[0], f"rows of {emb}word_embeddings.weight"),
+        Size("hidden_size", cfg.d_model, words[1], f"columns of {emb}word_embeddings.weight"),
+        Size("max_position_embeddings", cfg.context, pos[0], f"rows of {emb}position_embeddings.weight"),
+    ]
     if cfg.type_vocab_size:
         types = need(shapes, f"{emb}token_type_embeddings.weight", 2)
         out.append(Size("type_vocab_size", cfg.type_vocab_size, types[0], f"rows of {emb}token_type_embeddings.weight"))
@@ -208,8 +249,9 @@ def _stack_qkv(tensors: dict[str, Tensor], cfg: EncoderConfig, prefix: str, shap
                 if name not in out:
                     raise AttnlabError(f"the checkpoint has no tensor {name} (expected shape {list(one)})")
                 if tuple(out[name].shape) != one:
-                    raise AttnlabError(f"tensor {name} has shape {list(out[name].shape)} but config.json "
-                                       f"implies {list(one)}")  # fmt: skip
+                    raise AttnlabError(
+                        f"tensor {name} has shape {list(out[name].shape)} but config.json implies {list(one)}"
+                    )
                 parts.append(out.pop(name))
             out[f"{layer}{STACKED}.{kind}"] = torch.cat(parts)
     return out
@@ -227,13 +269,18 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: EncoderConfig) -> dict[str,
     shapes = expected_shapes(Encoder, cfg)
     labelled = not ENCODER_HEADS[cfg.head].over_vocabulary
     if labelled and not prefix and not any(k.startswith("classifier.") for k in tensors):
-        tensors = {**tensors, "classifier.weight": torch.zeros(shapes["out.weight"]),
-                   "classifier.bias": torch.zeros(shapes["out.bias"])}  # fmt: skip
+        tensors = {
+            **tensors,
+            "classifier.weight": torch.zeros(shapes["out.weight"]),
+            "classifier.bias": torch.zeros(shapes["out.bias"]),
+        }
     ignore = {k for k in tensors if k.endswith("embeddings.position_ids") or k.startswith("cls.seq_relationship.")}
     if not cfg.pooler:
         ignore |= {k for k in tensors if k.startswith(f"{prefix}pooler.")}
-    for copy, of in (("cls.predictions.decoder.weight", f"{prefix}embeddings.word_embeddings.weight"),
-                     ("cls.predictions.decoder.bias", "cls.predictions.bias")):  # fmt: skip
+    for copy, of in (
+        ("cls.predictions.decoder.weight", f"{prefix}embeddings.word_embeddings.weight"),
+        ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+    ):
         if ENCODER_HEADS[cfg.head].over_vocabulary and copy in tensors:
             if of in tensors and not torch.equal(tensors[copy], tensors[of]):
                 raise AttnlabError(f"{copy} differs from {of}: attnlab's masked-LM head is tied to it")
@@ -267,13 +314,23 @@ def config_to_hf(cfg: EncoderConfig, labels: list[str] | None = None) -> dict[st
     (by the run's head). An encoder without token types exports one type whose row is zero."""
     check_exportable(cfg)
     hf: dict[str, Any] = {
-        "architectures": [EXPORT[cfg.head]], "model_type": "bert", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.ff_width, "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
-        "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
-        "max_position_embeddings": cfg.context, "type_vocab_size": max(cfg.type_vocab_size, 1),
-        "layer_norm_eps": cfg.ln_eps, "pad_token_id": 0, "tie_word_embeddings": True, "dtype": "float32",
-    }  # fmt: skip
+        "architectures": [EXPORT[cfg.head]],
+        "model_type": "bert",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.ff_width,
+        "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.dropout,
+        "max_position_embeddings": cfg.context,
+        "type_vocab_size": max(cfg.type_vocab_size, 1),
+        "layer_norm_eps": cfg.ln_eps,
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
     if not ENCODER_HEADS[cfg.head].over_vocabulary:
         hf.update(labels_to_hf(labels, cfg.n_labels))
     return hf

@@ -141,8 +141,9 @@ def check_keys(hf: dict[str, Any], keys: dict[str, Kind]) -> None:
         if key in hf and not neutral(value := hf[key]):
             kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else None
             said = f"of type {_SHORT.repr(kind)}" if kind is not None else shown(value)  # a rope section's type
-            raise AttnlabError(f"config.json sets {key} {said}: {why}, and converting without it would give "
-                               "another model")  # fmt: skip
+            raise AttnlabError(
+                f"config.json sets {key} {said}: {why}, and converting without it would give another model"
+            )
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,10 @@ def layers(shapes: Shapes, pattern: str) -> int:
 def check_sizes(sizes: list[Size], src: Path) -> None:
     for s in sizes:
         if s.value != s.held:
-            raise AttnlabError(f"{said_by(src)} gives {s.key} {s.value:,}, but the weights hold {s.held:,} "
-                               f"({s.what}): give the config.json saved with these weights")  # fmt: skip
+            raise AttnlabError(
+                f"{said_by(src)} gives {s.key} {s.value:,}, but the weights hold {s.held:,} "
+                f"({s.what}): give the config.json saved with these weights"
+            )
 
 
 def said_by(src: Path) -> str:
@@ -186,10 +189,12 @@ def check_context(cfg: Any, key: str, src: Path) -> None:
     """A context of MAX_CONTEXT at most. Rotary positions hold no tensor, so only this bounds them (the
     weights do not depend on it); a learned table's rows are checked against the file with the sizes."""
     if cfg.context > MAX_CONTEXT:
-        raise AttnlabError(f"{said_by(src)} gives {key} {cfg.context:,}, more than the {MAX_CONTEXT:,} "
-                           f"positions attnlab decodes ({cfg.positions} positions allocate for the whole "
-                           f"context): set {key} to the context you need, at most {MAX_CONTEXT:,}; the "
-                           "weights do not change")  # fmt: skip
+        raise AttnlabError(
+            f"{said_by(src)} gives {key} {cfg.context:,}, more than the {MAX_CONTEXT:,} "
+            f"positions attnlab decodes ({cfg.positions} positions allocate for the whole "
+            f"context): set {key} to the context you need, at most {MAX_CONTEXT:,}; the "
+            "weights do not change"
+        )
 
 
 def _required(model_cls: type, cfg: Any, filled: str | None) -> int:
@@ -210,9 +215,11 @@ def check_count(model_cls: type, cfg: Any, shapes: Shapes, filled: str | None, s
     implied = one + (cfg.n_layer - 1) * (two - one)
     held = sum(math.prod(shape) for shape in shapes.values())
     if implied > held:
-        raise AttnlabError(f"{said_by(src)} implies {cfg.n_layer:,} layers and {implied:,} parameters; the "
-                           f"weights hold {held:,} values: a tensor is missing, or the config.json is not theirs; "
-                           "give the config.json saved with these weights")  # fmt: skip
+        raise AttnlabError(
+            f"{said_by(src)} implies {cfg.n_layer:,} layers and {implied:,} parameters; the "
+            f"weights hold {held:,} values: a tensor is missing, or the config.json is not theirs; "
+            "give the config.json saved with these weights"
+        )
 
 
 def architecture(hf: dict[str, Any]) -> str:

@@ -41,11 +41,20 @@ UNSUPPORTED = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "ad
 
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
-    "n_layer": "size", "n_head": "size", "n_embd": "size", "n_inner": "size or null", "n_positions": "size",
-    "n_ctx": "size", "resid_pdrop": "rate", "activation_function": "name", "layer_norm_epsilon": "positive",
-    "vocab_size": "size", "tie_word_embeddings": "flag", "scale_attn_weights": "flag",
+    "n_layer": "size",
+    "n_head": "size",
+    "n_embd": "size",
+    "n_inner": "size or null",
+    "n_positions": "size",
+    "n_ctx": "size",
+    "resid_pdrop": "rate",
+    "activation_function": "name",
+    "layer_norm_epsilon": "positive",
+    "vocab_size": "size",
+    "tie_word_embeddings": "flag",
+    "scale_attn_weights": "flag",
     **{key: "flag" for key in UNSUPPORTED},
-}  # fmt: skip
+}
 CONTEXT_KEY = "n_positions"
 FILLED = None  # every parameter comes from the files
 
@@ -123,9 +132,12 @@ def sizes(cfg: GPTConfig, shapes: Shapes) -> list[Size]:
     p = _prefix(shapes)
     blocks = layers(shapes, rf"{re.escape(p)}h\.(\d+)\.")
     wte, wpe = need(shapes, f"{p}wte.weight", 2), need(shapes, f"{p}wpe.weight", 2)
-    out = [Size("n_layer", cfg.n_layer, blocks, f"layers {p}h.N"), Size("vocab_size", cfg.vocab_size, wte[0],
-           f"rows of {p}wte.weight"), Size("n_embd", cfg.d_model, wte[1], f"columns of {p}wte.weight"),
-           Size("n_positions", cfg.context, wpe[0], f"rows of {p}wpe.weight")]  # fmt: skip
+    out = [
+        Size("n_layer", cfg.n_layer, blocks, f"layers {p}h.N"),
+        Size("vocab_size", cfg.vocab_size, wte[0], f"rows of {p}wte.weight"),
+        Size("n_embd", cfg.d_model, wte[1], f"columns of {p}wte.weight"),
+        Size("n_positions", cfg.context, wpe[0], f"rows of {p}wpe.weight"),
+    ]
     if blocks:
         fc = need(shapes, f"{p}h.0.mlp.c_fc.weight", 2)  # Conv1D: (C, F)
         out.append(Size("n_inner", cfg.ff_width, fc[1], f"columns of {p}h.0.mlp.c_fc.weight"))

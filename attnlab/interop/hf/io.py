@@ -69,14 +69,18 @@ def folder_file(d: Path, name: str, limit: int) -> Path | None:
         return None
     target = path.resolve()
     if not (target.is_relative_to(d.resolve()) or _cache_blob(d, target)):
-        raise AttnlabError(f"{path} is a link to {target}, outside the model folder: attnlab reads only the "
-                           "folder's own files; copy that file in if it belongs to the model")  # fmt: skip
+        raise AttnlabError(
+            f"{path} is a link to {target}, outside the model folder: attnlab reads only the "
+            "folder's own files; copy that file in if it belongs to the model"
+        )
     if not target.is_file():
         what = "a broken link" if not target.exists() else "a device, pipe or folder"
         raise AttnlabError(f"{path} is not a regular file ({what}): give the model's own file")
     if target.stat().st_size > limit:
-        raise AttnlabError(f"{path} is {target.stat().st_size:,} bytes, more than any {rel.name} attnlab reads "
-                           f"({limit:,}): it is not the model's")  # fmt: skip
+        raise AttnlabError(
+            f"{path} is {target.stat().st_size:,} bytes, more than any {rel.name} attnlab reads "
+            f"({limit:,}): it is not the model's"
+        )
     return path
 
 
@@ -97,8 +101,9 @@ def read_text_file(d: Path, name: str, limit: int) -> str | None:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise AttnlabError(f"{path} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x}): give the "
-                           "model's own file") from None  # fmt: skip
+        raise AttnlabError(
+            f"{path} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x}): give the model's own file"
+        ) from None
 
 
 def read_json_file(d: Path, name: str) -> Any:
@@ -134,9 +139,11 @@ HOW = (
 
 def pickle_refusal(d: Path, pickles: list[str], how: str = HOW) -> str:
     """Why a pickle is never opened, and how to make safetensors from it where the user trusts it."""
-    return (f"{d} keeps its weights only as pickles ({', '.join(pickles[:3])}): attnlab never loads a pickle, "
-            "since unpickling can run any code the file holds; if you trust the file, save it as safetensors "
-            f"with your own Python ({how}) and try again")  # fmt: skip
+    return (
+        f"{d} keeps its weights only as pickles ({', '.join(pickles[:3])}): attnlab never loads a pickle, "
+        "since unpickling can run any code the file holds; if you trust the file, save it as safetensors "
+        f"with your own Python ({how}) and try again"
+    )
 
 
 def _weight_map(d: Path) -> dict[str, str]:

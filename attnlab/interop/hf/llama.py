@@ -49,21 +49,39 @@ BLOCK = {
     "attn.out_proj.weight": "self_attn.o_proj.weight",
     "norm_ff.weight": "post_attention_layernorm.weight",
 }
-DENSE = {"ff.gate.weight": "mlp.gate_proj.weight", "ff.up.weight": "mlp.up_proj.weight",
-         "ff.down.weight": "mlp.down_proj.weight"}  # fmt: skip
+DENSE = {
+    "ff.gate.weight": "mlp.gate_proj.weight",
+    "ff.up.weight": "mlp.up_proj.weight",
+    "ff.down.weight": "mlp.down_proj.weight",
+}
 EXPERT = {"gate.weight": "w1.weight", "up.weight": "w3.weight", "down.weight": "w2.weight"}  # Mixtral's names
 QKV = ("q_proj", "k_proj", "v_proj")
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
-    "num_hidden_layers": "size", "num_attention_heads": "size", "num_key_value_heads": "size or null",
-    "architectures": "names or null", "model_type": "name", "hidden_size": "size", "head_dim": "size or null",
-    "intermediate_size": "size", "max_position_embeddings": "size",
-    "attention_dropout": "rate", "rms_norm_eps": "positive", "vocab_size": "size", "tie_word_embeddings": "flag",
-    "hidden_act": "name", "rope_theta": "positive", "rope_parameters": "section or null",
-    "rope_scaling": "section or null", "num_local_experts": "size", "num_experts_per_tok": "size",
-    "router_aux_loss_coef": "nonnegative", "sliding_window": "size or null", "attention_bias": "flag",
+    "num_hidden_layers": "size",
+    "num_attention_heads": "size",
+    "num_key_value_heads": "size or null",
+    "architectures": "names or null",
+    "model_type": "name",
+    "hidden_size": "size",
+    "head_dim": "size or null",
+    "intermediate_size": "size",
+    "max_position_embeddings": "size",
+    "attention_dropout": "rate",
+    "rms_norm_eps": "positive",
+    "vocab_size": "size",
+    "tie_word_embeddings": "flag",
+    "hidden_act": "name",
+    "rope_theta": "positive",
+    "rope_parameters": "section or null",
+    "rope_scaling": "section or null",
+    "num_local_experts": "size",
+    "num_experts_per_tok": "size",
+    "router_aux_loss_coef": "nonnegative",
+    "sliding_window": "size or null",
+    "attention_bias": "flag",
     "mlp_bias": "flag",
-}  # fmt: skip
+}
 CONTEXT_KEY = "max_position_embeddings"
 FILLED = None  # every parameter comes from the files
 STACKED = "+".join(QKV)  # the name of the three stacked, in messages about its shape
@@ -121,8 +139,9 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
         n_experts, k = hf.get("num_local_experts", 8), hf.get("num_experts_per_tok", 2)
         # HuggingFace's balancing loss is k times attnlab's, averaged (not summed) over the layers.
         weight = hf.get("router_aux_loss_coef", 0.001) * k / hf.get("num_hidden_layers", 32)
-        moe = dict(feedforward="moe", n_experts=n_experts, experts_per_token=k, expert_ff=GATED[act],
-                   aux_loss_weight=weight)  # fmt: skip
+        moe = dict(
+            feedforward="moe", n_experts=n_experts, experts_per_token=k, expert_ff=GATED[act], aux_loss_weight=weight
+        )
     head_dim = hf.get("head_dim") or d_model // heads
     theta = _rope_theta(hf)
     try:
@@ -186,9 +205,11 @@ def stack_qkv(tensors: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch
 def sizes(cfg: GPTConfig, shapes: Shapes) -> list[Size]:
     """The sizes config.json gives beside those the tensors hold (interop/hf/bounds.py)."""
     emb, first = need(shapes, "model.embed_tokens.weight", 2), "model.layers.0."
-    out = [Size("num_hidden_layers", cfg.n_layer, layers(shapes, r"model\.layers\.(\d+)\."), "layers model.layers.N"),
-           Size("vocab_size", cfg.vocab_size, emb[0], "rows of model.embed_tokens.weight"),
-           Size("hidden_size", cfg.d_model, emb[1], "columns of model.embed_tokens.weight")]  # fmt: skip
+    out = [
+        Size("num_hidden_layers", cfg.n_layer, layers(shapes, r"model\.layers\.(\d+)\."), "layers model.layers.N"),
+        Size("vocab_size", cfg.vocab_size, emb[0], "rows of model.embed_tokens.weight"),
+        Size("hidden_size", cfg.d_model, emb[1], "columns of model.embed_tokens.weight"),
+    ]
     if out[0].held == 0:
         return out
     for heads, proj in ((cfg.n_head, "q_proj"), (cfg.n_kv_head or cfg.n_head, "k_proj")):
@@ -201,8 +222,11 @@ def sizes(cfg: GPTConfig, shapes: Shapes) -> list[Size]:
     fused = f"{first}mlp.experts.gate_up_proj"
     if fused in shapes:  # transformers 5's layout: (E, 2F, C)
         e, f2, _ = need(shapes, fused, 3)
-        return [*out, Size("num_local_experts", cfg.n_experts, e, f"the first size of {fused}"),
-                Size("intermediate_size", cfg.ff_width, f2 // 2, f"half the rows of {fused}")]  # fmt: skip
+        return [
+            *out,
+            Size("num_local_experts", cfg.n_experts, e, f"the first size of {fused}"),
+            Size("intermediate_size", cfg.ff_width, f2 // 2, f"half the rows of {fused}"),
+        ]
     experts = layers(shapes, rf"{re.escape(first)}block_sparse_moe\.experts\.(\d+)\.")
     w1 = need(shapes, f"{first}block_sparse_moe.experts.0.w1.weight", 2) if experts else (0, 0)
     return [
@@ -232,14 +256,25 @@ def _experts(cfg: GPTConfig) -> str | None:
 
 # What Llama's (and Mixtral's) block expresses of each block option (interop/hf/support.py).
 SUPPORT: dict[str, Rule] = {
-    "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": ANY, "n_kv_head": ANY, "dropout": ANY,
-    "norm": Only(("pre",), "Llama is pre-norm"), "activation": UNUSED,  # a gated feed-forward names its own
+    "n_head": ANY,
+    "d_model": ANY,
+    "d_ff": ANY,
+    "d_head": ANY,
+    "n_kv_head": ANY,
+    "dropout": ANY,
+    "norm": Only(("pre",), "Llama is pre-norm"),
+    "activation": UNUSED,  # a gated feed-forward names its own
     "feedforward": Only((*EXPORT_ACT, "moe"), "Llama's feed-forward is gated: swiglu or geglu"),
-    "n_experts": ANY, "experts_per_token": ANY, "expert_ff": _experts, "capacity_factor": _experts,
-    "aux_loss_weight": ANY, "norm_kind": Only(("rmsnorm",), "Llama uses RMSNorm"),
-    "bias": Only((False,), "Llama has no biases: train with --no-bias"), "ln_eps": ANY,
+    "n_experts": ANY,
+    "experts_per_token": ANY,
+    "expert_ff": _experts,
+    "capacity_factor": _experts,
+    "aux_loss_weight": ANY,
+    "norm_kind": Only(("rmsnorm",), "Llama uses RMSNorm"),
+    "bias": Only((False,), "Llama has no biases: train with --no-bias"),
+    "ln_eps": ANY,
     "qk_norm": Only((False,), "Llama has no QK-norm"),
-}  # fmt: skip
+}
 
 
 def target_name(cfg: GPTConfig) -> str:
@@ -285,9 +320,12 @@ def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, A
         "dtype": "float32",
     }
     if mixtral:
-        hf |= {"num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
-               "router_aux_loss_coef": cfg.aux_loss_weight * cfg.n_layer / cfg.experts_per_token,
-               "sliding_window": None}  # fmt: skip
+        hf |= {
+            "num_local_experts": cfg.n_experts,
+            "num_experts_per_tok": cfg.experts_per_token,
+            "router_aux_loss_coef": cfg.aux_loss_weight * cfg.n_layer / cfg.experts_per_token,
+            "sliding_window": None,
+        }
     else:
         hf["mlp_bias"] = False
     return hf

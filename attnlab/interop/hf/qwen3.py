@@ -7,7 +7,7 @@ pairs, grouped-query attention, SwiGLU, no biases) with each head's query and ke
 over Dh by a learned gain (self_attn.q_norm, self_attn.k_norm, one (Dh,) vector each, shared by the
 heads) before the rotation: attnlab's `qk_norm`, which computes the same in the same place
 (nn/attention.py). So this module is llama.py's mapping plus those two vectors a layer. It is how
-a run with QK-norm leaves attnlab: llama.cpp runs it as its `qwen3` architecture (gguf_layout.py).
+a run with QK-norm leaves attnlab: llama.cpp runs it as its `qwen3` architecture (interop/gguf_layout.py).
 
 attnlab's QK-norm divides by sqrt(mean(x^2) + 1e-5), a fixed epsilon, where Qwen3 takes the
 block's rms_norm_eps: a run whose ln_eps is not 1e-5, or a checkpoint whose rms_norm_eps is not
@@ -33,16 +33,23 @@ pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 QK_EPS = RMSNorm(1).eps  # the epsilon of attnlab's QK-norm (nn/attention.py builds RMSNorm(Dh))
 # The config.json keys read here: Llama's, and Qwen3's sliding-window switches (refused when on).
-KEYS: dict[str, str] = {**llama.KEYS, "use_sliding_window": "flag", "max_window_layers": "size or null",
-                        "layer_types": "names or null"}  # fmt: skip
+KEYS: dict[str, str] = {
+    **llama.KEYS,
+    "use_sliding_window": "flag",
+    "max_window_layers": "size or null",
+    "layer_types": "names or null",
+}
 CONTEXT_KEY, FILLED = llama.CONTEXT_KEY, llama.FILLED
 NORMS = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def pairs(cfg: GPTConfig) -> list[Pair]:
     """llama.py's tensors and each layer's q_norm and k_norm (never transposed)."""
-    norms = [(f"blocks.{i}.{ours}", f"model.layers.{i}.{theirs}", False)
-             for i in range(cfg.n_layer) for ours, theirs in NORMS.items()]  # fmt: skip
+    norms = [
+        (f"blocks.{i}.{ours}", f"model.layers.{i}.{theirs}", False)
+        for i in range(cfg.n_layer)
+        for ours, theirs in NORMS.items()
+    ]
     return llama.pairs(cfg) + norms
 
 
@@ -53,11 +60,14 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[str, GPTConfig, dict | None]:
         raise AttnlabError("config.json turns on Qwen3's sliding window: attnlab's attention sees the whole context")
     eps = hf.get("rms_norm_eps", 1e-6)
     if not math.isclose(eps, QK_EPS, rel_tol=1e-6):  # a GGUF file holds it as float32
-        raise AttnlabError(f"config.json's rms_norm_eps is {eps}: attnlab's QK-norm divides with epsilon {QK_EPS}, "
-                           "so this Qwen3 would compute another model")  # fmt: skip
+        raise AttnlabError(
+            f"config.json's rms_norm_eps is {eps}: attnlab's QK-norm divides with epsilon {QK_EPS}, "
+            "so this Qwen3 would compute another model"
+        )
     plain = {k: v for k, v in hf.items() if k not in ("use_sliding_window", "max_window_layers", "layer_types")}
-    family, cfg, task = llama.config_from_hf({**plain, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                              "rms_norm_eps": eps})  # fmt: skip
+    family, cfg, task = llama.config_from_hf(
+        {**plain, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": eps}
+    )
     return family, replace(cfg, qk_norm=True), task
 
 
@@ -107,15 +117,21 @@ def config_to_hf(cfg: GPTConfig, labels: list[str] | None = None) -> dict[str, A
     """GPTConfig -> a config.json transformers reads as a Qwen3Config."""
     refuse_unfit("GPT", "Qwen3", export_problems(cfg))
     hf = llama.config_to_hf(replace(cfg, qk_norm=False))
-    return hf | {"architectures": list(ARCHITECTURES), "model_type": "qwen3", "use_sliding_window": False,
-                 "sliding_window": None, "max_window_layers": cfg.n_layer}  # fmt: skip
+    return hf | {
+        "architectures": list(ARCHITECTURES),
+        "model_type": "qwen3",
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": cfg.n_layer,
+    }
 
 
 def weights_to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """attnlab's GPT state dict -> HuggingFace names: Llama's, and the QK-norm gains."""
     refuse_unfit("GPT", "Qwen3", export_problems(cfg))
-    out = llama.weights_to_hf({k: v for k, v in state.items() if not k.endswith(tuple(NORMS))},
-                              replace(cfg, qk_norm=False))  # fmt: skip
+    out = llama.weights_to_hf(
+        {k: v for k, v in state.items() if not k.endswith(tuple(NORMS))}, replace(cfg, qk_norm=False)
+    )
     for ours, theirs, _ in pairs(cfg)[-2 * cfg.n_layer :]:
         out[theirs] = state[ours]
     return out

@@ -10,7 +10,7 @@ An exporter maps every field of the block schema (nn/options.py BlockOptions) to
 
 A field an exporter does not name is refused unless it has its default (a part added with
 add_block_option, which no exporter knows): an export never silently writes a different model.
-tests/test_export_support.py fails when a block option is named by no rule of an exporter.
+tests/test_block_options.py fails when a block option is named by no rule of an exporter.
 """
 
 from __future__ import annotations
@@ -58,14 +58,25 @@ def classic_block(
     no QK-norm; its heads follow `heads` (default: same_heads)."""
     heads = heads or same_heads(name)
     return {
-        "n_head": ANY, "d_model": ANY, "d_ff": ANY, "d_head": heads, "n_kv_head": heads, "dropout": ANY,
+        "n_head": ANY,
+        "d_model": ANY,
+        "d_ff": ANY,
+        "d_head": heads,
+        "n_kv_head": heads,
+        "dropout": ANY,
         "norm": Only((norm,), f"{name} is {norm}-norm"),
         "activation": Only(tuple(activations), f"{name} takes {', '.join(activations)}"),
-        "feedforward": Only(("mlp",), f"{name}'s feed-forward is an MLP"), "n_experts": UNUSED,
-        "experts_per_token": UNUSED, "expert_ff": UNUSED, "capacity_factor": UNUSED, "aux_loss_weight": UNUSED,
-        "norm_kind": Only(("layernorm",), f"{name} uses LayerNorm"), "bias": Only((True,), f"{name} has biases"),
-        "ln_eps": ANY, "qk_norm": Only((False,), f"{name} has no QK-norm"),
-    }  # fmt: skip
+        "feedforward": Only(("mlp",), f"{name}'s feed-forward is an MLP"),
+        "n_experts": UNUSED,
+        "experts_per_token": UNUSED,
+        "expert_ff": UNUSED,
+        "capacity_factor": UNUSED,
+        "aux_loss_weight": UNUSED,
+        "norm_kind": Only(("layernorm",), f"{name} uses LayerNorm"),
+        "bias": Only((True,), f"{name} has biases"),
+        "ln_eps": ANY,
+        "qk_norm": Only((False,), f"{name} has no QK-norm"),
+    }
 
 
 def undeclared(support: dict[str, Rule]) -> list[str]:
@@ -91,8 +102,11 @@ def block_problems(cfg: Any, support: dict[str, Rule], name: str) -> list[str]:
 
 def field_problems(cfg: Any, rules: dict[str, Only]) -> list[str]:
     """The same rules for a family's own fields (positions, ...): each listed field must fit its rule."""
-    return [f"{name} {getattr(cfg, name)!r} ({rule.why})" for name, rule in rules.items()
-            if getattr(cfg, name) not in rule.values]  # fmt: skip
+    return [
+        f"{name} {getattr(cfg, name)!r} ({rule.why})"
+        for name, rule in rules.items()
+        if getattr(cfg, name) not in rule.values
+    ]
 
 
 def gpt_head_problems(cfg: Any, name: str) -> list[str]:

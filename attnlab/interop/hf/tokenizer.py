@@ -36,8 +36,7 @@ def own_json(tok: Tokenizer, run: Path) -> str:
 
 
 # What each kind of run tokenizer becomes in an exported folder; a kind not here is not exported.
-HF_TOKENIZERS: dict[str, Callable[[Tokenizer, Path], str]] = {"bpe": own_json, "wordpiece": own_json,
-                                                               "char": char_json}  # fmt: skip
+HF_TOKENIZERS: dict[str, Callable[[Tokenizer, Path], str]] = {"bpe": own_json, "wordpiece": own_json, "char": char_json}
 
 
 def hf_tokenizer_json(tok: Tokenizer, run: Path) -> str | None:

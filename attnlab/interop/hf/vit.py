@@ -62,11 +62,21 @@ HF_DEFAULTS: dict[str, Any] = {
 
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
-    "architectures": "names or null", "hidden_size": "size", "num_hidden_layers": "size", "num_attention_heads": "size",
-    "intermediate_size": "size", "hidden_act": "name", "layer_norm_eps": "positive", "image_size": "sides",
-    "patch_size": "sides", "num_channels": "size", "qkv_bias": "flag", "head_dim": "size or null",
-    "num_labels": "count", "id2label": "section or null",
-}  # fmt: skip
+    "architectures": "names or null",
+    "hidden_size": "size",
+    "num_hidden_layers": "size",
+    "num_attention_heads": "size",
+    "intermediate_size": "size",
+    "hidden_act": "name",
+    "layer_norm_eps": "positive",
+    "image_size": "sides",
+    "patch_size": "sides",
+    "num_channels": "size",
+    "qkv_bias": "flag",
+    "head_dim": "size or null",
+    "num_labels": "count",
+    "id2label": "section or null",
+}
 CONTEXT_KEY = "image_size"
 FILLED = r"^out\.|\.qkv_proj\.bias$"  # ViTModel's head, and qkv_bias false: zeros
 # Per block: ours -> (Hub name, transformers-5 in-memory name), under encoder.layer.i. / layers.i.
@@ -77,8 +87,11 @@ LAYER = {
     "norm_attn": ("layernorm_before", "layernorm_before"),
     "norm_ff": ("layernorm_after", "layernorm_after"),
 }
-QKV = (("attention.attention.query", "attention.q_proj"), ("attention.attention.key", "attention.k_proj"),
-       ("attention.attention.value", "attention.v_proj"))  # fmt: skip
+QKV = (
+    ("attention.attention.query", "attention.q_proj"),
+    ("attention.attention.key", "attention.k_proj"),
+    ("attention.attention.value", "attention.v_proj"),
+)
 IGNORED = ("pooler.", "embeddings.mask_token")  # ViTModel's pooler; the masked-image-modeling token
 
 
@@ -117,13 +130,26 @@ def config_from_hf(hf: dict) -> tuple[str, ViTConfig, dict | None]:
     head_dim = hf.get("head_dim")  # transformers 5 reads it when present; d_model / heads otherwise
     try:
         cfg = ViTConfig(
-            n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, d_ff=hf["intermediate_size"],
+            n_layer=hf["num_hidden_layers"],
+            n_head=n_head,
+            d_model=d_model,
+            d_ff=hf["intermediate_size"],
             d_head=head_dim if head_dim and head_dim * n_head != d_model else None,
-            dropout=0.0, norm="pre", activation=ACTIVATIONS[hf["hidden_act"]], positions="learned", bias=True,
-            ln_eps=hf["layer_norm_eps"], image_size=h, image_width=None if w == h else w,
-            channels=hf["num_channels"], patch_size=p, n_labels=len(labels), pooling="cls",
-            patch_embed="conv", label_smoothing=0.0,
-        )  # fmt: skip
+            dropout=0.0,
+            norm="pre",
+            activation=ACTIVATIONS[hf["hidden_act"]],
+            positions="learned",
+            bias=True,
+            ln_eps=hf["layer_norm_eps"],
+            image_size=h,
+            image_width=None if w == h else w,
+            channels=hf["num_channels"],
+            patch_size=p,
+            n_labels=len(labels),
+            pooling="cls",
+            patch_embed="conv",
+            label_smoothing=0.0,
+        )
     except ValueError as e:
         raise AttnlabError(f"config.json describes a ViT attnlab cannot build: {e}") from None
     task = {"kind": "image", "labels": labels, "size": [h, w], "channels": hf["num_channels"]}
@@ -139,19 +165,26 @@ def sizes(cfg: ViTConfig, shapes: Shapes) -> list[Size]:
     cls, pos = need(t, "embeddings.cls_token", 3), need(t, "embeddings.position_embeddings", 3)
     proj = need(t, "embeddings.patch_embeddings.projection.weight", 4)  # (D, C, P, P)
     blocks = layers(t, r"(?:encoder\.layer|layers)\.(\d+)\.")
-    out = [Size("num_hidden_layers", cfg.n_layer, blocks, "layers encoder.layer.N"),
-           Size("hidden_size", cfg.d_model, cls[2], "the width of embeddings.cls_token"),
-           Size("num_channels", cfg.channels, proj[1], "channels of the patch projection"),
-           Size("patch_size", cfg.patch_size, proj[2], "the patch projection's height"),
-           Size("patch_size", cfg.patch_size, proj[3], "the patch projection's width"),
-           Size("positions (1 + patches of image_size / patch_size)", cfg.context, pos[1],
-                "rows of embeddings.position_embeddings")]  # fmt: skip
+    out = [
+        Size("num_hidden_layers", cfg.n_layer, blocks, "layers encoder.layer.N"),
+        Size("hidden_size", cfg.d_model, cls[2], "the width of embeddings.cls_token"),
+        Size("num_channels", cfg.channels, proj[1], "channels of the patch projection"),
+        Size("patch_size", cfg.patch_size, proj[2], "the patch projection's height"),
+        Size("patch_size", cfg.patch_size, proj[3], "the patch projection's width"),
+        Size(
+            "positions (1 + patches of image_size / patch_size)",
+            cfg.context,
+            pos[1],
+            "rows of embeddings.position_embeddings",
+        ),
+    ]
     inner = next((n for n in ("encoder.layer.0.intermediate.dense.weight", "layers.0.mlp.fc1.weight") if n in t), None)
     if blocks and inner:
         out.append(Size("intermediate_size", cfg.ff_width, need(t, inner, 2)[0], f"rows of {inner}"))
     if "classifier.weight" in t:
-        out.append(Size("num_labels (id2label)", cfg.n_labels, need(t, "classifier.weight", 2)[0],
-                        "rows of classifier.weight"))  # fmt: skip
+        out.append(
+            Size("num_labels (id2label)", cfg.n_labels, need(t, "classifier.weight", 2)[0], "rows of classifier.weight")
+        )
     return out
 
 
@@ -173,8 +206,10 @@ class _Reader:
             raise AttnlabError(f"the HuggingFace checkpoint has no tensor {where}{name} (expected shape {list(shape)})")
         t = self.tensors[name]
         if tuple(t.shape) != shape:
-            raise AttnlabError(f"HuggingFace tensor {self.original[name]} has shape {list(t.shape)}, "
-                               f"expected {list(shape)} from config.json")  # fmt: skip
+            raise AttnlabError(
+                f"HuggingFace tensor {self.original[name]} has shape {list(t.shape)}, "
+                f"expected {list(shape)} from config.json"
+            )
         self.used.add(name)
         return t
 
@@ -211,8 +246,10 @@ def weights_from_hf(tensors: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Ten
                 ours[name] = src.take(f"{prefix}{names[at]}.{kind}", shapes[name])
         ours.update(_qkv(src, prefix, at, shapes, f"blocks.{i}.attn.qkv_proj"))
     if extra := src.leftover():
-        raise AttnlabError(f"the HuggingFace checkpoint has tensors a {cfg.n_layer}-layer ViT does not use: "
-                           f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")  # fmt: skip
+        raise AttnlabError(
+            f"the HuggingFace checkpoint has tensors a {cfg.n_layer}-layer ViT does not use: "
+            f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"
+        )
     return {k: v.contiguous() for k, v in ours.items()}
 
 
@@ -226,8 +263,13 @@ def _qkv(src: _Reader, prefix: str, at: int, shapes: dict, name: str) -> dict[st
     return {f"{name}.weight": weight, f"{name}.bias": torch.cat([src.take(b, (inner,)) for b in biases])}
 
 
-PREPROCESSOR: dict[str, str] = {"do_normalize": "flag", "do_rescale": "flag", "rescale_factor": "positive",
-                                 "image_mean": "numbers", "image_std": "numbers"}  # fmt: skip
+PREPROCESSOR: dict[str, str] = {
+    "do_normalize": "flag",
+    "do_rescale": "flag",
+    "rescale_factor": "positive",
+    "image_mean": "numbers",
+    "image_std": "numbers",
+}
 
 
 def pixels_from_hf(processor: Any, channels: int) -> tuple[list[float], list[float]] | None:
@@ -243,8 +285,9 @@ def pixels_from_hf(processor: Any, channels: int) -> tuple[list[float], list[flo
     mean, std = (processor.get(key, 0.5) for key in ("image_mean", "image_std"))  # 0.5: HF's ViT default
     mean, std = ([v] * channels if isinstance(v, float | int) else list(v) for v in (mean, std))
     if len(mean) != channels or len(std) != channels:
-        raise AttnlabError(f"preprocessor_config.json: image_mean/image_std need {channels} values, "
-                           f"got {len(mean)} and {len(std)}")  # fmt: skip
+        raise AttnlabError(
+            f"preprocessor_config.json: image_mean/image_std need {channels} values, got {len(mean)} and {len(std)}"
+        )
     if not all(s > 0 for s in std):
         raise AttnlabError(f"preprocessor_config.json: image_std must be above 0 (it divides), got {std}")
     return [m / k for m in mean], [s / k for s in std]
@@ -285,14 +328,22 @@ def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
         raise AttnlabError(f"this ViT does not fit HuggingFace's ViT: {'; '.join(problems)}")
     h, w = cfg.size
     hf = {
-        "architectures": ["ViTForImageClassification"], "model_type": "vit",
-        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.ff_width, "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
-        "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout,
-        "layer_norm_eps": cfg.ln_eps, "image_size": h if h == w else [h, w], "patch_size": cfg.patch_size,
-        "num_channels": cfg.channels, "qkv_bias": True,
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.ff_width,
+        "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.dropout,
+        "layer_norm_eps": cfg.ln_eps,
+        "image_size": h if h == w else [h, w],
+        "patch_size": cfg.patch_size,
+        "num_channels": cfg.channels,
+        "qkv_bias": True,
         **labels_to_hf(labels, cfg.n_labels),
-    }  # fmt: skip
+    }
     if cfg.head_width * cfg.n_head != cfg.d_model:
         hf["head_dim"] = cfg.head_width  # read by transformers 5
     return hf
@@ -302,9 +353,17 @@ def processor_to_hf(cfg: ViTConfig) -> dict:
     """A preprocessor_config.json for an exported run: resize, scale to [0, 1], no normalization,
     which is what attnlab's ViT was trained on (its images are read in [0, 1])."""
     h, w = cfg.size
-    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
-            "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False,
-            "image_mean": [0.5] * cfg.channels, "image_std": [0.5] * cfg.channels}  # fmt: skip
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": h, "width": w},
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": False,
+        "image_mean": [0.5] * cfg.channels,
+        "image_std": [0.5] * cfg.channels,
+    }
 
 
 def weights_to_hf(state: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:

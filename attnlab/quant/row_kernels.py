@@ -4,10 +4,10 @@ the first time a packed layer needs one, and PyTorch's operators `attnlab::int8_
 and a float32 one `attnlab::f32_row_product` that the ahead-of-time decode step takes (FloatRows).
 
 Why: at batch 1 a decode step streams every weight once. PyTorch's one-row products of int8 weights
-(torch._weight_int8pack_mm, or inductor's fused sum over the stored rows) read 10-12 GB/s with two
-threads on a 2-core Xeon (Sapphire Rapids) where plain reading reached 16-20: they wait on memory. The
-kernel here asks for each row's bytes 4 KB ahead and keeps four accumulators: 15-16 GB/s on GPT-2
-small's four matrix shapes and its 50,257-row head (benchmarks/row_products.py).
+(torch._weight_int8pack_mm, or inductor's fused sum over the stored rows) read well below what plain
+reading reaches: they wait on memory. The kernel here asks for each row's bytes 4 KB ahead and keeps
+four accumulators, which brings it near the memory's speed (benchmarks/row_products.py; the figures
+are in docs/log.md, "The one-row operators").
 
 It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native and
 OpenMP, against the installed torch's headers and libraries (about 13 s once), and kept in the
@@ -57,18 +57,32 @@ def _command(source: Path, target: Path) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     lib = torch_dir / "lib"
-    return [os.environ.get("CXX", "c++"), *FLAGS, abi, f"-I{torch_dir / 'include'}", str(source), "-o", str(target),
-            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]  # fmt: skip
+    return [
+        os.environ.get("CXX", "c++"),
+        *FLAGS,
+        abi,
+        f"-I{torch_dir / 'include'}",
+        str(source),
+        "-o",
+        str(target),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+    ]
 
 
 def _source() -> bytes:
-    return (resources.files("attnlab.nn") / "csrc" / SOURCE).read_bytes()
+    return (resources.files("attnlab.quant") / "csrc" / SOURCE).read_bytes()
 
 
 def _target(text: bytes) -> Path:
     """Where the library for this source, compiler, torch and CPU is kept."""
-    key = hashlib.sha256(b"|".join([text, " ".join(_command(Path("s"), Path("t"))).encode(),
-                                    torch.__version__.encode(), cpu_model().encode()])).hexdigest()[:16]  # fmt: skip
+    key = hashlib.sha256(
+        b"|".join(
+            [text, " ".join(_command(Path("s"), Path("t"))).encode(), torch.__version__.encode(), cpu_model().encode()]
+        )
+    ).hexdigest()[:16]
     return _folder() / "attnlab" / f"row_products_{key}.so"
 
 
@@ -179,8 +193,8 @@ def f32_row(x: Tensor, weight: Tensor) -> Tensor:
 
 class FloatRows(TorchFunctionMode):
     """While active (a decode step being traced: decoding/exported.py), F.linear of one float32 row on
-    the CPU is f32_row plus the bias; any other call is left as it is. Inside a compiled step PyTorch's
-    float32 product of one row ran a 6 x 384 GPT at 288 tokens/s, this operator at 342."""
+    the CPU is f32_row plus the bias; any other call is left as it is. Inside a compiled step this
+    operator beat PyTorch's float32 product of one row (docs/log.md, "The compiled decode step")."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -195,8 +209,12 @@ class FloatRows(TorchFunctionMode):
 
 
 def _one_float_row(x: Tensor, weight: Tensor) -> bool:
-    return (x.numel() == weight.shape[-1] and weight.dim() == 2 and x.dtype == weight.dtype == torch.float32
-            and x.device.type == weight.device.type == "cpu")  # fmt: skip
+    return (
+        x.numel() == weight.shape[-1]
+        and weight.dim() == 2
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == weight.device.type == "cpu"
+    )
 
 
 def bf16_row(x: Tensor, weight: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ bytes of the weights: fewer bytes per weight, more tokens per second. Weight-onl
 stay floating point, only the stored weights shrink.
 
     int8: per output channel, symmetric:   w = code * scale_o        codes int8 (O, I), scales (O,)
-          (absmax / 127, nn/quantize.py's quantize_int8, the frozen QLoRA base's format)
+          (absmax / 127, quant/quantize.py's quantize_int8, the frozen QLoRA base's format)
     int4: per group of GROUP weights of a row, asymmetric (min to max in 16 steps):
           w = (code - 8) * scale_og + zero_og      codes uint8 (O, I/2), two per byte (the even
           column in the low nibble); scales, zeros (O, G)
@@ -19,8 +19,8 @@ coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole r
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
 One row on the CPU (a decode step) of int8 or bf16 is attnlab's own operator where it could be built
-(nn/row_kernels.py, ROW_OPS: the stored weights widened in registers, float32 activations). Otherwise
-the kernels are PyTorch's own weight-only products, measured fastest on the CPU (nn/pack_choice.py,
+(quant/row_kernels.py, ROW_OPS: the stored weights widened in registers, float32 activations). Otherwise
+the kernels are PyTorch's own weight-only products, measured fastest on the CPU (quant/pack_choice.py,
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu (called
 as quantized.int4mm_packed_weight_cpu, the same kernel given its group size as a tensor), both with
 bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn import row_kernels
 from attnlab.nn.attention import stored
-from attnlab.nn.quantize import _safe, dequantize_int8, quantize_int8
+from attnlab.quant import row_kernels
+from attnlab.quant.quantize import _safe, dequantize_int8, quantize_int8
 
 KINDS = ("int8", "int4", "bf16")
 GROUP = 32  # int4 weights per scale and zero
@@ -185,7 +185,7 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def _row_op(self, row: Tensor) -> Tensor:
-        """One row (a decode step) through attnlab's own one-row operator (nn/row_kernels.py): float32
+        """One row (a decode step) through attnlab's own one-row operator (quant/row_kernels.py): float32
         activations, the stored weights widened in registers, the sum in float32."""
         shape, dtype, x = row.shape, row.dtype, row.reshape(1, -1).float()
         y = ROW_OPS[self.kind](x, self)  # (1, O)
@@ -199,8 +199,8 @@ class PackedLinear(nn.Module):
     def _one_row(self, row: Tensor) -> Tensor:
         """One row (a decode step) inside torch.compile: y_o = sum_i x_i w_oi with w dequantized from what
         is stored, which inductor fuses into one loop over each row of codes: the float weight is never
-        made, and the bytes read are the stored ones. Measured faster than the kernels for bf16 (25
-        products of a 6 x 384 GPT: 0.61 ms, float32's 1.28 ms, F.linear in bf16 3 ms, Xeon)."""
+        made, and the bytes read are the stored ones. Measured faster than the kernels for bf16
+        (docs/log.md, "Packed layers")."""
         shape, dtype, x = row.shape, row.dtype, stored(row.reshape(1, -1).float())
         if self.kind == "int8":  # the row's scale after its sum: one multiply per output, not per weight
             y = (x * self.codes.float()).sum(-1) * self.scales.to(COMPUTE).float()  # (O,)
@@ -211,8 +211,10 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.kind == "int4" else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}{group}, " \
-               f"bias={self.bias is not None}"  # fmt: skip
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}{group}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 def _int8_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
@@ -237,19 +239,17 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
 
 
 # The kinds whose one-row product is written as a sum under torch.compile (see _one_row), from this many
-# weights a matrix. bf16: always (no PyTorch kernel came close). int8: from 2^20 weights, measured on the
-# 2-core Xeon as the products of compiled chains, us a matrix, kernel / sum: 384 x 384 20 / 14 but in
-# the whole 6 x 384 model the kernel's step was the faster (640-718 tok/s against 447-561); 768 x 768
-# 60 / 67; 2304 x 768 144 / 124; 3072 x 768 197 / 166; 768 x 3072 164 / 170; 50257 x 768 3587 / 2921.
-# int4: never (its nibbles' unpacking does not vectorize: a 6 x 384 GPT decoded 8x slower).
+# weights a matrix. bf16: always (no PyTorch kernel came close). int8: from 2^20 weights, where the sum
+# beat PyTorch's int8 kernel in compiled chains and whole models (per shape: docs/log.md, "Packed
+# layers"). int4: never (its nibbles' unpacking does not vectorize: a GPT decoded 8x slower).
 ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 
-# By kind: the one-row products of nn/row_kernels.py (where that library is loaded), x (1, I) float32 and
+# By kind: the one-row products of quant/row_kernels.py (where that library is loaded), x (1, I) float32 and
 # the layer -> (1, O), on the operands the layer made: int8 codes and the scales rounded to bf16, the
 # bf16 weight. int4 has none: two hand-written int4 rows (nibbles widened with a scale and a zero a
 # group; a table of each group's 16 values looked up by code) measured slower than PyTorch's int4 kernel
-# (1.3-1.6x on both models' shapes; 57 against 35 us on a 1152 x 384 matrix in the cache).
+# (docs/log.md, "The one-row operators").
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands()),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands()),
@@ -258,8 +258,8 @@ ROW_OPS = {
 
 def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
     """x (M, I) @ w^T in bfloat16. One row through torch.mv: PyTorch's matrix-vector kernel for bf16,
-    measured 1.5-2.8x faster than F.linear's (mkldnn) on one row (2-core Xeon: 2304 x 768 83 us against
-    235, float32 175; 1152 x 384 46 against 70, float32 25: such a small one stays float32)."""
+    measured 1.5-2.8x faster than F.linear's (mkldnn) on one row, and slower than float32 on matrices
+    that stay in the cache (docs/log.md, "Packed layers"; quant/pack_choice.py decides per shape)."""
     if x.shape[0] == 1:
         return torch.mv(w, x[0]).unsqueeze(0)  # (1, O)
     return F.linear(x, w)

@@ -1,9 +1,9 @@
-"""Whether a packed layer (nn/packed.py) runs faster than float32 at its shape on this machine: measured
+"""Whether a packed layer (quant/packed.py) runs faster than float32 at its shape on this machine: measured
 once per CPU, torch version, thread count, kind and shape, and kept in the cache folder (kernels.json).
 
 A packed product reads fewer bytes but pays to widen them again, and PyTorch's kernels are tuned for
-some shapes more than others: on one 2-core Xeon the bf16 product of a 1152 x 384 matrix by one row
-took 2.6x as long as float32's, while the int8 one of 2304 x 768 took 0.45x. So, as `--dtype auto`
+some shapes more than others: on one CPU a small bf16 product by one row took 2.6x as long as
+float32's while a larger int8 one took half as long (docs/log.md, "Packed layers"). So, as `--dtype auto`
 does for compute, a layer is packed where it measured faster and stays float32 where float32 measured
 faster by MARGIN; an answer too noisy to trust (runtime/timing.py) packs, since the user asked for the
 smaller weights. The products timed are the kernels a decode step runs, on one row.
@@ -20,8 +20,8 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
-from attnlab.nn import row_kernels
-from attnlab.nn.packed import COMPUTE, KERNELS, ONE_ROW, ROW_OPS, PackedLinear
+from attnlab.quant import row_kernels
+from attnlab.quant.packed import COMPUTE, KERNELS, ONE_ROW, ROW_OPS, PackedLinear
 from attnlab.runtime.precision import cpu_model
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 
@@ -48,7 +48,7 @@ def _key(kind: str, shape: tuple[int, int], device: torch.device) -> str:
 
 
 def _row_op(kind: str) -> bool:
-    """Whether a one-row product of `kind` is attnlab's own operator here (nn/row_kernels.py)."""
+    """Whether a one-row product of `kind` is attnlab's own operator here (quant/row_kernels.py)."""
     return kind in ROW_OPS and row_kernels.loaded()
 
 

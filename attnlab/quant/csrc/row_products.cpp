@@ -2,10 +2,9 @@
 // (a scale per row) or bfloat16, widened to float32 in registers and never stored wider, or float32.
 //
 // A decode step at batch 1 streams every weight once, and PyTorch's one-row kernels read an int8 row
-// at 10-12 GB/s on a 2-core Xeon where plain reading reaches 16-20: the loads wait on memory. Here
-// each row's bytes a few kilobytes ahead are asked for (prefetch) while four accumulators take the
-// products, which reached 15-16 GB/s on GPT-2 small's matrices (attnlab/nn/row_kernels.py has the
-// measurements). Built by attnlab/nn/row_kernels.py with -march=native: the AVX-512 path, else AVX2,
+// well below what plain reading reaches: the loads wait on memory. Here each row's bytes a few
+// kilobytes ahead are asked for (prefetch) while four accumulators take the products, which brings
+// them near the memory's speed (the measurements: docs/log.md, "The one-row operators"). Built by attnlab/quant/row_kernels.py with -march=native: the AVX-512 path, else AVX2,
 // else plain loops. The rows are split among PyTorch's own threads (at::parallel_for).
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
