@@ -81,8 +81,20 @@ def test_a_perfect_transcoder_is_the_mlp():
     torch.testing.assert_close(spliced, clean, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("blocks", [{}, {"norm_kind": "rmsnorm", "feedforward": "swiglu", "bias": False,
-                                         "positions": "rope", "n_kv_head": 1, "qk_norm": True}])  # fmt: skip
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        {},
+        {
+            "norm_kind": "rmsnorm",
+            "feedforward": "swiglu",
+            "bias": False,
+            "positions": "rope",
+            "n_kv_head": 1,
+            "qk_norm": True,
+        },
+    ],
+)
 def test_edges_into_each_node_sum_to_its_value_minus_its_bias(blocks):
     torch.manual_seed(0)
     model = perturb(GPT(tiny_model(vocab_size=64, **blocks))).eval()  # no zero-initialised writes
@@ -134,8 +146,14 @@ def test_an_attention_only_model_has_a_graph_of_its_embeddings_alone():
 def graph(adjacency: list[list[float]], n_features: int, acts: list[float]) -> Attribution:
     """An attribution over hand-written edges: n_features features at layer 0, one position, then one
     error, one embedding and the logit (n = n_features + 3)."""
-    nodes = Nodes(torch.zeros(n_features, dtype=torch.long), torch.zeros(n_features, dtype=torch.long),
-                  torch.arange(n_features), torch.tensor(acts, dtype=torch.float64), 1, 1)  # fmt: skip
+    nodes = Nodes(
+        torch.zeros(n_features, dtype=torch.long),
+        torch.zeros(n_features, dtype=torch.long),
+        torch.arange(n_features),
+        torch.tensor(acts, dtype=torch.float64),
+        1,
+        1,
+    )
     a = torch.tensor(adjacency, dtype=torch.float64)
     zeros = torch.zeros(len(a), dtype=torch.float64)
     return Attribution(nodes, a, zeros, zeros, torch.zeros(1, 1, 1), None, 0)
@@ -143,11 +161,7 @@ def graph(adjacency: list[list[float]], n_features: int, acts: list[float]) -> A
 
 # nodes: f0, f1, error, embedding, logit. The embedding drives f0 (3) and f1 (1); f0 drives f1 (2);
 # the logit reads f0 (1), f1 (-2) and the error (1). Rows are targets, columns sources.
-HAND = [[0, 0, 0, 3, 0],
-        [2, 0, 0, 1, 0],
-        [0, 0, 0, 0, 0],
-        [0, 0, 0, 0, 0],
-        [1, -2, 1, 0, 0]]  # fmt: skip
+HAND = [[0, 0, 0, 3, 0], [2, 0, 0, 1, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, -2, 1, 0, 0]]
 
 
 def test_influence_and_scores_by_hand():
@@ -177,12 +191,14 @@ def test_total_effects_sum_the_paths():
 
 def test_pruning_drops_what_does_not_reach_the_logit():
     # f2 has an input but reaches nothing: its influence is 0 and it goes, with its edge
-    hand = [[0, 0, 0, 0, 3, 0],
-            [2, 0, 0, 0, 1, 0],
-            [0, 0, 0, 0, 5, 0],
-            [0, 0, 0, 0, 0, 0],
-            [0, 0, 0, 0, 0, 0],
-            [1, -2, 0, 1, 0, 0]]  # fmt: skip
+    hand = [
+        [0, 0, 0, 0, 3, 0],
+        [2, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 5, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [1, -2, 0, 1, 0, 0],
+    ]
     attr = graph(hand, 3, [3.0, 7.0, 1.0])
     p = prune(attr, node_threshold=1.0, edge_threshold=1.0)
     assert p.nodes.tolist() == [True, True, False, True, True, True]
@@ -199,8 +215,23 @@ def lm(tmp_path_factory):
 
 def test_the_command_line_end_to_end(lm, tmp_path, capsys):
     out = tmp_path / "graph"
-    args = ["circuits", str(lm), "--prompt", PROMPT, "--out", str(out), "--latents", "64", "--k", "4",
-            "--tokens", "8192", "--top", "4", "--json"]  # fmt: skip
+    args = [
+        "circuits",
+        str(lm),
+        "--prompt",
+        PROMPT,
+        "--out",
+        str(out),
+        "--latents",
+        "64",
+        "--k",
+        "4",
+        "--tokens",
+        "8192",
+        "--top",
+        "4",
+        "--json",
+    ]
     code, printed, _ = run_cli(args, capsys)
     assert code == 0
     got = json.loads(printed)
@@ -233,8 +264,10 @@ def test_the_command_line_end_to_end(lm, tmp_path, capsys):
 
 
 def test_a_target_of_several_tokens_is_one_line(lm, tmp_path, capsys):
-    code, _, err = run_cli(["circuits", str(lm), "--prompt", PROMPT, "--target", "ab", "--out", str(tmp_path / "g"),
-                            "--tokens", "4096"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["circuits", str(lm), "--prompt", PROMPT, "--target", "ab", "--out", str(tmp_path / "g"), "--tokens", "4096"],
+        capsys,
+    )
     assert code != 0 and "not one" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "g" / "transcoders").exists()  # refused before any training
 

@@ -33,8 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CHROMIUM = Path("/usr/bin/chromium")
 # Quiet flags, as in test_browser.py: without the background-networking ones Chromium keeps calling home.
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--allow-file-access-from-files"]  # fmt: skip
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--allow-file-access-from-files",
+]
 
 
 def _gen():
@@ -50,11 +58,20 @@ def built(tmp_path_factory, lessons_run, lessons_folder) -> tuple[Path, Path]:
     (site folder, generated pages)."""
     root = tmp_path_factory.mktemp("docs")
     site, generated = root / "site", root / "generated"
-    env = {**os.environ, "ATTNLAB_DOCS_GEN": str(generated), "ATTNLAB_LESSONS_BUILD": str(lessons_folder),
-           "NO_MKDOCS_2_WARNING": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ATTNLAB_DOCS_GEN": str(generated),
+        "ATTNLAB_LESSONS_BUILD": str(lessons_folder),
+        "NO_MKDOCS_2_WARNING": "1",
+    }
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
-                          env=env, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     print(f"mkdocs build --strict: {time.perf_counter() - start:.1f} s")
     assert done.returncode == 0, done.stderr[-3000:]
     return site, generated
@@ -147,8 +164,16 @@ def test_the_command_reference_has_every_command_and_every_flag(tmp_path):
 def test_the_site_builds_strictly_with_every_page(built):
     site, generated = built
     pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
-    for page in ["index.html", "quickstart.html", "gpt.html", "architecture.html", "reference/cli/index.html",
-                 "reference/cli/train-lm.html", "reference/api/nn.html", "lessons/index.html"]:  # fmt: skip
+    for page in [
+        "index.html",
+        "quickstart.html",
+        "gpt.html",
+        "architecture.html",
+        "reference/cli/index.html",
+        "reference/cli/train-lm.html",
+        "reference/api/nn.html",
+        "lessons/index.html",
+    ]:
         assert page in pages
     for lesson in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")):
         assert f"lessons/{lesson.stem}.html" in pages
@@ -228,8 +253,11 @@ def test_an_attention_view_in_a_lesson_answers_hover(built, browser):
     root.scroll_into_view_if_needed()
     before = root.get_attribute("data-focus")
     root.locator("[data-i]").nth(1).hover()
-    page.wait_for_function("([r, b]) => r.hasAttribute('data-focus') && r.getAttribute('data-focus') !== b",
-                           arg=[root.element_handle(), before], timeout=5000)  # fmt: skip
+    page.wait_for_function(
+        "([r, b]) => r.hasAttribute('data-focus') && r.getAttribute('data-focus') !== b",
+        arg=[root.element_handle(), before],
+        timeout=5000,
+    )
     assert not problems, problems
     page.close()
 

@@ -43,8 +43,9 @@ def token_loss(lp, o, rf, a, lo, hi, beta):
 def loss_by_hand(kind, logp, old, ref, adv, lo, hi, beta, max_tokens=None):
     per_answer, total, count = [], 0.0, 0
     for i, n in enumerate(LENGTHS):
-        losses = [token_loss(logp[i, t].item(), old[i, t].item(), ref[i, t].item(), adv[i], lo, hi, beta)
-                  for t in range(n)]  # fmt: skip
+        losses = [
+            token_loss(logp[i, t].item(), old[i, t].item(), ref[i, t].item(), adv[i], lo, hi, beta) for t in range(n)
+        ]
         per_answer.append(sum(losses) / n)
         total, count = total + sum(losses), count + n
     if kind == "grpo":
@@ -73,9 +74,17 @@ def test_a_group_of_one_is_a_one_line_error():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize(("kind", "eps_high", "beta"), [("grpo", None, 0.0), ("grpo", None, 0.05),
-                                                        ("dr_grpo", None, 0.0), ("dr_grpo", None, 0.1),
-                                                        ("dapo", 0.28, 0.0), ("dapo", 0.28, 0.04)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "eps_high", "beta"),
+    [
+        ("grpo", None, 0.0),
+        ("grpo", None, 0.05),
+        ("dr_grpo", None, 0.0),
+        ("dr_grpo", None, 0.1),
+        ("dapo", 0.28, 0.0),
+        ("dapo", 0.28, 0.04),
+    ],
+)
 def test_each_loss_equals_its_formula(kind, eps_high, beta):
     logp, old, ref, mask = batch()
     cfg = PolicyLoss(kind, eps_low=0.2, eps_high=eps_high, beta=beta, max_tokens=6)

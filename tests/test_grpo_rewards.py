@@ -24,8 +24,24 @@ from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ADD = ChatData(data="add", level=2, examples=32, test_examples=4)
-FAST = ["--max-steps", "2", "--eval-interval", "2", "--batch-size", "2", "--warmup-steps", "0", "--device", "cpu",
-        "--dtype", "float32", "--examples", "32", "--test-examples", "4"]  # fmt: skip
+FAST = [
+    "--max-steps",
+    "2",
+    "--eval-interval",
+    "2",
+    "--batch-size",
+    "2",
+    "--warmup-steps",
+    "0",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--examples",
+    "32",
+    "--test-examples",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +51,9 @@ def base(tmp_path_factory):
 
 def grpo(out, base, data=ADD, steps=2, **options):
     cfg = tiny_train(max_steps=steps, eval_interval=steps, batch_size=2, lr=1e-3, warmup_steps=0)
-    return attnlab.train(out, None, cfg, data, init=base, task="grpo", progress=False,
-                         **{"group": 3, "max_new_tokens": 6, **options})  # fmt: skip
+    return attnlab.train(
+        out, None, cfg, data, init=base, task="grpo", progress=False, **{"group": 3, "max_new_tokens": 6, **options}
+    )
 
 
 def steps(run):
@@ -45,11 +62,30 @@ def steps(run):
 
 def test_sft_and_grpo_train_on_a_verifiable_task_from_the_command_line(tmp_path, base, capsys):
     sft, rl = tmp_path / "sft", tmp_path / "grpo"
-    code, _, err = run_cli(["train", "sft", "--init", base, "--out", sft, "--data", "add", "--level", "2", *FAST],
-                           capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "sft", "--init", base, "--out", sft, "--data", "add", "--level", "2", *FAST], capsys
+    )
     assert code == 0, err
-    code, _, err = run_cli(["train", "grpo", "--init", sft, "--out", rl, "--data", "add", "--level", "2", *FAST,
-                            "--group", "2", "--max-new-tokens", "6"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "train",
+            "grpo",
+            "--init",
+            sft,
+            "--out",
+            rl,
+            "--data",
+            "add",
+            "--level",
+            "2",
+            *FAST,
+            "--group",
+            "2",
+            "--max-new-tokens",
+            "6",
+        ],
+        capsys,
+    )
     assert code == 0, err
     for run in (sft, rl):
         config = json.loads((run / "config.json").read_text())
@@ -63,8 +99,9 @@ def test_sft_and_grpo_train_on_a_verifiable_task_from_the_command_line(tmp_path,
 def test_a_level_for_the_instructions_and_too_few_questions_are_one_line(tmp_path, base, capsys):
     code, _, err = run_cli(["train", "sft", "--init", base, "--out", tmp_path / "a", "--level", "2"], capsys)
     assert code == 2 and "--level sets a verifiable task's difficulty" in err and "Traceback" not in err
-    code, _, err = run_cli(["train", "sft", "--init", base, "--out", tmp_path / "b", "--data", "add", "--level",
-                            "1"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["train", "sft", "--init", base, "--out", tmp_path / "b", "--data", "add", "--level", "1"], capsys
+    )
     assert code == 2 and "distinct test add problems at level 1: ask for fewer" in err and "Traceback" not in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -72,8 +109,9 @@ def test_a_level_for_the_instructions_and_too_few_questions_are_one_line(tmp_pat
 def test_attnlab_eval_holds_out_the_tasks_own_test_questions_at_the_runs_level():
     convs, split = held_out(ChatData(data="countdown", level=3, test_examples=5))
     assert split == "test" and len(convs) == 5
-    assert all(len(c.messages[0].content.split(" from ")[1].split()) == 3 and in_test(c.messages[0].content)
-               for c in convs)  # fmt: skip
+    assert all(
+        len(c.messages[0].content.split(" from ")[1].split()) == 3 and in_test(c.messages[0].content) for c in convs
+    )
     other, _ = held_out(ChatData(data="countdown", level=3, test_examples=5), "add")  # another task: its default
     assert all(len(c.messages[1].content) >= 3 and " + " in c.messages[0].content for c in other)
 
@@ -81,19 +119,24 @@ def test_attnlab_eval_holds_out_the_tasks_own_test_questions_at_the_runs_level()
 def test_held_out_answers_are_judged_by_the_checker(monkeypatch):
     """Any countdown expression the checker accepts counts right, not only the stored one; a question
     of the same shape in a user's file whose stored answer the checker rejects is compared as text."""
-    convs = [Conversation((Message("user", "Make 24 from 3 5 8 9."), Message("assistant", "3*8"))),
-             Conversation((Message("user", "Make 24 from 3 5 8 9."), Message("assistant", "3*8"))),
-             Conversation((Message("user", "What is 2 + 3?"), Message("assistant", "It is 5."))),
-             Conversation((Message("user", "What is 2 + 3?"), Message("assistant", "5")))]  # fmt: skip
+    convs = [
+        Conversation((Message("user", "Make 24 from 3 5 8 9."), Message("assistant", "3*8"))),
+        Conversation((Message("user", "Make 24 from 3 5 8 9."), Message("assistant", "3*8"))),
+        Conversation((Message("user", "What is 2 + 3?"), Message("assistant", "It is 5."))),
+        Conversation((Message("user", "What is 2 + 3?"), Message("assistant", "5"))),
+    ]
     given = ["9*8/3", "3*8*1", "It is 5.", "5"]  # stored: 3*8; 1 is not given; the file's answer; right
     monkeypatch.setattr(chat, "answers", lambda *a, **kw: given)
     assert chat.right_answers(None, CharTokenizer("0123456789*+/-() .Itis"), ChatTemplate(), convs) == [
-        True, False, True, True]  # fmt: skip
+        True,
+        False,
+        True,
+        True,
+    ]
     assert Exact()([Asked(c.messages[:1], c.messages[1].content) for c in convs], given, 0).tolist() == [1, 0, 1, 1]
 
 
-def test_a_callable_is_called_with_each_question_and_answer_and_its_values_are_the_rewards(tmp_path, base,
-                                                                                           monkeypatch):  # fmt: skip
+def test_a_callable_is_called_with_each_question_and_answer_and_its_values_are_the_rewards(tmp_path, base, monkeypatch):
     calls, made = [], []
 
     def length(question: str, answer: str) -> float:
@@ -114,8 +157,15 @@ def test_a_callable_is_called_with_each_question_and_answer_and_its_values_are_t
 
 def test_a_reward_runs_scores_are_the_rewards(tmp_path, base, monkeypatch):
     rm = tmp_path / "rm"
-    attnlab.train(rm, None, tiny_train(max_steps=2, eval_interval=2), PreferenceData(examples=24, test_examples=4),
-                  init=base, task="reward", progress=False)  # fmt: skip
+    attnlab.train(
+        rm,
+        None,
+        tiny_train(max_steps=2, eval_interval=2),
+        PreferenceData(examples=24, test_examples=4),
+        init=base,
+        task="reward",
+        progress=False,
+    )
     real, scored = rewards.reward_scores, []
 
     def spy(run, prompts, answers):
@@ -131,8 +181,10 @@ def test_a_reward_runs_scores_are_the_rewards(tmp_path, base, monkeypatch):
 
 
 def test_a_reward_run_of_the_wrong_kind_or_no_run_is_one_line(tmp_path, base, capsys):
-    for reward, says in [(base, "give a reward run (attnlab train reward)"), (tmp_path / "nowhere", "choose exact, "
-                         "random or a reward run's folder")]:  # fmt: skip
+    for reward, says in [
+        (base, "give a reward run (attnlab train reward)"),
+        (tmp_path / "nowhere", "choose exact, random or a reward run's folder"),
+    ]:
         code, _, err = run_cli(["train", "grpo", "--init", base, "--out", tmp_path / "g", "--reward", reward], capsys)
         assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "g").exists()
@@ -142,8 +194,11 @@ def test_a_callable_that_raises_or_returns_no_number_is_one_line_naming_it_and_t
     def boom(question, answer):
         raise ZeroDivisionError("no")
 
-    with pytest.raises(attnlab.AttnlabError, match=r"the reward .*boom raised ZeroDivisionError: no \(question "
-                       r"'What is \d\d \+ \d\d\?', answer") as e:  # fmt: skip
+    with pytest.raises(
+        attnlab.AttnlabError,
+        match=r"the reward .*boom raised ZeroDivisionError: no \(question "
+        r"'What is \d\d \+ \d\d\?', answer",
+    ) as e:
         grpo(tmp_path / "a", base, reward=boom)
     assert "\n" not in str(e.value)
     for value in ("1", float("nan"), None):

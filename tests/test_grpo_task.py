@@ -28,8 +28,9 @@ def base(tmp_path_factory):
 
 def grpo(out, base, steps=2, **options):
     cfg = tiny_train(max_steps=steps, eval_interval=steps, batch_size=2, lr=1e-3, warmup_steps=0)
-    return attnlab.train(out, None, cfg, DATA, init=base, task="grpo", progress=False,
-                         **{"group": 3, "max_new_tokens": 8, **options})  # fmt: skip
+    return attnlab.train(
+        out, None, cfg, DATA, init=base, task="grpo", progress=False, **{"group": 3, "max_new_tokens": 8, **options}
+    )
 
 
 def rows(run):
@@ -72,8 +73,15 @@ def test_the_exact_reward_reads_the_answer_without_its_end_of_turn():
     tok = CharTokenizer("ab<|>imend \n")
     stop = tok.encode("<|im_end|>")
     opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0, epochs=1)
-    objective = GRPOObjective(torch.nn.Linear(1, 1), [Prompt([0], Asked((), "ab"))], opts, (tok, [stop]), Exact(),
-                              None, HeldRollout(Path("unused")))  # fmt: skip
+    objective = GRPOObjective(
+        torch.nn.Linear(1, 1),
+        [Prompt([0], Asked((), "ab"))],
+        opts,
+        (tok, [stop]),
+        Exact(),
+        None,
+        HeldRollout(Path("unused")),
+    )
     assert objective.text(tok.encode(" ab") + stop) == "ab"
     assert objective.text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
     assert objective.text(tok.encode("ba") + stop) != "ab"

@@ -149,8 +149,11 @@ def ids_of(n: int, seed: int) -> torch.Tensor:
     return torch.randint(3, 20, (1, n), generator=torch.Generator().manual_seed(seed))  # (1, T)
 
 
-@pytest.mark.parametrize("kw", [{"n_kv_head": 1}, {"n_kv_head": 2, "block": "llama"}, {"feedforward": "moe"}],
-                         ids=["multi-query", "grouped-query-llama", "moe"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [{"n_kv_head": 1}, {"n_kv_head": 2, "block": "llama"}, {"feedforward": "moe"}],
+    ids=["multi-query", "grouped-query-llama", "moe"],
+)
 def test_a_site_patched_with_its_own_value_changes_nothing_and_the_whole_stream_restores_the_clean_run(kw):
     model = gpt(**{k: v for k, v in kw.items() if k != "block"}, **_block(kw))
     ids = ids_of(8, 1)
@@ -192,8 +195,9 @@ def test_atp_ranks_sites_as_activation_patching_does_on_a_random_gpt():
 def test_encoder_masked_lm_and_classifier():
     torch.manual_seed(0)
     for head, position in (("mlm", 2), ("classify", None)):
-        model = build_model("encoder", EncoderConfig(n_layer=2, n_head=2, d_model=16, context=8, vocab_size=20,
-                                                     n_labels=3, head=head)).eval()  # fmt: skip
+        model = build_model(
+            "encoder", EncoderConfig(n_layer=2, n_head=2, d_model=16, context=8, vocab_size=20, n_labels=3, head=head)
+        ).eval()
         ids = ids_of(6, 3)
         metric = AnswerMetric("prob", 1, position=position)
         result = activation_patching(model, (ids,), (corrupt(ids, 4),), metric)
@@ -204,8 +208,9 @@ def test_encoder_masked_lm_and_classifier():
 
 def test_encoder_decoder_patches_the_encoder_the_decoder_and_cross_attention():
     torch.manual_seed(0)
-    model = build_model("seq2seq", Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=20,
-                                                 tgt_vocab=20)).eval()  # fmt: skip
+    model = build_model(
+        "seq2seq", Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=20, tgt_vocab=20)
+    ).eval()
     src = ids_of(6, 4)
     tgt = ids_of(4, 5)
     metric = AnswerMetric("logit-diff", 4, 6, position=3)
@@ -223,8 +228,9 @@ def test_edge_attribution_of_the_encoder_decoder_reads_each_stack_and_refuses_po
     src, tgt = ids_of(6, 4), ids_of(4, 5)
     metric = AnswerMetric("logit-diff", 4, 6, position=3)
     for norm in ("pre", "post"):
-        model = build_model("seq2seq", Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=20,
-                                                     tgt_vocab=20, norm=norm)).eval()  # fmt: skip
+        model = build_model(
+            "seq2seq", Seq2SeqConfig(n_layer=2, n_head=2, d_model=16, context=8, src_vocab=20, tgt_vocab=20, norm=norm)
+        ).eval()
         if norm == "post":
             with pytest.raises(AttnlabError, match="pre-norm"):
                 edge_attribution(model, (src, tgt), (corrupt(src, 1), tgt), metric)
@@ -237,8 +243,11 @@ def test_edge_attribution_of_the_encoder_decoder_reads_each_stack_and_refuses_po
 
 def test_vit_patches_are_positions():
     torch.manual_seed(0)
-    model = perturb(build_model("vit", ViTConfig(n_layer=2, n_head=2, d_model=16, image_size=8, channels=1,
-                                                 patch_size=4, n_labels=3)))  # its head starts at zero  # fmt: skip
+    model = perturb(
+        build_model(
+            "vit", ViTConfig(n_layer=2, n_head=2, d_model=16, image_size=8, channels=1, patch_size=4, n_labels=3)
+        )
+    )  # its head starts at zero
     clean = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(6))
     bad = clean.clone()
     bad[..., :4, :4] = 0  # the first patch only
@@ -250,8 +259,12 @@ def test_vit_patches_are_positions():
 def test_inputs_of_different_lengths_are_one_line():
     model = gpt()
     with pytest.raises(AttnlabError, match="same length"):
-        activation_patching(model, (torch.zeros(1, 5, dtype=torch.long),), (torch.zeros(1, 6, dtype=torch.long),),
-                            AnswerMetric("prob", 1, position=4))  # fmt: skip
+        activation_patching(
+            model,
+            (torch.zeros(1, 5, dtype=torch.long),),
+            (torch.zeros(1, 6, dtype=torch.long),),
+            AnswerMetric("prob", 1, position=4),
+        )
 
 
 # ---- attnlab patch -----------------------------------------------------------------------------------
@@ -263,24 +276,63 @@ TRAIN = ["--max-steps", "3", "--batch-size", "4", "--eval-interval", "3", "--eva
 def lm_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("patch")
     (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 100)
-    args = ["train", "lm", "--data", root / "corpus.txt", "--out", root / "lm", "--preset", "gpt-nano", "--n-layer",
-            "2", "--d-model", "32", "--n-head", "4", "--n-kv-head", "2", "--context", "32", "--tokenizer", "char",
-            *TRAIN]  # fmt: skip
+    args = [
+        "train",
+        "lm",
+        "--data",
+        root / "corpus.txt",
+        "--out",
+        root / "lm",
+        "--preset",
+        "gpt-nano",
+        "--n-layer",
+        "2",
+        "--d-model",
+        "32",
+        "--n-head",
+        "4",
+        "--n-kv-head",
+        "2",
+        "--context",
+        "32",
+        "--tokenizer",
+        "char",
+        *TRAIN,
+    ]
     assert main([str(a) for a in args]) == 0
     return root / "lm"
 
 
 def test_patch_json_has_every_effect_keyed_by_component_layer_head_and_position(lm_run, capsys):
-    code, out, _ = run_cli(["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):",
-                            "--target", "a", "--wrong", "b", "--json"], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "patch",
+            lm_run,
+            "--clean",
+            "def add(a, b):",
+            "--corrupted",
+            "def add(b, b):",
+            "--target",
+            "a",
+            "--wrong",
+            "b",
+            "--json",
+        ],
+        capsys,
+    )
     data = json.loads(out)
     assert code == 0 and data["method"] == "activation" and (data["target"], data["wrong"]) == ("a", "b")
     assert data["positions"]["blocks"][:4] == ["d", "e", "f", "·"] and data["position"] == 13
     keys = {"granularity", "component", "stack", "layer", "head", "position", "point", "effect", "change"}
     assert all(set(e) == keys for e in data["effects"])
     kinds = {(e["granularity"], e["component"]) for e in data["effects"]}
-    assert kinds == {("resid", "resid_pre"), ("heads", "head"), ("components", "attn_out"),
-                     ("components", "mlp_out"), ("components", "resid_pre")}  # fmt: skip
+    assert kinds == {
+        ("resid", "resid_pre"),
+        ("heads", "head"),
+        ("components", "attn_out"),
+        ("components", "mlp_out"),
+        ("components", "resid_pre"),
+    }
     assert len(data["effects"]) == 2 * 14 + 2 * 4 + 2 * 3
     first = next(e for e in data["effects"] if e["granularity"] == "resid" and e["layer"] == 0 and e["position"] == 8)
     assert first["effect"] == pytest.approx(1.0, abs=1e-5)  # the changed character, before any layer
@@ -288,28 +340,64 @@ def test_patch_json_has_every_effect_keyed_by_component_layer_head_and_position(
 
 def test_patch_png_and_attribution(lm_run, tmp_path, capsys):
     out = tmp_path / "p.png"
-    code, printed, _ = run_cli(["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):",
-                                "--wrong", "b", "--method", "attribution", "--granularity", "resid", "--out", out],
-                               capsys)  # fmt: skip
+    code, printed, _ = run_cli(
+        [
+            "patch",
+            lm_run,
+            "--clean",
+            "def add(a, b):",
+            "--corrupted",
+            "def add(b, b):",
+            "--wrong",
+            "b",
+            "--method",
+            "attribution",
+            "--granularity",
+            "resid",
+            "--out",
+            out,
+        ],
+        capsys,
+    )
     assert code == 0 and out.read_bytes()[:8] == PNG and printed.startswith("attribution patching")
 
 
 def test_patch_sender_and_receivers_is_path_patching(lm_run, capsys):
-    code, out, _ = run_cli(["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):", "--wrong",
-                            "b", "--sender", "1.2", "--receivers", "2", "--json"], capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        [
+            "patch",
+            lm_run,
+            "--clean",
+            "def add(a, b):",
+            "--corrupted",
+            "def add(b, b):",
+            "--wrong",
+            "b",
+            "--sender",
+            "1.2",
+            "--receivers",
+            "2",
+            "--json",
+        ],
+        capsys,
+    )
     data = json.loads(out)
     assert code == 0 and data["method"] == "path" and data["sender"] == {"blocks.0.attn.hook_head_out": [1]}
     assert data["receivers"] == {"blocks.1.attn.hook_head_out": [0, 1, 2, 3]} and data["effect"] is not None
-    code, _, err = run_cli(["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):",
-                            "--sender", "1.2"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):", "--sender", "1.2"], capsys
+    )
     assert code == 2 and "both --sender HEADS and --receivers HEADS" in err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--corrupted", "def add(ab, b):"], "same length"),
-    (["--corrupted", "def add(b, b):", "--target", "zz"], "not a single token or label"),
-    (["--corrupted", "def add(a, b):"], "name another with --wrong"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--corrupted", "def add(ab, b):"], "same length"),
+        (["--corrupted", "def add(b, b):", "--target", "zz"], "not a single token or label"),
+        (["--corrupted", "def add(a, b):"], "name another with --wrong"),
+    ],
+)
 def test_patch_errors_are_one_line(lm_run, capsys, args, message):
     code, _, err = run_cli(["patch", lm_run, "--clean", "def add(a, b):", *args], capsys)
     assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -334,20 +422,26 @@ def test_patch_runs_of_every_kind_from_their_own_inputs(tmp_path, capsys):
     from sklearn.datasets import load_digits
 
     (tmp_path / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 100)
-    runs = {"tr": ["translate", "--data", "reverse", "--n-train", "100"],
-            "mlm": ["mlm", "--data", tmp_path / "corpus.txt", "--context", "32", "--block-size", "16"],
-            "vit": ["image", "--data", "digits"]}  # fmt: skip
+    runs = {
+        "tr": ["translate", "--data", "reverse", "--n-train", "100"],
+        "mlm": ["mlm", "--data", tmp_path / "corpus.txt", "--context", "32", "--block-size", "16"],
+        "vit": ["image", "--data", "digits"],
+    }
     for name, args in runs.items():
         assert main([str(a) for a in ["train", *args, "--out", tmp_path / name, *SMALL, *TRAIN]]) == 0
     for i in (0, 1):
         Image.fromarray((load_digits().images[i] / 16 * 255).astype("uint8")).save(tmp_path / f"{i}.png")
     capsys.readouterr()
-    cases = {"tr": ("abcd", "abed"), "mlm": ("def [MASK](a, b):", "def [MASK](b, b):"),
-             "vit": (tmp_path / "0.png", tmp_path / "1.png")}  # fmt: skip
+    cases = {
+        "tr": ("abcd", "abed"),
+        "mlm": ("def [MASK](a, b):", "def [MASK](b, b):"),
+        "vit": (tmp_path / "0.png", tmp_path / "1.png"),
+    }
     found = {}
     for name, (clean, bad) in cases.items():
-        code, out, err = run_cli(["patch", tmp_path / name, "--clean", clean, "--corrupted", bad, "--metric", "prob",
-                                  "--json"], capsys)  # fmt: skip
+        code, out, err = run_cli(
+            ["patch", tmp_path / name, "--clean", clean, "--corrupted", bad, "--metric", "prob", "--json"], capsys
+        )
         assert code == 0, err
         found[name] = json.loads(out)
     tr = found["tr"]

@@ -55,8 +55,9 @@ def test_with_lambda_one_the_return_is_the_sum_of_the_rewards_to_come():
 def test_the_clipped_value_loss_equals_its_formula_and_clips_exactly_outside_the_range():
     old, returns, mask = fixed(2)
     eps = 0.2
-    moves = torch.tensor([[-0.5, -0.2001, -0.1, 0.0], [0.1, 0.0, 0.0, 0.0], [0.1999, 0.2001, 0.7, 0.0],
-                          [-0.3, 0.3, 0.0, 0.0]])  # fmt: skip
+    moves = torch.tensor(
+        [[-0.5, -0.2001, -0.1, 0.0], [0.1, 0.0, 0.0, 0.0], [0.1999, 0.2001, 0.7, 0.0], [-0.3, 0.3, 0.0, 0.0]]
+    )
     values = (old + moves).requires_grad_(True)
     loss, _ = value_loss(values, old, returns, mask, eps)
     want, count = 0.0, 0
@@ -132,15 +133,30 @@ def base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rm(base, tmp_path_factory):
     out = tmp_path_factory.mktemp("rm") / "rm"
-    attnlab.train(out, None, tiny_train(max_steps=2, eval_interval=2), PreferenceData(examples=16, test_examples=4),
-                  init=base, task="reward", progress=False)  # fmt: skip
+    attnlab.train(
+        out,
+        None,
+        tiny_train(max_steps=2, eval_interval=2),
+        PreferenceData(examples=16, test_examples=4),
+        init=base,
+        task="reward",
+        progress=False,
+    )
     return out
 
 
 def ppo(out, base, rm, steps=4, **options):
     cfg = tiny_train(max_steps=steps, eval_interval=2, batch_size=4, lr=1e-3, warmup_steps=0)
-    return attnlab.train(out, None, cfg, DATA, init=base, task="ppo", progress=False,
-                         **{"reward": str(rm), "max_new_tokens": 8, **options})  # fmt: skip
+    return attnlab.train(
+        out,
+        None,
+        cfg,
+        DATA,
+        init=base,
+        task="ppo",
+        progress=False,
+        **{"reward": str(rm), "max_new_tokens": 8, **options},
+    )
 
 
 def rows(run):
@@ -178,8 +194,10 @@ def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, rm, 
     with ctrl_c_at(monkeypatch, 2), pytest.raises(attnlab.AttnlabError, match="interrupted at step 2"):
         ppo(cut, base, rm, steps=6)
     attnlab.train(cut, task="ppo", resume=True, progress=False)
-    a, b = ([{k: v for k, v in r.items() if not k.endswith("_per_s") and k != "generate_s"} for r in rows(run)]
-            for run in (full, cut))  # fmt: skip
+    a, b = (
+        [{k: v for k, v in r.items() if not k.endswith("_per_s") and k != "generate_s"} for r in rows(run)]
+        for run in (full, cut)
+    )
     assert len(a) >= 6 and a == b and any("heldout_score" in r for r in a[3:])
     wa, wb = attnlab.load(full).model.state_dict(), attnlab.load(cut).model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -211,6 +229,16 @@ def test_a_reward_run_of_the_wrong_kind_is_one_line(tmp_path, base, capsys):
 def test_the_help_says_what_ppo_takes(capsys):
     code, out, _ = run_cli(["train", "ppo", "--help"], capsys)
     assert code == 0
-    for flag in ("--reward", "--beta", "--gamma", "--lam", "--ppo-epochs", "--minibatches", "--value-clip",
-                 "--vf-coef", "--hacking-patience", "--stop-on-hacking"):  # fmt: skip
+    for flag in (
+        "--reward",
+        "--beta",
+        "--gamma",
+        "--lam",
+        "--ppo-epochs",
+        "--minibatches",
+        "--value-clip",
+        "--vf-coef",
+        "--hacking-patience",
+        "--stop-on-hacking",
+    ):
         assert flag in out

@@ -82,8 +82,11 @@ def test_metrics_equal_the_formulas_by_hand(trained):
     block = block_of(run)
     ce = {"clean": [], "sae": [], "zero": []}
     xs, recon = [], []
-    hooked = {"clean": {}, "sae": {HOOK: lambda x: recon.append(sae(x)) or xs.append(x) or recon[-1]},
-              "zero": {HOOK: lambda x: torch.zeros_like(x)}}  # fmt: skip
+    hooked = {
+        "clean": {},
+        "sae": {HOOK: lambda x: recon.append(sae(x)) or xs.append(x) or recon[-1]},
+        "zero": {HOOK: lambda x: torch.zeros_like(x)},
+    }
     for xy in windows(arr, block, 1):  # one window at a time: a different batching than evaluate_sae's
         if xy.shape[1] != block + 1:
             continue
@@ -152,8 +155,11 @@ def test_activations_are_streamed_in_batches(trained):
 
 def test_synthetic_features_are_recovered():
     world = SyntheticConfig(features=32, dim=16, p=1 / 16, seed=1)  # about 2 of 32 active a sample
-    r = run_synthetic(world, SAEConfig(latents=64, k=2, tokens=400_000, batch=1024, lr=1e-2, aux_k=8,
-                                       dead_after=50_000), progress=False)  # fmt: skip
+    r = run_synthetic(
+        world,
+        SAEConfig(latents=64, k=2, tokens=400_000, batch=1024, lr=1e-2, aux_k=8, dead_after=50_000),
+        progress=False,
+    )
     assert r["mcc"] >= 0.95, r  # 0.996 to 0.997 in trials (one latent per feature: 0.89 to 0.97)
     assert r["true_l0"] == pytest.approx(2, rel=0.1) and r["seconds"] < 30
     data = SyntheticFeatures(world)
@@ -184,8 +190,11 @@ def test_save_and_load_give_the_same_sae(trained, tmp_path):
 
 def test_the_feature_page_is_self_contained(trained, tmp_path):
     run, sae, info = trained
-    save_sae(sae, tmp_path / "s", {"hook": HOOK, "run": str(run.path), "training": info,
-                                   "metrics": evaluate_sae(run, HOOK, sae, tokens=1000)})  # fmt: skip
+    save_sae(
+        sae,
+        tmp_path / "s",
+        {"hook": HOOK, "run": str(run.path), "training": info, "metrics": evaluate_sae(run, HOOK, sae, tokens=1000)},
+    )
     page = write_page(run, load_sae(tmp_path / "s"), tmp_path / "page.html", count=6, tokens=2000).read_text()
     assert not re.search(r"https?://", page) and "<script src" not in page and "<link" not in page
     assert "@@" not in page and page.count('class="feature"') == 6
@@ -194,8 +203,28 @@ def test_the_feature_page_is_self_contained(trained, tmp_path):
 
 def test_the_command_line(lm, tmp_path, capsys):
     out = tmp_path / "sae"
-    args = ["sae", "train", lm, "--hook", HOOK, "--latents", "32", "--k", "4", "--tokens", "4000", "--batch", "256",
-            "--eval-tokens", "500", "--device", "cpu", "--out", out, "--json"]  # fmt: skip
+    args = [
+        "sae",
+        "train",
+        lm,
+        "--hook",
+        HOOK,
+        "--latents",
+        "32",
+        "--k",
+        "4",
+        "--tokens",
+        "4000",
+        "--batch",
+        "256",
+        "--eval-tokens",
+        "500",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        "--json",
+    ]
     code, said, err = run_cli(args, capsys)
     assert code == 0, err
     found = json.loads(said)
@@ -224,7 +253,8 @@ def test_a_run_without_data_is_one_line(lm, tmp_path, capsys):
 
 
 def test_synthetic_command(capsys):
-    code, said, err = run_cli(["sae", "synthetic", "--features", "24", "--dim", "12", "--tokens", "20000", "--json"],
-                              capsys)  # fmt: skip
+    code, said, err = run_cli(
+        ["sae", "synthetic", "--features", "24", "--dim", "12", "--tokens", "20000", "--json"], capsys
+    )
     r = json.loads(said)
     assert code == 0 and set(r) >= {"mcc", "dead_fraction", "true_l0", "learned_l0", "seconds"} and 0 < r["mcc"] <= 1

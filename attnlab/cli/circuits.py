@@ -14,12 +14,17 @@ KINDS = ("topk", "batchtopk", "jumprelu", "relu")  # interpret/sae.py's KINDS (t
 @dataclass
 class CircuitsOptions(Answers, ReadsRun):
     prompt: str = option("", "the text whose next token is explained", required=True, metavar="TEXT")
-    target: str | None = option(None, "the next token to explain, exactly one token of the run's tokenizer "
-                                "(default: the model's top prediction)", metavar="TOKEN")  # fmt: skip
-    out: str = option("", "folder for graph.json, graph.html and (when trained here) transcoders/", required=True,
-                      metavar="DIR")  # fmt: skip
-    transcoders: str | None = option(None, "a transcoders folder to use (default: DIR/transcoders, trained there "
-                                     "when missing)", metavar="DIR")  # fmt: skip
+    target: str | None = option(
+        None,
+        "the next token to explain, exactly one token of the run's tokenizer (default: the model's top prediction)",
+        metavar="TOKEN",
+    )
+    out: str = option(
+        "", "folder for graph.json, graph.html and (when trained here) transcoders/", required=True, metavar="DIR"
+    )
+    transcoders: str | None = option(
+        None, "a transcoders folder to use (default: DIR/transcoders, trained there when missing)", metavar="DIR"
+    )
     force: bool = option(False, "replace graph.json and graph.html already in --out, and retrain transcoders there")
     latents: int = option(2048, "latents per layer's transcoder", at_least=1)
     kind: str = option("topk", "how codes are made sparse (as attnlab sae train)", KINDS)

@@ -31,8 +31,10 @@ from attnlab.runtime.threads import share
 def _check_out(opts: CircuitsOptions) -> Path:
     out = Path(opts.out)
     if run_holding(out / "x") is not None:
-        raise AttnlabError(f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
-                           "choose a folder outside it")  # fmt: skip
+        raise AttnlabError(
+            f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
+            "choose a folder outside it"
+        )
     if out.exists() and not out.is_dir():
         raise AttnlabError(f"--out {out} is a file: give a folder")
     for name in ("graph.json", "graph.html"):
@@ -55,8 +57,16 @@ def _transcoders(run: Run, opts: CircuitsOptions, out: Path) -> tuple[list, dict
         raise AttnlabError(f"{folder} exists and holds no transcoders: move it, or choose another --out")
     data = check_decoder(run)  # a run that is not a decoder or names no data: said before any work
     # dead (for AuxK) after a tenth of the training tokens without firing, so revival has time to act
-    cfg = SAEConfig(latents=opts.latents, kind=opts.kind, k=min(opts.k, opts.latents), tokens=opts.tokens,
-                    lr=opts.lr, seed=opts.seed, batch=4096, dead_after=max(4096, opts.tokens // 10))  # fmt: skip
+    cfg = SAEConfig(
+        latents=opts.latents,
+        kind=opts.kind,
+        k=min(opts.k, opts.latents),
+        tokens=opts.tokens,
+        lr=opts.lr,
+        seed=opts.seed,
+        batch=4096,
+        dead_after=max(4096, opts.tokens // 10),
+    )
     tcs, info = train_transcoders(run, cfg, progress=not opts.json)
     metrics = evaluate_transcoders(run, tcs, opts.eval_tokens, data=data)
     index = {"run": str(Path(opts.run).absolute()), "training": info, "metrics": metrics}
@@ -76,27 +86,40 @@ def run_circuits(opts: CircuitsOptions, graph: dict) -> int:
     result = trace_circuit(run, opts.prompt, opts.target, tcs, cfg)
     page = write_circuit(run, result.data, tcs, out)
     d, m = result.data, index.get("metrics", {})
-    summary = {"out": str(out), "target": d["target"], "nodes": d["counts"]["nodes"], "edges": d["counts"]["edges"],
-               "active_features": d["counts"]["active_features"],
-               "replacement_score": d["scores"]["before"]["replacement_score"],
-               "completeness_score": d["scores"]["before"]["completeness_score"],
-               "pruned": d["scores"]["after"], "intervention_right": d["intervention"]["replacement_right"],
-               "intervention_right_real": d["intervention"]["real_right"],
-               "graph_seconds": d["seconds"]["graph"], "seconds": round(time.perf_counter() - start, 2),
-               "transcoders": {"trained": trained, **{k: m[k] for k in ("explained_variance", "l0", "dead_fraction",
-                               "ce_loss_recovered") if k in m}}}  # fmt: skip
+    summary = {
+        "out": str(out),
+        "target": d["target"],
+        "nodes": d["counts"]["nodes"],
+        "edges": d["counts"]["edges"],
+        "active_features": d["counts"]["active_features"],
+        "replacement_score": d["scores"]["before"]["replacement_score"],
+        "completeness_score": d["scores"]["before"]["completeness_score"],
+        "pruned": d["scores"]["after"],
+        "intervention_right": d["intervention"]["replacement_right"],
+        "intervention_right_real": d["intervention"]["real_right"],
+        "graph_seconds": d["seconds"]["graph"],
+        "seconds": round(time.perf_counter() - start, 2),
+        "transcoders": {
+            "trained": trained,
+            **{k: m[k] for k in ("explained_variance", "l0", "dead_fraction", "ce_loss_recovered") if k in m},
+        },
+    }
     if opts.json:
         print(json.dumps(summary, ensure_ascii=False))
         return 0
     if trained:
-        print(f"transcoders trained in {index['training']['seconds']:.0f} s: explained variance "
-              f"{m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.3f}, CE loss recovered "
-              f"{m['ce_loss_recovered']:.3f} (written to {out / 'transcoders'})")  # fmt: skip
-    print(f"{summary['nodes']} nodes, {summary['edges']} edges; replacement {summary['replacement_score']:.3f} "
-          f"(pruned {summary['pruned']['replacement_score']:.3f}), completeness {summary['completeness_score']:.3f} "
-          f"(pruned {summary['pruned']['completeness_score']:.3f}); intervention signs right "
-          f"{_share(summary['intervention_right'])} (real model {_share(summary['intervention_right_real'])}); "
-          f"{summary['seconds']:.1f} s (graph {summary['graph_seconds']:.1f} s)")  # fmt: skip
+        print(
+            f"transcoders trained in {index['training']['seconds']:.0f} s: explained variance "
+            f"{m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.3f}, CE loss recovered "
+            f"{m['ce_loss_recovered']:.3f} (written to {out / 'transcoders'})"
+        )
+    print(
+        f"{summary['nodes']} nodes, {summary['edges']} edges; replacement {summary['replacement_score']:.3f} "
+        f"(pruned {summary['pruned']['replacement_score']:.3f}), completeness {summary['completeness_score']:.3f} "
+        f"(pruned {summary['pruned']['completeness_score']:.3f}); intervention signs right "
+        f"{_share(summary['intervention_right'])} (real model {_share(summary['intervention_right_real'])}); "
+        f"{summary['seconds']:.1f} s (graph {summary['graph_seconds']:.1f} s)"
+    )
     print(f"wrote {out / 'graph.json'} and {page}")
     return 0
 

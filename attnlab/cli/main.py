@@ -121,136 +121,230 @@ class KeepsLines(argparse.HelpFormatter):
 
 
 COMMANDS = [
-    Command("demo", "train qwen3-nano-fast on Python's standard library for 2 minutes, then sample (--chat: base, "
-            "sft, dpo, reward model, best-of-8)", "options:DemoOptions",
-            "commands:run_demo_command"),
-    Command("predict", "a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, a translation, "
-            "an image's class", "options:PredictOptions", "commands:run_predict"),
-    Command("compare", "train several models on one task with one budget; table and bar chart",
-            "attnlab.tasks.compare_options:CompareOptions",
-            "commands:run_compare"),
-    Command("translate", "translate a text with a translation run (same as predict)", "options:TranslateOptions",
-            "commands:run_predict"),
-    Command("attention", "attention of a run on one input (PNG, SVG, HTML, JSON)", "options:AttentionOptions",
-            "inspect:run_attention",
-            "Draw what each head attends to for one input: a .png or .svg heatmap grid (queries down, keys across; "
-            "every layer and head, one layer's heads and their mean with --layer, one head with --head), a "
-            "self-contained .html page with the head view and the model view (no network needed), or .json: the "
-            "weights behind the picture (all views, or those --view/--layer/--head pick). Translation runs: "
-            "encoder, decoder and cross-attention; image runs: [CLS] over the patches."),
-    Command("plot", "loss and lr curves, position encodings, token embeddings, expert routing", "options:PlotOptions",
-            "inspect:run_plot", "Pictures of a trained run: loss (training and validation curves), lr (the schedule as "
-            "run), "
-            "positions (the position vectors as an image, position x dimension, and their cosine similarities), "
-            "embeddings (a 2-D PCA of the token embeddings, the most useful tokens labelled); for a mixture of "
-            "experts, experts (the text of --text once per layer, each token on the colour of the expert it was "
-            "routed to) and expert-load (each layer's share of tokens per expert against the step)."),
-    Command("serve", "a local web explorer and an OpenAI-compatible API over trained runs", "options:ServeOptions",
-            "inspect:run_serve",
-            "A local web page over trained runs: each run's config, size and loss curve; type an input and get the "
-            "output of its task (streamed text with temperature / top-k / top-p for a GPT, labels, tags, [MASK] "
-            "fills, translations, an uploaded image's class); and the attention of that input in the head view and "
-            "the model view. JSON API under /api (see /openapi.json); an OpenAI-compatible API under /v1 (models, "
-            "completions, chat completions; streaming; concurrent requests decoded as one batch). Beyond this "
-            "machine (a --host other than loopback) it needs a key."),
-    Command("convert", "a local HuggingFace checkpoint or a GGUF file -> an attnlab run (what it reads: convert "
-            "--help)", "options:ConvertOptions",
-            "convert:run_convert", "Read a local HuggingFace model directory (config.json, model.safetensors or its "
-            "shards, tokenizer.json; pickles such as pytorch_model.bin are never opened) or a GGUF file "
-            "(llama.cpp's and ollama's format: a llama or gpt2 "
-            "model; quantized weights are read as the float32 values they stand for) and write an attnlab run "
-            "that every command works on. SOURCE is either; --from-hf DIR is the same as a directory SOURCE. "
-            "Nothing is downloaded. Every size the files declare is checked against the bytes they hold before "
-            "anything is built; a file that does not fit is one line."),
-    Command("export", "a run -> a HuggingFace directory, a PEFT adapter folder, an ONNX file or a GGUF file",
-            "options:ExportOptions",
-            "convert:run_export", "Write a run in another format: --to hf, a directory that transformers' "
-            "from_pretrained "
-            "loads (GPT runs as GPT-2, Llama or Qwen3, encoder runs as BERT); --to peft, a LoRA run's adapter as "
-            "adapter_config.json and adapter_model.safetensors, which PEFT's PeftModel.from_pretrained loads over "
-            "the base (named by base_model_name_or_path: the HuggingFace folder the base was converted from, else "
-            "the base run, to export with --to hf first); --to onnx, a file with dynamic batch and length, checked "
-            "with onnxruntime (GPT runs); --to gguf, one file that llama.cpp and ollama run (GPT runs with GPT-2's "
-            "block, Llama's or Qwen3's, a Mixtral's experts too; the tokenizer and chat template inside), its "
-            "matrices stored as --type says."),
-    Command("merge", "a LoRA run -> a full run: its adapters folded into its base's weights", "options:MergeOptions",
-            "convert:run_merge", "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted "
-            "matrix) and "
-            "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "
-            "template, no adapter. A base the run quantized (int8, NF4) is merged in float, from the base run's "
-            "own weights. The merged run exports with --to hf."),
-    Command("quantize", "a language model run -> a run whose weights are stored int8, int4 or bf16 for decoding",
-            "options:QuantizeOptions", "quantize:run_quantize", "Store a language model run's block matrices and LM "
-            "head small, for "
-            "inference: int8 (one byte a weight and a scale per output channel), int4 (half a byte, a scale and a "
-            "zero per group of 32) or bf16 (two bytes). A decode step reads every weight once, so fewer bytes are "
-            "more tokens per second on a CPU. A layer stays float32 where this machine measured float32 faster for "
-            "its shape. The new run is a folder every command loads (sample, chat, eval, serve, inspect); "
-            "--quantize on those commands does the same in memory. Weights only: it does not train."),
-    Command("vectors", "query, evaluate, draw or export trained word vectors", "options:VectorsOptions",
-            "vectors:run_vectors",
-            "Ask a vectors run (or a word2vec/GloVe text file) for neighbours, analogies and similarities; score it "
-            "on analogy questions and similarity ratings; draw or export it."),
-    Command("inspect", "logit lens, head detectors, head ablation, rollout/flow, heads over training",
-            "options:InspectOptions", "interpret:run_inspect", "lens: a GPT's next-token prediction read after each "
-            "layer; heads: "
-            "previous-token, first-token, duplicate-token and induction scores of every head; ablate: the loss "
-            "change on the input when each head is zeroed (with no input: on the repeated half of random tokens "
-            "repeated twice); rollout / flow: how much each position draws on each input token through all the "
-            "layers (any run; flow is slow past 64 tokens); over-training: detector scores and the loss on repeated "
-            "tokens at every weight snapshot (train with --snapshot-every N).",
-            overrides={"device": {"default": "cpu"}}),
-    Command("patch", "activation and attribution patching: which activations carry the clean answer",
-            "options:PatchOptions", "patch:run_patch", "Run the model on --clean and --corrupted (same length), "
-            "copy one activation at a time from the clean run into the corrupted one and measure --metric: the "
-            "effect is (patched - corrupted) / (clean - corrupted), 1 where that activation alone restores the "
-            "clean answer. Sites: the residual stream by layer and position, each attention head (query heads, "
-            "grouped-query models included; cross-attention's too), and each layer's attention, MLP and residual. "
-            "Any Transformer run: a language model (the next token), an encoder (a masked LM's [MASK], a "
-            "classifier's class), a translation (clean and corrupted sources; the decoder reads the clean "
-            "translation), an image classifier (image files; patches as positions). --method attribution "
-            "estimates every site from one backward pass (AtP); --method eap or eap-ig scores every edge of the "
-            "residual graph; --sender HEADS --receivers HEADS is path patching (the senders' effect through the "
-            "receivers only). --json prints every effect, keyed by component, layer, head and position.",
-            overrides={"device": {"default": "cpu"}}),
-    Command("circuits", "transcoders and an attribution graph: which features carry a prompt's next token",
-            "circuits:CircuitsOptions", "circuits_run:run_circuits", "Train a transcoder per layer (each MLP's input "
-            "-> its output, sparse; kept in OUT/transcoders and reused), replace every MLP of the model by its "
-            "transcoder plus an error node, freeze attention and norms on --prompt, and trace every edge from the "
-            "token embeddings through the features to --target's logit; prune it, score it (replacement and "
-            "completeness, as circuit-tracer), ablate its top features to check the signs, and write "
-            "OUT/graph.json and OUT/graph.html (offline; hover a feature for its top contexts). A GPT or Llama-block "
-            "run of attnlab train lm. docs/circuits.md.",
-            sections=(("graph", "attnlab.interpret.circuits_config:CircuitConfig", "the graph"),),
-            overrides={"device": {"default": "cpu"}}),
-    Command("sample", "generate text from a trained run", "options:SampleOptions", "commands:run_sample",
-            "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
-            "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",
-            sections=(("gen", "attnlab.decoding.settings:GenerateConfig", "generation"),)),
-    Command("chat", "talk with a language model run in the terminal, through its chat template", "options:ChatOptions",
-            "chat:run_chat", "An interactive conversation: type a message after 'you> ' and the answer streams as the "
-            "model writes it. Every turn is rendered with the run's chat template (its chat_template.json, as a "
-            "fine-tuned or converted run keeps it; attnlab's built-in ChatML otherwise) and the answer ends at the "
-            "template's end of turn. The conversation is kept, so later answers see earlier turns; when it outgrows "
-            "the model's context the oldest turns are dropped (the --system text stays); each answer keeps the room "
-            "the run's trained answers need (--reserve). Ctrl-C stops an answer (its turn is left out); /reset starts "
-            "over; /quit, Ctrl-D or Ctrl-C at the prompt leaves. In a terminal: line editing, history in "
-            "~/.attnlab_history (ATTNLAB_HISTORY names another file, empty for none).",
-            epilog="phrasings:phrasings_help"),
-    Command("eval", "a language model's loss and bits per character, a classifier's accuracy, a translation's "
-            "BLEU, an image model's accuracy", "options:EvalOptions", "commands:run_eval"),
-    Command("report", "a chat demo chain's report card: each stage's held-out numbers, time, size, machine "
-            "and commit, and exact answers by kind (markdown and self-contained HTML)", "options:ReportOptions",
-            "commands:run_report"),
-    Command("size", "parameters, FLOPs per token and memory of a preset", "options:SizeOptions", "commands:run_size",
-            sections=(("cluster", "attnlab.models.cluster:ClusterConfig", "planning a training run"),)),
-    Command("doctor", "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
-            "options:DoctorOptions", "doctor:run_doctor", description="Print the device, PyTorch's "
-            "version and threads, the CPU and its bf16 "
-            "instructions, and for each width measured here the precision --dtype auto chose for training and for "
-            "decoding, with the medians and spreads of the interleaved float32 and bf16 timings behind it. "
-            "--measure WIDTH measures now; --clear forgets the kept measurements."),
-]  # fmt: skip
+    Command(
+        "demo",
+        "train qwen3-nano-fast on Python's standard library for 2 minutes, then sample (--chat: base, "
+        "sft, dpo, reward model, best-of-8)",
+        "options:DemoOptions",
+        "commands:run_demo_command",
+    ),
+    Command(
+        "predict",
+        "a classifier's label, a tagger's tags, a masked-LM's [MASK] candidates, a translation, an image's class",
+        "options:PredictOptions",
+        "commands:run_predict",
+    ),
+    Command(
+        "compare",
+        "train several models on one task with one budget; table and bar chart",
+        "attnlab.tasks.compare_options:CompareOptions",
+        "commands:run_compare",
+    ),
+    Command(
+        "translate",
+        "translate a text with a translation run (same as predict)",
+        "options:TranslateOptions",
+        "commands:run_predict",
+    ),
+    Command(
+        "attention",
+        "attention of a run on one input (PNG, SVG, HTML, JSON)",
+        "options:AttentionOptions",
+        "inspect:run_attention",
+        "Draw what each head attends to for one input: a .png or .svg heatmap grid (queries down, keys across; "
+        "every layer and head, one layer's heads and their mean with --layer, one head with --head), a "
+        "self-contained .html page with the head view and the model view (no network needed), or .json: the "
+        "weights behind the picture (all views, or those --view/--layer/--head pick). Translation runs: "
+        "encoder, decoder and cross-attention; image runs: [CLS] over the patches.",
+    ),
+    Command(
+        "plot",
+        "loss and lr curves, position encodings, token embeddings, expert routing",
+        "options:PlotOptions",
+        "inspect:run_plot",
+        "Pictures of a trained run: loss (training and validation curves), lr (the schedule as "
+        "run), "
+        "positions (the position vectors as an image, position x dimension, and their cosine similarities), "
+        "embeddings (a 2-D PCA of the token embeddings, the most useful tokens labelled); for a mixture of "
+        "experts, experts (the text of --text once per layer, each token on the colour of the expert it was "
+        "routed to) and expert-load (each layer's share of tokens per expert against the step).",
+    ),
+    Command(
+        "serve",
+        "a local web explorer and an OpenAI-compatible API over trained runs",
+        "options:ServeOptions",
+        "inspect:run_serve",
+        "A local web page over trained runs: each run's config, size and loss curve; type an input and get the "
+        "output of its task (streamed text with temperature / top-k / top-p for a GPT, labels, tags, [MASK] "
+        "fills, translations, an uploaded image's class); and the attention of that input in the head view and "
+        "the model view. JSON API under /api (see /openapi.json); an OpenAI-compatible API under /v1 (models, "
+        "completions, chat completions; streaming; concurrent requests decoded as one batch). Beyond this "
+        "machine (a --host other than loopback) it needs a key.",
+    ),
+    Command(
+        "convert",
+        "a local HuggingFace checkpoint or a GGUF file -> an attnlab run (what it reads: convert --help)",
+        "options:ConvertOptions",
+        "convert:run_convert",
+        "Read a local HuggingFace model directory (config.json, model.safetensors or its "
+        "shards, tokenizer.json; pickles such as pytorch_model.bin are never opened) or a GGUF file "
+        "(llama.cpp's and ollama's format: a llama or gpt2 "
+        "model; quantized weights are read as the float32 values they stand for) and write an attnlab run "
+        "that every command works on. SOURCE is either; --from-hf DIR is the same as a directory SOURCE. "
+        "Nothing is downloaded. Every size the files declare is checked against the bytes they hold before "
+        "anything is built; a file that does not fit is one line.",
+    ),
+    Command(
+        "export",
+        "a run -> a HuggingFace directory, a PEFT adapter folder, an ONNX file or a GGUF file",
+        "options:ExportOptions",
+        "convert:run_export",
+        "Write a run in another format: --to hf, a directory that transformers' "
+        "from_pretrained "
+        "loads (GPT runs as GPT-2, Llama or Qwen3, encoder runs as BERT); --to peft, a LoRA run's adapter as "
+        "adapter_config.json and adapter_model.safetensors, which PEFT's PeftModel.from_pretrained loads over "
+        "the base (named by base_model_name_or_path: the HuggingFace folder the base was converted from, else "
+        "the base run, to export with --to hf first); --to onnx, a file with dynamic batch and length, checked "
+        "with onnxruntime (GPT runs); --to gguf, one file that llama.cpp and ollama run (GPT runs with GPT-2's "
+        "block, Llama's or Qwen3's, a Mixtral's experts too; the tokenizer and chat template inside), its "
+        "matrices stored as --type says.",
+    ),
+    Command(
+        "merge",
+        "a LoRA run -> a full run: its adapters folded into its base's weights",
+        "options:MergeOptions",
+        "convert:run_merge",
+        "Fold a LoRA run's adapters into its base (W + (alpha / r) B A in every adapted "
+        "matrix) and "
+        "write a full run in --out, as a full fine-tune writes one: every weight, the tokenizer and chat "
+        "template, no adapter. A base the run quantized (int8, NF4) is merged in float, from the base run's "
+        "own weights. The merged run exports with --to hf.",
+    ),
+    Command(
+        "quantize",
+        "a language model run -> a run whose weights are stored int8, int4 or bf16 for decoding",
+        "options:QuantizeOptions",
+        "quantize:run_quantize",
+        "Store a language model run's block matrices and LM "
+        "head small, for "
+        "inference: int8 (one byte a weight and a scale per output channel), int4 (half a byte, a scale and a "
+        "zero per group of 32) or bf16 (two bytes). A decode step reads every weight once, so fewer bytes are "
+        "more tokens per second on a CPU. A layer stays float32 where this machine measured float32 faster for "
+        "its shape. The new run is a folder every command loads (sample, chat, eval, serve, inspect); "
+        "--quantize on those commands does the same in memory. Weights only: it does not train.",
+    ),
+    Command(
+        "vectors",
+        "query, evaluate, draw or export trained word vectors",
+        "options:VectorsOptions",
+        "vectors:run_vectors",
+        "Ask a vectors run (or a word2vec/GloVe text file) for neighbours, analogies and similarities; score it "
+        "on analogy questions and similarity ratings; draw or export it.",
+    ),
+    Command(
+        "inspect",
+        "logit lens, head detectors, head ablation, rollout/flow, heads over training",
+        "options:InspectOptions",
+        "interpret:run_inspect",
+        "lens: a GPT's next-token prediction read after each "
+        "layer; heads: "
+        "previous-token, first-token, duplicate-token and induction scores of every head; ablate: the loss "
+        "change on the input when each head is zeroed (with no input: on the repeated half of random tokens "
+        "repeated twice); rollout / flow: how much each position draws on each input token through all the "
+        "layers (any run; flow is slow past 64 tokens); over-training: detector scores and the loss on repeated "
+        "tokens at every weight snapshot (train with --snapshot-every N).",
+        overrides={"device": {"default": "cpu"}},
+    ),
+    Command(
+        "patch",
+        "activation and attribution patching: which activations carry the clean answer",
+        "options:PatchOptions",
+        "patch:run_patch",
+        "Run the model on --clean and --corrupted (same length), "
+        "copy one activation at a time from the clean run into the corrupted one and measure --metric: the "
+        "effect is (patched - corrupted) / (clean - corrupted), 1 where that activation alone restores the "
+        "clean answer. Sites: the residual stream by layer and position, each attention head (query heads, "
+        "grouped-query models included; cross-attention's too), and each layer's attention, MLP and residual. "
+        "Any Transformer run: a language model (the next token), an encoder (a masked LM's [MASK], a "
+        "classifier's class), a translation (clean and corrupted sources; the decoder reads the clean "
+        "translation), an image classifier (image files; patches as positions). --method attribution "
+        "estimates every site from one backward pass (AtP); --method eap or eap-ig scores every edge of the "
+        "residual graph; --sender HEADS --receivers HEADS is path patching (the senders' effect through the "
+        "receivers only). --json prints every effect, keyed by component, layer, head and position.",
+        overrides={"device": {"default": "cpu"}},
+    ),
+    Command(
+        "circuits",
+        "transcoders and an attribution graph: which features carry a prompt's next token",
+        "circuits:CircuitsOptions",
+        "circuits_run:run_circuits",
+        "Train a transcoder per layer (each MLP's input "
+        "-> its output, sparse; kept in OUT/transcoders and reused), replace every MLP of the model by its "
+        "transcoder plus an error node, freeze attention and norms on --prompt, and trace every edge from the "
+        "token embeddings through the features to --target's logit; prune it, score it (replacement and "
+        "completeness, as circuit-tracer), ablate its top features to check the signs, and write "
+        "OUT/graph.json and OUT/graph.html (offline; hover a feature for its top contexts). A GPT or Llama-block "
+        "run of attnlab train lm. docs/circuits.md.",
+        sections=(("graph", "attnlab.interpret.circuits_config:CircuitConfig", "the graph"),),
+        overrides={"device": {"default": "cpu"}},
+    ),
+    Command(
+        "sample",
+        "generate text from a trained run",
+        "options:SampleOptions",
+        "commands:run_sample",
+        "Continue --prompt (streamed as it is drawn; several samples as one batch); with --chat MESSAGE, "
+        "answer MESSAGE as a user's turn through the run's chat template and print only the answer.",
+        sections=(("gen", "attnlab.decoding.settings:GenerateConfig", "generation"),),
+    ),
+    Command(
+        "chat",
+        "talk with a language model run in the terminal, through its chat template",
+        "options:ChatOptions",
+        "chat:run_chat",
+        "An interactive conversation: type a message after 'you> ' and the answer streams as the "
+        "model writes it. Every turn is rendered with the run's chat template (its chat_template.json, as a "
+        "fine-tuned or converted run keeps it; attnlab's built-in ChatML otherwise) and the answer ends at the "
+        "template's end of turn. The conversation is kept, so later answers see earlier turns; when it outgrows "
+        "the model's context the oldest turns are dropped (the --system text stays); each answer keeps the room "
+        "the run's trained answers need (--reserve). Ctrl-C stops an answer (its turn is left out); /reset starts "
+        "over; /quit, Ctrl-D or Ctrl-C at the prompt leaves. In a terminal: line editing, history in "
+        "~/.attnlab_history (ATTNLAB_HISTORY names another file, empty for none).",
+        epilog="phrasings:phrasings_help",
+    ),
+    Command(
+        "eval",
+        "a language model's loss and bits per character, a classifier's accuracy, a translation's "
+        "BLEU, an image model's accuracy",
+        "options:EvalOptions",
+        "commands:run_eval",
+    ),
+    Command(
+        "report",
+        "a chat demo chain's report card: each stage's held-out numbers, time, size, machine "
+        "and commit, and exact answers by kind (markdown and self-contained HTML)",
+        "options:ReportOptions",
+        "commands:run_report",
+    ),
+    Command(
+        "size",
+        "parameters, FLOPs per token and memory of a preset",
+        "options:SizeOptions",
+        "commands:run_size",
+        sections=(("cluster", "attnlab.models.cluster:ClusterConfig", "planning a training run"),),
+    ),
+    Command(
+        "doctor",
+        "this machine: device, PyTorch, CPU, and what --dtype auto chose at each width and why",
+        "options:DoctorOptions",
+        "doctor:run_doctor",
+        description="Print the device, PyTorch's "
+        "version and threads, the CPU and its bf16 "
+        "instructions, and for each width measured here the precision --dtype auto chose for training and for "
+        "decoding, with the medians and spreads of the interleaved float32 and bf16 timings behind it. "
+        "--measure WIDTH measures now; --clear forgets the kept measurements.",
+    ),
+]
 
 
 # `attnlab train TASK ...` and `attnlab runs ...`: commands with sub-commands of their own, each filled
@@ -298,16 +392,20 @@ def add_group(sub, name: str) -> Parser:
 def add_template_limits(p: Parser) -> None:
     """Top-level options (before the command): the limits of rendering a chat template."""
     defaults = TemplateLimits()
-    g = p.add_argument_group("chat template limits", "A chat template comes from a model's folder or file, and "
-                             "attnlab renders it within limits; raise them only for a folder you trust. They go "
-                             "before the command: attnlab --template-seconds 30 chat RUN.")  # fmt: skip
-    helps = {"seconds": f"seconds one render may take, and one conversation's search for its assistant turns "
-                        f"(default {defaults.seconds:g})",
-             "growth": f"characters a template may write per character of the conversation, plus {BASE:,} times "
-                       f"this for headers; the template itself may be {SOURCE_PER_GROWTH:,} times this long "
-                       f"(default {defaults.growth:g})",
-             "depth": f"how deep a template's calls (macros, recursive loops) may nest (default {defaults.depth})",
-             }  # fmt: skip
+    g = p.add_argument_group(
+        "chat template limits",
+        "A chat template comes from a model's folder or file, and "
+        "attnlab renders it within limits; raise them only for a folder you trust. They go "
+        "before the command: attnlab --template-seconds 30 chat RUN.",
+    )
+    helps = {
+        "seconds": f"seconds one render may take, and one conversation's search for its assistant turns "
+        f"(default {defaults.seconds:g})",
+        "growth": f"characters a template may write per character of the conversation, plus {BASE:,} times "
+        f"this for headers; the template itself may be {SOURCE_PER_GROWTH:,} times this long "
+        f"(default {defaults.growth:g})",
+        "depth": f"how deep a template's calls (macros, recursive loops) may nest (default {defaults.depth})",
+    }
     for name, flag in OPTIONS.items():
         kind = int if name == "depth" else float
         g.add_argument(flag, type=_positive(kind), metavar="N", help=helps[name])
@@ -338,10 +436,15 @@ def build_parser(lazy: bool = False) -> Parser:
     runs: the others are never imported)."""
     p = Parser(prog="attnlab", description="Build, train, sample and inspect Transformers.")
     p.add_argument("--version", action="version", version=f"attnlab {__version__}")
-    p.add_argument("--threads", dest="threads_all", type=_threads, metavar="N",
-                   help=f"PyTorch threads for this command (default: one per core, fewer when other attnlab or "
-                   f"torch processes are busy here, said in one line; 0: PyTorch's own choice, nothing "
-                   f"checked); {THREADS_ENV}=N sets it for every command")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        dest="threads_all",
+        type=_threads,
+        metavar="N",
+        help=f"PyTorch threads for this command (default: one per core, fewer when other attnlab or "
+        f"torch processes are busy here, said in one line; 0: PyTorch's own choice, nothing "
+        f"checked); {THREADS_ENV}=N sets it for every command",
+    )
     add_template_limits(p)
     sub = p.add_subparsers(dest="name", metavar="COMMAND", parser_class=Parser)
     sub.required = True

@@ -381,10 +381,15 @@ class ServeOptions(Quantizes, OnDevice):
         None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
     )
     compile: bool = option(False, COMPILE_HELP + "; a request decoded alone takes it, batched rows do not")
-    transcoders: list[str] = field(default_factory=list, metadata={
-        "help": "a folder of transcoders (attnlab circuits writes OUT/transcoders): the explorer draws "
-                "attribution graphs of the served run they were trained on; repeatable",
-        "repeat": True, "metavar": "DIR"})  # fmt: skip
+    transcoders: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "a folder of transcoders (attnlab circuits writes OUT/transcoders): the explorer draws "
+            "attribution graphs of the served run they were trained on; repeatable",
+            "repeat": True,
+            "metavar": "DIR",
+        },
+    )
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -17,8 +17,10 @@ SUBCOMMANDS = {
 
 def fill_sae(sae: argparse.ArgumentParser, parser_class: type) -> None:
     """`attnlab sae train|show|synthetic`, in the `sae` parser cli/main.py made (filled when used)."""
-    sae.description = ("Sparse autoencoders: train one on a run's hook point (streamed from its own data), "
-                       "see its features, or check one against known features (synthetic). docs/sae.md.")  # fmt: skip
+    sae.description = (
+        "Sparse autoencoders: train one on a run's hook point (streamed from its own data), "
+        "see its features, or check one against known features (synthetic). docs/sae.md."
+    )
     what = sae.add_subparsers(dest="sae_command", metavar="COMMAND", parser_class=parser_class)
     what.required = True
     for name, help_ in SUBCOMMANDS.items():

@@ -25,8 +25,12 @@ SHOWN = ("explained_variance", "l0", "ce_loss_recovered", "kl_div", "dead_fracti
 @dataclass
 class SaeTrainOptions:
     run: str = option("", "the language-model run whose activations the SAE reads", positional=True)
-    hook: str = option("", "the hook point, e.g. blocks.1.hook_resid_post (a wrong name lists the run's)",
-                       required=True, metavar="NAME")  # fmt: skip
+    hook: str = option(
+        "",
+        "the hook point, e.g. blocks.1.hook_resid_post (a wrong name lists the run's)",
+        required=True,
+        metavar="NAME",
+    )
     out: str = option("", "folder to write sae.safetensors and sae.json to", required=True, metavar="DIR")
     eval_tokens: int = option(32768, "validation tokens the metrics are measured on", at_least=1)
     device: str = option("auto", "where the model and the SAE run: auto, cpu, cuda, cuda:N or mps")
@@ -48,8 +52,7 @@ class SaeShowOptions:
 class SaeSyntheticOptions(SyntheticConfig):  # the features' world (its flags), then the SAE's
     kind: str = option("topk", "the SAE: topk, batchtopk, jumprelu or relu", KINDS)
     latents: int | None = option(None, "the SAE's latents (default: F)", at_least=1)
-    k: int | None = option(None, "topk / batchtopk: active latents (default: the true L0, rounded)",
-                           at_least=1)  # fmt: skip
+    k: int | None = option(None, "topk / batchtopk: active latents (default: the true L0, rounded)", at_least=1)
     tokens: int = option(2_000_000, "samples the SAE trains on", at_least=1)
     lr: float = option(1e-2, "Adam's learning rate")
     json: bool = option(False, "print one JSON object")
@@ -59,8 +62,10 @@ def _check_out(folder: str, force: bool) -> Path:
 
     out = Path(folder)
     if run_holding(out / "x") is not None:
-        raise AttnlabError(f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
-                           "choose a folder outside it")  # fmt: skip
+        raise AttnlabError(
+            f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
+            "choose a folder outside it"
+        )
     if out.exists() and not out.is_dir():
         raise AttnlabError(f"--out {out} is a file: give a folder")
     if (out / "sae.json").exists() and not force:
@@ -75,14 +80,15 @@ def run_train(opts: SaeTrainOptions, cfg: SAEConfig) -> int:
     data = check_run(run, opts.hook)  # a wrong hook or a run without data: said before any work
     sae, info = train_sae(run, opts.hook, cfg, progress=not opts.json)
     found = evaluate_sae(run, opts.hook, sae, opts.eval_tokens, data=data)
-    save_sae(sae, out, {"hook": opts.hook, "run": str(Path(opts.run).absolute()), "training": info,
-                        "metrics": found})  # fmt: skip
+    save_sae(sae, out, {"hook": opts.hook, "run": str(Path(opts.run).absolute()), "training": info, "metrics": found})
     brief = {k: v for k, v in found.items() if k not in ("density", "density_histogram")}
     if opts.json:
         print(json.dumps({"out": str(out), "hook": opts.hook, **brief, "seconds": info["seconds"]}))
     else:
-        print(f"{cfg.kind} SAE, {cfg.latents:,} latents on {opts.hook}: {info['tokens']:,} tokens in "
-              f"{info['seconds']:.0f} s")  # fmt: skip
+        print(
+            f"{cfg.kind} SAE, {cfg.latents:,} latents on {opts.hook}: {info['tokens']:,} tokens in "
+            f"{info['seconds']:.0f} s"
+        )
         print("  ".join(f"{k} {brief[k]:.4f}" for k in SHOWN))
         print(f"written: {out / 'sae.safetensors'}, {out / 'sae.json'}; see its features: attnlab sae show {out}")
     return 0
@@ -107,16 +113,26 @@ def run_synthetic_command(opts: SaeSyntheticOptions) -> int:
     k = min(latents, opts.k or max(1, round(true_l0(world))))
     # dead (for AuxK) once silent for as many samples as a true feature fires in 80 times: 2e5, 4e4 and
     # 1.6e4 samples gave 0.7%, 0.1% and 0 dead at 1,024 features in 128 dims (docs/sae.md)
-    cfg = SAEConfig(latents=latents, kind=opts.kind, k=k, tokens=opts.tokens, lr=opts.lr, seed=opts.seed,
-                    aux_k=max(1, opts.dim // 2), dead_after=max(1, round(80 / world.p)))  # fmt: skip
+    cfg = SAEConfig(
+        latents=latents,
+        kind=opts.kind,
+        k=k,
+        tokens=opts.tokens,
+        lr=opts.lr,
+        seed=opts.seed,
+        aux_k=max(1, opts.dim // 2),
+        dead_after=max(1, round(80 / world.p)),
+    )
     r = run_synthetic(world, cfg, progress=not opts.json)
     if opts.json:
         print(json.dumps(r))
     else:
-        print(f"{opts.features} features in {opts.dim} dims, {cfg.kind} SAE with {latents} latents (k {k}): "
-              f"mcc {r['mcc']:.4f}, dead_fraction {r['dead_fraction']:.4f}, L0 true {r['true_l0']:.2f} learned "
-              f"{r['learned_l0']:.2f}, explained_variance {r['explained_variance']:.4f}, "
-              f"{r['seconds']:.1f} s")  # fmt: skip
+        print(
+            f"{opts.features} features in {opts.dim} dims, {cfg.kind} SAE with {latents} latents (k {k}): "
+            f"mcc {r['mcc']:.4f}, dead_fraction {r['dead_fraction']:.4f}, L0 true {r['true_l0']:.2f} learned "
+            f"{r['learned_l0']:.2f}, explained_variance {r['explained_variance']:.4f}, "
+            f"{r['seconds']:.1f} s"
+        )
     return 0
 
 
@@ -125,8 +141,9 @@ def fill(p: argparse.ArgumentParser, name: str) -> None:
     if name == "train":
         add_options(p, SaeTrainOptions)
         add_options(p, SAEConfig)
-        p.set_defaults(command=lambda args: run_train(read_options(args, SaeTrainOptions),
-                                                      read_options(args, SAEConfig)))  # fmt: skip
+        p.set_defaults(
+            command=lambda args: run_train(read_options(args, SaeTrainOptions), read_options(args, SAEConfig))
+        )
     elif name == "show":
         add_options(p, SaeShowOptions)
         p.set_defaults(command=lambda args: run_show(read_options(args, SaeShowOptions)))

@@ -22,9 +22,19 @@ FIRST, LAST = date(1950, 1, 1), date(2099, 12, 31)
 N_DAYS = (LAST - FIRST).days + 1
 
 MONTHS = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
-)  # fmt: skip
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")  # date.weekday() order
 
 # Fields: {d} day, {dd} day in two digits, {th} ordinal day, {m}/{mm} month number, {Month} and

@@ -71,26 +71,40 @@ class Rollouts:
         return RolloutBatch(ids.to(device), places.to(device), old.to(device), mask.to(device))
 
 
-def rollouts(model: CausalLM, prompts: Sequence[list[int]], group: int, max_new_tokens: int, seed: int = 0,
-             stops: Sequence[list[int]] = (), temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None) -> Rollouts:  # fmt: skip
+def rollouts(
+    model: CausalLM,
+    prompts: Sequence[list[int]],
+    group: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    stops: Sequence[list[int]] = (),
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Rollouts:
     """`group` answers to each prompt (ids), sampled as one batch; row k draws with seed + k. A row ends
     after max_new_tokens or when its tokens end with one of `stops` (kept: the policy learns to stop)."""
     if temperature != 1.0 or top_k is not None or top_p is not None:
-        raise AttnlabError("rollouts draw at temperature 1 without top-k/top-p, so that their log-probabilities "
-                           "are the policy's own (see decoding/rollouts.py)")  # fmt: skip
+        raise AttnlabError(
+            "rollouts draw at temperature 1 without top-k/top-p, so that their log-probabilities "
+            "are the policy's own (see decoding/rollouts.py)"
+        )
     rows = [list(p) for p in prompts for _ in range(group)]
     longest = max((len(p) for p in rows), default=0)
     if longest + max_new_tokens > model.cfg.context:
-        raise AttnlabError(f"a prompt of {longest} tokens and {max_new_tokens} new ones do not fit the model's "
-                           f"context of {model.cfg.context}: give fewer new tokens")  # fmt: skip
+        raise AttnlabError(
+            f"a prompt of {longest} tokens and {max_new_tokens} new ones do not fit the model's "
+            f"context of {model.cfg.context}: give fewer new tokens"
+        )
     stops = [list(s) for s in stops if s]
     training = model.training
     model.eval()  # no dropout while sampling: the draws are from the policy itself
     try:
         engine = engine_for(model, "float32", max_batch=min(max(len(rows), 1), MAX_BATCH))
-        streams = [_until_stop(engine.generate(p, Draw(1.0, None, None, seed + k), max_new_tokens, logprobs=0),
-                               stops) for k, p in enumerate(rows)]  # fmt: skip
+        streams = [
+            _until_stop(engine.generate(p, Draw(1.0, None, None, seed + k), max_new_tokens, logprobs=0), stops)
+            for k, p in enumerate(rows)
+        ]
         steps = read_in_turn(streams)
     finally:
         model.train(training)

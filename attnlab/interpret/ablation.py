@@ -23,8 +23,11 @@ MODES = ("zero", "mean")
 
 def attention_layers(model: nn.Module, stack: str = "blocks") -> list[str]:
     """The attention modules of one stack, in order (`blocks.0.attn`, ...)."""
-    return [name[: -len(".hook_head_out")] for name in taps(model)
-            if name.startswith(stack + ".") and name.endswith(".attn.hook_head_out")]  # fmt: skip
+    return [
+        name[: -len(".hook_head_out")]
+        for name in taps(model)
+        if name.startswith(stack + ".") and name.endswith(".attn.hook_head_out")
+    ]
 
 
 def _replace_head(head: int, value: Tensor) -> Hook:
@@ -37,8 +40,9 @@ def _replace_head(head: int, value: Tensor) -> Hook:
 
 
 @torch.no_grad()
-def head_ablation(model: nn.Module, loss: Callable[[], Tensor], inputs: tuple = (), mode: str = "zero",
-                  stack: str = "blocks") -> Tensor:  # fmt: skip
+def head_ablation(
+    model: nn.Module, loss: Callable[[], Tensor], inputs: tuple = (), mode: str = "zero", stack: str = "blocks"
+) -> Tensor:
     """(L, H) loss increase for removing each head of `stack`; loss() runs the model and returns the
     loss, `inputs` are what to trace for the mean ablation's means."""
     if mode not in MODES:

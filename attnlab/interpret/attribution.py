@@ -51,8 +51,13 @@ def _opening(store: dict[str, tuple[Tensor, Tensor]], name: str) -> Hook:
     return fn
 
 
-def attribution_patching(model: nn.Module, clean: tuple, corrupted: tuple, metric: Metric,
-                         granularities: Sequence[str] = tuple(GRANULARITIES)) -> Patching:  # fmt: skip
+def attribution_patching(
+    model: nn.Module,
+    clean: tuple,
+    corrupted: tuple,
+    metric: Metric,
+    granularities: Sequence[str] = tuple(GRANULARITIES),
+) -> Patching:
     """AtP's estimate of every site activation_patching measures (same arguments, same result type)."""
     check_pair(clean, corrupted)
     check_points(model)
@@ -90,9 +95,11 @@ def attribution_patching(model: nn.Module, clean: tuple, corrupted: tuple, metri
 
 _STREAM_POINT = re.compile(r"^(?P<stack>.+?)\.(?P<layer>\d+)\.(?P<leaf>hook_\w+)$")
 # Each sublayer: its output point, and the stream points before and after it (the first present).
-SUBLAYERS = (("attn", "hook_attn_out", ("hook_resid_pre",), "hook_resid_mid"),
-             ("cross", "hook_cross_out", ("hook_resid_mid",), "hook_resid_cross"),
-             ("ff", "hook_ff_out", ("hook_resid_cross", "hook_resid_mid"), "hook_resid_post"))  # fmt: skip
+SUBLAYERS = (
+    ("attn", "hook_attn_out", ("hook_resid_pre",), "hook_resid_mid"),
+    ("cross", "hook_cross_out", ("hook_resid_mid",), "hook_resid_cross"),
+    ("ff", "hook_ff_out", ("hook_resid_cross", "hook_resid_mid"), "hook_resid_post"),
+)
 
 
 @dataclass
@@ -117,8 +124,10 @@ def residual_graph(model: nn.Module, cache: dict[str, Tensor]) -> dict[str, list
         stack, layer = m["stack"], int(m["layer"])
         block = model.get_submodule(f"{stack}.{layer}")
         if isinstance(block, Block) and not block.pre_norm:
-            raise AttnlabError("edge attribution reads the residual graph of pre-norm blocks (each sublayer adds to "
-                               "the stream); this model normalizes after the residual (post-norm)")  # fmt: skip
+            raise AttnlabError(
+                "edge attribution reads the residual graph of pre-norm blocks (each sublayer adds to "
+                "the stream); this model normalizes after the residual (post-norm)"
+            )
         at = lambda leaf, stack=stack, layer=layer: f"{stack}.{layer}.{leaf}"  # noqa: E731
         for name, out, before, after in SUBLAYERS:
             source = next((at(b) for b in before if at(b) in cache), None)
@@ -127,8 +136,14 @@ def residual_graph(model: nn.Module, cache: dict[str, Tensor]) -> dict[str, list
     return graph
 
 
-def _stream_grads(model: nn.Module, inputs: tuple, metric: Metric, points: list[str],
-                  starts: dict[str, tuple[Tensor, Tensor]], alpha: float | None) -> dict[str, Tensor]:  # fmt: skip
+def _stream_grads(
+    model: nn.Module,
+    inputs: tuple,
+    metric: Metric,
+    points: list[str],
+    starts: dict[str, tuple[Tensor, Tensor]],
+    alpha: float | None,
+) -> dict[str, Tensor]:
     """dm/d(stream) at each point; with alpha, each stack's input set to corrupt + alpha (clean - corrupt)."""
     zeros: dict[str, Tensor] = {}
 
@@ -163,11 +178,15 @@ def edge_attribution(model: nn.Module, clean: tuple, corrupted: tuple, metric: M
     m_clean, m_corrupt = float(metric(out_clean)[0]), float(metric(out_bad)[0])
     graph = residual_graph(model, bad)
     if not graph:
-        raise AttnlabError("edge attribution reads the residual stream around each sublayer (hook_resid_pre, "
-                           "hook_resid_mid, hook_resid_post); this model records none")  # fmt: skip
+        raise AttnlabError(
+            "edge attribution reads the residual stream around each sublayer (hook_resid_pre, "
+            "hook_resid_mid, hook_resid_post); this model records none"
+        )
     streams = sorted({p for nodes in graph.values() for n in nodes for p in (n.before, n.after)}, key=list(bad).index)
-    starts = {f"{stack}.0.hook_resid_pre": (bad[f"{stack}.0.hook_resid_pre"], good[f"{stack}.0.hook_resid_pre"])
-              for stack in graph}  # fmt: skip
+    starts = {
+        f"{stack}.0.hook_resid_pre": (bad[f"{stack}.0.hook_resid_pre"], good[f"{stack}.0.hook_resid_pre"])
+        for stack in graph
+    }
     alphas = [None] if steps == 0 else [(i + 1) / steps for i in range(steps)]
     runs = [_stream_grads(model, corrupted, metric, streams, starts, a) for a in alphas]
     grad = {p: sum(r[p] for r in runs) / len(runs) for p in streams}
@@ -181,9 +200,22 @@ def edge_attribution(model: nn.Module, clean: tuple, corrupted: tuple, metric: M
             to = f"{stack}.out" if v is None else f"{stack}.{v.layer}.{v.name}"
             for name, diff in senders:
                 score = float((diff.double() * g.double()).sum())
-                edges.append({"stack": stack, "from": name, "to": to, "score": score,
-                              "effect": score / total if total else (0.0 if score == 0 else None)})  # fmt: skip
+                edges.append(
+                    {
+                        "stack": stack,
+                        "from": name,
+                        "to": to,
+                        "score": score,
+                        "effect": score / total if total else (0.0 if score == 0 else None),
+                    }
+                )
             if v is not None:
                 senders.append((v.output, good[v.output] - bad[v.output]))
-    return {"method": "eap-ig" if steps else "eap", "steps": steps, "m_clean": m_clean, "m_corrupt": m_corrupt,
-            "total": total, "edges": edges}  # fmt: skip
+    return {
+        "method": "eap-ig" if steps else "eap",
+        "steps": steps,
+        "m_clean": m_clean,
+        "m_corrupt": m_corrupt,
+        "total": total,
+        "edges": edges,
+    }

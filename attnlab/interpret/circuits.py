@@ -158,8 +158,12 @@ class Nodes:
 
     def slices(self) -> dict[str, slice]:
         f, e = self.n_features, self.n_layers * self.n_pos
-        return {"features": slice(0, f), "errors": slice(f, f + e), "embeddings": slice(f + e, f + e + self.n_pos),
-                "logit": slice(f + e + self.n_pos, f + e + self.n_pos + 1)}  # fmt: skip
+        return {
+            "features": slice(0, f),
+            "errors": slice(f, f + e),
+            "embeddings": slice(f + e, f + e + self.n_pos),
+            "logit": slice(f + e + self.n_pos, f + e + self.n_pos + 1),
+        }
 
     def __len__(self) -> int:
         return self.n_features + (self.n_layers + 1) * self.n_pos + 1
@@ -206,8 +210,10 @@ def active_features(tcs: list[Transcoder], fz: Frozen) -> tuple[Nodes, list[Tens
 def check_transcoders(model: nn.Module, tcs: list[Transcoder]) -> None:
     blocks = mlps(model)
     if len(tcs) != len(blocks) or any(tc.dim != model.cfg.d_model for tc in tcs):
-        raise AttnlabError(f"these transcoders ({len(tcs)} of width {tcs[0].dim if tcs else '?'}) do not fit this "
-                           f"run ({len(blocks)} layers of {model.cfg.d_model}): train them on it")  # fmt: skip
+        raise AttnlabError(
+            f"these transcoders ({len(tcs)} of width {tcs[0].dim if tcs else '?'}) do not fit this "
+            f"run ({len(blocks)} layers of {model.cfg.d_model}): train them on it"
+        )
 
 
 def attribute(model: nn.Module, ids: Tensor, target: int, tcs: list[Transcoder], batch: int = 64) -> Attribution:
@@ -256,8 +262,9 @@ def mlp_inputs(model: nn.Module, ins: list[Tensor]) -> Iterator[None]:
             h.remove()
 
 
-def _edges_into(model: nn.Module, fz: Frozen, nodes: Nodes, rows: list[int], target: int, encs, feat_dec,
-                errors: Tensor) -> Tensor:  # fmt: skip
+def _edges_into(
+    model: nn.Module, fz: Frozen, nodes: Nodes, rows: list[int], target: int, encs, feat_dec, errors: Tensor
+) -> Tensor:
     """Edges into the nodes `rows` (features by number, or the logit), (len(rows), n): one backward
     pass through the frozen model, one row of the batch per target."""
     B, L = len(rows), nodes.n_layers

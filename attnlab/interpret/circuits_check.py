@@ -92,8 +92,9 @@ def real_deltas(model: nn.Module, attr: Attribution, tcs: list[Transcoder], chos
     return metric(model, hidden[1], attr.target) - metric(model, hidden[0], attr.target)
 
 
-def intervention_check(model: nn.Module, attr: Attribution, tcs: list[Transcoder], influence: Tensor,
-                       top: int = 10) -> dict:  # fmt: skip
+def intervention_check(
+    model: nn.Module, attr: Attribution, tcs: list[Transcoder], influence: Tensor, top: int = 10
+) -> dict:
     """Ablate the `top` features of most influence on the target, one at a time, in the replacement
     model and in the real one; the share of signs the graph predicted right in each."""
     nf = attr.nodes.n_features
@@ -104,8 +105,18 @@ def intervention_check(model: nn.Module, attr: Attribution, tcs: list[Transcoder
     repl = replacement_deltas(model, attr, tcs, chosen).double()
     real = real_deltas(model, attr, tcs, chosen).double()
     n = attr.nodes
-    rows = [{"node": int(j), "layer": int(n.layer[j]), "pos": int(n.pos[j]), "feature": int(n.index[j]),
-             "activation": float(n.act[j]), "predicted": float(p), "replacement": float(d), "real": float(r)}
-            for j, p, d, r in zip(chosen, predicted, repl, real)]  # fmt: skip
+    rows = [
+        {
+            "node": int(j),
+            "layer": int(n.layer[j]),
+            "pos": int(n.pos[j]),
+            "feature": int(n.index[j]),
+            "activation": float(n.act[j]),
+            "predicted": float(p),
+            "replacement": float(d),
+            "real": float(r),
+        }
+        for j, p, d, r in zip(chosen, predicted, repl, real)
+    ]
     right = lambda got: float((torch.sign(got) == torch.sign(predicted)).double().mean())
     return {"features": rows, "replacement_right": right(repl), "real_right": right(real)}

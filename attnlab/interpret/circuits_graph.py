@@ -58,8 +58,10 @@ def scores(attr: Attribution, an: Tensor) -> dict[str, float]:
     rows = torch.cat([torch.arange(s["features"].stop), torch.tensor([s["logit"].start])])
     non_error = an[rows].sum(1) - an[rows][:, s["errors"]].sum(1)
     weight = (inf + w)[rows]
-    return {"replacement_score": emb / (emb + err) if emb + err > 0 else float("nan"),
-            "completeness_score": float((non_error * weight).sum() / weight.sum())}  # fmt: skip
+    return {
+        "replacement_score": emb / (emb + err) if emb + err > 0 else float("nan"),
+        "completeness_score": float((non_error * weight).sum() / weight.sum()),
+    }
 
 
 @dataclass

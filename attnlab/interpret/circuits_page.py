@@ -47,8 +47,12 @@ def feature_notes(run: Run, data: dict, tcs: list[Transcoder], tokens: int = 163
                 if float(tops.values[k, j]) <= 0:
                     break
                 keep = tops.ids[k, j] >= 0
-                contexts.append({"tokens": token_labels(run.tokenizer, tops.ids[k, j][keep].tolist()),
-                                 "acts": [round(float(a), 3) for a in tops.acts[k, j][keep]]})  # fmt: skip
+                contexts.append(
+                    {
+                        "tokens": token_labels(run.tokenizer, tops.ids[k, j][keep].tolist()),
+                        "acts": [round(float(a), 3) for a in tops.acts[k, j][keep]],
+                    }
+                )
             notes[f"{layer}:{f}"] = {"contexts": contexts, "promotes": promoted[k]}
     return notes
 
@@ -77,6 +81,9 @@ def write_circuit(run: Run, data: dict, tcs: list[Transcoder], folder: str | Pat
 
 def circuit_page(data: dict, title: str, notes: dict | None = None) -> str:
     """The page's text: the graph `data` (graph.json's) drawn, with the features' notes when given."""
-    parts = {"TITLE": html.escape(title), "SCRIPT": static_text("circuits.js"),
-             "DATA": script_json({**data, "notes": notes or {}})}  # fmt: skip
+    parts = {
+        "TITLE": html.escape(title),
+        "SCRIPT": static_text("circuits.js"),
+        "DATA": script_json({**data, "notes": notes or {}}),
+    }
     return fill(static_text("circuits.html"), parts)

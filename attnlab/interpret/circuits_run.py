@@ -52,8 +52,9 @@ def prompt_ids(run: Run, prompt: str) -> torch.Tensor:
     if not ids:
         raise AttnlabError("the prompt has no tokens")
     if len(ids) > run.model.cfg.context:
-        raise AttnlabError(f"the prompt is {len(ids)} tokens, longer than the run's context of "
-                           f"{run.model.cfg.context}: shorten it")  # fmt: skip
+        raise AttnlabError(
+            f"the prompt is {len(ids)} tokens, longer than the run's context of {run.model.cfg.context}: shorten it"
+        )
     return torch.tensor([ids], device=next(run.model.parameters()).device)
 
 
@@ -69,8 +70,9 @@ def target_id(run: Run, target: str | None, ids: torch.Tensor) -> int:
     return got[0]
 
 
-def trace_circuit(run: Run, prompt: str, target: str | None, tcs: list[Transcoder],
-                  cfg: CircuitConfig | None = None) -> Circuit:  # fmt: skip
+def trace_circuit(
+    run: Run, prompt: str, target: str | None, tcs: list[Transcoder], cfg: CircuitConfig | None = None
+) -> Circuit:
     """The attribution graph of `target` after `prompt`, pruned, scored and checked by intervention."""
     cfg = cfg or CircuitConfig()
     start = time.perf_counter()
@@ -95,23 +97,40 @@ def graph_json(run: Run, attr: Attribution, pruned: Pruned, check: dict) -> dict
     for i in kept:
         node = {"id": i, "influence": float(pruned.influence[i])}
         if i < s["features"].stop:
-            node.update(kind="feature", layer=int(n.layer[i]), pos=int(n.pos[i]), feature=int(n.index[i]),
-                        activation=float(n.act[i]))  # fmt: skip
+            node.update(
+                kind="feature",
+                layer=int(n.layer[i]),
+                pos=int(n.pos[i]),
+                feature=int(n.index[i]),
+                activation=float(n.act[i]),
+            )
         elif i < s["errors"].stop:
             layer, pos = divmod(i - s["errors"].start, n.n_pos)
             node.update(kind="error", layer=layer, pos=pos, norm=float(attr.errors[layer, pos].norm()))
         elif i < s["embeddings"].stop:
             node.update(kind="embedding", layer=-1, pos=i - s["embeddings"].start)
         else:
-            node.update(kind="logit", layer=n.n_layers, pos=n.n_pos - 1, value=float(attr.value[i]),
-                        bias=float(attr.bias[i]))  # fmt: skip
+            node.update(
+                kind="logit", layer=n.n_layers, pos=n.n_pos - 1, value=float(attr.value[i]), bias=float(attr.bias[i])
+            )
         nodes.append(node)
     t, src = pruned.edges.nonzero(as_tuple=True)
     edges = [[int(a), int(b), float(attr.adjacency[b, a])] for a, b in zip(src, t)]  # source, target, weight
-    return {"tokens": tokens, "target": token_labels(run.tokenizer, [attr.target])[0], "target_id": attr.target,
-            "metric": "logit(target) - mean logit, at the last position, before any soft-cap",
-            "layers": n.n_layers, "nodes": nodes, "edges": edges,
-            "counts": {"active_features": n.n_features, "nodes": len(nodes), "edges": len(edges),
-                       "full_edges": int((attr.adjacency != 0).sum())},
-            "scores": {"before": pruned.before, "after": pruned.after},
-            "linearity_gap": attr.linearity_gap(), "intervention": check}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "target": token_labels(run.tokenizer, [attr.target])[0],
+        "target_id": attr.target,
+        "metric": "logit(target) - mean logit, at the last position, before any soft-cap",
+        "layers": n.n_layers,
+        "nodes": nodes,
+        "edges": edges,
+        "counts": {
+            "active_features": n.n_features,
+            "nodes": len(nodes),
+            "edges": len(edges),
+            "full_edges": int((attr.adjacency != 0).sum()),
+        },
+        "scores": {"before": pruned.before, "after": pruned.after},
+        "linearity_gap": attr.linearity_gap(),
+        "intervention": check,
+    }

@@ -43,5 +43,9 @@ def routing_json(run, text: str) -> dict | None:
     if not moe_layers(run.model) or not isinstance(run.model, OneSequence):
         return None
     r = expert_routing(run, text)
-    return {"tokens": r.tokens, "experts": r.experts[..., 0].tolist(), "gates": np.round(r.gates[..., 0], 3).tolist(),
-            "n": r.n_experts}  # fmt: skip
+    return {
+        "tokens": r.tokens,
+        "experts": r.experts[..., 0].tolist(),
+        "gates": np.round(r.gates[..., 0], 3).tolist(),
+        "n": r.n_experts,
+    }

@@ -33,8 +33,13 @@ class Lens:
     target_prob: Tensor | None  # (L + 1, T - 1): the probability of the token that comes next
 
     def as_json(self) -> dict:
-        return {"tokens": self.tokens, "layers": self.layers, "top": self.top, "prob": self.prob.tolist(),
-                "target_prob": None if self.target_prob is None else self.target_prob.tolist()}  # fmt: skip
+        return {
+            "tokens": self.tokens,
+            "layers": self.layers,
+            "top": self.top,
+            "prob": self.prob.tolist(),
+            "target_prob": None if self.target_prob is None else self.target_prob.tolist(),
+        }
 
     def __repr__(self) -> str:  # the dataclass's would print both tensors
         return f"Lens({len(self.tokens)} positions read after {', '.join(self.layers)}; see .top and .prob)"
@@ -47,8 +52,9 @@ class Lens:
 def _reader(model: nn.Module, src: Tensor | None) -> tuple[str, nn.Module, nn.Module]:
     """The stack whose stream is read, and the final norm and head to read it through (models/protocols.py)."""
     if not isinstance(model, ReadOut) or isinstance(model, CausalLM) != (src is None):
-        raise AttnlabError("the logit lens needs a decoder language model (a GPT run) or a translation "
-                           "Transformer with its source")  # fmt: skip
+        raise AttnlabError(
+            "the logit lens needs a decoder language model (a GPT run) or a translation Transformer with its source"
+        )
     return model.readout()
 
 
@@ -66,8 +72,13 @@ def logit_lens(model: nn.Module, ids: Tensor, decode=lambda i: str(i), src: Tens
     target = None
     if len(nxt):  # (L + 1, T - 1): the probability each depth gives the token that came next
         target = probs[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(streams), -1, 1))[..., 0].cpu()
-    return Lens([decode(int(i)) for i in ids[0]], ["embed"] + [f"block {i + 1}" for i in range(n)],
-                [[decode(int(i)) for i in row] for row in top], prob.cpu(), target)  # fmt: skip
+    return Lens(
+        [decode(int(i)) for i in ids[0]],
+        ["embed"] + [f"block {i + 1}" for i in range(n)],
+        [[decode(int(i)) for i in row] for row in top],
+        prob.cpu(),
+        target,
+    )
 
 
 def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> Picture:
@@ -82,8 +93,15 @@ def plot_lens(lens: Lens, path: str | Path, max_positions: int = 40) -> Picture:
     for layer in range(L):
         for pos in range(T):
             p = float(lens.prob[layer, pos])
-            ax.text(pos, layer, repr(lens.top[layer][pos])[1:-1][:8], ha="center", va="center", fontsize=size,
-                    color="white" if p > 0.55 else "black")  # fmt: skip
+            ax.text(
+                pos,
+                layer,
+                repr(lens.top[layer][pos])[1:-1][:8],
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="white" if p > 0.55 else "black",
+            )
     ax.set_xticks(range(T), [repr(tok)[1:-1][:10] for tok in lens.tokens[:T]], rotation=60, ha="right", fontsize=size)
     ax.set_yticks(range(L), lens.layers, fontsize=9)
     ax.set_xlabel("input position (the cell: the next token predicted there)")

@@ -48,8 +48,13 @@ def over_training(run, n: int | None = None, batch: int = 8) -> dict:
         repeat_loss.append(float(F.cross_entropy(logits.flatten(0, 1), ids[:, half + 1 :].flatten())))
     rows = read_metrics(Path(run.path) / "metrics.jsonl")
     val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    return {"steps": steps, "scores": {k: torch.stack(v) for k, v in scores.items()}, "repeat_loss": repeat_loss,
-            "val_loss": val, "chance": float(torch.log(torch.tensor(float(run.tokenizer.vocab_size))))}  # fmt: skip
+    return {
+        "steps": steps,
+        "scores": {k: torch.stack(v) for k, v in scores.items()},
+        "repeat_loss": repeat_loss,
+        "val_loss": val,
+        "chance": float(torch.log(torch.tensor(float(run.tokenizer.vocab_size)))),
+    }
 
 
 def plot_over_training(result: dict, path: str | Path) -> Picture:

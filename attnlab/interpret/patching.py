@@ -42,8 +42,14 @@ from attnlab.nn.hooks import Hook, hooks, taps
 Metric = Callable[[Tensor], Tensor]  # the model's output (B, ...) -> one number per row (B,)
 
 # The points patched, by the name after `{stack}.{layer}.`, and the component name they are reported by.
-COMPONENTS = {"hook_resid_pre": "resid_pre", "attn.hook_head_out": "head", "cross.hook_head_out": "cross_head",
-              "hook_attn_out": "attn_out", "hook_cross_out": "cross_out", "hook_ff_out": "mlp_out"}  # fmt: skip
+COMPONENTS = {
+    "hook_resid_pre": "resid_pre",
+    "attn.hook_head_out": "head",
+    "cross.hook_head_out": "cross_head",
+    "hook_attn_out": "attn_out",
+    "hook_cross_out": "cross_out",
+    "hook_ff_out": "mlp_out",
+}
 # What each granularity patches: the points, and how each is cut (by position, by head, or whole).
 GRANULARITIES = {
     "resid": (("hook_resid_pre",), "position"),
@@ -70,8 +76,15 @@ class Site:
 
     def key(self) -> dict:
         """How JSON names it: component, stack, layer, head and position (null where not cut)."""
-        return {"granularity": self.granularity, "component": self.component, "stack": self.stack,
-                "layer": self.layer, "head": self.head, "position": self.position, "point": self.point}  # fmt: skip
+        return {
+            "granularity": self.granularity,
+            "component": self.component,
+            "stack": self.stack,
+            "layer": self.layer,
+            "head": self.head,
+            "position": self.position,
+            "point": self.point,
+        }
 
 
 def sites(cache: dict[str, Tensor], granularities: Sequence[str] = tuple(GRANULARITIES)) -> list[Site]:
@@ -86,8 +99,9 @@ def sites(cache: dict[str, Tensor], granularities: Sequence[str] = tuple(GRANULA
             m = _POINT.match(name)
             if not m or m["leaf"] not in leaves:
                 continue
-            base = dict(point=name, stack=m["stack"], layer=int(m["layer"]), component=COMPONENTS[m["leaf"]],
-                        granularity=g)  # fmt: skip
+            base = dict(
+                point=name, stack=m["stack"], layer=int(m["layer"]), component=COMPONENTS[m["leaf"]], granularity=g
+            )
             if cut == "position":
                 out += [Site(index=(t,), position=t, **base) for t in range(x.shape[1])]  # x (B, T, C)
             elif cut == "head":
@@ -123,8 +137,11 @@ class Patching:
 
     def grid(self, granularity: str, component: str, stack: str) -> Tensor:
         """One component's effects as a (L, T), (L, H) or (L, 1) table (NaN where not measured)."""
-        chosen = [(s, e) for s, e in zip(self.sites, self.effects())
-                  if (s.granularity, s.component, s.stack) == (granularity, component, stack)]  # fmt: skip
+        chosen = [
+            (s, e)
+            for s, e in zip(self.sites, self.effects())
+            if (s.granularity, s.component, s.stack) == (granularity, component, stack)
+        ]
         if not chosen:
             raise AttnlabError(f"no {granularity} {component} effects of {stack!r} were measured")
         cols = max(s.index[0] if s.index else 0 for s, _ in chosen) + 1
@@ -138,11 +155,19 @@ class Patching:
         return list(dict.fromkeys((s.granularity, s.component, s.stack) for s in self.sites))
 
     def as_json(self) -> dict:
-        effects = [{**s.key(), "effect": None if e is None else round(e, 6), "change": round(float(c), 6)}
-                   for s, e, c in zip(self.sites, self.effects(), self.changes)]  # fmt: skip
-        return {"method": self.method, **self.answer, "m_clean": round(self.clean, 6),
-                "m_corrupt": round(self.corrupted, 6), "total": round(self.total, 6), "positions": self.labels,
-                "effects": effects}  # fmt: skip
+        effects = [
+            {**s.key(), "effect": None if e is None else round(e, 6), "change": round(float(c), 6)}
+            for s, e, c in zip(self.sites, self.effects(), self.changes)
+        ]
+        return {
+            "method": self.method,
+            **self.answer,
+            "m_clean": round(self.clean, 6),
+            "m_corrupt": round(self.corrupted, 6),
+            "total": round(self.total, 6),
+            "positions": self.labels,
+            "effects": effects,
+        }
 
 
 def check_pair(clean: tuple, corrupted: tuple) -> None:
@@ -151,8 +176,10 @@ def check_pair(clean: tuple, corrupted: tuple) -> None:
         raise AttnlabError(f"the clean input has {len(clean)} tensors and the corrupted {len(corrupted)}")
     for a, b in zip(clean, corrupted):
         if a.shape != b.shape:
-            raise AttnlabError(f"the clean input is {_size(a)} and the corrupted {_size(b)}: patching copies "
-                               "activations position by position, so give inputs of the same length")  # fmt: skip
+            raise AttnlabError(
+                f"the clean input is {_size(a)} and the corrupted {_size(b)}: patching copies "
+                "activations position by position, so give inputs of the same length"
+            )
         if a.shape[0] != 1:
             raise AttnlabError(f"patching reads one clean and one corrupted example, got a batch of {a.shape[0]}")
 
@@ -163,8 +190,10 @@ def _size(x: Tensor) -> str:
 
 def check_points(model: nn.Module) -> None:
     if not any(_POINT.match(name) for name in taps(model)):
-        raise AttnlabError(f"this model ({type(model).__name__}) has no Transformer hook points (blocks' "
-                           "resid_pre, attn.hook_head_out, ...): patching reads a Transformer")  # fmt: skip
+        raise AttnlabError(
+            f"this model ({type(model).__name__}) has no Transformer hook points (blocks' "
+            "resid_pre, attn.hook_head_out, ...): patching reads a Transformer"
+        )
 
 
 def cuttable(model: nn.Module, inputs: tuple) -> dict[str, Tensor]:

@@ -76,8 +76,10 @@ class Pair:
         for candidate in (text, text.strip(), text.replace("·", " ")):
             if candidate in self.names:
                 return self.names.index(candidate)
-        raise AttnlabError(f"{flag} {text!r}: not a single token or label of this run's output "
-                           f"(e.g. {', '.join(repr(n) for n in self.names[:5])})")  # fmt: skip
+        raise AttnlabError(
+            f"{flag} {text!r}: not a single token or label of this run's output "
+            f"(e.g. {', '.join(repr(n) for n in self.names[:5])})"
+        )
 
 
 def _device(run: Run) -> torch.device:
@@ -118,8 +120,10 @@ def _encoder(run: Run, clean: str, corrupted: str) -> Pair:
         names = [tok.decode([i]) for i in range(tok.vocab_size)]
         return Pair((_ids(run, a),), (_ids(run, b),), labels, names, a.index(tok.mask_id))
     if not head.pooled:
-        raise AttnlabError(f"{run.path}: a tagger answers at every token; patching reads one answer (a masked "
-                           "LM's [MASK], a classifier's class)")  # fmt: skip
+        raise AttnlabError(
+            f"{run.path}: a tagger answers at every token; patching reads one answer (a masked "
+            "LM's [MASK], a classifier's class)"
+        )
     return Pair((_ids(run, a),), (_ids(run, b),), labels, list(run.config["task"]["labels"]), None)
 
 
@@ -149,8 +153,10 @@ def pair(run: Run, clean: str, corrupted: str) -> Pair:
         return _encoder(run, clean, corrupted)
     if run.task.reads_images and not isinstance(model, StepDecoding) and isinstance(model.cfg, PatchGrid):
         return _image(run, clean, corrupted)
-    raise AttnlabError(f"{run.path} is {run.task.noun} run: patching reads a language model, an encoder "
-                       "(masked LM or classifier), a translation or an image classifier")  # fmt: skip
+    raise AttnlabError(
+        f"{run.path} is {run.task.noun} run: patching reads a language model, an encoder "
+        "(masked LM or classifier), a translation or an image classifier"
+    )
 
 
 @torch.no_grad()
@@ -161,8 +167,10 @@ def metric_of(run: Run, p: Pair, kind: str, target: str | None = None, wrong: st
     t = p.answer(target, top[0], "--target")
     w = p.answer(wrong, top[1], "--wrong") if kind == "logit-diff" else None
     if w is not None and w == t:
-        raise AttnlabError(f"the target and the wrong answer are both {p.names[t]!r} (the corrupted run's top answer "
-                           "too?): name another with --wrong")  # fmt: skip
+        raise AttnlabError(
+            f"the target and the wrong answer are both {p.names[t]!r} (the corrupted run's top answer "
+            "too?): name another with --wrong"
+        )
     return AnswerMetric(kind, t, w, p.position)
 
 

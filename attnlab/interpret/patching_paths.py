@@ -61,8 +61,9 @@ def _step3(kept: Tensor, receive: set[int]) -> Hook:
 
 
 @torch.no_grad()
-def path_patching(model: nn.Module, clean: tuple, corrupted: tuple, metric: Metric, sender: str,
-                  receivers: str) -> dict:  # fmt: skip
+def path_patching(
+    model: nn.Module, clean: tuple, corrupted: tuple, metric: Metric, sender: str, receivers: str
+) -> dict:
     """The effect of the `sender` heads on the metric through the `receivers` heads alone (see the
     module's docstring): {m_clean, m_corrupt, m_patched, effect, sender, receivers} (points -> heads)."""
     check_pair(clean, corrupted)
@@ -77,8 +78,9 @@ def path_patching(model: nn.Module, clean: tuple, corrupted: tuple, metric: Metr
     m_clean, m_corrupt = float(metric(out_clean)[0]), float(metric(out_bad)[0])
     kept: dict[str, Tensor] = {}
     keep = lambda p: lambda x: kept.__setitem__(p, x.detach().clone())  # noqa: E731
-    step2 = {p: _step2(bad[p], good[p], send.get(p, set()), receive.get(p, set()), keep(p))
-             for p in bad}  # the points that ran  # fmt: skip
+    step2 = {
+        p: _step2(bad[p], good[p], send.get(p, set()), receive.get(p, set()), keep(p)) for p in bad
+    }  # the points that ran
     with hooks(model, step2):
         model(*corrupted)
     with hooks(model, {p: _step3(kept[p], hs) for p, hs in receive.items()}):
@@ -86,5 +88,11 @@ def path_patching(model: nn.Module, clean: tuple, corrupted: tuple, metric: Metr
     total = m_clean - m_corrupt
     effect = (m - m_corrupt) / total if total else (0.0 if m == m_corrupt else None)
     named = lambda d: {p: sorted(hs) for p, hs in d.items()}  # noqa: E731
-    return {"m_clean": m_clean, "m_corrupt": m_corrupt, "m_patched": m, "effect": effect,
-            "sender": named(send), "receivers": named(receive)}  # fmt: skip
+    return {
+        "m_clean": m_clean,
+        "m_corrupt": m_corrupt,
+        "m_patched": m,
+        "effect": effect,
+        "sender": named(send),
+        "receivers": named(receive),
+    }

@@ -34,8 +34,9 @@ def _panels(result: Patching) -> list[tuple[str, np.ndarray, list[str], str]]:
                 out.append((f"{name}residual stream (resid_pre)", grid, labels[: grid.shape[1]], "position"))
             else:
                 heads = [str(h + 1) for h in range(grid.shape[1])]
-                out.append((f"{name}{'cross-attention ' if component == 'cross_head' else ''}heads", grid, heads,
-                            "head"))  # fmt: skip
+                out.append(
+                    (f"{name}{'cross-attention ' if component == 'cross_head' else ''}heads", grid, heads, "head")
+                )
         parts = [c for c in _COMPONENT_ORDER if ("components", c, stack) in tables]
         if parts:
             grid = np.concatenate([result.grid("components", c, stack).numpy() for c in parts], axis=1)
@@ -52,8 +53,14 @@ def draw_patching(result: Patching, path: str | Path, title: str = "") -> Pictur
     # One panel a row: the residual stream's positions need the width, the others read as well stretched.
     heights = [0.32 * g.shape[0] + 1.5 for _, g, _, _ in panels]
     width = min(24.0, max(6.0, max(0.3 * g.shape[1] + 2.5 for _, g, _, _ in panels)))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(width, sum(heights) + 0.6), dpi=110, squeeze=False,
-                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(width, sum(heights) + 0.6),
+        dpi=110,
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, (name, grid, labels, axis) in zip(axes.flat, panels):
         im = ax.imshow(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
         ax.set_xticks(range(len(labels)), labels, rotation=90 if axis != "head" else 0, fontsize=7)
@@ -64,7 +71,8 @@ def draw_patching(result: Patching, path: str | Path, title: str = "") -> Pictur
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
     answer = result.answer
     head = f"{result.method} patching: {answer.get('metric', 'metric')} of {answer.get('target')!r}" + (
-        f" vs {answer['wrong']!r}" if answer.get("wrong") is not None else "")  # fmt: skip
+        f" vs {answer['wrong']!r}" if answer.get("wrong") is not None else ""
+    )
     fig.suptitle(f"{title}\n{head}" if title else head, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)

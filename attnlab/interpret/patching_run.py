@@ -24,22 +24,34 @@ from attnlab.runs.run import Run
 METHODS = {"activation": activation_patching, "attribution": attribution_patching}
 
 
-def measured(run: Run, clean: str, corrupted: str, metric: str, target: str | None,
-             wrong: str | None) -> tuple[Pair, AnswerMetric, dict]:  # fmt: skip
+def measured(
+    run: Run, clean: str, corrupted: str, metric: str, target: str | None, wrong: str | None
+) -> tuple[Pair, AnswerMetric, dict]:
     """The two inputs, the metric (target and wrong answer named or read from the runs) and the
     answer's description every result carries."""
     if metric not in METRICS:
         raise AttnlabError(f"--metric {metric!r}: one of {', '.join(METRICS)}")
     p = pair(run, clean, corrupted)
     fn = metric_of(run, p, metric, target, wrong)
-    answer = {"metric": metric, "target": p.names[fn.target], "position": p.position,
-              "wrong": None if fn.wrong is None else p.names[fn.wrong]}  # fmt: skip
+    answer = {
+        "metric": metric,
+        "target": p.names[fn.target],
+        "position": p.position,
+        "wrong": None if fn.wrong is None else p.names[fn.wrong],
+    }
     return p, fn, answer
 
 
-def patch(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", target: str | None = None,
-          wrong: str | None = None, method: str = "activation",
-          granularities: Sequence[str] = tuple(GRANULARITIES)) -> Patching:  # fmt: skip
+def patch(
+    run: Run,
+    clean: str,
+    corrupted: str,
+    metric: str = "logit-diff",
+    target: str | None = None,
+    wrong: str | None = None,
+    method: str = "activation",
+    granularities: Sequence[str] = tuple(GRANULARITIES),
+) -> Patching:
     """Patch `run` (attnlab.load) from `clean` into `corrupted` (texts, or image files for an image run)
     and measure `metric` (one of METRICS) of `target` (default: the clean run's top answer) against
     `wrong` (default: the corrupted run's)."""
@@ -51,25 +63,43 @@ def patch(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", targ
     return result
 
 
-def patch_path(run: Run, clean: str, corrupted: str, sender: str, receivers: str, metric: str = "logit-diff",
-               target: str | None = None, wrong: str | None = None) -> dict:  # fmt: skip
+def patch_path(
+    run: Run,
+    clean: str,
+    corrupted: str,
+    sender: str,
+    receivers: str,
+    metric: str = "logit-diff",
+    target: str | None = None,
+    wrong: str | None = None,
+) -> dict:
     """Path patching (interpret/patching_paths.py) of `run`: the `sender` heads' effect through the
     `receivers` heads alone ("1.2", "2", "cross:1.2" as --remove names heads), as a JSON-ready dict."""
     p, fn, answer = measured(run, clean, corrupted, metric, target, wrong)
     return {"method": "path", **answer, **path_patching(run.model, p.clean, p.corrupted, fn, sender, receivers)}
 
 
-def patch_edges(run: Run, clean: str, corrupted: str, metric: str = "logit-diff", target: str | None = None,
-                wrong: str | None = None, steps: int = 0) -> dict:  # fmt: skip
+def patch_edges(
+    run: Run,
+    clean: str,
+    corrupted: str,
+    metric: str = "logit-diff",
+    target: str | None = None,
+    wrong: str | None = None,
+    steps: int = 0,
+) -> dict:
     """EAP (steps 0) or EAP-IG (steps k) of `run` over its residual graph (interpret/attribution.py)."""
     p, fn, answer = measured(run, clean, corrupted, metric, target, wrong)
     return {**edge_attribution(run.model, p.clean, p.corrupted, fn, steps), **answer}
 
 
 def edge_lines(result: dict, top: int = 10) -> list[str]:
-    lines = [f"{result['method']} over {len(result['edges'])} edges, metric {result['metric']} of "
-             f"{result['target']!r}" + (f" vs {result['wrong']!r}" if result["wrong"] is not None else "")
-             + f": clean {result['m_clean']:.4f}, corrupted {result['m_corrupt']:.4f}"]  # fmt: skip
+    lines = [
+        f"{result['method']} over {len(result['edges'])} edges, metric {result['metric']} of "
+        f"{result['target']!r}"
+        + (f" vs {result['wrong']!r}" if result["wrong"] is not None else "")
+        + f": clean {result['m_clean']:.4f}, corrupted {result['m_corrupt']:.4f}"
+    ]
     for e in sorted(result["edges"], key=lambda e: -abs(e["score"]))[:top]:
         effect = "n/a" if e["effect"] is None else f"{e['effect']:+.3f}"
         lines.append(f"  {e['from']} -> {e['to']}: effect {effect}")
@@ -80,28 +110,32 @@ def path_lines(result: dict) -> list[str]:
     effect = "n/a" if result["effect"] is None else f"{result['effect']:+.4f}"
     heads = lambda d: ", ".join(f"{p} heads {[h + 1 for h in hs]}" for p, hs in d.items())  # noqa: E731
     against = f" vs {result['wrong']!r}" if result["wrong"] is not None else ""
-    return [f"path patching, metric {result['metric']} of {result['target']!r}{against}: clean "
-            f"{result['m_clean']:.4f}, corrupted {result['m_corrupt']:.4f}, patched {result['m_patched']:.4f}",
-            f"  from {heads(result['sender'])}",
-            f"  through {heads(result['receivers'])}: effect {effect}"]  # fmt: skip
+    return [
+        f"path patching, metric {result['metric']} of {result['target']!r}{against}: clean "
+        f"{result['m_clean']:.4f}, corrupted {result['m_corrupt']:.4f}, patched {result['m_patched']:.4f}",
+        f"  from {heads(result['sender'])}",
+        f"  through {heads(result['receivers'])}: effect {effect}",
+    ]
 
 
 def summary(result: Patching, top: int = 8) -> list[str]:
     """The terminal's lines: the baselines, then the sites of largest effect."""
     answer = result.answer
-    lines = [f"{result.method} patching, metric {answer.get('metric', '')} of {answer.get('target')!r}"
-             + (f" vs {answer['wrong']!r}" if answer.get("wrong") is not None else "")
-             + f": clean {result.clean:.4f}, corrupted {result.corrupted:.4f}"]  # fmt: skip
+    lines = [
+        f"{result.method} patching, metric {answer.get('metric', '')} of {answer.get('target')!r}"
+        + (f" vs {answer['wrong']!r}" if answer.get("wrong") is not None else "")
+        + f": clean {result.clean:.4f}, corrupted {result.corrupted:.4f}"
+    ]
     ranked = sorted(zip(result.sites, result.effects()), key=lambda se: -abs(se[1] or 0.0))[:top]
     for s, e in ranked:
         label = result.labels.get(s.stack, [])
         if s.head is not None:  # "head 3", "cross_head 3"
             where = f"{s.component} {s.head + 1}"
         elif s.position is not None:
-            where = f"{s.component} position {s.position}" + (f" {label[s.position]!r}" if s.position < len(label)
-                                                               else "")  # fmt: skip
+            where = f"{s.component} position {s.position}" + (
+                f" {label[s.position]!r}" if s.position < len(label) else ""
+            )
         else:
             where = f"{s.component} (all positions)"
-        lines.append(f"  {s.stack} layer {s.layer + 1} {where}: effect "
-                     + ("n/a" if e is None else f"{e:+.3f}"))  # fmt: skip
+        lines.append(f"  {s.stack} layer {s.layer + 1} {where}: effect " + ("n/a" if e is None else f"{e:+.3f}"))
     return lines

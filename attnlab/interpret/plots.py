@@ -56,8 +56,10 @@ def _draw_experts(run: Run, out: Path, max_tokens: int, text: str | None) -> str
     routing = expert_routing(run, text or EXPERTS_TEXT)
     plot_routing(routing, out)
     used = np.bincount(routing.experts[..., 0].ravel(), minlength=routing.n_experts)
-    return (f"first-choice experts of {len(routing.tokens)} tokens in {routing.experts.shape[0]} layers; "
-            f"tokens per expert, all layers: {used.tolist()}")  # fmt: skip
+    return (
+        f"first-choice experts of {len(routing.tokens)} tokens in {routing.experts.shape[0]} layers; "
+        f"tokens per expert, all layers: {used.tolist()}"
+    )
 
 
 def _draw_expert_load(run: Run, out: Path, max_tokens: int, text: str | None) -> str:
@@ -115,11 +117,15 @@ def _draw_embeddings(run: Run, out: Path, max_tokens: int, text: str | None) -> 
     labels = token_labels(run.tokenizer, v, shift, max_tokens)
     share = points.var(axis=0).sum() / max(float(w.var(axis=0).sum()), 1e-12)
     n = sum(bool(s) for s in labels)
-    title = (f"token embeddings of {Path(run.path).name} ({family}, {v} x {d}): "
-             f"2 principal components, {share:.0%} of the variance")  # fmt: skip
+    title = (
+        f"token embeddings of {Path(run.path).name} ({family}, {v} x {d}): "
+        f"2 principal components, {share:.0%} of the variance"
+    )
     plot_embeddings(points, labels, out, title)
-    return (f"token embeddings of {v} x {d} (token x dimension) on 2 principal components "
-            f"({share:.0%} of the variance), {n} tokens labelled")  # fmt: skip
+    return (
+        f"token embeddings of {v} x {d} (token x dimension) on 2 principal components "
+        f"({share:.0%} of the variance), {n} tokens labelled"
+    )
 
 
 def token_labels(tokenizer, n_rows: int, shift: int, max_tokens: int) -> list[str]:

@@ -39,8 +39,9 @@ VAL_TOKENS = 8192  # enough windows for a stable loss, few enough to zero every 
 
 def _ids(run, text: str) -> torch.Tensor:
     if not isinstance(run.model, CausalLM):
-        raise AttnlabError("lens, heads and ablate read a language-model run (attnlab train lm); "
-                           "rollout and flow read any run")  # fmt: skip
+        raise AttnlabError(
+            "lens, heads and ablate read a language-model run (attnlab train lm); rollout and flow read any run"
+        )
     ids = torch.tensor([run.tokenizer.encode(text)], device=run.device)[:, : run.model.cfg.context]  # (1, T)
     if ids.shape[1] < 2:
         raise AttnlabError("give an input of at least two tokens")
@@ -62,9 +63,11 @@ def inspect(run: Run, text: str | None, what: str, on: str | None = None) -> dic
         if on not in ABLATION_INPUTS:
             raise AttnlabError(f"--on {on!r}: one of {', '.join(ABLATION_INPUTS)}")
         if what not in TAKES_ON:
-            raise AttnlabError(f"--on {on} does not apply to --what {what}, which reads "
-                               f"{'the given input' if what not in FROM_SNAPSHOTS else 'the weight snapshots'}; "
-                               f"--on chooses the data of --what {' or '.join(TAKES_ON)} with no text")  # fmt: skip
+            raise AttnlabError(
+                f"--on {on} does not apply to --what {what}, which reads "
+                f"{'the given input' if what not in FROM_SNAPSHOTS else 'the weight snapshots'}; "
+                f"--on chooses the data of --what {' or '.join(TAKES_ON)} with no text"
+            )
         if text is not None:
             raise AttnlabError(f"--on {on} reads {ON_WHAT[on]} in place of a text: give the text or --on, not both")
     run.model.eval()
@@ -101,9 +104,14 @@ def _ablate(run: Run, text: str | None, on: str) -> dict:
     x, y = ids[:, :-1], ids[:, 1:]
     loss = lambda: run.model(x, y)[1]
     table = head_ablation(run.model, loss, (x,), "zero")
-    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
-            "title": "head ablation: loss with the head zeroed minus the loss", "loss": round(float(loss()), 4),
-            "diverging": True}  # fmt: skip
+    return {
+        "kind": "tables",
+        "what": "ablate",
+        "tables": tables_json({"loss change when zeroed": table}),
+        "title": "head ablation: loss with the head zeroed minus the loss",
+        "loss": round(float(loss()), 4),
+        "diverging": True,
+    }
 
 
 def _through(method: str) -> Callable[[Run, str | None, str], dict]:
@@ -138,10 +146,15 @@ def repeated_ablation(run, batch: int = 8) -> dict:
         return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, half + 1 :].flatten())
 
     table = head_ablation(run.model, loss, (ids,), "zero")
-    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
-            "title": f"head ablation on {batch} random sequences of {n} tokens repeated twice: the loss of the "
-            "repeated half with the head zeroed minus the loss", "loss": round(float(loss()), 4),
-            "diverging": True}  # fmt: skip
+    return {
+        "kind": "tables",
+        "what": "ablate",
+        "tables": tables_json({"loss change when zeroed": table}),
+        "title": f"head ablation on {batch} random sequences of {n} tokens repeated twice: the loss of the "
+        "repeated half with the head zeroed minus the loss",
+        "loss": round(float(loss()), 4),
+        "diverging": True,
+    }
 
 
 @torch.no_grad()
@@ -162,9 +175,15 @@ def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
         return F.cross_entropy(run.model(xy[:, :-1]).flatten(0, 1).float(), xy[:, 1:].flatten())
 
     table = head_ablation(run.model, loss, (xy[:, :-1],), "zero")
-    return {"kind": "tables", "what": "ablate", "tables": tables_json({"loss change when zeroed": table}),
-            "title": f"head ablation on {n * block:,} tokens of the validation split: the loss with the head "
-            "zeroed minus the loss", "loss": round(float(loss()), 4), "diverging": True}  # fmt: skip
+    return {
+        "kind": "tables",
+        "what": "ablate",
+        "tables": tables_json({"loss change when zeroed": table}),
+        "title": f"head ablation on {n * block:,} tokens of the validation split: the loss with the head "
+        "zeroed minus the loss",
+        "loss": round(float(loss()), 4),
+        "diverging": True,
+    }
 
 
 def detector_tables(run, ids: torch.Tensor) -> dict[str, torch.Tensor]:

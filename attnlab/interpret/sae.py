@@ -47,8 +47,9 @@ class SAEConfig:
     """What an SAE is and how it trains (the command line's `attnlab sae train` flags)."""
 
     latents: int = option(1024, "number of latents (features) the SAE learns", at_least=1)
-    kind: str = option("topk", "how codes are made sparse: topk (OpenAI), batchtopk, jumprelu (Anthropic) or "
-                       "relu (L1 penalty)", KINDS)  # fmt: skip
+    kind: str = option(
+        "topk", "how codes are made sparse: topk (OpenAI), batchtopk, jumprelu (Anthropic) or relu (L1 penalty)", KINDS
+    )
     k: int = option(32, "topk / batchtopk: active latents per token (batchtopk: on average)", at_least=1)
     l1: float = option(0.3, "relu: the L1 penalty's weight (on z times the decoder rows' norms)")
     l0: float = option(0.05, "jumprelu: the L0 penalty's weight (per active latent)")
@@ -58,8 +59,7 @@ class SAEConfig:
     batch: int = option(4096, "activations per SAE step", at_least=1)
     aux_k: int = option(256, "AuxK: dead latents used to reconstruct the error (0: no revival)", at_least=0)
     aux_weight: float = option(1 / 32, "AuxK: the auxiliary loss's weight")
-    dead_after: int = option(1_000_000, "a latent is dead (for AuxK) after this many tokens without firing",
-                             at_least=1)  # fmt: skip
+    dead_after: int = option(1_000_000, "a latent is dead (for AuxK) after this many tokens without firing", at_least=1)
     seed: int = option(0, "random seed of the initial weights and of the data drawn")
 
     def __post_init__(self):
@@ -190,8 +190,9 @@ class SparseAutoencoder(nn.Module):
 
     # ---- the loss ------------------------------------------------------------------------------
 
-    def loss(self, xn: Tensor, dead: Tensor | None = None,
-             target: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:  # fmt: skip
+    def loss(
+        self, xn: Tensor, dead: Tensor | None = None, target: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, float], Tensor]:
         """The training loss on normalised activations xn (B, D): mean squared error (summed over D,
         averaged over tokens) + the kind's sparsity penalty + AuxK on `dead` latents (N,) bool; with its
         parts and which latents fired (N,). target: what the decoder should give instead of xn itself
@@ -264,8 +265,9 @@ def save_sae(sae: SparseAutoencoder, folder: str | Path, info: dict) -> Path:
     return out
 
 
-def load_sae(folder: str | Path, device: str | torch.device = "cpu",
-             cls: type[SparseAutoencoder] = SparseAutoencoder) -> SavedSAE:  # fmt: skip
+def load_sae(
+    folder: str | Path, device: str | torch.device = "cpu", cls: type[SparseAutoencoder] = SparseAutoencoder
+) -> SavedSAE:
     """An SAE folder written by save_sae (safetensors and JSON: nothing is unpickled); cls: the class
     it was saved from (a Transcoder, whose output's normalisation is saved too)."""
     p = Path(folder)

@@ -75,8 +75,15 @@ def _batch_tops(z: Tensor, ids: Tensor, features: list[int], m: int) -> TopConte
 
 
 @torch.no_grad()
-def top_contexts(run: Run, saved: SavedSAE, features: list[int], tokens: int = 65536, m: int = 8,
-                 batch: int = 8, reader: Callable[[Run, str, Tensor], Tensor] = read_point) -> TopContexts:  # fmt: skip
+def top_contexts(
+    run: Run,
+    saved: SavedSAE,
+    features: list[int],
+    tokens: int = 65536,
+    m: int = 8,
+    batch: int = 8,
+    reader: Callable[[Run, str, Tensor], Tensor] = read_point,
+) -> TopContexts:
     """Each feature's m highest activations over the first `tokens` tokens of the validation split;
     reader: what reads the SAE's input at its hook (a transcoder's reads an MLP's input)."""
     hook, sae = saved.info["hook"], saved.sae
@@ -111,8 +118,10 @@ def logit_effects(run: Run, saved: SavedSAE, features: list[int], n: int = 8) ->
     out = {}
     for f, row in zip(features, effect):
         up, down = row.topk(n), (-row).topk(n)
-        out[f] = {"promoted": [(int(i), float(v)) for v, i in zip(up.values, up.indices)],
-                  "suppressed": [(int(i), -float(v)) for v, i in zip(down.values, down.indices)]}  # fmt: skip
+        out[f] = {
+            "promoted": [(int(i), float(v)) for v, i in zip(up.values, up.indices)],
+            "suppressed": [(int(i), -float(v)) for v, i in zip(down.values, down.indices)],
+        }
     return out
 
 
@@ -129,12 +138,15 @@ def _context_html(tok, acts: Tensor, ids: Tensor, peak: float) -> str:
 
 def _feature_html(run: Run, f: int, k: int, tops: TopContexts, density: float, effects: dict | None) -> str:
     peak = float(tops.values[k, 0])
-    parts = [f'<div class="feature" id="f{f}"><h2>feature {f} <span class="density">fires on '
-             f"{density:.3%} of tokens (1 in {1 / density:,.0f}); top activation {peak:.3f}</span></h2>"]  # fmt: skip
+    parts = [
+        f'<div class="feature" id="f{f}"><h2>feature {f} <span class="density">fires on '
+        f"{density:.3%} of tokens (1 in {1 / density:,.0f}); top activation {peak:.3f}</span></h2>"
+    ]
     if effects is not None:
         for name, cls in (("promoted", "up"), ("suppressed", "down")):
-            words = ", ".join(f"{html.escape(token_labels(run.tokenizer, [i])[0])} ({v:+.2f})"
-                              for i, v in effects[f][name])  # fmt: skip
+            words = ", ".join(
+                f"{html.escape(token_labels(run.tokenizer, [i])[0])} ({v:+.2f})" for i, v in effects[f][name]
+            )
             parts.append(f'<div class="logits {cls}">{name}: {words}</div>')
     for j in range(tops.values.shape[1]):
         if float(tops.values[k, j]) <= 0:
@@ -149,17 +161,21 @@ def _summary_html(saved: SavedSAE, shown: int) -> str:
     names = ("explained_variance", "l0", "ce_loss_recovered", "kl_div", "dead_fraction")
     rows = "".join(f"<tr><td>{n}</td><td>{m[n]:.4f}</td></tr>" for n in names if isinstance(m.get(n), float | int))
     cfg = info["config"]
-    head = (f"<p>{cfg['kind']} SAE, {cfg['latents']:,} latents over <code>{html.escape(info['hook'])}</code> of "
-            f"<code>{html.escape(str(info.get('run', '')))}</code>; {shown} live features shown, spread from rare "
-            f"to common.</p><table class='metrics'>{rows}</table>")  # fmt: skip
+    head = (
+        f"<p>{cfg['kind']} SAE, {cfg['latents']:,} latents over <code>{html.escape(info['hook'])}</code> of "
+        f"<code>{html.escape(str(info.get('run', '')))}</code>; {shown} live features shown, spread from rare "
+        f"to common.</p><table class='metrics'>{rows}</table>"
+    )
     hist = m.get("density_histogram")
     if not hist or not hist["counts"]:
         return head
     top = max(hist["counts"]) or 1
     bars = "".join(f'<div style="height:{80 * c / top:.0f}px" title="{c} latents"></div>' for c in hist["counts"])
     labels = "".join(f"<span>{e:g}</span>" for e in hist["log10_edges"][:-1])
-    return (head + f"<p>feature density (log10 of firing frequency; {hist['dead']} dead):</p>"
-            f'<div class="hist">{bars}</div><div class="histlabels">{labels}</div>')  # fmt: skip
+    return (
+        head + f"<p>feature density (log10 of firing frequency; {hist['dead']} dead):</p>"
+        f'<div class="hist">{bars}</div><div class="histlabels">{labels}</div>'
+    )
 
 
 def write_page(run: Run, saved: SavedSAE, out: str | Path, count: int = 48, tokens: int = 65536) -> Path:
@@ -174,8 +190,10 @@ def write_page(run: Run, saved: SavedSAE, out: str | Path, count: int = 48, toke
     effects = logit_effects(run, saved, features)
     body = "\n".join(_feature_html(run, f, k, tops, density[f], effects) for k, f in enumerate(features))
     title = f"SAE features: {Path(saved.info.get('run', '')).name} {saved.info['hook']}"
-    page = fill(static_text("sae.html"), {"TITLE": html.escape(title), "SUMMARY": _summary_html(saved, len(features)),
-                                          "FEATURES": body})  # fmt: skip
+    page = fill(
+        static_text("sae.html"),
+        {"TITLE": html.escape(title), "SUMMARY": _summary_html(saved, len(features)), "FEATURES": body},
+    )
     path = Path(out)
     write_text(path, page)
     return path

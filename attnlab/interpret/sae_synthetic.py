@@ -144,7 +144,14 @@ def run_synthetic(world: SyntheticConfig, sae_cfg: SAEConfig, progress: bool = T
         z = sae.encode(x)
         err = (x - sae.decode(z)).pow(2).sum()
     fired = (z > 0).any(0)
-    return {"mcc": mcc(data.features, sae.W_dec.detach()), "dead_fraction": float((~fired).float().mean()),
-            "true_l0": float(true_l0.float().mean()), "learned_l0": float((z > 0).sum(-1).float().mean()),
-            "explained_variance": float(1 - err / (x - x.mean(0)).pow(2).sum()), "seconds": round(seconds, 2),
-            "steps": info["steps"], "world": asdict(world), "sae": asdict(sae_cfg)}  # fmt: skip
+    return {
+        "mcc": mcc(data.features, sae.W_dec.detach()),
+        "dead_fraction": float((~fired).float().mean()),
+        "true_l0": float(true_l0.float().mean()),
+        "learned_l0": float((z > 0).sum(-1).float().mean()),
+        "explained_variance": float(1 - err / (x - x.mean(0)).pow(2).sum()),
+        "seconds": round(seconds, 2),
+        "steps": info["steps"],
+        "world": asdict(world),
+        "sae": asdict(sae_cfg),
+    }

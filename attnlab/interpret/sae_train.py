@@ -54,8 +54,10 @@ def point_names(model: torch.nn.Module) -> list[str]:
 def check_run(run: Run, hook: str) -> TokenData:
     """The run's own token data, after checking that an SAE can be trained on it at `hook`."""
     if not isinstance(run.model, CausalLM):
-        raise AttnlabError(f"sae train reads a language-model run (attnlab train lm); {run.path} is a "
-                           f"{run.config.get('family', '?')} run")  # fmt: skip
+        raise AttnlabError(
+            f"sae train reads a language-model run (attnlab train lm); {run.path} is a "
+            f"{run.config.get('family', '?')} run"
+        )
     names = point_names(run.model)
     if hook not in names:
         raise AttnlabError(f"no hook point {hook!r} in {run.path}; its points: {', '.join(names)}")
@@ -87,8 +89,15 @@ def read_point(run: Run, hook: str, ids: Tensor) -> Tensor:
     return got[0]
 
 
-def activations(run: Run, hook: str, tokens: TokenData, seqs: int, seed: int = 0, split: str = "train",
-                reader: Callable[[Run, str, Tensor], Tensor] | None = None) -> Iterator[Tensor]:  # fmt: skip
+def activations(
+    run: Run,
+    hook: str,
+    tokens: TokenData,
+    seqs: int,
+    seed: int = 0,
+    split: str = "train",
+    reader: Callable[[Run, str, Tensor], Tensor] | None = None,
+) -> Iterator[Tensor]:
     """Endless batches of (seqs * T, C) activations from random windows of the run's data, shuffled
     within the batch: a generator, so at most one batch is held at a time. reader: what reads them
     (default read_point; a transcoder's reads an MLP's input and output)."""
@@ -115,8 +124,13 @@ def rebatch(source: Iterator[Tensor], size: int) -> Iterator[Tensor]:
             held, n = [cat[size:]], n - size
 
 
-def fit(sae: SparseAutoencoder, batches: Iterator[Tensor], progress: bool = True,
-        on_step: Callable[[int, dict], None] | None = None, desc: str = "training the SAE") -> dict:  # fmt: skip
+def fit(
+    sae: SparseAutoencoder,
+    batches: Iterator[Tensor],
+    progress: bool = True,
+    on_step: Callable[[int, dict], None] | None = None,
+    desc: str = "training the SAE",
+) -> dict:
     """Train `sae` on raw activation batches until cfg.tokens are seen: Adam, the learning rate
     constant then decayed linearly to 0 over the last fifth; the normalisation fit on the first batch."""
     cfg = sae.cfg
@@ -148,9 +162,13 @@ def fit(sae: SparseAutoencoder, batches: Iterator[Tensor], progress: bool = True
             x = next(batches)
     bar.close()
     sae.eval()
-    return {"steps": steps, "tokens": steps * cfg.batch, "seconds": round(time.perf_counter() - start, 2),
-            "train_dead_fraction": float((since_fired >= cfg.dead_after).float().mean()),
-            "final_mse": parts.get("mse")}  # fmt: skip
+    return {
+        "steps": steps,
+        "tokens": steps * cfg.batch,
+        "seconds": round(time.perf_counter() - start, 2),
+        "train_dead_fraction": float((since_fired >= cfg.dead_after).float().mean()),
+        "final_mse": parts.get("mse"),
+    }
 
 
 def train_sae(run: Run, hook: str, cfg: SAEConfig, progress: bool = True) -> tuple[SparseAutoencoder, dict]:
@@ -170,8 +188,9 @@ def _kl(clean: Tensor, other: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_sae(run: Run, hook: str, sae: SparseAutoencoder, tokens: int = 32768, batch: int = 8,
-                 data: TokenData | None = None) -> dict:  # fmt: skip
+def evaluate_sae(
+    run: Run, hook: str, sae: SparseAutoencoder, tokens: int = 32768, batch: int = 8, data: TokenData | None = None
+) -> dict:
     """The SAELens metrics on the first `tokens` tokens of the run's validation split (full windows)."""
     data = data if data is not None else check_run(run, hook)
     split = "val" if len(data.splits["val"]) > block_of(run) else "train"
@@ -219,13 +238,21 @@ def metrics(sums: dict, sst: float, fired: Tensor, count: int) -> dict:
     density = (fired / count).cpu()
     live = density[density > 0]
     hist, _ = np.histogram(np.log10(live.numpy()), bins=DENSITY_BINS) if len(live) else (np.zeros(0), None)
-    return {"explained_variance": 1 - sums["sse"] / max(sst, 1e-12), "l0": sums["l0"] / count,
-            "ce_loss_recovered": ce_loss_recovered(ce["ce_clean"], ce["ce_sae"], ce["ce_zero"]),
-            "kl_div": sums["kl"] / count, "dead_fraction": float((density == 0).float().mean()),
-            **ce, "tokens": count,
-            "density_histogram": {"log10_edges": DENSITY_BINS.tolist(), "counts": hist.astype(int).tolist(),
-                                  "dead": int((density == 0).sum())},
-            "density": [round(float(d), 7) for d in density]}  # fmt: skip
+    return {
+        "explained_variance": 1 - sums["sse"] / max(sst, 1e-12),
+        "l0": sums["l0"] / count,
+        "ce_loss_recovered": ce_loss_recovered(ce["ce_clean"], ce["ce_sae"], ce["ce_zero"]),
+        "kl_div": sums["kl"] / count,
+        "dead_fraction": float((density == 0).float().mean()),
+        **ce,
+        "tokens": count,
+        "density_histogram": {
+            "log10_edges": DENSITY_BINS.tolist(),
+            "counts": hist.astype(int).tolist(),
+            "dead": int((density == 0).sum()),
+        },
+        "density": [round(float(d), 7) for d in density],
+    }
 
 
 def ce_loss_recovered(clean: float, sae: float, zero: float) -> float:

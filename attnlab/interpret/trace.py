@@ -115,14 +115,20 @@ def _model_and_inputs(target: Run | nn.Module, inputs: tuple) -> tuple[nn.Module
     for x in inputs:
         if not isinstance(x, Tensor):
             text = "a text, or " if isinstance(target, Run) and target.tokenizer is not None else ""
-            raise ArgumentTypeError(f"trace: the input must be {text}the model's tensors (token ids (B, T)), got "
-                                    f"{kind(x)}")  # fmt: skip
+            raise ArgumentTypeError(
+                f"trace: the input must be {text}the model's tensors (token ids (B, T)), got {kind(x)}"
+            )
     return model, inputs, None
 
 
 @torch.no_grad()
-def trace(target: Run | nn.Module, *inputs: Any, extra_hooks: dict[str, Hook] | None = None,
-          points: Iterable[str] | None = None, **kwargs: Any) -> Trace:  # fmt: skip
+def trace(
+    target: Run | nn.Module,
+    *inputs: Any,
+    extra_hooks: dict[str, Hook] | None = None,
+    points: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> Trace:
     """Run the model of `target` (a run or a module) on `inputs` once, in eval mode, recording every
     point's activation, or only those of `points` (after extra_hooks, if any, have read or replaced
     them). Only the points recorded are hooked: a hook on hook_pattern switches attention to its math

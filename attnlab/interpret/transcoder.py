@@ -98,8 +98,9 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     """The blocks of a pre-norm decoder's one stack (what transcoders and attribution graphs read)."""
     stacks = stacks_of(model)
     if not isinstance(model, CausalLM) or len(stacks) != 1 or stacks[0].cfg.norm != "pre":
-        raise AttnlabError("transcoders and attribution graphs read a pre-norm decoder (a GPT or Llama-block run "
-                           "of attnlab train lm)")  # fmt: skip
+        raise AttnlabError(
+            "transcoders and attribution graphs read a pre-norm decoder (a GPT or Llama-block run of attnlab train lm)"
+        )
     return list(stacks[0])
 
 
@@ -186,8 +187,9 @@ def train_transcoders(run: Run, cfg: SAEConfig, progress: bool = True) -> tuple[
 
 
 @torch.no_grad()
-def evaluate_transcoders(run: Run, tcs: list[Transcoder], tokens: int = 16384, batch: int = 8,
-                         data: TokenData | None = None) -> dict:  # fmt: skip
+def evaluate_transcoders(
+    run: Run, tcs: list[Transcoder], tokens: int = 16384, batch: int = 8, data: TokenData | None = None
+) -> dict:
     """Each layer's explained variance, l0 and dead fraction, and the CE loss recovered with every MLP
     replaced at once, on the first `tokens` tokens of the validation split."""
     data = data if data is not None else check_decoder(run)
@@ -225,24 +227,35 @@ def evaluate_transcoders(run: Run, tcs: list[Transcoder], tokens: int = 16384, b
         count += len(target)
     if not count:
         raise AttnlabError(f"the run's data has fewer than {block + 1} tokens: too few to measure transcoders")
-    layers = [{"explained_variance": 1 - sse[i] / max(float((xsq[i] - xs[i].pow(2) / count).sum()), 1e-12),
-               "l0": l0[i] / count, "dead_fraction": float((fired[i] == 0).float().mean())}
-              for i in range(L)]  # fmt: skip
+    layers = [
+        {
+            "explained_variance": 1 - sse[i] / max(float((xsq[i] - xs[i].pow(2) / count).sum()), 1e-12),
+            "l0": l0[i] / count,
+            "dead_fraction": float((fired[i] == 0).float().mean()),
+        }
+        for i in range(L)
+    ]
     ce = {k: v / count for k, v in ce.items()}
-    return {"explained_variance": float(np.mean([m["explained_variance"] for m in layers])),
-            "l0": float(np.mean([m["l0"] for m in layers])),
-            "dead_fraction": float(np.mean([m["dead_fraction"] for m in layers])),
-            "ce_loss_recovered": ce_loss_recovered(ce["clean"], ce["transcoders"], ce["zero"]),
-            "ce_clean": ce["clean"], "ce_transcoders": ce["transcoders"], "ce_zero": ce["zero"],
-            "tokens": count, "layers": layers}  # fmt: skip
+    return {
+        "explained_variance": float(np.mean([m["explained_variance"] for m in layers])),
+        "l0": float(np.mean([m["l0"] for m in layers])),
+        "dead_fraction": float(np.mean([m["dead_fraction"] for m in layers])),
+        "ce_loss_recovered": ce_loss_recovered(ce["clean"], ce["transcoders"], ce["zero"]),
+        "ce_clean": ce["clean"],
+        "ce_transcoders": ce["transcoders"],
+        "ce_zero": ce["zero"],
+        "tokens": count,
+        "layers": layers,
+    }
 
 
 def save_transcoders(folder: str | Path, tcs: list[Transcoder], info: dict) -> Path:
     """FOLDER/layer_{i}/ (sae.safetensors + sae.json, as save_sae writes them) and FOLDER/transcoders.json."""
     out = Path(folder)
     for i, tc in enumerate(tcs):
-        save_sae(tc, out / f"layer_{i}", {"hook": f"blocks.{i}.hook_ff_out", "transcoder": True,
-                                           "run": info.get("run", "")})  # fmt: skip
+        save_sae(
+            tc, out / f"layer_{i}", {"hook": f"blocks.{i}.hook_ff_out", "transcoder": True, "run": info.get("run", "")}
+        )
     write_json(out / INDEX, {"layers": len(tcs), **info})
     return out
 

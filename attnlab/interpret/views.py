@@ -96,8 +96,9 @@ def select(weights: np.ndarray, layer: int | None, head: int | None) -> tuple[np
 FORMATS = (".png", ".svg", ".html", ".json")
 
 
-def attention_json(run, text: str, found: list[AttentionView], layer: int | None, head: int | None,
-                   view: str | None) -> dict:  # fmt: skip
+def attention_json(
+    run, text: str, found: list[AttentionView], layer: int | None, head: int | None, view: str | None
+) -> dict:
     """The numbers behind the pictures: {"run", "text", "views": [{name, queries, keys, weights
     (L, H, Tq, Tk) rounded to 4 decimals, layers, heads}]}; every view unless --view names one,
     each narrowed to --layer and --head (layers and heads: the 1-based numbers kept)."""
@@ -111,8 +112,9 @@ def attention_json(run, text: str, found: list[AttentionView], layer: int | None
     return {"run": run.path.name, "text": text, "views": out}
 
 
-def write_attention(run, text: str, out: str | Path, layer: int | None = None, head: int | None = None,
-                    view: str | None = None) -> Drawn:  # fmt: skip
+def write_attention(
+    run, text: str, out: str | Path, layer: int | None = None, head: int | None = None, view: str | None = None
+) -> Drawn:
     """Draw the attention of `run` on `text` into out: .png or .svg (a heatmap per layer and head, or
     the one chosen), .html (every view, head view and model view, self-contained) or .json (the
     numbers behind the picture). Returns a summary line, which a notebook shows as what was drawn

@@ -34,8 +34,9 @@ def _matched(tok: Tokenizer, found: list[S.Strip], hyps: list[list[int]]) -> lis
 
 
 @torch.no_grad()
-def digit_attention(model: nn.Module, tok: Tokenizer, found: list[S.Strip], hyps: list[list[int]],
-                    batch_size: int = 256) -> dict[str, float | int]:  # fmt: skip
+def digit_attention(
+    model: nn.Module, tok: Tokenizer, found: list[S.Strip], hyps: list[list[int]], batch_size: int = 256
+) -> dict[str, float | int]:
     """The share of words whose most attended patch is on a digit they depend on, over the strips
     captioned right; and how many words and strips that is."""
     model.eval()
@@ -52,6 +53,10 @@ def digit_attention(model: nn.Module, tok: Tokenizer, found: list[S.Strip], hyps
                 digit_word = word in DIGIT_WORDS
                 hits[digit_word] += int(top[t]) in region
                 words[digit_word] += 1
-    return {"attention_on_digit": hits[True] / max(words[True], 1), "attention_words": words[True],
-            "attention_other_words": hits[False] / max(words[False], 1), "attention_others": words[False],
-            "attention_strips": len(matched)}  # fmt: skip
+    return {
+        "attention_on_digit": hits[True] / max(words[True], 1),
+        "attention_words": words[True],
+        "attention_other_words": hits[False] / max(words[False], 1),
+        "attention_others": words[False],
+        "attention_strips": len(matched),
+    }

@@ -80,8 +80,9 @@ class PolicyResult:
     kl: float  # mean k3 estimate of KL(pi || ref) per token (0 without a reference)
 
 
-def policy_loss(logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLoss,
-                ref: Tensor | None = None) -> PolicyResult:  # fmt: skip
+def policy_loss(
+    logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLoss, ref: Tensor | None = None
+) -> PolicyResult:
     """The loss of a batch of answers: logp (B, T) the policy's log-probabilities of the answers' tokens
     (with gradient), old (B, T) the rollout's, advantages (B,) or per token (B, T: PPO's), mask (B, T)
     the real tokens, ref (B, T) the reference's (needed when cfg.beta > 0)."""
@@ -102,8 +103,9 @@ def policy_loss(logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor, cfg
     # advantage pushes it: the gradient of that token is zero
     cut = ((ratio > 1 + cfg.high) & (a > 0)) | ((ratio < 1 - cfg.eps_low) & (a < 0))
     tokens = mask.sum().clamp(min=1)
-    return PolicyResult(aggregate(token, mask, cfg), float((cut * mask).sum() / tokens),
-                        float((kl.detach() * mask).sum() / tokens))  # fmt: skip
+    return PolicyResult(
+        aggregate(token, mask, cfg), float((cut * mask).sum() / tokens), float((kl.detach() * mask).sum() / tokens)
+    )
 
 
 def aggregate(token: Tensor, mask: Tensor, cfg: PolicyLoss) -> Tensor:
@@ -130,6 +132,9 @@ class Aggregation:
 
 
 # The loss variants by name (see the module's docstring).
-AGGREGATES = {"grpo": Aggregation(_per_answer, True), "dr_grpo": Aggregation(_over_a_constant, False),
-              "dapo": Aggregation(_per_token, True)}  # fmt: skip
+AGGREGATES = {
+    "grpo": Aggregation(_per_answer, True),
+    "dr_grpo": Aggregation(_over_a_constant, False),
+    "dapo": Aggregation(_per_token, True),
+}
 LOSSES = tuple(AGGREGATES)

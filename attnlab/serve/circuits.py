@@ -34,8 +34,10 @@ def attach_transcoders(served: dict[str, Served], folders: list[str | Path]) -> 
         trained_on = Path(info["run"]).resolve() if info.get("run") else None
         s = by_path.get(trained_on)
         if s is None:
-            raise AttnlabError(f"--transcoders {folder} were trained on {trained_on or 'a run it does not name'}, "
-                               "which is not among the runs served: serve that run too")  # fmt: skip
+            raise AttnlabError(
+                f"--transcoders {folder} were trained on {trained_on or 'a run it does not name'}, "
+                "which is not among the runs served: serve that run too"
+            )
         check_transcoders(s.run.model, tcs)
         s.transcoders = [tc.to(next(s.run.model.parameters()).device) for tc in tcs]
 
@@ -45,11 +47,17 @@ def add_circuit_route(app: FastAPI, find: Callable[..., Served]) -> None:
     def circuit(req: CircuitRequest) -> dict:
         s = find(req.run)
         if not s.transcoders:
-            raise AttnlabError(f"{req.run} has no transcoders: start attnlab serve with --transcoders DIR (attnlab "
-                               "circuits RUN --prompt TEXT --out OUT trains them in OUT/transcoders)")  # fmt: skip
+            raise AttnlabError(
+                f"{req.run} has no transcoders: start attnlab serve with --transcoders DIR (attnlab "
+                "circuits RUN --prompt TEXT --out OUT trains them in OUT/transcoders)"
+            )
         c = trace_circuit(s.run, req.text, req.target, s.transcoders)
         title = f"attribution graph: {s.name}, target {c.data['target']!r}"
         page = circuit_page(c.data, title, feature_notes(s.run, c.data, s.transcoders))
-        return {"page": page, "target": c.data["target"], "scores": c.data["scores"],
-                "intervention": {k: c.data["intervention"][k] for k in ("replacement_right", "real_right")},
-                "seconds": c.data["seconds"]}  # fmt: skip
+        return {
+            "page": page,
+            "target": c.data["target"],
+            "scores": c.data["scores"],
+            "intervention": {k: c.data["intervention"][k] for k in ("replacement_right", "real_right")},
+            "seconds": c.data["seconds"],
+        }

@@ -56,18 +56,30 @@ GRPO_TRAIN = dict(TUNED, lr=2e-5, batch_size=8, max_steps=100, warmup_steps=5, e
 @dataclass
 class GRPOOptions(AdaptOptions):
     group: int = option(8, "answers sampled per prompt (G, at least 2): the group is each answer's baseline")
-    loss: str = option("grpo", "how token losses add up: grpo (mean per answer, then over answers), dr_grpo (sum "
-                       "/ (answers x max-new-tokens), no std scaling) or dapo (sum / all tokens)", LOSSES)  # fmt: skip
+    loss: str = option(
+        "grpo",
+        "how token losses add up: grpo (mean per answer, then over answers), dr_grpo (sum "
+        "/ (answers x max-new-tokens), no std scaling) or dapo (sum / all tokens)",
+        LOSSES,
+    )
     beta: float = option(0.0, "weight of the KL to the --init model (k3 estimator); 0: none, no reference kept")
-    reward: str = option("exact", "exact: 1 for a right answer (a verifiable task's checker says so, or it is "
-                         "the stored one), else 0; random: a fair coin (the control run); or a reward run's "
-                         "folder (attnlab train reward): its score. The Python API also takes a function "
-                         "f(question, answer) -> float", metavar="exact|random|RUN")  # fmt: skip
+    reward: str = option(
+        "exact",
+        "exact: 1 for a right answer (a verifiable task's checker says so, or it is "
+        "the stored one), else 0; random: a fair coin (the control run); or a reward run's "
+        "folder (attnlab train reward): its score. The Python API also takes a function "
+        "f(question, answer) -> float",
+        metavar="exact|random|RUN",
+    )
     max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
     clip: float = option(0.2, "the ratio's clip range below 1 (and above, unless --clip-high)")
     clip_high: float | None = option(None, "the clip range above 1 (DAPO's decoupled clip: 0.28)")
-    epochs: int = option(1, "updates taken from each rollout before the next is sampled (GRPO's mu): each a "
-                         "training step, so --max-steps counts updates", at_least=1)  # fmt: skip
+    epochs: int = option(
+        1,
+        "updates taken from each rollout before the next is sampled (GRPO's mu): each a "
+        "training step, so --max-steps counts updates",
+        at_least=1,
+    )
 
 
 @dataclass
@@ -82,8 +94,9 @@ class Held:
 
     def save(self, held: HeldRollout, step: int) -> None:
         b, more = self.batch, {} if self.ref is None else {"ref": self.ref}
-        tensors = dict(ids=b.ids, places=b.places, old=b.old, mask=b.mask, advantages=self.advantages,
-                       rewards=self.rewards, **more)  # fmt: skip
+        tensors = dict(
+            ids=b.ids, places=b.places, old=b.old, mask=b.mask, advantages=self.advantages, rewards=self.rewards, **more
+        )
         held.save(step, tensors, self.logged)
 
     @staticmethod
@@ -96,8 +109,16 @@ class Held:
 class GRPOObjective(Objective):
     """Rollouts, rewards and group advantages every --epochs steps; each step one policy-loss update."""
 
-    def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple, reward: Reward,
-                 reference: nn.Module | None, kept: HeldRollout):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        prompts: list[Prompt],
+        opts: dict[str, Any],
+        chat: tuple,
+        reward: Reward,
+        reference: nn.Module | None,
+        kept: HeldRollout,
+    ):
         super().__init__(model)
         self.prompts, (self.tok, self.stops), self.reward = prompts, chat, reward
         self.group, self.max_new, self.epochs = opts["group"], opts["max_new_tokens"], opts["epochs"]
@@ -134,8 +155,11 @@ class GRPOObjective(Objective):
         if self.reference is not None:
             with torch.no_grad(), as_rolled(self.model, device):
                 ref = answer_token_logprobs(self.reference.model.to(device), b)
-        logged = {"reward": rewards.mean().item(), "exact": right.mean().item(),
-                  "answer_length": float(np.mean([len(a) for a in r.answers]))}  # fmt: skip
+        logged = {
+            "reward": rewards.mean().item(),
+            "exact": right.mean().item(),
+            "answer_length": float(np.mean([len(a) for a in r.answers])),
+        }
         return Held(b, advantages, ref, rewards, logged), sampled
 
     def scored(self, h: Held):
@@ -156,10 +180,12 @@ class GRPOObjective(Objective):
 class GroupRelative(SampledAnswers):
     name = "grpo"
     help = "reinforcement learning (GRPO, Dr. GRPO, DAPO) of a fine-tuned GPT against a reward"
-    description = ("Tune a GPT run (an sft run, --init) by sampling a group of answers to each prompt (built-in "
-                   "instructions, a verifiable task: --data add|multiply|countdown, or a file) and rewarding "
-                   "the right ones (--reward exact), a reward model's favourites (--reward RUN), or a coin "
-                   "(--reward random).")  # fmt: skip
+    description = (
+        "Tune a GPT run (an sft run, --init) by sampling a group of answers to each prompt (built-in "
+        "instructions, a verifiable task: --data add|multiply|countdown, or a file) and rewarding "
+        "the right ones (--reward exact), a reward model's favourites (--reward RUN), or a coin "
+        "(--reward random)."
+    )
     noun = "an RL-tuned (grpo)"
     data_config = ChatData
     options = GRPOOptions
@@ -189,8 +215,12 @@ class GroupRelative(SampledAnswers):
             reference = build() if opts["beta"] > 0 else None
             return GRPOObjective(build(), prompts, opts, (tok, stops), reward, reference, kept)
 
-        return Prepared(Prompts(prompts, opts["group"], opts["max_new_tokens"]), objective, config,
-                        state=(tok, template, test_split(req.data, self.builtin)))  # fmt: skip
+        return Prepared(
+            Prompts(prompts, opts["group"], opts["max_new_tokens"]),
+            objective,
+            config,
+            state=(tok, template, test_split(req.data, self.builtin)),
+        )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
         """The run's RL settings: a resumed run's own, or from the options (checked)."""

@@ -37,10 +37,12 @@ class Hacking:
     evaluations: int
 
     def line(self) -> str:
-        return (f"reward hacking? at step {self.step} the reward model's held-out score rose {self.score[0]:+.3f} -> "
-                f"{self.score[1]:+.3f} (+{self.score[1] - self.score[0]:.3f}) while held-out exact answers fell "
-                f"{self.exact[0]:.1%} -> {self.exact[1]:.1%} ({(self.exact[1] - self.exact[0]) * 100:+.1f} points), "
-                f"{self.evaluations} evaluations in a row")  # fmt: skip
+        return (
+            f"reward hacking? at step {self.step} the reward model's held-out score rose {self.score[0]:+.3f} -> "
+            f"{self.score[1]:+.3f} (+{self.score[1] - self.score[0]:.3f}) while held-out exact answers fell "
+            f"{self.exact[0]:.1%} -> {self.exact[1]:.1%} ({(self.exact[1] - self.exact[0]) * 100:+.1f} points), "
+            f"{self.evaluations} evaluations in a row"
+        )
 
 
 def reward_hacking(evals: list[tuple[int, float, float]], patience: int) -> Hacking | None:
@@ -94,8 +96,9 @@ class Watch:
         raise HackingStopped(f"{alarm.line()}: stopped (--stop-on-hacking); the run's checkpoint is that policy")
 
 
-def held_out(model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation],
-             rm: Reward) -> dict[str, Any]:  # fmt: skip
+def held_out(
+    model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: list[Conversation], rm: Reward
+) -> dict[str, Any]:
     """The share of greedy answers that are right (graded as decoding.chat.right_answers grades) and
     the reward's mean of them, from one decoding of the conversations (all but their last message)."""
     asked = [Asked(tuple(c.messages[:-1]), c.messages[-1].content.strip()) for c in convs]
@@ -107,5 +110,8 @@ def held_out(model: nn.Module, tok: Tokenizer, template: ChatTemplate, convs: li
 def past_evaluations(run: Path, step: int) -> list[tuple[int, float, float]]:
     """The alarm's evaluations a resumed run made before `step` (each logged in the row after it)."""
     rows = read_metrics(run / METRICS) if (run / METRICS).is_file() else []
-    return [(r["step"] - 1, r["heldout_score"], r["heldout_exact"]) for r in rows
-            if "heldout_score" in r and r["step"] <= step]  # fmt: skip
+    return [
+        (r["step"] - 1, r["heldout_score"], r["heldout_exact"])
+        for r in rows
+        if "heldout_score" in r and r["step"] <= step
+    ]

@@ -50,8 +50,20 @@ from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun
 from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
 
-SETTINGS = ("reward", "beta", "gamma", "lam", "ppo_epochs", "minibatches", "clip", "value_clip", "vf_coef",
-            "max_new_tokens", "hacking_patience", "stop_on_hacking")  # config.json's task section  # fmt: skip
+SETTINGS = (
+    "reward",
+    "beta",
+    "gamma",
+    "lam",
+    "ppo_epochs",
+    "minibatches",
+    "clip",
+    "value_clip",
+    "vf_coef",
+    "max_new_tokens",
+    "hacking_patience",
+    "stop_on_hacking",
+)  # config.json's task section
 # A rollout of 32 answers is 4 updates of 16 (2 epochs x 2 minibatches); the alarm looks every 20 steps.
 PPO_TRAIN = dict(TUNED, lr=1e-4, batch_size=32, max_steps=100, warmup_steps=5, eval_interval=20, eval_batches=1)
 WATCHED = 100  # held-out prompts the alarm answers at each evaluation (a question is a point of exact)
@@ -66,8 +78,9 @@ VALUE_GAIN = 100.0
 
 @dataclass
 class PPOOptions(AdaptOptions):
-    reward: str | None = option(None, "the reward model that scores each answer: a run of attnlab train reward",
-                                metavar="RUN")  # fmt: skip
+    reward: str | None = option(
+        None, "the reward model that scores each answer: a run of attnlab train reward", metavar="RUN"
+    )
     beta: float = option(0.05, "weight of the KL to the --init model inside the reward, per token")
     gamma: float = option(1.0, "discount per token of what comes later in the answer")
     lam: float = option(0.95, "GAE's lambda: 0 trusts the value head alone, 1 the sampled rewards alone")
@@ -77,10 +90,14 @@ class PPOOptions(AdaptOptions):
     value_clip: float = option(0.2, "the value's clip range around the rollout's value")
     vf_coef: float = option(0.1, "weight of the value loss beside the policy loss")
     max_new_tokens: int = option(48, "the longest answer sampled, in tokens", at_least=1)
-    hacking_patience: int = option(2, "the alarm: evaluations in a row where the reward model's score rose "
-                                   "while held-out exact answers fell", at_least=1)  # fmt: skip
-    stop_on_hacking: bool = option(False, "end the run when the alarm rings (its checkpoint is the policy it "
-                                   "evaluated)")  # fmt: skip
+    hacking_patience: int = option(
+        2,
+        "the alarm: evaluations in a row where the reward model's score rose while held-out exact answers fell",
+        at_least=1,
+    )
+    stop_on_hacking: bool = option(
+        False, "end the run when the alarm rings (its checkpoint is the policy it evaluated)"
+    )
 
 
 # ---- one rollout, and the updates it feeds ------------------------------------------------------
@@ -102,8 +119,15 @@ class Buffer:
 
     def save(self, held: HeldRollout, step: int) -> None:
         b = self.batch
-        tensors = dict(ids=b.ids, places=b.places, old=b.old, mask=b.mask, values=self.values,
-                       advantages=self.advantages, returns=self.returns)  # fmt: skip
+        tensors = dict(
+            ids=b.ids,
+            places=b.places,
+            old=b.old,
+            mask=b.mask,
+            values=self.values,
+            advantages=self.advantages,
+            returns=self.returns,
+        )
         held.save(step, tensors, {"seed": self.seed, "logged": self.logged})
 
     @staticmethod
@@ -127,8 +151,17 @@ def last_hidden(model: nn.Module):
 class PPOObjective(Objective):
     """Rollouts every ppo_epochs x minibatches steps; each step one clipped update on a part of one."""
 
-    def __init__(self, model: nn.Module, prompts: list[Prompt], opts: dict[str, Any], chat: tuple,
-                 reference: nn.Module, rm: RewardRun, watch: Watch, held: HeldRollout):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        prompts: list[Prompt],
+        opts: dict[str, Any],
+        chat: tuple,
+        reference: nn.Module,
+        rm: RewardRun,
+        watch: Watch,
+        held: HeldRollout,
+    ):
         super().__init__(model)
         self.prompts, self.opts, self.rm, self.watch = prompts, opts, rm, watch
         self.tok, self.template, self.stops = chat
@@ -155,8 +188,9 @@ class PPOObjective(Objective):
         """One answer to each prompt, scored; its values, rewards, advantages and returns."""
         asked = [self.prompts[i].asked for i in rows.tolist()]
         t0 = time.perf_counter()
-        r = rollouts(self.model, [self.prompts[i].ids for i in rows.tolist()], 1, self.opts["max_new_tokens"], seed,
-                     self.stops)  # fmt: skip
+        r = rollouts(
+            self.model, [self.prompts[i].ids for i in rows.tolist()], 1, self.opts["max_new_tokens"], seed, self.stops
+        )
         generate_s = time.perf_counter() - t0
         texts = [answer_text(self.tok, self.stops, a) for a in r.answers]
         right = [q.right(t) for q, t in zip(asked, texts, strict=True)]
@@ -168,9 +202,12 @@ class PPOObjective(Objective):
         o = self.opts
         rewards = kl_shaped_rewards(scores, b.old, ref, b.mask, o["beta"])
         advantages, returns = gae(rewards, values, b.mask, o["gamma"], o["lam"])
-        logged = {"reward": scores.mean().item(), "exact": sum(right) / len(right),
-                  "kl": ((b.old - ref) * b.mask).sum(1).mean().item(),
-                  "answer_length": b.mask.sum(1).float().mean().item()}  # fmt: skip
+        logged = {
+            "reward": scores.mean().item(),
+            "exact": sum(right) / len(right),
+            "kl": ((b.old - ref) * b.mask).sum(1).mean().item(),
+            "answer_length": b.mask.sum(1).float().mean().item(),
+        }
         self.last["generate_s"] = generate_s
         return Buffer(b, values, whiten(advantages, b.mask), returns, seed, logged)
 
@@ -203,10 +240,12 @@ class PPOObjective(Objective):
 class ProximalPolicy(SampledAnswers):
     name = "ppo"
     help = "InstructGPT's RL step (PPO) of a fine-tuned GPT against a reward model, with a reward-hacking alarm"
-    description = ("Tune a GPT run (an sft run, --init) by PPO against a reward model (--reward RUN): a value head, "
-                   "GAE, the KL to --init inside the reward, clipped policy and value losses. Every --eval-interval "
-                   "steps it answers held-out prompts and says when the reward model's score rises while exact "
-                   "answers fall (--hacking-patience, --stop-on-hacking).")  # fmt: skip
+    description = (
+        "Tune a GPT run (an sft run, --init) by PPO against a reward model (--reward RUN): a value head, "
+        "GAE, the KL to --init inside the reward, clipped policy and value losses. Every --eval-interval "
+        "steps it answers held-out prompts and says when the reward model's score rises while exact "
+        "answers fall (--hacking-patience, --stop-on-hacking)."
+    )
     noun = "an RL-tuned (ppo)"
     data_config = ChatData
     options = PPOOptions
@@ -239,13 +278,23 @@ class ProximalPolicy(SampledAnswers):
         parts = splits(req.data, self.builtin)
         prompts = self.prompts(parts["train"], tok, template, req, model["context"], opts["max_new_tokens"])
         if opts["minibatches"] > req.train.batch_size:
-            raise AttnlabError(f"--minibatches {opts['minibatches']} parts of {req.train.batch_size} answers: give "
-                               "fewer minibatches or a larger --batch-size")  # fmt: skip
+            raise AttnlabError(
+                f"--minibatches {opts['minibatches']} parts of {req.train.batch_size} answers: give "
+                "fewer minibatches or a larger --batch-size"
+            )
         stops = stop_ids(tok, template)
         rm = self.reward_run(opts["reward"])
         held = self.held_rollout(req, d.main)
-        watch = Watch(parts["val"][:WATCHED], (tok, template), rm, req.train.eval_interval, opts["hacking_patience"],
-                      opts["stop_on_hacking"], past_evaluations(out, held.step), out / METRICS)  # fmt: skip
+        watch = Watch(
+            parts["val"][:WATCHED],
+            (tok, template),
+            rm,
+            req.train.eval_interval,
+            opts["hacking_patience"],
+            opts["stop_on_hacking"],
+            past_evaluations(out, held.step),
+            out / METRICS,
+        )
         build = self.builder(req, model, adapter)
         config = self.run_config(req, model, adapter)
         config["task"].update(opts)
@@ -253,8 +302,9 @@ class ProximalPolicy(SampledAnswers):
         def objective() -> PPOObjective:
             return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held)
 
-        return Prepared(Prompts(prompts, 1, opts["max_new_tokens"]), objective, config,
-                        state=(tok, template, parts["test"], rm))  # fmt: skip
+        return Prepared(
+            Prompts(prompts, 1, opts["max_new_tokens"]), objective, config, state=(tok, template, parts["test"], rm)
+        )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
         """The run's RL settings: a resumed run's own, or from the options (checked)."""
@@ -271,5 +321,7 @@ class ProximalPolicy(SampledAnswers):
         return held_out(inner(s.raw).eval(), tok, template, test, rm) if test else None
 
     def test_line(self, test: dict[str, Any]) -> str:
-        return (f"exact answers on the held-out instructions {test['exact']:.1%} ({test['examples']}), "
-                f"the reward model's mean score of them {test['reward_score']:+.3f}")  # fmt: skip
+        return (
+            f"exact answers on the held-out instructions {test['exact']:.1%} ({test['examples']}), "
+            f"the reward model's mean score of them {test['reward_score']:+.3f}"
+        )

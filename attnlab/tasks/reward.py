@@ -75,8 +75,10 @@ def reward_scores(run, prompts: Sequence[Sequence[Message]], answers: Sequence[s
     check_reward_run(run)
     template, context = run_template(run.path), run.model.cfg.context
     # encoded as the training pairs are: the final answer marked (the answer head reads its tokens)
-    examples = [encode(Conversation((*m, Message("assistant", a))), template, run.tokenizer, "last")
-                for m, a in zip(prompts, answers, strict=True)]  # fmt: skip
+    examples = [
+        encode(Conversation((*m, Message("assistant", a))), template, run.tokenizer, "last")
+        for m, a in zip(prompts, answers, strict=True)
+    ]
     examples = [Example(e.ids[-context:], e.trained[-context:]) for e in examples]
     return scores(run.model, examples)
 
@@ -86,8 +88,9 @@ def score_answers(run, messages: list[Message], answers: list[str]) -> list[floa
     return reward_scores(run, [messages] * len(answers), answers).tolist()
 
 
-def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = None,
-            **kw: Any) -> list[tuple[float, str]]:  # fmt: skip
+def best_of(
+    policy, reward, messages: list[Message], n: int, seed: int | None = None, **kw: Any
+) -> list[tuple[float, str]]:
     """Best-of-N: n answers of the run `policy` to the conversation, each scored by the reward run;
     (score, answer) best first. Keyword arguments as in decoding.chat.answers (temperature, top_p, ...)."""
     check_reward_run(reward)
@@ -98,16 +101,25 @@ def best_of(policy, reward, messages: list[Message], n: int, seed: int | None = 
 
 @dataclass
 class RewardOptions(AdaptOptions):
-    head: str = option("mean", "what the score reads: every answer token's hidden state and log-probability, "
-                       "averaged (mean: no length term) or summed (answer), or the last token's hidden state "
-                       "alone (last: the classic head)", HEADS)  # fmt: skip
-    sampled_negatives: int = option(0, "built-in pairs: answers the --init model samples to each training question "
-                                    "(temperature 1); its first wrong one is the rejected answer in place of the "
-                                    "near miss (0: near misses only)", at_least=0)  # fmt: skip
+    head: str = option(
+        "mean",
+        "what the score reads: every answer token's hidden state and log-probability, "
+        "averaged (mean: no length term) or summed (answer), or the last token's hidden state "
+        "alone (last: the classic head)",
+        HEADS,
+    )
+    sampled_negatives: int = option(
+        0,
+        "built-in pairs: answers the --init model samples to each training question "
+        "(temperature 1); its first wrong one is the rejected answer in place of the "
+        "near miss (0: near misses only)",
+        at_least=0,
+    )
 
 
-def sampled_negatives(policy, pairs: list[Preference], k: int, seed: int, progress: str | None = None
-                      ) -> list[Preference]:  # fmt: skip
+def sampled_negatives(
+    policy, pairs: list[Preference], k: int, seed: int, progress: str | None = None
+) -> list[Preference]:
     """Each pair with, as its rejected answer, the first of k answers the run `policy` samples (temperature
     1, answer j of pair i seeded seed + i * k + j) that is not the chosen one; a pair whose k answers are
     all right keeps its own. The policy's mistakes are what best-of-N asks a reward model to rank below
@@ -117,8 +129,15 @@ def sampled_negatives(policy, pairs: list[Preference], k: int, seed: int, progre
     prompts = [p.prompt for p in pairs for _ in range(k)]
     drawn = []  # in chunks: a bar that moves, and thousands of streams never open at once
     for i in tqdm(range(0, len(prompts), SAMPLE_CHUNK), desc=progress, disable=progress is None, leave=False):
-        drawn += answers(policy.model, tok, template, prompts[i : i + SAMPLE_CHUNK], seed=seed + i,
-                         temperature=1.0, max_new_tokens=room)  # fmt: skip
+        drawn += answers(
+            policy.model,
+            tok,
+            template,
+            prompts[i : i + SAMPLE_CHUNK],
+            seed=seed + i,
+            temperature=1.0,
+            max_new_tokens=room,
+        )
     out = []
     for i, p in enumerate(pairs):
         wrong = [a for a in drawn[i * k : (i + 1) * k] if a != p.chosen[-1].content.strip()]
@@ -129,8 +148,10 @@ def sampled_negatives(policy, pairs: list[Preference], k: int, seed: int, progre
 class RewardModelling(Adapting):
     name = "reward"
     help = "a reward model: a GPT scoring answers, trained on chosen/rejected pairs (Bradley-Terry)"
-    description = ("Train a reward model from a GPT run (--init) on preference pairs: the built-in pairs or a "
-                   "JSON/JSONL file of {prompt, chosen, rejected} rows. Use it for best-of-N sampling.")  # fmt: skip
+    description = (
+        "Train a reward model from a GPT run (--init) on preference pairs: the built-in pairs or a "
+        "JSON/JSONL file of {prompt, chosen, rejected} rows. Use it for best-of-N sampling."
+    )
     noun = "a reward-model"
     data_config = PreferenceData
     options = RewardOptions
@@ -162,11 +183,14 @@ class RewardModelling(Adapting):
     def on_policy(self, req: TrainRequest, e: Encoded, k: int) -> list[tuple[Example, Example]]:
         """The training pairs with the --init model's own wrong answers rejected (sampled_negatives)."""
         if req.data.data != "preferences":
-            raise AttnlabError("--sampled-negatives checks sampled answers against the one right answer of the "
-                               "built-in pairs: use --data preferences, or leave it out")  # fmt: skip
+            raise AttnlabError(
+                "--sampled-negatives checks sampled answers against the one right answer of the "
+                "built-in pairs: use --data preferences, or leave it out"
+            )
         show = "sampling negatives" if req.progress else None
-        rows = sampled_negatives(load(self.init_run(req.init)), splits(req.data, self.builtin)["train"], k,
-                                 req.train.seed, show)  # fmt: skip
+        rows = sampled_negatives(
+            load(self.init_run(req.init)), splits(req.data, self.builtin)["train"], k, req.train.seed, show
+        )
         encode = lambda row: self.encode_row(row, e.tok, e.template, req.data)  # noqa: E731
         return encoded_rows(rows, encode, e.model["context"] - self.reads_whole_rows, self.unit)
 

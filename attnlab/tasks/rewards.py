@@ -102,18 +102,20 @@ class Called(Reward):
         self.spec = CALLABLE + self.name
 
     def __call__(self, asked: Sequence[Asked], answers: Sequence[str], seed: int) -> Tensor:
-        return torch.tensor([self.one(q.question, a) for q, a in zip(asked, answers, strict=True)],
-                            dtype=torch.float32)  # fmt: skip
+        return torch.tensor([self.one(q.question, a) for q, a in zip(asked, answers, strict=True)], dtype=torch.float32)
 
     def one(self, question: str, answer: str) -> float:
         try:
             value = self.fn(question, answer)
         except Exception as e:  # noqa: BLE001  (whatever the user's function raises: one line)
-            raise AttnlabError(f"the reward {self.name} raised {type(e).__name__}: {e} (question {question!r}, "
-                               f"answer {answer!r})") from None  # fmt: skip
+            raise AttnlabError(
+                f"the reward {self.name} raised {type(e).__name__}: {e} (question {question!r}, answer {answer!r})"
+            ) from None
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise AttnlabError(f"the reward {self.name} returned {value!r} ({type(value).__name__}) for the "
-                               f"question {question!r}: return a finite number")  # fmt: skip
+            raise AttnlabError(
+                f"the reward {self.name} returned {value!r} ({type(value).__name__}) for the "
+                f"question {question!r}: return a finite number"
+            )
         return float(value)
 
 
@@ -129,8 +131,10 @@ def reward_source(spec: str | Callable, given: object = None) -> Reward:
     if spec.startswith(CALLABLE):
         if not callable(given):
             name = spec.removeprefix(CALLABLE)
-            raise AttnlabError(f"this run's rewards came from the Python function {name}, which config.json "
-                               f"cannot hold: resume with attnlab.train(..., resume=True, reward={name})")  # fmt: skip
+            raise AttnlabError(
+                f"this run's rewards came from the Python function {name}, which config.json "
+                f"cannot hold: resume with attnlab.train(..., resume=True, reward={name})"
+            )
         return Called(given)
     if not Path(spec).is_dir():
         raise AttnlabError(f"--reward {spec}: choose exact, random or a reward run's folder (attnlab train reward)")

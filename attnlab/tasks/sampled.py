@@ -136,8 +136,9 @@ class SampledAnswers(Adapting):
         if not req.resume:
             self.check_settings(req)
         if req.options.get("show_masks"):
-            raise AttnlabError(f"--show-masks shows sft's and dpo's examples: {self.name} trains on the answers "
-                               "it samples")  # fmt: skip
+            raise AttnlabError(
+                f"--show-masks shows sft's and dpo's examples: {self.name} trains on the answers it samples"
+            )
         return super().setup(req)
 
     def held_rollout(self, req: TrainRequest, main: bool) -> HeldRollout:
@@ -153,12 +154,21 @@ class SampledAnswers(Adapting):
         asked = Asked(tuple(row.messages[:-1]), row.messages[-1].content.strip())
         return Prompt(tok.encode(template.prompt(asked.messages)), asked)
 
-    def prompts(self, rows: list[Conversation], tok: Tokenizer, template: ChatTemplate, req: TrainRequest,
-                context: int, max_new_tokens: int) -> list[Prompt]:  # fmt: skip
+    def prompts(
+        self,
+        rows: list[Conversation],
+        tok: Tokenizer,
+        template: ChatTemplate,
+        req: TrainRequest,
+        context: int,
+        max_new_tokens: int,
+    ) -> list[Prompt]:
         """The rows as prompts, those that leave room for max_new_tokens in the model's context."""
         room = context - max_new_tokens
         prompts = [p for p in (self.encode_row(c, tok, template, req.data) for c in rows) if len(p.ids) <= room]
         if not prompts:
-            raise AttnlabError(f"no prompt leaves room for {max_new_tokens} new tokens in the model's context of "
-                               f"{context}: lower --max-new-tokens")  # fmt: skip
+            raise AttnlabError(
+                f"no prompt leaves room for {max_new_tokens} new tokens in the model's context of "
+                f"{context}: lower --max-new-tokens"
+            )
         return prompts

@@ -171,8 +171,29 @@ def _skipgram(
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,
-                 cbow, alpha0, min_alpha, done, total, seed, loss, scored):  # fmt: skip
+def _train_chunk(
+    c,
+    ids,
+    starts,
+    bounds,
+    keep,
+    noise_keep,
+    noise_alias,
+    rows_at,
+    rows,
+    w_in,
+    w_out,
+    window,
+    negative,
+    cbow,
+    alpha0,
+    min_alpha,
+    done,
+    total,
+    seed,
+    loss,
+    scored,
+):
     """Train on chunk c, the sentences bounds[c]..bounds[c + 1]; adds its sampled loss and their
     number to loss[c], scored[c]. Runs without the GIL: threads share the vectors (Hogwild)."""
     dim = w_in.shape[1]
@@ -222,8 +243,27 @@ def _train_chunk(c, ids, starts, bounds, keep, noise_keep, noise_alias, rows_at,
     scored[c] = total_scored
 
 
-def train_chunks(ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative,
-                 cbow, alpha0, min_alpha, done, total, seed, threads: int = 1):  # fmt: skip
+def train_chunks(
+    ids,
+    starts,
+    bounds,
+    keep,
+    noise_keep,
+    noise_alias,
+    rows_at,
+    rows,
+    w_in,
+    w_out,
+    window,
+    negative,
+    cbow,
+    alpha0,
+    min_alpha,
+    done,
+    total,
+    seed,
+    threads: int = 1,
+):
     """Train on the chunks of sentences bounds[c]..bounds[c + 1], `threads` at a time (the compiled
     loop releases the GIL, so Python threads run it side by side; one thread: in order, repeatable).
 
@@ -233,7 +273,27 @@ def train_chunks(ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, ro
     Returns, per chunk, the summed loss of one score in 16 (drawn at random) and how many."""
     n = len(bounds) - 1
     loss, scored = np.zeros(n), np.zeros(n)
-    args = (ids, starts, bounds, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out, window, negative, cbow,
-            alpha0, min_alpha, done, total, seed, loss, scored)  # fmt: skip
+    args = (
+        ids,
+        starts,
+        bounds,
+        keep,
+        noise_keep,
+        noise_alias,
+        rows_at,
+        rows,
+        w_in,
+        w_out,
+        window,
+        negative,
+        cbow,
+        alpha0,
+        min_alpha,
+        done,
+        total,
+        seed,
+        loss,
+        scored,
+    )
     hogwild(lambda c: _train_chunk(c, *args), range(n), threads)
     return loss, scored

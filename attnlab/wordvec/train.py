@@ -80,9 +80,27 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
                 part = bounds[g : g + group + 1]
                 done = epoch * N + corpus.starts[part[0]]
                 seed = cfg.seed * 1_000_003 + epoch * 10_007 + g + 1
-                losses, n = train_chunks(corpus.ids, corpus.starts, part, keep, noise_keep, noise_alias, rows_at,
-                                         rows, w_in, w_out, cfg.window, cfg.negative, cfg.method == "cbow",
-                                         cfg.alpha, cfg.min_alpha, done, N * cfg.epochs, seed, threads)  # fmt: skip
+                losses, n = train_chunks(
+                    corpus.ids,
+                    corpus.starts,
+                    part,
+                    keep,
+                    noise_keep,
+                    noise_alias,
+                    rows_at,
+                    rows,
+                    w_in,
+                    w_out,
+                    cfg.window,
+                    cfg.negative,
+                    cfg.method == "cbow",
+                    cfg.alpha,
+                    cfg.min_alpha,
+                    done,
+                    N * cfg.epochs,
+                    seed,
+                    threads,
+                )
                 loss, scored = loss + losses.sum(), scored + n.sum()
                 words = corpus.starts[part[-1]] - corpus.starts[part[0]]
                 bar.update(round(words * corpus.raw_words / max(N, 1)))
