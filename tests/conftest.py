@@ -18,6 +18,8 @@ import torch
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
 from attnlab.io import write_json
+from attnlab.models import build_model
+from attnlab.models.captioner import CaptionerConfig
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig, lora_parameters, lora_state_dict
 from attnlab.runs.adapted import build_adapted
@@ -29,6 +31,14 @@ TEXT = (
     "def add(a, b):\n    return a + b\n\n"
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
 )
+
+
+def flags(**options) -> list[str]:
+    """CLI flags from keywords, in order: flags(n_layer=1, json=True) == ["--n-layer", "1", "--json"]."""
+    out = []
+    for name, value in options.items():
+        out += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return out
 
 
 def code_file(folder, repeats: int = 30):
@@ -149,6 +159,10 @@ def decode_stepwise(model: torch.nn.Module, ids: torch.Tensor, prompt: int) -> t
     return torch.cat(steps, dim=1), caches
 
 
+# The stack of the tiny Llama-style HuggingFace models the conversion tests build (dict(TINY_LLAMA, ...)).
+TINY_LLAMA = dict(num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, tie_word_embeddings=False)
+
+
 def random_hf_model(config_name: str, kind: str, seed: int = 0, **config) -> torch.nn.Module:
     """A HuggingFace `kind` model built locally from transformers.`config_name`(**config), perturbed,
     on the eager attention path (the one that returns attention probabilities)."""
@@ -164,6 +178,18 @@ def tiny_model(**kw) -> GPTConfig:
     return GPTConfig(**{"n_layer": 2, "n_head": 2, "d_model": 32, "context": 32, **kw})
 
 
+# The captioners' images in the tests: one channel, 8x16, in 4x4 patches.
+TINY_IMAGES = dict(image_size=8, image_width=16, channels=1, patch_size=4)
+
+
+def tiny_captioner(**kw) -> torch.nn.Module:
+    """A seeded, perturbed captioner of TINY_IMAGES, 20 target tokens (the caption tests')."""
+    torch.manual_seed(0)
+    sizes = dict(n_layer=2, n_head=2, d_model=16, d_ff=32, context=12, dropout=0.0, tgt_vocab=20)
+    cfg = CaptionerConfig(**sizes, **TINY_IMAGES, **kw)
+    return perturb(build_model("captioner", cfg), 0.5)
+
+
 def tiny_train(**kw) -> TrainConfig:
     base = {
         "max_steps": 20,
@@ -176,6 +202,25 @@ def tiny_train(**kw) -> TrainConfig:
         "dtype": "float32",
     }
     return TrainConfig(**{**base, **kw})
+
+
+def quick_stages(monkeypatch, demo: ModuleType, names: tuple[str, ...], eval_interval: int) -> None:
+    """The chat demo's training stages `names` (cli/demo_chat.py) cut to two steps on the CPU."""
+    steps = dict(max_steps=2, time_budget=None, min_steps=0, batch_size=4, eval_batches=1, warmup_steps=1)
+    for name in names:
+        stage = {**getattr(demo, name), **steps, "eval_interval": eval_interval, "device": "cpu", "dtype": "float32"}
+        monkeypatch.setattr(demo, name, stage)
+
+
+def tiny_reward_model(out: Path, base: Path, examples: int = 24, **options) -> Path:
+    """A reward model (tasks/reward.py) trained from `base` for two steps on `examples` preference pairs."""
+    import attnlab
+    from attnlab.data.finetune import PreferenceData
+
+    pairs = PreferenceData(examples=examples, test_examples=4)
+    cfg = tiny_train(max_steps=2, eval_interval=2)
+    attnlab.train(out, None, cfg, pairs, init=base, task="reward", progress=False, **options)
+    return out
 
 
 def tiny_data(path, **kw) -> DataConfig:
@@ -260,22 +305,8 @@ def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
         "4",
         "--eval-interval",
         str(steps),
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
-        "--n-layer",
-        "1",
-        "--d-model",
-        "32",
-        "--preset",
-        "gpt-nano",
-        "--n-head",
-        "2",
-        "--context",
-        "32",
-        "--tokenizer",
-        "char",
+        *flags(eval_batches=1, device="cpu", n_layer=1, d_model=32, preset="gpt-nano", n_head=2, context=32),
+        *flags(tokenizer="char"),
     ]
     (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * repeats)
     with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache

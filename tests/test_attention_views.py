@@ -10,7 +10,7 @@ from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import select, views, write_attention
 from attnlab.nn import attend
-from tests.conftest import run_cli
+from tests.conftest import flags, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -84,18 +84,7 @@ def translation_run(tmp_path_factory):
         "reverse",
         "--out",
         run,
-        "--n-train",
-        "200",
-        "--max-steps",
-        "5",
-        "--batch-size",
-        "16",
-        "--eval-interval",
-        "5",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
+        *flags(n_train=200, max_steps=5, batch_size=16, eval_interval=5, eval_batches=1, device="cpu"),
     ]
     assert main([str(a) for a in args]) == 0
     return run

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.config import checked
 from attnlab.errors import AttnlabError
-from tests.conftest import code_file, run_cli
+from tests.conftest import code_file, flags, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -64,27 +64,8 @@ def w(tmp_path_factory):
     (sentinel / "src" / "main.js").write_text("console.log('hi')\n")
     train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
     train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
-    train(
-        [
-            "train",
-            "translate",
-            "--data",
-            "reverse",
-            "--n-train",
-            "60",
-            "--out",
-            root / "tr",
-            "--n-layer",
-            "1",
-            "--d-model",
-            "16",
-            "--n-head",
-            "2",
-            "--batch-size",
-            "8",
-            *SMALL,
-        ]
-    )
+    tiny = flags(n_layer=1, d_model=16, n_head=2, batch_size=8)
+    train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", *tiny, *SMALL])
     train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     runs = {name: root / name for name in ("lm", "cls", "tr", "img")}
     return SimpleNamespace(

@@ -12,28 +12,10 @@ from attnlab.decoding.beam import beam_search, greedy
 from attnlab.models import build_model
 from attnlab.models.captioner import CaptionerConfig
 from attnlab.tasks.caption import caption_attention, stream_caption
-from tests.conftest import perturb
+from tests.conftest import TINY_IMAGES, perturb
+from tests.conftest import tiny_captioner as captioner
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
-
-
-def captioner(**kw) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = CaptionerConfig(
-        n_layer=2,
-        n_head=2,
-        d_model=16,
-        d_ff=32,
-        context=12,
-        dropout=0.0,
-        tgt_vocab=20,
-        image_size=8,
-        image_width=16,
-        channels=1,
-        patch_size=4,
-        **kw,
-    )
-    return perturb(build_model("captioner", cfg), 0.5)
 
 
 def test_patch_states_do_not_depend_on_the_caption():
@@ -84,17 +66,7 @@ def test_show_attend_and_tell_decodes_like_the_rnn_and_its_attention_covers_the_
     from attnlab.models.rnn_captioner import RNNCaptionerConfig
 
     torch.manual_seed(0)
-    cfg = RNNCaptionerConfig(
-        tgt_vocab=20,
-        d_emb=8,
-        d_hidden=16,
-        d_attn=8,
-        image_size=8,
-        image_width=16,
-        channels=1,
-        patch_size=4,
-        dropout=0.0,
-    )
+    cfg = RNNCaptionerConfig(tgt_vocab=20, d_emb=8, d_hidden=16, d_attn=8, dropout=0.0, **TINY_IMAGES)
     model = perturb(build_model("rnn-captioner", cfg), 0.5)
     images = torch.rand(3, 1, 8, 16)
     hyps = greedy(model, images, 6)

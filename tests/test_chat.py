@@ -23,7 +23,7 @@ from attnlab.io import write_json
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.marker import record
 from attnlab.serve.app import create_app, running
-from tests.conftest import TEXT, extra, run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import TEXT, extra, flags, run_cli, tiny_data, tiny_model, tiny_train
 
 openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -341,20 +341,7 @@ def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatc
 
 def test_chat_and_sample_chat_refuse_a_run_that_does_not_generate(tmp_path, capsys):
     bow = tmp_path / "bow"
-    train = [
-        "train",
-        "classify",
-        "--model",
-        "bow",
-        "--out",
-        bow,
-        "--max-steps",
-        "3",
-        "--warmup-steps",
-        "1",
-        "--device",
-        "cpu",
-    ]
+    train = ["train", "classify", "--model", "bow", "--out", bow, *flags(max_steps=3, warmup_steps=1, device="cpu")]
     assert run_cli(train, capsys)[0] == 0
     for args in (["chat", bow], ["sample", bow, "--chat", "hi"]):
         code, _, err = run_cli(args, capsys)

@@ -27,7 +27,7 @@ from attnlab.interpret.transcoder import (
     save_transcoders,
 )
 from attnlab.models.gpt import GPT
-from tests.conftest import perturb, run_cli, tiny_code_lm, tiny_model
+from tests.conftest import flags, perturb, run_cli, tiny_code_lm, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "def add(a, b):\n    return a"
@@ -222,15 +222,7 @@ def test_the_command_line_end_to_end(lm, tmp_path, capsys):
         PROMPT,
         "--out",
         str(out),
-        "--latents",
-        "64",
-        "--k",
-        "4",
-        "--tokens",
-        "8192",
-        "--top",
-        "4",
-        "--json",
+        *flags(latents=64, k=4, tokens=8192, top=4, json=True),
     ]
     code, printed, _ = run_cli(args, capsys)
     assert code == 0

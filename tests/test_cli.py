@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -96,16 +97,20 @@ def test_many_samples_are_drawn_a_batch_at_a_time_with_the_same_texts(trained, c
     assert whole.count("-" * 40) == 4
 
 
+def train_with_toml(tmp_path, text, capsys, toml: str, *more) -> Path:
+    """`attnlab train lm --config` a TOML file of `toml`, with the flags `more` after it; the run's folder."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    out = tmp_path / "run"
+    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, *more], capsys)
+    assert code == 0, err
+    return out
+
+
 def test_preset_then_toml_then_flags(tmp_path, text, capsys):
     """defaults < preset < TOML < flags, and widths derived from d_model follow an override."""
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        'preset = "gpt-micro"\n[model]\nn_layer = 1\ncontext = 16\n[train]\nmax_steps = 1\n'
-        "batch_size = 2\neval_batches = 1\n"
-    )
-    out = tmp_path / "run"
-    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, "--d-model", "24"], capsys)
-    assert code == 0, err
+    toml = 'preset = "gpt-micro"\n[model]\nn_layer = 1\ncontext = 16\n[train]\nmax_steps = 1\nbatch_size = 2\n'
+    out = train_with_toml(tmp_path, text, capsys, toml + "eval_batches = 1\n", "--d-model", "24")
     saved = json.loads((out / "config.json").read_text())["model"]
     assert saved["n_head"] == 6 and saved["n_layer"] == 1 and saved["d_model"] == 24  # preset, TOML, flag
     import attnlab
@@ -125,14 +130,9 @@ def test_resume_keeps_the_runs_settings(trained, capsys):
 
 
 def test_toml_config_and_flag_precedence(tmp_path, text, capsys):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        'preset = "gpt-nano"\n[model]\nn_layer = 1\nd_model = 16\nn_head = 2\ncontext = 16\n'
-        "[train]\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\neval_batches = 1\nlr = 0.5\n"
-    )
-    out = tmp_path / "run"
-    code, _, err = run_cli(["train", "lm", "--data", text, "--out", out, "--config", cfg, "--lr", "0.001"], capsys)
-    assert code == 0, err
+    model = 'preset = "gpt-nano"\n[model]\nn_layer = 1\nd_model = 16\nn_head = 2\ncontext = 16\n'
+    train = "[train]\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\neval_batches = 1\nlr = 0.5\n"
+    out = train_with_toml(tmp_path, text, capsys, model + train, "--lr", "0.001")
     saved = json.loads((out / "config.json").read_text())
     assert saved["model"]["n_layer"] == 1 and saved["model"]["context"] == 16
     assert saved["train"]["max_steps"] == 2 and saved["train"]["lr"] == 0.001  # the flag wins

@@ -191,18 +191,8 @@ def test_exported_encoder_loads_in_transformers_with_the_same_logits(arch, tmp_p
 
 def test_an_encoder_without_token_types_exports_a_zero_type_row(tmp_path):
     torch.manual_seed(0)
-    cfg = EncoderConfig(
-        n_layer=2,
-        n_head=4,
-        d_model=32,
-        d_ff=64,
-        context=24,
-        vocab_size=70,
-        norm="post",
-        head="classify",
-        n_labels=3,
-        pooler=True,
-    )
+    sizes = dict(n_layer=2, n_head=4, d_model=32, d_ff=64, context=24, vocab_size=70)
+    cfg = EncoderConfig(**sizes, norm="post", head="classify", n_labels=3, pooler=True)
     model = Encoder(cfg).eval()
     hf = weights_to_hf(model.state_dict(), cfg)
     assert not hf["bert.embeddings.token_type_embeddings.weight"].any()

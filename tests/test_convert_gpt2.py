@@ -22,7 +22,7 @@ from attnlab.data.tokenizers import BPETokenizer
 from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
-from tests.conftest import TEXT, extra
+from tests.conftest import TEXT, extra, flags
 
 transformers = extra("transformers", "transformers, the reference here, is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -340,26 +340,8 @@ def test_export_refuses_what_gpt2_cannot_express(tmp_path, corpus):
         str(corpus),
         "--out",
         str(tmp_path / "run"),
-        "--n-layer",
-        "1",
-        "--d-model",
-        "16",
-        "--n-head",
-        "2",
-        "--context",
-        "16",
-        "--max-steps",
-        "1",
-        "--eval-interval",
-        "1",
-        "--eval-batches",
-        "1",
-        "--batch-size",
-        "2",
-        "--device",
-        "cpu",
-        "--positions",
-        "sinusoidal",
+        *flags(n_layer=1, d_model=16, n_head=2, context=16, max_steps=1, eval_interval=1, eval_batches=1),
+        *flags(batch_size=2, device="cpu", positions="sinusoidal"),
     ]
     assert main(args) == 0
     with pytest.raises(AttnlabError, match="positions 'sinusoidal'"):

@@ -19,7 +19,7 @@ from attnlab.cli.main import main
 from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
-from tests.conftest import TEXT, extra, random_hf_model
+from tests.conftest import TEXT, TINY_LLAMA, extra, flags, random_hf_model
 from tests.test_convert_gpt2 import tokenizer
 
 extra("transformers", "transformers, the reference here, is a dev extra")
@@ -32,48 +32,18 @@ CONFIGS = {
     "llama_gqa_untied": (
         "LlamaConfig",
         "LlamaForCausalLM",
-        dict(
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            **ROPE(500000.0),
-        ),
+        dict(TINY_LLAMA, hidden_size=32, intermediate_size=48, num_key_value_heads=2, rms_norm_eps=1e-6, **ROPE(5e5)),
     ),
     "llama_tied_wide_heads": (
         "LlamaConfig",
         "LlamaForCausalLM",
-        dict(
-            hidden_size=32,
-            intermediate_size=40,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            head_dim=16,
-            max_position_embeddings=64,
-            tie_word_embeddings=True,
-            **ROPE(10000.0),
-        ),
+        dict(TINY_LLAMA, hidden_size=32, intermediate_size=40, head_dim=16, tie_word_embeddings=True, **ROPE(1e4)),
     ),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",
-        dict(
-            hidden_size=32,
-            intermediate_size=24,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            max_position_embeddings=64,
-            sliding_window=None,
-            tie_word_embeddings=False,
-            **ROPE(1e6),
-        ),
+        dict(TINY_LLAMA, hidden_size=32, intermediate_size=24, num_key_value_heads=1, sliding_window=None, **ROPE(1e6))
+        | dict(num_local_experts=4, num_experts_per_tok=2),
     ),
 }
 NEW_TOKENS = 30
@@ -243,18 +213,7 @@ def test_a_trained_llama_nano_exports_and_a_modern_gpt_says_what_does_not_fit(tm
     from transformers import LlamaForCausalLM
 
     tiny = [
-        "--context",
-        "32",
-        "--batch-size",
-        "4",
-        "--max-steps",
-        "2",
-        "--eval-interval",
-        "2",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
+        *flags(context=32, batch_size=4, max_steps=2, eval_interval=2, eval_batches=1, device="cpu"),
         "--data",
         str(corpus),
     ]

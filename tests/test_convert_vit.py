@@ -184,19 +184,8 @@ def test_folded_pixel_normalization_takes_images_in_0_1(tmp_path):
 
 def test_exported_vit_loads_in_transformers_with_the_same_logits(tmp_path):
     torch.manual_seed(0)
-    cfg = ViTConfig(
-        n_layer=2,
-        n_head=2,
-        d_model=16,
-        d_ff=40,
-        image_size=12,
-        image_width=8,
-        channels=3,
-        patch_size=4,
-        n_labels=3,
-        activation="gelu_tanh",
-        ln_eps=1e-6,
-    )
+    images = dict(image_size=12, image_width=8, channels=3, patch_size=4, n_labels=3)
+    cfg = ViTConfig(n_layer=2, n_head=2, d_model=16, d_ff=40, activation="gelu_tanh", ln_eps=1e-6, **images)
     model = perturb(ViT(cfg))
     labels = ["a", "b", "c"]
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(cfg, labels)))

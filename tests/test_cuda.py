@@ -40,7 +40,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
 from attnlab.runtime.device import dtype_choice
 from attnlab.tasks import TASKS
-from tests.conftest import TEXT, decode_stepwise, losses, perturb, tiny_chat_base
+from tests.conftest import TEXT, decode_stepwise, losses, perturb, tiny_chat_base, tiny_train
 from tests.test_decode_path import greedy_reference
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
@@ -56,17 +56,9 @@ def corpus(folder: Path) -> Path:
 
 
 def tiny(**kw) -> TrainConfig:
-    base = dict(
-        max_steps=12,
-        batch_size=16,
-        lr=1e-2,
-        warmup_steps=2,
-        eval_interval=12,
-        eval_batches=1,
-        device=str(DEVICE),
-        dtype="float32",
-    )
-    return TrainConfig(**{**base, **kw})
+    """tiny_train on DEVICE: 12 steps of 16 rows at a higher learning rate, one validation batch."""
+    gpu = {"max_steps": 12, "batch_size": 16, "lr": 1e-2, "warmup_steps": 2, "eval_interval": 12, "eval_batches": 1}
+    return tiny_train(**{**gpu, "device": str(DEVICE), **kw})
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a CPU's choice is measured: tests/test_dtype_choice.py")

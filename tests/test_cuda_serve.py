@@ -24,12 +24,12 @@ from attnlab.data import DataConfig
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.exact import multinomial_is_a_race
 from attnlab.decoding.sampling import stream, stream_rows
-from attnlab.engine.config import TrainConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.quant.packed import COMPUTE, KINDS, PackedLinear
 from attnlab.runs.quantized import quantize_for_inference
 from tests.conftest import TEXT, perturb
 from tests.test_compiled_decode import side_by_side
+from tests.test_cuda import tiny
 from tests.test_quantized_inference import wide_gaps_model
 
 DEVICE = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))
@@ -61,16 +61,7 @@ def test_the_servers_batched_decoding_gives_each_request_its_text_alone(tmp_path
     attnlab.train(
         tmp_path / "lm",
         GPTConfig(n_layer=1, n_head=2, d_model=64, context=32),
-        TrainConfig(
-            max_steps=20,
-            batch_size=16,
-            lr=1e-2,
-            warmup_steps=2,
-            eval_interval=20,
-            eval_batches=1,
-            device=str(DEVICE),
-            dtype="float32",
-        ),
+        tiny(max_steps=20, eval_interval=20),
         DataConfig(data=str(tmp_path / "code.txt")),
         progress=False,
     )

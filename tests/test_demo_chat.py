@@ -12,7 +12,7 @@ import attnlab
 import attnlab.cli.demo_chat as demo
 from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.tasks.sft import EXACT, SupervisedFineTuning
-from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
+from tests.conftest import ctrl_c_at, quick_stages, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,19 +25,7 @@ def base(tmp_path_factory):
 @pytest.fixture
 def quick(monkeypatch) -> list[tuple[str, bool]]:
     """The chain at a size that runs in seconds; returns the list of (stage, resumed) it trains."""
-    steps = dict(
-        max_steps=2,
-        time_budget=None,
-        min_steps=0,
-        batch_size=4,
-        eval_interval=1,
-        eval_batches=1,
-        warmup_steps=1,
-        device="cpu",
-        dtype="float32",
-    )
-    for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN", "GRPO_CHAIN"):
-        monkeypatch.setattr(demo, name, {**getattr(demo, name), **steps})
+    quick_stages(monkeypatch, demo, ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN", "GRPO_CHAIN"), eval_interval=1)
     for name, value in {"TEST": 4, "SAMPLED": 2, "BEST_OF": 2, "EXAMPLES": 48, "PAIRS": 48}.items():
         monkeypatch.setattr(demo, name, value)
     trained, real = [], demo.train

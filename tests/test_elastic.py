@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from attnlab.io import read_safetensors
-from tests.conftest import run_cli
+from tests.conftest import flags, run_cli
 from tests.netns import TORCHRUN, wait_all
 from tests.test_multinode import FLAGS, losses, two_nodes
 
@@ -33,11 +33,7 @@ def launch(corpus: Path, out: Path, log: Path) -> subprocess.Popen:
     """torchrun on this machine, two processes, one restart allowed, writing `out`; output to `log`."""
     args = [
         TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "1",
+        *flags(standalone=True, nproc_per_node=2, max_restarts=1),
         "-m",
         "attnlab",
         "train",

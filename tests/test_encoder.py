@@ -15,7 +15,7 @@ from attnlab.errors import AttnlabError
 from attnlab.models.encoder import PAPER_PARAMS, PRESETS, Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.metrics import confusion, scores
-from tests.conftest import run_cli
+from tests.conftest import flags, run_cli
 
 TINY = dict(n_layer=2, n_head=2, d_model=32, context=24, vocab_size=40)
 
@@ -150,26 +150,18 @@ def test_metrics_from_a_confusion_matrix():
 FAST = ["--max-steps", "60", "--eval-interval", "30", "--eval-batches", "2", "--device", "cpu"]
 
 
+def train_pooled(tmp_path, capsys, *more) -> tuple[int, str]:
+    """`attnlab train classify` of a pooled model on tmp_path/train.csv into tmp_path/run; (code, stdout)."""
+    args = ["train", "classify", "--data", tmp_path / "train.csv", "--out", tmp_path / "run", "--model", "pooled"]
+    code, out, _ = run_cli([*args, *more, *FAST], capsys)
+    return code, out
+
+
 def test_classify_file_predict_and_eval_files(tmp_path, capsys):
     rows = [(f"the food was {w}", lab) for w, lab in [("good", "pos"), ("bad", "neg")] for _ in range(60)]
     (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
     run = tmp_path / "run"
-    code, out, _ = run_cli(
-        [
-            "train",
-            "classify",
-            "--data",
-            tmp_path / "train.csv",
-            "--out",
-            run,
-            "--model",
-            "pooled",
-            "--lr",
-            "0.03",
-            *FAST,
-        ],
-        capsys,
-    )
+    code, out = train_pooled(tmp_path, capsys, "--lr", "0.03")
     assert code == 0 and "test: accuracy 1.0000" in out
     result = json.loads((run / "eval.json").read_text())
     assert result["accuracy"] == 1.0 and result["labels"] == ["neg", "pos"]
@@ -197,26 +189,9 @@ def test_tagging_with_rnn_and_long_texts_are_truncated_with_a_warning(tmp_path, 
         "".join("the DET\nfish NOUN\nswim VERB\n\nwe PRON\nfish VERB\n\n" for _ in range(30))
     )
     run = tmp_path / "tag"
+    rnn = [*flags(model="rnn", max_len=2, lr="0.03"), "--bidirectional"]
     with pytest.warns(UserWarning, match="truncated"):
-        code, out, _ = run_cli(
-            [
-                "train",
-                "tag",
-                "--data",
-                tmp_path / "t.conll",
-                "--out",
-                run,
-                "--model",
-                "rnn",
-                "--max-len",
-                "2",
-                "--lr",
-                "0.03",
-                "--bidirectional",
-                *FAST,
-            ],
-            capsys,
-        )
+        code, out, _ = run_cli(["train", "tag", "--data", tmp_path / "t.conll", "--out", run, *rnn, *FAST], capsys)
     assert code == 0
     code, out, _ = run_cli(["predict", run, "we fish", "--json"], capsys)
     assert [t["tag"] for t in json.loads(out)["tokens"]] == ["PRON", "VERB"]
@@ -232,14 +207,7 @@ def test_mlm_pretraining_then_finetuning_with_init(tmp_path, corpus, capsys):
             corpus,
             "--out",
             mlm,
-            "--preset",
-            "encoder-tiny",
-            "--context",
-            "48",
-            "--block-size",
-            "16",
-            "--batch-size",
-            "8",
+            *flags(preset="encoder-tiny", context=48, block_size=16, batch_size=8),
             *FAST,
         ],
         capsys,
@@ -264,23 +232,7 @@ def test_word_vectors_flag_loads_rows(tmp_path, capsys):
     (tmp_path / "train.csv").write_text("text,label\n" + "good food,a\nbad food,b\n" * 20)
     (tmp_path / "vec.txt").write_text("good " + " ".join(["0.5"] * 64) + "\nfood " + " ".join(["-1"] * 64) + "\n")
     run = tmp_path / "run"
-    code, out, _ = run_cli(
-        [
-            "train",
-            "classify",
-            "--data",
-            tmp_path / "train.csv",
-            "--out",
-            run,
-            "--model",
-            "pooled",
-            "--word-vectors",
-            tmp_path / "vec.txt",
-            "--freeze-vectors",
-            *FAST,
-        ],
-        capsys,
-    )
+    code, out = train_pooled(tmp_path, capsys, "--word-vectors", tmp_path / "vec.txt", "--freeze-vectors")
     assert code == 0 and "2 of 3 vocabulary words found" in out
     from attnlab.runs.run import load
 

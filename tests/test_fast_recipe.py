@@ -14,7 +14,7 @@ import attnlab
 from attnlab.engine.optim import make_optimizer, set_lr
 from attnlab.models.gpt import PRESET_TRAINING, PRESETS
 from attnlab.tasks import lm_compare
-from tests.conftest import ctrl_c_at, run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import ctrl_c_at, flags, run_cli, tiny_data, tiny_model, tiny_train
 from tests.test_train import losses
 
 MUON = dict(optimizer="muon", muon_lr=0.05, schedule="wsd", cooldown=0.5, min_lr=0.0)
@@ -28,14 +28,7 @@ def test_the_preset_brings_its_training_settings_and_flags_still_win(tmp_path, c
         "gpt-nano-fast",
         "--data",
         corpus,
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--eval-interval",
-        "2",
-        "--eval-batches",
-        "1",
+        *flags(max_steps=2, batch_size=2, eval_interval=2, eval_batches=1),
     ]
     assert run_cli([*args, "--out", tmp_path / "a"], capsys)[0] == 0
     config = json.loads((tmp_path / "a" / "config.json").read_text())

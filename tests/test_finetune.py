@@ -28,7 +28,7 @@ from attnlab.runs.adapted import build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks import TASKS
 from attnlab.tasks.reward import best_of, score_answers
-from tests.conftest import run_cli, tiny_chat_base, tiny_train
+from tests.conftest import flags, quick_stages, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SFT = ChatData(examples=48, test_examples=6)
@@ -117,15 +117,7 @@ def test_show_masks_marks_the_trained_tokens(base, tmp_path, capsys):
         base,
         "--out",
         tmp_path / "m",
-        "--show-masks",
-        "--examples",
-        "8",
-        "--test-examples",
-        "2",
-        "--max-steps",
-        "1",
-        "--device",
-        "cpu",
+        *flags(show_masks=True, examples=8, test_examples=2, max_steps=1, device="cpu"),
     ]
     code, _, err = run_cli(args, capsys)
     assert code == 0
@@ -227,16 +219,8 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
     hf_dir = tmp_path / "hf"
     texts = [ChatTemplate(LLAMA3_STYLE).render(c.messages) for c in instructions("train", 200, 2)]
     tok = BPETokenizer.train(texts, 300)
-    cfg = transformers.GPT2Config(
-        vocab_size=tok.vocab_size,
-        n_layer=1,
-        n_embd=16,
-        n_head=2,
-        n_positions=256,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
+    sizes = dict(vocab_size=tok.vocab_size, n_layer=1, n_embd=16, n_head=2, n_positions=256)
+    cfg = transformers.GPT2Config(**sizes, bos_token_id=None, eos_token_id=None, attn_implementation="eager")
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(hf_dir)
@@ -261,19 +245,7 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
 def test_the_chat_demo_chains_the_tasks(base, tmp_path, monkeypatch, capsys):
     import attnlab.cli.demo_chat as demo
 
-    quick = dict(
-        max_steps=2,
-        time_budget=None,
-        min_steps=0,
-        batch_size=4,
-        eval_interval=2,
-        eval_batches=1,
-        warmup_steps=1,
-        device="cpu",
-        dtype="float32",
-    )
-    for name in ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"):
-        monkeypatch.setattr(demo, name, {**getattr(demo, name), **quick})
+    quick_stages(monkeypatch, demo, ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"), eval_interval=2)
     monkeypatch.setattr(demo, "TEST", 4)
     monkeypatch.setattr(demo, "SAMPLED", 2)
     monkeypatch.setattr(demo, "BEST_OF", 2)

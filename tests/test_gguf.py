@@ -295,21 +295,18 @@ def write_reference(path, hf, arch: str, vocab: dict, qtype: Q) -> dict[str, tor
 
 def reference_model(arch: str):
     """A random transformers model (seeded, weights moved off their initial values) and its vocabulary."""
-    from tests.conftest import random_hf_model
+    from tests.conftest import TINY_LLAMA, random_hf_model
 
     if arch == "llama":
         hf = random_hf_model(
             "LlamaConfig",
             "LlamaForCausalLM",
             vocab_size=len(SPM["tokens"]),
+            **TINY_LLAMA,
             hidden_size=64,
             intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=64,
             rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
             bos_token_id=None,
             eos_token_id=None,
@@ -318,18 +315,8 @@ def reference_model(arch: str):
         )
         return hf, SPM
     tok = tokenizer("bpe")
-    hf = random_hf_model(
-        "GPT2Config",
-        "GPT2LMHeadModel",
-        vocab_size=tok.vocab_size,
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        n_positions=64,
-        bos_token_id=None,
-        eos_token_id=None,
-        initializer_range=0.2,
-    )
+    sizes = dict(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=4, n_positions=64, initializer_range=0.2)
+    hf = random_hf_model("GPT2Config", "GPT2LMHeadModel", **sizes, bos_token_id=None, eos_token_id=None)
     return hf, gpt2_vocab(tok)
 
 

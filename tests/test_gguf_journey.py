@@ -31,7 +31,7 @@ from attnlab.interop.gguf_in import convert_from_gguf
 from attnlab.interop.gguf_out import export_gguf
 from attnlab.models.gpt import GPTConfig
 from attnlab.runs.adapted import run_template
-from tests.conftest import run_cli, tiny_train
+from tests.conftest import flags, run_cli, tiny_train
 from tests.test_gguf import ids, logits, make_run, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,7 +72,7 @@ def test_qwen3_both_ways_with_transformers(tmp_path):
 
     from attnlab.errors import AttnlabError
     from attnlab.interop.convert import convert_from_hf, export_hf
-    from tests.conftest import random_hf_model
+    from tests.conftest import TINY_LLAMA, random_hf_model
 
     cfg = replace(GPTConfig.from_preset(demo.PRESET), n_layer=2, d_model=64, n_kv_head=2)
     run = attnlab.load(make_run(tmp_path / "run", cfg, tokenizer("char")), device="cpu")
@@ -81,19 +81,8 @@ def test_qwen3_both_ways_with_transformers(tmp_path):
     idx = ids(run)
     assert type(theirs).__name__ == "Qwen3ForCausalLM"
     assert (logits(theirs, idx) - logits(run.model, idx)).abs().max() < 1e-4
-    keys = dict(
-        vocab_size=run.model.cfg.vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-    )
+    keys = dict(TINY_LLAMA, vocab_size=run.model.cfg.vocab_size, hidden_size=64, intermediate_size=96, head_dim=16)
+    keys |= dict(num_key_value_heads=2, rms_norm_eps=1e-5, initializer_range=0.2)
     random_hf_model("Qwen3Config", "Qwen3ForCausalLM", **keys).save_pretrained(tmp_path / "q3")
     (tmp_path / "q3" / "tokenizer.json").write_text((tmp_path / "hf" / "tokenizer.json").read_text())
     convert_from_hf(tmp_path / "q3", tmp_path / "back")
@@ -157,20 +146,9 @@ def demo_run(root: Path, capsys) -> Path:
         demo.PRESET,
         "--data",
         root / "corpus.txt",
-        "--tokenizer",
-        "char",
-        "--max-steps",
-        "40",
-        "--warmup-steps",
-        "5",
-        "--batch-size",
-        "8",
-        "--eval-interval",
-        "40",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
+        *flags(
+            tokenizer="char", max_steps=40, warmup_steps=5, batch_size=8, eval_interval=40, eval_batches=1, device="cpu"
+        ),
         "--out",
         root / "demo",
     ]
@@ -192,14 +170,7 @@ def test_llamacpp_continues_the_demo_run_as_attnlab_sample(tmp_path, capsys):
                 run,
                 "--prompt",
                 prompt,
-                "--temperature",
-                "0",
-                "--max-new-tokens",
-                "48",
-                "--dtype",
-                "float32",
-                "--device",
-                "cpu",
+                *flags(temperature=0, max_new_tokens=48, dtype="float32", device="cpu"),
             ],
             capsys,
         )
@@ -230,22 +201,8 @@ def chat_run(root: Path, capsys) -> Path:
             root / "base",
             "--out",
             root / "sft",
-            "--max-steps",
-            "30",
-            "--batch-size",
-            "8",
-            "--examples",
-            "200",
-            "--test-examples",
-            "8",
-            "--eval-interval",
-            "30",
-            "--lr",
-            "1e-2",
-            "--eval-batches",
-            "1",
-            "--device",
-            "cpu",
+            *flags(max_steps=30, batch_size=8, examples=200, test_examples=8, eval_interval=30, lr="1e-2"),
+            *flags(eval_batches=1, device="cpu"),
         ],
         capsys,
     )

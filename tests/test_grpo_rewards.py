@@ -16,31 +16,17 @@ import attnlab.tasks.grpo as grpo_task
 import attnlab.tasks.rewards as rewards
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Message
-from attnlab.data.finetune import ChatData, PreferenceData, held_out, splits
+from attnlab.data.finetune import ChatData, held_out, splits
 from attnlab.data.instructions import in_test
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.tasks.rewards import Asked, Exact, reward_source
-from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
+from tests.conftest import ctrl_c_at, flags, run_cli, tiny_chat_base, tiny_reward_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ADD = ChatData(data="add", level=2, examples=32, test_examples=4)
 FAST = [
-    "--max-steps",
-    "2",
-    "--eval-interval",
-    "2",
-    "--batch-size",
-    "2",
-    "--warmup-steps",
-    "0",
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--examples",
-    "32",
-    "--test-examples",
-    "4",
+    *flags(max_steps=2, eval_interval=2, batch_size=2, warmup_steps=0, device="cpu", dtype="float32"),
+    *flags(examples=32, test_examples=4),
 ]
 
 
@@ -156,16 +142,7 @@ def test_a_callable_is_called_with_each_question_and_answer_and_its_values_are_t
 
 
 def test_a_reward_runs_scores_are_the_rewards(tmp_path, base, monkeypatch):
-    rm = tmp_path / "rm"
-    attnlab.train(
-        rm,
-        None,
-        tiny_train(max_steps=2, eval_interval=2),
-        PreferenceData(examples=24, test_examples=4),
-        init=base,
-        task="reward",
-        progress=False,
-    )
+    rm = tiny_reward_model(tmp_path / "rm", base)
     real, scored = rewards.reward_scores, []
 
     def spy(run, prompts, answers):

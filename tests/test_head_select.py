@@ -12,7 +12,7 @@ from attnlab.models import build_model
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.nn.hooks import taps
-from tests.conftest import perturb
+from tests.conftest import flags, perturb
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -94,26 +94,8 @@ def test_cli_sample_removes_heads_and_says_how_many(tmp_path, capsys, monkeypatc
         tmp_path / "corpus.txt",
         "--out",
         run,
-        "--preset",
-        "gpt-nano",
-        "--n-layer",
-        "2",
-        "--d-model",
-        "16",
-        "--n-head",
-        "2",
-        "--context",
-        "16",
-        "--max-steps",
-        "3",
-        "--batch-size",
-        "2",
-        "--eval-interval",
-        "3",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
+        *flags(preset="gpt-nano", n_layer=2, d_model=16, n_head=2, context=16, max_steps=3, batch_size=2),
+        *flags(eval_interval=3, eval_batches=1, device="cpu"),
     ]
     assert main([str(a) for a in args]) == 0
     capsys.readouterr()

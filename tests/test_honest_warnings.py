@@ -27,26 +27,12 @@ from attnlab.errors import AttnlabError
 from attnlab.runs.run import load
 from attnlab.tasks.image import load_image
 from attnlab.tasks.metrics import confusion, scores
-from tests.conftest import TEXT, code_file, extra
+from tests.conftest import TEXT, code_file, extra, flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 SMALL = ["--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "2", "--eval-batches", "1", "--device", "cpu"]
-LM = [
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--d-model",
-    "16",
-    "--context",
-    "32",
-    "--batch-size",
-    "4",
-    "--dtype",
-    "float32",
-    *SMALL,
-]
+LM = [*flags(n_layer=1, n_head=2, d_model=16, context=32, batch_size=4, dtype="float32"), *SMALL]
 ENCODER = ["--n-layer", "1", "--n-head", "2", "--d-model", "16"]
 
 
@@ -94,26 +80,8 @@ def w(tmp_path_factory):
     table.write_text(csv_rows(80))
     trained(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
     trained(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
-    trained(
-        [
-            "train",
-            "mlm",
-            "--data",
-            corpus,
-            "--out",
-            root / "mlm",
-            *ENCODER,
-            "--context",
-            "32",
-            "--block-size",
-            "32",
-            "--batch-size",
-            "4",
-            "--vocab-size",
-            "200",
-            *SMALL,
-        ]
-    )
+    encoder = [*ENCODER, *flags(context=32, block_size=32, batch_size=4, vocab_size=200)]
+    trained(["train", "mlm", "--data", corpus, "--out", root / "mlm", *encoder, *SMALL])
     trained(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     return SimpleNamespace(root=root, corpus=corpus, table=table, **{n: root / n for n in ("lm", "cls", "mlm", "img")})
 

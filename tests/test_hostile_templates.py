@@ -28,7 +28,7 @@ from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.marker import record
-from tests.conftest import TEXT, run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import TEXT, flags, run_cli, tiny_data, tiny_model, tiny_train
 from tests.hostile import bounded, cli_refuses, one_line, refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -466,12 +466,7 @@ def test_the_top_level_options_set_the_limits_for_the_command(tiny_run, capsys):
                 "80",
                 "sample",
                 chatml,
-                "--chat",
-                "hi",
-                "--max-new-tokens",
-                "2",
-                "--dtype",
-                "float32",
+                *flags(chat="hi", max_new_tokens=2, dtype="float32"),
             ],
             capsys,
         )

@@ -21,7 +21,7 @@ from attnlab.nn import sinusoidal_2d_table, sinusoidal_table
 from attnlab.runs.run import Run
 from attnlab.viz.curves import plot_lr
 from attnlab.viz.embeddings import embedding_pca, plot_embeddings, plot_positions
-from tests.conftest import TEXT, tiny_model
+from tests.conftest import TEXT, flags, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -184,28 +184,8 @@ def gpt_run(tmp_path_factory):
         corpus,
         "--out",
         run,
-        "--preset",
-        "gpt-nano",
-        "--n-layer",
-        "1",
-        "--d-model",
-        "32",
-        "--n-head",
-        "2",
-        "--context",
-        "32",
-        "--max-steps",
-        "10",
-        "--batch-size",
-        "4",
-        "--eval-interval",
-        "5",
-        "--eval-batches",
-        "1",
-        "--device",
-        "cpu",
-        "--tokenizer",
-        "char",
+        *flags(preset="gpt-nano", n_layer=1, d_model=32, n_head=2, context=32, max_steps=10, batch_size=4),
+        *flags(eval_interval=5, eval_batches=1, device="cpu", tokenizer="char"),
     ]
     assert main([str(a) for a in args]) == 0
     return attnlab.load(run, device="cpu")

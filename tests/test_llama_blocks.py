@@ -17,7 +17,7 @@ from attnlab.models.size import estimate
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.nn import POSITIONS, GatedFeedForward, KVCache, MultiHeadAttention, default_width
 from attnlab.nn.position import ALiBiPositions, alibi_slopes
-from tests.conftest import decode_stepwise, perturb
+from tests.conftest import decode_stepwise, perturb, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,20 +97,8 @@ def test_grouped_query_attention_is_mha_with_repeated_key_value_heads():
 )
 def test_the_cache_holds_only_the_key_value_heads(kv_heads, ff, positions):
     torch.manual_seed(0)
-    model = perturb(
-        GPT(
-            GPTConfig(
-                n_layer=2,
-                n_head=4,
-                d_model=32,
-                context=16,
-                vocab_size=23,
-                n_kv_head=kv_heads,
-                positions=positions,
-                feedforward=ff,
-            )
-        )
-    )
+    cfg = tiny_model(n_head=4, context=16, vocab_size=23, n_kv_head=kv_heads, positions=positions, feedforward=ff)
+    model = perturb(GPT(cfg))
     assert model.blocks[0].attn.qkv_proj.weight.shape == ((4 + 2 * kv_heads) * 8, 32)
     ids = torch.randint(0, 23, (2, 10))
     with torch.no_grad():

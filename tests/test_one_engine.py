@@ -17,12 +17,10 @@ from attnlab.decoding.adapters import LMDecoder, StepDecoder
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Batcher, engine_for
 from attnlab.decoding.sampling import sample_texts, stream, stream_rows, stream_text
-from attnlab.models import build_model
-from attnlab.models.captioner import CaptionerConfig
 from attnlab.models.gpt import GPT
 from attnlab.nn.hooks import hooks, zero_head
 from attnlab.serve.app import create_app, running
-from tests.conftest import TEXT, perturb, run_cli, tiny_model
+from tests.conftest import TEXT, flags, perturb, run_cli, tiny_captioner, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -98,20 +96,7 @@ def test_samples_of_the_command_line_are_rows_of_the_one_engine(run_dir, capsys)
         alone = "".join(stream_text(run.model, run.tokenizer, "def ", max_new_tokens=30, seed=5 + i, use_cache=False))
         assert text == alone
     code, out, err = run_cli(
-        [
-            "sample",
-            run_dir,
-            "--prompt",
-            "def ",
-            "--num-samples",
-            "3",
-            "--seed",
-            "5",
-            "--max-new-tokens",
-            "30",
-            "--device",
-            "cpu",
-        ],
+        ["sample", run_dir, *flags(prompt="def ", num_samples=3, seed=5, max_new_tokens=30, device="cpu")],
         capsys,
     )
     assert code == 0, err
@@ -137,21 +122,7 @@ def test_captions_are_decoded_by_the_engine_with_where_each_word_looked():
     from attnlab.data.batches import BOS_ID, EOS_ID
     from attnlab.decoding.beam import greedy
 
-    torch.manual_seed(0)
-    cfg = CaptionerConfig(
-        n_layer=2,
-        n_head=2,
-        d_model=16,
-        d_ff=32,
-        context=12,
-        dropout=0.0,
-        tgt_vocab=20,
-        image_size=8,
-        image_width=16,
-        channels=1,
-        patch_size=4,
-    )
-    model = perturb(build_model("captioner", cfg), 0.5)
+    model = tiny_captioner()
     image = torch.rand(1, 1, 8, 16)
     engine = engine_for(model)
     assert isinstance(engine.decoder, StepDecoder)
@@ -159,5 +130,5 @@ def test_captions_are_decoded_by_the_engine_with_where_each_word_looked():
     tokens = [s.token for s in steps]
     (expected,) = greedy(model, image, 10)
     assert tokens[: len(expected)] == expected and (len(tokens) == len(expected) or tokens[len(expected)] == EOS_ID)
-    assert all(s.attention.shape == (2, 2, cfg.n_patches) for s in steps)  # (L, H, N): over the image's patches
+    assert all(s.attention.shape == (2, 2, model.cfg.n_patches) for s in steps)  # (L, H, N): over the image's patches
     assert all(abs(float(s.attention.sum(-1).mean()) - 1) < 1e-4 for s in steps)  # each row a distribution

@@ -18,7 +18,7 @@ from attnlab.data.conversations import Message
 from attnlab.decoding.sampling import generate_text
 from attnlab.runs.adapted import run_template
 from attnlab.serve.app import create_app, running
-from tests.conftest import extra, short_chat_lm
+from tests.conftest import extra, flags, short_chat_lm
 
 httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
 openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
@@ -100,20 +100,9 @@ def test_a_seeded_stream_is_what_attnlab_sample_prints(client, run_dir, capsys):
             [
                 "sample",
                 str(run_dir),
-                "--prompt",
-                "def ",
-                "--seed",
-                "7",
-                "--temperature",
-                "1.0",
-                "--top-k",
-                "12",
-                "--top-p",
-                "0.9",
-                "--max-new-tokens",
-                "30",
-                "--device",
-                "cpu",
+                *flags(
+                    prompt="def ", seed=7, temperature="1.0", top_k=12, top_p="0.9", max_new_tokens=30, device="cpu"
+                ),
             ]
         )
         == 0

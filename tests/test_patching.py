@@ -21,7 +21,7 @@ from attnlab.models.gpt import GPTConfig
 from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.models.vit import ViTConfig
 from attnlab.nn.hooks import Tap, hooks
-from tests.conftest import perturb, run_cli
+from tests.conftest import flags, perturb, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -283,43 +283,20 @@ def lm_run(tmp_path_factory):
         root / "corpus.txt",
         "--out",
         root / "lm",
-        "--preset",
-        "gpt-nano",
-        "--n-layer",
-        "2",
-        "--d-model",
-        "32",
-        "--n-head",
-        "4",
-        "--n-kv-head",
-        "2",
-        "--context",
-        "32",
-        "--tokenizer",
-        "char",
+        *flags(preset="gpt-nano", n_layer=2, d_model=32, n_head=4, n_kv_head=2, context=32, tokenizer="char"),
         *TRAIN,
     ]
     assert main([str(a) for a in args]) == 0
     return root / "lm"
 
 
+def patch_add(run, capsys, *more) -> tuple[int, str, str]:
+    """`attnlab patch` of `run` on "def add(a, b):" against "def add(b, b):" with `more` flags."""
+    return run_cli(["patch", run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):", *more], capsys)
+
+
 def test_patch_json_has_every_effect_keyed_by_component_layer_head_and_position(lm_run, capsys):
-    code, out, _ = run_cli(
-        [
-            "patch",
-            lm_run,
-            "--clean",
-            "def add(a, b):",
-            "--corrupted",
-            "def add(b, b):",
-            "--target",
-            "a",
-            "--wrong",
-            "b",
-            "--json",
-        ],
-        capsys,
-    )
+    code, out, _ = patch_add(lm_run, capsys, "--target", "a", "--wrong", "b", "--json")
     data = json.loads(out)
     assert code == 0 and data["method"] == "activation" and (data["target"], data["wrong"]) == ("a", "b")
     assert data["positions"]["blocks"][:4] == ["d", "e", "f", "·"] and data["position"] == 13
@@ -340,53 +317,18 @@ def test_patch_json_has_every_effect_keyed_by_component_layer_head_and_position(
 
 def test_patch_png_and_attribution(lm_run, tmp_path, capsys):
     out = tmp_path / "p.png"
-    code, printed, _ = run_cli(
-        [
-            "patch",
-            lm_run,
-            "--clean",
-            "def add(a, b):",
-            "--corrupted",
-            "def add(b, b):",
-            "--wrong",
-            "b",
-            "--method",
-            "attribution",
-            "--granularity",
-            "resid",
-            "--out",
-            out,
-        ],
-        capsys,
+    code, printed, _ = patch_add(
+        lm_run, capsys, "--wrong", "b", "--method", "attribution", "--granularity", "resid", "--out", out
     )
     assert code == 0 and out.read_bytes()[:8] == PNG and printed.startswith("attribution patching")
 
 
 def test_patch_sender_and_receivers_is_path_patching(lm_run, capsys):
-    code, out, _ = run_cli(
-        [
-            "patch",
-            lm_run,
-            "--clean",
-            "def add(a, b):",
-            "--corrupted",
-            "def add(b, b):",
-            "--wrong",
-            "b",
-            "--sender",
-            "1.2",
-            "--receivers",
-            "2",
-            "--json",
-        ],
-        capsys,
-    )
+    code, out, _ = patch_add(lm_run, capsys, "--wrong", "b", "--sender", "1.2", "--receivers", "2", "--json")
     data = json.loads(out)
     assert code == 0 and data["method"] == "path" and data["sender"] == {"blocks.0.attn.hook_head_out": [1]}
     assert data["receivers"] == {"blocks.1.attn.hook_head_out": [0, 1, 2, 3]} and data["effect"] is not None
-    code, _, err = run_cli(
-        ["patch", lm_run, "--clean", "def add(a, b):", "--corrupted", "def add(b, b):", "--sender", "1.2"], capsys
-    )
+    code, _, err = patch_add(lm_run, capsys, "--sender", "1.2")
     assert code == 2 and "both --sender HEADS and --receivers HEADS" in err
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.data.finetune import ChatData, PreferenceData
+from attnlab.data.finetune import ChatData
 from attnlab.nn.policy import PolicyLoss, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss
 from attnlab.tasks.hacking import reward_hacking
-from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
+from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_reward_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = ChatData(examples=32, test_examples=4)
@@ -132,17 +132,7 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rm(base, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    attnlab.train(
-        out,
-        None,
-        tiny_train(max_steps=2, eval_interval=2),
-        PreferenceData(examples=16, test_examples=4),
-        init=base,
-        task="reward",
-        progress=False,
-    )
-    return out
+    return tiny_reward_model(tmp_path_factory.mktemp("rm") / "rm", base, examples=16)
 
 
 def ppo(out, base, rm, steps=4, **options):

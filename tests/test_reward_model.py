@@ -20,10 +20,9 @@ from attnlab.nn.preference import answer_logprobs
 from attnlab.runs.adapted import run_template
 from attnlab.tasks import reward
 from attnlab.tasks.reward import reward_scores, scores
-from tests.conftest import tiny_chat_base, tiny_train
+from tests.conftest import tiny_chat_base, tiny_reward_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-PAIRS = PreferenceData(examples=24, test_examples=4)
 
 
 def tiny(head: str) -> RewardModel:
@@ -102,10 +101,7 @@ def base(tmp_path_factory):
 
 
 def trained(out, base, **options) -> attnlab.Run:
-    attnlab.train(
-        out, None, tiny_train(max_steps=2, eval_interval=2), PAIRS, init=base, task="reward", progress=False, **options
-    )
-    return attnlab.load(out)
+    return attnlab.load(tiny_reward_model(out, base, **options))
 
 
 def test_a_reward_run_records_its_head_and_an_old_run_without_one_reads_its_last_token(base, tmp_path):

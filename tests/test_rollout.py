@@ -14,6 +14,7 @@ from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.interpret.patches import attention_rollout
 from attnlab.interpret.rollout import flow, mixed_layers, rollout, run_rollouts
+from tests.conftest import flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -159,16 +160,7 @@ def runs(tmp_path_factory):
             root / "corpus.txt",
             "--out",
             root / "gpt",
-            "--preset",
-            "gpt-nano",
-            "--d-model",
-            "32",
-            "--n-head",
-            "2",
-            "--context",
-            "32",
-            "--tokenizer",
-            "char",
+            *flags(preset="gpt-nano", d_model=32, n_head=2, context=32, tokenizer="char"),
             *small,
         ]
     )
@@ -222,20 +214,10 @@ def more_runs(tmp_path_factory):
     train(
         [
             "translate",
-            "--model",
-            "rnn-attention",
-            "--data",
-            "reverse",
-            "--n-train",
-            "100",
+            *flags(model="rnn-attention", data="reverse", n_train=100),
             "--out",
             root / "rnn",
-            "--d-emb",
-            "16",
-            "--d-hidden",
-            "16",
-            "--d-attn",
-            "16",
+            *flags(d_emb=16, d_hidden=16, d_attn=16),
             *steps,
         ]
     )

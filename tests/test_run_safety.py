@@ -128,24 +128,9 @@ def test_undecodable_bytes_are_counted_and_the_encoding_guessed(tmp_path, capsys
 def test_rows_with_an_empty_text_or_label_are_dropped_with_a_count(tmp_path, capsys):
     rows = "".join(f"film {i},{'pos' if i % 2 else 'neg'}\n" for i in range(60))
     (tmp_path / "t.csv").write_text("text,label\n" + rows + ",\n ,pos\nbad film,\n")
+    args = ["train", "classify", "--data", tmp_path / "t.csv", "--model", "bow", "--out", tmp_path / "run"]
     with pytest.warns(UserWarning, match="3 of 63 rows have an empty text or label"):
-        code, _, err = run_cli(
-            [
-                "train",
-                "classify",
-                "--data",
-                tmp_path / "t.csv",
-                "--model",
-                "bow",
-                "--out",
-                tmp_path / "run",
-                "--max-steps",
-                "1",
-                "--device",
-                "cpu",
-            ],
-            capsys,
-        )
+        code, _, err = run_cli([*args, "--max-steps", "1", "--device", "cpu"], capsys)
     assert code == 0, err
     assert "" not in attnlab.load(tmp_path / "run").config["task"]["labels"]
 

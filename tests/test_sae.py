@@ -28,7 +28,7 @@ from attnlab.interpret.sae_train import (
     train_sae,
 )
 from attnlab.nn.hooks import hooks
-from tests.conftest import run_cli, tiny_code_lm
+from tests.conftest import flags, run_cli, tiny_code_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HOOK = "blocks.0.hook_resid_post"
@@ -209,18 +209,7 @@ def test_the_command_line(lm, tmp_path, capsys):
         lm,
         "--hook",
         HOOK,
-        "--latents",
-        "32",
-        "--k",
-        "4",
-        "--tokens",
-        "4000",
-        "--batch",
-        "256",
-        "--eval-tokens",
-        "500",
-        "--device",
-        "cpu",
+        *flags(latents=32, k=4, tokens=4000, batch=256, eval_tokens=500, device="cpu"),
         "--out",
         out,
         "--json",

@@ -29,7 +29,7 @@ from attnlab.models import FAMILIES, build_model
 from attnlab.runs.marker import owned
 from attnlab.tasks import TASKS, task_of
 from attnlab.tasks.base import ModelChoice, Task
-from tests.conftest import run_cli, tiny_chat_base
+from tests.conftest import flags, run_cli, tiny_chat_base
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,16 +128,7 @@ def test_a_family_and_task_from_outside_train_load_and_predict(toy, tmp_path, ca
             "parity",
             "--out",
             tmp_path / "cli",
-            "--max-steps",
-            "3",
-            "--batch-size",
-            "4",
-            "--eval-interval",
-            "3",
-            "--length",
-            "7",
-            "--device",
-            "cpu",
+            *flags(max_steps=3, batch_size=4, eval_interval=3, length=7, device="cpu"),
         ],
         capsys,
     )

@@ -57,24 +57,7 @@ def fake_clock(monkeypatch, step_seconds: float) -> None:
 def test_training_stops_when_the_budget_is_spent_and_resumes_the_clock(tmp_path, capsys, monkeypatch):
     fake_clock(monkeypatch, 1.0)  # 3 calls per step: 3 s a step
     run = tmp_path / "run"
-    code, _, err = run_cli(
-        [
-            "train",
-            "lm",
-            "--data",
-            corpus(tmp_path),
-            "--out",
-            run,
-            *TINY,
-            "--max-steps",
-            "500",
-            "--warmup-steps",
-            "2",
-            "--time-budget",
-            "30s",
-        ],
-        capsys,
-    )
+    code, _, err = train_on_the_clock(tmp_path, capsys, "30s")
     assert code == 0, err
     assert "time budget of 30s spent: " in err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -91,6 +74,12 @@ def test_training_stops_when_the_budget_is_spent_and_resumes_the_clock(tmp_path,
     assert steps[-1] < max(more) <= steps[-1] + 10  # the clock went on from 30 s, not from 0
 
 
+def train_on_the_clock(tmp_path, capsys, budget: str, *flags) -> tuple[int, str, str]:
+    """A tiny lm into tmp_path/run for up to 500 steps with --time-budget `budget`."""
+    args = ["train", "lm", "--data", corpus(tmp_path), "--out", tmp_path / "run", *TINY, "--max-steps", "500"]
+    return run_cli([*args, "--warmup-steps", "2", "--time-budget", budget, *flags], capsys)
+
+
 def corpus(tmp_path):
     from tests.conftest import TEXT
 
@@ -104,26 +93,7 @@ def test_a_floor_of_steps_trains_past_the_budget_and_says_why(tmp_path, capsys, 
     once, and the decay ends with the steps instead of the clock."""
     fake_clock(monkeypatch, 1.0)  # 3 s a step: the 9 s budget is spent after 3 steps
     run = tmp_path / "run"
-    code, _, err = run_cli(
-        [
-            "train",
-            "lm",
-            "--data",
-            corpus(tmp_path),
-            "--out",
-            run,
-            *TINY,
-            "--max-steps",
-            "500",
-            "--warmup-steps",
-            "2",
-            "--time-budget",
-            "9s",
-            "--min-steps",
-            "12",
-        ],
-        capsys,
-    )
+    code, _, err = train_on_the_clock(tmp_path, capsys, "9s", "--min-steps", "12")
     assert code == 0, err
     assert err.count("short of the 12 steps") == 1 and "training on to step 12" in err
     assert "time budget of 9s spent: 12 steps (at least 12)" in err

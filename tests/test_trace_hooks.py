@@ -139,17 +139,8 @@ def test_attention_only_blocks_add_nothing_after_attention():
 
 def test_mixture_of_experts_routing_is_a_point_and_a_replaced_router_reroutes():
     torch.manual_seed(0)
-    cfg = GPTConfig(
-        vocab_size=40,
-        context=16,
-        n_layer=1,
-        n_head=2,
-        d_model=16,
-        dropout=0.0,
-        feedforward="moe",
-        n_experts=4,
-        experts_per_token=1,
-    )
+    moe = dict(feedforward="moe", n_experts=4, experts_per_token=1)
+    cfg = GPTConfig(vocab_size=40, context=16, n_layer=1, n_head=2, d_model=16, dropout=0.0, **moe)
     model, ids = build_model("gpt", cfg).eval(), torch.randint(0, 40, (2, 5))
     t = attnlab.trace(model, ids)
     probs = t["blocks.0.ff.hook_router"]

@@ -10,7 +10,7 @@ import pytest
 from attnlab.cli.main import main
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.tasks.translate import scores
-from tests.conftest import run_cli
+from tests.conftest import flags, run_cli
 
 FAST = ("--n-train 400 --max-steps 40 --batch-size 32 --eval-interval 40 --eval-batches 1 --device cpu").split()
 
@@ -81,12 +81,7 @@ def test_rnn_models_train_from_a_tsv_file(model, tmp_path, capsys):
             f,
             "--out",
             run,
-            "--tokenizer",
-            "char",
-            "--split-fraction",
-            "0.1",
-            "--cell",
-            "lstm",
+            *flags(tokenizer="char", split_fraction="0.1", cell="lstm"),
             *FAST[2:],
         ],
         capsys,

@@ -14,7 +14,7 @@ from attnlab.nn.lora import LoRAConfig, add_lora, lora_parameters
 from attnlab.quant.quantize import quantize_model
 from attnlab.runs.listing import list_runs
 from attnlab.runs.quantized import quantize_for_inference
-from tests.conftest import run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import flags, run_cli, tiny_data, tiny_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,33 +98,12 @@ def test_an_sft_run_names_its_preset_and_counts_its_quantized_base(tmp_path, cap
         "sft",
         "--init",
         tmp_path / "runs/base",
-        "--lora-rank",
-        "2",
-        "--quantize-base",
-        "nf4",
-        "--max-steps",
-        "1",
-        "--examples",
-        "20",
-        "--test-examples",
-        "4",
+        *flags(lora_rank=2, quantize_base="nf4", max_steps=1, examples=20, test_examples=4),
         "--out",
         tmp_path / "runs/sft",
     ]
     code, _, err = run_cli(
-        [
-            *sft,
-            "--batch-size",
-            "2",
-            "--warmup-steps",
-            "1",
-            "--eval-batches",
-            "1",
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-        ],
+        [*sft, *flags(batch_size=2, warmup_steps=1, eval_batches=1, dtype="float32", device="cpu")],
         capsys,
     )
     assert code == 0, err

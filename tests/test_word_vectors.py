@@ -12,7 +12,7 @@ from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.corpus import Corpus, Vocab, keep_probability, noise_table, sentences
 from attnlab.wordvec.keyed import WordVectors
 from attnlab.wordvec.subwords import fnv1a, ngrams
-from tests.conftest import run_cli
+from tests.conftest import flags, run_cli
 
 TOPICS = {
     "animals": "cat dog horse cow sheep goat pig duck".split(),
@@ -198,22 +198,7 @@ def test_cli_trains_queries_evaluates_draws_and_exports(tmp_path, capsys, text):
     corpus.write_text(text)
     run = tmp_path / "run"
     code, out, err = run_cli(
-        [
-            "train",
-            "vectors",
-            "--data",
-            str(corpus),
-            "--out",
-            str(run),
-            "--dim",
-            "16",
-            "--epochs",
-            "3",
-            "--min-count",
-            "1",
-            "--window",
-            "3",
-        ],
+        ["train", "vectors", "--data", str(corpus), "--out", str(run), *flags(dim=16, epochs=3, min_count=1, window=3)],
         capsys,
     )
     assert code == 0, err

@@ -23,24 +23,9 @@ from attnlab.interpret.transcoder import (
     save_transcoders,
     train_transcoders,
 )
-from attnlab.runs.outputs import run_holding
+from attnlab.runs.outputs import check_output_folder
 from attnlab.runs.run import Run, load
 from attnlab.runtime.threads import share
-
-
-def _check_out(opts: CircuitsOptions) -> Path:
-    out = Path(opts.out)
-    if run_holding(out / "x") is not None:
-        raise AttnlabError(
-            f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
-            "choose a folder outside it"
-        )
-    if out.exists() and not out.is_dir():
-        raise AttnlabError(f"--out {out} is a file: give a folder")
-    for name in ("graph.json", "graph.html"):
-        if (out / name).exists() and not opts.force:
-            raise AttnlabError(f"--out {out} already holds {name}: choose another folder, or add --force to replace it")
-    return out
 
 
 def _transcoders(run: Run, opts: CircuitsOptions, out: Path) -> tuple[list, dict, bool]:
@@ -77,7 +62,7 @@ def _transcoders(run: Run, opts: CircuitsOptions, out: Path) -> tuple[list, dict
 def run_circuits(opts: CircuitsOptions, graph: dict) -> int:
     share()
     cfg = from_dict(CircuitConfig, graph, "the graph's flags")
-    out = _check_out(opts)
+    out = check_output_folder(opts.out, opts.force, ("graph.json", "graph.html"))
     run = load(opts.run, device=opts.device)
     target_id(run, opts.target, prompt_ids(run, opts.prompt))  # not a decoder, too long, no such token: said
     # before any training

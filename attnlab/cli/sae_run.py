@@ -10,12 +10,11 @@ from pathlib import Path
 
 from attnlab.cli.generate import add_options, read_options
 from attnlab.config import option
-from attnlab.errors import AttnlabError
 from attnlab.interpret.sae import KINDS, SAEConfig, load_sae, save_sae
 from attnlab.interpret.sae_page import write_page
 from attnlab.interpret.sae_synthetic import SyntheticConfig, run_synthetic, true_l0
 from attnlab.interpret.sae_train import check_run, evaluate_sae, train_sae
-from attnlab.runs.outputs import run_holding
+from attnlab.runs.outputs import check_output_folder
 from attnlab.runs.run import load
 from attnlab.runtime.threads import share
 
@@ -58,24 +57,9 @@ class SaeSyntheticOptions(SyntheticConfig):  # the features' world (its flags), 
     json: bool = option(False, "print one JSON object")
 
 
-def _check_out(folder: str, force: bool) -> Path:
-
-    out = Path(folder)
-    if run_holding(out / "x") is not None:
-        raise AttnlabError(
-            f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
-            "choose a folder outside it"
-        )
-    if out.exists() and not out.is_dir():
-        raise AttnlabError(f"--out {out} is a file: give a folder")
-    if (out / "sae.json").exists() and not force:
-        raise AttnlabError(f"--out {out} already holds an SAE: choose another folder, or add --force to replace it")
-    return out
-
-
 def run_train(opts: SaeTrainOptions, cfg: SAEConfig) -> int:
 
-    out = _check_out(opts.out, opts.force)
+    out = check_output_folder(opts.out, opts.force, ("sae.json",), what="an SAE")
     run = load(opts.run, device=opts.device)
     data = check_run(run, opts.hook)  # a wrong hook or a run without data: said before any work
     sae, info = train_sae(run, opts.hook, cfg, progress=not opts.json)

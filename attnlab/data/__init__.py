@@ -13,19 +13,9 @@ if TYPE_CHECKING:
     from attnlab.data.text import DataConfig, read_texts, resolve_sources, stdlib_files
     from attnlab.data.tokens import TokenData, build_token_cache, workers_for
 
-TEXT, TOKENS = "attnlab.data.text", "attnlab.data.tokens"
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "DataConfig": TEXT,
-        "read_texts": TEXT,
-        "resolve_sources": TEXT,
-        "stdlib_files": TEXT,
-        "TokenData": TOKENS,
-        "build_token_cache": TOKENS,
-        "workers_for": TOKENS,
-    },
-)
+TEXT = dict.fromkeys(("DataConfig", "read_texts", "resolve_sources", "stdlib_files"), "attnlab.data.text")
+TOKENS = dict.fromkeys(("TokenData", "build_token_cache", "workers_for"), "attnlab.data.tokens")
+__getattr__, __dir__ = lazy_names(__name__, TEXT | TOKENS)
 
 __all__ = [
     "DataConfig",

@@ -145,16 +145,8 @@ def repeated_ablation(run, batch: int = 8) -> dict:
         logits = run.model(ids)[:, half:-1]
         return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, half + 1 :].flatten())
 
-    table = head_ablation(run.model, loss, (ids,), "zero")
-    return {
-        "kind": "tables",
-        "what": "ablate",
-        "tables": tables_json({"loss change when zeroed": table}),
-        "title": f"head ablation on {batch} random sequences of {n} tokens repeated twice: the loss of the "
-        "repeated half with the head zeroed minus the loss",
-        "loss": round(float(loss()), 4),
-        "diverging": True,
-    }
+    on = f"{batch} random sequences of {n} tokens repeated twice: the loss of the repeated half"
+    return _ablated(run, loss, (ids,), on)
 
 
 @torch.no_grad()
@@ -174,13 +166,17 @@ def split_ablation(run, tokens: int = VAL_TOKENS) -> dict:
     def loss() -> torch.Tensor:
         return F.cross_entropy(run.model(xy[:, :-1]).flatten(0, 1).float(), xy[:, 1:].flatten())
 
-    table = head_ablation(run.model, loss, (xy[:, :-1],), "zero")
+    return _ablated(run, loss, (xy[:, :-1],), f"{n * block:,} tokens of the validation split: the loss")
+
+
+def _ablated(run, loss: Callable[[], torch.Tensor], inputs: tuple, on: str) -> dict:
+    """The report of zeroing each head in turn: `loss` with the head zeroed minus `loss`, measured `on`."""
+    table = head_ablation(run.model, loss, inputs, "zero")
     return {
         "kind": "tables",
         "what": "ablate",
         "tables": tables_json({"loss change when zeroed": table}),
-        "title": f"head ablation on {n * block:,} tokens of the validation split: the loss with the head "
-        "zeroed minus the loss",
+        "title": f"head ablation on {on} with the head zeroed minus the loss",
         "loss": round(float(loss()), 4),
         "diverging": True,
     }

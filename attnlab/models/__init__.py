@@ -17,17 +17,8 @@ if TYPE_CHECKING:
     from attnlab.models.families import FAMILIES, build_model, family_classes
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 
-FAMILY, GPT_ = "attnlab.models.families", "attnlab.models.gpt"
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "FAMILIES": FAMILY,
-        "build_model": FAMILY,
-        "family_classes": FAMILY,
-        "GPT": GPT_,
-        "PRESETS": GPT_,
-        "GPTConfig": GPT_,
-    },
-)
+FAMILY = dict.fromkeys(("FAMILIES", "build_model", "family_classes"), "attnlab.models.families")
+GPT_ = dict.fromkeys(("GPT", "PRESETS", "GPTConfig"), "attnlab.models.gpt")
+__getattr__, __dir__ = lazy_names(__name__, FAMILY | GPT_)
 
 __all__ = ["FAMILIES", "GPT", "PRESETS", "GPTConfig", "build_model", "family_classes"]

@@ -47,6 +47,25 @@ def check_output(path: str | Path, force: bool, suffixes: tuple[str, ...] = (), 
     return p
 
 
+def check_output_folder(folder: str | Path, force: bool, names: tuple[str, ...], what: str = "") -> Path:
+    """`folder` as one this command writes the files `names` to (an SAE, a circuit's graph): outside
+    every run folder, not a file, and not holding any of them yet (unless force). what: how the
+    refusal names what it holds (default: the file's name)."""
+    out = Path(folder)
+    if run_holding(out / "x") is not None:
+        raise AttnlabError(
+            f"--out {out} is inside a run folder, which holds only what attnlab writes there: "
+            "choose a folder outside it"
+        )
+    if out.exists() and not out.is_dir():
+        raise AttnlabError(f"--out {out} is a file: give a folder")
+    for name in names:
+        if (out / name).exists() and not force:
+            held = what or name
+            raise AttnlabError(f"--out {out} already holds {held}: choose another folder, or add --force to replace it")
+    return out
+
+
 def output_flags(options: Any) -> list[tuple[str, tuple[str, ...]]]:
     """(field name, suffixes) of every option that names a file the command writes."""
     return [(f.name, tuple(f.metadata["writes"])) for f in dataclasses.fields(options) if "writes" in f.metadata]

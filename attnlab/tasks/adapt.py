@@ -29,7 +29,6 @@ from attnlab.data.supervised import Example, pair_examples, show, surely_longer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.chat import right_answers
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
@@ -39,7 +38,7 @@ from attnlab.quant.quantize import KINDS as QUANTIZED
 from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template, with_adapters
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
-from attnlab.tasks.base import ModelChoice, Task, TrainOptions, own_options
+from attnlab.tasks.base import ModelChoice, Task, TrainOptions
 
 # A fine-tuning's training settings: a smaller step than pretraining's (the base knows much already),
 # no weight decay pulling the adapters to zero, and validation often enough to watch a short run.
@@ -254,22 +253,8 @@ class Adapting(Task):
         clash = [f"--{k.replace('_', '-')}" for k in given["model"]] + ["--preset"] * bool(opts.preset)
         if clash:
             raise AttnlabError(f"--init decides the model of a fine-tuning: drop {', '.join(clash)}")
-        if saved is not None:
-            check_unchanged(
-                "data", self.data_config, saved["data"], as_given(given["data"]), "the run's examples stay as they were"
-            )
-        data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
-        return TrainRequest(
-            opts.out,
-            self.default_model,
-            {},
-            train,
-            data,
-            resume=opts.resume,
-            force=opts.force,
-            init=opts.init,
-            options=own_options(opts),
-        )
+        same = "the run's examples stay as they were"
+        return self.requested(opts, given["data"], self.default_model, {}, train, saved, same)
 
     # ---- a trained run --------------------------------------------------------------------------
     def next_step(self, out: str) -> str:

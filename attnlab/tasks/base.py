@@ -143,24 +143,20 @@ class Task(RunKind, Printer):
             overrides["preset"] = choice.default_preset  # recorded in config.json, for --resume to compare
         if saved is not None:
             self.check_resumed(saved, opts.model, opts.preset, given["model"])
-            check_unchanged(
-                "data",
-                self.data_config,
-                saved["data"],
-                as_given(given["data"]),
-                "the run's examples and labels stay as they were",
-            )
-        data = None if saved is not None else checked(self.data_config, given["data"], where="[data]")
+        same = "the run's examples and labels stay as they were"
+        return self.requested(opts, given["data"], opts.model, overrides, train, saved, same)
+
+    def requested(
+        self, opts: TrainOptions, data: dict, model: str | None, overrides: dict, train: TrainConfig, saved, same: str
+    ) -> TrainRequest:
+        """The request every task's `request` ends with: the data settings `data` read, or on --resume
+        (`saved`: the run's config.json) checked equal to the run's (`same` says why they must be)."""
+        if saved is not None:
+            check_unchanged("data", self.data_config, saved["data"], as_given(data), same)
+        config = None if saved is not None else checked(self.data_config, data, where="[data]")
+        own = own_options(opts)
         return TrainRequest(
-            opts.out,
-            opts.model,
-            overrides,
-            train,
-            data,
-            resume=opts.resume,
-            force=opts.force,
-            init=opts.init,
-            options=own_options(opts),
+            opts.out, model, overrides, train, config, resume=opts.resume, force=opts.force, init=opts.init, options=own
         )
 
     def check_resumed(

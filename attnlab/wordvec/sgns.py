@@ -24,9 +24,11 @@ with the two cores sharing the vectors without locks (Hogwild, as word2vec and g
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
+from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.hogwild import hogwild
 from attnlab.wordvec.jit import njit
 
@@ -170,32 +172,26 @@ def _skipgram(
     return state, loss, scored
 
 
+class Tables(NamedTuple):
+    """What every chunk reads, and the vectors it moves: the corpus (ids, sentence starts), the
+    subsampling and noise tables (corpus.py), each word's input rows, and the input/output vectors."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    keep: np.ndarray
+    noise_keep: np.ndarray
+    noise_alias: np.ndarray
+    rows_at: np.ndarray
+    rows: np.ndarray
+    w_in: np.ndarray
+    w_out: np.ndarray
+
+
 @njit(cache=True, nogil=True, fastmath=True)
-def _train_chunk(
-    c,
-    ids,
-    starts,
-    bounds,
-    keep,
-    noise_keep,
-    noise_alias,
-    rows_at,
-    rows,
-    w_in,
-    w_out,
-    window,
-    negative,
-    cbow,
-    alpha0,
-    min_alpha,
-    done,
-    total,
-    seed,
-    loss,
-    scored,
-):
+def _train_chunk(c, t, bounds, window, negative, cbow, alpha0, min_alpha, done, total, seed, loss, scored):
     """Train on chunk c, the sentences bounds[c]..bounds[c + 1]; adds its sampled loss and their
-    number to loss[c], scored[c]. Runs without the GIL: threads share the vectors (Hogwild)."""
+    number to loss[c], scored[c]. Runs without the GIL: threads share the vectors (Hogwild). t: Tables."""
+    ids, starts, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out = t
     dim = w_in.shape[1]
     origin = starts[bounds[0]]  # `done` counts up to here
     # Summed here and stored once at the end: loss[c] and loss[c + 1] share a cache line, and two
@@ -244,56 +240,19 @@ def _train_chunk(
 
 
 def train_chunks(
-    ids,
-    starts,
-    bounds,
-    keep,
-    noise_keep,
-    noise_alias,
-    rows_at,
-    rows,
-    w_in,
-    w_out,
-    window,
-    negative,
-    cbow,
-    alpha0,
-    min_alpha,
-    done,
-    total,
-    seed,
-    threads: int = 1,
-):
+    t: Tables, bounds, cfg: VectorsConfig, done: int, total: int, seed: int, threads: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Train on the chunks of sentences bounds[c]..bounds[c + 1], `threads` at a time (the compiled
     loop releases the GIL, so Python threads run it side by side; one thread: in order, repeatable).
 
+    t: the corpus, its tables and the vectors (Tables); cfg: the window, negatives, method and rates.
     rows_at/rows: word w's input rows are rows[rows_at[w]:rows_at[w + 1]] (the word itself for
     Word2Vec; the word and its n-gram buckets for FastText). done: corpus words trained before
     this call, total: corpus words of the whole training (both set the learning rate).
     Returns, per chunk, the summed loss of one score in 16 (drawn at random) and how many."""
     n = len(bounds) - 1
     loss, scored = np.zeros(n), np.zeros(n)
-    args = (
-        ids,
-        starts,
-        bounds,
-        keep,
-        noise_keep,
-        noise_alias,
-        rows_at,
-        rows,
-        w_in,
-        w_out,
-        window,
-        negative,
-        cbow,
-        alpha0,
-        min_alpha,
-        done,
-        total,
-        seed,
-        loss,
-        scored,
-    )
+    options = (cfg.window, cfg.negative, cfg.method == "cbow", cfg.alpha, cfg.min_alpha)
+    args = (t, bounds, *options, done, total, seed, loss, scored)
     hogwild(lambda c: _train_chunk(c, *args), range(n), threads)
     return loss, scored

@@ -31,7 +31,7 @@ from attnlab.wordvec.config import VectorsConfig
 from attnlab.wordvec.corpus import Corpus, Vocab, keep_probability, noise_table, sentences
 from attnlab.wordvec.glove import cooccurrence, fit_epoch
 from attnlab.wordvec.keyed import FAMILY, Subwords, WordVectors
-from attnlab.wordvec.sgns import train_chunks
+from attnlab.wordvec.sgns import Tables, train_chunks
 from attnlab.wordvec.subwords import input_rows
 
 CHUNK_WORDS = 10_000  # words a thread trains on before taking the next piece of the corpus
@@ -73,6 +73,8 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
     keep, (noise_keep, noise_alias) = keep_probability(vocab.counts, cfg.sample), noise_table(vocab.counts)
     bounds, N, threads = corpus.chunks(CHUNK_WORDS), len(corpus.ids), _threads(cfg)
     group = 16 * threads  # chunks per call: about a quarter of a second of work
+    tables = Tables(corpus.ids, corpus.starts, keep, noise_keep, noise_alias, rows_at, rows, w_in, w_out)
+    total = N * cfg.epochs
     with _bar(corpus.raw_words * cfg.epochs, cfg.method, progress) as bar:
         for epoch in range(cfg.epochs):
             start, loss, scored = time.perf_counter(), 0.0, 0.0
@@ -80,27 +82,7 @@ def _train_sgns(cfg: VectorsConfig, vocab: Vocab, corpus: Corpus, metrics, progr
                 part = bounds[g : g + group + 1]
                 done = epoch * N + corpus.starts[part[0]]
                 seed = cfg.seed * 1_000_003 + epoch * 10_007 + g + 1
-                losses, n = train_chunks(
-                    corpus.ids,
-                    corpus.starts,
-                    part,
-                    keep,
-                    noise_keep,
-                    noise_alias,
-                    rows_at,
-                    rows,
-                    w_in,
-                    w_out,
-                    cfg.window,
-                    cfg.negative,
-                    cfg.method == "cbow",
-                    cfg.alpha,
-                    cfg.min_alpha,
-                    done,
-                    N * cfg.epochs,
-                    seed,
-                    threads,
-                )
+                losses, n = train_chunks(tables, part, cfg, done, total, seed, threads)
                 loss, scored = loss + losses.sum(), scored + n.sum()
                 words = corpus.starts[part[-1]] - corpus.starts[part[0]]
                 bar.update(round(words * corpus.raw_words / max(N, 1)))
