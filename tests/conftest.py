@@ -17,20 +17,62 @@ import torch
 
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
-from attnlab.io import write_json
+from attnlab.io import write_json, write_text
 from attnlab.models import build_model
 from attnlab.models.captioner import CaptionerConfig
-from attnlab.models.gpt import GPTConfig
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.lora import LoRAConfig, lora_parameters, lora_state_dict
 from attnlab.runs.adapted import build_adapted
 from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir, read_run_config
 from attnlab.runs.marker import record
-from attnlab.runs.weights import write_weights
+from attnlab.runs.weights import save_weights, write_weights
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
 )
+
+
+# The hostile-input tests' hypothesis settings: the same examples on every run, nothing kept between runs.
+REPEATABLE = dict(deadline=None, derandomize=True, database=None)
+
+
+def make_run(out, cfg: GPTConfig, tok, seed: int = 0, scale: float = 0.2):
+    """A GPT run written as training writes one, its weights moved off their initial values (so every
+    weight matters and greedy decoding takes a varied path)."""
+    torch.manual_seed(seed)
+    cfg.vocab_size = tok.vocab_size
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    fresh_dir(out)
+    record(out, CONFIG, WEIGHTS, TOKENIZER)
+    write_json(
+        out / CONFIG,
+        {
+            "family": "gpt",
+            "model": asdict(cfg),
+            "train": asdict(TrainConfig()),
+            "data": asdict(DataConfig(tokenizer=tok.kind, vocab_size=tok.vocab_size)),
+        },
+    )
+    save_weights(model, out / WEIGHTS, {"step": "0"})
+    write_text(out / TOKENIZER, tok.to_json())
+    return out
+
+
+def moved_peft(hf: torch.nn.Module, config) -> torch.nn.Module:
+    """PEFT's LoRA `config` on `hf`, every B drawn off zero (seed 2) so that the adapters change the model."""
+    import peft
+
+    theirs = peft.get_peft_model(hf, config)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return theirs
 
 
 def flags(**options) -> list[str]:
@@ -291,27 +333,34 @@ def tiny_code_lm(root: Path, **model) -> Path:
     return root / "run"
 
 
+def nano_flags(n_layer: int = 1, n_head: int = 2, steps: int = 5) -> list[str]:
+    """`attnlab train lm`'s flags for a character gpt-nano of width and context 32, `steps` steps on the CPU."""
+    model = flags(preset="gpt-nano", n_layer=n_layer, n_head=n_head, d_model=32, context=32, tokenizer="char")
+    return model + flags(max_steps=steps, batch_size=4, eval_interval=steps, eval_batches=1, device="cpu")
+
+
+ADD = "def add(a, b):\n    return a + b\n"
+
+
+def cli_lm(root: Path, args: list, text: str = ADD * 200, name: str = "lm") -> Path:
+    """root/NAME: `attnlab train lm ARGS` on `text` (written to root/corpus.txt), its token cache under
+    root (a module-scoped fixture runs before _isolated's per-test cache)."""
+    from attnlab.cli.main import main
+
+    (root / "corpus.txt").write_text(text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
+        assert main([str(a) for a in ["train", "lm", "--data", root / "corpus.txt", "--out", root / name, *args]]) == 0
+    return root / name
+
+
 def short_chat_lm(root: Path, steps: int = 5, repeats: int = 200) -> Path:
     """root/lm: a 1-layer character GPT of context 32 trained `steps` steps through `attnlab train lm`,
     with the SHORT chat template: the run the server's API tests talk to."""
-    from attnlab.cli.main import main
     from attnlab.data.chat import ChatTemplate
     from attnlab.runs.adapted import CHAT_TEMPLATE
 
-    tiny = [
-        "--max-steps",
-        str(steps),
-        "--batch-size",
-        "4",
-        "--eval-interval",
-        str(steps),
-        *flags(eval_batches=1, device="cpu", n_layer=1, d_model=32, preset="gpt-nano", n_head=2, context=32),
-        *flags(tokenizer="char"),
-    ]
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * repeats)
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before _isolated's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *tiny]) == 0
+    cli_lm(root, nano_flags(steps=steps), ADD * repeats)
     record(root / "lm", CHAT_TEMPLATE)
     write_json(root / "lm" / CHAT_TEMPLATE, ChatTemplate(SHORT, eos_token="\n").to_dict())
     return root / "lm"

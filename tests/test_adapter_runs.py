@@ -21,7 +21,7 @@ from attnlab.nn.lora import LoRAConfig
 from attnlab.runs.adapted import CHAT_TEMPLATE, as_run
 from attnlab.runs.marker import read_marker, record
 from attnlab.runs.merge import float_adapted, merge_run
-from tests.conftest import extra, run_cli, write_lora_run
+from tests.conftest import extra, moved_peft, run_cli, write_lora_run
 
 transformers = extra("transformers", "the reference models are a dev extra")
 peft = extra("peft", "PEFT, the reference for the adapter layout, is a dev extra")
@@ -151,12 +151,7 @@ def test_merging_a_run_without_adapters_is_one_line(bases, tmp_path):
 def test_a_peft_adapter_folder_reads_as_a_lora_run_once(bases, name, tmp_path, capsys):
     hf = transformers.AutoModelForCausalLM.from_pretrained(bases[name] / "hf", attn_implementation="eager")
     config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["c_attn"] if name == "gpt2" else ["q_proj", "v_proj"])
-    theirs = peft.get_peft_model(hf, config)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for key, p in theirs.named_parameters():
-            if "lora_B" in key:
-                p.normal_(0, 0.1)
+    theirs = moved_peft(hf, config)
     theirs.save_pretrained(tmp_path / "theirs")  # base_model_name_or_path: the folder hf was read from
     run = as_run(tmp_path / "theirs")
     assert "PEFT adapter" in capsys.readouterr().err

@@ -13,30 +13,22 @@ import torch
 from PIL import Image
 
 from attnlab import load
-from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import write_attention
 from attnlab.nn import attend
 from attnlab.viz.alignment import MAX_PX, alignment_figure, grid_shape, plan, plot_alignment
-from tests.conftest import run_cli
+from tests.conftest import cli_lm, nano_flags, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 TEXT = "def hello(world): return 42 "  # the issue's input: 28 characters, one token each
-GPT = (
-    "--preset gpt-nano --n-layer 2 --d-model 32 --n-head 4 --context 32 --max-steps 3 "
-    "--batch-size 4 --eval-interval 3 --eval-batches 1 --device cpu --tokenizer char"
-).split()
+GPT = nano_flags(2, 4, 3)
 
 
 @pytest.fixture(scope="module")
 def four_heads(tmp_path_factory):
     """A 2-layer, 4-head character GPT: `--layer 2` draws the issue's 5 panels (4 heads and their mean)."""
-    root = tmp_path_factory.mktemp("pic")
-    (root / "corpus.txt").write_text("def hello(world): return 42\n" * 200)
-    run = root / "gpt"
-    assert main([str(a) for a in ["train", "lm", "--data", root / "corpus.txt", "--out", run, *GPT]]) == 0
-    return run
+    return cli_lm(tmp_path_factory.mktemp("pic"), GPT, "def hello(world): return 42\n" * 200, name="gpt")
 
 
 def random_weights(n_layer: int, n_head: int, t: int, s: int) -> np.ndarray:

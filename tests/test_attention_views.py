@@ -10,24 +10,17 @@ from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import select, views, write_attention
 from attnlab.nn import attend
-from tests.conftest import flags, run_cli
+from tests.conftest import cli_lm, flags, nano_flags, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-GPT = (
-    "--preset gpt-nano --n-layer 2 --d-model 32 --n-head 2 --context 32 --max-steps 5 "
-    "--batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu --tokenizer char"
-).split()
+GPT = nano_flags(2, 2, 5)
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("att")
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
-    run = root / "gpt"
-    assert main([str(a) for a in ["train", "lm", "--data", root / "corpus.txt", "--out", run, *GPT]]) == 0
-    return run
+    return cli_lm(tmp_path_factory.mktemp("att"), GPT, name="gpt")
 
 
 def test_gpt_view_equals_the_math_path_of_attend_and_rows_sum_to_one(gpt_run):

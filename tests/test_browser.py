@@ -20,6 +20,7 @@ from attnlab.decoding.sampling import generate_text
 from attnlab.interpret.views import views
 from attnlab.serve.app import create_app, running
 from attnlab.viz.html import AttentionView, write_attention_html
+from tests.conftest import cli_lm, nano_flags
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.is_file():
@@ -33,21 +34,13 @@ ARGS = (
     "--no-sandbox --disable-gpu --disable-quic --no-first-run "
     "--disable-background-networking --disable-component-update --disable-sync"
 ).split()
-GPT = (
-    "--preset gpt-nano --n-layer 2 --n-head 2 --d-model 32 --context 32 --tokenizer char "
-    "--max-steps 5 --batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu"
-).split()
+GPT = nano_flags(2, 2, 5)
 PERCENT = re.compile(r"^\d+(\.\d)?%$")
 
 
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("browser")
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
-    with pytest.MonkeyPatch.context() as mp:  # module scope runs before conftest's per-test cache
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "lm", "--data", str(root / "corpus.txt"), "--out", str(root / "lm"), *GPT]) == 0
-    return root / "lm"
+    return cli_lm(tmp_path_factory.mktemp("browser"), GPT)
 
 
 @pytest.fixture(scope="module")

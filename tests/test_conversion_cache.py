@@ -9,28 +9,22 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
 import attnlab
-from attnlab.data import DataConfig
 from attnlab.data.tokenizers import CharTokenizer
-from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop import adapter_runs, convert
 from attnlab.interop.adapter_runs import export_peft, peft_run
 from attnlab.interop.convert import converted, export_hf
-from attnlab.io import BUILDING, build_folder, cache_root, remove_path, write_json, write_text
-from attnlab.models import build_model
+from attnlab.io import BUILDING, build_folder, cache_root, remove_path
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig
-from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir, has_weights
-from attnlab.runs.marker import record
-from attnlab.runs.weights import save_weights
-from tests.conftest import run_cli, write_lora_run
+from attnlab.runs.folder import has_weights
+from tests.conftest import make_run, run_cli, write_lora_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 IDS = torch.tensor([[2, 5, 9, 11, 3, 7]])  # (B, T): characters of the tiny tokenizer
@@ -50,22 +44,7 @@ def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("models")
     tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz .,\n")
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, context=32, vocab_size=tok.vocab_size)
-    run = root / "run"
-    fresh_dir(run)
-    record(run, CONFIG, WEIGHTS, TOKENIZER)
-    write_json(
-        run / CONFIG,
-        {
-            "family": "gpt",
-            "model": asdict(cfg),
-            "train": asdict(TrainConfig()),
-            "data": asdict(DataConfig(tokenizer="char", vocab_size=tok.vocab_size)),
-        },
-    )
-    torch.manual_seed(0)
-    save_weights(build_model("gpt", cfg), run / WEIGHTS, {"step": "0"})
-    write_text(run / TOKENIZER, tok.to_json())
-    export_hf(run, root / "hf")
+    export_hf(make_run(root / "run", cfg, tok, scale=0.0), root / "hf")
     return root
 
 

@@ -73,18 +73,25 @@ def save_hf(path, name: str, seed: int = 0):
     return hf
 
 
+def convert_each(tmp_path_factory, names, save, architecture) -> dict[str, tuple]:
+    """name -> (HF model, the attnlab run converted from its saved folder, that folder); each `save`d
+    by name, converted whole (every parameter) from `architecture(name)`."""
+    out = {}
+    for name in names:
+        root = tmp_path_factory.mktemp(name)
+        hf = save(root / "hf", name)
+        summary = convert_from_hf(root / "hf", root / "run")
+        assert summary["architecture"] == architecture(name) and summary["parameters"] == hf.num_parameters()
+        out[name] = hf, attnlab.load(root / "run", device="cpu"), root
+    return out
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """name -> (HF model, attnlab run converted from its saved directory)."""
-    out = {}
-    for name in CONFIGS:
-        root = tmp_path_factory.mktemp(name)
-        hf = save_hf(root / "hf", name)
-        summary = convert_from_hf(root / "hf", root / "run")
-        assert summary["family"] == "gpt" and summary["architecture"] == "GPT2LMHeadModel"
-        assert summary["parameters"] == hf.num_parameters()
-        out[name] = hf, attnlab.load(root / "run", device="cpu")
-    return out
+    made = convert_each(tmp_path_factory, CONFIGS, save_hf, lambda name: "GPT2LMHeadModel")
+    assert all(run.config["family"] == "gpt" for _, run, _ in made.values())
+    return {name: (hf, run) for name, (hf, run, _) in made.items()}
 
 
 def batch(run, seed: int = 1):

@@ -20,7 +20,7 @@ from attnlab.decoding.sampling import stream
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import convert_from_hf, export_hf
 from tests.conftest import TEXT, TINY_LLAMA, extra, flags, random_hf_model
-from tests.test_convert_gpt2 import tokenizer
+from tests.test_convert_gpt2 import convert_each, tokenizer
 
 extra("transformers", "transformers, the reference here, is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,14 +68,7 @@ def save_hf(path, name: str):
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    out = {}
-    for name in CONFIGS:
-        root = tmp_path_factory.mktemp(name)
-        hf = save_hf(root / "hf", name)
-        summary = convert_from_hf(root / "hf", root / "run")
-        assert summary["architecture"] == CONFIGS[name][1] and summary["parameters"] == hf.num_parameters()
-        out[name] = hf, attnlab.load(root / "run", device="cpu"), root
-    return out
+    return convert_each(tmp_path_factory, CONFIGS, save_hf, lambda name: CONFIGS[name][1])
 
 
 def batch(run, seed: int = 1):

@@ -11,7 +11,6 @@ installed, llama.cpp reads the same token ids and decodes the same greedy tokens
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import gguf
 import numpy as np
@@ -19,19 +18,13 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.data import DataConfig
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
-from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.interop.convert import export_hf
 from attnlab.interop.gguf_in import convert_from_gguf
 from attnlab.interop.gguf_out import export_gguf, write_gguf
-from attnlab.io import write_json, write_text
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.runs.folder import CONFIG, TOKENIZER, WEIGHTS, fresh_dir
-from attnlab.runs.marker import record
-from attnlab.runs.weights import save_weights
-from tests.conftest import TEXT, extra, run_cli
+from tests.conftest import TEXT, extra, make_run, run_cli
 
 transformers = extra("transformers", "transformers, the reference here, is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,31 +51,6 @@ RUNS = {
 
 def tokenizer(kind: str):
     return CharTokenizer.train([CORPUS]) if kind == "char" else BPETokenizer.train([CORPUS] * 5, 300)
-
-
-def make_run(out, cfg: GPTConfig, tok, seed: int = 0, scale: float = 0.2):
-    """A GPT run written as training writes one, its weights moved off their initial values (so every
-    weight matters and greedy decoding takes a varied path)."""
-    torch.manual_seed(seed)
-    cfg.vocab_size = tok.vocab_size
-    model = GPT(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn_like(p))
-    fresh_dir(out)
-    record(out, CONFIG, WEIGHTS, TOKENIZER)
-    write_json(
-        out / CONFIG,
-        {
-            "family": "gpt",
-            "model": asdict(cfg),
-            "train": asdict(TrainConfig()),
-            "data": asdict(DataConfig(tokenizer=tok.kind, vocab_size=tok.vocab_size)),
-        },
-    )
-    save_weights(model, out / WEIGHTS, {"step": "0"})
-    write_text(out / TOKENIZER, tok.to_json())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -235,20 +203,18 @@ def gpt2_vocab(tok: BPETokenizer) -> dict:
     }
 
 
+# A vocabulary's keys (vocab()), in the order llama.cpp's converter writes them, and GGUFWriter's add_* for each;
+# "pre", "merges", "scores" and "unk" are written when a vocabulary has them.
+VOCAB_KEYS = (
+    "model:tokenizer_model pre:tokenizer_pre tokens:token_list types:token_types merges:token_merges "
+    "scores:token_scores bos:bos_token_id eos:eos_token_id unk:unk_token_id"
+).split()
+
+
 def write_vocab(w: gguf.GGUFWriter, v: dict) -> None:
-    w.add_tokenizer_model(v["model"])
-    if "pre" in v:
-        w.add_tokenizer_pre(v["pre"])
-    w.add_token_list(v["tokens"])
-    w.add_token_types(v["types"])
-    if "merges" in v:
-        w.add_token_merges(v["merges"])
-    if "scores" in v:
-        w.add_token_scores(v["scores"])
-    w.add_bos_token_id(v["bos"])
-    w.add_eos_token_id(v["eos"])
-    if "unk" in v:
-        w.add_unk_token_id(v["unk"])
+    for key, method in (pair.split(":") for pair in VOCAB_KEYS):
+        if key in v:
+            getattr(w, f"add_{method}")(v[key])
 
 
 def write_reference(path, hf, arch: str, vocab: dict, qtype: Q) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import run_template
 from attnlab.tasks import TASKS
-from tests.conftest import tiny_chat_base
+from tests.conftest import REPEATABLE, tiny_chat_base
 from tests.hostile import bounded, cli_refuses, one_line, refused, untouched
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -301,7 +301,7 @@ def test_random_rows_read_or_are_refused_in_one_line(tmp_path):
     h = hypothesis()
     st = h.strategies
 
-    @h.settings(max_examples=80, deadline=None, derandomize=True, database=None)
+    @h.settings(max_examples=80, **REPEATABLE)
     @h.given(rows_strategy(st), st.booleans(), st.booleans())
     def check(rows, as_list, pairs):
         path = tmp_path / ("d.json" if as_list else "d.jsonl")
@@ -317,7 +317,7 @@ def test_random_bytes_read_or_are_refused_in_one_line(tmp_path):
     st = h.strategies
     good = (json.dumps(GOOD) + "\n" + json.dumps(msgs((U, "é\u2028"), (A, "b"))) + "\n").encode()
 
-    @h.settings(max_examples=100, deadline=None, derandomize=True, database=None)
+    @h.settings(max_examples=100, **REPEATABLE)
     @h.given(st.lists(st.tuples(st.integers(0, len(good) - 1), st.binary(min_size=0, max_size=3)), max_size=4))
     def check(edits):
         raw = bytearray(good)

@@ -29,7 +29,7 @@ from attnlab.interop.gguf_in import convert_from_gguf
 from attnlab.interop.gguf_out import write_gguf
 from attnlab.interop.gguf_vocab import vocab_of_run
 from attnlab.models.gpt import GPT, GPTConfig
-from tests.conftest import TEXT
+from tests.conftest import REPEATABLE, TEXT
 from tests.hostile import bounded, cli_refuses, one_line, refused, untouched
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -753,11 +753,7 @@ def test_random_damage_converts_or_is_refused_in_one_line(bases, tmp_path):
         encode(p)  # records where each number is
 
     @h.settings(
-        max_examples=150,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.data_too_large],
+        max_examples=150, suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.data_too_large], **REPEATABLE
     )
     @h.given(st.data())
     def check(data):

@@ -395,26 +395,13 @@ def test_through_the_command_line(bases, tmp_path, capsys, monkeypatch):
     """`attnlab convert DIR --out RUN`: a config of a million layers, and a folder of pickles only."""
     d = copy(bases, tmp_path, G)
     config(n_layer=10**6)(d)
-    line = cli_refuses(
-        ["convert", d, "--out", tmp_path / "run"],
-        capsys,
-        r"n_layer 1,000,000, but the weights",
-        SECONDS,
-        MIB,
-        keep=(d,),
-    )
+    convert = lambda d: ["convert", d, "--out", tmp_path / "run"]  # noqa: E731
+    line = cli_refuses(convert(d), capsys, r"n_layer 1,000,000, but the weights", SECONDS, MIB, keep=(d,))
     assert line.startswith("attnlab: error: ") and not (tmp_path / "run").exists()
     d = copy(bases, tmp_path / "p", G)
     _pickled("pytorch_model.bin")(d)
     _no_unpickling(monkeypatch)
-    cli_refuses(
-        ["convert", d, "--out", tmp_path / "run"],
-        capsys,
-        r"never loads a pickle.*safe_serialization=True",
-        SECONDS,
-        MIB,
-        keep=(d,),
-    )
+    cli_refuses(convert(d), capsys, r"never loads a pickle.*safe_serialization=True", SECONDS, MIB, keep=(d,))
 
 
 # JSON values a random config.json key may take: sizes near and far, every kind, nested a little.

@@ -19,7 +19,7 @@ import pytest
 
 from attnlab.serve.app import create_app, running
 from attnlab.serve.guard import Limits
-from tests.conftest import extra, short_chat_lm
+from tests.conftest import REPEATABLE, extra, short_chat_lm
 from tests.hostile import bounded, one_line
 
 httpx = extra("httpx", "httpx (the client here) is a dev extra")
@@ -333,9 +333,7 @@ def test_random_request_bodies_are_answered_or_refused_in_one_line(server, quiet
     h = hypothesis()
     st = h.strategies
 
-    @h.settings(
-        max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=[h.HealthCheck.too_slow]
-    )
+    @h.settings(max_examples=100, suppress_health_check=[h.HealthCheck.too_slow], **REPEATABLE)
     @h.given(bodies(st), st.sampled_from([CHAT, COMPLETIONS]))
     def check(body, path):
         with bounded(SECONDS, MIB):

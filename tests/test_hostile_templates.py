@@ -28,7 +28,7 @@ from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.marker import record
-from tests.conftest import TEXT, flags, run_cli, tiny_data, tiny_model, tiny_train
+from tests.conftest import REPEATABLE, TEXT, flags, run_cli, tiny_data, tiny_model, tiny_train
 from tests.hostile import bounded, cli_refuses, one_line, refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -562,11 +562,7 @@ def test_random_templates_render_within_the_cap_or_are_refused_in_one_line():
     cap = TemplateLimits().cap(sum(len(m.role) + len(m.content) + 50 for m in CONV))
 
     @h.settings(
-        max_examples=80,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.filter_too_much],
+        max_examples=80, suppress_health_check=[h.HealthCheck.too_slow, h.HealthCheck.filter_too_much], **REPEATABLE
     )
     @h.given(grammar(h.strategies))
     def check(source):

@@ -20,14 +20,11 @@ from attnlab.decoding.sampling import sample_texts, stream, stream_rows, stream_
 from attnlab.models.gpt import GPT
 from attnlab.nn.hooks import hooks, zero_head
 from attnlab.serve.app import create_app, running
-from tests.conftest import TEXT, flags, perturb, run_cli, tiny_captioner, tiny_model
+from tests.conftest import TEXT, flags, nano_flags, perturb, run_cli, tiny_captioner, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = (
-    "--max-steps 3 --batch-size 4 --eval-interval 3 --eval-batches 1 --device cpu "
-    "--n-layer 1 --d-model 32 --preset gpt-nano --n-head 2 --context 32 --tokenizer char"
-).split()
+TINY = nano_flags(1, 2, 3)
 
 
 @pytest.fixture(scope="module")

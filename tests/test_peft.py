@@ -6,6 +6,7 @@ rank (and PEFT's own rank_pattern and alpha_pattern are read)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from attnlab.interop.convert import convert_from_hf
 from attnlab.interop.peft import CONFIG, WEIGHTS, read_peft, write_peft
 from attnlab.io import write_safetensors
 from attnlab.nn.lora import LoRAConfig, add_lora, load_lora_state, lora_parameters, lora_state_dict
-from tests.conftest import extra
+from tests.conftest import extra, moved_peft
 
 transformers = extra("transformers", "the reference Llama is a dev extra")
 peft = extra("peft", "PEFT, the reference for the adapter layout, is a dev extra")
@@ -25,14 +26,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 ALL = ("q", "k", "v", "out", "gate", "up", "down")
 
 
+def converted(tmp_path_factory, save_hf, name: str) -> Path:
+    """A folder of hf/ (`save_hf`'s model `name`) and run/ (attnlab's conversion of it)."""
+    root = tmp_path_factory.mktemp(name)
+    save_hf(root / "hf", name)
+    convert_from_hf(root / "hf", root / "run")
+    return root
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     from tests.test_convert_llama import save_hf
 
-    root = tmp_path_factory.mktemp("peft")
-    save_hf(root / "hf", "llama_gqa_untied")
-    convert_from_hf(root / "hf", root / "run")
-    return root
+    return converted(tmp_path_factory, save_hf, "llama_gqa_untied")
 
 
 def hf_base(root):
@@ -63,35 +69,34 @@ def test_an_attnlab_adapter_loads_in_peft_with_the_same_logits(llama, tmp_path):
     )
 
 
-def test_a_peft_adapter_reads_into_attnlab_with_the_same_logits(llama, tmp_path):
-    config = peft.LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
-    theirs = peft.get_peft_model(hf_base(llama), config)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)
+def read_back(root: Path, hf, config, tmp_path) -> tuple:
+    """PEFT's adapter `config` on `hf`, its B moved off zero and saved, read into the converted run
+    root/run: both give the same logits, and not the base model's. Returns (PEFT's model, the LoRAConfig read)."""
+    theirs = moved_peft(hf, config)
     theirs.save_pretrained(tmp_path / "theirs")
-    run = attnlab.load(llama / "run", device="cpu")
+    run = attnlab.load(root / "run", device="cpu")
     with torch.no_grad():
         base = run.model(ids())
     lora, tensors = read_peft(tmp_path / "theirs", run.model.cfg)
-    assert lora.targets == ("q", "v", "down") and lora.rank == 4 and lora.alpha == 16
     add_lora(run.model, lora)
     load_lora_state(run.model, tensors)
     with torch.no_grad():
         ours = run.model(ids())
         assert (ours - theirs.eval()(ids()).logits).abs().max() < 1e-4 < (ours - base).abs().max()
+    return theirs, lora
+
+
+def test_a_peft_adapter_reads_into_attnlab_with_the_same_logits(llama, tmp_path):
+    config = peft.LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    theirs, lora = read_back(llama, hf_base(llama), config, tmp_path)
+    assert lora.targets == ("q", "v", "down") and lora.rank == 4 and lora.alpha == 16
 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     from tests.test_convert_gpt2 import save_hf
 
-    root = tmp_path_factory.mktemp("peft_gpt2")
-    save_hf(root / "hf", "2x32")
-    convert_from_hf(root / "hf", root / "run")
-    return root
+    return converted(tmp_path_factory, save_hf, "2x32")
 
 
 def gpt2_base(root):
@@ -128,23 +133,8 @@ def test_a_peft_adapter_on_gpt2_reads_into_attnlab_with_the_same_logits(gpt2, tm
         rank_pattern={"c_fc": 2},
         alpha_pattern={"c_fc": 3},
     )
-    theirs = peft.get_peft_model(gpt2_base(gpt2), config)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)
-    theirs.save_pretrained(tmp_path / "theirs")
-    run = attnlab.load(gpt2 / "run", device="cpu")
-    with torch.no_grad():
-        base = run.model(ids())
-    lora, tensors = read_peft(tmp_path / "theirs", run.model.cfg)
+    theirs, lora = read_back(gpt2, gpt2_base(gpt2), config, tmp_path)
     assert lora.targets == ("q", "k", "v", "out", "up", "down") and lora.rank == 4 and lora.alpha == 16
-    add_lora(run.model, lora)
-    load_lora_state(run.model, tensors)
-    with torch.no_grad():
-        ours = run.model(ids())
-        assert (ours - theirs.eval()(ids()).logits).abs().max() < 1e-4 < (ours - base).abs().max()
 
 
 def test_an_adapter_read_back_is_the_same_model(gpt2, tmp_path):

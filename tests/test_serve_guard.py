@@ -17,27 +17,19 @@ from attnlab.cli.main import main
 from attnlab.errors import AttnlabError
 from attnlab.serve.app import create_app, running
 from attnlab.serve.guard import Access, Limits, allowed_hosts_for, check_exposure, host_allowed
-from tests.conftest import extra
+from tests.conftest import cli_lm, extra, nano_flags
 
 httpx = extra("httpx", "httpx (the client here, and TestClient's) is a dev extra")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
-TINY = (
-    "--max-steps 5 --batch-size 4 --eval-interval 5 --eval-batches 1 --device cpu "
-    "--n-layer 1 --d-model 32 --preset gpt-nano --n-head 2 --context 32 --tokenizer char"
-).split()
+TINY = nano_flags(1, 2, 5)
 KEY = "s3cret-key-0123456789"  # 21 characters: beyond loopback a key needs 16
 FAST = Limits(header_timeout=0.6, body_timeout=0.6, max_streams=3, request_timeout=30)
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("guard")
-    (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNLAB_CACHE", str(root / "cache"))
-        assert main(["train", "lm", "--out", str(root / "lm"), "--data", str(root / "corpus.txt"), *TINY]) == 0
-    return root / "lm"
+    return cli_lm(tmp_path_factory.mktemp("guard"), TINY)
 
 
 @pytest.fixture(scope="module")

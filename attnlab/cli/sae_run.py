@@ -97,16 +97,8 @@ def run_synthetic_command(opts: SaeSyntheticOptions) -> int:
     k = min(latents, opts.k or max(1, round(true_l0(world))))
     # dead (for AuxK) once silent for as many samples as a true feature fires in 80 times: 2e5, 4e4 and
     # 1.6e4 samples gave 0.7%, 0.1% and 0 dead at 1,024 features in 128 dims (docs/sae.md)
-    cfg = SAEConfig(
-        latents=latents,
-        kind=opts.kind,
-        k=k,
-        tokens=opts.tokens,
-        lr=opts.lr,
-        seed=opts.seed,
-        aux_k=max(1, opts.dim // 2),
-        dead_after=max(1, round(80 / world.p)),
-    )
+    given = {name: getattr(opts, name) for name in ("kind", "tokens", "lr", "seed")}  # the flags as they are
+    cfg = SAEConfig(latents=latents, k=k, aux_k=max(1, opts.dim // 2), dead_after=max(1, round(80 / world.p)), **given)
     r = run_synthetic(world, cfg, progress=not opts.json)
     if opts.json:
         print(json.dumps(r))

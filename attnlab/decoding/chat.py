@@ -68,16 +68,8 @@ def greedy_answers(
     if not conversations:
         return []
     room = answer_room(tok, [c.messages[-1].content.strip() for c in conversations])
-    return answers(
-        model,
-        tok,
-        template,
-        [c.messages[:-1] for c in conversations],
-        temperature=0.0,
-        max_new_tokens=room,
-        seed=0,
-        progress=progress,
-    )
+    asked = [c.messages[:-1] for c in conversations]
+    return answers(model, tok, template, asked, temperature=0.0, max_new_tokens=room, seed=0, progress=progress)
 
 
 def right_answers(

@@ -246,18 +246,11 @@ def decode_all(
     return out
 
 
-def translate_ids(
-    model: nn.Module,
-    sources: list[np.ndarray],
-    max_len: int,
-    beam: int = 1,
-    batch_size: int = 256,
-    device=None,
-    progress: bool = False,
-) -> list[list[int]]:
-    """Decoded target ids for each source id array (greedy when beam is 1)."""
+def translate_ids(model: nn.Module, sources: list[np.ndarray], max_len: int, *how, **named) -> list[list[int]]:
+    """Decoded target ids for each source id array; the rest as decode_all takes them (beam, batch_size,
+    device, progress: greedy when beam is 1)."""
     collate = lambda part: pad([torch.as_tensor(s) for s in part], PAD_ID)  # (B, S)
-    return decode_all(model, sources, collate, max_len, beam, batch_size, device, progress)
+    return decode_all(model, sources, collate, max_len, *how, **named)
 
 
 def scores_line(t: dict[str, Any]) -> str:

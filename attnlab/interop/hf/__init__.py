@@ -32,6 +32,29 @@ FAMILY_MODULES = ("gpt2", "llama", "qwen3", "vit", "bert")
 
 # HuggingFace's activation names (hidden_act, activation_function) -> attnlab's; the same in every family.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+# attnlab's -> the encoders' (BERT, ViT) hidden_act; gelu_new and gelu_pytorch_tanh are both the tanh one.
+ENCODER_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+# What BertConfig and ViTConfig share: BERT-base's sizes as their defaults, and the kind of value each
+# key must be (interop/hf/bounds.py).
+ENCODER_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+ENCODER_DEFAULTS |= dict(hidden_act="gelu", layer_norm_eps=1e-12)
+ENCODER_KEYS = dict.fromkeys(("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"), "size")
+ENCODER_KEYS |= {"hidden_act": "name", "layer_norm_eps": "positive"}
+
+
+def encoder_to_hf(cfg) -> dict:
+    """The config.json keys that BERT's and ViT's exports write alike, from the run's block settings."""
+    return {
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.ff_width,
+        "hidden_act": ENCODER_ACTIVATIONS[cfg.activation],
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.dropout,
+        "layer_norm_eps": cfg.ln_eps,
+    }
+
 
 # The most classes a headless checkpoint's num_labels may ask for (ImageNet-21k has 21,843): each becomes
 # a LABEL_i name before the classifier rows, if any, are counted.

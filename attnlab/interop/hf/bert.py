@@ -41,8 +41,12 @@ from torch import Tensor
 from attnlab.errors import AttnlabError
 from attnlab.interop.hf import (
     ACTIVATIONS,
+    ENCODER_ACTIVATIONS,
+    ENCODER_DEFAULTS,
+    ENCODER_KEYS,
     Pair,
     architecture_of,
+    encoder_to_hf,
     expected_shapes,
     labels_from_hf,
     labels_to_hf,
@@ -71,32 +75,22 @@ HEADS = {
 pixels_from_hf = None  # a text model: no preprocessor normalizes its input
 ARCHITECTURES = tuple(HEADS)
 EXPORT = {"mlm": "BertForMaskedLM", "classify": "BertForSequenceClassification", "tag": "BertForTokenClassification"}
-EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+EXPORT_ACTIVATIONS = ENCODER_ACTIVATIONS
 # transformers' BertConfig defaults, for the keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
+    **ENCODER_DEFAULTS,
     "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "hidden_act": "gelu",
     "max_position_embeddings": 512,
     "type_vocab_size": 2,
-    "layer_norm_eps": 1e-12,
     "position_embedding_type": "absolute",
 }
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
     "architectures": "names or null",
+    **ENCODER_KEYS,
     "vocab_size": "size",
-    "hidden_size": "size",
-    "num_hidden_layers": "size",
-    "num_attention_heads": "size",
-    "intermediate_size": "size",
     "max_position_embeddings": "size",
     "type_vocab_size": "count",
-    "hidden_act": "name",
-    "layer_norm_eps": "positive",
     "position_embedding_type": "name",
     "num_labels": "count",
     "id2label": "section or null",
@@ -317,16 +311,9 @@ def config_to_hf(cfg: EncoderConfig, labels: list[str] | None = None) -> dict[st
         "architectures": [EXPORT[cfg.head]],
         "model_type": "bert",
         "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.ff_width,
-        "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
-        "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.dropout,
+        **encoder_to_hf(cfg),
         "max_position_embeddings": cfg.context,
         "type_vocab_size": max(cfg.type_vocab_size, 1),
-        "layer_norm_eps": cfg.ln_eps,
         "pad_token_id": 0,
         "tie_word_embeddings": True,
         "dtype": "float32",

@@ -37,22 +37,26 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import AttnlabError
-from attnlab.interop.hf import ACTIVATIONS, architecture_of, expected_shapes, labels_from_hf, labels_to_hf
+from attnlab.interop.hf import (
+    ACTIVATIONS,
+    ENCODER_ACTIVATIONS,
+    ENCODER_DEFAULTS,
+    ENCODER_KEYS,
+    architecture_of,
+    encoder_to_hf,
+    expected_shapes,
+    labels_from_hf,
+    labels_to_hf,
+)
 from attnlab.interop.hf.bounds import Shapes, Size, check_keys, check_values, layers, need
 from attnlab.interop.hf.support import Rule, block_problems, classic_block
 from attnlab.models.vit import ViT, ViTConfig
 
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
-# HuggingFace's hidden_act -> ours. gelu_new and gelu_pytorch_tanh are both the tanh approximation.
-EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+EXPORT_ACTIVATIONS = ENCODER_ACTIVATIONS
 # transformers' ViTConfig defaults, for the keys a config.json may leave out.
 HF_DEFAULTS: dict[str, Any] = {
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "hidden_act": "gelu",
-    "layer_norm_eps": 1e-12,
+    **ENCODER_DEFAULTS,
     "image_size": 224,
     "patch_size": 16,
     "num_channels": 3,
@@ -63,12 +67,7 @@ HF_DEFAULTS: dict[str, Any] = {
 # The config.json keys read here, and the kind of value each must be (interop/hf/bounds.py).
 KEYS: dict[str, str] = {
     "architectures": "names or null",
-    "hidden_size": "size",
-    "num_hidden_layers": "size",
-    "num_attention_heads": "size",
-    "intermediate_size": "size",
-    "hidden_act": "name",
-    "layer_norm_eps": "positive",
+    **ENCODER_KEYS,
     "image_size": "sides",
     "patch_size": "sides",
     "num_channels": "size",
@@ -330,14 +329,7 @@ def config_to_hf(cfg: ViTConfig, labels: list[str] | None = None) -> dict:
     hf = {
         "architectures": ["ViTForImageClassification"],
         "model_type": "vit",
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.ff_width,
-        "hidden_act": EXPORT_ACTIVATIONS[cfg.activation],
-        "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.dropout,
-        "layer_norm_eps": cfg.ln_eps,
+        **encoder_to_hf(cfg),
         "image_size": h if h == w else [h, w],
         "patch_size": cfg.patch_size,
         "num_channels": cfg.channels,
