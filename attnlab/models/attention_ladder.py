@@ -53,10 +53,7 @@ class SimpleSelfAttention(_Mixer):
 
     def __init__(self, cfg: SelfAttentionConfig):
         super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_embed, padding_idx=PAD_ID)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.head = nn.Linear(cfg.d_embed, cfg.n_labels)
+        self._embedded_with_head(cfg, cfg.d_embed)
 
     def mix(self, ids: Tensor, mask: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """(Y (B, T, E), weights (B, 1, T, T) or None): one head whose queries, keys and values are X."""

@@ -70,6 +70,14 @@ class Baseline(OneSequence, WordEmbedded, nn.Module):
     def word_embedding(self) -> nn.Embedding | None:
         return self.embed  # every baseline but the bag of words embeds its words
 
+    def _embedded_with_head(self, cfg: BaselineConfig, d_embed: int) -> None:
+        """What the pooled and the attention baselines build alike: word embeddings (PAD's row zero),
+        dropout, and a linear head from d_embed to the labels."""
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, d_embed, padding_idx=PAD_ID)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(d_embed, cfg.n_labels)
+
     def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -152,10 +160,7 @@ class Pooled(Baseline):
 
     def __init__(self, cfg: PooledConfig):
         super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_embed, padding_idx=PAD_ID)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.head = nn.Linear(cfg.d_embed, cfg.n_labels)
+        self._embedded_with_head(cfg, cfg.d_embed)
 
     def logits(self, ids: Tensor, mask: Tensor) -> Tensor:
         x = self.embed(ids)  # (B, T, E)

@@ -44,16 +44,10 @@ ENCODER_KEYS |= {"hidden_act": "name", "layer_norm_eps": "positive"}
 
 def encoder_to_hf(cfg) -> dict:
     """The config.json keys that BERT's and ViT's exports write alike, from the run's block settings."""
-    return {
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.ff_width,
-        "hidden_act": ENCODER_ACTIVATIONS[cfg.activation],
-        "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.dropout,
-        "layer_norm_eps": cfg.ln_eps,
-    }
+    sizes = {"hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head}
+    block = {"intermediate_size": cfg.ff_width, "hidden_act": ENCODER_ACTIVATIONS[cfg.activation]}
+    dropout = dict.fromkeys(("hidden_dropout_prob", "attention_probs_dropout_prob"), cfg.dropout)
+    return sizes | block | dropout | {"layer_norm_eps": cfg.ln_eps}
 
 
 # The most classes a headless checkpoint's num_labels may ask for (ImageNet-21k has 21,843): each becomes
