@@ -64,33 +64,26 @@ class Layout:
         return f"{self.layers}.{i}.{module}"
 
 
-LLAMA = Layout(
-    "Llama",
-    "model.layers",
-    {
-        "q": ("attn.qkv_proj", "self_attn.q_proj"),
-        "k": ("attn.qkv_proj", "self_attn.k_proj"),
-        "v": ("attn.qkv_proj", "self_attn.v_proj"),
-        "out": ("attn.out_proj", "self_attn.o_proj"),
-        "gate": ("ff.gate", "mlp.gate_proj"),
-        "up": ("ff.up", "mlp.up_proj"),
-        "down": ("ff.down", "mlp.down_proj"),
-    },
-    conv1d=False,
-)
-GPT2 = Layout(
-    "GPT-2",
-    "transformer.h",
-    {
-        "q": ("attn.qkv_proj", "attn.c_attn"),
-        "k": ("attn.qkv_proj", "attn.c_attn"),
-        "v": ("attn.qkv_proj", "attn.c_attn"),
-        "out": ("attn.out_proj", "attn.c_proj"),
-        "up": ("ff.up", "mlp.c_fc"),
-        "down": ("ff.down", "mlp.c_proj"),
-    },
-    conv1d=True,
-)
+# Each LoRA target's module in our blocks, the same in every family (q, k and v share the fused projection).
+OURS = {
+    **dict.fromkeys("qkv", "attn.qkv_proj"),
+    "out": "attn.out_proj",
+    "gate": "ff.gate",
+    "up": "ff.up",
+    "down": "ff.down",
+}
+
+
+def _paired(theirs: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """target -> (our module, theirs), for the targets a family's HuggingFace layer names."""
+    return {target: (OURS[target], module) for target, module in theirs.items()}
+
+
+LLAMA_MODULES = {t: f"self_attn.{t}_proj" for t in "qkv"} | {"out": "self_attn.o_proj"}
+LLAMA_MODULES |= {t: f"mlp.{t}_proj" for t in ("gate", "up", "down")}
+LLAMA = Layout("Llama", "model.layers", _paired(LLAMA_MODULES), conv1d=False)
+GPT2_MODULES = {**dict.fromkeys("qkv", "attn.c_attn"), "out": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"}
+GPT2 = Layout("GPT-2", "transformer.h", _paired(GPT2_MODULES), conv1d=True)
 # The HuggingFace model a GPT exports as (interop/convert.py's order): its adapter names that model's modules.
 LAYOUTS = ((gpt2, GPT2), (llama, LLAMA))
 
