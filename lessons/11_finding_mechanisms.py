@@ -326,16 +326,7 @@ loss = train(mapper, MAP_STEPS, lambda nxt, n: shuffle[nxt].index_fill(1, torch.
 mapper.eval()
 
 
-def as_transcoder(ff: torch.nn.Module) -> Transcoder:
-    """A relu MLP as the transcoder it already is: one feature per neuron."""
-    tc = Transcoder(ff.up.in_features, SAEConfig(latents=ff.up.out_features, kind="relu"))
-    with torch.no_grad():
-        tc.W_enc.copy_(ff.up.weight.t()), tc.b_enc.copy_(ff.up.bias)
-        tc.W_dec.copy_(ff.down.weight.t()), tc.b_dec.copy_(ff.down.bias)
-    return tc.eval()
-
-
-tcs = [as_transcoder(block.ff) for block in mlp_blocks(mapper)]
+tcs = [Transcoder.of_mlp(block.ff) for block in mlp_blocks(mapper)]  # each MLP as the transcoder it already is
 target = int(shuffle[answer])
 graph2 = attribute(mapper, clean, target, tcs)
 n = graph2.nodes

@@ -41,15 +41,7 @@ def relu_gpt(**kw) -> torch.nn.Module:
 
 def perfect(model: torch.nn.Module) -> list[Transcoder]:
     """Transcoders whose weights are the MLPs' own: encoder W1, b1; decoder W2, b2; no normalisation."""
-    tcs = []
-    for block in mlp_blocks(model):
-        up, down = block.ff.up, block.ff.down
-        tc = Transcoder(up.in_features, SAEConfig(latents=up.out_features, kind="relu"))
-        with torch.no_grad():
-            tc.W_enc.copy_(up.weight.t()), tc.b_enc.copy_(up.bias)
-            tc.W_dec.copy_(down.weight.t()), tc.b_dec.copy_(down.bias)
-        tcs.append(tc.eval())
-    return tcs
+    return [Transcoder.of_mlp(block.ff) for block in mlp_blocks(model)]
 
 
 def noisy(model: torch.nn.Module, latents: int = 48, k: int = 6) -> list[Transcoder]:

@@ -17,7 +17,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.interpret.sae import SavedSAE
-from attnlab.interpret.sae_page import top_contexts
+from attnlab.interpret.sae_page import direct_logits, top_contexts
 from attnlab.interpret.transcoder import Transcoder, read_mlp_in
 from attnlab.interpret.views import token_labels
 from attnlab.io import write_json, write_text
@@ -60,11 +60,7 @@ def feature_notes(run: Run, data: dict, tcs: list[Transcoder], tokens: int = 163
 @torch.no_grad()
 def _promoted(run: Run, tc: Transcoder, feats: list[int], n: int = 5) -> list[list[str]]:
     """The tokens each feature's output row raises most, read through the final norm's gain and the head."""
-    norm = run.model.readout()[1]
-    rows = tc.decoder()[0][feats]  # (S, D)
-    gain = getattr(norm, "weight", None)
-    effect = run.model.output_layer()(rows * gain if gain is not None else rows).float()  # (S, V)
-    effect = effect - effect.mean(-1, keepdim=True)
+    effect = direct_logits(run.model, tc.decoder()[0][feats])  # (S, V)
     return [token_labels(run.tokenizer, row.topk(n).indices.tolist()) for row in effect]
 
 

@@ -102,6 +102,16 @@ def top_contexts(
 
 
 @torch.no_grad()
+def direct_logits(model: ReadOut, rows: Tensor) -> Tensor:
+    """What directions written into the final stream do to the logits, (S, D) -> (S, V): through the
+    final norm's gain and the head, centred (a constant on every logit changes nothing)."""
+    _, norm, head = model.readout()
+    gain = getattr(norm, "weight", None)
+    effect = head((rows * gain) if gain is not None else rows).float()  # (S, V)
+    return effect - effect.mean(-1, keepdim=True)
+
+
+@torch.no_grad()
 def logit_effects(run: Run, saved: SavedSAE, features: list[int], n: int = 8) -> dict[int, dict] | None:
     """Each feature's top promoted and suppressed tokens, or None when the hook is not on the stream
     the model's head reads."""
@@ -111,10 +121,7 @@ def logit_effects(run: Run, saved: SavedSAE, features: list[int], n: int = 8) ->
     stack, norm, head = model.readout()
     if not saved.info["hook"].startswith(stack + "."):
         return None
-    gain = getattr(norm, "weight", None)
-    rows = saved.sae.W_dec[features] * saved.sae.scale  # (S, D) the feature's direction, raw units
-    effect = head((rows * gain) if gain is not None else rows).float()  # (S, V)
-    effect = effect - effect.mean(-1, keepdim=True)
+    effect = direct_logits(model, saved.sae.W_dec[features] * saved.sae.scale)  # the features' raw directions
     out = {}
     for f, row in zip(features, effect):
         up, down = row.topk(n), (-row).topk(n)

@@ -81,6 +81,16 @@ class Transcoder(SparseAutoencoder):
         """Codes (..., N) -> the MLP's output (..., D)."""
         return self.decode_normalised(z) * self.out_scale + self.out_mean
 
+    @classmethod
+    def of_mlp(cls, ff: nn.Module) -> Transcoder:
+        """A relu MLP (act(x W1 + b1) W2 + b2, act = relu) as the transcoder it already is: a feature per
+        neuron, encoder W1, b1 and decoder W2, b2, no normalisation. It reproduces the MLP exactly."""
+        tc = cls(ff.up.in_features, SAEConfig(latents=ff.up.out_features, kind="relu"))
+        with torch.no_grad():
+            tc.W_enc.copy_(ff.up.weight.t()), tc.b_enc.copy_(ff.up.bias)
+            tc.W_dec.copy_(ff.down.weight.t()), tc.b_dec.copy_(ff.down.bias)
+        return tc.eval()
+
     def encoder(self) -> tuple[Tensor, Tensor]:
         """pre = x @ enc + enc_bias in raw units: enc (D, N), enc_bias (N,)."""
         enc = self.W_enc / self.scale
