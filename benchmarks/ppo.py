@@ -33,9 +33,18 @@ from attnlab.tasks.rewards import RewardRun
 def trained(out: Path, a: argparse.Namespace, seed: int) -> float:
     """Train the ppo run (unless done); its wall seconds."""
     if not (out / "eval.json").is_file():
-        cfg = TrainConfig(**dict(PPO_TRAIN, lr=a.lr, max_steps=a.steps, eval_interval=a.eval_interval, seed=seed))
+        cfg = TrainConfig(
+            **dict(
+                PPO_TRAIN,
+                lr=a.lr,
+                max_steps=a.steps,
+                eval_interval=a.eval_interval,
+                seed=seed,
+                batch_size=a.batch_size or PPO_TRAIN["batch_size"],
+            )
+        )
         t0 = time.perf_counter()
-        train(out, None, cfg, task="ppo", init=a.sft, reward=a.reward, beta=a.beta, progress=False)
+        train(out, None, cfg, task="ppo", init=a.sft, reward=a.reward, beta=a.beta, group=a.group, progress=False)
         (out / "seconds.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     return json.loads((out / "seconds.json").read_text())["seconds"]
 
@@ -49,6 +58,8 @@ def main() -> None:
     ap.add_argument("--eval-interval", type=int, default=20)
     ap.add_argument("--lr", type=float, default=PPO_TRAIN["lr"])
     ap.add_argument("--beta", type=float, default=0.05)
+    ap.add_argument("--group", type=int, default=1, help="answers per prompt (ppo --group)")
+    ap.add_argument("--batch-size", type=int, default=0, help="prompts per rollout (0: ppo's default)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337], help="one run each, under --out/seed_N "
                     "when more than one")  # fmt: skip
     ap.add_argument("--test", type=int, default=0, help="held-out instructions scored (0: the sft run's test split)")
@@ -80,7 +91,7 @@ def summary(out: Path, a: argparse.Namespace, seed: int, seconds: float, before:
     sampled = [r for r in rows if r.get("generate_s", 0) > 0]
     kl = [r["kl"] for r in sampled[-5:]]
     return {
-        "steps": a.steps, "lr": a.lr, "beta": a.beta, "seed": seed,
+        "steps": a.steps, "lr": a.lr, "beta": a.beta, "seed": seed, "group": a.group,
         "exact_before": before["exact"], "exact_after": after["exact"], "examples": after["examples"],
         "score_before": before["reward_score"], "score_after": after["reward_score"],
         "kl_last_rollouts": sum(kl) / max(1, len(kl)), "seconds": seconds, "seconds_per_step": seconds / a.steps,

@@ -15,6 +15,7 @@ from attnlab.data.finetune import ChatData
 from attnlab.nn.policy import PolicyLoss, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss
 from attnlab.tasks.hacking import reward_hacking
+from attnlab.tasks.ppo import relative_scores
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_reward_model, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,6 +89,15 @@ def test_kl_shaped_rewards_equal_the_formula():
             want = -beta * (logp[i, t] - ref[i, t]).item() if t < n else 0.0
             want += scores[i].item() if t == n - 1 else 0.0
             assert got[i, t].item() == pytest.approx(want, abs=1e-6)
+
+
+def test_with_a_group_each_score_counts_against_its_prompts_mean():
+    scores = torch.tensor([1.0, 3.0, -2.0, -2.0, 0.5, 4.0])
+    assert torch.equal(relative_scores(scores, 1), scores)  # one answer per prompt: the scores themselves
+    got = relative_scores(scores, 2)
+    want = [1.0 - 2.0, 3.0 - 2.0, 0.0, 0.0, 0.5 - 2.25, 4.0 - 2.25]
+    assert got.tolist() == pytest.approx(want)
+    assert relative_scores(scores + 7.0, 3).tolist() == pytest.approx(relative_scores(scores, 3).tolist())
 
 
 def test_the_policy_loss_takes_per_token_advantages():
@@ -174,6 +184,15 @@ def test_a_few_steps_log_finite_metrics_and_score_the_held_out(tmp_path, base, r
     before, after = attnlab.load(base).model.state_dict(), run.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert after["reward_head.weight"].abs().sum() > 0  # the value head learned
+
+
+def test_a_group_samples_that_many_answers_to_each_prompt(tmp_path, base, rm):
+    from attnlab.io import read_safetensors
+
+    ppo(tmp_path / "g", base, rm, steps=1, group=3, minibatches=3)
+    tensors, _ = read_safetensors(tmp_path / "g" / "ppo_rollout.safetensors")
+    assert tensors["ids"].shape[0] == 4 * 3  # --batch-size 4 prompts, 3 answers each
+    assert json.loads((tmp_path / "g" / "config.json").read_text())["task"]["group"] == 3
 
 
 def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, rm, monkeypatch):

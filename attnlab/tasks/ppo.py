@@ -3,8 +3,9 @@
 
 attnlab train ppo --init runs/sft --reward runs/rm --out runs/ppo [--beta 0.05 --ppo-epochs 2 --minibatches 2]
 
-A rollout: one answer to each of --batch-size prompts, sampled on the one decoding engine (float32,
-temperature 1: decoding/rollouts.py); the reward model's score at each answer's last token, a KL
+A rollout: --group answers (1 by default) to each of --batch-size prompts, sampled on the one
+decoding engine (float32, temperature 1: decoding/rollouts.py); the reward model's score at each
+answer's last token (with --group above 1, minus the mean of its prompt's answers), a KL
 penalty -beta (log pi - log ref) on every token (nn/ppo.py), values from the policy's value head,
 GAE advantages (whitened over the rollout) and returns. A step is one PPO update on one of
 --minibatches parts of the rollout; after --ppo-epochs passes over it the next step samples anew.
@@ -52,6 +53,7 @@ from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledA
 
 SETTINGS = (
     "reward",
+    "group",
     "beta",
     "gamma",
     "lam",
@@ -80,6 +82,12 @@ VALUE_GAIN = 100.0
 class PPOOptions(AdaptOptions):
     reward: str | None = option(
         None, "the reward model that scores each answer: a run of attnlab train reward", metavar="RUN"
+    )
+    group: int = option(
+        1,
+        "answers sampled per prompt; above 1 each answer's score counts against the mean of its "
+        "prompt's answers (a reward model compares answers to one prompt, not prompts)",
+        at_least=1,
     )
     beta: float = option(0.05, "weight of the KL to the --init model inside the reward, per token")
     gamma: float = option(1.0, "discount per token of what comes later in the answer")
@@ -137,6 +145,17 @@ class Buffer:
         return Buffer(batch, t["values"], t["advantages"], t["returns"], notes["seed"], notes["logged"])
 
 
+def relative_scores(scores: Tensor, group: int) -> Tensor:
+    """The reward model's scores (N * G,) as PPO's terminal rewards: as they are for one answer per
+    prompt; for G > 1, each minus the mean of its prompt's G answers. A Bradley-Terry reward model
+    is trained on differences between answers to one prompt, so its offset per prompt is arbitrary:
+    a value head would have to learn it from the prompt alone, and the advantage carries its error."""
+    if group == 1:
+        return scores
+    s = scores.float().view(-1, group)  # (N, G)
+    return (s - s.mean(dim=1, keepdim=True)).view(-1)
+
+
 @contextmanager
 def last_hidden(model: nn.Module):
     """Catches the final hidden states (B, T, C), the output of the model's last norm, of a forward."""
@@ -186,21 +205,22 @@ class PPOObjective(Objective):
 
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> Buffer:
         """One answer to each prompt, scored; its values, rewards, advantages and returns."""
-        asked = [self.prompts[i].asked for i in rows.tolist()]
+        g = self.opts["group"]
+        chosen = [self.prompts[i] for i in rows.tolist()]
+        asked = [p.asked for p in chosen for _ in range(g)]  # a prompt's G answers side by side
         t0 = time.perf_counter()
-        r = rollouts(
-            self.model, [self.prompts[i].ids for i in rows.tolist()], 1, self.opts["max_new_tokens"], seed, self.stops
-        )
+        r = rollouts(self.model, [p.ids for p in chosen], g, self.opts["max_new_tokens"], seed, self.stops)
         generate_s = time.perf_counter() - t0
         texts = [answer_text(self.tok, self.stops, a) for a in r.answers]
         right = [q.right(t) for q, t in zip(asked, texts, strict=True)]
         scores = self.rm.to(device)(asked, texts, seed)
+        graded = relative_scores(scores, g)
         b = r.batch(device)
         with torch.no_grad(), as_rolled(self.model, device):
             _, values = self.policy_and_value(b)
             ref = answer_token_logprobs(self.reference.model.to(device), b)
         o = self.opts
-        rewards = kl_shaped_rewards(scores, b.old, ref, b.mask, o["beta"])
+        rewards = kl_shaped_rewards(graded, b.old, ref, b.mask, o["beta"])
         advantages, returns = gae(rewards, values, b.mask, o["gamma"], o["lam"])
         logged = {
             "reward": scores.mean().item(),
@@ -277,9 +297,10 @@ class ProximalPolicy(SampledAnswers):
         model, adapter = self.model_config(req), self.adapter(req)
         parts = splits(req.data, self.builtin)
         prompts = self.prompts(parts["train"], tok, template, req, model["context"], opts["max_new_tokens"])
-        if opts["minibatches"] > req.train.batch_size:
+        answers = req.train.batch_size * opts["group"]
+        if opts["minibatches"] > answers:
             raise AttnlabError(
-                f"--minibatches {opts['minibatches']} parts of {req.train.batch_size} answers: give "
+                f"--minibatches {opts['minibatches']} parts of {answers} answers: give "
                 "fewer minibatches or a larger --batch-size"
             )
         stops = stop_ids(tok, template)
@@ -303,13 +324,17 @@ class ProximalPolicy(SampledAnswers):
             return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held)
 
         return Prepared(
-            Prompts(prompts, 1, opts["max_new_tokens"]), objective, config, state=(tok, template, parts["test"], rm)
+            Prompts(prompts, opts["group"], opts["max_new_tokens"]),
+            objective,
+            config,
+            state=(tok, template, parts["test"], rm),
         )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
         """The run's RL settings: a resumed run's own, or from the options (checked)."""
         if req.resume:
-            return {k: req.saved["task"][k] for k in SETTINGS}
+            saved = req.saved["task"]  # a run stored before --group has none: one answer per prompt
+            return {k: saved.get(k, getattr(PPOOptions, k)) for k in SETTINGS}
         opts = {k: req.options.get(k, getattr(PPOOptions, k)) for k in SETTINGS}
         if not opts["reward"]:
             raise AttnlabError("attnlab train ppo needs --reward RUN: a reward model (attnlab train reward)")
