@@ -39,6 +39,7 @@ import gguf
 import torch
 from common import cpu_name, first_difference, format_table
 from random_run import SHAPES, random_run
+from step_profile import report, step_profile
 
 import attnlab
 from attnlab.decoding.sampling import stream, stream_rows
@@ -173,6 +174,14 @@ def compare(rows: list[dict]) -> None:
             r["vs_llamacpp"] = r["tokens_per_s"] / peer[0]["tokens_per_s"]
 
 
+def profiled(methods: list[tuple[dict, object]], new_tokens: int) -> None:
+    """--profile: each attnlab row once (warmed up first) under the profiler (step_profile.py)."""
+    for r, call in methods:
+        call()
+        label = f"{r['shape']} {r['impl']} {r['precision']} batch {r['batch']}"
+        print(report(label, step_profile(call, new_tokens * r["batch"])), flush=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -186,6 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-llamacpp", dest="llamacpp", action="store_false", help="leave out llama.cpp's rows")
     p.add_argument("--runs", default=None, help="folder for the random runs and GGUF files (default: a temporary one)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", action="store_true", help="each attnlab row's decode time by operator, and "
+                   "the time outside the operators (Python, the engine, dispatch), then the table")  # fmt: skip
     args = p.parse_args(argv)
     args.precisions = [x for x in args.precisions.split(",") if x]
     args.batch = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -202,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt = torch.randint(0, SHAPES[shape].vocab_size, (args.prompt_tokens,),
                                generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
         methods = attnlab_methods(run, shape, args, prompt)
+        if args.profile:
+            profiled(methods, args.new_tokens)
         if args.llamacpp:
             methods += llamacpp_methods(run, shape, args, prompt, folder)
         rows += measure(methods, args)
