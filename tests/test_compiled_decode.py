@@ -146,7 +146,10 @@ def test_the_exported_step_reads_the_models_tensors_changed_in_place_or_replaced
 
 def test_a_shape_compiled_before_is_loaded_not_compiled_again(monkeypatch):
     list(stream(llama_int8(), [1, 2, 3], 6, temperature=0, dtype="float32", compile=True))  # compiled (or found) once
-    monkeypatch.setattr(exported.torch._inductor, "aoti_compile_and_package", None)  # a second compile fails
+    import torch._inductor
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", None)  # a second compile fails
+    monkeypatch.setattr(torch.export, "export", None)  # and so would a trace: the note names the library
     torch.manual_seed(1)
     other = llama_int8()
     perturb(other, 0.3)  # other weights, the same shapes
@@ -155,6 +158,41 @@ def test_a_shape_compiled_before_is_loaded_not_compiled_again(monkeypatch):
     step = engine_for(other, "float32", compiled=True).decoder.compiled
     assert step.exported is not None and step.export_failed is None
     assert step.exported.path.parent.name == exported.FOLDER
+
+
+def test_the_key_without_a_trace_changes_with_what_the_trace_reads_and_not_with_the_weights(monkeypatch):
+    from attnlab.decoding import step_cache
+
+    def key(model, rows=True):
+        inputs = [torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 1, 1)]
+        return step_cache.fingerprint(exported._Step(model, compiled._step), inputs, rows)
+
+    a = key(llama_int8())
+    other = llama_int8()
+    perturb(other, 0.3)
+    assert key(other) == a  # other weights: the library is handed them
+    assert key(llama_int8("int4")) != a and key(gpt2_tied()) != a and key(llama_int8(), rows=False) != a
+    tied = gpt2_tied()
+    untied = gpt2_tied()
+    untied.head.weight = torch.nn.Parameter(untied.tok.weight.detach().clone())
+    assert key(tied) != key(untied)  # one tensor under two names is another program than two tensors
+    monkeypatch.setattr(step_cache.torch, "__version__", "0.0.0")
+    assert key(llama_int8()) != a
+    monkeypatch.undo()
+    monkeypatch.setattr(step_cache, "source_digest", lambda: "edited")
+    assert key(llama_int8()) != a
+
+
+def test_a_note_without_its_library_is_a_cold_build(tmp_path):
+    from attnlab.decoding import step_cache
+
+    step_cache.remember(tmp_path, "k", tmp_path / "gone.pt2", {"t": torch.ones(2)})
+    assert step_cache.remembered(tmp_path, "k") is None and step_cache.remembered(tmp_path, "other") is None
+    (tmp_path / "gone.pt2").write_bytes(b"x")
+    path, lifted = step_cache.remembered(tmp_path, "k")
+    assert path == tmp_path / "gone.pt2" and torch.equal(lifted["t"], torch.ones(2))
+    (tmp_path / step_cache.NOTES / "k.safetensors").write_bytes(b"cut short")
+    assert step_cache.remembered(tmp_path, "k") is None
 
 
 def test_a_model_torch_export_cannot_take_decodes_through_torch_compile(monkeypatch):

@@ -22,25 +22,37 @@ compiled decode step", has the measurements).
                       (refresh) before the next row
     kept on disk      the library, in inductor's cache folder under a key made of the traced program
                       (its graph, shapes and dtypes: no weight values), this torch and this CPU's
-                      instruction set: another model of the same shape, or the next process, loads it
-                      in a second instead of compiling again (tens of seconds on 2 cores)
+                      instruction set: another model of the same shape loads it instead of compiling
+                      again (tens of seconds on 2 cores); and a note under a key computed without
+                      the trace (step_cache.py), so the next process skips the trace as well
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
+import os
+import re
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.export.graph_signature import InputKind
 
+from attnlab.decoding import step_cache
 from attnlab.io import atomic_write
 from attnlab.quant import row_kernels
 from attnlab.quant.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
+COLD = (
+    "attnlab: compiling this model's decode step, once for its shape and precision (about a minute on 2 "
+    "cores; later runs load it in a second; --no-compile decodes without it)"
+)
 
 
 class _Step(nn.Module):
@@ -67,20 +79,37 @@ class ExportedStep:
                 layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
         self.module = _Step(model, step).eval()
         self.with_last = last is not None
+        rows, folder = row_kernels.ready(), _folder()
+        # the bias's width is the prompt's length + 1, symbolic in the trace: not part of the key
+        key = step_cache.fingerprint(self.module, [ids, position, bias[..., :1], *kv, last], rows)
+        warm = step_cache.remembered(folder, key)
+        if warm is not None:  # made by an earlier process: no trace (step_cache.py)
+            self.path, self.lifted = warm
+        else:
+            t0 = time.perf_counter()
+            print(COLD, file=sys.stderr, flush=True)
+            program = self._traced(ids, position, bias, kv, last, rows)
+            self.lifted = _as_buffers(program)
+            self.path = _library(program, folder)
+            step_cache.remember(folder, key, self.path, self.lifted)
+            print(f"attnlab: the decode step is compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        self.runner = step_cache.Library(self.path)
+        self.names = self.runner.get_constant_fqns()
+        self.tensors: dict[str, Tensor] = {}
+        self.refresh()
+
+    def _traced(
+        self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None, rows: bool
+    ) -> torch.export.ExportedProgram:
+        """torch.export's program of the step, L symbolic (2..C), attnlab's row products in it when loaded."""
         with torch.inference_mode(False), torch.no_grad():
             # Example inputs of the same shapes outside inference mode (the trace writes into them).
             like = lambda t: None if t is None else torch.zeros_like(t)
             example = (like(ids), like(position), like(bias), [like(t) for t in kv], like(last))
             context = self.module.model.cfg.context
             shapes = (None, None, {3: torch.export.Dim("L", min=2, max=context)}, [None] * len(kv), None)
-            with row_kernels.FloatRows() if row_kernels.ready() else contextlib.nullcontext():
-                program = torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
-        self.lifted = _as_buffers(program)
-        self.path = _library(program)
-        self.runner = torch._inductor.aoti_load_package(str(self.path))
-        self.names = self.runner.get_constant_fqns()
-        self.tensors: dict[str, Tensor] = {}
-        self.refresh()
+            with row_kernels.FloatRows() if rows else contextlib.nullcontext():
+                return torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
 
     def _current(self) -> dict[str, Tensor]:
         named = dict(self.lifted)
@@ -95,7 +124,7 @@ class ExportedStep:
         """Hand the library the model's tensors if any was replaced since (it reads them, copies none)."""
         current = self._current()
         if any(current[n] is not self.tensors.get(n) for n in self.names):
-            self.runner.load_constants(current, check_full_update=True, user_managed=True)
+            self.runner.load_constants(current, True, True)  # every constant, the model's own tensors
             self.tensors = current
 
     def run(self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None) -> Tensor:
@@ -115,13 +144,22 @@ def _as_buffers(program: torch.export.ExportedProgram) -> dict[str, Tensor]:
     return lifted
 
 
-def _library(program: torch.export.ExportedProgram) -> Path:
-    """The compiled library of `program`: from inductor's cache folder when it was made before, else
-    compiled and stored there (io.atomic_write: a second process never reads half a file)."""
+def _folder() -> Path:
+    """The libraries' folder, in inductor's cache folder: TORCHINDUCTOR_CACHE_DIR, else torch's default
+    (torchinductor_USER in the temporary folder), found as torch does but without importing inductor
+    (seconds: a warm start needs none of it)."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if root is None:
+        root = Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+    return Path(root).resolve() / FOLDER
+
+
+def _library(program: torch.export.ExportedProgram, folder: Path) -> Path:
+    """The compiled library of `program`: from the folder when it was made before, else compiled and
+    stored there (io.atomic_write: a second process never reads half a file)."""
     key = hashlib.sha256(
         "\n".join((str(program), torch.__version__, torch.backends.cpu.get_cpu_capability())).encode()
     ).hexdigest()[:40]
-    folder = Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / FOLDER  # torch loads _inductor here
     path = folder / f"{key}.pt2"
     if path.is_file():
         return path
