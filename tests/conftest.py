@@ -126,6 +126,9 @@ def _isolated(tmp_path_factory, monkeypatch):
     # The threads a test sets stay set: another test process busy here must not lower them, nor add a
     # line to the stderr a test reads (runtime/threads.py; tests/test_threads.py checks the sharing).
     monkeypatch.setenv("ATTNLAB_THREADS", "0")
+    # Commands compile their decode step by default (a minute for each new shape); a test that wants
+    # the compiled step asks for it (compiled_steps, or compile=True in code).
+    monkeypatch.setenv("ATTNLAB_COMPILE", "0")
     torch.manual_seed(0)
 
 
@@ -149,6 +152,7 @@ def compiled_steps(monkeypatch) -> list:
     from attnlab.decoding import compiled
 
     fed = []
+    monkeypatch.delenv("ATTNLAB_COMPILE")  # the commands' default: compiled
     monkeypatch.setattr(compiled, "EXPORT", False)
     monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
     real = compiled.CompiledStep.feed

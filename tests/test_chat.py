@@ -322,21 +322,32 @@ def test_chat_leaves_cleanly_on_quit_ctrl_c_and_end_of_input(llama, runs, capsys
     assert code == 0 and stdout == "\n" and "Traceback" not in err
 
 
-def test_chat_compile_answers_through_the_compiled_step(runs, capsys, monkeypatch, compiled_steps):
-    """--compile reaches the engine's compiled step (conftest's compiled_steps: no compilation), and the
-    greedy answer is the one chat gives without it."""
+def test_chat_compiles_by_default_and_not_with_no_compile(runs, capsys, monkeypatch, compiled_steps):
+    """chat reaches the engine's compiled step by default (conftest's compiled_steps: no compilation),
+    --no-compile and ATTNLAB_COMPILE=0 keep the eager step, and the greedy answers are the same."""
     fed = compiled_steps
     args = ["chat", runs[0] / "llama", "--temperature", "0", "--max-new-tokens", "6", "--device", "cpu"]
     answers = []
-    for extra_args in ([], ["--compile"]):
+    for extra_args, env in (([], "1"), (["--no-compile"], "1"), ([], "0")):
+        monkeypatch.setenv("ATTNLAB_COMPILE", env)
         monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+        fed.clear()
         code, stdout, err = run_cli(args + extra_args, capsys)
         assert code == 0 and "Traceback" not in err, err
         answers.append(stdout)
-        # without --compile no step is compiled; with it, each of the answer's 5 tokens after the first (and
-        # the engine's calibration steps) went through it
-        assert (len(fed) >= 5) if extra_args else not fed
-    assert answers[0] == answers[1]
+        # compiled: each of the answer's 5 tokens after the first (and the engine's calibration steps)
+        # went through the compiled step; otherwise none did
+        assert (len(fed) >= 5) if (not extra_args and env == "1") else not fed
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_sample_compiles_by_default(runs, capsys, compiled_steps):
+    args = ["sample", runs[0] / "llama", "--prompt", "hi", "--temperature", "0", "--max-new-tokens", "6"]
+    code, compiled, err = run_cli([*args, "--device", "cpu"], capsys)
+    assert code == 0 and len(compiled_steps) >= 5, err
+    compiled_steps.clear()
+    code, eager, err = run_cli([*args, "--device", "cpu", "--no-compile"], capsys)
+    assert code == 0 and not compiled_steps and eager == compiled
 
 
 def test_chat_and_sample_chat_refuse_a_run_that_does_not_generate(tmp_path, capsys):

@@ -26,6 +26,7 @@ from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Preference, conversation, kind_of, preference, rows
 from attnlab.data.finetune import BUILTIN
 from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, next_message, talk
+from attnlab.decoding.settings import compiling
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
@@ -43,7 +44,7 @@ def generating_run(path: str, device: str, command: str, quantize: str | None = 
     weights quantized for decoding when asked (the note on stderr)."""
     if quantize is not None and not run_kind(read_run_config(check_run_dir(path))).generates:
         raise AttnlabError(f"{path} is not a language model run: --quantize is for decoding")
-    run = load(path, device=device, quantize=quantize, compiled=compiled)
+    run = load(path, device=device, quantize=quantize, compiled=compiling(compiled))
     if not run.task.generates:
         raise AttnlabError(
             f"{path} is not a language model run (it is {run.task.name}): attnlab {command} needs a gpt run"
@@ -213,7 +214,7 @@ def run_chat(opts: ChatOptions) -> int:
         temperature=opts.temperature,
         top_k=opts.top_k,
         top_p=opts.top_p,
-        compile=opts.compile,
+        compile=compiling(opts.compile),
     )
     print(
         f"[chatting with {run.path.name}, context {run.model.cfg.context} tokens, {said}]\n["

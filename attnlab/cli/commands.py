@@ -31,6 +31,7 @@ from attnlab.decoding import sampling
 from attnlab.decoding.chat import answers, stream_answer
 from attnlab.decoding.dialogue import trimmed
 from attnlab.decoding.sampling import GenerateConfig
+from attnlab.decoding.settings import compiling
 from attnlab.errors import AttnlabError
 from attnlab.interpret.head_select import describe, head_hooks
 from attnlab.models.cluster import ClusterConfig, cluster_estimate, format_cluster
@@ -92,6 +93,7 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
             "--chat is the prompt, and its answer ends at the chat template's end of turn: leave out "
             "--prompt and --stop"
         )
+    cfg = dataclasses.replace(cfg, compile=compiling(cfg.compile))  # on unless --no-compile, ATTNLAB_COMPILE=0
     run = generating_run(opts.run, opts.device, "sample", opts.quantize, cfg.compile)
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):

@@ -64,7 +64,8 @@ def run_demo(out: str | Path = "runs/demo", max_steps: int | None = None, budget
     print("\nSamples (temperature 0.8):")
     for i, prompt in enumerate(PROMPTS):
         print("-" * 60)
-        print(run.generate(prompt, max_new_tokens=160, temperature=0.8, seed=i))
+        # eager: these few hundred tokens are written before a first compilation of the step would end
+        print(run.generate(prompt, max_new_tokens=160, temperature=0.8, seed=i, compile=False))
     print("-" * 60)
     metrics = evaluate(run, "stdlib", max_tokens=EVAL_TOKENS, progress=False)
     print(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli.options import AttentionOptions, PlotOptions, ServeOptions
+from attnlab.decoding.settings import compiling
 from attnlab.errors import AttnlabError
 from attnlab.interpret.plots import plot_run
 from attnlab.interpret.views import write_attention
@@ -56,7 +57,7 @@ def run_serve(opts: ServeOptions) -> int:
         cors_origins=opts.cors_origin,
         limits=limits,
         quantize=opts.quantize,
-        compiled=opts.compile,
+        compiled=compiling(opts.compile),
         transcoders=opts.transcoders,
     )
     return 0

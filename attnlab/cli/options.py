@@ -179,7 +179,7 @@ class ChatOptions(Quantizes, ReadsRun):
     seed: int | None = option(
         None, "random seed: answer k draws with seed + k, so the same messages give the same conversation"
     )
-    compile: bool = option(False, COMPILE_HELP)
+    compile: bool = option(True, COMPILE_HELP)
 
     def __post_init__(self):
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
@@ -380,7 +380,7 @@ class ServeOptions(Quantizes, OnDevice):
     threads: int | None = option(
         None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
     )
-    compile: bool = option(False, COMPILE_HELP + "; a request decoded alone takes it, batched rows do not")
+    compile: bool = option(True, COMPILE_HELP + "; a request decoded alone takes it, batched rows do not")
     transcoders: list[str] = field(
         default_factory=list,
         metadata={

@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 
 from attnlab.config import check_seed, check_types, option
 from attnlab.errors import ArgumentTypeError, kind
 
 COMPILE_HELP = (
-    "compile the decode step (ahead of time with torch.export and AOTInductor, else torch.compile): "
-    "several times faster per token for small models on a CPU, after tens of seconds of compiling the "
-    "first time (kept on disk: seconds the next run)"
+    "compile the decode step (ahead of time with torch.export and AOTInductor, else torch.compile): on "
+    "by default, the fastest step for one sequence on a CPU (docs/cpu.md); the first run for a model's "
+    "shape compiles it (about a minute on 2 cores, said in one line), later runs load it in a second; "
+    "--no-compile decodes without it, and ATTNLAB_COMPILE=0 turns the default off for a whole process"
 )
+SWITCH = "ATTNLAB_COMPILE"  # "0": no compiled decode step unless one is asked for in code
+
+
+def compiling(asked: bool) -> bool:
+    """Whether a command's decode step is compiled: as its --compile/--no-compile says, unless
+    ATTNLAB_COMPILE=0 (a test suite, a machine without a C++ compiler) turns it off."""
+    return asked and os.environ.get(SWITCH, "1") != "0"
+
+
 # runtime/device.py's DTYPE_NAMES, which names torch's dtypes (tests/test_startup.py holds them equal)
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
@@ -59,7 +70,7 @@ class GenerateConfig:
     dtype: str = option(
         "auto", "auto (on a CPU bf16 where measured faster here; float32 on a GPU), float32 or bfloat16", DTYPE_NAMES
     )
-    compile: bool = option(False, COMPILE_HELP)
+    compile: bool = option(True, COMPILE_HELP)
 
     def __post_init__(self):
         check_types(self)

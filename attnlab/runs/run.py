@@ -17,6 +17,7 @@ from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.sampling import generate_text
+from attnlab.decoding.settings import compiling
 from attnlab.errors import AttnlabError, path_argument
 from attnlab.models import FAMILIES, build_model
 from attnlab.runs.adapted import adapter_of, build_adapted
@@ -50,7 +51,10 @@ class Run:
         return kind_of(self.config)
 
     def generate(self, prompt: str = "", **kwargs) -> str:
-        """Continue `prompt`; keyword arguments as in `attnlab.decoding.sampling.generate_text`."""
+        """Continue `prompt`; keyword arguments as in `attnlab.decoding.sampling.generate_text`. As the
+        commands do, a language model's decode step is compiled unless compile=False is given (or
+        ATTNLAB_COMPILE=0): the first call for a model's shape compiles it (about a minute on 2 cores)."""
+        kwargs.setdefault("compile", compiling(True))
         return generate_text(self.model, self.tokenizer, prompt, **kwargs)
 
     def __repr__(self) -> str:  # the dataclass's would print the whole model
