@@ -80,7 +80,7 @@ def test_the_servers_batched_decoding_gives_each_request_its_text_alone(tmp_path
         for i, (t, p, k) in enumerate(draws)
     ]
     app = create_app([tmp_path / "lm"], device=str(DEVICE))
-    batcher = app.state.batchers["lm"]
+    batcher = app.state.engines["lm"]
     with running(app) as url:
         ask = lambda body: post(f"{url}/v1/completions", body)["choices"][0]["text"]
         alone = [ask(body) for body in bodies]  # one at a time: each row decoded alone

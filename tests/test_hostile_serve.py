@@ -259,7 +259,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_rows_and_others_are_serv
     engine and their streams are given back while another request is answered. A completion ignoring
     the end-of-text token has no other way to end early: its rows were cut short, not finished."""
     url, app = server
-    batcher, rows = app.state.batchers["lm"], []
+    batcher, rows = app.state.engines["lm"], []
     submit = batcher.submit
     monkeypatch.setattr(batcher, "submit", lambda *a, **kw: rows.append(submit(*a, **kw)) or rows[-1])
     long = {"model": "lm", "n": 2, "stream": True, "max_tokens": 2048, "ignore_eos": True}

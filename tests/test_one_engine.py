@@ -15,7 +15,7 @@ from attnlab import load
 from attnlab.cli.main import main
 from attnlab.decoding.adapters import LMDecoder, StepDecoder
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Batcher, engine_for
+from attnlab.decoding.engine import Engine, engine_for
 from attnlab.decoding.sampling import sample_texts, stream, stream_rows, stream_text
 from attnlab.models.gpt import GPT
 from attnlab.nn.hooks import hooks, zero_head
@@ -47,13 +47,13 @@ def test_the_explorer_and_v1_are_decoded_in_shared_steps(run_dir, monkeypatch):
     batched step held rows of both, and every text is its seed's text alone."""
     httpx = pytest.importorskip("httpx", reason="httpx, the client here, is a dev extra: pip install -e .[dev]")
     seen: list[set[int]] = []  # the seeds of the rows of each batched step
-    real = Batcher._batched_logits
+    real = Engine._batched_logits
 
     def recorded(self):
         seen.append({row.draw.seed for row in self.slotted})
         return real(self)
 
-    monkeypatch.setattr(Batcher, "_batched_logits", recorded)
+    monkeypatch.setattr(Engine, "_batched_logits", recorded)
     app, explorer, v1 = create_app([run_dir]), [100, 101, 102], [200, 201, 202]
     run = load(run_dir, "cpu")
     start = threading.Barrier(6)

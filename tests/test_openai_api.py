@@ -273,7 +273,7 @@ def test_eight_concurrent_seeded_streams_each_get_their_text_alone(client, serve
         )[4:]
         for n, kw in zip(lengths, settings)
     ]
-    batcher = server[1].state.batchers["lm"]
+    batcher = server[1].state.engines["lm"]
     before = dict(batcher.stats)
     start = threading.Barrier(8)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 import attnlab
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Batcher
+from attnlab.decoding.engine import Engine
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
@@ -251,7 +251,7 @@ def test_the_servers_batched_steps_decode_quantized_rows_as_each_alone():
         [int(t[0]) for t in stream_rows(model, p, 1, 24, d.temperature, d.top_k, d.top_p, d.seed)]
         for p, d in zip(prompts, draws)
     ]
-    engine = Batcher(model, max_batch=4, dtype="float32")
+    engine = Engine(model, max_batch=4, dtype="float32")
     got, ended = [[] for _ in prompts], threading.Semaphore(0)
     for i, (p, d) in enumerate(zip(prompts, draws)):  # submit(): the server's way, on the engine's thread
         engine.submit(p, d, 24, lambda s, i=i: got[i].append(s.token) if s is not None else ended.release())

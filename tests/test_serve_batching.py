@@ -13,7 +13,7 @@ import torch
 
 from attnlab.decoding import engine as batching
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Batcher
+from attnlab.decoding.engine import Engine
 from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.sampling import next_tokens, stream_rows
 from attnlab.decoding.slots import Slots
@@ -46,7 +46,7 @@ def requests(n: int = 8) -> list[tuple[list[int], Draw, int]]:
     return out
 
 
-def concurrently(b: Batcher, reqs) -> list[list[int]]:
+def concurrently(b: Engine, reqs) -> list[list[int]]:
     start = threading.Barrier(len(reqs))
 
     def one(r):
@@ -129,7 +129,7 @@ def test_eight_concurrent_requests_get_their_lone_tokens():
     to 55 tokens, past the context of 16, so rows jump ahead and leave at different steps): each gets
     stream_rows' tokens for its seed, and they were decoded together."""
     m, reqs = model(), requests(8)
-    b = Batcher(m, max_batch=8, dtype="float32")
+    b = Engine(m, max_batch=8, dtype="float32")
     got = concurrently(b, reqs)
     assert got == [alone(m, *r) for r in reqs]
     assert b.stats["batched rows"] > 2 * b.stats["steps"] > 0  # several rows per forward pass
@@ -140,9 +140,9 @@ def test_eight_concurrent_requests_get_their_lone_tokens():
 def test_rows_in_doubt_are_replayed_and_still_exact(monkeypatch):
     """With a tolerance so wide that every batched draw is in doubt, each row is replayed alone, then
     finishes alone: the tokens are still stream_rows'."""
-    monkeypatch.setattr(Batcher, "calibrate", lambda self: 10.0)
+    monkeypatch.setattr(Engine, "calibrate", lambda self: 10.0)
     m, reqs = model(positions="rope"), requests(4)
-    b = Batcher(m, max_batch=4, dtype="float32")
+    b = Engine(m, max_batch=4, dtype="float32")
     assert concurrently(b, reqs) == [alone(m, *r) for r in reqs]
     assert b.stats["replays"] > 0 and b.stats["solo rows"] > 0
     b.close(wait=5)
@@ -154,7 +154,7 @@ def test_without_a_batched_step_every_row_is_decoded_alone(monkeypatch):
     assert batching.multinomial_is_a_race(torch.device("cpu"))
     monkeypatch.setattr(batching, "multinomial_is_a_race", lambda device: False)
     m, reqs = model(), requests(4)
-    b = Batcher(m, max_batch=4, dtype="float32")
+    b = Engine(m, max_batch=4, dtype="float32")
     assert concurrently(b, reqs) == [alone(m, *r) for r in reqs]
     assert not b.batched and b.stats["steps"] == 0
     b.close(wait=5)
@@ -162,14 +162,14 @@ def test_without_a_batched_step_every_row_is_decoded_alone(monkeypatch):
 
 def test_more_requests_than_slots_wait_their_turn():
     m, reqs = model(), requests(6)
-    b = Batcher(m, max_batch=2, dtype="float32")
+    b = Engine(m, max_batch=2, dtype="float32")
     assert concurrently(b, reqs) == [alone(m, *r) for r in reqs]
     b.close(wait=5)
 
 
 def test_cancel_frees_the_row_and_the_others_go_on():
     m = model()
-    b = Batcher(m, max_batch=4, dtype="float32")
+    b = Engine(m, max_batch=4, dtype="float32")
     exits = []
     long = b.generate([1, 2], Draw(seed=1), 10_000)
     first = [next(long).token for _ in range(3)]
@@ -186,7 +186,7 @@ def test_cancel_frees_the_row_and_the_others_go_on():
 
 def test_a_failing_reader_and_the_time_limit_end_only_their_row():
     m = model()
-    b = Batcher(m, max_batch=4, dtype="float32")
+    b = Engine(m, max_batch=4, dtype="float32")
     failed = threading.Event()
 
     def broken(item):
@@ -203,7 +203,7 @@ def test_a_failing_reader_and_the_time_limit_end_only_their_row():
     b.close(wait=5)
 
 
-def timed(b: Batcher):
+def timed(b: Engine):
     """A generation that cannot finish within its time limit of 0.05 s."""
     import queue
 
@@ -217,7 +217,7 @@ def timed(b: Batcher):
 
 def test_logprobs_are_the_model_s_own():
     m = model()
-    b = Batcher(m, max_batch=2, dtype="float32")
+    b = Engine(m, max_batch=2, dtype="float32")
     ids = [1, 2, 3]
     steps = list(b.generate(ids, Draw(seed=5), 6, logprobs=3))
     tokens = [s.token for s in steps]
@@ -234,7 +234,7 @@ def test_the_calibrated_tolerance_is_small_and_finds_a_broken_step(monkeypatch):
     """The tolerance measures the batched step against lone ones: tiny for a correct step (float
     rounding), large when the step computes something else (here: every row at position 0)."""
     m = model(positions="rope")
-    b = Batcher(m, max_batch=4, dtype="float32")
+    b = Engine(m, max_batch=4, dtype="float32")
     with torch.no_grad():
         assert batching.FLOOR <= b.calibrate() < 1e-3
         begin = b.slots.table.begin

@@ -3,7 +3,7 @@
 Legend: B rows in a batched step, V vocabulary, C the model's context.
 
 Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
-/api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Batcher. A
+/api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Engine. A
 request `submit`s a prompt's ids, how to draw (draw.Draw: temperature, top-k, top-p, seed) and how
 many tokens, and receives Steps (a token, with log-probabilities or attention when asked) through a
 callback, then None when done. A thread of the engine's own runs the loop once a submit() starts it
@@ -64,10 +64,10 @@ REPLAYS = 2  # a row in doubt this often finishes alone
 SAFETY = 32.0  # the tolerance is this many times the largest difference measured
 FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
 
-__all__ = ["Batcher", "Draw", "Step", "engine_for"]
+__all__ = ["Engine", "Draw", "Step", "engine_for"]
 
 
-class Batcher:
+class Engine:
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False):
@@ -364,11 +364,11 @@ class Batcher:
 
 
 # Every model's engine, by its precision: what every caller decodes through (see the module's docstring).
-_ENGINES: weakref.WeakKeyDictionary[nn.Module, dict[str, Batcher]] = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakKeyDictionary[nn.Module, dict[str, Engine]] = weakref.WeakKeyDictionary()
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None, compiled: bool = False) -> Batcher:
+def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None, compiled: bool = False) -> Engine:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
     idle engine of another size is replaced. compiled: a lone row's steps compiled
     (compiled.py); an engine of its own."""
@@ -381,13 +381,13 @@ def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = No
             engine.close()
             stale = True
         if stale:
-            engine = engines[key] = Batcher(model, max_batch or 16, dtype, compiled)
+            engine = engines[key] = Engine(model, max_batch or 16, dtype, compiled)
         return engine
 
 
 # Engines whose thread runs. At exit each is stopped and waited for: a thread still inside a torch
 # operation when the interpreter tears down its threads takes the process down with it (abort).
-_RUNNING: weakref.WeakSet[Batcher] = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 @atexit.register

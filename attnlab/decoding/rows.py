@@ -37,7 +37,7 @@ class Row:
     def __init__(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None, emit: Emit, device):
         self.deadline: float | None = None  # time.monotonic() past which the row fails (TimeoutError)
         self.on_exit: Callable[[], None] | None = None  # called once when the row leaves the engine
-        self.wake: Callable[[], None] | None = None  # called after each turn's emits (see Batcher.submit)
+        self.wake: Callable[[], None] | None = None  # called after each turn's emits (see Engine.submit)
         self.window = list(ids)
         self.base = len(ids)  # tokens run at once at the last (re)fill: a replay starts there
         self.draw, self.left, self.logprobs, self.emit = draw, max_tokens, logprobs, emit

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import AsyncIterator
 
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Batcher
+from attnlab.decoding.engine import Engine
 from attnlab.decoding.pieces import TextPieces
 from attnlab.decoding.rows import Row, Step
 from attnlab.serve.guard import Limits, StreamLimit
@@ -62,7 +62,7 @@ class Choice:
 class Job:
     """One request's sequences in a batcher, their steps delivered to this event loop."""
 
-    def __init__(self, batcher: Batcher, streams: StreamLimit, limits: Limits):
+    def __init__(self, batcher: Engine, streams: StreamLimit, limits: Limits):
         self.batcher, self.streams, self.limits = batcher, streams, limits
         self.loop = asyncio.get_running_loop()
         self.mailbox = mailbox(self.loop)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Batcher
+from attnlab.decoding.engine import Engine
 from attnlab.decoding.pieces import TextPieces
 from attnlab.errors import one_line
 from attnlab.interpret.views import token_labels
@@ -21,7 +21,7 @@ from attnlab.runs.run import Run
 from attnlab.viz.captions import caption_json
 
 
-def live_lines(run: Run, prompt: str, sampling: tuple, engine: Batcher) -> Iterator[dict]:
+def live_lines(run: Run, prompt: str, sampling: tuple, engine: Engine) -> Iterator[dict]:
     """/api/generate's lines with attention: {"prompt_tokens": [...]} first, then per piece {"text",
     "tokens": the tokens it holds, "attention": (L, Tk) the newest query's weights, mean of heads}.
     Decoded by the run's engine (Served.engine) like every generation, alone: it asks for each step's

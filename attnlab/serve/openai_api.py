@@ -111,16 +111,16 @@ class Jobs:
 
 def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: StreamLimit) -> None:
     """/health and /v1/* over the served GPT runs (`served`: name -> Served, as app.py keeps them)."""
-    batchers = {name: s.engine() for name, s in served.items() if s.run.task.generates}
-    app.state.batchers = batchers  # each run's one engine, shared with the explorer (decoding/engine.py)
-    begin = Jobs(batchers, streams, limits).begin
+    engines = {name: s.engine() for name, s in served.items() if s.run.task.generates}
+    app.state.engines = engines  # each run's one engine, shared with the explorer (decoding/engine.py)
+    begin = Jobs(engines, streams, limits).begin
 
     def find(name: str):
-        if name not in batchers:
+        if name not in engines:
             what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
             raise APIError(
                 404,
-                f"the model {clip(name)} does not exist{what}; serving: {', '.join(batchers)}",
+                f"the model {clip(name)} does not exist{what}; serving: {', '.join(engines)}",
                 "model_not_found",
                 "model",
             )
@@ -132,7 +132,7 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
 
     @app.get("/v1/models", summary="the language models served: every GPT run")
     def models() -> dict:
-        return {"object": "list", "data": [model_card(served[n]) for n in batchers]}
+        return {"object": "list", "data": [model_card(served[n]) for n in engines]}
 
     @app.get("/v1/models/{name}", summary="one model")
     def model(name: str) -> dict:

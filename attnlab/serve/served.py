@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.chat import ChatTemplate
-from attnlab.decoding.engine import Batcher, engine_for
+from attnlab.decoding.engine import Engine, engine_for
 from attnlab.errors import AttnlabError, one_line
 from attnlab.nn.counting import count_parameters
 from attnlab.runs.adapted import run_template
@@ -48,7 +48,7 @@ class Served:
             "graphs": bool(self.transcoders),
         }
 
-    def engine(self, max_batch: int | None = None) -> Batcher:
+    def engine(self, max_batch: int | None = None) -> Engine:
         """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""
         return engine_for(self.run.model, max_batch=max_batch, compiled=self.compiled)
 
