@@ -25,7 +25,8 @@ from attnlab.cli.main import main
 from attnlab.decoding.sampling import generate_text, stream
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import token_labels, views
-from attnlab.serve.app import MAX_INPUT_CHARS, MAX_NEW_TOKENS, create_app, finite, listen, running
+from attnlab.serve.app import create_app, finite, listen, running
+from attnlab.serve.requests import MAX_INPUT_CHARS, MAX_NEW_TOKENS
 from attnlab.tasks.image import load_image, predict_image
 from attnlab.tasks.text_predict import predict
 from attnlab.viz.curves import read_metrics

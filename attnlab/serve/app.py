@@ -56,19 +56,18 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, File, Form, HTTPException, UploadFile
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
 from attnlab.decoding.sampling import stream_text
 from attnlab.errors import AttnlabError
 from attnlab.interpret.experts import routing_json
-from attnlab.interpret.report import WHAT, inspect
+from attnlab.interpret.report import inspect
 from attnlab.interpret.views import views
 from attnlab.io import read_metrics
 from attnlab.runs.run import Run
@@ -87,6 +86,14 @@ from attnlab.serve.guard import (
 from attnlab.serve.lines import caption_lines, finite, live_lines, ndjson, once
 from attnlab.serve.openai_api import add_openai_routes
 from attnlab.serve.page import page
+from attnlab.serve.requests import (
+    MAX_INPUT_CHARS,
+    MAX_NEW_TOKENS,
+    GenerateRequest,
+    InspectRequest,
+    PredictRequest,
+    TextRequest,
+)
 from attnlab.serve.served import Served, load_runs
 from attnlab.serve.server import address, listen, running, server_config
 from attnlab.version import __version__
@@ -94,44 +101,11 @@ from attnlab.viz.html import views_json
 
 __all__ = ["Limits", "check_exposure", "create_app", "finite", "listen", "running", "serve"]
 
-MAX_INPUT_CHARS = 2_000  # a prompt or a text; runs read at most their context anyway
-MAX_NEW_TOKENS = 500
 MAX_IMAGE_BYTES = 10_000_000
 MAX_BODY_BYTES = 1_000_000  # a JSON request; the longest valid one is a few KB
 MAX_CURVE_ROWS = 5_000  # a loss curve's points: a long run's rows are thinned to about this many
 NDJSON = "application/x-ndjson"
 STREAMED = {200: {"content": {NDJSON: {}}, "description": "one JSON object per line"}}
-
-
-# ---- requests --------------------------------------------------------------------------------
-
-RunName = Annotated[str, Field(description="a run's name, as /api/runs lists it")]
-
-
-class TextRequest(BaseModel):
-    run: RunName
-    text: str = Field(max_length=MAX_INPUT_CHARS, description="the input text")
-
-
-class PredictRequest(TextRequest):
-    top_k: int = Field(5, ge=1, le=50, description="masked LM: candidates per [MASK]")
-    beam: int = Field(1, ge=1, le=16, description="translation: beam width (1 = greedy)")
-
-
-class GenerateRequest(BaseModel):
-    run: RunName
-    prompt: str = Field("", max_length=MAX_INPUT_CHARS, description="text to continue ('' = a new document)")
-    max_new_tokens: int = Field(200, ge=1, le=MAX_NEW_TOKENS, description="how many tokens to sample")
-    temperature: float = Field(0.8, ge=0, allow_inf_nan=False, description="0 = greedy")
-    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
-    top_p: float | None = Field(None, gt=0, le=1, description="sample among the tokens that make up probability p")
-    seed: int | None = Field(None, ge=0, lt=2**63, description="the same seed gives the same text (default: random)")
-    stop: str | None = Field(None, max_length=100, description="stop when this text is generated")
-    attention: bool = Field(False, description="send with each token the attention that produced it (slower)")
-
-
-class InspectRequest(TextRequest):
-    what: Literal[WHAT] = Field(description="lens, heads, ablate (GPT runs), rollout or flow (any text run)")
 
 
 # ---- the app ---------------------------------------------------------------------------------

@@ -9,19 +9,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from attnlab.errors import AttnlabError
 from attnlab.interpret.circuits import check_transcoders
 from attnlab.interpret.circuits_page import circuit_page, feature_notes
 from attnlab.interpret.circuits_run import trace_circuit
 from attnlab.interpret.transcoder import load_transcoders
+from attnlab.serve.requests import TextRequest
 from attnlab.serve.served import Served
 
 
-class CircuitRequest(BaseModel):
-    run: str = Field(description="a run's name, as /api/runs lists it")
-    text: str = Field(max_length=2_000, description="the prompt whose next token is explained")
+class CircuitRequest(TextRequest):  # text: the prompt whose next token is explained
     target: str | None = Field(None, max_length=64, description="the next token to explain (default: the top one)")
 
 
