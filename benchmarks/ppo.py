@@ -26,7 +26,7 @@ from attnlab.runs.adapted import run_template
 from attnlab.runs.run import load
 from attnlab.tasks import train
 from attnlab.tasks.hacking import held_out
-from attnlab.tasks.ppo import PPO_TRAIN
+from attnlab.tasks.ppo import PPO_TRAIN, PPOOptions
 from attnlab.tasks.rewards import RewardRun
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--eval-interval", type=int, default=20)
     ap.add_argument("--lr", type=float, default=PPO_TRAIN["lr"])
     ap.add_argument("--beta", type=float, default=0.05)
-    ap.add_argument("--group", type=int, default=1, help="answers per prompt (ppo --group)")
+    ap.add_argument("--group", type=int, default=PPOOptions.group, help="answers per prompt (ppo --group)")
     ap.add_argument("--batch-size", type=int, default=0, help="prompts per rollout (0: ppo's default)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337], help="one run each, under --out/seed_N "
                     "when more than one")  # fmt: skip

@@ -155,7 +155,7 @@ def ppo(out, base, rm, steps=4, **options):
         init=base,
         task="ppo",
         progress=False,
-        **{"reward": str(rm), "max_new_tokens": 8, **options},
+        **{"reward": str(rm), "max_new_tokens": 8, "group": 1, **options},  # test_a_group_... takes a group
     )
 
 
