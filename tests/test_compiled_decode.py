@@ -195,6 +195,21 @@ def test_a_note_without_its_library_is_a_cold_build(tmp_path):
     assert step_cache.remembered(tmp_path, "k") is None
 
 
+def test_the_librarys_name_is_its_graph_not_where_its_source_lies():
+    """Another checkout (a fresh clone, a worktree) traces the same graph with other file names in its
+    comments: the same library, loaded instead of compiled again; another shape is another library."""
+    text = (
+        "class GraphModule(torch.nn.Module):\n"
+        "    def forward(self, x: 'f32[2, 4]'):\n"
+        "        # File: /work/a/attnlab/nn/norm.py:12 in forward, code: return x * 2\n"
+        "        mul: 'f32[2, 4]' = torch.ops.aten.mul.Tensor(x, 2)\n"
+    )
+    moved = text.replace("/work/a/attnlab/nn/norm.py:12", "/home/b/attnlab/nn/norm.py:40")
+    assert exported.library_key(moved) == exported.library_key(text)
+    assert exported.library_key(text.replace("f32[2, 4]", "f32[3, 4]")) != exported.library_key(text)
+    assert exported.library_key(text.replace("(x, 2)", "(x, 3)")) != exported.library_key(text)
+
+
 def test_a_model_torch_export_cannot_take_decodes_through_torch_compile(monkeypatch):
     def refuse(*a, **k):
         raise RuntimeError("data-dependent shape")
