@@ -18,6 +18,7 @@ or each tenth of the total, with the count, total, rate and time left, and one w
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 
@@ -28,9 +29,11 @@ if importlib.util.find_spec("ipywidgets") is not None:
 else:
     _bar = _text_bar
 
-__all__ = ["EVERY", "tqdm"]
+__all__ = ["EVERY", "LINE", "tqdm"]
 
 EVERY = 30.0  # seconds between two progress lines where the stream is not a terminal
+# The form of those lines (a reader of a log, or a test of a command's one-line error, sets them apart).
+LINE = re.compile(r"^(?!attnlab: )(?:.*: )?[\d.,]+(?:/[\d.,]+)? .*\| (?:\d+:)?\d\d:\d\d elapsed")
 
 
 def _terminal_like(stream) -> bool:

@@ -214,6 +214,15 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+def shown(err: str) -> list[str]:
+    """The lines of a command's stderr that say something, as a reader sees them: without progress, a
+    terminal's redrawn bar (only its last state after a carriage return) or a log's progress lines."""
+    from attnlab.progress import LINE
+
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
+    return [line for line in lines if line.strip() and not LINE.match(line)]
+
+
 def losses(run: Path) -> list[float]:
     """The training loss of every step of the run folder `run`, in order (RUN/metrics.jsonl)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.config import checked
 from attnlab.errors import AttnlabError
-from tests.conftest import code_file, flags, run_cli
+from tests.conftest import code_file, flags, run_cli, shown
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -86,8 +86,7 @@ def checksum(folders: list[Path]) -> str:
 def assert_one_line_error(code, err: str, fragment: str) -> None:
     assert "Traceback" not in err, err
     assert code == 2, err
-    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]  # a progress bar's last state
-    lines = [line for line in lines if line.strip() and not line.startswith("attnlab: warning:")]
+    lines = [line for line in shown(err) if not line.startswith("attnlab: warning:")]  # progress left out
     assert len(lines) == 1, err
     assert lines[0].startswith("attnlab: error:"), lines[0]
     assert fragment in lines[0], lines[0]

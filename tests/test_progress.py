@@ -30,7 +30,7 @@ def test_a_training_logged_to_a_file_writes_a_few_plain_lines_with_its_steps(tmp
     err = capsys.readouterr().err  # pytest's capture: a stream that is not a terminal
     assert "\r" not in err and "\x1b[" not in err
     lines = [line for line in err.splitlines() if line.startswith("training")]
-    assert all(LINE.match(line) for line in lines), lines
+    assert all(LINE.match(line) and progress.LINE.match(line) for line in lines), lines
     steps = [int(LINE.match(line)[1]) for line in lines]
     assert steps == sorted(set(steps)) and steps[-1] == 40  # counts that only go up, and where it ended
     assert len(lines) <= 11  # a tenth at a time (and one each EVERY seconds): tqdm redraws its bar at each of 40
