@@ -194,6 +194,49 @@ def compiled_steps(monkeypatch) -> list:
     return fed
 
 
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+
+
+def lessons_execute() -> ModuleType:
+    """lessons/execute.py, imported by its path (lessons/ is not a package; it imports nbclient)."""
+    spec = importlib.util.spec_from_file_location("lessons_execute", LESSONS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def notebook_kernel():
+    """One Jupyter kernel for every notebook a test process executes (the lessons, the notebook tests),
+    where each started its own: a kernel's start and its first `import attnlab` cost 5-10 s on 2 cores.
+    Started in lessons/ (the lessons import their checks from there); each use empties its namespace
+    first (run_notebook, lessons/execute.py)."""
+    pytest.importorskip("nbclient", reason="notebooks run in a kernel: pip install -e '.[notebook]'")
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(LESSONS))
+    yield km
+    km.shutdown_kernel(now=True)
+
+
+def run_notebook(client, timeout: int = 120) -> None:
+    """Execute nbclient `client`'s notebook in its kernel (made with km=notebook_kernel), cell by cell,
+    as lessons/execute.py runs a lesson: the namespace emptied first; the test's own ATTNLAB_CACHE and
+    ATTNLAB_THREADS (conftest._isolated) set in the kernel while it runs, and its own put back after."""
+    import os
+
+    env = {k: os.environ[k] for k in ("ATTNLAB_CACHE", "ATTNLAB_THREADS") if k in os.environ}
+    with client.setup_kernel():
+        client.kc.execute_interactive(lessons_execute()._FRESH, timeout=timeout)
+        client.kc.execute_interactive(f"import os as _os\n_saved = dict(_os.environ)\n_os.environ.update({env!r})")
+        try:
+            for index, cell in enumerate(client.nb.cells):
+                client.execute_cell(cell, index)
+        finally:
+            client.kc.execute_interactive("_os.environ.clear()\n_os.environ.update(_saved)", timeout=timeout)
+
+
 @pytest.fixture
 def corpus(tmp_path):
     """A small text file of Python-like code (about 5 KB)."""
