@@ -111,9 +111,9 @@ def extra(name: str, why: str) -> ModuleType:
     return Extra(name)  # type: ignore[return-value]
 
 
-# The modules whose tests take longest, slowest first (the baseline of issue 52's suite, summed by file
-# on a 2-core AMD EPYC). `make test` hands each worker whole modules (--dist loadfile): started last, a
-# module of 60 s keeps one worker busy while the other has finished; started first, the many short
+# The modules whose tests take longest, slowest first (summed by file in a run of the whole suite on a
+# 2-core AMD EPYC, issue 52). `make test` hands each worker whole modules (--dist loadfile): started last,
+# a module of a minute keeps one worker busy while the other has finished; started first, the many short
 # modules fill in around it (longest first is the classic rule for balancing two machines).
 SLOWEST_FIRST = (
     "test_docs_site",
@@ -122,15 +122,14 @@ SLOWEST_FIRST = (
     "test_seams",
     "test_startup",
     "test_distributed",
-    "test_finetune",
-    "test_chat_terminal",
-    "test_baselines",
-    "test_convert_bert",
-    "test_fast_recipe",
-    "test_onnx",
     "test_image_task",
+    "test_fast_recipe",
+    "test_chat_terminal",
+    "test_onnx",
+    "test_baselines",
+    "test_finetune",
     "test_bad_inputs",
-    "test_attention_views",
+    "test_convert_bert",
     "test_hostile_serve",
 )
 
