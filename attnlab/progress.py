@@ -33,7 +33,7 @@ __all__ = ["EVERY", "LINE", "tqdm"]
 
 EVERY = 30.0  # seconds between two progress lines where the stream is not a terminal
 # The form of those lines (a reader of a log, or a test of a command's one-line error, sets them apart).
-LINE = re.compile(r"^(?!attnlab: )(?:.*: )?[\d.,]+(?:/[\d.,]+)? .*\| (?:\d+:)?\d\d:\d\d elapsed")
+LINE = re.compile(r"^(?!attnlab: )(?:.*: )?[\d.,]+[kMGTPEZY]?(?:/[\d.,]+[kMGTPEZY]?)? .*\| (?:\d+:)?\d\d:\d\d elapsed")
 
 
 def _terminal_like(stream) -> bool:
@@ -83,12 +83,18 @@ else:
             """The bar's state as one line: desc: count/total unit (share) | elapsed, rate, time left | postfix."""
             d = self.format_dict
             n, total, unit, elapsed = d["n"], d["total"], d["unit"], d["elapsed"]
-            count = f"{n:.0f}" if isinstance(n, float) else f"{n}"
             rate = d["rate"] if d["rate"] is not None else (n / elapsed if elapsed else None)
-            parts = [f"{count}/{total:.0f} {unit} ({100 * n / total:.0f}%)" if total else f"{count} {unit}"]
+
+            def number(x: float) -> str:  # 68.1k B where the bar counts bytes (unit_scale), else 1200
+                if d.get("unit_scale"):
+                    return self.format_sizeof(x, divisor=d.get("unit_divisor") or 1000)
+                return f"{x:.0f}" if isinstance(x, float) else f"{x}"
+
+            parts = [f"{number(n)}/{number(total)} {unit} ({100 * n / total:.0f}%)" if total else f"{number(n)} {unit}"]
             times = [f"{self.format_interval(elapsed)} elapsed"]
             if rate and unit != "s":  # a bar of seconds (a time budget): its rate says nothing
-                times.append(f"{rate:,.1f} {unit}/s" if rate >= 1 else f"{1 / rate:,.1f} s/{unit}")
+                speed = number(rate) if d.get("unit_scale") else f"{rate:,.1f}"
+                times.append(f"{speed} {unit}/s" if rate >= 1 else f"{1 / rate:,.1f} s/{unit}")
             if rate and total and n < total:
                 times.append(f"{self.format_interval((total - n) / rate)} left")
             parts.append(", ".join(times))

@@ -62,6 +62,14 @@ def test_a_passing_bar_ends_on_one_line_in_a_log():
     assert log.getvalue().startswith("encoding: 50/50 it (100%) | ") and log.getvalue().count("\n") == 1
 
 
+def test_a_count_of_bytes_reads_as_the_bar_shows_it():
+    log = io.StringIO()
+    with tqdm(total=68140, desc="reading the corpus", unit="B", unit_scale=True, file=log) as bar:
+        bar.update(68140)
+    assert log.getvalue().startswith("reading the corpus: 68.1k/68.1k B (100%) | ")
+    assert progress.LINE.match(log.getvalue()) and not progress.LINE.match("attnlab: error: 3/4 | 00:00 elapsed")
+
+
 def test_a_terminal_keeps_the_redrawn_bar():
     screen = Terminal()
     for _ in tqdm(range(5), desc="training", file=screen, mininterval=0):
