@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -139,8 +140,6 @@ def pytest_configure(config):
     workers with two threads each would fight over the two cores of a laptop or a CI runner. And the
     modules go out in the order pytest_collection_modifyitems gives them, not xdist's own (most tests
     first, which put the site's 19 slow tests near the end)."""
-    import os
-
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
     if getattr(config.option, "loadscopereorder", None):
@@ -214,18 +213,18 @@ def notebook_kernel():
     from jupyter_client import KernelManager
 
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(LESSONS))
+    # no compiled decode step unless a test asks for one (as _isolated; lesson 4 samples from its GPT)
+    km.start_kernel(cwd=str(LESSONS), env={**os.environ, "ATTNLAB_COMPILE": "0"})
     yield km
     km.shutdown_kernel(now=True)
 
 
 def run_notebook(client, timeout: int = 120) -> None:
     """Execute nbclient `client`'s notebook in its kernel (made with km=notebook_kernel), cell by cell,
-    as lessons/execute.py runs a lesson: the namespace emptied first; the test's own ATTNLAB_CACHE and
-    ATTNLAB_THREADS (conftest._isolated) set in the kernel while it runs, and its own put back after."""
-    import os
-
-    env = {k: os.environ[k] for k in ("ATTNLAB_CACHE", "ATTNLAB_THREADS") if k in os.environ}
+    as lessons/execute.py runs a lesson: the namespace emptied first; the test's own ATTNLAB_* settings
+    (conftest._isolated: its cache, threads, no compiled step) set in the kernel while it runs, and the
+    kernel's own put back after."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("ATTNLAB_")}
     with client.setup_kernel():
         client.kc.execute_interactive(lessons_execute()._FRESH, timeout=timeout)
         client.kc.execute_interactive(f"import os as _os\n_saved = dict(_os.environ)\n_os.environ.update({env!r})")
