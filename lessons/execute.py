@@ -109,17 +109,25 @@ del _sys, _name, _plt
 
 
 def execute_all(
-    paths: list[Path], out: Path | None = None, timeout: int = 300, settings: dict[str, dict[str, int]] | None = None
+    paths: list[Path],
+    out: Path | None = None,
+    timeout: int = 300,
+    settings: dict[str, dict[str, int]] | None = None,
+    km: KernelManager | None = None,
 ) -> dict[Path, tuple[nbformat.NotebookNode, float] | Exception]:
     """Execute lessons one after another in one kernel (started in the first lesson's folder), each
     top to bottom on an emptied namespace: `make test` runs all of them this way. Each lesson's
     (notebook, seconds), or the error that stopped it (the next lesson still runs). Each lesson
-    alone, in a kernel of its own, is `execute`. `settings`: {lesson name without .py: its settings}."""
+    alone, in a kernel of its own, is `execute`. `settings`: {lesson name without .py: its settings}.
+    `km`: a running kernel to use (and leave running), e.g. the test suite's one kernel; it must find
+    lessons/ on its path (`from checks.attention import ...`)."""
     results: dict[Path, tuple[nbformat.NotebookNode, float] | Exception] = {}
     if not paths:
         return results
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(Path(paths[0]).resolve().parent))
+    own = km is None
+    if own:
+        km = KernelManager(kernel_name="python3")
+        km.start_kernel(cwd=str(Path(paths[0]).resolve().parent))
     try:
         for path in paths:
             try:
@@ -127,7 +135,8 @@ def execute_all(
             except Exception as error:  # nbclient's CellExecutionError names the cell and the traceback
                 results[Path(path)] = error
     finally:
-        km.shutdown_kernel(now=True)
+        if own:
+            km.shutdown_kernel(now=True)
     return results
 
 

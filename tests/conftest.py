@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -111,13 +112,44 @@ def extra(name: str, why: str) -> ModuleType:
     return Extra(name)  # type: ignore[return-value]
 
 
+# The modules whose tests take longest, slowest first (summed by file in a run of the whole suite on a
+# 2-core AMD EPYC, issue 52). `make test` hands each worker whole modules (--dist loadfile): started last,
+# a module of a minute keeps one worker busy while the other has finished; started first, the many short
+# modules fill in around it (longest first is the classic rule for balancing two machines).
+SLOWEST_FIRST = (
+    "test_docs_site",
+    "test_compiled_decode",
+    "test_translate",
+    "test_seams",
+    "test_startup",
+    "test_distributed",
+    "test_image_task",
+    "test_fast_recipe",
+    "test_chat_terminal",
+    "test_onnx",
+    "test_baselines",
+    "test_finetune",
+    "test_bad_inputs",
+    "test_convert_bert",
+    "test_hostile_serve",
+)
+
+
 def pytest_configure(config):
     """Under pytest-xdist (make test runs `-n 2`), each worker process keeps to one core: two
-    workers with two threads each would fight over the two cores of a laptop or a CI runner."""
-    import os
-
+    workers with two threads each would fight over the two cores of a laptop or a CI runner. And the
+    modules go out in the order pytest_collection_modifyitems gives them, not xdist's own (most tests
+    first, which put the site's 19 slow tests near the end)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest modules first (SLOWEST_FIRST), each module's tests kept together and in order."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +192,49 @@ def compiled_steps(monkeypatch) -> list:
     return fed
 
 
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+
+
+def lessons_execute() -> ModuleType:
+    """lessons/execute.py, imported by its path (lessons/ is not a package; it imports nbclient)."""
+    spec = importlib.util.spec_from_file_location("lessons_execute", LESSONS / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def notebook_kernel():
+    """One Jupyter kernel for every notebook a test process executes (the lessons, the notebook tests),
+    where each started its own: a kernel's start and its first `import attnlab` cost 5-10 s on 2 cores.
+    Started in lessons/ (the lessons import their checks from there); each use empties its namespace
+    first (run_notebook, lessons/execute.py)."""
+    pytest.importorskip("nbclient", reason="notebooks run in a kernel: pip install -e '.[notebook]'")
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    # no compiled decode step unless a test asks for one (as _isolated; lesson 4 samples from its GPT)
+    km.start_kernel(cwd=str(LESSONS), env={**os.environ, "ATTNLAB_COMPILE": "0"})
+    yield km
+    km.shutdown_kernel(now=True)
+
+
+def run_notebook(client, timeout: int = 120) -> None:
+    """Execute nbclient `client`'s notebook in its kernel (made with km=notebook_kernel), cell by cell,
+    as lessons/execute.py runs a lesson: the namespace emptied first; the test's own ATTNLAB_* settings
+    (conftest._isolated: its cache, threads, no compiled step) set in the kernel while it runs, and the
+    kernel's own put back after."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("ATTNLAB_")}
+    with client.setup_kernel():
+        client.kc.execute_interactive(lessons_execute()._FRESH, timeout=timeout)
+        client.kc.execute_interactive(f"import os as _os\n_saved = dict(_os.environ)\n_os.environ.update({env!r})")
+        try:
+            for index, cell in enumerate(client.nb.cells):
+                client.execute_cell(cell, index)
+        finally:
+            client.kc.execute_interactive("_os.environ.clear()\n_os.environ.update(_saved)", timeout=timeout)
+
+
 @pytest.fixture
 def corpus(tmp_path):
     """A small text file of Python-like code (about 5 KB)."""
@@ -178,6 +253,15 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def shown(err: str) -> list[str]:
+    """The lines of a command's stderr that say something, as a reader sees them: without progress, a
+    terminal's redrawn bar (only its last state after a carriage return) or a log's progress lines."""
+    from attnlab.progress import LINE
+
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
+    return [line for line in lines if line.strip() and not LINE.match(line)]
 
 
 def losses(run: Path) -> list[float]:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from attnlab.errors import AttnlabError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, shown
 
 SECONDS = 10.0
 MEMORY_MIB = 400
@@ -120,7 +120,7 @@ def cli_refuses(
     capsys.readouterr()
     with untouched(*keep), bounded(seconds, mib):
         rc, _, err = run_cli(argv, capsys)
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("converting ", "reading "))]
+    lines = [line for line in shown(err) if not line.startswith(("converting ", "reading "))]
     assert rc == 2, f"exit code {rc}, stderr {err!r}"
     assert len(lines) == 1 and lines[0].startswith("attnlab: error: "), f"not one error line: {err!r}"
     return one_line(lines[0], match)

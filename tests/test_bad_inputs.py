@@ -27,8 +27,9 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from attnlab.config import checked
+from attnlab.data import parallel
 from attnlab.errors import AttnlabError
-from tests.conftest import code_file, flags, run_cli
+from tests.conftest import code_file, flags, run_cli, shown
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -65,7 +66,9 @@ def w(tmp_path_factory):
     train(["train", "lm", "--data", corpus, "--out", root / "lm", *LM])
     train(["train", "classify", "--data", table, "--model", "bow", "--out", root / "cls", *SMALL])
     tiny = flags(n_layer=1, d_model=16, n_head=2, batch_size=8)
-    train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", *tiny, *SMALL])
+    with pytest.MonkeyPatch.context() as mp:  # its test scores: 100 pairs decoded, not 2000
+        mp.setattr(parallel, "TEST_SIZE", 100)
+        train(["train", "translate", "--data", "reverse", "--n-train", "60", "--out", root / "tr", *tiny, *SMALL])
     train(["train", "image", "--model", "mlp", "--out", root / "img", "--batch-size", "16", *SMALL])
     runs = {name: root / name for name in ("lm", "cls", "tr", "img")}
     return SimpleNamespace(
@@ -86,8 +89,7 @@ def checksum(folders: list[Path]) -> str:
 def assert_one_line_error(code, err: str, fragment: str) -> None:
     assert "Traceback" not in err, err
     assert code == 2, err
-    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]  # a progress bar's last state
-    lines = [line for line in lines if line.strip() and not line.startswith("attnlab: warning:")]
+    lines = [line for line in shown(err) if not line.startswith("attnlab: warning:")]  # progress left out
     assert len(lines) == 1, err
     assert lines[0].startswith("attnlab: error:"), lines[0]
     assert fragment in lines[0], lines[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli.main import build_parser
-from tests.conftest import TEXT, run_cli
+from tests.conftest import TEXT, run_cli, shown
 
 TINY = (
     "--n-layer 1 --n-head 2 --d-model 16 --context 32 --batch-size 4 --max-steps 6 "
@@ -21,9 +21,7 @@ TINY = (
 
 def assert_one_line_error(code, err, fragment):
     assert code == 2
-    # what a terminal shows: progress bars redraw a line with \r, so only its last state counts
-    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
-    lines = [line for line in lines if line.strip()]
+    lines = shown(err)  # progress left out: a bar's redraws on a terminal, its lines in a log
     assert len(lines) == 1, err
     assert "Traceback" not in err
     assert fragment in lines[0], lines[0]

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli.main import build_parser
+from tests.conftest import lessons_execute
 
 pytest.importorskip("mkdocs", reason="the site is built by mkdocs: pip install -e '.[docs]'")
 
@@ -105,16 +106,12 @@ def lessons_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lessons_run(lessons_folder) -> dict:
-    """Every lesson executed with its QUICK settings (lessons_folder/<lesson>.ipynb written):
-    {path: (notebook, seconds) or error}."""
-    pytest.importorskip("nbclient", reason="the lessons run as notebooks: pip install -e '.[notebook]'")
+def lessons_run(lessons_folder, notebook_kernel) -> dict:
+    """Every lesson executed with its QUICK settings (lessons_folder/<lesson>.ipynb written), in the
+    test process's one kernel: {path: (notebook, seconds) or error}."""
     pytest.importorskip("jupytext", reason="the lessons run as notebooks: pip install -e '.[notebook]'")
-    spec = importlib.util.spec_from_file_location("lessons_execute", LESSONS / "execute.py")
-    execute = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(execute)
     assert set(QUICK) <= {p.stem for p in LESSON_FILES}, "QUICK names a lesson that is not in lessons/"
-    return execute.execute_all(LESSON_FILES, lessons_folder, settings=QUICK)
+    return lessons_execute().execute_all(LESSON_FILES, lessons_folder, settings=QUICK, km=notebook_kernel)
 
 
 @pytest.mark.parametrize("lesson", LESSON_FILES, ids=lambda p: p.stem)

@@ -245,13 +245,13 @@ def test_init_from_a_huggingface_folder_converts_it_once_and_keeps_its_template(
 def test_the_chat_demo_chains_the_tasks(base, tmp_path, monkeypatch, capsys):
     import attnlab.cli.demo_chat as demo
 
-    quick_stages(monkeypatch, demo, ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN"), eval_interval=2)
+    quick_stages(monkeypatch, demo, ("SFT_TRAIN", "DPO_TRAIN", "REWARD_TRAIN", "GRPO_CHAIN"), eval_interval=2)
     monkeypatch.setattr(demo, "TEST", 4)
     monkeypatch.setattr(demo, "SAMPLED", 2)
     monkeypatch.setattr(demo, "BEST_OF", 2)
     code, out, _ = run_cli(["demo", "--chat", "--base", base, "--out", tmp_path / "chat"], capsys)
     assert code == 0
-    for run in ("sft", "dpo", "reward"):
+    for run in ("sft", "dpo", "reward", "grpo"):
         assert (tmp_path / "chat" / run / "eval.json").is_file()
     assert "exact answers on 4 held-out instructions: before" in out and "best of 2 by the reward model" in out
     assert not (tmp_path / "chat" / "base").exists()  # --base reused, not pretrained

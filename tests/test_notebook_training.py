@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from attnlab.engine.notebook import in_notebook
-from tests.conftest import code_file
+from tests.conftest import code_file, run_notebook
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook extra")
 nbclient = pytest.importorskip("nbclient", reason="the notebook extra")
@@ -33,13 +33,13 @@ class Recording(nbclient.NotebookClient):
         return super().process_message(msg, cell, cell_index)
 
 
-def test_train_in_a_notebook_updates_one_loss_picture(tmp_path):
+def test_train_in_a_notebook_updates_one_loss_picture(tmp_path, notebook_kernel):
     out, data = tmp_path / "run", code_file(tmp_path)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(CELL.format(out=str(out), data=str(data)))]
-    client = Recording(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = Recording(nb, km=notebook_kernel, timeout=120, kernel_name="python3")
     client.messages = []
-    client.execute()
+    run_notebook(client)
     kinds = [m["msg_type"] for m in client.messages]
     shown = [m for m in client.messages if m["msg_type"] == "display_data" and "image/png" in m["content"]["data"]]
     updates = [m for m in client.messages if m["msg_type"] == "update_display_data"]

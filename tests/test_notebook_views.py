@@ -15,7 +15,7 @@ import nbformat
 import numpy as np
 import pytest
 import torch
-from conftest import TEXT, tiny_model
+from conftest import TEXT, run_notebook, tiny_model
 
 import attnlab
 from attnlab.data.tokenizers import train_tokenizer
@@ -152,14 +152,14 @@ def test_a_run_says_what_it_is(run_dir, tmp_path):
     assert written._repr_html_().startswith('<div class="attnlab-view"')  # and what a notebook shows
 
 
-def test_a_notebook_shows_a_run_and_its_attention(run_dir):
+def test_a_notebook_shows_a_run_and_its_attention(run_dir, notebook_kernel):
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(f"import attnlab\nrun = attnlab.load({str(run_dir)!r}, 'cpu')\nrun"),
         nbformat.v4.new_code_cell("attnlab.trace(run, 'def add(a, b):')"),
     ]
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    run_notebook(nbclient.NotebookClient(nb, km=notebook_kernel, timeout=120, kernel_name="python3"))
     run_html, trace_html = (c.outputs[-1]["data"]["text/html"] for c in nb.cells)
     assert "<strong>Run " in run_html and "lm" in run_html and "parameters" in run_html
     assert '<svg class="attnlab-curve"' in run_html

@@ -11,6 +11,7 @@ from PIL import Image
 
 from attnlab import load
 from attnlab.cli.main import main
+from attnlab.data import parallel
 from attnlab.errors import AttnlabError
 from attnlab.interpret.patches import attention_rollout
 from attnlab.interpret.rollout import flow, mixed_layers, rollout, run_rollouts
@@ -165,7 +166,9 @@ def runs(tmp_path_factory):
         ]
     )
     train(["classify", "--out", root / "encoder", *small])
-    train(["translate", "--data", "reverse", "--n-train", "200", "--out", root / "seq2seq", *small])
+    with pytest.MonkeyPatch.context() as mp:  # the shapes are checked, not the test scores: 100 pairs, not 2000
+        mp.setattr(parallel, "TEST_SIZE", 100)
+        train(["translate", "--data", "reverse", "--n-train", "200", "--out", root / "seq2seq", *small])
     return root
 
 
@@ -211,16 +214,18 @@ def more_runs(tmp_path_factory):
     """The families without a stack of self-attention: the Bahdanau RNN and a ViT."""
     root = tmp_path_factory.mktemp("rollout")
     steps = ["--max-steps", "2", "--batch-size", "8", "--eval-interval", "2", *FAST]
-    train(
-        [
-            "translate",
-            *flags(model="rnn-attention", data="reverse", n_train=100),
-            "--out",
-            root / "rnn",
-            *flags(d_emb=16, d_hidden=16, d_attn=16),
-            *steps,
-        ]
-    )
+    with pytest.MonkeyPatch.context() as mp:  # (its test scores: 100 pairs decoded, not 2000)
+        mp.setattr(parallel, "TEST_SIZE", 100)
+        train(
+            [
+                "translate",
+                *flags(model="rnn-attention", data="reverse", n_train=100),
+                "--out",
+                root / "rnn",
+                *flags(d_emb=16, d_hidden=16, d_attn=16),
+                *steps,
+            ]
+        )
     train(["image", "--data", "digits", "--n-layer", "2", "--out", root / "vit", *steps])
     return root
 

@@ -14,7 +14,7 @@ import attnlab
 from attnlab.io import read_metrics, write_json
 from attnlab.runs.folder import TOKENIZER, WEIGHTS
 from attnlab.runs.marker import MARKER
-from tests.conftest import TEXT, run_cli
+from tests.conftest import TEXT, run_cli, shown
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -111,7 +111,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, corpus,
     monkeypatch.setattr("safetensors.torch.save_file", full)  # attnlab.io imports it where it writes
     code, err = train(capsys, "--out", run, "--resume", "--max-steps", "6")
     assert code == 2 and "disk full writing" in err and "(1.0 KB written" in err and "is intact" in err
-    assert len([line for line in err.split("\n") if line.rsplit("\r", 1)[-1].startswith("attnlab:")]) == 1
+    assert len([line for line in shown(err) if line.startswith("attnlab:")]) == 1
     monkeypatch.undo()
     assert (run / WEIGHTS).read_bytes() == weights and not list(run.glob(".*.tmp-*"))
     assert attnlab.load(run).step == 4

@@ -17,7 +17,7 @@ from torch import nn
 import attnlab
 import attnlab.engine.loop as loop_mod
 from attnlab.config import option
-from attnlab.data import DataConfig
+from attnlab.data import DataConfig, parallel
 from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
@@ -195,6 +195,7 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
     """Interrupt a 12-step run twice, by a real Ctrl-C during the validation pass of step 6 and in
     the middle of step 8, resuming each time: the same losses, validation rows and weights, bit for
     bit, as 12 uninterrupted steps (float32 on the CPU; dropout on, so every RNG must return)."""
+    monkeypatch.setattr(parallel, "TEST_SIZE", 100)  # translate's test scores: 100 pairs decoded, not 2000
     task, model, fields, data, *extras = case(name, tmp_path)
     block = {"block_size": 16} if task == "mlm" else {}
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -252,8 +253,9 @@ def validation_rows(run) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["classify", "translate", "image", "mlm"])
-def test_every_task_starts_from_an_init_run(name, tmp_path):
+def test_every_task_starts_from_an_init_run(name, tmp_path, monkeypatch):
     """--init: a new run starts from another run's weights (and tokenizer), then trains on."""
+    monkeypatch.setattr(parallel, "TEST_SIZE", 100)  # translate's test scores: the weights are checked here
     task, model, fields, data = case(name, tmp_path)
     train = TrainConfig(**{**TINY, "max_steps": 2}, **({"block_size": 16} if task == "mlm" else {}))
     base = tmp_path / "base"

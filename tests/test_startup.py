@@ -19,7 +19,7 @@ import attnlab
 from attnlab.cli import choices, help_cache
 from attnlab.cli.main import COMMANDS, GROUPS
 from attnlab.decoding import settings
-from tests.conftest import code_file, tiny_data, tiny_model, tiny_train
+from tests.conftest import code_file, run_cli, tiny_data, tiny_model, tiny_train
 
 # Every command's --help is torch-free (chat's table of phrasings is cli/phrasings.py, compare's options
 # tasks/compare_options.py, size's cluster plan models/cluster.py, train's list of tasks cli/choices.py).
@@ -70,18 +70,20 @@ def test_a_command_help_loads_no_torch(name):
         (("train",), (*choices.TASK_HELPS, *choices.TASK_HELPS.values(), "vectors")),  # each task and its line
     ],
 )
-def test_the_helps_that_moved_are_whole(argv, flags):
-    """The options moved to torch-free modules are still every flag, choice and help line."""
-    r = started(*argv, "--help")
-    text = " ".join(r["out"].split())  # argparse wraps a long help line
-    assert r["rc"] == 0 and all(flag in text for flag in flags), r["out"]
+def test_the_helps_that_moved_are_whole(argv, flags, capsys):
+    """The options moved to torch-free modules are still every flag, choice and help line (the text,
+    read in this process: that these helps load no torch is test_a_command_help_loads_no_torch's)."""
+    code, out, _ = run_cli([*argv, "--help"], capsys)
+    text = " ".join(out.split())  # argparse wraps a long help line
+    assert code == 0 and all(flag in text for flag in flags), out
 
 
-def test_a_train_task_help_fills_its_parser_when_used():
-    """`attnlab train sft --help` fills only its own sub-command: its flags, from the task's dataclasses."""
-    r = started("train", "sft", "--help")
-    assert r["rc"] == 0 and "attnlab train sft" in r["out"]
-    assert all(flag in r["out"] for flag in ("--init", "--lora-rank", "--train-on", "--max-steps")), r["out"]
+def test_a_train_task_help_fills_its_parser_when_used(capsys):
+    """`attnlab train sft --help` fills only its own sub-command: its flags, from the task's dataclasses
+    (the text, read in this process; what it loads is the next test's)."""
+    code, out, _ = run_cli(["train", "sft", "--help"], capsys)
+    assert code == 0 and "attnlab train sft" in out
+    assert all(flag in out for flag in ("--init", "--lora-rank", "--train-on", "--max-steps")), out
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +176,7 @@ def test_the_lazy_parser_is_the_whole_parser():
         assert task.description.split()[0] in tasks[name].format_help()
 
 
-def test_a_train_task_help_is_kept_and_shown_again_without_torch(tmp_path, monkeypatch):
+def test_a_train_task_help_is_kept_and_shown_again_without_torch(tmp_path, monkeypatch, capsys):
     """`attnlab train TASK --help` builds its flags from torch code once; asked again it prints the kept
     text, the same bytes, with no torch loaded; `doctor --clear` forgets it."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
@@ -182,7 +184,8 @@ def test_a_train_task_help_is_kept_and_shown_again_without_torch(tmp_path, monke
     assert first["rc"] == again["rc"] == 0 and "--lora-rank" in first["out"]
     assert again["out"] == first["out"]
     assert "torch" in first["loaded"] and "torch" not in again["loaded"]
-    assert started("train", "dpo", "--help")["out"] != first["out"]  # one text a task
+    code, dpo, _ = run_cli(["train", "dpo", "--help"], capsys)  # (the text: in this process)
+    assert code == 0 and dpo != first["out"]  # one text a task
     kept = sorted(p.name for p in (tmp_path / "cache" / "help").iterdir())
     assert len(kept) == 2 and help_cache.clear_cache() == kept
     assert "torch" in started("train", "sft", "--help")["loaded"]  # forgotten: made again

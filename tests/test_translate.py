@@ -8,6 +8,7 @@ import json
 import pytest
 
 from attnlab.cli.main import main
+from attnlab.data import parallel
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.tasks.translate import scores
 from tests.conftest import flags, run_cli
@@ -108,10 +109,11 @@ def test_compare_translation_table_and_chart(tmp_path, capsys, monkeypatch):
     import attnlab.tasks.compare as cmp
     import attnlab.tasks.translate as tr
 
-    budget = dict(max_steps=20, batch_size=16, eval_interval=20, eval_batches=1, device="cpu")
+    budget = dict(max_steps=10, batch_size=16, eval_interval=10, eval_batches=1, device="cpu", dtype="float32")
     for name in tr.MODELS:  # a short budget: this checks the command, not the scores
         monkeypatch.setitem(tr.TRAIN_DEFAULTS, name, budget)
     monkeypatch.setattr(cmp, "ParallelDataConfig", functools.partial(ParallelDataConfig, n_train=200))
+    monkeypatch.setattr(parallel, "TEST_SIZE", 200)  # each model's test scores: 200 pairs decoded, not 2000
     code, out, _ = run_cli(["compare", "--task", "reverse", "--out", tmp_path], capsys)
     assert code == 0 and "exact" in out and "BLEU" in out
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]

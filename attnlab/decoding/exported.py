@@ -22,9 +22,11 @@ compiled decode step", has the measurements).
                       (refresh) before the next row
     kept on disk      the library, in inductor's cache folder under a key made of the traced program
                       (its graph, shapes and dtypes: no weight values), this torch and this CPU's
-                      instruction set: another model of the same shape loads it instead of compiling
-                      again (tens of seconds on 2 cores); and a note under a key computed without
-                      the trace (step_cache.py), so the next process skips the trace as well
+                      instruction set: another model of the same shape, or another checkout of
+                      attnlab (the graph's comments, which name source files and lines, are left out),
+                      loads it instead of compiling again (tens of seconds on 2 cores); and a note under
+                      a key computed without the trace (step_cache.py), so the next process skips the
+                      trace as well
 """
 
 from __future__ import annotations
@@ -154,12 +156,21 @@ def _folder() -> Path:
     return Path(root).resolve() / FOLDER
 
 
+def library_key(program: str) -> str:
+    """The name of a traced program's library in the cache: its graph (operators, shapes, dtypes,
+    constants, signature) with torch's version and the CPU's instructions, not its comments, which
+    name each node's source file and line: the same graph traced in another checkout (a fresh clone,
+    a worktree) or after an edit elsewhere in attnlab (which moves lines, and misses step_cache's note)
+    is the same library, and is not compiled again."""
+    graph = "\n".join(line for line in program.splitlines() if not line.lstrip().startswith("#"))
+    text = "\n".join((graph, torch.__version__, torch.backends.cpu.get_cpu_capability()))
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
 def _library(program: torch.export.ExportedProgram, folder: Path) -> Path:
     """The compiled library of `program`: from the folder when it was made before, else compiled and
     stored there (io.atomic_write: a second process never reads half a file)."""
-    key = hashlib.sha256(
-        "\n".join((str(program), torch.__version__, torch.backends.cpu.get_cpu_capability())).encode()
-    ).hexdigest()[:40]
+    key = library_key(str(program))
     path = folder / f"{key}.pt2"
     if path.is_file():
         return path
