@@ -67,8 +67,10 @@ SFT_TRAIN = dict(
     eval_interval=200,
     eval_batches=4,
 )
+# DPO and GRPO shortened (150 -> 100 and 60 -> 40 steps) to keep the chain within 15 minutes on 2
+# cores: from a 98.5% sft their longer runs moved held-out exact answers by -0.5 and 0 points.
 DPO_TRAIN = dict(
-    lr=1e-4, batch_size=32, warmup_steps=10, max_steps=150, weight_decay=0.0, eval_interval=50, eval_batches=2
+    lr=1e-4, batch_size=32, warmup_steps=10, max_steps=100, weight_decay=0.0, eval_interval=50, eval_batches=2
 )
 # The reward model: the sft model with the mean head (models/reward.py: a per-token score averaged
 # over the answer's tokens, starting from the sft log-probability; no length term for RL to find):
@@ -77,7 +79,7 @@ DPO_TRAIN = dict(
 REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
 # GRPO from the sft run against exact answers, a KL to it kept (benchmarks/grpo_seeds.py measures
 # longer runs over seeds beside the random-reward control).
-GRPO_CHAIN = dict(GRPO_TRAIN, lr=1e-4, max_steps=60, eval_interval=60)
+GRPO_CHAIN = dict(GRPO_TRAIN, lr=1e-4, max_steps=40, eval_interval=40)
 GRPO_BETA = 0.04
 BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
