@@ -56,7 +56,7 @@ def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     with torch.inference_mode():
         y = layer(x)
     assert y.shape == (*lead, 40) and y.dtype == torch.float32
-    if x.numel() // 96 <= ROW_BATCH and kind in ROW_OPS and row_kernels.loaded():  # attnlab's operator
+    if kind in ROW_OPS and x.numel() // 96 <= ROW_BATCH[kind] and row_kernels.loaded():  # attnlab's operator
         if kind == "int4":  # its activations rounded to int8 per block of 32
             exact = int4_rows_exact(x.reshape(-1, 96), layer.codes, layer.scales, layer.zeros).float()
             ref = (exact if layer.bias is None else exact + layer.bias).view(*lead, 40)

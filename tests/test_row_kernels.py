@@ -80,7 +80,7 @@ def test_wrong_inputs_are_refused_in_one_line(call, message):
         call()
 
 
-# Rows of x: one, tiles of four and the rest (1, 2, 3), several tiles, a batch's most (ROW_BATCH = 32)
+# Rows of x: one, tiles of four and the rest (1, 2, 3), several tiles, a batch's most (ROW_BATCH: 32)
 ROWS = [1, 2, 3, 5, 8, 16, 17, 32]
 
 
@@ -159,13 +159,13 @@ def test_int4_blocks_hold_the_portable_codes_scales_and_zeros():
 def test_a_packed_layer_decodes_up_to_a_batch_of_rows_through_the_operator(kind, monkeypatch):
     torch.manual_seed(0)
     layer = PackedLinear.from_linear(nn.Linear(96, 40), kind)
-    x = torch.randn(ROW_BATCH, 1, 96)  # a batched decode step
+    x = torch.randn(ROW_BATCH[kind], 1, 96)  # a batched decode step
     seen = []
     original = ROW_OPS[kind]
     monkeypatch.setitem(ROW_OPS, kind, lambda *a: seen.append(1) or original(*a))
     with torch.inference_mode():
         y, one = layer(x), layer(x[3])
-        layer(torch.randn(ROW_BATCH + 1, 96))  # more rows (a prompt): PyTorch's kernel
+        layer(torch.randn(ROW_BATCH[kind] + 1, 96))  # more rows (a prompt): PyTorch's kernel
     assert len(seen) == 2
     assert (y[3] - one).abs().max() <= 1e-6 * one.abs().max()  # the batch's row is the row's alone
     if kind != "int4":  # int4's activations are rounded to int8 (the tests above)

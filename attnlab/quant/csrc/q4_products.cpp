@@ -31,6 +31,7 @@ constexpr int64_t GROUP = 32;        // weights (and activations) per block
 constexpr int64_t BLOCK = 20;        // bytes per block of weights: 16 of codes, a bf16 scale and zero
 constexpr int64_t AHEAD = 4096;      // bytes ahead asked for, as in row_products.cpp
 constexpr int64_t ROWS_PER_TASK = 64;
+constexpr int64_t STRIP = 64;  // weight rows every tile of activations meets in turn
 constexpr int TILE = 4;  // activation rows per unpacked block: 4 accumulators + the codes + temporaries
 
 inline float bf16(const uint8_t* p) {
@@ -64,6 +65,16 @@ inline __m256i dot32(__m256i q, __m256i xq) {
 #endif
 }
 
+// Block b's 32 codes as bytes 0..15 (weight j at byte j), its scale s and lo = z - 8 s; the bytes AHEAD
+// further on are asked for meanwhile.
+inline __m256i unpacked(const uint8_t* b, float& s, float& lo) {
+  _mm_prefetch(reinterpret_cast<const char*>(b) + AHEAD, _MM_HINT_T0);
+  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), low4 = _mm_set1_epi8(0x0F);
+  s = bf16(b + 16);
+  lo = bf16(b + 18) - 8.f * s;
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(codes, 4), low4), _mm_and_si128(codes, low4));
+}
+
 inline float total(__m256 a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -81,13 +92,9 @@ void tile_dots(const uint8_t* w, int64_t blocks, int64_t m, const int8_t* xq, co
 #if defined(__AVX2__)
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = w + g * BLOCK;
-    _mm_prefetch(reinterpret_cast<const char*>(b) + AHEAD, _MM_HINT_T0);
-    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(codes, 4), low4), _mm_and_si128(codes, low4));
-    const float s = bf16(b + 16), lo = bf16(b + 18) - 8.f * s;
+    float s, lo;
+    const __m256i q = unpacked(w + g * BLOCK, s, lo);
     for (int r = 0; r < R; ++r) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * n + g * GROUP));
       const __m256 p = _mm256_cvtepi32_ps(dot32(q, x));
@@ -122,13 +129,9 @@ void tile_dots4(const uint8_t* w, int64_t blocks, int64_t m, const int8_t* xq, c
   const int64_t n = blocks * GROUP;
   __m256 acc = _mm256_setzero_ps();
   __m128 offset = _mm_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = w + g * BLOCK;
-    _mm_prefetch(reinterpret_cast<const char*>(b) + AHEAD, _MM_HINT_T0);
-    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(codes, 4), low4), _mm_and_si128(codes, low4));
-    const float s = bf16(b + 16), lo = bf16(b + 18) - 8.f * s;
+    float s, lo;
+    const __m256i q = unpacked(w + g * BLOCK, s, lo);
     __m256i p[4];
     for (int r = 0; r < 4; ++r)
       p[r] = dot32(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * n + g * GROUP)));
@@ -177,11 +180,14 @@ at::Tensor int4_row_product(const at::Tensor& x_in, const at::Tensor& w_in) {
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
     float dots[TILE];
-    for (int64_t o = begin; o < end; ++o) {
+    for (int64_t strip = begin; strip < end; strip += STRIP) {  // as row_products.cpp: the strip stays in L2
+      const int64_t last = std::min(end, strip + STRIP);
       for (int64_t r0 = 0; r0 < m; r0 += TILE) {
         const int count = static_cast<int>(std::min<int64_t>(TILE, m - r0));
-        tile_of(count, wp + o * blocks * BLOCK, blocks, m, qp + r0 * n, dp + r0, sp + r0, dots);
-        for (int r = 0; r < count; ++r) yp[(r0 + r) * rows + o] = dots[r];
+        for (int64_t o = strip; o < last; ++o) {
+          tile_of(count, wp + o * blocks * BLOCK, blocks, m, qp + r0 * n, dp + r0, sp + r0, dots);
+          for (int r = 0; r < count; ++r) yp[(r0 + r) * rows + o] = dots[r];
+        }
       }
     }
   });
