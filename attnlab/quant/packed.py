@@ -18,7 +18,7 @@ with bf16 scale and zero) where 128, torchao's default, would save half a bit bu
 coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
-A decode step's rows on the CPU (1 to ROW_BATCH, 32: one row, or a batch's) are attnlab's own operators
+A decode step's rows on the CPU (1 to ROW_BATCH, 32 or 8: one row, or a batch's) are attnlab's operators
 where they could be built (quant/row_kernels.py, ROW_OPS): int8 and bf16 weights widened in registers
 with float32 activations; int4 (groups of 32) repacked once into blocks (int4_blocks) and multiplied by
 the activations rounded to int8 per block of 32, as integers. Otherwise, and for more rows (a prompt),
@@ -263,11 +263,12 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # the layer -> (M, O), on the operands the layer made (ROW_PACKERS): int8 codes and the scales rounded to
 # bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
 # batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
-# tuned for it. bf16 stops at 16 rows where the CPU multiplies bf16 natively (AVX512-BF16): PyTorch's
-# bf16 product (vdpbf16ps, two products an instruction) ran 1.6-2.9x float32's at 32 rows of GPT-2
-# small's shapes on the AMD EPYC, attnlab's 0.8-2.0x (docs/cpu.md); elsewhere PyTorch's ran at half
-# float32's speed at batch 16 (issue 50), so the operator takes all 32.
-ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 16 if torch.cpu._is_avx512_bf16_supported() else 32}
+# tuned for it. bf16 stops at 8 rows where the CPU multiplies bf16 natively (AVX512-BF16): there
+# PyTorch's bf16 product (vdpbf16ps, two products an instruction) ran 2.0x float32's at 16 rows and
+# 2.1x at 32 on GPT-2 small's shapes (geometric means, AMD EPYC), attnlab's 1.5x and 1.15x
+# (docs/cpu.md); elsewhere PyTorch's ran at half float32's speed at batch 16 (issue 50), so the
+# operator takes all 32.
+ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 8 if torch.cpu._is_avx512_bf16_supported() else 32}
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),
