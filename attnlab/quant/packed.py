@@ -268,7 +268,8 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # 2.1x at 32 on GPT-2 small's shapes (geometric means, AMD EPYC), attnlab's 1.5x and 1.15x
 # (docs/cpu.md); elsewhere PyTorch's ran at half float32's speed at batch 16 (issue 50), so the
 # operator takes all 32.
-ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 8 if torch.cpu._is_avx512_bf16_supported() else 32}
+NATIVE_BF16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # a private helper: may go
+ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 8 if NATIVE_BF16 else 32}
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),

@@ -1,13 +1,14 @@
 // Row products for a decode step on a CPU: y (M, O) = x (M, I) @ W^T with W stored small, int8 (a scale
 // per row) or bfloat16, widened to float32 in registers and never stored wider, or float32. M is one row
-// (batch 1) or a few (a batched step, 2-32 rows: each weight vector is widened once and taken by a tile
-// of up to TILE rows' accumulators, so every weight byte comes from memory once for all the rows).
+// (batch 1) or a few (a batched step, 2-32 rows: a tile of two weight rows by up to TILE rows of x
+// widens each weight vector once for its rows, so every weight byte comes from memory once for all).
 //
 // A decode step at batch 1 streams every weight once, and PyTorch's one-row kernels read an int8 row
 // well below what plain reading reaches: the loads wait on memory. Here each row's bytes a few
 // kilobytes ahead are asked for (prefetch) while four accumulators take the products, which brings
-// them near the memory's speed (the measurements: docs/log.md, "The one-row operators"). Built by attnlab/quant/row_kernels.py with -march=native: the AVX-512 path, else AVX2,
-// else plain loops. The rows are split among PyTorch's own threads (at::parallel_for).
+// them near the memory's speed (the measurements: docs/log.md, "The one-row operators"; batched rows:
+// docs/cpu.md). Built by attnlab/quant/row_kernels.py with -march=native: the AVX-512 path, else AVX2,
+// else plain loops. The weight rows are split among PyTorch's own threads (at::parallel_for).
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
