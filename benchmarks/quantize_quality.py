@@ -34,12 +34,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 from common import cpu_name, format_table
 
+from attnlab.quant import packed
 from attnlab.quant.packed import KINDS, PackedLinear
 from attnlab.runs.quantized import FLOAT, inference_linears
 from attnlab.runs.run import Run, load
@@ -133,6 +135,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... as attnlab.load takes it")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.add_argument("--decode-kernels", action="store_true",
+                        help="every product through the kernels a decode step takes (attnlab's row operators at "
+                        "any row count: int4's rounds its activations to int8), not PyTorch's for windows")  # fmt: skip
     return parser.parse_args()
 
 
@@ -140,6 +145,8 @@ def main() -> None:
     args = parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.decode_kernels:  # a window's rows as a decode step's: no row count is too many
+        packed.ROW_BATCH = dict.fromkeys(packed.ROW_BATCH, sys.maxsize)
     header = f"CPU: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     if not args.json:
         print(header, flush=True)

@@ -1,15 +1,16 @@
-"""One-row products (a decode step's matrix-vector products) by kernel, in GB/s of stored weight read.
+"""Row products (a decode step's matrix products, batch 1 to 32) by kernel, in GB/s of stored weight read.
 
-    .venv/bin/python benchmarks/row_products.py [--shapes gpt2-small|6x384] [--rounds 7]
+    .venv/bin/python benchmarks/row_products.py [--shapes gpt2-small|6x384] [--batches 1,2,4,8,16,32] [--rounds 7]
 
 For each matrix shape of the model, enough different matrices to hold ~160 MB (so the bytes come from
-memory, as in a decode step, not from the cache) are multiplied by one row in turn, each kernel in
-turn in each round (interleaved: a busy neighbour slows all alike), median of the rounds:
-float32 F.linear and attnlab's operator (quant/row_kernels.py: the one a compiled step takes); int8
-torch._weight_int8pack_mm (bf16 activations), inductor's fused sum over the stored rows, attnlab's
-operator; int4 PyTorch's int4 kernel; bf16 torch.mv and attnlab's operator. GB/s counts what each
-layer stores (codes, scales, zeros). Each kernel's outputs are checked against the float64 product of
-the weights it holds (relative error).
+memory, as in a decode step, not from the cache) are multiplied by M rows in turn, each kernel in turn
+in each round (interleaved: a busy neighbour slows all alike), median of the rounds: float32 F.linear
+and attnlab's operator (quant/row_kernels.py); int8 torch._weight_int8pack_mm (bf16 activations),
+inductor's fused sum over the stored rows (batch 1 only), attnlab's operator; int4 PyTorch's int4
+kernel and attnlab's (q8 activations); bf16 PyTorch's (torch.mv on one row, F.linear on more) and
+attnlab's. GB/s counts what each layer stores (codes, scales, zeros); "x f32" is float32 F.linear's
+time over the kernel's at that shape and batch. Each kernel's outputs are checked against the float64
+product of the weights it holds (relative error; attnlab's int4 rounds its activations to int8).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def kernels() -> dict:
         "int8 int8pack_mm": ("int8", packed("int8")),
         "int8 inductor sum": ("int8", lambda x, layer: inductor_sum(x, layer.codes, layer.scales.to(COMPUTE).float())),
         "int4 int4pack_mm": ("int4", packed("int4")),
-        "bf16 torch.mv": ("bf16", packed("bf16")),
+        "bf16 PyTorch": ("bf16", packed("bf16")),
     }
     if row_kernels.loaded():
         found.update({f"{kind} attnlab": (kind, ROW_OPS[kind]) for kind in ROW_OPS})
@@ -71,34 +72,45 @@ def stored_bytes(layer: nn.Module) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", choices=list(SHAPES), default="gpt2-small")
+    parser.add_argument("--batches", default="1", help="rows per product, comma-separated (e.g. 1,2,4,8,16,32)")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"CPU: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"attnlab operators: {row_kernels.unavailable() or 'loaded'}")  # fmt: skip
     rows = []
+    batches = [int(b) for b in args.batches.split(",")]
     for shape in SHAPES[args.shapes]:
         count = max(1, int(BYTES // (shape[0] * shape[1] * 4)))  # float32's count: every kernel reads the same set
-        x = torch.randn(1, shape[1])
-        found = kernels()
-        sets = {kind: layers(shape, kind, count) for kind in {kind for kind, _ in found.values()}}
-        times: dict[str, list[float]] = {name: [] for name in found}
-        errors = {}
-        for name, (kind, product) in found.items():
-            ref = x.double() @ weight(sets[kind][0]).double().T
-            errors[name] = ((product(x, sets[kind][0]).double() - ref).abs().max() / ref.abs().max()).item()
-        for _ in range(args.rounds):
+        every = kernels()
+        sets = {kind: layers(shape, kind, count) for kind in {kind for kind, _ in every.values()}}
+        for batch in batches:
+            x = torch.randn(batch, shape[1])
+            found = {name: k for name, k in every.items() if batch == 1 or "inductor" not in name}
+            times = timed(found, sets, x, count, args.rounds)
+            base = statistics.median(times["f32 F.linear"])
             for name, (kind, product) in found.items():
-                start = time.perf_counter()
-                for layer in sets[kind]:
-                    product(x, layer)
-                times[name].append((time.perf_counter() - start) / count)
-        for name, (kind, _) in found.items():
-            seconds = statistics.median(times[name])
-            rows.append({"shape": f"{shape[0]} x {shape[1]}", "kernel": name, "us": seconds * 1e6,
-                         "gbs": stored_bytes(sets[kind][0]) / seconds / 1e9, "err": errors[name]})  # fmt: skip
-    print(format_table(rows, [("shape", "shape (O x I)", "s"), ("kernel", "kernel", "s"), ("us", "us a product", ".1f"),
-                              ("gbs", "GB/s", ".1f"), ("err", "rel. error", ".1e")]))  # fmt: skip
+                seconds = statistics.median(times[name])
+                ref = x.double() @ weight(sets[kind][0]).double().T
+                error = ((product(x, sets[kind][0]).double() - ref).abs().max() / ref.abs().max()).item()
+                rows.append({"shape": f"{shape[0]} x {shape[1]}", "batch": batch, "kernel": name,
+                             "us": seconds * 1e6, "gbs": stored_bytes(sets[kind][0]) / seconds / 1e9,
+                             "vs": base / seconds, "err": error})  # fmt: skip
+    print(format_table(rows, [("shape", "shape (O x I)", "s"), ("batch", "M", "d"), ("kernel", "kernel", "s"),
+                              ("us", "us a product", ".1f"), ("gbs", "GB/s", ".1f"), ("vs", "x f32", ".2f"),
+                              ("err", "rel. error", ".1e")]))  # fmt: skip
+
+
+def timed(found: dict, sets: dict, x: torch.Tensor, count: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds a product, per kernel per round: each round runs every kernel over its whole set in turn."""
+    times: dict[str, list[float]] = {name: [] for name in found}
+    for _ in range(rounds):
+        for name, (kind, product) in found.items():
+            start = time.perf_counter()
+            for layer in sets[kind]:
+                product(x, layer)
+            times[name].append((time.perf_counter() - start) / count)
+    return times
 
 
 if __name__ == "__main__":

@@ -34,6 +34,19 @@ TEXT = (
 )
 
 
+def int4_rows_exact(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """What attnlab's int4 row operator computes (csrc/q4_products.cpp), in float64: x (M, I) rounded to
+    int8 per block of 32 (d = absmax / 127, ties to even), w = q * s + lo with lo = z - 8 s (s and z
+    rounded to bfloat16): y = (d xq) @ (q s)^T + (the blocks' float sums of x) @ lo^T."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)  # (M, G, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))  # float32, as the kernel's
+    xq = torch.round(blocks * inv).double() * (amax / 127).double()  # (M, G, 32)
+    s, z = (t.to(torch.bfloat16).double() for t in (scales, zeros))  # (O, G)
+    q = torch.stack((codes & 15, codes >> 4), dim=2).view(codes.shape[0], -1, 32).double()  # (O, G, 32)
+    return torch.einsum("mgj,ogj->mo", xq, q * s[..., None]) + blocks.double().sum(-1) @ (z - 8 * s).T
+
+
 # The hostile-input tests' hypothesis settings: the same examples on every run, nothing kept between runs.
 REPEATABLE = dict(deadline=None, derandomize=True, database=None)
 

@@ -107,10 +107,14 @@ def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeyp
     with torch.inference_mode():
         fast = LMDecoder(model, "float32", compiled=True)
         a, b, steps = side_by_side(model, fast, prompt, 40)
+        # int4's row operator rounds its activations to int8: a step's 1e-6 differences from the forward
+        # can flip a rounding, which moves this model's logits by up to ~0.03 (1e-6 noise at the
+        # embedding did so eagerly too)
+        tolerance = 0.1 if make is llama_int4 else 1e-4
         for t, la, lb in steps:
             assert fast.compiled.failed is None
             assert (fast.compiled.exported is not None) == (route == "exported"), fast.compiled.export_failed
-            assert torch.allclose(la, lb, atol=1e-4, rtol=1e-4), (t, (la - lb).abs().max())
+            assert torch.allclose(la, lb, atol=tolerance, rtol=1e-4), (t, (la - lb).abs().max())
         assert b[0].length == a[0].length == 40
     # the engine's greedy tokens, through the compiled step, past where the cache needs a refill (48)
     want = list(stream(model, prompt, 60, temperature=0))

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from conftest import TEXT, perturb, run_cli, tiny_data, tiny_model, tiny_train
+from conftest import TEXT, int4_rows_exact, perturb, run_cli, tiny_data, tiny_model, tiny_train
 from torch import nn
 
 import attnlab
@@ -20,7 +20,7 @@ from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.quant import pack_choice, row_kernels
-from attnlab.quant.packed import COMPUTE, KINDS, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
+from attnlab.quant.packed import COMPUTE, KINDS, ROW_BATCH, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
 from attnlab.runs.quantized import FLOAT, quantize_for_inference
 from attnlab.runs.quantized_run import quantize_run
 from attnlab.runtime.timing import Measurement, Timing
@@ -46,7 +46,7 @@ def reference(layer: PackedLinear, x: torch.Tensor, round_x: bool = True) -> tor
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("lead", [(1,), (1, 3), (5, 3), (33, 3)])  # (1,): one row, a decode step's product
+@pytest.mark.parametrize("lead", [(1,), (1, 3), (5, 3), (33, 3)])  # up to ROW_BATCH rows: a decode step's product
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     torch.manual_seed(0)
@@ -56,8 +56,12 @@ def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     with torch.inference_mode():
         y = layer(x)
     assert y.shape == (*lead, 40) and y.dtype == torch.float32
-    if lead == (1,) and kind in ROW_OPS and row_kernels.loaded():  # attnlab's operator: float32 throughout
-        ref = reference(layer, x.reshape(-1, 96), round_x=False).view(*lead, 40)
+    if kind in ROW_OPS and x.numel() // 96 <= ROW_BATCH[kind] and row_kernels.loaded():  # attnlab's operator
+        if kind == "int4":  # its activations rounded to int8 per block of 32
+            exact = int4_rows_exact(x.reshape(-1, 96), layer.codes, layer.scales, layer.zeros).float()
+            ref = (exact if layer.bias is None else exact + layer.bias).view(*lead, 40)
+        else:  # float32 throughout
+            ref = reference(layer, x.reshape(-1, 96), round_x=False).view(*lead, 40)
         assert torch.allclose(y, ref, rtol=1e-5, atol=1e-6), (y - ref).abs().max()
         return
     ref = reference(layer, x.reshape(-1, 96)).view(*lead, 40)
@@ -97,8 +101,9 @@ def test_every_decoder_family_quantizes(preset, kind):
         assert kept == {f"blocks.{i}.ff.router" for i in range(4)}  # routing stays exact
     if preset == "llama-nano" and kind != "bf16":  # SwiGLU's 344 wide hidden layer: not whole blocks of 32
         assert kept == {f"blocks.{i}.ff.down" for i in range(4)}
-    # Against the float model holding the dequantized weights, only the kernels' bf16 rounding of
-    # activations differs; against the float32 model, the quantization's own error too.
+    # Against the float model holding the dequantized weights, only the kernels' rounding of activations
+    # differs (bf16 in PyTorch's kernels, none in attnlab's int8 and bf16 rows, int8 per block of 32 in
+    # its int4 rows: 5-7% of these random models' logits); against the float32 model, the weights' too.
     dequantized = copy.deepcopy(model)
     dequantized.head.weight = nn.Parameter(dequantized.head.weight.clone())  # untied: the embedding stays float
     with torch.no_grad():
@@ -107,7 +112,7 @@ def test_every_decoder_family_quantizes(preset, kind):
     ids = torch.randint(0, 256, (2, 12))
     with torch.inference_mode():
         want, got, same_weights = model(ids), quantized(ids), dequantized(ids)
-    assert ((got - same_weights).norm() / same_weights.norm()).item() < 0.02
+    assert ((got - same_weights).norm() / same_weights.norm()).item() < (0.1 if kind == "int4" else 0.02)
     error = ((got - want).norm() / want.norm()).item()
     assert error < {"int8": 0.02, "int4": 0.4, "bf16": 0.01}[kind], error
 

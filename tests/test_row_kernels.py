@@ -1,17 +1,19 @@
-"""attnlab's one-row operators (quant/row_kernels.py, csrc/row_products.cpp): built on this machine, they
-equal the float64 product for every shape their loops split differently (rows per task, four
-accumulators of 16 lanes, the tails), are what a packed layer's decode step takes, survive torch.compile
-and torch.export as operators, refuse wrong inputs in one line, and leave PyTorch's kernels in charge
-when they cannot be built."""
+"""attnlab's row operators (quant/row_kernels.py, csrc/): built on this machine, they equal the float64
+product for every shape their loops split differently (rows per task, four accumulators of 16 lanes,
+tiles of two weight rows by four rows of x, the tails), on one row and on a batch's (whose rows equal
+the one-row product's), int4 with its activations rounded to int8 as the kernel does; they are what a
+packed layer's decode step takes, batched or not, survive torch.compile and torch.export as operators,
+refuse wrong inputs in one line, and leave PyTorch's kernels in charge when they cannot be built."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import int4_rows_exact
 from torch import nn
 
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import ROW_OPS, PackedLinear
+from attnlab.quant.packed import ROW_BATCH, ROW_OPS, PackedLinear, int4_blocks, quantize_int4, unpack_int4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,10 +67,9 @@ def test_strided_input_and_weight_are_read_as_their_values():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (
-            lambda: row_kernels.int8_row(torch.randn(2, 8), torch.zeros(3, 8, dtype=torch.int8), torch.ones(3)),
-            "one float32 row",
-        ),
+        (lambda: row_kernels.f32_row(torch.randn(2, 8).double(), torch.zeros(3, 8)), "float32 rows"),
+        (lambda: row_kernels.int4_row(torch.randn(2, 40), torch.zeros(3, 20, dtype=torch.uint8)), "multiple of 32"),
+        (lambda: row_kernels.int4_row(torch.randn(2, 64), torch.zeros(3, 20, dtype=torch.uint8)), "int4 blocks"),
         (lambda: row_kernels.int8_row(torch.randn(1, 8), torch.zeros(3, 9, dtype=torch.int8), torch.ones(3)), "(O, I)"),
         (lambda: row_kernels.int8_row(torch.randn(1, 8), torch.zeros(3, 8, dtype=torch.int8), torch.ones(4)), "scales"),
         (lambda: row_kernels.bf16_row(torch.randn(1, 8), torch.zeros(3, 8)), "(O, I)"),
@@ -79,32 +80,109 @@ def test_wrong_inputs_are_refused_in_one_line(call, message):
         call()
 
 
+# Rows of x: one, tiles of four and the rest (1, 2, 3), several tiles, a batch's most (ROW_BATCH: 32)
+ROWS = [1, 2, 3, 5, 8, 16, 17, 32]
+
+
 @needs_library
-@pytest.mark.parametrize("kind", ["int8", "bf16"])
-def test_a_packed_layer_decodes_one_row_through_the_operator(kind, monkeypatch):
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("kind", ["int8", "bf16", "f32"])
+def test_batched_products_are_the_float64_product_and_the_one_row_products(kind, rows):
+    """(O, I) = (63, 100): an odd weight row after the pairs, and a tail after the vector steps."""
+    torch.manual_seed(rows)
+    x, w, scales = torch.randn(rows, 100), torch.randn(63, 100), None
+    if kind == "int8":
+        w, scales = torch.randint(-127, 128, (63, 100), dtype=torch.int8), torch.rand(63) / 50
+    product = {
+        "int8": lambda x: row_kernels.int8_row(x, w, scales),
+        "bf16": lambda x: row_kernels.bf16_row(x, w.bfloat16()),
+        "f32": lambda x: row_kernels.f32_row(x, w),
+    }[kind]
+    y = product(x)
+    ref = exact(x, w.bfloat16() if kind == "bf16" else w, scales)
+    assert y.shape == (rows, 63) and (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    alone = torch.cat([product(x[r : r + 1]) for r in range(rows)])  # (rows, 63), each row by itself
+    assert (y - alone).abs().max() <= 1e-6 * alone.abs().max()
+
+
+@needs_library
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("shape", [(40, 96), (65, 32), (130, 800)])
+def test_int4_rows_are_the_float64_product_of_their_int8_activations(shape, rows):
+    torch.manual_seed(rows + shape[0])
+    x = torch.randn(rows, shape[1]) * torch.rand(1, shape[1]) * 3
+    x[0, :32] = 0  # a block of zeros: its d is 0, not a division by it
+    codes, scales, zeros = quantize_int4(torch.randn(shape) * torch.rand(shape[0], 1))
+    y = row_kernels.int4_row(x, int4_blocks(codes, scales, zeros))
+    ref = int4_rows_exact(x, codes, scales, zeros)
+    assert y.shape == (rows, shape[0]) and (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    alone = torch.cat([row_kernels.int4_row(x[r : r + 1], int4_blocks(codes, scales, zeros)) for r in range(rows)])
+    assert (y - alone).abs().max() <= 1e-6 * alone.abs().max()
+
+
+@needs_library
+def test_rows_split_among_threads_and_strided_inputs_are_read_as_their_values():
+    """Two threads split 130 weight rows into tasks of 65: each ends in an odd row. x is strided."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(10, 300)[1::2, ::3]  # (5, 100), strided both ways
+        w = torch.randn(100, 130).T  # (130, 100), transposed
+        ref, half = exact(x, w), w.bfloat16()
+        assert (row_kernels.f32_row(x, w).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert (row_kernels.bf16_row(x, half).double() - exact(x, half)).abs().max() <= 1e-5 * ref.abs().max()
+        codes, scales, zeros = quantize_int4(torch.randn(130, 128))
+        x4 = torch.randn(7, 256)[:, ::2]  # (7, 128), strided
+        y4 = row_kernels.int4_row(x4, int4_blocks(codes, scales, zeros))
+        ref4 = int4_rows_exact(x4, codes, scales, zeros)
+        assert (y4.double() - ref4).abs().max() <= 1e-5 * ref4.abs().max()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_int4_blocks_hold_the_portable_codes_scales_and_zeros():
+    """The operator's blocks (repacked at load from the saved, portable codes) give the codes back, and
+    the scale and zero as bfloat16."""
+    torch.manual_seed(0)
+    codes, scales, zeros = quantize_int4(torch.randn(5, 96))
+    blocks = int4_blocks(codes, scales, zeros).view(5, 3, 20)  # (O, G, 20)
+    nibbles = blocks[..., :16]
+    q = torch.cat((nibbles & 15, nibbles >> 4), dim=2).view(5, 96)  # weight j low, weight j + 16 high
+    assert torch.equal(q.int(), unpack_int4(codes))
+    back = blocks[..., 16:].contiguous().view(torch.bfloat16)  # (O, G, 2): scale, zero
+    assert torch.equal(back[..., 0], scales.bfloat16()) and torch.equal(back[..., 1], zeros.bfloat16())
+
+
+@needs_library
+@pytest.mark.parametrize("kind", ["int8", "bf16", "int4"])
+def test_a_packed_layer_decodes_up_to_a_batch_of_rows_through_the_operator(kind, monkeypatch):
     torch.manual_seed(0)
     layer = PackedLinear.from_linear(nn.Linear(96, 40), kind)
-    x = torch.randn(1, 1, 96)
+    x = torch.randn(ROW_BATCH[kind], 1, 96)  # a batched decode step
     seen = []
     original = ROW_OPS[kind]
     monkeypatch.setitem(ROW_OPS, kind, lambda *a: seen.append(1) or original(*a))
     with torch.inference_mode():
-        y = layer(x)
-        layer(torch.randn(2, 96))  # two rows: PyTorch's kernel
-    assert len(seen) == 1
-    ref = x[0].double() @ layer.dequantize().double().T + layer.bias.double()
-    assert (y[0].double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+        y, one = layer(x), layer(x[3])
+        layer(torch.randn(ROW_BATCH[kind] + 1, 96))  # more rows (a prompt): PyTorch's kernel
+    assert len(seen) == 2
+    assert (y[3] - one).abs().max() <= 1e-6 * one.abs().max()  # the batch's row is the row's alone
+    if kind != "int4":  # int4's activations are rounded to int8 (the tests above)
+        ref = x[:, 0].double() @ layer.dequantize().double().T + layer.bias.double()
+        assert (y[:, 0].double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 @needs_library
-def test_the_operators_compile_and_export():
+@pytest.mark.parametrize("kind, rows", [("int8", 1), ("int4", 3)])
+def test_the_operators_compile_and_export(kind, rows):
     torch.manual_seed(0)
-    layer = PackedLinear.from_linear(nn.Linear(128, 64), "int8").eval()
-    x = torch.randn(1, 128)
+    layer = PackedLinear.from_linear(nn.Linear(128, 64), kind).eval()
+    x = torch.randn(rows, 128)
     with torch.no_grad():
         eager = layer(x)
         program = torch.export.export(layer, (x,), strict=False)
-        assert "attnlab.int8_row_product" in str(program.graph)
+        assert f"attnlab.{kind}_row_product" in str(program.graph)
         assert torch.equal(program.module()(x), eager)
         compiled = torch.compile(layer, backend="eager", fullgraph=True)(x)
     assert torch.equal(compiled, eager)

@@ -18,8 +18,10 @@ with bf16 scale and zero) where 128, torchao's default, would save half a bit bu
 coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
-One row on the CPU (a decode step) of int8 or bf16 is attnlab's own operator where it could be built
-(quant/row_kernels.py, ROW_OPS: the stored weights widened in registers, float32 activations). Otherwise
+A decode step's rows on the CPU (1 to ROW_BATCH, 32 or 8: one row, or a batch's) are attnlab's operators
+where they could be built (quant/row_kernels.py, ROW_OPS): int8 and bf16 weights widened in registers
+with float32 activations; int4 (groups of 32) repacked once into blocks (int4_blocks) and multiplied by
+the activations rounded to int8 per block of 32, as integers. Otherwise, and for more rows (a prompt),
 the kernels are PyTorch's own weight-only products, measured fastest on the CPU (quant/pack_choice.py,
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu (called
 as quantized.int4mm_packed_weight_cpu, the same kernel given its group size as a tensor), both with
@@ -100,7 +102,7 @@ class PackedLinear(nn.Module):
         else:
             self.register_buffer("weight", torch.zeros(o, i, dtype=torch.bfloat16))
         self.register_buffer("bias", torch.zeros(o) if bias else None)
-        self._packed: tuple[str, ...] | None = None  # the kernel's operands' names (see operands), per device
+        self._packed: dict[str, tuple[str, ...]] = {}  # the kernels' operands' names (see operands), per device
         self.tied = False  # a packed copy of a weight the model keeps in float too (a tied LM head)
 
     @classmethod
@@ -148,28 +150,29 @@ class PackedLinear(nn.Module):
         for name, before in kept.items():
             if self._buffers[name].dtype != before.dtype:
                 self._buffers[name] = before.to(self._buffers[name].device)
-        self._packed = None
+        self._packed = {}
         return self
 
-    def operands(self) -> tuple[Tensor, ...]:
-        """What the CPU kernel takes besides x, made once (the weight never changes). A tensor made here
-        is a buffer that is not saved (packed0, packed1, ...) and is read back as the layer's attribute:
-        torch.export then names it by its path in the model, so a compiled step can be handed the
-        model's own tensors instead of keeping copies (decoding/exported.py)."""
-        if self._packed is None:
+    def operands(self, kernel: str = "packed") -> tuple[Tensor, ...]:
+        """What the CPU kernel takes besides x ("packed": KERNELS'; "rows": ROW_OPS'), made once (the
+        weight never changes). A tensor made here is a buffer that is not saved (packed0, rows0, ...)
+        and is read back as the layer's attribute: torch.export then names it by its path in the model,
+        so a compiled step can be handed the model's own tensors instead of keeping copies
+        (decoding/exported.py)."""
+        if kernel not in self._packed:
             names: list[str] = []
-            for i, value in enumerate(PACKERS[self.kind](self)):
+            for i, value in enumerate((PACKERS if kernel == "packed" else ROW_PACKERS)[self.kind](self)):
                 name = next((n for n, b in self._buffers.items() if b is value), None)
                 if name is None:
-                    name = f"packed{i}"
+                    name = f"{kernel}{i}"
                     self.register_buffer(name, value, persistent=False)
                 names.append(name)
-            self._packed = tuple(names)
-        return tuple(getattr(self, n) for n in self._packed)
+            self._packed[kernel] = tuple(names)
+        return tuple(getattr(self, n) for n in self._packed[kernel])
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., I) -> (..., O) in x's dtype."""
-        if x.numel() == self.in_features and x.device.type == "cpu" and self.kind in ROW_OPS and row_kernels.ready():
+        if self._takes_row_op(x) and row_kernels.ready():
             return self._row_op(x)
         if x.numel() == self.in_features and torch.compiler.is_compiling() and self._sums_one_row():
             return self._one_row(x)
@@ -184,11 +187,22 @@ class PackedLinear(nn.Module):
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
-    def _row_op(self, row: Tensor) -> Tensor:
-        """One row (a decode step) through attnlab's own one-row operator (quant/row_kernels.py): float32
-        activations, the stored weights widened in registers, the sum in float32."""
-        shape, dtype, x = row.shape, row.dtype, row.reshape(1, -1).float()
-        y = ROW_OPS[self.kind](x, self)  # (1, O)
+    def _takes_row_op(self, x: Tensor) -> bool:
+        """Whether x is 1..ROW_BATCH rows on the CPU for a kind with a row operator (int4: groups of 32)."""
+        rows = x.numel() // self.in_features
+        return (
+            self.kind in ROW_OPS
+            and 1 <= rows <= ROW_BATCH[self.kind]
+            and x.device.type == "cpu"
+            and (self.kind != "int4" or self.group == GROUP)
+        )
+
+    def _row_op(self, rows: Tensor) -> Tensor:
+        """A decode step's rows (one, or a batch's few) through attnlab's own row operator (quant/
+        row_kernels.py): float32 activations (int4: rounded to int8 per block of 32), the stored weights
+        widened in registers, the sum in float32."""
+        shape, dtype, x = rows.shape, rows.dtype, rows.reshape(-1, self.in_features).float()
+        y = ROW_OPS[self.kind](x, self)  # (M, O)
         y = y if self.bias is None else y + self.bias
         return y.view(*shape[:-1], self.out_features).to(dtype)
 
@@ -245,15 +259,33 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
 ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 
-# By kind: the one-row products of quant/row_kernels.py (where that library is loaded), x (1, I) float32 and
-# the layer -> (1, O), on the operands the layer made: int8 codes and the scales rounded to bf16, the
-# bf16 weight. int4 has none: two hand-written int4 rows (nibbles widened with a scale and a zero a
-# group; a table of each group's 16 values looked up by code) measured slower than PyTorch's int4 kernel
-# (docs/log.md, "The one-row operators").
+# By kind: the row products of quant/row_kernels.py (where that library is loaded), x (M, I) float32 and
+# the layer -> (M, O), on the operands the layer made (ROW_PACKERS): int8 codes and the scales rounded to
+# bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
+# batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
+# tuned for it. bf16 stops at 8 rows where the CPU multiplies bf16 natively (AVX512-BF16): there
+# PyTorch's bf16 product (vdpbf16ps, two products an instruction) ran 2.0x float32's at 16 rows and
+# 2.1x at 32 on GPT-2 small's shapes (geometric means, AMD EPYC), attnlab's 1.5x and 1.15x
+# (docs/cpu.md); elsewhere PyTorch's ran at half float32's speed at batch 16 (issue 50), so the
+# operator takes all 32.
+NATIVE_BF16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # a private helper: may go
+ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 8 if NATIVE_BF16 else 32}
 ROW_OPS = {
-    "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands()),
-    "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands()),
+    "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
+    "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),
+    "int4": lambda x, layer: row_kernels.int4_row(x, *layer.operands("rows")),
 }
+
+
+def int4_blocks(codes: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
+    """The portable int4 codes (O, I/2), scales and zeros (O, G), groups of 32 -> the int4 row operator's
+    blocks (O, G * 20) uint8 (csrc/q4_products.cpp): per group 16 bytes of codes, byte j holding weight j
+    in its low nibble and weight j + 16 in its high one, then the scale and the zero as bfloat16."""
+    o = codes.shape[0]
+    q = unpack_int4(codes).to(torch.uint8).view(o, -1, 2, 16)  # (O, G, half, 16)
+    nibbles = q[:, :, 0] | (q[:, :, 1] << 4)  # (O, G, 16)
+    scale_zero = torch.stack((scales, zeros), dim=2).to(torch.bfloat16).view(torch.uint8)  # (O, G, 4)
+    return torch.cat((nibbles, scale_zero), dim=2).view(o, -1)  # (O, G * 20)
 
 
 def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
@@ -267,6 +299,11 @@ def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
 
 # By kind: the operands made once from the stored tensors, and the product x (M, I) in COMPUTE -> (M, O').
 PACKERS = {"int8": _int8_operands, "int4": _int4_operands, "bf16": _bf16_operands}
+ROW_PACKERS = {
+    "int8": lambda layer: layer.operands(),  # the same tensors as PyTorch's kernel's
+    "bf16": lambda layer: layer.operands(),
+    "int4": lambda layer: (int4_blocks(layer.codes, layer.scales, layer.zeros),),
+}
 KERNELS = {
     "int8": torch._weight_int8pack_mm,
     "int4": torch.ops.quantized.int4mm_packed_weight_cpu,  # _weight_int4pack_mm_for_cpu, the group size a tensor

@@ -1,13 +1,15 @@
-"""Hand-written one-row products for decoding on a CPU (csrc/row_products.cpp), built on this machine
-the first time a packed layer needs one, and PyTorch's operators `attnlab::int8_row_product` and
-`attnlab::bf16_row_product` from then on (so torch.compile and torch.export see them as operators),
-and a float32 one `attnlab::f32_row_product` that the ahead-of-time decode step takes (FloatRows).
+"""Hand-written row products for decoding on a CPU (csrc/), built on this machine the first time a packed
+layer needs one, and PyTorch's operators `attnlab::int8_row_product`, `attnlab::bf16_row_product` and
+`attnlab::int4_row_product` from then on (so torch.compile and torch.export see them as operators),
+and a float32 one `attnlab::f32_row_product` that the ahead-of-time decode step takes (FloatRows). Each
+takes one row (batch 1) or a few (a batched decode step: 2-32 rows read each weight byte once for all).
 
 Why: at batch 1 a decode step streams every weight once. PyTorch's one-row products of int8 weights
 (torch._weight_int8pack_mm, or inductor's fused sum over the stored rows) read well below what plain
 reading reaches: they wait on memory. The kernel here asks for each row's bytes 4 KB ahead and keeps
 four accumulators, which brings it near the memory's speed (benchmarks/row_products.py; the figures
-are in docs/log.md, "The one-row operators").
+are in docs/log.md, "The one-row operators"). int4 (csrc/q4_products.cpp) rounds the activations to
+int8 per block of 32 and sums the products as integers, as GGUF's q4 x q8 products do (docs/cpu.md).
 
 It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native and
 OpenMP, against the installed torch's headers and libraries (about 13 s once), and kept in the
@@ -39,7 +41,7 @@ try:
 except ImportError:
     fcntl = None
 
-SOURCE = "row_products.cpp"
+SOURCES = ("row_products.cpp", "q4_products.cpp")  # built into one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 SWITCH = "ATTNLAB_ROW_KERNELS"  # "0": PyTorch's kernels only
 _WHY: list[str] = []  # why the library is not loaded, once known
@@ -53,7 +55,7 @@ def _folder() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "torch_extensions"
 
 
-def _command(source: Path, target: Path) -> list[str]:
+def _command(sources: list[Path], target: Path) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     lib = torch_dir / "lib"
@@ -62,7 +64,7 @@ def _command(source: Path, target: Path) -> list[str]:
         *FLAGS,
         abi,
         f"-I{torch_dir / 'include'}",
-        str(source),
+        *map(str, sources),
         "-o",
         str(target),
         f"-L{lib}",
@@ -72,25 +74,23 @@ def _command(source: Path, target: Path) -> list[str]:
     ]
 
 
-def _source() -> bytes:
-    return (resources.files("attnlab.quant") / "csrc" / SOURCE).read_bytes()
+def _sources() -> list[bytes]:
+    return [(resources.files("attnlab.quant") / "csrc" / name).read_bytes() for name in SOURCES]
 
 
-def _target(text: bytes) -> Path:
-    """Where the library for this source, compiler, torch and CPU is kept."""
-    key = hashlib.sha256(
-        b"|".join(
-            [text, " ".join(_command(Path("s"), Path("t"))).encode(), torch.__version__.encode(), cpu_model().encode()]
-        )
-    ).hexdigest()[:16]
+def _target(texts: list[bytes]) -> Path:
+    """Where the library for these sources, compiler, torch and CPU is kept."""
+    command = " ".join(_command([Path("s")], Path("t"))).encode()
+    key = hashlib.sha256(b"|".join([*texts, command, torch.__version__.encode(), cpu_model().encode()]))
+    key = key.hexdigest()[:16]
     return _folder() / "attnlab" / f"row_products_{key}.so"
 
 
 def _built() -> Path:
     """The shared library, built once (a lock keeps two processes from building it together; the file
     appears whole, by rename)."""
-    text = _source()
-    target = _target(text)
+    texts = _sources()
+    target = _target(texts)
     if target.exists():
         return target
     folder = target.parent
@@ -99,9 +99,11 @@ def _built() -> Path:
     with open(folder / f"{target.name}.lock", "w") as lock:
         _hold(lock)
         if not target.exists():
-            source, partial = folder / f"{key}.cpp", folder / f"{target.name}.{os.getpid()}.tmp"
-            source.write_bytes(text)
-            done = subprocess.run(_command(source, partial), capture_output=True, text=True, timeout=600)
+            sources = [folder / f"{key}_{name}" for name in SOURCES]
+            partial = folder / f"{target.name}.{os.getpid()}.tmp"
+            for source, text in zip(sources, texts, strict=True):
+                source.write_bytes(text)
+            done = subprocess.run(_command(sources, partial), capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
@@ -142,9 +144,10 @@ def _load() -> bool:
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         _WHY.append(str(error).splitlines()[0] if str(error) else type(error).__name__)
         return False
-    torch.library.register_fake("attnlab::int8_row_product")(_one_row_shape)
-    torch.library.register_fake("attnlab::bf16_row_product")(_one_row_shape)
-    torch.library.register_fake("attnlab::f32_row_product")(_one_row_shape)
+    torch.library.register_fake("attnlab::int8_row_product")(_rows_shape)
+    torch.library.register_fake("attnlab::bf16_row_product")(_rows_shape)
+    torch.library.register_fake("attnlab::f32_row_product")(_rows_shape)
+    torch.library.register_fake("attnlab::int4_row_product")(_rows_shape)
     _LOADED.append(True)
     return True
 
@@ -157,8 +160,8 @@ def ready() -> bool:
     return loaded()
 
 
-def _one_row_shape(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
-    return x.new_empty(1, weight.shape[0])
+def _rows_shape(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def status() -> str:
@@ -169,7 +172,7 @@ def status() -> str:
         return f"off ({SWITCH}=0)"
     if _WHY:
         return f"not loaded: {_WHY[-1]}"
-    target = _target(_source())
+    target = _target(_sources())
     if target.exists():
         return f"built ({target})"
     return "not built yet: compiled the first time a one-row decode step needs them (about 15 s, once)"
@@ -181,13 +184,13 @@ def unavailable() -> str | None:
 
 
 def int8_row(x: Tensor, codes: Tensor, scales: Tensor) -> Tensor:
-    """x (1, I) float32, codes (O, I) int8, scales (O,) float32 or bfloat16 -> (1, O) float32:
+    """x (M, I) float32, codes (O, I) int8, scales (O,) float32 or bfloat16 -> (M, O) float32:
     x @ (codes * scales)^T, summed in float32."""
     return torch.ops.attnlab.int8_row_product(x, codes, scales)
 
 
 def f32_row(x: Tensor, weight: Tensor) -> Tensor:
-    """x (1, I) float32, weight (O, I) float32 -> (1, O): x @ weight^T."""
+    """x (M, I) float32, weight (O, I) float32 -> (M, O): x @ weight^T."""
     return torch.ops.attnlab.f32_row_product(x, weight)
 
 
@@ -218,5 +221,11 @@ def _one_float_row(x: Tensor, weight: Tensor) -> bool:
 
 
 def bf16_row(x: Tensor, weight: Tensor) -> Tensor:
-    """x (1, I) float32, weight (O, I) bfloat16 -> (1, O) float32, summed in float32."""
+    """x (M, I) float32, weight (O, I) bfloat16 -> (M, O) float32, summed in float32."""
     return torch.ops.attnlab.bf16_row_product(x, weight)
+
+
+def int4_row(x: Tensor, blocks: Tensor) -> Tensor:
+    """x (M, I) float32, I a multiple of 32, blocks (O, I / 32 * 20) uint8 (quant/packed.py's int4_blocks)
+    -> (M, O) float32: x rounded to int8 per block of 32 (absmax / 127), times the int4 weights."""
+    return torch.ops.attnlab.int4_row_product(x, blocks)
