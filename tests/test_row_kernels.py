@@ -235,3 +235,20 @@ def test_a_failing_compiler_is_one_reason_not_a_crash(unloaded, monkeypatch, tmp
     (why,) = row_kernels._WHY
     assert why.startswith("the compiler failed") and row_kernels.status() == f"not loaded: {why}"
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to load next time
+
+
+@pytest.mark.parametrize(("ratio", "rows"), [(2.0, 8), (0.7, 32), (1.05, 32)])
+def test_bf16_takes_pytorchs_product_for_a_batch_only_where_it_measured_faster(ratio, rows, monkeypatch, tmp_path):
+    """Decided by a measurement kept per CPU, torch and threads, never by the CPU's flags: PyTorch's bf16
+    product measured `ratio` times the operator's speed at 16 rows."""
+    from attnlab.quant import pack_choice, packed
+
+    if not row_kernels.loaded():
+        pytest.skip("attnlab's row operators are not built here")
+    monkeypatch.setitem(packed.ROW_BATCH, "bf16", 32)
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))  # kernels.json of its own
+    timed = []
+    monkeypatch.setattr(pack_choice, "_doubt", lambda m: None)
+    monkeypatch.setattr(pack_choice, "measure", lambda timer: timed.append(1) or type("M", (), {"ratio": ratio})())
+    assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows == packed.ROW_BATCH["bf16"]
+    assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows and timed == [1]  # kept: measured once

@@ -21,12 +21,13 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import COMPUTE, KERNELS, ONE_ROW, ROW_OPS, PackedLinear
+from attnlab.quant.packed import BF16_NATIVE_FROM, COMPUTE, KERNELS, ONE_ROW, ROW_BATCH, ROW_OPS, PackedLinear
 from attnlab.runtime.precision import cpu_model
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 
 CACHE = "kernels.json"
 MARGIN = 1.1  # float32 is kept only when it ran this much faster: a tie packs (fewer bytes held)
+ROW_LIMIT = 32  # the most rows a row operator takes
 CALLS = 20  # products per timed sample: a 384 x 384 one takes microseconds, too short to time alone
 
 
@@ -99,6 +100,46 @@ def choose(kind: str, shape: tuple[int, int], device: torch.device, compiled: bo
             _keep(k, m.ratio)
     _CHOSEN[k] = choice
     return choice
+
+
+BATCH_ROWS = 16  # the batch at which bf16's two products are timed
+
+
+def settle_bf16_rows(device: torch.device) -> int:
+    """How many rows bf16's row operator takes here (packed.ROW_BATCH["bf16"], set): all of a batch,
+    unless PyTorch's own bf16 product measured faster than the operator at BATCH_ROWS rows of GPT-2
+    small's 768 x 768 (a CPU that multiplies bf16 natively), then fewer than BF16_NATIVE_FROM. Measured
+    once per CPU, torch and thread count (kept in kernels.json, as the layers' choices)."""
+    if device.type != "cpu" or not _row_op("bf16"):
+        return ROW_BATCH["bf16"]
+    k = f"{cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|bf16 rows {BATCH_ROWS}"
+    kept = _read().get(k)
+    if isinstance(kept, dict) and isinstance(kept.get("ratio"), (int, float)):
+        ratio = float(kept["ratio"])
+    else:
+        m = measure(_batch_timer())
+        ratio = 1.0 if _doubt(m) else m.ratio  # not trusted: the operator (its speed is known)
+        if not _doubt(m):
+            _keep(k, ratio)
+    ROW_BATCH["bf16"] = BF16_NATIVE_FROM - 1 if ratio > MARGIN else ROW_LIMIT
+    return ROW_BATCH["bf16"]
+
+
+def _batch_timer():
+    """seconds(side): CALLS products of BATCH_ROWS rows by a bf16 768 x 768 layer, attnlab's operator on
+    the torch.float32 side, PyTorch's bf16 F.linear on the other (ratio: the operator's time over it)."""
+    layer = PackedLinear.from_linear(nn.Linear(768, 768), "bf16")
+    x = torch.randn(BATCH_ROWS, 768)
+    x16, (w16, b16) = x.to(torch.bfloat16), (layer.dequantize().to(torch.bfloat16), None)
+
+    def seconds(side: torch.dtype) -> float:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                ROW_OPS["bf16"](x, layer) if side == torch.float32 else F.linear(x16, w16, b16)
+            return time.perf_counter() - start
+
+    return seconds
 
 
 def _doubt(m: Measurement) -> str | None:

@@ -263,13 +263,13 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # the layer -> (M, O), on the operands the layer made (ROW_PACKERS): int8 codes and the scales rounded to
 # bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
 # batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
-# tuned for it. bf16 stops at 8 rows where the CPU multiplies bf16 natively (AVX512-BF16): there
-# PyTorch's bf16 product (vdpbf16ps, two products an instruction) ran 2.0x float32's at 16 rows and
-# 2.1x at 32 on GPT-2 small's shapes (geometric means, AMD EPYC), attnlab's 1.5x and 1.15x
-# (docs/cpu.md); elsewhere PyTorch's ran at half float32's speed at batch 16 (issue 50), so the
-# operator takes all 32.
-NATIVE_BF16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # a private helper: may go
-ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 8 if NATIVE_BF16 else 32}
+# tuned for it. bf16's limit is measured (quant/pack_choice.settle_bf16_rows, when a model is packed):
+# where the CPU multiplies bf16 natively PyTorch's bf16 product ran 2.0x float32's at 16 rows and 2.1x
+# at 32 on GPT-2 small's shapes (geometric means, AMD EPYC with AVX512-BF16), the operator's 1.5x and
+# 1.15x (docs/cpu.md), so there it stops at BF16_NATIVE_FROM - 1 rows; elsewhere PyTorch's ran at half
+# float32's speed at batch 16 (issue 50), and the operator takes all 32.
+ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 32}
+BF16_NATIVE_FROM = 9  # rows from which PyTorch's bf16 product is taken where it measured faster
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),
