@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/grpo_seeds")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=5e-5, help="from the chain's sft: 5e-5 kept every kind within a point")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=GRPO_TRAIN["batch_size"], help="prompts a step")
