@@ -209,7 +209,7 @@ class PPOObjective(Objective):
         return loss.detach(), loss
 
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> Buffer:
-        """One answer to each prompt, scored; its values, rewards, advantages and returns."""
+        """--group answers to each prompt, scored; their values, rewards, advantages and returns."""
         g = self.opts["group"]
         chosen = [self.prompts[i] for i in rows.tolist()]
         asked = [p.asked for p in chosen for _ in range(g)]  # a prompt's G answers side by side
