@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 import attnlab
 from attnlab.data.finetune import ChatData
-from attnlab.tasks.grpo import GRPOObjective
-from attnlab.tasks.rewards import Asked, Exact
-from attnlab.tasks.sampled import HeldRollout, Prompt
+from attnlab.tasks.sampled import answer_text
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,19 +69,10 @@ def test_the_exact_reward_reads_the_answer_without_its_end_of_turn():
 
     tok = CharTokenizer("ab<|>imend \n")
     stop = tok.encode("<|im_end|>")
-    opts = dict(group=2, reward="exact", max_new_tokens=4, loss="grpo", clip=0.2, clip_high=None, beta=0.0, epochs=1)
-    objective = GRPOObjective(
-        torch.nn.Linear(1, 1),
-        [Prompt([0], Asked((), "ab"))],
-        opts,
-        (tok, [stop]),
-        Exact(),
-        None,
-        HeldRollout(Path("unused")),
-    )
-    assert objective.text(tok.encode(" ab") + stop) == "ab"
-    assert objective.text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
-    assert objective.text(tok.encode("ba") + stop) != "ab"
+    text = lambda ids: answer_text(tok, [stop], ids)  # noqa: E731  (what sampled.draw hands the rewards)
+    assert text(tok.encode(" ab") + stop) == "ab"
+    assert text(tok.encode("ab ")) == "ab"  # cut by the length: no end of turn
+    assert text(tok.encode("ba") + stop) != "ab"
 
 
 def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, monkeypatch):

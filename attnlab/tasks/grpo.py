@@ -24,7 +24,6 @@ holds the held-out exact answers, as sft's.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits, test_split
 from attnlab.data.tokenizers import load_tokenizer
-from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
+from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -45,7 +44,7 @@ from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
+from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
 from attnlab.tasks.sft import EXACT
 
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high", "epochs")  # config.json's task
@@ -144,12 +143,9 @@ class GRPOObjective(Objective):
         """G answers to each prompt of the batch, scored, with their group advantages; the seconds
         spent sampling them."""
         chosen = [self.prompts[i] for i in rows.tolist()]
-        t0 = time.perf_counter()
-        r = rollouts(self.model, [p.ids for p in chosen], self.group, self.max_new, seed, self.stops)
-        sampled = time.perf_counter() - t0
-        asked, texts = [p.asked for p in self.expanded(chosen)], [self.text(a) for a in r.answers]
-        right = torch.tensor([q.right(t) for q, t in zip(asked, texts)]).float()
-        rewards = self.reward.to(device)(asked, texts, seed)
+        d = draw(self.model, chosen, self.group, self.max_new, seed, (self.tok, self.stops))
+        r, right = d.rollout, torch.tensor(d.right).float()
+        rewards = self.reward.to(device)(d.asked, d.texts, seed)
         advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)
         b, ref = r.batch(device), None
         if self.reference is not None:
@@ -160,7 +156,7 @@ class GRPOObjective(Objective):
             "exact": right.mean().item(),
             "answer_length": float(np.mean([len(a) for a in r.answers])),
         }
-        return Held(b, advantages, ref, rewards, logged), sampled
+        return Held(b, advantages, ref, rewards, logged), d.seconds
 
     def scored(self, h: Held):
         """The policy loss of a held rollout: one teacher-forced forward, float32 and without dropout,
@@ -169,12 +165,6 @@ class GRPOObjective(Objective):
         with as_rolled(self.model, h.batch.ids.device):
             logp = answer_token_logprobs(self.model, h.batch)  # (B, A)
         return policy_loss(logp, h.batch.old, h.advantages, h.batch.mask, self.loss, h.ref)
-
-    def expanded(self, chosen: list[Prompt]) -> list[Prompt]:
-        return [p for p in chosen for _ in range(self.group)]
-
-    def text(self, answer: list[int]) -> str:
-        return answer_text(self.tok, self.stops, answer)
 
 
 class GroupRelative(SampledAnswers):

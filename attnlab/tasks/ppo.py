@@ -24,7 +24,6 @@ held-out exact answers and score of the final policy.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +35,12 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.data.finetune import ChatData, splits
 from attnlab.data.tokenizers import load_tokenizer
-from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs, rollouts
+from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.nn.objective import Objective, inner
-from attnlab.nn.policy import PolicyLoss, policy_loss
+from attnlab.nn.policy import PolicyLoss, group_advantages, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss, whiten
 from attnlab.runs.adapted import run_template
 from attnlab.runs.folder import METRICS
@@ -49,7 +48,7 @@ from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, answer_text, as_rolled, stop_ids
+from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
 
 SETTINGS = (
     "reward",
@@ -155,10 +154,7 @@ def relative_scores(scores: Tensor, group: int) -> Tensor:
     prompt; for G > 1, each minus the mean of its prompt's G answers. A Bradley-Terry reward model
     is trained on differences between answers to one prompt, so its offset per prompt is arbitrary:
     a value head would have to learn it from the prompt alone, and the advantage carries its error."""
-    if group == 1:
-        return scores
-    s = scores.float().view(-1, group)  # (N, G)
-    return (s - s.mean(dim=1, keepdim=True)).view(-1)
+    return scores if group == 1 else group_advantages(scores, group, scale=False)
 
 
 @contextmanager
@@ -212,13 +208,9 @@ class PPOObjective(Objective):
         """--group answers to each prompt, scored; their values, rewards, advantages and returns."""
         g = self.opts["group"]
         chosen = [self.prompts[i] for i in rows.tolist()]
-        asked = [p.asked for p in chosen for _ in range(g)]  # a prompt's G answers side by side
-        t0 = time.perf_counter()
-        r = rollouts(self.model, [p.ids for p in chosen], g, self.opts["max_new_tokens"], seed, self.stops)
-        generate_s = time.perf_counter() - t0
-        texts = [answer_text(self.tok, self.stops, a) for a in r.answers]
-        right = [q.right(t) for q, t in zip(asked, texts, strict=True)]
-        scores = self.rm.to(device)(asked, texts, seed)
+        d = draw(self.model, chosen, g, self.opts["max_new_tokens"], seed, (self.tok, self.stops))
+        r, right, generate_s = d.rollout, d.right, d.seconds
+        scores = self.rm.to(device)(d.asked, d.texts, seed)
         graded = relative_scores(scores, g)
         b = r.batch(device)
         with torch.no_grad(), as_rolled(self.model, device):

@@ -12,6 +12,7 @@ between them goes on with the same answers.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
+from attnlab.decoding.rollouts import Rollouts, rollouts
 from attnlab.engine.resume import saved_progress
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
@@ -39,6 +41,34 @@ from attnlab.tasks.rewards import Asked
 class Prompt:
     ids: list[int]  # the conversation up to the answer's start, as the template renders it
     asked: Asked  # its messages and stored answer, as the rewards read them
+
+
+@dataclass
+class Drawn:
+    """A rollout's answers as the rewards read them: N prompts x G answers, a prompt's side by side."""
+
+    rollout: Rollouts
+    asked: list[Asked]  # each answer's prompt (N * G)
+    texts: list[str]  # each answer's text, without its end of turn
+    seconds: float  # spent sampling
+
+    @property
+    def right(self) -> list[bool]:
+        """Whether each answer is right (the checker's verdict, or equality with the stored answer)."""
+        return [q.right(t) for q, t in zip(self.asked, self.texts, strict=True)]
+
+
+def draw(
+    model: nn.Module, chosen: list[Prompt], group: int, max_new: int, seed: int, chat: tuple[Tokenizer, list]
+) -> Drawn:
+    """`group` answers to each chosen prompt, sampled together on the one decoding engine
+    (decoding/rollouts.py); chat: the tokenizer and the stop ids."""
+    tok, stops = chat
+    t0 = time.perf_counter()
+    r = rollouts(model, [p.ids for p in chosen], group, max_new, seed, stops)
+    seconds = time.perf_counter() - t0
+    asked = [p.asked for p in chosen for _ in range(group)]
+    return Drawn(r, asked, [answer_text(tok, stops, a) for a in r.answers], seconds)
 
 
 class Prompts:
