@@ -21,13 +21,21 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import BF16_NATIVE_FROM, COMPUTE, KERNELS, ONE_ROW, ROW_BATCH, ROW_OPS, PackedLinear
+from attnlab.quant.packed import (
+    BF16_NATIVE_FROM,
+    COMPUTE,
+    KERNELS,
+    ONE_ROW,
+    ROW_BATCH,
+    ROW_LIMIT,
+    ROW_OPS,
+    PackedLinear,
+)
 from attnlab.runtime.precision import cpu_model
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 
 CACHE = "kernels.json"
 MARGIN = 1.1  # float32 is kept only when it ran this much faster: a tie packs (fewer bytes held)
-ROW_LIMIT = 32  # the most rows a row operator takes
 CALLS = 20  # products per timed sample: a 384 x 384 one takes microseconds, too short to time alone
 
 

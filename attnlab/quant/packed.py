@@ -268,7 +268,8 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # at 32 on GPT-2 small's shapes (geometric means, AMD EPYC with AVX512-BF16), the operator's 1.5x and
 # 1.15x (docs/cpu.md), so there it stops at BF16_NATIVE_FROM - 1 rows; elsewhere PyTorch's ran at half
 # float32's speed at batch 16 (issue 50), and the operator takes all 32.
-ROW_BATCH = {"int8": 32, "int4": 32, "bf16": 32}
+ROW_LIMIT = 32  # the most rows a row operator takes (csrc: a batch's rows in tiles of 4)
+ROW_BATCH = dict.fromkeys(("int8", "int4", "bf16"), ROW_LIMIT)  # bf16's may be lowered, as measured
 BF16_NATIVE_FROM = 9  # rows from which PyTorch's bf16 product is taken where it measured faster
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
