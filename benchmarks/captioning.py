@@ -32,10 +32,12 @@ def train(model: str, run: Path, seed: int | None) -> dict:
     assert cli(["train", "caption", "--model", model, "--out", str(run), "--force", "--device", "cpu", *extra]) == 0
     seconds = time.perf_counter() - start
     test = json.loads((run / "eval.json").read_text())
-    print(f"{model:>13}{'' if seed is None else f' (seed {seed})'}: {seconds:.0f} s to train and test; exact match "
-          f"{test['exact_match']:.2%}, BLEU {test['bleu']:.1f}, chrF {test['chrf']:.1f}; attention on the word's "
-          f"digit {test['attention_on_digit']:.2%} of {test['attention_words']} digit words, "
-          f"{test['attention_other_words']:.2%} of {test['attention_others']} others")  # fmt: skip
+    print(
+        f"{model:>13}{'' if seed is None else f' (seed {seed})'}: {seconds:.0f} s to train and test; exact match "
+        f"{test['exact_match']:.2%}, BLEU {test['bleu']:.1f}, chrF {test['chrf']:.1f}; attention on the word's "
+        f"digit {test['attention_on_digit']:.2%} of {test['attention_words']} digit words, "
+        f"{test['attention_other_words']:.2%} of {test['attention_others']} others"
+    )
     return test
 
 
@@ -53,8 +55,10 @@ def run_models(out: Path, docs: Path, seeds: list[int]) -> None:
     if seeds:
         exact = [tests[MODELS[0]]["exact_match"]]
         exact += [train(MODELS[0], out / f"{MODELS[0]}-seed{seed}", seed)["exact_match"] for seed in seeds]
-        print(f"{MODELS[0]} exact match over {len(exact)} seeds: min {min(exact):.2%}, "
-              f"mean {sum(exact) / len(exact):.2%}, max {max(exact):.2%}")  # fmt: skip
+        print(
+            f"{MODELS[0]} exact match over {len(exact)} seeds: min {min(exact):.2%}, "
+            f"mean {sum(exact) / len(exact):.2%}, max {max(exact):.2%}"
+        )
 
 
 def main() -> None:

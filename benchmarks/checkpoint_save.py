@@ -33,8 +33,17 @@ def session(n_layer: int, width: int, run: Path) -> SimpleNamespace:
     idx = torch.randint(0, 64, (2, 16))
     torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
     optimizer.step()
-    return SimpleNamespace(raw=model, optimizer=optimizer, dist=Dist(), step=1, elapsed=0.0,
-                           rng=np.random.default_rng(0), run=run, writer=BackgroundWriter(), saved_step=0)  # fmt: skip
+    return SimpleNamespace(
+        raw=model,
+        optimizer=optimizer,
+        dist=Dist(),
+        step=1,
+        elapsed=0.0,
+        rng=np.random.default_rng(0),
+        run=run,
+        writer=BackgroundWriter(),
+        saved_step=0,
+    )
 
 
 def main() -> None:
@@ -54,8 +63,10 @@ def main() -> None:
                 save_checkpoint(s)
                 times.append(time.perf_counter() - t)
         tensors = len(list(s.raw.parameters()))
-        print(f"{n:5d} layers, {tensors:5d} tensors: {statistics.median(times):7.3f} s "
-              f"(samples {', '.join(f'{x:.3f}' for x in times)})")  # fmt: skip
+        print(
+            f"{n:5d} layers, {tensors:5d} tensors: {statistics.median(times):7.3f} s "
+            f"(samples {', '.join(f'{x:.3f}' for x in times)})"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,12 @@ from attnlab.interpret.transcoder import (
     train_transcoders,
 )
 
-PROMPTS = ["def add(a, b):\n    return a", "for i in range(len(", "import os\nimport s",
-           "class Point:\n    def __init__(se"]  # fmt: skip
+PROMPTS = [
+    "def add(a, b):\n    return a",
+    "for i in range(len(",
+    "import os\nimport s",
+    "class Point:\n    def __init__(se",
+]
 
 
 def transcoders(run, folder: Path, a: argparse.Namespace) -> tuple[list, dict]:
@@ -55,17 +59,37 @@ def main() -> None:
     run = attnlab.load(a.run, device="cpu")
     tcs, index = transcoders(run, Path(a.out) / "transcoders", a)
     m = index["metrics"]
-    print(json.dumps({"training_s": index["training"]["seconds"], **{k: m[k] for k in
-                      ("explained_variance", "l0", "dead_fraction", "ce_loss_recovered")}}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "training_s": index["training"]["seconds"],
+                **{k: m[k] for k in ("explained_variance", "l0", "dead_fraction", "ce_loss_recovered")},
+            }
+        ),
+        flush=True,
+    )
     for prompt in a.prompts:
         t0 = time.perf_counter()
         d = trace_circuit(run, prompt, None, tcs, CircuitConfig(top=a.top)).data
         iv = d["intervention"]
-        print(json.dumps({"prompt": prompt, "target": d["target"], "active_features": d["counts"]["active_features"],
-                          "nodes": d["counts"]["nodes"], "edges": d["counts"]["edges"], **d["scores"]["before"],
-                          "pruned": d["scores"]["after"], "signs_replacement": iv["replacement_right"],
-                          "signs_real": iv["real_right"], "graph_s": d["seconds"]["graph"],
-                          "seconds": round(time.perf_counter() - t0, 2)}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "prompt": prompt,
+                    "target": d["target"],
+                    "active_features": d["counts"]["active_features"],
+                    "nodes": d["counts"]["nodes"],
+                    "edges": d["counts"]["edges"],
+                    **d["scores"]["before"],
+                    "pruned": d["scores"]["after"],
+                    "signs_replacement": iv["replacement_right"],
+                    "signs_real": iv["real_right"],
+                    "graph_s": d["seconds"]["graph"],
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

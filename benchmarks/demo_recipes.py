@@ -94,8 +94,10 @@ def main() -> None:
     first = statistics.median(next(iter(pace.values())))
     if args.pace_only:
         for name, speeds in pace.items():
-            print(f"{name}: {statistics.median(speeds):.2f} steps/s ({statistics.median(speeds) / first:.2f}x), "
-                  f"turns {', '.join(f'{v:.2f}' for v in speeds)}")  # fmt: skip
+            print(
+                f"{name}: {statistics.median(speeds):.2f} steps/s ({statistics.median(speeds) / first:.2f}x), "
+                f"turns {', '.join(f'{v:.2f}' for v in speeds)}"
+            )
         return
     print(f"\n| recipe | held-out nats/char after {args.steps} steps | vs before | steps/s | vs before | params |")
     print("|---|---|---|---|---|---|")
@@ -103,8 +105,10 @@ def main() -> None:
     for name, row in rows.items():
         speed = statistics.median(pace[name])
         row["steps_per_s"] = speed
-        print(f"| {name} | {row['loss']:.4f} | {row['loss'] - base:+.4f} | {speed:.2f} | {speed / first:.2f} | "
-              f"{row['params']:,} |")  # fmt: skip
+        print(
+            f"| {name} | {row['loss']:.4f} | {row['loss'] - base:+.4f} | {speed:.2f} | {speed / first:.2f} | "
+            f"{row['params']:,} |"
+        )
     (out / "recipes.json").write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1))
 
 

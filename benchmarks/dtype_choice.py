@@ -52,8 +52,10 @@ def measurements(widths: list[int], n: int) -> None:
                     continue
                 f, b = m.float32, m.bfloat16
                 why = "yes" if d.kept else "no: " + d.note.removeprefix("the safe choice: ")
-                print(f"{use:<7}{width:>6}  {NAMES[d.dtype]:<9}{m.ratio:>10.2f}x  {f.median * 1e3:>9.2f} "
-                      f"±{f.spread:>5.0%}  {b.median * 1e3:>9.2f} ±{b.spread:>5.0%}  {why}")  # fmt: skip
+                print(
+                    f"{use:<7}{width:>6}  {NAMES[d.dtype]:<9}{m.ratio:>10.2f}x  {f.median * 1e3:>9.2f} "
+                    f"±{f.spread:>5.0%}  {b.median * 1e3:>9.2f} ±{b.spread:>5.0%}  {why}"
+                )
 
 
 def decode_speed(width: int, tokens: int, repeats: int) -> dict[str, float]:
@@ -82,14 +84,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-dtype-")  # the user's cache is untouched
-    print(f"CPU {precision.cpu_model()}, PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f} (1 min)")  # fmt: skip
+    print(
+        f"CPU {precision.cpu_model()}, PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.1f} (1 min)"
+    )
     measurements(args.widths, args.measurements)
     print(f"\ndecoding, 1 row, {args.tokens} new tokens, median tokens/s of {args.repeats} interleaved calls:")
     for width in args.widths:
         speed = decode_speed(width, args.tokens, args.repeats)
-        print(f"  width {width}: float32 {speed['float32']:.0f} tokens/s, bfloat16 {speed['bfloat16']:.0f} tokens/s "
-              f"(bf16 {speed['bfloat16'] / speed['float32']:.2f}x)")  # fmt: skip
+        print(
+            f"  width {width}: float32 {speed['float32']:.0f} tokens/s, bfloat16 {speed['bfloat16']:.0f} tokens/s "
+            f"(bf16 {speed['bfloat16'] / speed['float32']:.2f}x)"
+        )
     print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end")
 
 

@@ -23,8 +23,12 @@ from pathlib import Path
 
 from common import cpu_name
 
-ROWS = {"full": {}, "lora": {"lora_rank": 8}, "lora-int8": {"lora_rank": 8, "quantize_base": "int8"},
-        "lora-nf4": {"lora_rank": 8, "quantize_base": "nf4"}}  # fmt: skip
+ROWS = {
+    "full": {},
+    "lora": {"lora_rank": 8},
+    "lora-int8": {"lora_rank": 8, "quantize_base": "int8"},
+    "lora-nf4": {"lora_rank": 8, "quantize_base": "nf4"},
+}
 
 
 def make_base(folder: Path, preset: str) -> Path:
@@ -43,8 +47,12 @@ def make_base(folder: Path, preset: str) -> Path:
     tok = train_tokenizer("char", texts, 256)
     folder.mkdir(parents=True)
     record(folder, "config.json", "model.safetensors", "tokenizer.json")
-    config = {"family": "gpt", "model": asdict(cfg), "train": asdict(TrainConfig()),
-              "data": {"data": "instructions", "tokenizer": "char", "vocab_size": tok.vocab_size}}  # fmt: skip
+    config = {
+        "family": "gpt",
+        "model": asdict(cfg),
+        "train": asdict(TrainConfig()),
+        "data": {"data": "instructions", "tokenizer": "char", "vocab_size": tok.vocab_size},
+    }
     write_json(folder / "config.json", config)
     write_text(folder / "tokenizer.json", tok.to_json())
     save_weights(GPT(cfg), folder / "model.safetensors", {"step": "0"})
@@ -95,8 +103,18 @@ def one(name: str, base: str, out: str, steps: int, batch: int, accum: int) -> N
     train_mod.start, train_mod.loop = measured_start, measured_loop
     import attnlab
 
-    cfg = TrainConfig(max_steps=steps, batch_size=batch, grad_accum=accum, eval_interval=steps, eval_batches=1,
-                      warmup_steps=2, lr=1e-3, weight_decay=0.0, device="cpu", dtype="float32")  # fmt: skip
+    cfg = TrainConfig(
+        max_steps=steps,
+        batch_size=batch,
+        grad_accum=accum,
+        eval_interval=steps,
+        eval_batches=1,
+        warmup_steps=2,
+        lr=1e-3,
+        weight_decay=0.0,
+        device="cpu",
+        dtype="float32",
+    )
     data = ChatData(examples=400, test_examples=8)
     attnlab.train(out, None, cfg, data, init=base, task="sft", progress=False, **ROWS[name])
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -122,15 +140,31 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         base = args.base or str(make_base(Path(tmp) / "base", args.preset))
-        print(f"CPU: {cpu_name()}; base {args.base or 'random ' + args.preset}; {args.steps} steps of batch "
-              f"{args.batch_size} in {args.grad_accum} micro-batches, float32, 2 threads", flush=True)  # fmt: skip
+        print(
+            f"CPU: {cpu_name()}; base {args.base or 'random ' + args.preset}; {args.steps} steps of batch "
+            f"{args.batch_size} in {args.grad_accum} micro-batches, float32, 2 threads",
+            flush=True,
+        )
         print("| | trainable parameters | peak memory, loading | peak memory, training | tokens/s | loss |")
         print("|---|---:|---:|---:|---:|---:|")
         results = {}
         for name in args.only:
-            cmd = [sys.executable, __file__, "--one", name, "--base", base, "--out", f"{tmp}/{name}",
-                   "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-                   "--grad-accum", str(args.grad_accum)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                name,
+                "--base",
+                base,
+                "--out",
+                f"{tmp}/{name}",
+                "--steps",
+                str(args.steps),
+                "--batch-size",
+                str(args.batch_size),
+                "--grad-accum",
+                str(args.grad_accum),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{name} failed:\n{done.stderr[-2000:]}")

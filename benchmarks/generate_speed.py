@@ -48,10 +48,19 @@ from attnlab.quant.packed import PackedLinear
 from attnlab.runs.quantized import inference_linears
 
 PAIRS = {"float32": "f32", "bf16": "f16", "int8": "q8_0", "int4": "q4_0"}  # attnlab precision -> llama.cpp type
-COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("precision", "precision", ""), ("batch", "batch", ","),
-           ("tokens_per_s", "tokens/s", ",.1f"), ("ms_per_token", "ms/token", ",.2f"),
-           ("mb_per_token", "MB/token", ",.1f"), ("bound", "bound tok/s", ",.0f"), ("of_bound", "of bound", ".2f"),
-           ("vs_llamacpp", "vs llama.cpp", ".2f"), ("same_tokens", "tokens as f32", "")]  # fmt: skip
+COLUMNS = [
+    ("shape", "shape", ""),
+    ("impl", "impl", ""),
+    ("precision", "precision", ""),
+    ("batch", "batch", ","),
+    ("tokens_per_s", "tokens/s", ",.1f"),
+    ("ms_per_token", "ms/token", ",.2f"),
+    ("mb_per_token", "MB/token", ",.1f"),
+    ("bound", "bound tok/s", ",.0f"),
+    ("of_bound", "of bound", ".2f"),
+    ("vs_llamacpp", "vs llama.cpp", ".2f"),
+    ("same_tokens", "tokens as f32", ""),
+]
 
 
 @functools.cache
@@ -151,8 +160,14 @@ def measure(methods: list[tuple[dict, object]], args) -> list[dict]:
 
 
 def row(shape: str, impl: str, precision: str, batch: int, mb: float, pair: str | None = None) -> dict:
-    return {"shape": shape, "impl": impl, "precision": precision, "batch": batch, "mb_per_token": mb,
-            "pair": pair or precision}  # fmt: skip
+    return {
+        "shape": shape,
+        "impl": impl,
+        "precision": precision,
+        "batch": batch,
+        "mb_per_token": mb,
+        "pair": pair or precision,
+    }
 
 
 def compare(rows: list[dict]) -> None:
@@ -168,8 +183,14 @@ def compare(rows: list[dict]) -> None:
         if ref is not None:
             same = r["tokens"] == ref["tokens"]
             r["same_tokens"] = "yes" if same else f"from {first_difference(r['tokens'], ref['tokens'])}"
-        peer = [x for x in rows if x["shape"] == r["shape"] and x["impl"] == "llama.cpp" and x["pair"] == r["pair"]
-                and x["batch"] == r["batch"]]  # fmt: skip
+        peer = [
+            x
+            for x in rows
+            if x["shape"] == r["shape"]
+            and x["impl"] == "llama.cpp"
+            and x["pair"] == r["pair"]
+            and x["batch"] == r["batch"]
+        ]
         if r["impl"].startswith("attnlab") and peer:
             r["vs_llamacpp"] = r["tokens_per_s"] / peer[0]["tokens_per_s"]
 
@@ -195,8 +216,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-llamacpp", dest="llamacpp", action="store_false", help="leave out llama.cpp's rows")
     p.add_argument("--runs", default=None, help="folder for the random runs and GGUF files (default: a temporary one)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--profile", action="store_true", help="each attnlab row's decode time by operator, and "
-                   "the time outside the operators (Python, the engine, dispatch), then the table")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="each attnlab row's decode time by operator, and "
+        "the time outside the operators (Python, the engine, dispatch), then the table",
+    )
     args = p.parse_args(argv)
     args.precisions = [x for x in args.precisions.split(",") if x]
     args.batch = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -210,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in args.shape:
         run = random_run(folder, shape)
-        prompt = torch.randint(0, SHAPES[shape].vocab_size, (args.prompt_tokens,),
-                               generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
+        prompt = torch.randint(
+            0, SHAPES[shape].vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)
+        ).tolist()
         methods = attnlab_methods(run, shape, args, prompt)
         if args.profile:
             profiled(methods, args.new_tokens)

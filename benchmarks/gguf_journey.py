@@ -47,23 +47,29 @@ def main() -> None:
     print("the file's chat template is the run's:", carried == template.source)
     convs = instructions("test", args.n, TEST_SEED)
     held = [c.messages[:-1] for c in convs]
-    ours = answers(run.model, run.tokenizer, template, held, temperature=0, max_new_tokens=args.max_new_tokens,
-                   dtype="float32")  # fmt: skip
+    ours = answers(
+        run.model, run.tokenizer, template, held, temperature=0, max_new_tokens=args.max_new_tokens, dtype="float32"
+    )
     render = Jinja2ChatFormatter(carried, eos_token="", bos_token="")
     llm = Llama(args.out, n_ctx=run.model.cfg.context, n_threads=1, verbose=False)
     same = same_api = right = 0
     for conv, messages, answer in zip(convs, held, ours, strict=True):
         plain = [{"role": m.role, "content": m.content} for m in messages]
         theirs = greedy_text(args.out, render(messages=plain).prompt, args.max_new_tokens, template.end_of_turn())
-        api = llm.create_chat_completion(plain, temperature=0, max_tokens=args.max_new_tokens,
-                                         stop=[template.end_of_turn()])["choices"][0]["message"]["content"]  # fmt: skip
+        api = llm.create_chat_completion(
+            plain, temperature=0, max_tokens=args.max_new_tokens, stop=[template.end_of_turn()]
+        )["choices"][0]["message"]["content"]
         same, same_api = same + (theirs.strip() == answer), same_api + (api.strip() == answer)
         right += answer == conv.messages[-1].content
         asked = " | ".join(m.content for m in messages if m.role == "user")
-        print(f"{asked!r:45} right {conv.messages[-1].content!r:10} attnlab {answer!r:10} llama.cpp "
-              f"{theirs.strip()!r:10} create_chat_completion {api.strip()!r}")  # fmt: skip
-    print(f"llama.cpp's greedy answer is attnlab's: {same}/{len(held)}; create_chat_completion's: {same_api}/"
-          f"{len(held)}; attnlab's answers right: {right}/{len(held)}")  # fmt: skip
+        print(
+            f"{asked!r:45} right {conv.messages[-1].content!r:10} attnlab {answer!r:10} llama.cpp "
+            f"{theirs.strip()!r:10} create_chat_completion {api.strip()!r}"
+        )
+    print(
+        f"llama.cpp's greedy answer is attnlab's: {same}/{len(held)}; create_chat_completion's: {same_api}/"
+        f"{len(held)}; attnlab's answers right: {right}/{len(held)}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,17 @@ from random_run import SHAPES
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.runtime.device import DTYPES, autocast
 
-COLUMNS = [("shape", "shape", ""), ("dtype", "dtype", ""), ("impl", "impl", ""), ("batch", "batch", ","),
-           ("tokens_per_s", "tokens/s", ",.1f"), ("ms_per_step", "ms/step", ",.2f"), ("peak_mib", "peak MiB", ",.0f"),
-           ("vs_hf", "vs HF", ".2f"), ("same_tokens", "same tokens as HF", "")]  # fmt: skip
+COLUMNS = [
+    ("shape", "shape", ""),
+    ("dtype", "dtype", ""),
+    ("impl", "impl", ""),
+    ("batch", "batch", ","),
+    ("tokens_per_s", "tokens/s", ",.1f"),
+    ("ms_per_step", "ms/step", ",.2f"),
+    ("peak_mib", "peak MiB", ",.0f"),
+    ("vs_hf", "vs HF", ".2f"),
+    ("same_tokens", "same tokens as HF", ""),
+]
 
 
 def methods(gpt, hf, prompt: list[int], args, dtype: str) -> list[tuple[dict, object]]:
@@ -52,8 +60,14 @@ def methods(gpt, hf, prompt: list[int], args, dtype: str) -> list[tuple[dict, ob
     def hf_call(b: int) -> list[int]:
         ids = torch.tensor([prompt] * b, device=device)
         with autocast(device, cast):
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                              min_new_tokens=n, pad_token_id=0)  # fmt: skip
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=0,
+            )
         return out[0, len(prompt) :].tolist()
 
     for b in [1, *args.batch]:

@@ -70,9 +70,14 @@ def table(rows: list, test: list) -> None:
     sft = rows[0][1]
     for name, kinds_of, seconds in rows:
         wall = "" if seconds is None else f"{seconds / 60:.1f} min"
-        print(f"| {name} | {overall(kinds_of, test):.1%} | "
-              + " | ".join(f"{kinds_of[k]:.1%}" + ("" if name == "sft" else f" ({100 * (kinds_of[k] - sft[k]):+.1f})")
-                           for k in kinds) + f" | {wall} |")  # fmt: skip
+        print(
+            f"| {name} | {overall(kinds_of, test):.1%} | "
+            + " | ".join(
+                f"{kinds_of[k]:.1%}" + ("" if name == "sft" else f" ({100 * (kinds_of[k] - sft[k]):+.1f})")
+                for k in kinds
+            )
+            + f" | {wall} |"
+        )
 
 
 def overall(kinds_of: dict[str, float], test: list) -> float:

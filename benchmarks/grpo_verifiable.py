@@ -30,8 +30,7 @@ from pathlib import Path
 
 def command(task: str, out: Path, init: Path, a: argparse.Namespace, *more: str) -> list[str]:
     data = ["--data", a.data, "--level", str(a.level), "--test-examples", str(a.test)]
-    return ["attnlab", "--threads", str(a.threads), "train", task, "--init", str(init), "--out", str(out), *data,
-            *more]  # fmt: skip
+    return ["attnlab", "--threads", str(a.threads), "train", task, "--init", str(init), "--out", str(out), *data, *more]
 
 
 def trained(cmd: list[str], out: Path) -> float:
@@ -70,8 +69,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--control-seeds", type=int, nargs="*", default=[1], help="seeds of the --reward random run")
     ap.add_argument("--jobs", type=int, default=1, help="grpo runs at once (their wall times then overlap)")
-    ap.add_argument("--threads", type=int, default=1, help="PyTorch threads a run (on a 2-core machine busy with "
-                    "other jobs, two threads made a grpo step 20x slower than one)")  # fmt: skip
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="PyTorch threads a run (on a 2-core machine busy with "
+        "other jobs, two threads made a grpo step 20x slower than one)",
+    )
     a = ap.parse_args()
     root = Path(a.out)
     root.mkdir(parents=True, exist_ok=True)
@@ -82,8 +86,20 @@ def main() -> None:
     more = ["--max-steps", str(a.sft_steps), "--eval-interval", str(a.sft_steps), "--warmup-steps", "10"]
     rows = [row("sft", "-", "1337", sft, trained(command("sft", sft, init, a, *more), sft), None)]
     base = json.loads((sft / "eval.json").read_text())["exact"]
-    rl = ["--max-steps", str(a.steps), "--eval-interval", str(a.steps), "--lr", str(a.lr), "--group", str(a.group),
-          "--batch-size", str(a.batch_size), "--max-new-tokens", str(a.max_new_tokens)]  # fmt: skip
+    rl = [
+        "--max-steps",
+        str(a.steps),
+        "--eval-interval",
+        str(a.steps),
+        "--lr",
+        str(a.lr),
+        "--group",
+        str(a.group),
+        "--batch-size",
+        str(a.batch_size),
+        "--max-new-tokens",
+        str(a.max_new_tokens),
+    ]
     runs = [("exact", s) for s in a.seeds] + [("random", s) for s in a.control_seeds]
 
     def one(run: tuple[str, int]) -> str:

@@ -56,8 +56,10 @@ def main() -> None:
             c.length = 63  # back to 63 cached positions: the same step each time
         model(step, caches=caches, offset=63)
 
-    timings = {"decode step (1 token, 63 cached)": median_seconds(decode),
-               "forward, 64 tokens": median_seconds(lambda: model(ids))}  # fmt: skip
+    timings = {
+        "decode step (1 token, 63 cached)": median_seconds(decode),
+        "forward, 64 tokens": median_seconds(lambda: model(ids)),
+    }
     print(f"{cpu_name()}; gpt-nano; a point with no hook: {per_call * 1e9:.0f} ns; {per_forward} points per forward\n")
     for name, seconds in timings.items():
         share = per_forward * per_call / seconds

@@ -80,8 +80,23 @@ def edit_json(path: Path, **changes) -> None:
 
 
 def sft(folder: Path, scratch: Path, *extra: str, data: str | None = None) -> list[str]:
-    return ["train", "sft", "--init", str(folder), "--data", data or str(scratch / "chat.jsonl"), "--out",
-            str(scratch / "out"), "--max-steps", "2", "--batch-size", "2", "--device", "cpu", *extra]  # fmt: skip
+    return [
+        "train",
+        "sft",
+        "--init",
+        str(folder),
+        "--data",
+        data or str(scratch / "chat.jsonl"),
+        "--out",
+        str(scratch / "out"),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def template_case(name: str, template: str) -> None:
@@ -94,8 +109,10 @@ def template_case(name: str, template: str) -> None:
 
 LOOP = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 template_case("template 'x' * 10^9", "{{ 'x' * 1000000000 }}" + LOOP)
-template_case("template nested range(100000) loops",
-              "{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}")  # fmt: skip
+template_case(
+    "template nested range(100000) loops",
+    "{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}",
+)
 template_case("template range(10^8)", "{% for i in range(100000000) %}{% endfor %}" + LOOP)
 template_case("template self-calling macro", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
 template_case("template '%999999999s' %", "{{ '%999999999s' % 'a' }}" + LOOP)
@@ -161,8 +178,7 @@ def rewrite_gguf(src: Path, out: Path, changes: dict) -> None:
         if key not in reader.fields:
             writer.add_uint32(key, value)
     for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_shape=list(reversed([int(n) for n in t.shape])),
-                          raw_dtype=t.tensor_type)  # fmt: skip
+        writer.add_tensor(t.name, t.data, raw_shape=list(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -254,13 +270,19 @@ def pairs(chosen: str, rejected: str) -> list[dict]:
 data_case('data {"messages": "hello"}', lambda p: lines([{"messages": "hello"}] * 40, p))
 data_case("data chosen == rejected (dpo)", lambda p: lines(pairs("4", "4"), p), task="dpo")
 data_case("data a million tiny rows", lambda p: lines([{"prompt": "a", "completion": "b"}] * 1_000_000, p))
-data_case("data one 10,000-turn conversation",
-          lambda p: lines([{"messages": [{"role": r, "content": "hi"} for _ in range(5000)
-                                         for r in ("user", "assistant")]}] * 2, p))  # fmt: skip
+data_case(
+    "data one 10,000-turn conversation",
+    lambda p: lines(
+        [{"messages": [{"role": r, "content": "hi"} for _ in range(5000) for r in ("user", "assistant")]}] * 2, p
+    ),
+)
 data_case("data a 100 MB line", lambda p: lines([{"prompt": "a", "completion": "b" * 100_000_000}] + CHAT, p))
-data_case("data raw U+2028 in JSONL",
-          lambda p: p.write_text("".join(json.dumps(c, ensure_ascii=False).replace("2 + 2", "2\u20282") + "\n"
-                                         for c in CHAT)))  # fmt: skip
+data_case(
+    "data raw U+2028 in JSONL",
+    lambda p: p.write_text(
+        "".join(json.dumps(c, ensure_ascii=False).replace("2 + 2", "2\u20282") + "\n" for c in CHAT)
+    ),
+)
 data_case("data invalid UTF-8", lambda p: p.write_bytes(b'{"prompt": "\xff\xfe", "completion": "b"}\n' * 40))
 data_case("data nesting 100,000 deep", lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"))
 
@@ -306,8 +328,13 @@ def run_case(args: list[str], scratch: Path, timeout: float, cap_gib: float) -> 
     peak = int(measured[-1]) // 1024 if measured and measured[-1].isdigit() else seen[0] // 1024
     said = [line for line in err.splitlines() if line.strip()]
     last = f"(killed at the {cap_gib:g} GiB cap)" if capped else (said[-1] if said else "")
-    return {"exit": proc.returncode, "seconds": round(took, 1), "peak_mib": peak,
-            "traceback": "Traceback" in err, "line": last}  # fmt: skip
+    return {
+        "exit": proc.returncode,
+        "seconds": round(took, 1),
+        "peak_mib": peak,
+        "traceback": "Traceback" in err,
+        "line": last,
+    }
 
 
 def main() -> None:
@@ -331,12 +358,20 @@ def main() -> None:
         try:
             row = {"case": name, **run_case(make(root / "bases", scratch), scratch, a.timeout, a.cap_gib)}
         except Exception as e:  # a case that could not be built (the older attnlab lacks a piece): say so
-            row = {"case": name, "exit": None, "seconds": None, "peak_mib": None, "traceback": None,
-                   "line": f"(not built: {type(e).__name__}: {e})"}  # fmt: skip
+            row = {
+                "case": name,
+                "exit": None,
+                "seconds": None,
+                "peak_mib": None,
+                "traceback": None,
+                "line": f"(not built: {type(e).__name__}: {e})",
+            }
         rows.append(row)
         line = row["line"][:150].replace("|", "/")
-        print(f"| {name} | {row['exit']} | {row['seconds']} | {row['peak_mib']} | {row['traceback']} | {line} |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {name} | {row['exit']} | {row['seconds']} | {row['peak_mib']} | {row['traceback']} | {line} |",
+            flush=True,
+        )
         shutil.rmtree(scratch, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

@@ -24,11 +24,42 @@ from attnlab.interpret.over_training import over_training, plot_over_training
 from attnlab.interpret.report import detector_tables, repeated_ablation
 from attnlab.viz.heads import plot_head_tables
 
-TRAIN = ["--data", "repeats", "--n-layer", "2", "--n-head", "4", "--d-model", "64", "--feedforward", "none",
-         "--positions", "rope", "--context", "64", "--block-size", "64", "--batch-size", "64", "--lr", "1e-3",
-         "--weight-decay", "0", "--schedule", "wsd", "--max-steps", "3000", "--snapshot-every", "100",
-         "--eval-interval", "100",
-         "--eval-batches", "4", "--device", "cpu"]  # fmt: skip
+TRAIN = [
+    "--data",
+    "repeats",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--d-model",
+    "64",
+    "--feedforward",
+    "none",
+    "--positions",
+    "rope",
+    "--context",
+    "64",
+    "--block-size",
+    "64",
+    "--batch-size",
+    "64",
+    "--lr",
+    "1e-3",
+    "--weight-decay",
+    "0",
+    "--schedule",
+    "wsd",
+    "--max-steps",
+    "3000",
+    "--snapshot-every",
+    "100",
+    "--eval-interval",
+    "100",
+    "--eval-batches",
+    "4",
+    "--device",
+    "cpu",
+]
 
 
 def formed_at(steps: list[int], best: torch.Tensor, level: float = 0.5) -> int | None:
@@ -44,15 +75,19 @@ def report(run, docs: Path) -> None:
         s = scores[name]  # (S, L, H)
         layer, head = divmod(int(s[-1].argmax()), s.shape[-1])
         step = formed_at(steps, s[:, layer, head])
-        print(f"{name:>15}: best head at the end layer {layer + 1} head {head + 1}, score {float(s[-1].max()):.3f}; "
-              f"above 0.5 from step {step}")  # fmt: skip
+        print(
+            f"{name:>15}: best head at the end layer {layer + 1} head {head + 1}, score {float(s[-1].max()):.3f}; "
+            f"above 0.5 from step {step}"
+        )
     induction = scores["induction"].flatten(1).max(-1).values  # (S,)
     at = formed_at(steps, induction)
     if at is not None:
         i = steps.index(at)
         b = max(0, i - 2)  # two snapshots before
-        print(f"loss on the repeated half: {loss[0]:.3f} at step 0, {loss[b]:.3f} at step {steps[b]}, {loss[i]:.3f} "
-              f"at step {at}, {loss[-1]:.3f} at step {steps[-1]} (chance {result['chance']:.3f})")  # fmt: skip
+        print(
+            f"loss on the repeated half: {loss[0]:.3f} at step 0, {loss[b]:.3f} at step {steps[b]}, {loss[i]:.3f} "
+            f"at step {at}, {loss[-1]:.3f} at step {steps[-1]} (chance {result['chance']:.3f})"
+        )
     ids = torch.tensor([run.tokenizer.encode("abcdefgh")])
     tables = {k: v for k, v in detector_tables(run, ids).items() if k in ("previous-token", "induction")}
     plot_head_tables(tables, docs / "induction_heads.png", "previous-token and induction scores of every head")
@@ -62,10 +97,14 @@ def report(run, docs: Path) -> None:
     table = torch.tensor(ablation["tables"]["loss change when zeroed"])
     plot_head_tables({"loss change when zeroed": table}, docs / "induction_ablation.png", ablation["title"], True)
     layer, head = divmod(int(tables["induction"].argmax()), table.shape[1])
-    print(f"repeated-half loss {ablation['loss']:.3f}; zeroing each head adds (layer x head):",
-          [[round(v, 3) for v in row] for row in table.tolist()])  # fmt: skip
-    print(f"zeroing the best induction head (layer {layer + 1} head {head + 1}) adds {float(table[layer, head]):.3f} "
-          "nats to it")  # fmt: skip
+    print(
+        f"repeated-half loss {ablation['loss']:.3f}; zeroing each head adds (layer x head):",
+        [[round(v, 3) for v in row] for row in table.tolist()],
+    )
+    print(
+        f"zeroing the best induction head (layer {layer + 1} head {head + 1}) adds {float(table[layer, head]):.3f} "
+        "nats to it"
+    )
 
 
 def run_example() -> None:

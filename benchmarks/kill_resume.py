@@ -88,10 +88,38 @@ class Setup:
     quiet: list[str]  # ["--no-progress"] where the CLI has it
 
     def train(self, run: Path) -> list[str]:
-        return [self.attnlab, "train", "lm", "--data", str(self.corpus), "--out", str(run), "--preset", "gpt-nano",
-                "--n-layer", "1", "--d-model", "32", "--n-head", "2", "--context", "32",
-                "--max-steps", str(MAX_STEPS), "--eval-interval", "2", "--eval-batches", "1", "--batch-size", "8",
-                "--device", "cpu", "--dtype", "float32", *self.quiet]  # fmt: skip
+        return [
+            self.attnlab,
+            "train",
+            "lm",
+            "--data",
+            str(self.corpus),
+            "--out",
+            str(run),
+            "--preset",
+            "gpt-nano",
+            "--n-layer",
+            "1",
+            "--d-model",
+            "32",
+            "--n-head",
+            "2",
+            "--context",
+            "32",
+            "--max-steps",
+            str(MAX_STEPS),
+            "--eval-interval",
+            "2",
+            "--eval-batches",
+            "1",
+            "--batch-size",
+            "8",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            *self.quiet,
+        ]
 
     def resume(self, run: Path, steps: int) -> list[str]:
         return [self.attnlab, "train", "lm", "--out", str(run), "--resume", "--max-steps", str(steps), *self.quiet]
@@ -133,8 +161,9 @@ def stderr_tail(stderr: str, n: int = 15) -> str:
 
 def run_cmd(cmd: list[str], timeout: float = STEP_TIMEOUT) -> tuple[int, str]:
     try:
-        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
-                           timeout=timeout)  # fmt: skip
+        p = subprocess.run(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(), timeout=timeout
+        )
         return p.returncode, p.stderr
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -216,8 +245,9 @@ def measure(setup: Setup, root: Path) -> float:
     rc, stderr = run_cmd(setup.train(run))
     seconds = time.monotonic() - t0
     if rc != 0:
-        sys.exit(f"the training command fails by itself (exit {rc}):\n{shlex.join(setup.train(run))}\n"
-                 f"{stderr_tail(stderr)}")  # fmt: skip
+        sys.exit(
+            f"the training command fails by itself (exit {rc}):\n{shlex.join(setup.train(run))}\n{stderr_tail(stderr)}"
+        )
     shutil.rmtree(run.parent, ignore_errors=True)
     return seconds
 
@@ -227,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="how many kills (default: 20)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill times (default: 0)")
     ap.add_argument("--jobs", type=int, default=2, help="trials run at the same time (default: 2)")
-    ap.add_argument("--run-seconds", type=float, default=None,
-                    help="T, the time a full run takes; default: measured")  # fmt: skip
+    ap.add_argument("--run-seconds", type=float, default=None, help="T, the time a full run takes; default: measured")
     ap.add_argument("--attnlab", default=default_attnlab(), help="the attnlab executable (default: the venv's)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders (failed trials' are kept)")
     args = ap.parse_args(argv)
@@ -254,11 +283,16 @@ def main(argv: list[str] | None = None) -> int:
         if not T:
             T, how = measure(setup, root), "measured: one run"
         n_start = min(STARTING, args.trials - len(early))
-        print(f"a full run takes T = {T:.1f} s ({how}); kill times: {len(early)} in [0, 1] s, {n_start} in "
-              f"[1, 6] s, the rest in [0, {0.8 * T:.1f}] s; seed {args.seed}", flush=True)  # fmt: skip
+        print(
+            f"a full run takes T = {T:.1f} s ({how}); kill times: {len(early)} in [0, 1] s, {n_start} in "
+            f"[1, 6] s, the rest in [0, {0.8 * T:.1f}] s; seed {args.seed}",
+            flush=True,
+        )
         late = [pool.submit(trial, setup, len(early) + i, rng.uniform(1.0, 6.0), root) for i in range(n_start)]
-        late += [pool.submit(trial, setup, i, rng.uniform(0, 0.8 * T), root)
-                 for i in range(len(early) + n_start, args.trials)]  # fmt: skip
+        late += [
+            pool.submit(trial, setup, i, rng.uniform(0, 0.8 * T), root)
+            for i in range(len(early) + n_start, args.trials)
+        ]
         trials = []
         for f in early + late:
             trials.append(f.result())

@@ -83,24 +83,44 @@ def compare(run, prompts: int, design: str) -> None:
         a, b = act.changes.numpy(), atp.changes.numpy()
         moving = (a != 0) | (b != 0)
         heads = [i for i, s in enumerate(act.sites) if s.granularity == "heads"]
-        rows.append((spearmanr(a, b).statistic, spearmanr(a[moving], b[moving]).statistic,
-                     spearmanr(a[heads], b[heads]).statistic, len(a), int(moving.sum()), t1 - t0, t2 - t1,
-                     act.clean, act.corrupted))  # fmt: skip
+        rows.append(
+            (
+                spearmanr(a, b).statistic,
+                spearmanr(a[moving], b[moving]).statistic,
+                spearmanr(a[heads], b[heads]).statistic,
+                len(a),
+                int(moving.sum()),
+                t1 - t0,
+                t2 - t1,
+                act.clean,
+                act.corrupted,
+            )
+        )
     print(f"corruption: {DESIGNS[design]}")
-    print(f"{'all sites':>10} {'moving':>8} {'heads':>7} {'sites':>6} {'moving':>7} {'act s':>7} {'AtP s':>7} "
-          f"{'m_clean':>8} {'m_corr':>8}")  # fmt: skip
+    print(
+        f"{'all sites':>10} {'moving':>8} {'heads':>7} {'sites':>6} {'moving':>7} {'act s':>7} {'AtP s':>7} "
+        f"{'m_clean':>8} {'m_corr':>8}"
+    )
     for r in rows:
-        print(f"{r[0]:>10.3f} {r[1]:>8.3f} {r[2]:>7.3f} {r[3]:>6} {r[4]:>7} {r[5]:>7.2f} {r[6]:>7.2f} {r[7]:>8.2f} "
-              f"{r[8]:>8.2f}")  # fmt: skip
+        print(
+            f"{r[0]:>10.3f} {r[1]:>8.3f} {r[2]:>7.3f} {r[3]:>6} {r[4]:>7} {r[5]:>7.2f} {r[6]:>7.2f} {r[7]:>8.2f} "
+            f"{r[8]:>8.2f}"
+        )
     for i, name in enumerate(("all sites", "moving sites", "heads")):
-        print(f"Spearman, {name}: median {statistics.median(r[i] for r in rows):.3f}, min "
-              f"{min(r[i] for r in rows):.3f} over {len(rows)} prompts")  # fmt: skip
-    print(f"time per prompt: activation patching median {statistics.median(r[5] for r in rows):.2f} s, AtP "
-          f"{statistics.median(r[6] for r in rows):.2f} s")  # fmt: skip
+        print(
+            f"Spearman, {name}: median {statistics.median(r[i] for r in rows):.3f}, min "
+            f"{min(r[i] for r in rows):.3f} over {len(rows)} prompts"
+        )
+    print(
+        f"time per prompt: activation patching median {statistics.median(r[5] for r in rows):.2f} s, AtP "
+        f"{statistics.median(r[6] for r in rows):.2f} s"
+    )
 
 
-DESIGNS = {"answer": "the answer's first occurrence replaced by a token the prompt lacks (wrong: that token)",
-           "half": "the whole first half redrawn (wrong: the corrupted run's top answer)"}  # fmt: skip
+DESIGNS = {
+    "answer": "the answer's first occurrence replaced by a token the prompt lacks (wrong: that token)",
+    "half": "the whole first half redrawn (wrong: the corrupted run's top answer)",
+}
 
 
 def cli_times(root: Path, repeats: int) -> None:
@@ -108,9 +128,31 @@ def cli_times(root: Path, repeats: int) -> None:
     corpus.write_text("def add(a, b):\n    return a + b\n" * 200)
     run = root / "nano4"
     if not run.exists():
-        assert cli(["train", "lm", "--data", str(corpus), "--out", str(run), "--preset", "gpt-nano", "--tokenizer",
-                    "char", "--max-steps", "20", "--eval-interval", "20", "--eval-batches", "1", "--device",
-                    "cpu"]) == 0  # fmt: skip
+        assert (
+            cli(
+                [
+                    "train",
+                    "lm",
+                    "--data",
+                    str(corpus),
+                    "--out",
+                    str(run),
+                    "--preset",
+                    "gpt-nano",
+                    "--tokenizer",
+                    "char",
+                    "--max-steps",
+                    "20",
+                    "--eval-interval",
+                    "20",
+                    "--eval-batches",
+                    "1",
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
     text = ("def add(a, b):\n    return a + b\n" * 3)[:64]
     bad = text.replace("a, b", "b, b", 1)
     exe = str(Path(sys.executable).with_name("attnlab"))
@@ -118,12 +160,30 @@ def cli_times(root: Path, repeats: int) -> None:
     for _ in range(repeats):
         for method in times:
             t = time.perf_counter()
-            subprocess.run([exe, "patch", str(run), "--clean", text, "--corrupted", bad, "--wrong",
-                            "b", "--method", method, "--json"], check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [
+                    exe,
+                    "patch",
+                    str(run),
+                    "--clean",
+                    text,
+                    "--corrupted",
+                    bad,
+                    "--wrong",
+                    "b",
+                    "--method",
+                    method,
+                    "--json",
+                ],
+                check=True,
+                capture_output=True,
+            )
             times[method].append(time.perf_counter() - t)
     m = attnlab.load(run, device="cpu").model
-    print(f"attnlab patch on {run.name} ({m.cfg.n_layer} layers x {m.cfg.d_model}, {m.cfg.n_head} heads), "
-          f"{len(text)} tokens:")  # fmt: skip
+    print(
+        f"attnlab patch on {run.name} ({m.cfg.n_layer} layers x {m.cfg.d_model}, {m.cfg.n_head} heads), "
+        f"{len(text)} tokens:"
+    )
     for method, ts in times.items():
         print(f"  --method {method}: median {statistics.median(ts):.2f} s of {', '.join(f'{t:.2f}' for t in ts)}")
     loaded = attnlab.load(run, device="cpu")  # the patching alone, in this process (imports and loading paid)
@@ -134,8 +194,10 @@ def cli_times(root: Path, repeats: int) -> None:
             patch(loaded, text, bad, wrong="b", method=method)
             inside[method].append(time.perf_counter() - t)
     for method, ts in inside.items():
-        print(f"  patch(..., method={method!r}) in process: median {statistics.median(ts):.3f} s of "
-              f"{', '.join(f'{t:.3f}' for t in ts)}")  # fmt: skip
+        print(
+            f"  patch(..., method={method!r}) in process: median {statistics.median(ts):.3f} s of "
+            f"{', '.join(f'{t:.3f}' for t in ts)}"
+        )
 
 
 def run_benchmark() -> None:
@@ -145,8 +207,10 @@ def run_benchmark() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--scratch", default="runs/patching-bench", help="where the 4-layer timing run is written")
     args = p.parse_args()
-    print(f"CPU: {cpu_name()}, torch threads {torch.get_num_threads()}, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
+    print(
+        f"CPU: {cpu_name()}, torch threads {torch.get_num_threads()}, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
     if not Path(args.run).exists():
         assert cli(["train", "lm", "--out", args.run, *TRAIN]) == 0
     run = attnlab.load(args.run, device="cpu")

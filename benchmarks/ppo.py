@@ -60,8 +60,9 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.05)
     ap.add_argument("--group", type=int, default=PPOOptions.group, help="answers per prompt (ppo --group)")
     ap.add_argument("--batch-size", type=int, default=0, help="prompts per rollout (0: ppo's default)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1337], help="one run each, under --out/seed_N "
-                    "when more than one")  # fmt: skip
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[1337], help="one run each, under --out/seed_N when more than one"
+    )
     ap.add_argument("--test", type=int, default=0, help="held-out instructions scored (0: the sft run's test split)")
     a = ap.parse_args()
     sft, rm = load(a.sft), RewardRun(a.reward)
@@ -91,15 +92,25 @@ def summary(out: Path, a: argparse.Namespace, seed: int, seconds: float, before:
     sampled = [r for r in rows if r.get("generate_s", 0) > 0]
     kl = [r["kl"] for r in sampled[-5:]]
     return {
-        "steps": a.steps, "lr": a.lr, "beta": a.beta, "seed": seed, "group": a.group,
-        "exact_before": before["exact"], "exact_after": after["exact"], "examples": after["examples"],
-        "score_before": before["reward_score"], "score_after": after["reward_score"],
-        "kl_last_rollouts": sum(kl) / max(1, len(kl)), "seconds": seconds, "seconds_per_step": seconds / a.steps,
+        "steps": a.steps,
+        "lr": a.lr,
+        "beta": a.beta,
+        "seed": seed,
+        "group": a.group,
+        "exact_before": before["exact"],
+        "exact_after": after["exact"],
+        "examples": after["examples"],
+        "score_before": before["reward_score"],
+        "score_after": after["reward_score"],
+        "kl_last_rollouts": sum(kl) / max(1, len(kl)),
+        "seconds": seconds,
+        "seconds_per_step": seconds / a.steps,
         "generate_share": sum(r["generate_s"] for r in sampled) / seconds,
         "alarm": [r["step"] for r in rows if r.get("hacking")],
-        "watched": [(r["step"], round(r["heldout_score"], 3), r["heldout_exact"]) for r in rows
-                    if "heldout_score" in r],
-    }  # fmt: skip
+        "watched": [
+            (r["step"], round(r["heldout_score"], 3), r["heldout_exact"]) for r in rows if "heldout_score" in r
+        ],
+    }
 
 
 if __name__ == "__main__":

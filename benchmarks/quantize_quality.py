@@ -112,8 +112,10 @@ def measure_run(path: str, args: argparse.Namespace) -> list[dict]:
     first = rows[0]
     for row in rows:  # the comparison is only fair on the same tokens
         if (row["tokens"], row["characters"]) != (first["tokens"], first["characters"]):
-            raise SystemExit(f"{path}: {row['precision']} evaluated {row['tokens']} tokens, {first['precision']} "
-                             f"{first['tokens']}: not the same text")  # fmt: skip
+            raise SystemExit(
+                f"{path}: {row['precision']} evaluated {row['tokens']} tokens, {first['precision']} "
+                f"{first['tokens']}: not the same text"
+            )
     base = next((r["loss"] for r in rows if r["precision"] == FLOAT), None)
     for row in rows:
         row["change_pct"] = None if base is None else (row["loss"] - base) / base * 100
@@ -125,19 +127,30 @@ def measure_run(path: str, args: argparse.Namespace) -> list[dict]:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="language-model run folders (float ones: each is quantized here)")
-    parser.add_argument("--max-tokens", type=int, default=200_000,
-                        help="evaluate the first this many tokens of the validation split (default 200,000; "
-                        "0: all of it)")  # fmt: skip
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS,
-                        help="the first one named float32 is the reference (default: all four)")  # fmt: skip
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=200_000,
+        help="evaluate the first this many tokens of the validation split (default 200,000; 0: all of it)",
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=list(PRECISIONS),
+        choices=PRECISIONS,
+        help="the first one named float32 is the reference (default: all four)",
+    )
     parser.add_argument("--data", default=None, help="the text to evaluate on (default: each run's own data)")
     parser.add_argument("--glob", default=None, help="which files of --data to read (default: the run's own)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... as attnlab.load takes it")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    parser.add_argument("--decode-kernels", action="store_true",
-                        help="every product through the kernels a decode step takes (attnlab's row operators at "
-                        "any row count: int4's rounds its activations to int8), not PyTorch's for windows")  # fmt: skip
+    parser.add_argument(
+        "--decode-kernels",
+        action="store_true",
+        help="every product through the kernels a decode step takes (attnlab's row operators at "
+        "any row count: int4's rounds its activations to int8), not PyTorch's for windows",
+    )
     return parser.parse_args()
 
 
@@ -158,14 +171,18 @@ def main() -> None:
     for path in args.runs:
         mine = [r for r in rows if r["run"] == path]
         first = mine[0]
-        print(f"{Path(path).name}: {first['data']} (val), {first['tokens']:,} tokens, {first['characters']:,} "
-              f"characters; evaluated in {first['evaluation_dtype']} on {first['device']}")  # fmt: skip
+        print(
+            f"{Path(path).name}: {first['data']} (val), {first['tokens']:,} tokens, {first['characters']:,} "
+            f"characters; evaluated in {first['evaluation_dtype']} on {first['device']}"
+        )
     print(format_table(rows, COLUMNS))
     for row in rows:
         if row["within_target"] is not None:
             verdict = "within" if row["within_target"] else "BEYOND"
-            print(f"{row['run']}: {row['precision']} is {row['change_pct']:+.3f}% from float32, {verdict} the "
-                  f"issue's {TARGET[row['precision']]:g}%")  # fmt: skip
+            print(
+                f"{row['run']}: {row['precision']} is {row['change_pct']:+.3f}% from float32, {verdict} the "
+                f"issue's {TARGET[row['precision']]:g}%"
+            )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def random_run(folder: Path, shape: str, seed: int = 0) -> Path:
     fresh_dir(out)
     record(out, CONFIG, WEIGHTS, TOKENIZER)
     data = DataConfig(tokenizer="bpe", vocab_size=cfg.vocab_size)
-    write_json(out / CONFIG, {"family": "gpt", "model": asdict(cfg), "train": asdict(TrainConfig()),
-                              "data": asdict(data)})  # fmt: skip
+    write_json(
+        out / CONFIG, {"family": "gpt", "model": asdict(cfg), "train": asdict(TrainConfig()), "data": asdict(data)}
+    )
     write_text(out / TOKENIZER, tok.to_json())
     save_weights(model, out / WEIGHTS, {"step": "0"})
     return out

@@ -56,8 +56,9 @@ def drawn(sft, max_new: int, cache: Path, questions: int = QUESTIONS) -> dict:
         return {**json.loads(cache.read_text()), "prompts": prompts}
     kw = dict(temperature=1.0, max_new_tokens=max_new)
     one = answers(sft.model, sft.tokenizer, template, prompts, seed=0, **kw)
-    groups = [answers(sft.model, sft.tokenizer, template, [p] * BEST_OF, seed=1000 * i, **kw)
-              for i, p in enumerate(prompts)]  # fmt: skip
+    groups = [
+        answers(sft.model, sft.tokenizer, template, [p] * BEST_OF, seed=1000 * i, **kw) for i, p in enumerate(prompts)
+    ]
     out = {"one": one, "groups": groups, "right": [c.messages[-1].content for c in convs]}
     cache.write_text(json.dumps(out))
     return {**out, "prompts": prompts}
@@ -75,8 +76,17 @@ def variant(name: str, sft: str, out: Path, pairs: PreferenceData, seed: int) ->
     if not (run / "bench.json").is_file():
         head, steps, lr, sampled = VARIANTS[name]
         t0 = time.perf_counter()
-        res = train(run, None, TrainConfig(**TRAIN, lr=lr, max_steps=steps, seed=seed), task="reward", data=pairs,
-                    init=sft, head=head, sampled_negatives=sampled, progress=False)  # fmt: skip
+        res = train(
+            run,
+            None,
+            TrainConfig(**TRAIN, lr=lr, max_steps=steps, seed=seed),
+            task="reward",
+            data=pairs,
+            init=sft,
+            head=head,
+            sampled_negatives=sampled,
+            progress=False,
+        )
         bench = {"pair_accuracy": res["test"]["pair_accuracy"], "seconds": time.perf_counter() - t0}
         (run / "bench.json").write_text(json.dumps(bench))
     bench = json.loads((run / "bench.json").read_text())
@@ -88,8 +98,13 @@ def main() -> None:
     ap.add_argument("sft", help="the sft run the reward models start from (and the policy sampled)")
     ap.add_argument("--out", default="runs/reward_bench", help="where the reward runs and samples go")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--max-new-tokens", type=int, nargs="+", default=[24, 40],
-                    help="answer lengths sampled (the demo used 24: too few for 3 digits in words)")  # fmt: skip
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        nargs="+",
+        default=[24, 40],
+        help="answer lengths sampled (the demo used 24: too few for 3 digits in words)",
+    )
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--questions", type=int, default=QUESTIONS, help="held-out questions sampled")
     ap.add_argument("--ranked-by", nargs="+", default=[], metavar="RUN", help="reward runs already trained")

@@ -76,8 +76,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"CPU: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"attnlab operators: {row_kernels.unavailable() or 'loaded'}")  # fmt: skip
+    print(
+        f"CPU: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"attnlab operators: {row_kernels.unavailable() or 'loaded'}"
+    )
     rows = []
     batches = [int(b) for b in args.batches.split(",")]
     for shape in SHAPES[args.shapes]:
@@ -93,12 +95,31 @@ def main() -> None:
                 seconds = statistics.median(times[name])
                 ref = x.double() @ weight(sets[kind][0]).double().T
                 error = ((product(x, sets[kind][0]).double() - ref).abs().max() / ref.abs().max()).item()
-                rows.append({"shape": f"{shape[0]} x {shape[1]}", "batch": batch, "kernel": name,
-                             "us": seconds * 1e6, "gbs": stored_bytes(sets[kind][0]) / seconds / 1e9,
-                             "vs": base / seconds, "err": error})  # fmt: skip
-    print(format_table(rows, [("shape", "shape (O x I)", "s"), ("batch", "M", "d"), ("kernel", "kernel", "s"),
-                              ("us", "us a product", ".1f"), ("gbs", "GB/s", ".1f"), ("vs", "x f32", ".2f"),
-                              ("err", "rel. error", ".1e")]))  # fmt: skip
+                rows.append(
+                    {
+                        "shape": f"{shape[0]} x {shape[1]}",
+                        "batch": batch,
+                        "kernel": name,
+                        "us": seconds * 1e6,
+                        "gbs": stored_bytes(sets[kind][0]) / seconds / 1e9,
+                        "vs": base / seconds,
+                        "err": error,
+                    }
+                )
+    print(
+        format_table(
+            rows,
+            [
+                ("shape", "shape (O x I)", "s"),
+                ("batch", "M", "d"),
+                ("kernel", "kernel", "s"),
+                ("us", "us a product", ".1f"),
+                ("gbs", "GB/s", ".1f"),
+                ("vs", "x f32", ".2f"),
+                ("err", "rel. error", ".1e"),
+            ],
+        )
+    )
 
 
 def timed(found: dict, sets: dict, x: torch.Tensor, count: int, rounds: int) -> dict[str, list[float]]:

@@ -63,10 +63,22 @@ def main() -> None:
     else:
         if not a.run:
             p.error("residual needs a RUN")
-        r = measure([*threads, "sae", "train", a.run, "--hook", a.hook, "--out", a.out, "--force", "--device", "cpu",
-                     *extra])  # fmt: skip
-        keys = ("explained_variance", "ce_loss_recovered", "l0", "dead_fraction", "kl_div", "ce_clean", "ce_sae",
-                "ce_zero", "seconds", "wall_s", "cpu_s")  # fmt: skip
+        r = measure(
+            [*threads, "sae", "train", a.run, "--hook", a.hook, "--out", a.out, "--force", "--device", "cpu", *extra]
+        )
+        keys = (
+            "explained_variance",
+            "ce_loss_recovered",
+            "l0",
+            "dead_fraction",
+            "kl_div",
+            "ce_clean",
+            "ce_sae",
+            "ce_zero",
+            "seconds",
+            "wall_s",
+            "cpu_s",
+        )
     print("  ".join(f"{k} {r[k]:.4g}" if isinstance(r[k], float) else f"{k} {r[k]}" for k in keys))
 
 

@@ -68,9 +68,30 @@ def corpus(path: Path) -> None:
 
 
 def train(run: Path, shape: str, data: Path, log: Path) -> None:
-    cmd = [sys.executable, "-m", "attnlab", "train", "lm", "--out", str(run), "--data", str(data), "--tokenizer",
-           "char", "--max-steps", "1", "--batch-size", "2", "--eval-interval", "1", "--eval-batches", "1",
-           "--device", "cpu", *SHAPES[shape]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnlab",
+        "train",
+        "lm",
+        "--out",
+        str(run),
+        "--data",
+        str(data),
+        "--tokenizer",
+        "char",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--eval-interval",
+        "1",
+        "--eval-batches",
+        "1",
+        "--device",
+        "cpu",
+        *SHAPES[shape],
+    ]
     with log.open("w") as f:
         if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode:
             raise SystemExit(f"training the {shape} run failed; see {log}")
@@ -83,8 +104,22 @@ def free_port() -> int:
 
 
 def start_server(run: Path, port: int, log: Path, threads: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "attnlab", "serve", str(run), "--port", str(port), "--device", "cpu",
-           "--max-streams", "64", "--max-batch", "16", *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnlab",
+        "serve",
+        str(run),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-streams",
+        "64",
+        "--max-batch",
+        "16",
+        *(["--threads", str(threads)] if threads else []),
+    ]
     server = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -122,8 +157,16 @@ def client() -> httpx.Client:
 
 def stream(client: httpx.Client, url: str, seed: int, tokens: int) -> tuple[str, int, float, float]:
     """One streamed completion: (text, tokens drawn, seconds to the first text, seconds in all)."""
-    body = {"model": "run", "prompt": PROMPT, "max_tokens": tokens, "seed": seed, "temperature": 1.0,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "run",
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "seed": seed,
+        "temperature": 1.0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     first, text, drawn = None, [], 0
     with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
@@ -166,10 +209,16 @@ def phase(url: str, pid: int, streams: int, requests: int, tokens: int) -> tuple
     seconds, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
     drawn = sum(r[2] for r in results)
     ttft = sorted(r[3] * 1e3 for r in results)
-    figures = {"streams": streams, "requests": len(results), "tokens": drawn, "seconds": seconds,
-               "tokens_per_s": drawn / seconds, "ttft_p50_ms": statistics.median(ttft),
-               "cpu_ms_per_token": cpu / drawn * 1e3,
-               "ttft_p95_ms": ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]}  # fmt: skip
+    figures = {
+        "streams": streams,
+        "requests": len(results),
+        "tokens": drawn,
+        "seconds": seconds,
+        "tokens_per_s": drawn / seconds,
+        "ttft_p50_ms": statistics.median(ttft),
+        "cpu_ms_per_token": cpu / drawn * 1e3,
+        "ttft_p95_ms": ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))],
+    }
     return figures, {r[0]: r[1] for r in results}
 
 
@@ -227,8 +276,9 @@ def default_threads() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--shapes", default="nano,6x384", help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument(
         "--concurrency", default="1,4,16", help="concurrent streams, comma-separated (the first is the base)"
@@ -261,14 +311,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"machine": machine, "results": results}, indent=1))
         return 0
     threads = args.server_threads or default_threads()
-    print(f"{machine['cpu']}, {machine['cores']} cores; load average before {load_before[0]:.2f}, "
-          f"after {machine['load_after'][0]:.2f}; {args.tokens} tokens per request, {args.requests} requests per "
-          f"stream; server: attnlab serve --max-batch 16 --threads {threads}")  # fmt: skip
+    print(
+        f"{machine['cpu']}, {machine['cores']} cores; load average before {load_before[0]:.2f}, "
+        f"after {machine['load_after'][0]:.2f}; {args.tokens} tokens per request, {args.requests} requests per "
+        f"stream; server: attnlab serve --max-batch 16 --threads {threads}"
+    )
     print(format_table([row for r in results.values() for row in r["rows"]], COLUMNS))
     for shape, r in results.items():
-        rss = "" if r["rss_before_mb"] is None else (
-            f"; server RSS {r['rss_before_mb']:.0f} MB before and {r['rss_after_mb']:.0f} MB after "
-            f"{args.memory_requests} more requests")  # fmt: skip
+        rss = (
+            ""
+            if r["rss_before_mb"] is None
+            else (
+                f"; server RSS {r['rss_before_mb']:.0f} MB before and {r['rss_after_mb']:.0f} MB after "
+                f"{args.memory_requests} more requests"
+            )
+        )
         print(f"{shape}: seeded texts at {max(args.concurrency)} streams equal to one stream's: {r['exact']}{rss}")
     return 0
 

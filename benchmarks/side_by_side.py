@@ -30,8 +30,21 @@ MODES = ("alone", "together, before (ATTNLAB_THREADS=0)", "together, after (defa
 
 
 def command(task: str, out: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "attnlab", *shlex.split(task), "--out", str(out), "--max-steps", str(steps),
-            "--eval-interval", str(10 * steps), "--warmup-steps", "1", "--force"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "attnlab",
+        *shlex.split(task),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--eval-interval",
+        str(10 * steps),
+        "--warmup-steps",
+        "1",
+        "--force",
+    ]
 
 
 def environment(before: bool) -> dict[str, str]:
@@ -47,8 +60,16 @@ def steps_per_second(run: Path, steps: int) -> float:
 def train(task: str, folder: Path, steps: int, n: int, before: bool) -> tuple[list[float], list[str]]:
     """Start `n` trainings at once; their steps/s and the threads line each printed (if any)."""
     outs = [folder / f"run{i}" for i in range(n)]
-    procs = [subprocess.Popen(command(task, out, steps), env=environment(before), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for out in outs]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            command(task, out, steps),
+            env=environment(before),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in outs
+    ]
     lines = []
     for p in procs:
         _, err = p.communicate()

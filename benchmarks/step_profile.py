@@ -29,8 +29,9 @@ def step_profile(call: Callable[[], object], new_tokens: int) -> dict:
         call()
         wall = (time.perf_counter() - t0) * 1e3 / new_tokens
     ops = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    own = sorted(((e.key, e.self_cpu_time_total / 1e3 / new_tokens, e.count / new_tokens) for e in ops),
-                 key=lambda t: -t[1])  # fmt: skip
+    own = sorted(
+        ((e.key, e.self_cpu_time_total / 1e3 / new_tokens, e.count / new_tokens) for e in ops), key=lambda t: -t[1]
+    )
     inside = sum(ms for _, ms, _ in own)
     return {"wall_ms": wall, "inside_ms": inside, "outside_ms": max(0.0, wall - inside), "top": own[:TOP]}
 

@@ -128,8 +128,12 @@ E2E_COLUMNS = [
     ("start_s", "start s", ".2f"),
 ]
 # The parts of the training loop timed in the end-to-end table: (module attribute, column).
-LOOP_PARTS = [("train_step", "steps_s"), ("estimate_loss", "val_s"), ("save_checkpoint", "ckpt_s"),
-              ("plot_loss", "plot_s")]  # fmt: skip
+LOOP_PARTS = [
+    ("train_step", "steps_s"),
+    ("estimate_loss", "val_s"),
+    ("save_checkpoint", "ckpt_s"),
+    ("plot_loss", "plot_s"),
+]
 
 
 def model_config(name: str, vocab: int) -> GPTConfig:
@@ -337,8 +341,16 @@ def bare_seconds(model: GPTConfig, train: TrainConfig, device: torch.device, dty
 def bench_e2e(name: str, dtype: torch.dtype, device: torch.device, args: argparse.Namespace) -> dict:
     """End-to-end runs and bare loops of one model in one dtype, alternating: one table row."""
     model = e2e_model(name)
-    train = TrainConfig(**{**DEMO_TRAIN, "max_steps": args.e2e_steps, "batch_size": args.batch_size,
-                           "dtype": dtype_name(dtype), "device": str(device), "seed": args.seed})  # fmt: skip
+    train = TrainConfig(
+        **{
+            **DEMO_TRAIN,
+            "max_steps": args.e2e_steps,
+            "batch_size": args.batch_size,
+            "dtype": dtype_name(dtype),
+            "device": str(device),
+            "seed": args.seed,
+        }
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         first = Path(tmp) / "warmup"  # builds the token cache; gives the model's vocab_size
@@ -416,8 +428,10 @@ def main(argv: list[str] | None = None) -> None:
     if rows:
         print(format_table(rows, COLUMNS))
     if e2e:
-        print(f"\nend-to-end (attnlab.train on stdlib, the demo's settings) against the bare loop, "
-              f"median of {args.e2e_repeats} alternating pairs:")  # fmt: skip
+        print(
+            f"\nend-to-end (attnlab.train on stdlib, the demo's settings) against the bare loop, "
+            f"median of {args.e2e_repeats} alternating pairs:"
+        )
         print(format_table(e2e, E2E_COLUMNS))
 
 

@@ -118,8 +118,9 @@ class Answer:
 def post(client: httpx.Client, run: str, data: bytes, filename: str, timeout: float) -> Answer:
     t0 = time.perf_counter()
     try:
-        r = client.post("/api/predict_image", data={"run": run}, files={"image": (filename, data, "image/png")},
-                        timeout=timeout)  # fmt: skip
+        r = client.post(
+            "/api/predict_image", data={"run": run}, files={"image": (filename, data, "image/png")}, timeout=timeout
+        )
         return Answer(str(r.status_code), time.perf_counter() - t0, r.text[:200])
     except httpx.HTTPError as e:
         return Answer(f"{type(e).__name__}", time.perf_counter() - t0, str(e)[:200])
@@ -141,9 +142,31 @@ def tail(path: Path, n: int = 20) -> str:
 
 
 def train(attnlab: str, run: Path, log: Path) -> None:
-    cmd = [attnlab, "train", "image", "--data", "digits", "--out", str(run), "--max-steps", "20",
-           "--device", "cpu", "--dtype", "float32", "--preset", "vit-nano", "--n-layer", "1", "--d-model", "32",
-           "--n-head", "2", "--eval-batches", "1"]  # fmt: skip
+    cmd = [
+        attnlab,
+        "train",
+        "image",
+        "--data",
+        "digits",
+        "--out",
+        str(run),
+        "--max-steps",
+        "20",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--preset",
+        "vit-nano",
+        "--n-layer",
+        "1",
+        "--d-model",
+        "32",
+        "--n-head",
+        "2",
+        "--eval-batches",
+        "1",
+    ]
     if help_has(attnlab, ["train", "image"], "--no-progress"):
         cmd.append("--no-progress")
     print("$", " ".join(cmd), flush=True)
@@ -198,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     log = root / "serve.log"
     with open(log, "wb") as f:
-        server = subprocess.Popen([args.attnlab, "serve", str(run), "--port", str(port)], stdout=f,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        server = subprocess.Popen(
+            [args.attnlab, "serve", str(run), "--port", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         t0 = time.monotonic()
         runs = wait_ready(server, url, log)
@@ -213,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             with PeakRSS(server.pid) as peak:
                 first = post(client, name, big, "big.png", args.timeout)
             after1 = memory_mb(server.pid)
-            rows.append(("big PNG, 1st request", first.status, f"{first.seconds:.2f}", mb(peak.peak),
-                         mb(after1 and after1[0])))  # fmt: skip
+            rows.append(
+                ("big PNG, 1st request", first.status, f"{first.seconds:.2f}", mb(peak.peak), mb(after1 and after1[0]))
+            )
             print(f"big PNG answer ({first.status}, {first.seconds:.2f} s): {first.body}", flush=True)
 
             answers: list[Answer] = []
@@ -232,17 +260,30 @@ def main(argv: list[str] | None = None) -> int:
             if answers:
                 statuses = {s: sum(a.status == s for a in answers) for s in dict.fromkeys(a.status for a in answers)}
                 secs = [a.seconds for a in answers]
-                rows.append((f"big PNG, {len(answers)} more", " ".join(f"{s}x{n}" for s, n in statuses.items()),
-                             f"{statistics.median(secs):.2f} med, {max(secs):.2f} max", mb(peak_rep.peak),
-                             mb(after_rep and after_rep[0])))  # fmt: skip
+                rows.append(
+                    (
+                        f"big PNG, {len(answers)} more",
+                        " ".join(f"{s}x{n}" for s, n in statuses.items()),
+                        f"{statistics.median(secs):.2f} med, {max(secs):.2f} max",
+                        mb(peak_rep.peak),
+                        mb(after_rep and after_rep[0]),
+                    )
+                )
             if stop:
                 print(f"repeats stopped after {len(answers)}: {stop}", flush=True)
 
             with PeakRSS(server.pid) as peak_small:
                 little = post(client, name, small, "small.png", args.timeout)
             after_small = memory_mb(server.pid)
-            rows.append(("8x8 PNG", little.status, f"{little.seconds:.2f}", mb(peak_small.peak),
-                         mb(after_small and after_small[0])))  # fmt: skip
+            rows.append(
+                (
+                    "8x8 PNG",
+                    little.status,
+                    f"{little.seconds:.2f}",
+                    mb(peak_small.peak),
+                    mb(after_small and after_small[0]),
+                )
+            )
             print(f"8x8 PNG answer ({little.status}, {little.seconds:.2f} s): {little.body}", flush=True)
 
         print()
@@ -251,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in [head, *rows]:
             print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
         hwm = memory_mb(server.pid)
-        print(f"\nRSS: idle before {mb(idle and idle[0])} MB, after 1 request {mb(after1 and after1[0])} MB, "
-              f"after the repeats {mb(after_rep and after_rep[0])} MB")  # fmt: skip
-        print(f"VmHWM (peak RSS since start): idle {mb(idle and idle[1])} MB, after 1 request "
-              f"{mb(after1 and after1[1])} MB, at the end {mb(hwm and hwm[1])} MB")  # fmt: skip
+        print(
+            f"\nRSS: idle before {mb(idle and idle[0])} MB, after 1 request {mb(after1 and after1[0])} MB, "
+            f"after the repeats {mb(after_rep and after_rep[0])} MB"
+        )
+        print(
+            f"VmHWM (peak RSS since start): idle {mb(idle and idle[1])} MB, after 1 request "
+            f"{mb(after1 and after1[1])} MB, at the end {mb(hwm and hwm[1])} MB"
+        )
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)

@@ -116,11 +116,15 @@ def main() -> None:
     sents = list(LineSentence(path))
     text = open(path, encoding="utf-8").read()
     words = sum(map(len, sents))
-    print(f"{cpu_name()}, {THREADS} threads; {path}: {words:,} words; {args.epochs} epochs, dim 100, window 5, "
-          f"min-count 5, negative 5; seeds {args.seeds} (mean, and min-max over seeds); attnlab's kernels "
-          f"compiled or loaded in {warm:.1f}s\n")  # fmt: skip
-    print(f"{'method':<22}{'library':<9}{'words/s':>27}  {'WordSim-353 Spearman':>24}  {'analogy accuracy':>24}"
-          f"  {'coverage':>8}   gensim's evaluation (ws, analogy)")  # fmt: skip
+    print(
+        f"{cpu_name()}, {THREADS} threads; {path}: {words:,} words; {args.epochs} epochs, dim 100, window 5, "
+        f"min-count 5, negative 5; seeds {args.seeds} (mean, and min-max over seeds); attnlab's kernels "
+        f"compiled or loaded in {warm:.1f}s\n"
+    )
+    print(
+        f"{'method':<22}{'library':<9}{'words/s':>27}  {'WordSim-353 Spearman':>24}  {'analogy accuracy':>24}"
+        f"  {'coverage':>8}   gensim's evaluation (ws, analogy)"
+    )
     for method in methods:
         variants = {k: dict(v) for k, v in GLOVE.items()} if method == "glove" else {method: {}}
         for name, settings in variants.items():

@@ -257,13 +257,19 @@ def block_by_hand(x, p, pre_norm=True, mask=causal):
 def attnlab_block(norm):
     block = Block(BlockConfig(d_model=D_MODEL, n_head=N_HEAD, d_ff=D_FF, norm=norm, causal=True)).eval()
     state = {
-        "attn.qkv_proj.weight": W_qkv, "attn.qkv_proj.bias": b_qkv,
-        "attn.out_proj.weight": W_o, "attn.out_proj.bias": b_o,
-        "norm_attn.weight": params["ln1_g"], "norm_attn.bias": params["ln1_b"],
-        "ff.up.weight": params["W_up"], "ff.up.bias": params["b_up"],
-        "ff.down.weight": params["W_down"], "ff.down.bias": params["b_down"],
-        "norm_ff.weight": params["ln2_g"], "norm_ff.bias": params["ln2_b"],
-    }  # fmt: skip
+        "attn.qkv_proj.weight": W_qkv,
+        "attn.qkv_proj.bias": b_qkv,
+        "attn.out_proj.weight": W_o,
+        "attn.out_proj.bias": b_o,
+        "norm_attn.weight": params["ln1_g"],
+        "norm_attn.bias": params["ln1_b"],
+        "ff.up.weight": params["W_up"],
+        "ff.up.bias": params["b_up"],
+        "ff.down.weight": params["W_down"],
+        "ff.down.bias": params["b_down"],
+        "norm_ff.weight": params["ln2_g"],
+        "norm_ff.bias": params["ln2_b"],
+    }
     block.load_state_dict(state)  # strict: every parameter named, none left over
     return block
 

@@ -103,8 +103,12 @@ from attnlab.wordvec import VectorsConfig, load_vectors, train_vectors
 
 D_VEC = 16
 unlabeled = "\n".join(text for text, _ in splits["train"])
-train_vectors(workdir / "vectors", VectorsConfig(dim=D_VEC, epochs=VECTOR_EPOCHS, min_count=1, threads=1),
-              text=unlabeled, progress=False)  # fmt: skip
+train_vectors(
+    workdir / "vectors",
+    VectorsConfig(dim=D_VEC, epochs=VECTOR_EPOCHS, min_count=1, threads=1),
+    text=unlabeled,
+    progress=False,
+)
 vectors = load_vectors(workdir / "vectors")
 for word in ("good", "terrible", "not", "food"):
     print(f"{word:>9}:", ", ".join(w for w, _ in vectors.neighbors(word, 4)))

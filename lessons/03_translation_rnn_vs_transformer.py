@@ -126,14 +126,17 @@ def exact_match(model):
 # attention; the Transformer's is the dot product of lesson 1.
 
 # %%
-rnn_cfg = RNNSeq2SeqConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_emb=32, d_hidden=64, d_attn=32,
-                           dropout=0.0, label_smoothing=0.0)  # fmt: skip
+rnn_cfg = RNNSeq2SeqConfig(
+    src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_emb=32, d_hidden=64, d_attn=32, dropout=0.0, label_smoothing=0.0
+)
 rnn = build_model("rnn-seq2seq", rnn_cfg)
 start = time.perf_counter()
 rnn_losses = train(rnn, RNN_STEPS, lr=3e-3, warmup=20)
 rnn_acc, rnn_out = exact_match(rnn)
-print(f"RNN + attention: {sum(p.numel() for p in rnn.parameters()):,} parameters, "
-      f"exact match {rnn_acc:.1%} after {RNN_STEPS} steps ({time.perf_counter() - start:.1f} s)")  # fmt: skip
+print(
+    f"RNN + attention: {sum(p.numel() for p in rnn.parameters()):,} parameters, "
+    f"exact match {rnn_acc:.1%} after {RNN_STEPS} steps ({time.perf_counter() - start:.1f} s)"
+)
 
 # %% [markdown]
 # ## The Transformer encoder-decoder
@@ -145,15 +148,18 @@ print(f"RNN + attention: {sum(p.numel() for p in rnn.parameters()):,} parameters
 # added to the embeddings.
 
 # %%
-transformer_cfg = Seq2SeqConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, n_layer=2, n_head=4, d_model=64,
-                                context=64, dropout=0.0)  # fmt: skip
+transformer_cfg = Seq2SeqConfig(
+    src_vocab=src_vocab, tgt_vocab=tgt_vocab, n_layer=2, n_head=4, d_model=64, context=64, dropout=0.0
+)
 transformer = build_model("seq2seq", transformer_cfg)
 start = time.perf_counter()
 transformer_losses = train(transformer, TRANSFORMER_STEPS, lr=1e-3)
 transformer_acc, transformer_out = exact_match(transformer)
 seconds = time.perf_counter() - start
-print(f"Transformer: {sum(p.numel() for p in transformer.parameters()):,} parameters, "
-      f"exact match {transformer_acc:.1%} after {TRANSFORMER_STEPS} steps ({seconds:.1f} s)")  # fmt: skip
+print(
+    f"Transformer: {sum(p.numel() for p in transformer.parameters()):,} parameters, "
+    f"exact match {transformer_acc:.1%} after {TRANSFORMER_STEPS} steps ({seconds:.1f} s)"
+)
 
 plt.plot(rnn_losses, label="RNN + attention")
 plt.plot(transformer_losses, label="Transformer")
@@ -192,8 +198,10 @@ with torch.no_grad():
     transformer_map = transformer.alignment(src, tgt_in)[0, -1].mean(0)  # last layer, heads averaged: (T, S)
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-for ax, weights, title in ((axes[0], rnn_map, "RNN + Bahdanau attention"),
-                           (axes[1], transformer_map, "Transformer cross-attention (last layer)")):  # fmt: skip
+for ax, weights, title in (
+    (axes[0], rnn_map, "RNN + Bahdanau attention"),
+    (axes[1], transformer_map, "Transformer cross-attention (last layer)"),
+):
     ax.imshow(weights, cmap="Greys", aspect="auto")
     # One character is one token here; row i predicts target character i (the last row: the end).
     ax.set_xticks(range(weights.shape[1]), list(source) if len(source) == weights.shape[1] else None)

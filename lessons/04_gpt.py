@@ -61,7 +61,7 @@ text = "".join((stdlib / f).read_text() for f in files if (stdlib / f).exists())
 (workdir / "code.txt").write_text(text)
 print(f"{len(text):,} characters of Python from the standard library")
 
-window = text[1000:1000 + 24]  # fmt: skip
+window = text[1000 : 1000 + 24]
 print("input :", repr(window[:-1]))
 print("target:", repr(window[1:]))
 
@@ -71,8 +71,16 @@ print("target:", repr(window[1:]))
 
 # %%
 model_cfg = attnlab.GPTConfig(n_layer=N_LAYER, n_head=4, d_model=D_MODEL, context=CONTEXT, dropout=0.0)
-train_cfg = attnlab.TrainConfig(max_steps=STEPS, batch_size=16, lr=3e-3, warmup_steps=20, eval_interval=STEPS // 5,
-                                eval_batches=2, device="cpu", dtype="float32")  # fmt: skip
+train_cfg = attnlab.TrainConfig(
+    max_steps=STEPS,
+    batch_size=16,
+    lr=3e-3,
+    warmup_steps=20,
+    eval_interval=STEPS // 5,
+    eval_batches=2,
+    device="cpu",
+    dtype="float32",
+)
 start = time.perf_counter()
 attnlab.train(workdir / "gpt", model_cfg, train_cfg, attnlab.DataConfig(data=str(workdir / "code.txt")), progress=False)
 print(f"trained in {time.perf_counter() - start:.1f} s")
@@ -213,8 +221,10 @@ for name in names:
     counted.append(total)
     paper.append(PAPER_PARAMS[name])
     approx = 12 * cfg.n_layer * cfg.d_model**2
-    print(f"{name:<12} {cfg.n_layer:>6} {cfg.d_model:>7} {cfg.n_head:>5} {total / 1e9:>13.3f}B "
-          f"{PAPER_PARAMS[name] / 1e9:>7.2f}B {approx / 1e9:>8.2f}B")  # fmt: skip
+    print(
+        f"{name:<12} {cfg.n_layer:>6} {cfg.d_model:>7} {cfg.n_head:>5} {total / 1e9:>13.3f}B "
+        f"{PAPER_PARAMS[name] / 1e9:>7.2f}B {approx / 1e9:>8.2f}B"
+    )
     assert abs(total / PAPER_PARAMS[name] - 1) < 0.03, name
 
 plt.figure(figsize=(6, 4))

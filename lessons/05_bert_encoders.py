@@ -50,8 +50,16 @@ workdir = Path(tempfile.mkdtemp(prefix="attnlab-lesson5-"))
 
 def small(steps, **kw):
     """Training settings for a tiny run on this CPU."""
-    settings = dict(max_steps=steps, batch_size=32, lr=2e-3, warmup_steps=20, eval_interval=steps, eval_batches=2,
-                    device="cpu", dtype="float32")  # fmt: skip
+    settings = dict(
+        max_steps=steps,
+        batch_size=32,
+        lr=2e-3,
+        warmup_steps=20,
+        eval_interval=steps,
+        eval_batches=2,
+        device="cpu",
+        dtype="float32",
+    )
     return attnlab.TrainConfig(**{**settings, **kw})
 
 
@@ -99,9 +107,14 @@ plt.show()
 (workdir / "reviews.txt").write_text(" . ".join(reviews))  # one stream of text, reviews ended by a full stop
 encoder = EncoderConfig(n_layer=2, n_head=4, d_model=D_MODEL, context=32, head="mlm")
 start = time.perf_counter()
-result = attnlab.train(workdir / "mlm", encoder, small(MLM_STEPS, block_size=32),
-                       attnlab.DataConfig(data=str(workdir / "reviews.txt"), tokenizer="word", vocab_size=200),
-                       task="mlm", progress=False)  # fmt: skip
+result = attnlab.train(
+    workdir / "mlm",
+    encoder,
+    small(MLM_STEPS, block_size=32),
+    attnlab.DataConfig(data=str(workdir / "reviews.txt"), tokenizer="word", vocab_size=200),
+    task="mlm",
+    progress=False,
+)
 print(f"masked-LM pretraining: validation loss {result['val_loss']:.3f} ({time.perf_counter() - start:.1f} s)")
 
 mlm_run = attnlab.load(workdir / "mlm", device="cpu")
@@ -123,9 +136,15 @@ scores = {}
 for name, init in (("from scratch", None), ("pretrained (MLM)", workdir / "mlm")):
     start = time.perf_counter()
     model = None if init else EncoderConfig(n_layer=2, n_head=4, d_model=D_MODEL, context=32)  # init: the run's own
-    result = attnlab.train(workdir / f"classify-{len(scores)}", model,
-                           small(CLASSIFY_STEPS, lr=1e-3), LabeledDataConfig(data="sentiment", max_len=32),
-                           task="classify", init=init, progress=False)  # fmt: skip
+    result = attnlab.train(
+        workdir / f"classify-{len(scores)}",
+        model,
+        small(CLASSIFY_STEPS, lr=1e-3),
+        LabeledDataConfig(data="sentiment", max_len=32),
+        task="classify",
+        init=init,
+        progress=False,
+    )
     scores[name] = result["test"]["accuracy"]
     print(f"{name:<18} test accuracy {scores[name]:.1%} ({time.perf_counter() - start:.1f} s)")
 
@@ -164,8 +183,9 @@ plt.show()
 # %%
 start = time.perf_counter()
 tagger = EncoderConfig(n_layer=2, n_head=4, d_model=D_MODEL, context=32, head="tag")
-result = attnlab.train(workdir / "tag", tagger, small(TAG_STEPS), LabeledDataConfig(data="tagging", max_len=32),
-                       task="tag", progress=False)  # fmt: skip
+result = attnlab.train(
+    workdir / "tag", tagger, small(TAG_STEPS), LabeledDataConfig(data="tagging", max_len=32), task="tag", progress=False
+)
 print(f"tagging: token accuracy {result['test']['accuracy']:.1%} ({time.perf_counter() - start:.1f} s)")
 tag_run = attnlab.load(workdir / "tag", device="cpu")
 for sentence in ("i watch the watch", "they saw the saw"):

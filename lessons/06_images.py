@@ -201,17 +201,31 @@ generator = torch.Generator().manual_seed(0)
 def pairs(images, labels, n):
     """n images of two digits side by side (n, 1, 8, 16) and their captions as ids: <s> d1 d2 </s>."""
     a, b = (torch.randint(0, len(images), (n,), generator=generator) for _ in range(2))
-    captions = torch.stack([torch.full((n,), BOS_ID), labels[a] + N_SPECIAL, labels[b] + N_SPECIAL,
-                            torch.full((n,), EOS_ID)], dim=1)  # fmt: skip
+    captions = torch.stack(
+        [torch.full((n,), BOS_ID), labels[a] + N_SPECIAL, labels[b] + N_SPECIAL, torch.full((n,), EOS_ID)], dim=1
+    )
     return torch.cat([images[a], images[b]], dim=-1), captions
 
 
 test_images, test_captions = pairs(x_test, y_test, 300)
 print("a caption:", " ".join(WORDS[i] for i in test_captions[0].tolist()))
 
-cap_cfg = CaptionerConfig(n_layer=2, n_dec_layer=1, n_head=2, d_model=WIDTH, d_ff=2 * WIDTH, context=4, dropout=0.0,
-                          tgt_vocab=len(WORDS), image_size=8, image_width=16, channels=1, patch_size=8,
-                          patch_width=4, label_smoothing=0.0)  # fmt: skip
+cap_cfg = CaptionerConfig(
+    n_layer=2,
+    n_dec_layer=1,
+    n_head=2,
+    d_model=WIDTH,
+    d_ff=2 * WIDTH,
+    context=4,
+    dropout=0.0,
+    tgt_vocab=len(WORDS),
+    image_size=8,
+    image_width=16,
+    channels=1,
+    patch_size=8,
+    patch_width=4,
+    label_smoothing=0.0,
+)
 captioner = build_model("captioner", cap_cfg)
 optimizer = torch.optim.AdamW(captioner.parameters(), lr=3e-3, weight_decay=0.0)
 for _ in range(CAPTION_STEPS):

@@ -136,8 +136,10 @@ for name, norm in (("LayerNorm", layer_norm), ("RMSNorm", rms_norm)):
     y = norm(x).detach()
     assert torch.allclose(y, norm.forward_math(x).detach(), atol=1e-5)  # the fused kernel is the formula
     params = sum(p.numel() for p in norm.parameters())
-    print(f"{name:9}  mean per token {y.mean(-1).numpy().round(2)}  rms {y.square().mean(-1).sqrt().numpy().round(2)}"
-          f"  parameters {params}")  # fmt: skip
+    print(
+        f"{name:9}  mean per token {y.mean(-1).numpy().round(2)}  rms {y.square().mean(-1).sqrt().numpy().round(2)}"
+        f"  parameters {params}"
+    )
 
 # %% [markdown]
 # ## SwiGLU: a gated feed-forward
@@ -191,8 +193,10 @@ for kv_heads in (8, 4, 2, 1):
         for t in range(tokens.shape[1]):  # one token at a time, as generation does
             attn(tokens[:, t : t + 1], cache=cache, causal=True, offset=t)
     kv_bytes = (cache.k.numel() + cache.v.numel()) * cache.k.element_size()
-    print(f"{kv_heads} key/value heads: cache keys {tuple(cache.k.shape)}, {kv_bytes / 1024:.0f} KiB, "
-          f"attention parameters {sum(p.numel() for p in attn.parameters()):,}")  # fmt: skip
+    print(
+        f"{kv_heads} key/value heads: cache keys {tuple(cache.k.shape)}, {kv_bytes / 1024:.0f} KiB, "
+        f"attention parameters {sum(p.numel() for p in attn.parameters()):,}"
+    )
 
 # %% [markdown]
 # The same arithmetic at the size of a 7-billion-parameter model (32 layers, 32 heads of 128, bf16 = 2
@@ -239,8 +243,18 @@ tok = train_tokenizer("char", [text])
 data = torch.tensor(tok.encode(text))
 print(f"{len(text):,} characters, {tok.vocab_size} distinct")
 
-moe_cfg = GPTConfig(n_layer=2, n_head=4, d_model=MOE_WIDTH, context=CONTEXT, vocab_size=tok.vocab_size, dropout=0.0,
-                    feedforward="moe", n_experts=4, experts_per_token=2, aux_loss_weight=0.01)  # fmt: skip
+moe_cfg = GPTConfig(
+    n_layer=2,
+    n_head=4,
+    d_model=MOE_WIDTH,
+    context=CONTEXT,
+    vocab_size=tok.vocab_size,
+    dropout=0.0,
+    feedforward="moe",
+    n_experts=4,
+    experts_per_token=2,
+    aux_loss_weight=0.01,
+)
 model = GPT(moe_cfg)
 print(f"{model.num_params():,} parameters, {model.num_params(active=True):,} used per token")
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -256,8 +270,10 @@ for _ in range(MOE_STEPS):
     optimizer.step()
     history.append([lm_loss.item()] + [m.aux.item() for m in moe_layers(model)])
 history = np.array(history)
-print(f"loss {history[:10, 0].mean():.2f} -> {history[-10:, 0].mean():.2f} nats/char; "
-      f"balancing loss per layer at the end {history[-10:, 1:].mean(0).round(3).tolist()} (1.0 = even)")  # fmt: skip
+print(
+    f"loss {history[:10, 0].mean():.2f} -> {history[-10:, 0].mean():.2f} nats/char; "
+    f"balancing loss per layer at the end {history[-10:, 1:].mean(0).round(3).tolist()} (1.0 = even)"
+)
 
 # %% [markdown]
 # Now route a piece of held-out text (the `csv` module's source) and count. Each MoE layer keeps what it
@@ -287,8 +303,13 @@ for layer, (ax, first) in enumerate(zip(axes, firsts)):
 axes[0].set_ylabel("share of tokens")
 show(fig)
 
-kinds = {"space": " ", "newline": "\n", "letter": string.ascii_letters, "digit": string.digits,
-         "punctuation": string.punctuation}  # fmt: skip
+kinds = {
+    "space": " ",
+    "newline": "\n",
+    "letter": string.ascii_letters,
+    "digit": string.digits,
+    "punctuation": string.punctuation,
+}
 for layer, first in enumerate(firsts):
     print(f"layer {layer + 1}")
     for kind, members in kinds.items():

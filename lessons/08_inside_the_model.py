@@ -67,8 +67,16 @@ PICTURES = Path(tempfile.mkdtemp())  # attnlab's own pictures are files; we show
 # `repeated_tokens` (from attnlab's detectors) makes such sequences.
 
 # %%
-cfg = attnlab.GPTConfig(n_layer=2, n_head=HEADS, d_model=WIDTH, context=CONTEXT, vocab_size=VOCAB,
-                        feedforward="none", positions="rope", dropout=0.0)  # fmt: skip
+cfg = attnlab.GPTConfig(
+    n_layer=2,
+    n_head=HEADS,
+    d_model=WIDTH,
+    context=CONTEXT,
+    vocab_size=VOCAB,
+    feedforward="none",
+    positions="rope",
+    dropout=0.0,
+)
 model = attnlab.GPT(cfg)
 print(f"{model.num_params():,} parameters")
 probe, half = repeated_tokens(VOCAB, 11, batch=16, seed=123)  # fixed sequences to measure the heads on
@@ -113,8 +121,10 @@ for step in range(1, STEPS + 1):
         model.train()
 history["scores"] = {k: torch.stack(v) for k, v in history["scores"].items()}  # (S, L, H) each
 history["chance"] = float(torch.log(torch.tensor(float(VOCAB))))
-print(f"loss on the repeated half: {history['repeat_loss'][0]:.2f} at step {EVERY} -> {history['repeat_loss'][-1]:.2f} "
-      f"at step {STEPS} (chance {history['chance']:.2f})")  # fmt: skip
+print(
+    f"loss on the repeated half: {history['repeat_loss'][0]:.2f} at step {EVERY} -> {history['repeat_loss'][-1]:.2f} "
+    f"at step {STEPS} (chance {history['chance']:.2f})"
+)
 
 # %% [markdown]
 # attnlab's `plot_over_training` draws such a history (it is what `attnlab inspect RUN --what
@@ -146,13 +156,22 @@ for ax, (name, table) in zip(axes, scores.items()):
     ax.imshow(table, vmin=0, vmax=1, cmap="viridis")
     for (layer, head), v in zip(torch.cartesian_prod(torch.arange(2), torch.arange(HEADS)).tolist(), table.flatten()):
         ax.text(head, layer, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black")
-    ax.set(title=name, xlabel="head", ylabel="layer", xticks=range(HEADS), xticklabels=HEAD_LABELS, yticks=[0, 1],
-           yticklabels=[1, 2])  # fmt: skip
+    ax.set(
+        title=name,
+        xlabel="head",
+        ylabel="layer",
+        xticks=range(HEADS),
+        xticklabels=HEAD_LABELS,
+        yticks=[0, 1],
+        yticklabels=[1, 2],
+    )
 show(fig)
 prev_head = int(scores["previous-token"][0].argmax())
 ind_head = int(scores["induction"][1].argmax())
-print(f"best previous-token head: layer 1 head {prev_head + 1}; best induction head: layer 2 head {ind_head + 1} "
-      "(counted from 1, as attnlab's pictures and --remove count them; the tensors count from 0)")  # fmt: skip
+print(
+    f"best previous-token head: layer 1 head {prev_head + 1}; best induction head: layer 2 head {ind_head + 1} "
+    "(counted from 1, as attnlab's pictures and --remove count them; the tensors count from 0)"
+)
 
 # %% [markdown]
 # Their patterns on one probe sequence make the jobs visible: the previous-token head is a line just
@@ -162,8 +181,9 @@ print(f"best previous-token head: layer 1 head {prev_head + 1}; best induction h
 # %%
 patterns = t["blocks.0.attn.hook_pattern"][0, prev_head], t["blocks.1.attn.hook_pattern"][0, ind_head]
 fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
-for ax, pattern, title in zip(axes, patterns, (f"layer 1 head {prev_head + 1}: previous token",
-                                               f"layer 2 head {ind_head + 1}: induction")):  # fmt: skip
+for ax, pattern, title in zip(
+    axes, patterns, (f"layer 1 head {prev_head + 1}: previous token", f"layer 2 head {ind_head + 1}: induction")
+):
     ax.imshow(pattern, cmap="Blues")
     ax.axvline(half - 0.5, color="red", lw=0.6)
     ax.axhline(half - 0.5, color="red", lw=0.6)
@@ -211,8 +231,10 @@ def probe_loss():
 
 
 with torch.no_grad(), attnlab.hooks(model, {"blocks.1.attn.hook_head_out": attnlab.zero_head(ind_head)}):
-    print(f"repeated-half loss {probe_loss():.3f} with layer 2 head {ind_head + 1} zeroed, against "
-          f"{history['repeat_loss'][-1]:.3f} with every head")  # fmt: skip
+    print(
+        f"repeated-half loss {probe_loss():.3f} with layer 2 head {ind_head + 1} zeroed, against "
+        f"{history['repeat_loss'][-1]:.3f} with every head"
+    )
 
 rise = head_ablation(model, probe_loss)  # (L, H): loss with the head zeroed minus the loss with all heads
 mean_rise = head_ablation(model, probe_loss, inputs=(probe,), mode="mean")  # replaced by its mean instead
@@ -223,8 +245,15 @@ for ax, table, title in zip(axes, (rise, mean_rise), ("zero-ablation", "mean-abl
     for layer in range(2):
         for head in range(HEADS):
             ax.text(head, layer, f"{table[layer, head]:+.2f}", ha="center", va="center")
-    ax.set(title=f"{title}: loss rise (nats)", xlabel="head", ylabel="layer", xticks=range(HEADS),
-           xticklabels=HEAD_LABELS, yticks=[0, 1], yticklabels=[1, 2])  # fmt: skip
+    ax.set(
+        title=f"{title}: loss rise (nats)",
+        xlabel="head",
+        ylabel="layer",
+        xticks=range(HEADS),
+        xticklabels=HEAD_LABELS,
+        yticks=[0, 1],
+        yticklabels=[1, 2],
+    )
 show(fig)
 
 # %% [markdown]

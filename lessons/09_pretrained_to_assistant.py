@@ -92,11 +92,15 @@ print("trained characters:", [text[a:b] for a, b in spans])
 # %%
 corpus = ROOT / "chats.txt"
 corpus.write_text("".join(template.render(c.messages) for c in instructions("train", 300, seed=5)))
-base_cfg = attnlab.GPTConfig(n_layer=LAYERS, n_head=4, d_model=WIDTH, context=192, dropout=0.0,
-                             activation="gelu_tanh")  # fmt: skip
+base_cfg = attnlab.GPTConfig(n_layer=LAYERS, n_head=4, d_model=WIDTH, context=192, dropout=0.0, activation="gelu_tanh")
 base = ROOT / "base"
-result = attnlab.train(base, base_cfg, attnlab.TrainConfig(max_steps=BASE_STEPS, lr=3e-3, **TRAIN),
-                       DataConfig(data=str(corpus), tokenizer="char"), progress=False)  # fmt: skip
+result = attnlab.train(
+    base,
+    base_cfg,
+    attnlab.TrainConfig(max_steps=BASE_STEPS, lr=3e-3, **TRAIN),
+    DataConfig(data=str(corpus), tokenizer="char"),
+    progress=False,
+)
 print(f"base: {result['parameters']:,} parameters, validation loss {result['val_loss']:.3f} nats/char")
 
 # %% [markdown]
@@ -111,10 +115,25 @@ print(f"base: {result['parameters']:,} parameters, validation loss {result['val_
 
 # %%
 chat_data = ChatData(examples=EXAMPLES, test_examples=20)
-sft = attnlab.train(ROOT / "sft", None, attnlab.TrainConfig(max_steps=SFT_STEPS, lr=3e-3, **TRAIN), chat_data,
-                    init=base, task="sft", progress=False)  # fmt: skip
-lora = attnlab.train(ROOT / "lora", None, attnlab.TrainConfig(max_steps=SFT_STEPS, lr=3e-3, **TRAIN), chat_data,
-                     init=base, task="sft", lora_rank=4, progress=False)  # fmt: skip
+sft = attnlab.train(
+    ROOT / "sft",
+    None,
+    attnlab.TrainConfig(max_steps=SFT_STEPS, lr=3e-3, **TRAIN),
+    chat_data,
+    init=base,
+    task="sft",
+    progress=False,
+)
+lora = attnlab.train(
+    ROOT / "lora",
+    None,
+    attnlab.TrainConfig(max_steps=SFT_STEPS, lr=3e-3, **TRAIN),
+    chat_data,
+    init=base,
+    task="sft",
+    lora_rank=4,
+    progress=False,
+)
 for name, r in (("every weight", sft), ("LoRA rank 4", lora)):
     print(
         f"{name:13}: {r['trained_parameters']:7,} of {r['parameters']:,} parameters trained, "
@@ -142,8 +161,15 @@ from attnlab.nn.lora import lora_layers
 
 tuned = attnlab.load(ROOT / "lora")
 name, layer = next(iter(lora_layers(tuned.model).items()))
-print(name, "->", {part: tuple(a.shape) for part, a in layer.lora_A.items()}, "A;",
-      {part: tuple(b.shape) for part, b in layer.lora_B.items()}, "B; scaling alpha / r =", layer.scaling)  # fmt: skip
+print(
+    name,
+    "->",
+    {part: tuple(a.shape) for part, a in layer.lora_A.items()},
+    "A;",
+    {part: tuple(b.shape) for part, b in layer.lora_B.items()},
+    "B; scaling alpha / r =",
+    layer.scaling,
+)
 question = instructions("test", 1, seed=11)[0].messages
 reply = answers(tuned.model, tuned.tokenizer, template, [question[:-1]], temperature=0.0, max_new_tokens=24)[0]
 print(f"Q: {question[0].content!r}\nexpected {question[-1].content!r}, the model says {reply!r}")
@@ -162,11 +188,20 @@ print(f"Q: {question[0].content!r}\nexpected {question[-1].content!r}, the model
 # is what shows the pairs starting to separate. (The demo's 150 steps rank 97.5% of held-out pairs right.)
 
 # %%
-dpo = attnlab.train(ROOT / "dpo", None, attnlab.TrainConfig(max_steps=DPO_STEPS, lr=5e-4, **TRAIN),
-                    PreferenceData(examples=EXAMPLES // 2, test_examples=20), init=ROOT / "sft", task="dpo",
-                    beta=0.1, progress=False)  # fmt: skip
-print(f"dpo: held-out pairs whose chosen answer has the larger implicit reward: "
-      f"{dpo['test']['preference_accuracy']:.0%} of {dpo['test']['pairs']}")  # fmt: skip
+dpo = attnlab.train(
+    ROOT / "dpo",
+    None,
+    attnlab.TrainConfig(max_steps=DPO_STEPS, lr=5e-4, **TRAIN),
+    PreferenceData(examples=EXAMPLES // 2, test_examples=20),
+    init=ROOT / "sft",
+    task="dpo",
+    beta=0.1,
+    progress=False,
+)
+print(
+    f"dpo: held-out pairs whose chosen answer has the larger implicit reward: "
+    f"{dpo['test']['preference_accuracy']:.0%} of {dpo['test']['pairs']}"
+)
 steps, values = curve(ROOT / "dpo", "loss")
 plt.plot(steps, values, label="DPO loss (training)")
 plt.axhline(0.6931, color="gray", ls=":", label="ln 2: no preference yet")
@@ -193,14 +228,16 @@ for precision in (None, "bf16", "int8", "int4"):
 for name, loss in losses.items():
     print(f"{name:8} held-out loss {loss:.4f} nats/char ({100 * (loss / losses['float32'] - 1):+.3f}%)")
 
-from attnlab.nn.quantize import dequantize_int8, quantize_int8
+from attnlab.quant.quantize import dequantize_int8, quantize_int8
 
 weight = attnlab.load(base).model.blocks[0].attn.qkv_proj.weight.detach()
 codes, scales = quantize_int8(weight)  # per output row: codes int8 (O, I), one float scale per row (O,)
 error = (dequantize_int8(codes, scales) - weight).abs()
 small = codes.numel() + scales.numel() * 4  # one byte a weight, four per row's scale
-print(f"one matrix {tuple(weight.shape)}: {weight.numel() * 4:,} bytes float32 -> {small:,} int8; "
-      f"largest error {error.max():.2e}, mean {error.mean():.2e}")  # fmt: skip
+print(
+    f"one matrix {tuple(weight.shape)}: {weight.numel() * 4:,} bytes float32 -> {small:,} int8; "
+    f"largest error {error.max():.2e}, mean {error.mean():.2e}"
+)
 
 # %% [markdown]
 # ## GGUF: one file for llama.cpp and ollama, and back
@@ -222,8 +259,10 @@ for qtype in ("f32", "f16", "q8_0", "q4_0"):
     back = attnlab.load(ROOT / f"back-{qtype}")
     sizes[qtype] = written["bytes"] / 1024
     back_losses[qtype] = back.task.evaluate(back, str(corpus), "val", {"progress": False})["loss"]
-    print(f"{qtype:5} {sizes[qtype]:7.1f} KiB, architecture {written['architecture']}, "
-          f"held-out loss after the round trip {back_losses[qtype]:.4f}")  # fmt: skip
+    print(
+        f"{qtype:5} {sizes[qtype]:7.1f} KiB, architecture {written['architecture']}, "
+        f"held-out loss after the round trip {back_losses[qtype]:.4f}"
+    )
 print(f"(the float32 run itself: {losses['float32']:.4f})")
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))

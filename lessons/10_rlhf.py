@@ -241,8 +241,10 @@ from attnlab.nn.policy import PolicyLoss, group_advantages, policy_loss
 
 rewards = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1])  # 3 groups of 8
 for n, a in enumerate(group_advantages(rewards, GROUP).view(-1, GROUP)):
-    print(f"group {n}: rewards {rewards.view(-1, GROUP)[n].int().tolist()} -> advantages "
-          f"{[round(x, 2) for x in a.tolist()]}")  # fmt: skip
+    print(
+        f"group {n}: rewards {rewards.view(-1, GROUP)[n].int().tolist()} -> advantages "
+        f"{[round(x, 2) for x in a.tolist()]}"
+    )
 
 # %% [markdown]
 # ## The clipped ratio
@@ -266,8 +268,12 @@ ratios = torch.linspace(0.4, 1.6, 121)
 mask = torch.ones(1, 1, dtype=torch.bool)
 plt.figure(figsize=(6, 3.2))
 for adv, colour in ((1.0, "tab:green"), (-1.0, "tab:red")):
-    losses = [policy_loss(torch.log(p).view(1, 1), torch.zeros(1, 1), torch.tensor([adv]), mask,
-                          PolicyLoss("grpo", eps_low=0.2)).loss.item() for p in ratios]  # fmt: skip
+    losses = [
+        policy_loss(
+            torch.log(p).view(1, 1), torch.zeros(1, 1), torch.tensor([adv]), mask, PolicyLoss("grpo", eps_low=0.2)
+        ).loss.item()
+        for p in ratios
+    ]
     plt.plot(ratios, losses, color=colour, label=f"advantage {adv:+.0f}")
 plt.axvspan(0.8, 1.2, color="gray", alpha=0.15, label="[1 - eps, 1 + eps], eps = 0.2")
 plt.xlabel("ratio new / old probability")
@@ -313,8 +319,13 @@ def grpo(reward, steps: int, seed: int = 0) -> list[dict]:
             opt.zero_grad()
             result.loss.backward()
             opt.step()
-        log.append({"reward": rewards.mean().item(), "right": sum(map(right, asked, answers)) / len(asked),
-                    "clip_frac": result.clip_frac})  # fmt: skip
+        log.append(
+            {
+                "reward": rewards.mean().item(),
+                "right": sum(map(right, asked, answers)) / len(asked),
+                "clip_frac": result.clip_frac,
+            }
+        )
     return log
 
 
@@ -334,9 +345,11 @@ for name, reward in (("checker", checker), ("coin (control)", coin)):
     start = time.perf_counter()
     log = grpo(reward, RL_STEPS)
     results[name] = (log, pass_at(policy, test_words), time.perf_counter() - start)
-    print(f"{name:15} {RL_STEPS} steps in {results[name][2]:4.1f} s: held-out pass@1 {sft_pass1:.0%} -> "
-          f"{results[name][1][0]:.0%} (pass@8 {results[name][1][1]:.0%}); clipped tokens in the last step "
-          f"{log[-1]['clip_frac']:.0%}")  # fmt: skip
+    print(
+        f"{name:15} {RL_STEPS} steps in {results[name][2]:4.1f} s: held-out pass@1 {sft_pass1:.0%} -> "
+        f"{results[name][1][0]:.0%} (pass@8 {results[name][1][1]:.0%}); clipped tokens in the last step "
+        f"{log[-1]['clip_frac']:.0%}"
+    )
 
 plt.figure(figsize=(7, 3.5))
 for (name, (log, _, _)), colour in zip(results.items(), ("tab:green", "tab:gray")):
@@ -378,8 +391,10 @@ other.set(ylabel="right answers among the samples", ylim=(0, 1))
 fig.legend(loc="center right", bbox_to_anchor=(0.88, 0.5))
 ax.set_title("the proxy goes up, the answers go wrong")
 show(fig)
-print(f"tokens per answer {hacked[0]['reward']:.1f} -> {hacked[-1]['reward']:.1f}; right answers "
-      f"{hacked[0]['right']:.0%} -> {hacked[-1]['right']:.0%}")  # fmt: skip
+print(
+    f"tokens per answer {hacked[0]['reward']:.1f} -> {hacked[-1]['reward']:.1f}; right answers "
+    f"{hacked[0]['right']:.0%} -> {hacked[-1]['right']:.0%}"
+)
 
 # %% [markdown]
 # For the first steps nothing happens: every answer of a group has three letters, so every advantage
@@ -425,8 +440,10 @@ print("rewards per token:", [round(x, 3) for x in token_rewards[0].tolist()])
 lams = (0.0, 0.95, 1.0)
 for lam in lams:
     adv, ret = gae(token_rewards, values, answer, gamma=1.0, lam=lam)
-    print(f"lambda {lam:4}: advantages {[round(x, 3) for x in adv[0].tolist()]}, "
-          f"returns {[round(x, 3) for x in ret[0].tolist()]}")  # fmt: skip
+    print(
+        f"lambda {lam:4}: advantages {[round(x, 3) for x in adv[0].tolist()]}, "
+        f"returns {[round(x, 3) for x in ret[0].tolist()]}"
+    )
 
 plt.figure(figsize=(6, 3))
 for i, lam in enumerate(lams):

@@ -79,8 +79,10 @@ data = SyntheticFeatures(world)
 true = data.features  # (F, D) = (32, 16), unit rows
 cos = true @ true.t()  # (F, F)
 off = cos - torch.eye(len(cos))
-print(f"{len(true)} features in {true.shape[1]} dimensions; the largest |cos| between two: {off.abs().max():.2f}, "
-      f"mean {off.abs().sum() / (len(cos) ** 2 - len(cos)):.2f}")  # fmt: skip
+print(
+    f"{len(true)} features in {true.shape[1]} dimensions; the largest |cos| between two: {off.abs().max():.2f}, "
+    f"mean {off.abs().sum() / (len(cos) ** 2 - len(cos)):.2f}"
+)
 
 fig, ax = plt.subplots(figsize=(4.2, 3.6))
 im = ax.imshow(cos, cmap="RdBu_r", vmin=-1, vmax=1)
@@ -100,8 +102,9 @@ show(fig)
 # one decoder row (Hungarian matching) and averages their cosines: 1 is perfect.
 
 # %%
-sae = SparseAutoencoder(world.dim, SAEConfig(latents=64, k=2, tokens=SAE_TOKENS, batch=1024, lr=1e-2, aux_k=8,
-                                             dead_after=50_000))  # fmt: skip
+sae = SparseAutoencoder(
+    world.dim, SAEConfig(latents=64, k=2, tokens=SAE_TOKENS, batch=1024, lr=1e-2, aux_k=8, dead_after=50_000)
+)
 info = fit(sae, data.batches(1024), progress=False)
 learned = sae.W_dec.detach()  # (N, D)
 print(f"mcc {mcc(true, learned):.3f} after {info['steps']} steps of 1,024 samples")
@@ -133,9 +136,11 @@ print(
     f"feature 0: SAE latent {latent} (cos with the true direction {float(learned[latent] @ true[0]):.3f}), "
     f"balanced accuracy {balanced_accuracy(z[:, latent] > 0, on_test[:, 0]):.3f}, no labels used"
 )
-print(f"feature 0: linear probe (cos {float(F.cosine_similarity(probe_dir, true[0], dim=0)):.3f}), balanced "
-      f"accuracy {balanced_accuracy(torch.tensor(probe.predict(x_test.numpy())), on_test[:, 0]):.3f}, "
-      f"{int(on_train[:, 0].sum())} labelled positives used")  # fmt: skip
+print(
+    f"feature 0: linear probe (cos {float(F.cosine_similarity(probe_dir, true[0], dim=0)):.3f}), balanced "
+    f"accuracy {balanced_accuracy(torch.tensor(probe.predict(x_test.numpy())), on_test[:, 0]):.3f}, "
+    f"{int(on_train[:, 0].sum())} labelled positives used"
+)
 
 # %% [markdown]
 # The probe is a strong baseline for one feature you already know to look for: give it labels and it
@@ -153,8 +158,16 @@ print(f"feature 0: linear probe (cos {float(F.cosine_similarity(probe_dir, true[
 # predict what followed the first "A". We train it again (about 6 s).
 
 # %%
-cfg = attnlab.GPTConfig(n_layer=2, n_head=HEADS, d_model=WIDTH, context=CONTEXT, vocab_size=VOCAB,
-                        feedforward="none", positions="rope", dropout=0.0)  # fmt: skip
+cfg = attnlab.GPTConfig(
+    n_layer=2,
+    n_head=HEADS,
+    d_model=WIDTH,
+    context=CONTEXT,
+    vocab_size=VOCAB,
+    feedforward="none",
+    positions="rope",
+    dropout=0.0,
+)
 
 
 def train(net: attnlab.GPT, steps: int, answers=None, seed: int = 0) -> float:
@@ -253,9 +266,11 @@ graph = attribute(model, clean, answer, tcs=[])
 s = graph.nodes.slices()
 shares = graph.adjacency[s["logit"].start, s["embeddings"]]  # (T,): each position's edge into the logit
 replacement = scores(graph, normalised(graph.adjacency))["replacement_score"]
-print(f"logit - mean logit {float(graph.value[s['logit']][0]):.3f} = sum of the shares {float(shares.sum()):.3f} "
-      f"+ bias {float(graph.bias[s['logit']][0]):.3f} (gap {graph.linearity_gap():.1e}); replacement score "
-      f"{replacement:.2f}")  # fmt: skip
+print(
+    f"logit - mean logit {float(graph.value[s['logit']][0]):.3f} = sum of the shares {float(shares.sum()):.3f} "
+    f"+ bias {float(graph.bias[s['logit']][0]):.3f} (gap {graph.linearity_gap():.1e}); replacement score "
+    f"{replacement:.2f}"
+)
 
 fig, ax = plt.subplots(figsize=(8, 2.4))
 colors = ["tab:red" if i in (k + 1,) else "tab:orange" if i == k else "tab:gray" for i in range(len(shares))]
@@ -335,8 +350,10 @@ top = effects.abs().argsort(descending=True)[:10]
 names = [f"L{int(n.layer[j]) + 1} pos {int(n.pos[j])} #{int(n.index[j])}" for j in top]
 with torch.no_grad():
     guess = int(mapper(clean)[0, -1].argmax())
-print(f"after {MAP_STEPS} steps, loss {loss:.2f}; top guess {guess}, shuffle[B] = {target}; {n.n_features} active "
-      f"features, gap {graph2.linearity_gap():.1e}")  # fmt: skip
+print(
+    f"after {MAP_STEPS} steps, loss {loss:.2f}; top guess {guess}, shuffle[B] = {target}; {n.n_features} active "
+    f"features, gap {graph2.linearity_gap():.1e}"
+)
 
 fig, ax = plt.subplots(figsize=(8, 2.6))
 ax.bar(range(len(top)), effects[top], color=["tab:blue" if e > 0 else "tab:red" for e in effects[top]])
@@ -353,8 +370,10 @@ show(fig)
 # %%
 check = intervention_check(mapper, graph2, tcs, effects.abs(), top=5)
 for row in check["features"]:
-    print(f"L{row['layer'] + 1} pos {row['pos']} #{row['feature']}: predicted {row['predicted']:+.2f}, "
-          f"real {row['real']:+.2f}")  # fmt: skip
+    print(
+        f"L{row['layer'] + 1} pos {row['pos']} #{row['feature']}: predicted {row['predicted']:+.2f}, "
+        f"real {row['real']:+.2f}"
+    )
 print(f"signs right in the real model: {check['real_right']:.0%}")
 
 # %% [markdown]

@@ -26,15 +26,38 @@ transformers = extra("transformers", "transformers, the reference here, is a dev
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 CONFIGS = {
-    "2x32": dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=64),
-    "3x48": dict(vocab_size=150, hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
-                 intermediate_size=96, max_position_embeddings=40, num_labels=3, type_vocab_size=3),
+    "2x32": dict(
+        vocab_size=120,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    ),
+    "3x48": dict(
+        vocab_size=150,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        intermediate_size=96,
+        max_position_embeddings=40,
+        num_labels=3,
+        type_vocab_size=3,
+    ),
     # ReLU, one token type, the more common epsilon
-    "relu-1type": dict(vocab_size=90, hidden_size=24, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=40, max_position_embeddings=32, num_labels=4, hidden_act="relu",
-                       type_vocab_size=1, layer_norm_eps=1e-6),
-}  # fmt: skip
+    "relu-1type": dict(
+        vocab_size=90,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=40,
+        max_position_embeddings=32,
+        num_labels=4,
+        hidden_act="relu",
+        type_vocab_size=1,
+        layer_norm_eps=1e-6,
+    ),
+}
 ARCHS = ["BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification"]
 LENGTHS = (12, 9, 5, 2)  # a padded batch: rows of 12, 9, 5 and 2 real tokens
 

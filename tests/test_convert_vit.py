@@ -34,15 +34,42 @@ transformers = extra("transformers", "transformers, the reference here, is a dev
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 CONFIGS = {
-    "rgb-16": dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=64, num_channels=3, num_labels=5),
-    "gray-8": dict(image_size=8, patch_size=2, hidden_size=24, num_hidden_layers=3, num_attention_heads=4,
-                   intermediate_size=48, num_channels=1, num_labels=3, hidden_act="gelu"),
+    "rgb-16": dict(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_channels=3,
+        num_labels=5,
+    ),
+    "gray-8": dict(
+        image_size=8,
+        patch_size=2,
+        hidden_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=48,
+        num_channels=1,
+        num_labels=3,
+        hidden_act="gelu",
+    ),
     # not square, tanh GELU, no query/key/value biases, the paper's epsilon
-    "wide-tanh-noqkvbias": dict(image_size=[12, 8], patch_size=4, hidden_size=16, num_hidden_layers=2,
-                                num_attention_heads=2, intermediate_size=40, num_channels=3, num_labels=4,
-                                hidden_act="gelu_pytorch_tanh", qkv_bias=False, layer_norm_eps=1e-6),
-}  # fmt: skip
+    "wide-tanh-noqkvbias": dict(
+        image_size=[12, 8],
+        patch_size=4,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=40,
+        num_channels=3,
+        num_labels=4,
+        hidden_act="gelu_pytorch_tanh",
+        qkv_bias=False,
+        layer_norm_eps=1e-6,
+    ),
+}
 
 
 def hf_model(kind: str = "ViTForImageClassification", seed: int = 0, **config) -> torch.nn.Module:

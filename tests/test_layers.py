@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import re
 import subprocess
 import sys
@@ -24,10 +23,6 @@ MOST_INSIDE_FUNCTIONS = 15  # imports kept inside functions: heavy libraries a c
 # Packages that may not import one another although their floors would allow it: the server asks a
 # run's task (run.task) and never imports a task module.
 NEVER = {("serve", "tasks")}
-# A module moved to another package keeps its old path as a re-export while files owned elsewhere still
-# import it there (lessons/ import attnlab.nn.quantize): {old path: new path}. Such a shim's one import
-# is its new home, which may stand above it; test_a_shim_only_re_exports holds it to that.
-SHIMS = {"attnlab.nn.quantize": "attnlab.quant.quantize"}
 
 
 def floor_table() -> dict[str, int]:
@@ -98,16 +93,8 @@ def package_of(module: str) -> str:
 
 
 def internal() -> list[Import]:
-    """attnlab's imports of attnlab, but a shim's import of the module it stands for."""
-    return [i for i in imports() if i.target.split(".")[0] == "attnlab" and SHIMS.get(i.source) != i.target]
-
-
-def test_a_shim_only_re_exports():
-    for old, new in SHIMS.items():
-        tree = ast.parse((ROOT / Path(*old.split("."))).with_suffix(".py").read_text(encoding="utf-8"))
-        body = [node for node in tree.body if not isinstance(node, ast.Expr)]  # the docstring aside
-        assert [(type(node), node.module) for node in body] == [(ast.ImportFrom, new)], old
-        assert dir(importlib.import_module(new)) and importlib.import_module(old).__doc__.startswith("Moved to")
+    """attnlab's imports of attnlab."""
+    return [i for i in imports() if i.target.split(".")[0] == "attnlab"]
 
 
 def test_the_table_names_every_package_once():

@@ -86,10 +86,14 @@ def _refuse_inverted_mask(got: torch.Tensor, q, k, v, mask: torch.Tensor) -> Non
     hint = "True in the mask means 'may look': fill the scores where it is False (~mask) with -inf"
     rows = sorted({int(i) for i in got.isnan().any(-1).nonzero()[:, 1]})  # the queries with a nan output
     if torch.allclose(got, inverted, atol=1e-5, equal_nan=True):
-        raise WrongAnswer(f"rows {rows} are entirely masked, giving nan: the mask is inverted, it hides the keys "
-                          f"each query may see and shows the future; {hint}")  # fmt: skip
+        raise WrongAnswer(
+            f"rows {rows} are entirely masked, giving nan: the mask is inverted, it hides the keys "
+            f"each query may see and shows the future; {hint}"
+        )
     if torch.allclose(got, torch.nan_to_num(inverted), atol=1e-5):
         raise WrongAnswer(f"the mask is inverted: each query sees the future keys and not the earlier ones; {hint}")
     if rows:
-        raise WrongAnswer(f"rows {rows} are nan: every key of those queries got -inf, though each query may at least "
-                          f"see itself (key j <= i); {hint}")  # fmt: skip
+        raise WrongAnswer(
+            f"rows {rows} are nan: every key of those queries got -inf, though each query may at least "
+            f"see itself (key j <= i); {hint}"
+        )

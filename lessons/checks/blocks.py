@@ -29,8 +29,10 @@ def check_rmsnorm(my_rmsnorm) -> None:
         with torch.no_grad():
             layer.weight.copy_(norm.weight)
         if torch.allclose(got, layer(x).detach(), atol=1e-5):
-            raise WrongAnswer("that is LayerNorm: RMSNorm does not subtract the mean, it divides by the root "
-                              "mean square sqrt(mean(x^2) + eps)")  # fmt: skip
+            raise WrongAnswer(
+                "that is LayerNorm: RMSNorm does not subtract the mean, it divides by the root "
+                "mean square sqrt(mean(x^2) + eps)"
+            )
         if torch.allclose(got, want / norm.weight.detach(), atol=1e-5):
             raise WrongAnswer("the gain is missing: multiply the normalized x by gain")
         if torch.allclose(got, x / x.norm(dim=-1, keepdim=True) * norm.weight.detach(), atol=1e-5):
@@ -50,13 +52,17 @@ def check_rotate(my_rotate) -> None:
     want = rotate(x, angles.cos(), angles.sin())
     if got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
         if torch.allclose(got, rotate(x, angles.cos(), angles.sin(), interleaved=True), atol=1e-5):
-            raise WrongAnswer("that pairs neighbours (2i, 2i+1), the RoFormer paper's layout; attnlab (like "
-                              "Llama's checkpoints) pairs feature i with feature i + Dh/2")  # fmt: skip
+            raise WrongAnswer(
+                "that pairs neighbours (2i, 2i+1), the RoFormer paper's layout; attnlab (like "
+                "Llama's checkpoints) pairs feature i with feature i + Dh/2"
+            )
         if torch.allclose(got, rotate(x, angles.cos(), -angles.sin()), atol=1e-5):
             raise WrongAnswer("the pairs turn the wrong way: (a, b) -> (a cos - b sin, b cos + a sin)")
         if torch.allclose(got[0], x[0], atol=1e-5) and not torch.allclose(got[1], want[1], atol=1e-5):
-            raise WrongAnswer("position 0 is right (no turn) but later ones are not: pair i turns by "
-                              "pos * theta ** (-2i / Dh), i = 0 .. Dh/2 - 1")  # fmt: skip
+            raise WrongAnswer(
+                "position 0 is right (no turn) but later ones are not: pair i turns by "
+                "pos * theta ** (-2i / Dh), i = 0 .. Dh/2 - 1"
+            )
     compare("my_rotate(x, positions, 10000)", got, want)
     correct("each pair (i, i + Dh/2) turned by pos * theta^(-2i/Dh)")
 
@@ -107,6 +113,8 @@ def check_kv_cache_bytes(my_kv_bytes) -> None:
         if got == want // 2:
             raise WrongAnswer("that is half the answer: the cache keeps keys and values, two tensors per layer")
         if got != want:
-            raise WrongAnswer(f"my_kv_bytes{case} = {got:,}, expected {want:,}: keys and values, per layer, "
-                              "per key/value head, per token, d_head numbers each")  # fmt: skip
+            raise WrongAnswer(
+                f"my_kv_bytes{case} = {got:,}, expected {want:,}: keys and values, per layer, "
+                "per key/value head, per token, d_head numbers each"
+            )
     correct("2 (keys and values) x layers x kv heads x tokens x d_head x bytes: GQA divides it by H / n_kv_head")

@@ -6,7 +6,7 @@ import torch
 
 from attnlab.nn.lora import LoRALinear
 from attnlab.nn.preference import dpo_loss
-from attnlab.nn.quantize import dequantize_int8, quantize_int8
+from attnlab.quant.quantize import dequantize_int8, quantize_int8
 from checks._common import WrongAnswer, as_tensor, compare, correct, exercise
 
 
@@ -48,8 +48,10 @@ def check_dpo(my_dpo) -> None:
     if not torch.allclose(got, want, atol=1e-5):
         margin = 0.1 * ((pc - rc) - (pr - rr))
         if torch.allclose(got, -torch.nn.functional.logsigmoid(-margin).mean(), atol=1e-5):
-            raise WrongAnswer("chosen and rejected are swapped: the loss is -log sigmoid(beta * (chosen's log-ratio "
-                              "- rejected's log-ratio)), low when the chosen answer gained more")  # fmt: skip
+            raise WrongAnswer(
+                "chosen and rejected are swapped: the loss is -log sigmoid(beta * (chosen's log-ratio "
+                "- rejected's log-ratio)), low when the chosen answer gained more"
+            )
         no_ref = 0.1 * (pc - pr)
         if torch.allclose(got, -torch.nn.functional.logsigmoid(no_ref).mean(), atol=1e-5):
             raise WrongAnswer("the reference is missing: each answer's term is log pi(y) - log ref(y)")
@@ -71,8 +73,10 @@ def check_int8(my_quantize) -> None:
     codes, scales = as_tensor(got[0], "codes"), as_tensor(got[1], "scales")
     want_codes, want_scales = quantize_int8(w)
     if scales.numel() == 1:
-        raise WrongAnswer("one scale for the whole matrix: take one per output row (w.abs().amax(dim=1) / 127), "
-                          "so that a row of small weights keeps its precision")  # fmt: skip
+        raise WrongAnswer(
+            "one scale for the whole matrix: take one per output row (w.abs().amax(dim=1) / 127), "
+            "so that a row of small weights keeps its precision"
+        )
     if scales.shape == want_scales.shape and torch.allclose(scales, w.abs().amax(dim=0)[: len(scales)] / 127):
         raise WrongAnswer("scales taken per column: take the max over each row (dim=1)")
     compare("scales", scales, want_scales)

@@ -33,11 +33,14 @@ def check_patchify(my_patchify) -> None:
         channels_last = grid.permute(0, 2, 4, 3, 5, 1).reshape(b, -1, c * p * p)
         by_column = grid.permute(0, 4, 2, 1, 3, 5).reshape(b, -1, c * p * p)
         if torch.allclose(got, channels_last):
-            raise WrongAnswer("each patch lists its pixels with the channel last: list channel first, then row, "
-                              "then column (permute to (B, H/p, W/p, C, p, p))")  # fmt: skip
+            raise WrongAnswer(
+                "each patch lists its pixels with the channel last: list channel first, then row, "
+                "then column (permute to (B, H/p, W/p, C, p, p))"
+            )
         if torch.allclose(got, by_column):
-            raise WrongAnswer("the patches go down the columns first: number them row by row (left to right, "
-                              "then the next row)")  # fmt: skip
+            raise WrongAnswer(
+                "the patches go down the columns first: number them row by row (left to right, then the next row)"
+            )
     compare("my_patchify(images, 4)", got, want)
     correct(f"an 8x12 RGB image becomes {want.shape[1]} patches of {want.shape[2]} numbers each")
 
@@ -50,8 +53,10 @@ def check_cls_map(my_cls_map) -> None:
     got = as_tensor(my_cls_map(patterns, grid), "my_cls_map(patterns, (2, 3))")
     want = torch.from_numpy(cls_maps(patterns.numpy(), grid))
     if got.shape == want.shape and torch.allclose(got, patterns[:, :, 1:, 0].reshape(want.shape)):
-        raise WrongAnswer("that is the column of [CLS] (how much each patch looked at [CLS]): take row 0, the "
-                          "attention [CLS] gives to each patch")  # fmt: skip
+        raise WrongAnswer(
+            "that is the column of [CLS] (how much each patch looked at [CLS]): take row 0, the "
+            "attention [CLS] gives to each patch"
+        )
     if tuple(got.shape) == tuple(want.shape[:2]) + (7,) or got.numel() == patterns[:, :, 0].numel():
         raise WrongAnswer("keep only the patches: drop key 0 ([CLS] looking at itself) before the reshape")
     compare("my_cls_map(patterns, (2, 3))", got, want)
@@ -73,8 +78,10 @@ def check_rollout(my_rollout) -> None:
         for layer in patterns.double().mean(1):
             no_residual = layer @ no_residual
         if torch.allclose(got.double(), wrong_order, atol=1e-5):
-            raise WrongAnswer("the layers are multiplied in the wrong order: a later layer acts on what the "
-                              "earlier ones produced, so it goes on the left (A_L @ ... @ A_1)")  # fmt: skip
+            raise WrongAnswer(
+                "the layers are multiplied in the wrong order: a later layer acts on what the "
+                "earlier ones produced, so it goes on the left (A_L @ ... @ A_1)"
+            )
         if torch.allclose(got.double(), no_residual, atol=1e-5):
             raise WrongAnswer("the residual path is missing: mix each layer as 0.5 * I + 0.5 * (mean of heads)")
         if not torch.allclose(got.double().sum(-1), torch.ones(7, dtype=torch.float64), atol=1e-4):

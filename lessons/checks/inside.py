@@ -26,8 +26,10 @@ def check_previous_token(my_score) -> None:
     if got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
         with_first = torch.diagonal(patterns, offset=-1, dim1=-2, dim2=-1).sum(-1) / patterns.shape[-1]
         if torch.allclose(got, with_first, atol=1e-5):
-            raise WrongAnswer("averaged over all T queries: query 0 has no previous token, so average over the "
-                              "T - 1 queries t = 1 .. T-1")  # fmt: skip
+            raise WrongAnswer(
+                "averaged over all T queries: query 0 has no previous token, so average over the "
+                "T - 1 queries t = 1 .. T-1"
+            )
         diagonal = torch.diagonal(patterns, dim1=-2, dim2=-1)[..., 1:].mean(-1)
         if torch.allclose(got, diagonal, atol=1e-5):
             raise WrongAnswer("that is the weight on the query's own position (the diagonal): take key t - 1")
@@ -47,8 +49,10 @@ def check_induction(my_score) -> None:
         queries = torch.arange(half, t)
         same_token = patterns[:, :, queries, queries - half].mean(-1)
         if torch.allclose(got, same_token, atol=1e-5):
-            raise WrongAnswer("that is the earlier copy of the same token (t - half): an induction head looks one "
-                              "further, at the token that came after it (t - half + 1)")  # fmt: skip
+            raise WrongAnswer(
+                "that is the earlier copy of the same token (t - half): an induction head looks one "
+                "further, at the token that came after it (t - half + 1)"
+            )
     compare("my_score(patterns, half)", got, want)
     correct("induction score: the weight on the token after the previous occurrence of the current one")
 

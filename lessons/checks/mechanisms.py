@@ -19,8 +19,9 @@ def check_explained_variance(my_explained_variance) -> None:
     got = float(my_explained_variance(x, x_hat))
     if abs(got - want) > 1e-4:
         if abs(got - (1 - float((x - x_hat).pow(2).sum() / x.pow(2).sum()))) < 1e-4:
-            raise WrongAnswer("divided by the sum of x^2: centre x first (x - x.mean(0)), or a constant offset "
-                              "counts as explained")  # fmt: skip
+            raise WrongAnswer(
+                "divided by the sum of x^2: centre x first (x - x.mean(0)), or a constant offset counts as explained"
+            )
         if abs(got - float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum())) < 1e-4:
             raise WrongAnswer("that is the share left unexplained: 1 minus it")
         raise WrongAnswer(f"got {got:.4f}, expected {want:.4f}")
@@ -35,8 +36,10 @@ def check_ce_loss_recovered(my_ce_loss_recovered) -> None:
         want, got = ce_loss_recovered(clean, sae, zero), float(my_ce_loss_recovered(clean, sae, zero))
         if abs(got - want) > 1e-6:
             if abs(got - (sae - clean) / (zero - clean)) < 1e-6:
-                raise WrongAnswer("that is the share lost: recovered is 1 when the SAE costs nothing "
-                                  "(sae == clean), (zero - sae) / (zero - clean)")  # fmt: skip
+                raise WrongAnswer(
+                    "that is the share lost: recovered is 1 when the SAE costs nothing "
+                    "(sae == clean), (zero - sae) / (zero - clean)"
+                )
             raise WrongAnswer(f"for clean {clean}, sae {sae}, zero {zero}: got {got:.4f}, expected {want:.4f}")
     correct("(CE_zero - CE_sae) / (CE_zero - CE_clean): 1 = as good as the layer itself, 0 = as bad as nothing")
 
@@ -48,8 +51,10 @@ def check_patching_effect(my_patching_effect) -> None:
         want, got = (patched - corrupt) / (clean - corrupt), float(my_patching_effect(patched, clean, corrupt))
         if abs(got - want) > 1e-6:
             if abs(got - (patched - clean) / (clean - corrupt)) < 1e-6:
-                raise WrongAnswer("measured from the clean run: the effect counts from the corrupted run, "
-                                  "(patched - corrupt), 0 for a site that changes nothing")  # fmt: skip
+                raise WrongAnswer(
+                    "measured from the clean run: the effect counts from the corrupted run, "
+                    "(patched - corrupt), 0 for a site that changes nothing"
+                )
             if abs(got - (patched - corrupt)) < 1e-6:
                 raise WrongAnswer("not normalised: divide by the whole difference (clean - corrupt)")
             raise WrongAnswer(f"for {patched}, {clean}, {corrupt}: got {got:.4f}, expected {want:.4f}")
@@ -87,12 +92,16 @@ def check_induction_head(my_induction_head) -> None:
         got = tuple(int(i) for i in my_induction_head(effects, scores))
         if got != want:
             if got == divmod(int(effects.argmax()), effects.shape[1]):
-                raise WrongAnswer(f"{got} carries the largest effect but is no induction head (score "
-                                  f"{float(scores[got]):.2f}): patching says a site matters, not what it does; "
-                                  f"ask the detector too")  # fmt: skip
+                raise WrongAnswer(
+                    f"{got} carries the largest effect but is no induction head (score "
+                    f"{float(scores[got]):.2f}): patching says a site matters, not what it does; "
+                    f"ask the detector too"
+                )
             if got == divmod(int(scores.argmax()), effects.shape[1]):
-                raise WrongAnswer(f"{got} matches the pattern best but carries an effect of only "
-                                  f"{float(effects[got]):.2f}: a head can look like induction and not be the one "
-                                  f"that predicts this answer")  # fmt: skip
+                raise WrongAnswer(
+                    f"{got} matches the pattern best but carries an effect of only "
+                    f"{float(effects[got]):.2f}: a head can look like induction and not be the one "
+                    f"that predicts this answer"
+                )
             raise WrongAnswer(f"got {got}, expected {want} (0-based layer, head)")
     correct("the head that both looks like induction and carries the effect: the detector and patching agree")

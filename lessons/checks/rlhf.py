@@ -31,8 +31,9 @@ def check_group_advantages(my_group_advantages) -> None:
 def _token_losses(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, eps: float) -> torch.Tensor:
     """attnlab's policy_loss on each token alone (an answer of one token): the per-token losses (B,)."""
     mask, cfg = torch.ones(1, 1, dtype=torch.bool), PolicyLoss("grpo", eps_low=eps)
-    return torch.stack([policy_loss(lp.view(1, 1), o.view(1, 1), a.view(1), mask, cfg).loss
-                        for lp, o, a in zip(logp, old, advantages)])  # fmt: skip
+    return torch.stack(
+        [policy_loss(lp.view(1, 1), o.view(1, 1), a.view(1), mask, cfg).loss for lp, o, a in zip(logp, old, advantages)]
+    )
 
 
 @exercise

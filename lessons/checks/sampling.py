@@ -38,9 +38,11 @@ def _kept(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     if not torch.equal(kept, should):
         extra = (kept & ~should).nonzero().flatten().tolist()
         lost = (should & ~kept).nonzero().flatten().tolist()
-        raise WrongAnswer(f"{what} keeps {int(kept.sum())} tokens, expected {int(should.sum())}"
-                          + (f"; should be -inf: {extra}" if extra else "")
-                          + (f"; should be kept: {lost}" if lost else ""))  # fmt: skip
+        raise WrongAnswer(
+            f"{what} keeps {int(kept.sum())} tokens, expected {int(should.sum())}"
+            + (f"; should be -inf: {extra}" if extra else "")
+            + (f"; should be kept: {lost}" if lost else "")
+        )
     if not torch.allclose(got[kept], want[should]):
         raise WrongAnswer(f"{what}: the kept logits were changed; leave them as they are")
 

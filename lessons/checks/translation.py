@@ -50,9 +50,11 @@ def check_additive_attention(attend) -> None:
     if isinstance(weights, torch.Tensor) and weights.shape == want_weights.shape:
         hidden = weights[0].isnan().all() or (weights[0] == 0).all()  # row 0 has no padding: all of it masked
         if hidden and (weights[1, :3] == 0).all():
-            raise WrongAnswer("row 0 is entirely masked, giving nan: the mask is inverted, it hides the real source "
-                              "tokens and shows the padding; True marks a real token: fill the scores where the "
-                              "mask is False (~mask) with -inf")  # fmt: skip
+            raise WrongAnswer(
+                "row 0 is entirely masked, giving nan: the mask is inverted, it hides the real source "
+                "tokens and shows the padding; True marks a real token: fill the scores where the "
+                "mask is False (~mask) with -inf"
+            )
         if (weights[1, 3:].abs() > 0).any():
             raise WrongAnswer("padding gets weight: set masked scores to -inf before the softmax (row 1, keys 3-4)")
         if not torch.allclose(weights.sum(-1), torch.ones(b), atol=1e-5):
