@@ -72,6 +72,17 @@ def test_consistent_samples_are_kept_and_read_back_without_measuring(monkeypatch
     assert fake.calls == 2 + 2 * timing.REPEATS
 
 
+def test_cpus_sold_under_one_name_keep_their_answers_apart(monkeypatch):
+    zen3 = {"model name": "AMD EPYC", "cpu family": "25", "model": "1", "stepping": "1", "flags": "fpu avx2"}
+    zen4 = {**zen3, "model": "17", "flags": "fpu avx2 avx512f"}
+    keys = []
+    for info in (zen3, zen4, {**zen3, "flags": "avx2 fpu"}):
+        monkeypatch.setattr(precision, "cpu_info", lambda info=info: info)
+        keys.append(precision.key(CPU, "decode", 384))
+    assert keys[0] != keys[1] and keys[0] == keys[2]  # the same CPU, its flags in another order
+    assert all("AMD EPYC (cpu family 25 model" in k for k in keys)
+
+
 def test_noisy_samples_are_measured_again_then_not_kept(monkeypatch):
     fake = Fake(NOISY, NOISY[::-1])
     timers(monkeypatch, train=fake)

@@ -201,15 +201,31 @@ def test_a_shape_float32_runs_faster_stays_float32_and_the_answer_is_kept(monkey
         return Measurement(_timing(1.0), _timing(2.0))
 
     monkeypatch.setattr(pack_choice, "measure", fake)
+    monkeypatch.setattr(pack_choice, "AGAIN_AFTER", 0.0)
     pack_choice._CHOSEN.clear()
     model = GPT(tiny_model(d_model=64))
     report = quantize_for_inference(model, "int8")
     assert set(report.layers.values()) == {FLOAT} and "float32 measured 2x faster" in next(iter(report.kept.values()))
-    n = len(calls)
-    assert n == len({(m.out_features, m.in_features) for _, m in model.named_modules() if isinstance(m, nn.Linear)})
+    n = len(calls)  # each shape twice: an answer that keeps float32 is measured again before it is kept
+    assert n == 2 * len({(m.out_features, m.in_features) for _, m in model.named_modules() if isinstance(m, nn.Linear)})
     pack_choice._CHOSEN.clear()  # a new process: the answers come from kernels.json, not from timing again
     quantize_for_inference(GPT(tiny_model(d_model=64)), "int8")
     assert len(calls) == n
+
+
+def test_float32_faster_once_but_not_again_packs_and_is_not_kept(monkeypatch):
+    answers = iter([2.0, 0.5] * 100)  # the packed product's time: float32 faster, then not
+
+    def fake(timer, *a, **k):
+        return Measurement(_timing(1.0), _timing(next(answers)))
+
+    monkeypatch.setattr(pack_choice, "measure", fake)
+    monkeypatch.setattr(pack_choice, "AGAIN_AFTER", 0.0)
+    monkeypatch.setattr(pack_choice, "_keep", lambda *a: pytest.fail("an answer in doubt was kept"))
+    monkeypatch.setattr(pack_choice, "_read", dict)  # nothing kept by an earlier test
+    pack_choice._CHOSEN.clear()
+    report = quantize_for_inference(GPT(tiny_model(d_model=64)), "int8")
+    assert FLOAT not in report.layers.values()
 
 
 def test_a_noisy_timing_packs(monkeypatch):

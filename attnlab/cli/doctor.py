@@ -41,7 +41,7 @@ def machine(device: torch.device) -> dict:
         "cores": cores,
         "device": str(device),
         "gpu": gpu,
-        "cpu": precision.cpu_model(),
+        "cpu": precision.cpu_identity(),
         "bf16_instructions": precision.native_bf16(flags),
         "amx": None if flags is None else "amx_bf16" in flags,
         "cache": str(precision.cache_path()),

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.io import read_safetensors, write_safetensors
-from attnlab.runtime.precision import cpu_model
+from attnlab.runtime.precision import cpu_identity
 
 NOTES = "notes"  # under the libraries' folder
 
@@ -47,7 +47,7 @@ def source_digest() -> str:
 def fingerprint(module: nn.Module, inputs: list[Tensor | None], rows_loaded: bool) -> str:
     """The step's key without a trace (the module's docstring): module the _Step being traced (its
     .model a language model with its config), inputs its example tensors in order (None where absent)."""
-    parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_model()]
+    parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_identity()]
     parts += [str(rows_loaded), repr(module), repr(module.model.cfg)]  # the language model's config
     owners: dict[int, str] = {}  # storage -> the first name holding it: tied weights show as such
     named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from attnlab.runtime.precision import cpu_model
+from attnlab.runtime.precision import cpu_identity
 
 try:
     import fcntl  # the build's lock: POSIX only
@@ -81,7 +81,7 @@ def _sources() -> list[bytes]:
 def _target(texts: list[bytes]) -> Path:
     """Where the library for these sources, compiler, torch and CPU is kept."""
     command = " ".join(_command([Path("s")], Path("t"))).encode()
-    key = hashlib.sha256(b"|".join([*texts, command, torch.__version__.encode(), cpu_model().encode()]))
+    key = hashlib.sha256(b"|".join([*texts, command, torch.__version__.encode(), cpu_identity().encode()]))
     key = key.hexdigest()[:16]
     return _folder() / "attnlab" / f"row_products_{key}.so"
 

@@ -13,6 +13,7 @@ the safe choice, and says so once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import platform
 import time
@@ -64,6 +65,20 @@ def cpu_model() -> str:
     return cpu_info().get("model name") or platform.processor() or platform.machine() or "unknown cpu"
 
 
+def cpu_identity() -> str:
+    """The CPU's model name and what tells apart the CPUs sold under it (one "AMD EPYC" was a Zen 3
+    without AVX-512 in one session and a Zen 4 with it in the next): family, model and stepping, and a
+    digest of its flags. What is measured on a CPU, or built for it with -march=native, is kept under
+    this key, so that another CPU measures (or builds) its own instead of trusting this one's."""
+    info = cpu_info()
+    if not info:
+        return cpu_model()
+    numbers = " ".join(f"{k} {info[k]}" for k in ("cpu family", "model", "stepping") if k in info)
+    flags = info.get("flags") or info.get("features") or ""
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:8]
+    return f"{cpu_model()} ({numbers}, flags {digest})"
+
+
 def cpu_flags() -> set[str] | None:
     """The CPU's instruction-set flags (x86 'flags', ARM 'features'), or None where they cannot be read."""
     info = cpu_info()
@@ -81,7 +96,7 @@ def cache_path() -> Path:
 
 
 def key(device: torch.device, use: str, width: int) -> str:
-    name = cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    name = cpu_identity() if device.type == "cpu" else torch.cuda.get_device_name(device)
     return f"{device.type}|{name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{use}|width {width}"
 
 
