@@ -188,3 +188,13 @@ def cpu_name() -> str:
         return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
     except (OSError, subprocess.CalledProcessError, StopIteration):
         return platform.processor() or "unknown CPU"
+
+
+def cpu_named() -> str:
+    """cpu_name() with what tells CPUs sold under one name apart (family, model, stepping) and its widest
+    vector instructions: one "AMD EPYC" was a Zen 3 with AVX2 only, another a Zen 4 with AVX-512."""
+    from attnlab.runtime.precision import cpu_flags, cpu_identity
+
+    flags = cpu_flags() or set()
+    vectors = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
+    return f"{cpu_identity()}; {' '.join(vectors) or 'no AVX2'}"

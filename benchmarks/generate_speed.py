@@ -6,8 +6,10 @@ with random weights is written once (random_run.py; random weights decode as fas
 then, at the same thread count:
 - attnlab, batch 1: `stream(..., temperature=0)`, the decoding engine every command uses, on the run
   loaded with --quantize (what `attnlab sample --quantize KIND` does: a layer whose shape ran faster
-  in float32 here stays float32), eager and with --compile (decoding/compiled.py);
-- attnlab, batch B (--batch): `stream_rows`, B sequences in one forward pass per step;
+  in float32 here stays float32): "attnlab", the default path (its steps compiled: decoding/compiled.py),
+  and "attnlab --no-compile", the eager one;
+- attnlab, batch B (--batch): B greedy streams read at once, which the engine decodes in one forward
+  pass a step, as a server's streams or `sample --num-samples` are (compiled: compiled_rows.py);
 - llama.cpp: the run exported by `attnlab export --to gguf --type T`, decoded greedily by llama.cpp's
   own loop (attnlab.interop.llamacpp.greedy; batch B: greedy_rows, B sequences in one llama_decode a
   step), when llama-cpp-python is installed.
@@ -37,16 +39,17 @@ from pathlib import Path
 
 import gguf
 import torch
-from common import cpu_name, first_difference, format_table
+from common import cpu_named, first_difference, format_table
 from random_run import SHAPES, random_run
 from step_profile import report, step_profile
 
 import attnlab
-from attnlab.decoding.sampling import stream, stream_rows
+from attnlab.decoding.sampling import stream
 from attnlab.interop.gguf_out import export_gguf
 from attnlab.quant.packed import PackedLinear
 from attnlab.runs.quantized import inference_linears
 
+DEFAULT, EAGER = "attnlab", "attnlab --no-compile"  # the path a command takes without flags; the eager one
 PAIRS = {"float32": "f32", "bf16": "f16", "int8": "q8_0", "int4": "q4_0"}  # attnlab precision -> llama.cpp type
 COLUMNS = [
     ("shape", "shape", ""),
@@ -117,13 +120,30 @@ def attnlab_methods(run: Path, shape: str, args, prompt: list[int]) -> list[tupl
         for compiled in (False, True) if args.compile else (False,):
             model = attnlab.load(run, device="cpu", quantize=quantize, compiled=compiled).model
             mb = read_bytes(model) / 1e6
-            impl = "attnlab compiled" if compiled else "attnlab"
+            impl = DEFAULT if compiled else EAGER
             call = lambda m=model, c=compiled: list(stream(m, prompt, n, temperature=0, dtype="float32", compile=c))
             methods.append((row(shape, impl, precision, 1, mb), call))
-            for b in args.batch if not compiled else ():
-                call = lambda m=model, b=b: [int(t[0]) for t in stream_rows(m, prompt, b, n, temperature=0)]
-                methods.append((row(shape, "attnlab", precision, b, mb), call))
+            for b in args.batch:
+                call = lambda m=model, b=b, c=compiled: together(m, prompt, b, n, c)
+                methods.append((row(shape, impl, precision, b, mb), call))
     return methods
+
+
+def together(model, prompt: list[int], rows: int, n: int, compiled: bool) -> list[int]:
+    """`rows` greedy sequences decoded at once by the model's engine, as a server's streams or `sample
+    --num-samples` are (each reader takes a token in turn; the engine steps them in one batch): the
+    first row's tokens."""
+    streams = [stream(model, prompt, n, temperature=0, dtype="float32", compile=compiled) for _ in range(rows)]
+    tokens: list[list[int]] = [[] for _ in streams]
+    live = list(range(rows))
+    while live:
+        for i in list(live):
+            token = next(streams[i], None)
+            if token is None:
+                live.remove(i)
+            else:
+                tokens[i].append(int(token))
+    return tokens[0]
 
 
 def llamacpp_methods(run: Path, shape: str, args, prompt: list[int], folder: Path) -> list[tuple[dict, object]]:
@@ -177,7 +197,11 @@ def compare(rows: list[dict]) -> None:
             r["bound"] = 1 / read_seconds(int(r["mb_per_token"] * 1e6))
             r["of_bound"] = r["tokens_per_s"] / r["bound"]
         ref = next(  # None when float32 was not asked for: nothing to compare the tokens with
-            (x for x in rows if x["shape"] == r["shape"] and x["impl"] == "attnlab" and x["precision"] == "float32"),
+            (
+                x
+                for x in rows
+                if x["shape"] == r["shape"] and x["impl"] == EAGER and x["precision"] == "float32" and x["batch"] == 1
+            ),
             None,
         )
         if ref is not None:
@@ -247,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     compare(rows)
     if args.json:
         rows = [{k: v for k, v in r.items() if k != "tokens"} for r in rows]
-        print(json.dumps({"cpu": cpu_name(), "threads": args.threads, "new_tokens": args.new_tokens, "rows": rows}))
+        print(json.dumps({"cpu": cpu_named(), "threads": args.threads, "new_tokens": args.new_tokens, "rows": rows}))
         return 0
     print(
-        f"{cpu_name()}, {args.threads} threads, {args.new_tokens} new tokens after {args.prompt_tokens} prompt tokens"
+        f"{cpu_named()}, {args.threads} threads, {args.new_tokens} new tokens after {args.prompt_tokens} prompt tokens"
     )
     print(format_table(rows, COLUMNS))
     return 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import perturb
 
-from attnlab.decoding import compiled, exported
+from attnlab.decoding import compiled, compiled_rows, exported
 from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.sampling import read_together, stream
@@ -119,6 +119,48 @@ def test_a_compiled_step_computes_what_the_forward_computes(make, route, monkeyp
     # the engine's greedy tokens, through the compiled step, past where the cache needs a refill (48)
     want = list(stream(model, prompt, 60, temperature=0))
     assert list(stream(model, prompt, 60, temperature=0, compile=True)) == want
+
+
+ROWS_ROUTES = [
+    (nano_fast, "exported"),
+    (nano_fast, "its own code"),  # torch.compile replaced by the step itself: RowsCache's writes and reads
+    pytest.param(llama_int8, "exported", marks=SLOW),
+]
+
+
+@pytest.mark.parametrize(("make", "route"), ROWS_ROUTES)
+def test_the_compiled_batched_step_computes_what_the_batched_forward_computes(make, route, monkeypatch):
+    monkeypatch.setattr(compiled, "EXPORT", route == "exported")
+    if route == "its own code":
+        monkeypatch.setattr(compiled_rows.torch, "compile", lambda fn, **kw: fn)
+    model = make()
+    eager, fast = LMDecoder(model, "float32"), LMDecoder(model, "float32", compiled=True)
+    prompts = [[5, 17, 2, 40], [9], [3, 1, 4, 1, 5, 9, 2, 6]]  # rows of different lengths
+    with torch.inference_mode():
+        tables = []
+        for decoder in (eager, fast):
+            slots = decoder.slots(4)
+            for slot, prompt in enumerate(prompts):
+                state = decoder.start(None)
+                decoder.feed(state, prompt, 0)
+                slots.put(slot, state)
+            tables.append(slots)
+        ids = torch.tensor([[7], [8], [9]])
+        for _ in range(12):
+            got = []
+            for decoder, slots in zip((eager, fast), tables, strict=True):
+                offsets = slots.table.begin(len(prompts))
+                got.append(decoder.feed_slots(slots, ids, offsets))
+                slots.table.end()
+            assert fast.compiled_rows.failed is None
+            assert (fast.compiled_rows.exported is not None) == (route == "exported"), fast.compiled_rows.export_failed
+            assert torch.allclose(got[0], got[1], atol=1e-4, rtol=1e-4), (got[0] - got[1]).abs().max()
+            ids = got[0].argmax(-1, keepdim=True)  # (B, 1) each row's greedy token, fed next
+    # the engine's rows decoded together through it: each row's greedy tokens as decoded alone
+    prompts = [[5, 17, 2, 40], [9, 3], [1, 2, 3]]
+    alone = [list(stream(model, p, 20, temperature=0)) for p in prompts]
+    together = read_together([map(str, stream(model, p, 20, temperature=0, compile=True)) for p in prompts])
+    assert together == ["".join(map(str, t)) for t in alone]
 
 
 def test_bf16_one_row_under_compile_is_its_sum(monkeypatch):

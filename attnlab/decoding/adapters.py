@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnlab.data.batches import EOS_ID
 from attnlab.decoding.compiled import CompiledStep
+from attnlab.decoding.compiled_rows import CompiledRows
 from attnlab.decoding.slots import Slots
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM, StepDecoding
@@ -39,6 +40,7 @@ class LMDecoder:
         self.precision = pick_dtype(dtype, self.device, model.cfg.d_model, use="decode")
         # A lone row's one-token steps compiled (compiled.py: ahead of time, else torch.compile), when asked.
         self.compiled = CompiledStep(model, self.context, self.device) if compiled else None
+        self.compiled_rows = CompiledRows(model, self.device) if compiled else None  # the batched steps'
 
     def start(self, source: Tensor | None) -> list:
         # A compiled step reads the first L keys of its buffers, L symbolic: one position more than the
@@ -77,12 +79,17 @@ class LMDecoder:
         return logits, rows
 
     def slots(self, max_batch: int) -> Slots:
-        return Slots(len(self.model.blocks), max_batch, self.context, self.device)
+        # The compiled step reads the first L positions, L symbolic: one more than the context keeps L
+        # below the buffers' length, as start() does for a lone row.
+        room = self.context + (self.compiled_rows is not None)
+        return Slots(len(self.model.blocks), max_batch, self.context, self.device, room)
 
     def feed_slots(self, slots: Slots, ids: Tensor, offsets: Tensor) -> Tensor:
-        """(B, V) logits of each slotted row's newest token ids (B, 1), each at its own position."""
+        """(B, V) logits of each slotted row's newest token ids (B, 1), each at its own position,
+        through the compiled batched step when there is one (compiled_rows.py)."""
         with autocast(self.device, self.precision):
-            return self.model(ids, caches=slots.caches, offset=offsets)[:, -1]
+            logits = None if self.compiled_rows is None else self.compiled_rows.feed(slots, ids, offsets)
+            return logits if logits is not None else self.model(ids, caches=slots.caches, offset=offsets)[:, -1]
 
     def mask(self, logits: Tensor) -> Tensor:
         return logits

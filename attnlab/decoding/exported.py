@@ -74,23 +74,33 @@ class ExportedStep:
     a row's caches; `refresh` hands the library the model's tensors again when one was replaced."""
 
     def __init__(
-        self, model: nn.Module, step, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None
+        self,
+        model: nn.Module,
+        step,
+        ids: Tensor,
+        position: Tensor,
+        bias: Tensor,
+        kv: list[Tensor],
+        last: Tensor | None,
+        rows: bool = False,
     ):
+        """rows: the batched step (compiled_rows.py), its B rows symbolic (2..the slots) beside L."""
         for layer in model.modules():
             if isinstance(layer, PackedLinear):
                 layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
         self.module = _Step(model, step).eval()
-        self.with_last = last is not None
-        rows, folder = row_kernels.ready(), _folder()
-        # the bias's width is the prompt's length + 1, symbolic in the trace: not part of the key
-        key = step_cache.fingerprint(self.module, [ids, position, bias[..., :1], *kv, last], rows)
+        self.with_last, self.rows = last is not None, rows
+        loaded, folder = row_kernels.ready(), _folder()
+        # the bias's width (and with rows its height) is symbolic in the trace: not part of the key
+        examples = [ids[:1], position[:1], bias[:1, ..., :1]] if rows else [ids, position, bias[..., :1]]
+        key = step_cache.fingerprint(self.module, [*examples, *kv, last], loaded, "rows" if rows else "row")
         warm = step_cache.remembered(folder, key)
         if warm is not None:  # made by an earlier process: no trace (step_cache.py)
             self.path, self.lifted = warm
         else:
             t0 = time.perf_counter()
             print(COLD, file=sys.stderr, flush=True)
-            program = self._traced(ids, position, bias, kv, last, rows)
+            program = self._traced(ids, position, bias, kv, last, loaded)
             self.lifted = _as_buffers(program)
             self.path = _library(program, folder)
             step_cache.remember(folder, key, self.path, self.lifted)
@@ -103,13 +113,18 @@ class ExportedStep:
     def _traced(
         self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None, rows: bool
     ) -> torch.export.ExportedProgram:
-        """torch.export's program of the step, L symbolic (2..C), attnlab's row products in it when loaded."""
+        """torch.export's program of the step, L symbolic (2..C) and with rows B (2..the slots), attnlab's
+        row products in it when loaded."""
         with torch.inference_mode(False), torch.no_grad():
             # Example inputs of the same shapes outside inference mode (the trace writes into them).
             like = lambda t: None if t is None else torch.zeros_like(t)
             example = (like(ids), like(position), like(bias), [like(t) for t in kv], like(last))
-            context = self.module.model.cfg.context
-            shapes = (None, None, {3: torch.export.Dim("L", min=2, max=context)}, [None] * len(kv), None)
+            keys = torch.export.Dim("L", min=2, max=self.module.model.cfg.context)
+            if self.rows:
+                b = torch.export.Dim("B", min=2, max=kv[0].shape[0])
+                shapes = ({0: b}, {0: b}, {0: b, 3: keys}, [None] * len(kv), None if last is None else {0: b})
+            else:
+                shapes = (None, None, {3: keys}, [None] * len(kv), None)
             with row_kernels.FloatRows() if rows else contextlib.nullcontext():
                 return torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
 
@@ -130,7 +145,7 @@ class ExportedStep:
             self.tensors = current
 
     def run(self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None) -> Tensor:
-        """(1, V) logits of one step; the caches are written at `position` in place."""
+        """(1, V) logits of one step ((B, V) with rows); the caches are written at `position` in place."""
         return self.runner.loader.run([ids, position, bias, *kv, *([last] if self.with_last else [])])[0]
 
 

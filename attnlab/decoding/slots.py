@@ -27,8 +27,9 @@ from attnlab.nn.attention import KVCache
 class SlotTable:
     """What the layers' slot caches share: each slot's length, and this step's positions and mask."""
 
-    def __init__(self, slots: int, context: int, device: torch.device):
+    def __init__(self, slots: int, context: int, device: torch.device, room: int | None = None):
         self.slots, self.context, self.device = slots, context, device
+        self.room = room or context  # positions each slot's buffers hold (compiled_rows.py: one more)
         self.lengths = [0] * slots  # positions filled in each slot: where its next token goes
         self.rows = 0  # B, the rows of the current step
         self.positions = torch.zeros(0, dtype=torch.long, device=device)  # (B,)
@@ -77,8 +78,8 @@ class SlotCache(KVCache):
     def _allocate(self, like: Tensor) -> None:
         if self.k is None:
             _, h, _, dh = like.shape
-            self.k = like.new_zeros(self.table.slots, h, self.table.context, dh)
-            self.v = like.new_zeros(self.table.slots, h, self.table.context, dh)
+            self.k = like.new_zeros(self.table.slots, h, self.table.room, dh)
+            self.v = like.new_zeros(self.table.slots, h, self.table.room, dh)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's (B, Hkv, 1, Dh) keys/values at the rows' positions; return every row's first
@@ -113,8 +114,8 @@ class SlotCache(KVCache):
 class Slots:
     """Every layer's slot cache over one table: what a batched step passes as the model's caches."""
 
-    def __init__(self, n_layers: int, slots: int, context: int, device: torch.device):
-        self.table = SlotTable(slots, context, device)
+    def __init__(self, n_layers: int, slots: int, context: int, device: torch.device, room: int | None = None):
+        self.table = SlotTable(slots, context, device, room)
         self.caches = [SlotCache(self.table) for _ in range(n_layers)]
 
     def put(self, slot: int, caches: list[KVCache]) -> None:

@@ -44,10 +44,11 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def fingerprint(module: nn.Module, inputs: list[Tensor | None], rows_loaded: bool) -> str:
+def fingerprint(module: nn.Module, inputs: list[Tensor | None], rows_loaded: bool, step: str = "row") -> str:
     """The step's key without a trace (the module's docstring): module the _Step being traced (its
-    .model a language model with its config), inputs its example tensors in order (None where absent)."""
-    parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_identity()]
+    .model a language model with its config), inputs its example tensors in order (None where absent),
+    step which step it is (a lone row's, or the batched rows')."""
+    parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_identity(), step]
     parts += [str(rows_loaded), repr(module), repr(module.model.cfg)]  # the language model's config
     owners: dict[int, str] = {}  # storage -> the first name holding it: tied weights show as such
     named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
