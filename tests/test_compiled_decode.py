@@ -8,6 +8,7 @@ compilation that fails decodes as before after one warning; and the engine stepp
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,6 +257,21 @@ def test_the_librarys_name_is_its_graph_not_where_its_source_lies():
     assert exported.library_key(moved) == exported.library_key(text)
     assert exported.library_key(text.replace("f32[2, 4]", "f32[3, 4]")) != exported.library_key(text)
     assert exported.library_key(text.replace("(x, 2)", "(x, 3)")) != exported.library_key(text)
+
+
+def test_the_minute_long_message_is_said_only_when_a_library_is_compiled(tmp_path, monkeypatch, capsys):
+    built = []
+
+    def package(program, package_path, inductor_configs):
+        built.append(1)
+        Path(package_path).write_bytes(b"library")
+
+    monkeypatch.setattr(exported.torch._inductor, "aoti_compile_and_package", package)
+    program = type("Program", (), {"__str__": lambda self: "graph"})()
+    first = exported._library(program, tmp_path, "cold: compiling")
+    assert "cold: compiling" in capsys.readouterr().err and built == [1]
+    assert exported._library(program, tmp_path, "cold: compiling") == first  # found by its graph's key
+    assert capsys.readouterr().err == "" and built == [1]
 
 
 def test_a_model_torch_export_cannot_take_decodes_through_torch_compile(monkeypatch):

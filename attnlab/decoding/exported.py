@@ -52,7 +52,7 @@ from attnlab.quant.packed import PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
 COLD = (
-    "attnlab: compiling this model's decode step, once for its shape and precision (about a minute on 2 "
+    "attnlab: compiling this model's {step}, once for its shape and precision (about a minute on 2 "
     "cores; later runs load it in a second; --no-compile decodes without it)"
 )
 
@@ -98,13 +98,12 @@ class ExportedStep:
         if warm is not None:  # made by an earlier process: no trace (step_cache.py)
             self.path, self.lifted = warm
         else:
-            t0 = time.perf_counter()
-            print(COLD, file=sys.stderr, flush=True)
-            program = self._traced(ids, position, bias, kv, last, loaded)
+            t0, step = time.perf_counter(), "batched decode step" if rows else "decode step"
+            program = self._traced(ids, position, bias, kv, last, loaded)  # seconds: said only if compiled
             self.lifted = _as_buffers(program)
-            self.path = _library(program, folder)
+            self.path = _library(program, folder, COLD.format(step=step))
             step_cache.remember(folder, key, self.path, self.lifted)
-            print(f"attnlab: the decode step is compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            print(f"attnlab: the {step} is ready ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         self.runner = step_cache.Library(self.path)
         self.names = self.runner.get_constant_fqns()
         self.tensors: dict[str, Tensor] = {}
@@ -182,13 +181,14 @@ def library_key(program: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def _library(program: torch.export.ExportedProgram, folder: Path) -> Path:
+def _library(program: torch.export.ExportedProgram, folder: Path, cold: str) -> Path:
     """The compiled library of `program`: from the folder when it was made before, else compiled and
-    stored there (io.atomic_write: a second process never reads half a file)."""
+    stored there (io.atomic_write: a second process never reads half a file), `cold` said first."""
     key = library_key(str(program))
     path = folder / f"{key}.pt2"
     if path.is_file():
         return path
+    print(cold, file=sys.stderr, flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     options = {"aot_inductor.package_constants_in_so": False}
     atomic_write(
