@@ -252,3 +252,20 @@ def test_bf16_takes_pytorchs_product_for_a_batch_only_where_it_measured_faster(r
     monkeypatch.setattr(pack_choice, "measure", lambda timer: timed.append(1) or type("M", (), {"ratio": ratio})())
     assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows == packed.ROW_BATCH["bf16"]
     assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows and timed == [1]  # kept: measured once
+
+
+def test_the_kernels_are_built_for_the_instructions_pytorch_is_told_to_use(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 makes PyTorch and inductor run an AVX2-only CPU's code on an AVX-512 one;
+    the row operators follow it, in a library of their own (its name holds the command)."""
+    from pathlib import Path
+
+    from attnlab.quant import row_kernels
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    native = row_kernels._command([Path("s.cpp")], Path("t.so"))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    avx2 = row_kernels._command([Path("s.cpp")], Path("t.so"))
+    assert "-march=native" in native and "-march=haswell" in avx2 and "-march=native" not in avx2
+    assert row_kernels._target([b"source"]) != (
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY") or row_kernels._target([b"source"])
+    )

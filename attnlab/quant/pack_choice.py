@@ -53,8 +53,13 @@ _CHOSEN: dict[str, Choice] = {}
 
 def _key(kind: str, shape: tuple[int, int], device: torch.device) -> str:
     kernel = "|row operator" if _row_op(kind) else ""  # a kept answer is about the kernel it timed
-    where = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
-    return f"{where}|{kind}|{shape[0]}x{shape[1]}{kernel}"
+    return f"{_where()}|{kind}|{shape[0]}x{shape[1]}{kernel}"
+
+
+def _where() -> str:
+    """The CPU, the instructions its kernels use (ATEN_CPU_CAPABILITY may ask for fewer), torch, threads."""
+    isa = torch.backends.cpu.get_cpu_capability()
+    return f"{cpu_identity()}|{isa}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 
 def _row_op(kind: str) -> bool:
@@ -135,7 +140,7 @@ def settle_bf16_rows(device: torch.device) -> int:
     once per CPU, torch and thread count (kept in kernels.json, as the layers' choices)."""
     if device.type != "cpu" or not _row_op("bf16"):
         return ROW_BATCH["bf16"]
-    k = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|bf16 rows {BATCH_ROWS}"
+    k = f"{_where()}|bf16 rows {BATCH_ROWS}"
     kept = _read().get(k)
     if isinstance(kept, dict) and isinstance(kept.get("ratio"), (int, float)):
         ratio = float(kept["ratio"])

@@ -11,11 +11,12 @@ four accumulators, which brings it near the memory's speed (benchmarks/row_produ
 are in docs/log.md, "The one-row operators"). int4 (csrc/q4_products.cpp) rounds the activations to
 int8 per block of 32 and sums the products as integers, as GGUF's q4 x q8 products do (docs/cpu.md).
 
-It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native and
-OpenMP, against the installed torch's headers and libraries (about 13 s once), and kept in the
-extensions folder under a name made of the source, the flags, the torch version and the CPU model, so
-the next process loads it in milliseconds. Where that fails (no compiler, another platform) the layers
-take PyTorch's kernels as before, and `unavailable()` says why; ATTNLAB_ROW_KERNELS=0 turns them off.
+It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native (or the
+instruction set ATEN_CPU_CAPABILITY names) and OpenMP, against the installed torch's headers and
+libraries (about 13 s once), and kept in the extensions folder under a name made of the source, the
+flags, the torch version and the CPU, so the next process loads it in milliseconds. Where that fails
+(no compiler, another platform) the layers take PyTorch's kernels as before, and `unavailable()` says
+why; ATTNLAB_ROW_KERNELS=0 turns them off.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ except ImportError:
     fcntl = None
 
 SOURCES = ("row_products.cpp", "q4_products.cpp")  # built into one library
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# The instruction set the kernels are built for: this CPU's own, unless PyTorch is told to use fewer
+# (ATEN_CPU_CAPABILITY, which PyTorch's kernels and inductor's code also follow): with avx2 all three
+# run what an AVX2-only CPU runs, so its path can be measured on an AVX-512 machine (docs/cpu.md).
+MARCH = {"avx2": "-march=haswell", "default": "-march=x86-64"}
 SWITCH = "ATTNLAB_ROW_KERNELS"  # "0": PyTorch's kernels only
 _WHY: list[str] = []  # why the library is not loaded, once known
 _LOADED: list[bool] = []  # [True] once it is
@@ -62,6 +67,7 @@ def _command(sources: list[Path], target: Path) -> list[str]:
     return [
         os.environ.get("CXX", "c++"),
         *FLAGS,
+        MARCH.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), "-march=native"),
         abi,
         f"-I{torch_dir / 'include'}",
         *map(str, sources),
