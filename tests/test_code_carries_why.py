@@ -97,6 +97,44 @@ def all_measurement_lines() -> list[tuple[str, int, str]]:
     return out
 
 
+SECTION = re.compile(r'docs/([\w-]+\.md)(?:#([\w-]+)|,\s+"([^"]+)")')  # docs/cpu.md#a-b, docs/log.md, "Data"
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as the docs site makes it (Python-Markdown's toc)."""
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
+def headings(page: Path) -> list[str]:
+    return [
+        line.lstrip("#").strip() for line in page.read_text(encoding="utf-8").splitlines() if re.match(r"#+ ", line)
+    ]
+
+
+def section_pointers() -> list[tuple[str, str, str | None, str | None]]:
+    """(file, page, anchor, title) for every docs section a docstring or comment under attnlab/ names."""
+    out = []
+    for py in sorted((ROOT / "attnlab").rglob("*.py")):
+        for block in prose_blocks(py.read_text(encoding="utf-8")):
+            text = re.sub(r"\s+", " ", " ".join(t for _, t in block))
+            out += [(str(py.relative_to(ROOT)), *m.groups()) for m in SECTION.finditer(text)]
+    return out
+
+
+def test_the_docs_sections_the_code_points_at_exist():
+    pointers = section_pointers()
+    assert len(pointers) > 20  # the pointers left where the figures moved out
+    missing = []
+    for where, page, anchor, title in pointers:
+        path = ROOT / "docs" / page
+        found = headings(path) if path.exists() else []
+        if anchor and anchor not in map(slug, found):
+            missing.append(f"{where}: docs/{page}#{anchor}")
+        if title and not any(h == title or h.startswith(title + ":") for h in found):
+            missing.append(f'{where}: docs/{page}, "{title}"')
+    assert missing == [], "pointers to docs sections that are not there:\n" + "\n".join(missing)
+
+
 def test_measurements_live_in_the_docs():
     found = all_measurement_lines()
     listing = "\n".join(f"{f}:{n}: {t}" for f, n, t in found)
@@ -120,6 +158,12 @@ x = 1  # on an AMD EPYC with AVX512-BF16
 # 10-29 s for three rounds; see docs/log.md
 '''
     assert measurement_lines(src) == [1, 3, 8, 10]
+    assert slug("Sharing the machine: threads") == "sharing-the-machine-threads"
+    pointer = 'see docs/cpu.md#how-fast and docs/log.md, "Packed layers"'
+    assert [m.groups() for m in SECTION.finditer(pointer)] == [
+        ("cpu.md", "how-fast", None),
+        ("log.md", None, "Packed layers"),
+    ]
 
 
 if __name__ == "__main__":  # list the lines and their count per package

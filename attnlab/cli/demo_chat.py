@@ -52,7 +52,7 @@ from attnlab.tasks.sft import EXACT
 # characters), pretrained briefly with the fast recipe (Muon, warmup-stable-decay).
 BASE_MODEL = replace(GPTConfig.from_preset("qwen3-nano-fast"), context=512, dropout=0.0)
 # 300 steps of 16 rows of 512: a base the sft run learns far more from than AdamW's 100 steps gave
-# (docs/fine-tuning.md, "Turns").
+# (the turns measured in docs/fine-tuning.md).
 BASE_TRAIN = dict(FAST_TRAINING, batch_size=16, warmup_steps=20, max_steps=300, eval_interval=100, eval_batches=4)
 # SFT: Muon on the blocks' matrices (far more exact answers than AdamW in the same 800 steps:
 # reversing and capitalizing unseen strings are what it learns faster; docs/fine-tuning.md), no
@@ -86,7 +86,7 @@ BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
 EXAMPLES, PAIRS = 4000, 2000  # training conversations (sft) and preference pairs (dpo, reward)
 # Of the sft conversations, the share that chain 2-4 unrelated instructions: without them a held-out
-# question asked after earlier turns is almost never answered right (docs/fine-tuning.md, "Turns").
+# question asked after earlier turns is almost never answered right (the turns measured in docs/fine-tuning.md).
 CHAINED = 0.3
 SAMPLED = 100  # of them, answered by plain sampling and by best-of-8
 BEST_OF, TEMPERATURE = 8, 1.0
