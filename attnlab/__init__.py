@@ -7,7 +7,7 @@ attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
               attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
 
 The public names are loaded on first use (PEP 562): `import attnlab` alone, and `attnlab --help`,
-`attnlab runs`, do not pay for importing torch (2-4 s on 2 cores).
+`attnlab runs`, do not pay for importing torch (seconds: docs/cpu.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Every repository path a docstring under attnlab/ names must exist.
+"""Every repository path a docstring under attnlab/ or benchmarks/ names must exist.
 
 A docstring that points at `decoding/engine.py` or `docs/cpu.md` is a promise to the reader;
 when a file moves and the pointer does not, the reader is sent nowhere. This test reads the
-module, class and function docstrings of every file under attnlab/ and checks each name that
-looks like one of ours:
+module, class and function docstrings of every file under attnlab/ and benchmarks/ and checks each
+name that looks like one of ours:
   - `attnlab/...`, `tests/...`, `benchmarks/...`, `docs/...`, `lessons/...`, `examples/...`
     with a file extension or a closing `/` (so prose like "attnlab/torch processes" is not one);
   - `some/folder/file.py`, relative to attnlab/ (`nn/attention.py`);
-  - a bare `file.py`, which must be some file under attnlab/.
+  - a bare `file.py`, which must be some file under attnlab/, or (in benchmarks/) a file beside it.
 A glob (`tests/test_sae*.py`) must match at least one file. Another project's file, named after
 its owner's possessive (llama.cpp's docs/gguf.md), is not ours and is skipped.
 """
@@ -41,13 +41,14 @@ def named_paths(doc: str) -> list[str]:
     return found
 
 
-def exists(name: str) -> bool:
-    """Whether a named path exists: from the root, from attnlab/, or (bare .py) anywhere in attnlab/."""
+def exists(name: str, home: Path | None = None) -> bool:
+    """Whether a named path exists: from the root, from attnlab/, (bare .py) anywhere in attnlab/, or
+    beside the file that names it (`home`, its folder: a benchmark names its neighbours bare)."""
     if name.startswith(TOPS):
         return any(ROOT.glob(name.rstrip("/")))
     if "/" in name:
         return any((ROOT / "attnlab").glob(name))
-    return any((ROOT / "attnlab").rglob(name))
+    return any((ROOT / "attnlab").rglob(name)) or (home is not None and any(home.glob(name)))
 
 
 def docstrings(path: Path) -> list[tuple[str, str]]:
@@ -62,20 +63,21 @@ def docstrings(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def all_named() -> list[tuple[str, str]]:
-    """(file:where, path) for every path named in a docstring under attnlab/."""
+def all_named(top: str = "attnlab") -> list[tuple[Path, str, str]]:
+    """(file, where, path) for every path named in a docstring under the folder `top`."""
     return [
-        (f"{py.relative_to(ROOT)}:{where}", name)
-        for py in sorted((ROOT / "attnlab").rglob("*.py"))
+        (py, where, name)
+        for py in sorted((ROOT / top).rglob("*.py"))
         for where, doc in docstrings(py)
         for name in named_paths(doc)
     ]
 
 
 def test_every_path_a_docstring_names_exists():
-    named = all_named()
-    assert len(named) > 200  # the scan reads the docstrings it should (about 300 names today)
-    stale = [f"{where} names {name}" for where, name in named if not exists(name)]
+    named = all_named("attnlab") + all_named("benchmarks")
+    assert len(named) > 300  # the scan reads the docstrings it should (about 380 names today)
+    assert any(py.parent.name == "benchmarks" for py, _, _ in named)
+    stale = [f"{py.relative_to(ROOT)}:{where} names {name}" for py, where, name in named if not exists(name, py.parent)]
     assert stale == [], "stale paths in docstrings:\n" + "\n".join(stale)
 
 
@@ -87,3 +89,4 @@ def test_the_finder_tells_a_path_from_prose():
     assert named_paths(doc) == ["nn/attention.py", "docs/cpu.md", "tests/test_sae*.py", "training.py"]
     assert [exists(n) for n in named_paths(doc)] == [True, True, True, False]
     assert exists("attnlab/nn/") and not exists("attnlab/no_such_folder/")
+    assert exists("random_run.py", ROOT / "benchmarks") and not exists("random_run.py")

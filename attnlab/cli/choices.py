@@ -1,10 +1,11 @@
 """The names the parser offers as choices, kept here so that cli/options.py imports without torch.
 
 Each registry lives beside the code it runs (interpret/plots.py's PLOTS, quant/packed.py's KINDS, ...),
-and those modules import torch: 2-4 s on a 2-core machine, which `attnlab COMMAND --help` should
-not pay. So the parser reads the names from here, and tests/test_startup.py holds each tuple equal
-to its registry: a new plot, inspection or quantized kind is refused by that test until it is named
-here too. TASK_HELPS does the same for `attnlab train --help`: each task's name and help line.
+and those modules import torch, seconds on a small machine (docs/cpu.md, "How fast a command
+starts"), which `attnlab COMMAND --help` should not pay. So the parser reads the names from here,
+and tests/test_startup.py holds each tuple equal to its registry: a new plot, inspection or quantized
+kind is refused by that test until it is named here too. TASK_HELPS does the same for
+`attnlab train --help`: each task's name and help line.
 """
 
 from __future__ import annotations

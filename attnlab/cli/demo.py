@@ -43,8 +43,8 @@ def free_dir(path: str | Path) -> Path:
     return p
 
 
-# Held-out characters the last line is measured on: the split's first 200,000 (a third of it), 8 s
-# on 2 cores where the whole split took 22 s, a tenth of the demo; `attnlab eval` reads all of it.
+# Held-out characters the last line is measured on: the split's first 200,000 (a third of it), so
+# the demo's budget goes to training (docs/log.md, "The demo"); `attnlab eval` reads all of it.
 EVAL_TOKENS = 200_000
 
 

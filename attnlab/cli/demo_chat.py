@@ -51,11 +51,12 @@ from attnlab.tasks.sft import EXACT
 # context holding a conversation of several turns (a question and its answer in ChatML take about 85
 # characters), pretrained briefly with the fast recipe (Muon, warmup-stable-decay).
 BASE_MODEL = replace(GPTConfig.from_preset("qwen3-nano-fast"), context=512, dropout=0.0)
-# 300 steps of 16 rows of 512: 1.17 nats/char held out (AdamW's 100 steps: 2.30, a base sft then
-# taught to 85% exact in 800 steps against 97.5% from this one).
+# 300 steps of 16 rows of 512: a base the sft run learns far more from than AdamW's 100 steps gave
+# (the turns measured in docs/fine-tuning.md).
 BASE_TRAIN = dict(FAST_TRAINING, batch_size=16, warmup_steps=20, max_steps=300, eval_interval=100, eval_batches=4)
-# SFT: Muon on the blocks' matrices (AdamW alone reached 61% exact in the same 800 steps, Muon 93%:
-# reversing and capitalizing unseen strings are what it learns faster), no weight decay.
+# SFT: Muon on the blocks' matrices (far more exact answers than AdamW in the same 800 steps:
+# reversing and capitalizing unseen strings are what it learns faster; docs/fine-tuning.md), no
+# weight decay.
 SFT_TRAIN = dict(
     optimizer="muon",
     lr=3e-3,
@@ -67,15 +68,15 @@ SFT_TRAIN = dict(
     eval_interval=200,
     eval_batches=4,
 )
-# DPO and GRPO shortened (150 -> 100 and 60 -> 40 steps) to keep the chain within 15 minutes on 2
-# cores: from a 98.5% sft their longer runs moved held-out exact answers by -0.5 and 0 points.
+# DPO and GRPO shortened (150 -> 100 and 60 -> 40 steps) to keep the chain within its time: their
+# longer runs did not move held-out exact answers up (docs/fine-tuning.md, the seed-3 rows).
 DPO_TRAIN = dict(
     lr=1e-4, batch_size=32, warmup_steps=10, max_steps=100, weight_decay=0.0, eval_interval=50, eval_batches=2
 )
 # The reward model: the sft model with the mean head (models/reward.py: a per-token score averaged
 # over the answer's tokens, starting from the sft log-probability; no length term for RL to find):
-# 98.5% of held-out pairs ranked right, where the last-token head reached 67% in the same 250 steps
-# (benchmarks/reward_model.py).
+# it ranks far more held-out pairs right than the last-token head in the same 250 steps
+# (benchmarks/reward_model.py; docs/fine-tuning.md).
 REWARD_TRAIN = dict(DPO_TRAIN, lr=1e-3, max_steps=250)
 # GRPO from the sft run against exact answers, a KL to it kept (benchmarks/grpo_seeds.py measures
 # longer runs over seeds beside the random-reward control).
@@ -84,8 +85,8 @@ GRPO_BETA = 0.04
 BETA = 0.1
 TEST = 200  # held-out instructions scored at each stage
 EXAMPLES, PAIRS = 4000, 2000  # training conversations (sft) and preference pairs (dpo, reward)
-# Of the sft conversations, the share that chain 2-4 unrelated instructions: a held-out question asked
-# after 1-3 earlier turns is answered right 59/58/55 of 60 times (none chained: 0-2 of 60).
+# Of the sft conversations, the share that chain 2-4 unrelated instructions: without them a held-out
+# question asked after earlier turns is almost never answered right (the turns measured in docs/fine-tuning.md).
 CHAINED = 0.3
 SAMPLED = 100  # of them, answered by plain sampling and by best-of-8
 BEST_OF, TEMPERATURE = 8, 1.0

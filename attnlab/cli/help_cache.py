@@ -1,7 +1,7 @@
 """The help of a command whose parser needs torch to be built, kept as text once it is made, so that
 asking again imports nothing: `attnlab train TASK --help` (a task's flags come from its Task object and
-its models' config classes, which live beside torch code; building them takes 2 s on 2 cores, printing
-the kept text 0.1 s).
+its models' config classes, which live beside torch code: building them imports torch, printing the
+kept text does not; docs/cpu.md, "How fast a command starts").
 
 The text is kept under the cache folder (ATTNLAB_CACHE, default ~/.cache/attnlab) in help/, one file
 per command, named by a key over everything the text is made from: attnlab's version, the size and
@@ -62,7 +62,7 @@ def kept_help(prog: str) -> str | None:
 
 def keep_help(prog: str, text: str) -> None:
     """Keep `text` as prog's help, whole or not at all (written beside, then renamed into place); a
-    cache folder that cannot be written costs the next help its 2 s, nothing else."""
+    cache folder that cannot be written costs the next help its torch import, nothing else."""
     path = help_path(prog)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

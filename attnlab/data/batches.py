@@ -48,8 +48,8 @@ class LengthGroups:
 
     The rows are split by length into equal-count groups; a batch draws one group with probability
     proportional to its size, then its rows from that group, so every row is as likely to be drawn
-    as with uniform draws. Measured on the chat demo's data (30% chained conversations, batch 32):
-    the padded batch is 2.15x shorter. A group keeps at least `spread` batches' worth of rows, so a
+    as with uniform draws. On the chat demo's data the padded batch came out less than half as long
+    (docs/fine-tuning.md). A group keeps at least `spread` batches' worth of rows, so a
     small data set stays one group and is drawn uniformly."""
 
     def __init__(self, lengths: list[int], batch: int, groups: int = 8, spread: int = 4):

@@ -177,8 +177,8 @@ class ChatTemplate:
 
 
 # attnlab's own template (BUILTIN) is rendered by Python: the same text as Jinja renders it (tested on
-# long, odd conversations), without the sandbox's cost (about 70 us a render, three renders a
-# conversation: a million rows took minutes), and its spans found in one pass instead of every prefix.
+# long, odd conversations), without the sandbox's cost (three renders a conversation: a million rows
+# took minutes; docs/log.md, "Data"), and its spans found in one pass instead of every prefix.
 def _turn(m: Message) -> str:
     return f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n"
 

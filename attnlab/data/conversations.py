@@ -301,9 +301,10 @@ def _read(path: str | Path, parse: Callable[[Any], T]) -> tuple[list[T], array]:
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cycle collector off while rows are read: each row is new containers that are kept, so
-    the collector would walk all that were read, again and again (a million rows: 10 s instead of 5).
-    Rows of JSON hold no cycles, so nothing is left for it to find. (Not while they are encoded: a
-    template's rendering may leave cycles, and the collector costs that 20% only.)"""
+    the collector would walk all that were read, again and again (it doubled the reading of a million
+    rows: docs/log.md, "Data"). Rows of JSON hold no cycles, so nothing is left for it to find. (Not
+    while they are encoded: a template's rendering may leave cycles, and the collector costs less
+    there.)"""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -103,8 +103,8 @@ def refuse_nul_run(path: Path, block: bytes, offset: int, before: bytes = b"") -
 
 def _trim_heap() -> None:
     """Hand memory freed by earlier pieces back to the OS. glibc keeps large freed blocks in its heap,
-    and resident memory would otherwise creep up with the corpus size (measured: 464 MB at 1 GB,
-    664 MB at 3 GB). A no-op where there is no glibc."""
+    and resident memory would otherwise creep up with the corpus size (measured: docs/log.md,
+    "Data"). A no-op where there is no glibc."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

@@ -153,7 +153,7 @@ class BPETokenizer:
 
 
 def _code_points(text: str) -> np.ndarray:
-    """The distinct code points of a text, in numpy: ~10x faster than a Counter."""
+    """The distinct code points of a text, in numpy: many times faster than a Counter."""
     return np.unique(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
 
 

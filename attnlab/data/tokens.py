@@ -125,8 +125,7 @@ def _encoded(files: list[Path], tok: Tokenizer, dtype: np.dtype) -> Iterator[tup
 
     BPE encodes batches of pieces on every core inside its Rust library. The character
     tokenizer's lookup stays in this process: sending its token arrays back from worker
-    processes was measured to cost more than the lookup (200 MB: 2.3 s here, 4.0 s through
-    one worker, 2.9 s through two, on 2 cores).
+    processes was measured to cost more than the lookup (docs/log.md, "Data").
     """
     if tok.kind == "bpe":
         for group in _groups(read_pieces(files), tok.batch_pieces):

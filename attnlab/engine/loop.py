@@ -48,10 +48,10 @@ from attnlab.viz.curves import plot_loss
 
 # A validation estimate reads at most one batch per EVAL_EVERY micro-batches trained since the last
 # one. Forward only, a batch costs about a third of a training one, so validation stays near 1.5% of
-# the run whatever the interval (measured: 20 batches every 150 steps cost 3.7% of gpt-nano's demo).
+# the run whatever the interval (what the demo paid before: docs/log.md, "The training loop").
 EVAL_EVERY = 20
-# loss.png is redrawn during training at most once a minute, and less often if drawing it took
-# over 2% of that time (about 0.3 s, and 1 s for the first with matplotlib's import); always at the end.
+# loss.png is redrawn during training at most once a minute, and less often if drawing it costs
+# over PLOT_SHARE of that time (the first drawing imports matplotlib); always at the end.
 PLOT_EVERY, PLOT_SHARE = 60.0, 0.02
 
 

@@ -31,8 +31,8 @@ def orthogonalize(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
 
     A tensor of more than 2 dims (a conv kernel) is taken as a matrix of its first dim by all the
     others, and the result is reshaped back. Runs in bfloat16 on CUDA, where it is fast and the
-    iteration tolerates it, and in float32 elsewhere (bfloat16 matmuls on CPU are emulated, ~100x
-    slower).
+    iteration tolerates it, and in float32 elsewhere (bfloat16 matmuls on a CPU without bf16
+    instructions are emulated, far slower: docs/log.md, "Precision").
     """
     if g.dim() < 2:
         raise ValueError(f"orthogonalize needs a matrix; got a tensor of shape {tuple(g.shape)}")

@@ -17,8 +17,8 @@ from typing import Any
 from attnlab.io import read_metrics
 from attnlab.viz.curves import loss_png
 
-# Redrawn at most every EVERY seconds, and less often if drawing took more than SHARE of that time
-# (a small PNG takes ~0.1 s; the first one ~1 s with matplotlib's import): at most ~5% of the run.
+# Redrawn at most every EVERY seconds, and less often if drawing costs more than SHARE of that time
+# (the first drawing imports matplotlib): at most that share of the run.
 EVERY, SHARE = 2.0, 0.05
 
 

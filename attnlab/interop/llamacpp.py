@@ -52,7 +52,7 @@ def greedy(
     by `new_tokens` greedy tokens. Returns (the new token ids, new_tokens / seconds of decoding).
 
     repack: let llama.cpp repack quantized weights for its CPU kernels (llama-cli's --no-repack is
-    False). None: yes, except in a build with AMX kernels (Intel Sapphire Rapids and later): there the
+    False). None: yes, except in a build with AMX kernels (Intel's CPUs with AMX): there the
     AMX matrix product crashes the process on any batch of more than one position (ggml-org/llama.cpp
     #20824; here: every Q8_0 and Q4_0 file, with a prompt of 2 tokens or more), so the weights stay as
     the file stores them.

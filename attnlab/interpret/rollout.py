@@ -106,8 +106,8 @@ def flow(
     (output i takes in at most its row of the last layer, which sums to 1).
 
     Cost: one max-flow problem per (i, j) pair, each on (L + 1) * T nodes and up to L * T^2 edges,
-    so it grows like T^4 * L (Dinic's algorithm, in scipy's compiled code). Measured on 2 shared CPU
-    cores: T = 30, L = 4 in 0.5-1 s (0.2 s causal: pairs with no path are skipped), T = 64 in 5-9 s.
+    so it grows like T^4 * L (Dinic's algorithm, in scipy's compiled code): about a second at T = 30
+    and several at T = 64 on a small CPU (docs/log.md, "Attention flow").
     Above max_tokens it refuses and points to rollout, one matrix product per layer.
     """
     sparse = scipy_sparse()

@@ -2,8 +2,8 @@
 once per CPU, torch version, thread count, kind and shape, and kept in the cache folder (kernels.json).
 
 A packed product reads fewer bytes but pays to widen them again, and PyTorch's kernels are tuned for
-some shapes more than others: on one CPU a small bf16 product by one row took 2.6x as long as
-float32's while a larger int8 one took half as long (docs/log.md, "Packed layers"). So, as `--dtype auto`
+some shapes more than others: on one CPU a small bf16 product by one row took longer than
+float32's while a larger int8 one took less time (docs/log.md, "Packed layers"). So, as `--dtype auto`
 does for compute, a layer is packed where it measured faster and stays float32 where float32 measured
 faster by MARGIN; an answer too noisy to trust (runtime/timing.py) packs, since the user asked for the
 smaller weights. The products timed are the kernels a decode step runs, on one row.
@@ -118,8 +118,9 @@ def choose(kind: str, shape: tuple[int, int], device: torch.device, compiled: bo
 def _measured(timer) -> tuple[float, str | None]:
     """(float32's time over the packed product's, why it is not trusted or None). An answer that keeps
     float32 is measured twice and kept only when both agree: it is kept for good, and a burst of other
-    work once made three packed GPT-2 layers measure 20x slower than float32 (all three packed faster
-    when measured again on a quiet machine), which left them float32 in every later run."""
+    work once made three packed GPT-2 layers measure far slower than float32 (all three packed faster
+    when measured again on a quiet machine: docs/log.md, "Packed layers"), which left them float32 in
+    every later run."""
     m = measure(timer)
     if _doubt(m) or m.ratio * MARGIN >= 1:
         return m.ratio, _doubt(m)
@@ -172,7 +173,7 @@ def _batch_timer():
 
 def _doubt(m: Measurement) -> str | None:
     """Why a timing cannot be believed: too few samples or too much spread (no bounds on the ratio: an
-    int4 product may honestly run 8x faster, or a kernel's slow path 30x slower)."""
+    int4 product may honestly run several times faster, or a kernel's slow path many times slower)."""
     if m.samples < MIN_PAIRS:
         return f"only {m.samples} timings of each"
     if m.spread > SPREAD_LIMIT:

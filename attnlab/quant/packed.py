@@ -25,7 +25,7 @@ the activations rounded to int8 per block of 32, as integers. Otherwise, and for
 the kernels are PyTorch's own weight-only products, measured fastest on the CPU (quant/pack_choice.py,
 benchmarks/generate_speed.py): torch._weight_int8pack_mm and torch._weight_int4pack_mm_for_cpu (called
 as quantized.int4mm_packed_weight_cpu, the same kernel given its group size as a tensor), both with
-bfloat16 activations (float32 or float16 ones take their slow paths, 10-30x slower), and for bf16
+bfloat16 activations (float32 or float16 ones take their far slower paths: docs/cpu.md), and for bf16
 weights torch.mv on one row, F.linear on several, in bfloat16 (under torch.compile, one row: the sums
 of _one_row). The int4 kernel wants its weight repacked (_convert_weight_to_int4pack_for_cpu, O a
 multiple of 16): the saved codes stay in the portable layout above and are packed when the layer
@@ -255,7 +255,7 @@ def _bf16_operands(layer: PackedLinear) -> tuple[Tensor, ...]:
 # The kinds whose one-row product is written as a sum under torch.compile (see _one_row), from this many
 # weights a matrix. bf16: always (no PyTorch kernel came close). int8: from 2^20 weights, where the sum
 # beat PyTorch's int8 kernel in compiled chains and whole models (per shape: docs/log.md, "Packed
-# layers"). int4: never (its nibbles' unpacking does not vectorize: a GPT decoded 8x slower).
+# layers"). int4: never (its nibbles' unpacking does not vectorize: a whole GPT decoded far slower).
 ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 
@@ -264,10 +264,9 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
 # batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
 # tuned for it. bf16's limit is measured (quant/pack_choice.settle_bf16_rows, when a model is packed):
-# where the CPU multiplies bf16 natively PyTorch's bf16 product ran 2.0x float32's at 16 rows and 2.1x
-# at 32 on GPT-2 small's shapes (geometric means, AMD EPYC with AVX512-BF16), the operator's 1.5x and
-# 1.15x (docs/cpu.md), so there it stops at BF16_NATIVE_FROM - 1 rows; elsewhere PyTorch's ran at half
-# float32's speed at batch 16 (issue 50), and the operator takes all 32.
+# where the CPU multiplies bf16 natively PyTorch's bf16 product beat the operator from a few rows, so
+# there it stops at BF16_NATIVE_FROM - 1 rows; elsewhere PyTorch's was slower than float32, and the
+# operator takes all ROW_LIMIT (the figures: docs/cpu.md, "Quantized weights for inference").
 ROW_LIMIT = 32  # the most rows a row operator takes (csrc: a batch's rows in tiles of 4)
 ROW_BATCH = dict.fromkeys(("int8", "int4", "bf16"), ROW_LIMIT)  # bf16's may be lowered, as measured
 BF16_NATIVE_FROM = 9  # rows from which PyTorch's bf16 product is taken where it measured faster
@@ -291,7 +290,7 @@ def int4_blocks(codes: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
 
 def _bf16_product(x: Tensor, w: Tensor) -> Tensor:
     """x (M, I) @ w^T in bfloat16. One row through torch.mv: PyTorch's matrix-vector kernel for bf16,
-    measured 1.5-2.8x faster than F.linear's (mkldnn) on one row, and slower than float32 on matrices
+    measured faster than F.linear's (mkldnn) on one row, and slower than float32 on matrices
     that stay in the cache (docs/log.md, "Packed layers"; quant/pack_choice.py decides per shape)."""
     if x.shape[0] == 1:
         return torch.mv(w, x[0]).unsqueeze(0)  # (1, O)

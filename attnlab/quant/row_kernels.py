@@ -6,14 +6,14 @@ takes one row (batch 1) or a few (a batched decode step: 2-32 rows read each wei
 
 Why: at batch 1 a decode step streams every weight once. PyTorch's one-row products of int8 weights
 (torch._weight_int8pack_mm, or inductor's fused sum over the stored rows) read well below what plain
-reading reaches: they wait on memory. The kernel here asks for each row's bytes 4 KB ahead and keeps
+reading reaches: they wait on memory. This kernel asks for each row's bytes 4 KB ahead and keeps
 four accumulators, which brings it near the memory's speed (benchmarks/row_products.py; the figures
 are in docs/log.md, "The one-row operators"). int4 (csrc/q4_products.cpp) rounds the activations to
 int8 per block of 32 and sums the products as integers, as GGUF's q4 x q8 products do (docs/cpu.md).
 
 It is compiled with the C++ compiler torch.compile uses ($CXX, else c++), -O3 -march=native (or the
 instruction set ATEN_CPU_CAPABILITY names) and OpenMP, against the installed torch's headers and
-libraries (about 13 s once), and kept in the extensions folder under a name made of the source, the
+libraries (seconds, once), and kept in the extensions folder under a name made of the source, the
 flags, the torch version and the CPU, so the next process loads it in milliseconds. Where that fails
 (no compiler, another platform) the layers take PyTorch's kernels as before, and `unavailable()` says
 why; ATTNLAB_ROW_KERNELS=0 turns them off.

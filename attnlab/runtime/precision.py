@@ -1,9 +1,10 @@
 """--dtype auto on a CPU: float32 or bf16, whichever ran this kind of work faster here, kept per CPU,
 torch version, thread count, use and width in the cache folder (dtype.json).
 
-A CPU's flags cannot say that bf16 is faster (with the same instructions it ran at half float32's
-speed on one CPU and 2.5x on another: docs/log.md, "Precision"), but they can say that it is not:
-without bf16 instructions it is emulated, 15-55x slower, and float32 is chosen without measuring.
+A CPU's flags cannot say that bf16 is faster (with the same instructions it ran slower than float32
+on one CPU and faster on another), but they can say that it is not: without bf16 instructions it is
+emulated, many times slower, and float32 is chosen without measuring (the figures: docs/log.md,
+"Precision").
 Otherwise the run's own kind of work is timed (workloads.py: `train` for training and evaluation,
 `decode` for sampling, serving and the decoding engine) by timing.py, and an answer that cannot be
 trusted (too noisy after its rounds, or a ratio no CPU can give) is not kept: that run uses float32,
@@ -66,10 +67,11 @@ def cpu_model() -> str:
 
 
 def cpu_identity() -> str:
-    """The CPU's model name and what tells apart the CPUs sold under it (one "AMD EPYC" was a Zen 3
-    without AVX-512 in one session and a Zen 4 with it in the next): family, model and stepping, and a
-    digest of its flags. What is measured on a CPU, or built for it with -march=native, is kept under
-    this key, so that another CPU measures (or builds) its own instead of trusting this one's."""
+    """The CPU's model name and what tells apart the CPUs sold under it (one model name was a CPU
+    without AVX-512 in one session and one with it in the next: docs/log.md, "Precision"): family,
+    model and stepping, and a digest of its flags. What is measured on a CPU, or built for it with
+    -march=native, is kept under this key, so that another CPU measures (or builds) its own instead of
+    trusting this one's."""
     info = cpu_info()
     if not info:
         return cpu_model()

@@ -3,7 +3,8 @@ are already busy on the same cores.
 
 PyTorch gives every process one thread per core, and its threads spin while they wait for each
 other. Two such processes on 2 cores hold 4 spinning threads, and each waits for a thread the other
-has descheduled: SFT went from 2.35 to 0.5 steps/s with half the CPU in the kernel (issue 54). So
+has descheduled: an SFT run slowed to a fifth, half its CPU spent in the kernel (issue 54; the
+figures: docs/cpu.md, "Sharing the machine: threads"). So
 at the start of heavy work (a training session, a run loaded to sample, chat, serve or evaluate)
 `share()` looks once at /proc: other processes that run attnlab, or python with libtorch loaded,
 and the CPU each used over 50 ms. When they are busy, this process keeps cores - busy threads (at
@@ -33,7 +34,7 @@ from attnlab.errors import AttnlabError
 ENV = "ATTNLAB_THREADS"
 INTERVAL = 0.05  # seconds the CPU of the other processes is sampled over
 # Seconds between looks during training (revisit): soon after the start first, since two trainings
-# started together each look before the other is busy (seen: 3 threads on 2 cores for the whole
+# started together each look before the other is busy (seen: more threads than cores for the whole
 # run), then every 30 s: a process that started later counts.
 REVISITS = (2.0, 5.0, 10.0, 30.0)
 BUSY = 0.5  # cores a process must use over INTERVAL to count as busy (an idle chat or server uses ~0)

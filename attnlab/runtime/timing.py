@@ -1,8 +1,8 @@
 """Timing float32 against bf16 so that the answer can be trusted: interleaved, repeated, medians,
 a spread check that measures again when the samples disagree, and bounds on what a CPU can gain.
 
-One timing of one product is not to be trusted on a shared machine (a loaded one once gave "bf16 14x
-faster" and "29x slower" for the same width; docs/log.md, "Precision"). Here:
+One timing of one product is not to be trusted on a shared machine (a loaded one once gave bf16 a
+large gain and a large loss for the same width; docs/log.md, "Precision"). Here:
   - float32 and bf16 alternate (and swap order each pair), so a neighbour's burst hits both sides;
   - REPEATS pairs per round; each side's median, and its spread: (q3 - q1) / median;
   - a round where either side's spread is above SPREAD_LIMIT is measured again, ROUNDS in all, and
@@ -30,14 +30,15 @@ Timer = Callable[[torch.dtype], float]  # seconds of one run of the work in that
 EMULATED = 8.0  # bf16 this many times slower on the first pair: emulated, no need to look closer
 
 # What a CPU can gain from bf16 in these workloads. AVX512-BF16 multiplies twice as many pairs per
-# instruction as float32 FMAs, and bf16 halves the bytes read: a block runs at most about 2-2.5x
-# faster, so 4x leaves room and still rejects the 14x a loaded machine produced. AMX multiplies whole
-# tiles, and then what autocast keeps in float32 (norms, softmax, GELU, casts: about an eighth of a
-# step) bounds the gain: 8x. The measurements behind both: docs/log.md, "Precision".
+# instruction as float32 FMAs, and bf16 halves the bytes read: a block gains a little over twice at
+# most, so MOST_GAIN leaves room and still rejects the gain a loaded machine once produced. AMX
+# multiplies whole tiles, and then what autocast keeps in float32 (norms, softmax, GELU, casts: about
+# an eighth of a step) bounds the gain. The measurements behind both: docs/log.md, "Precision".
 MOST_GAIN, MOST_GAIN_AMX = 4.0, 8.0
 # How much slower bf16 can honestly be with bf16 instructions: autocast casts every weight at every
-# step, which can cost more than a few rows' products (5x measured), so 10x, which still rejects the
-# 29x kept under load. Without bf16 instructions (emulated, far slower) no bound applies.
+# step, which can cost more than a few rows' products; MOST_LOSS is twice the worst seen, and still
+# rejects what a loaded machine once kept (docs/log.md, "Precision"). Without bf16 instructions
+# (emulated, far slower) no bound applies.
 MOST_LOSS = 10.0
 
 
@@ -89,7 +90,7 @@ class Measurement:
 def one_round(timer: Timer, repeats: int, deadline: float, early: bool) -> Measurement:
     """Up to `repeats` interleaved pairs (each pair in the other order from the last) after a warm-up,
     fewer (never under MIN_PAIRS) once `deadline` (perf_counter) is past. `early`: stop after one
-    pair that shows emulated bf16 (100x slower on AVX2-only CPUs: seconds a call, the answer clear)."""
+    pair that shows emulated bf16 (far slower: seconds a call, the answer clear)."""
     timer(torch.float32), timer(torch.bfloat16)  # warm-up: first calls build kernels and fill caches
     times: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
     for i in range(repeats):

@@ -38,7 +38,7 @@ Shapes = dict[str, tuple[int, ...]]  # the files' tensors by HuggingFace name: t
 # The longest context of positions that are no table in the files (rotary), 2^20. attnlab allocates
 # for the whole context when it decodes: a sequence's key/value cache (decoding/slots.py, the compiled
 # step), at 2^20 for a Llama-3-8B shape (32 layers x 8 key/value heads of 128) 128 GiB in bfloat16,
-# about one H200, and the rotary table (cos and sin, float32: 512 MiB for heads of 128). Models tuned
+# a whole large GPU's memory, and the rotary table (cos and sin, float32: 512 MiB for heads of 128). Models tuned
 # longer with default angles exist; no one device decodes them at their whole context.
 MAX_CONTEXT = 2**20
 
