@@ -14,7 +14,7 @@ from attnlab.errors import AttnlabError
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.nn import ACTIVATIONS, KVCache, MultiHeadAttention
+from attnlab.nn import ACTIVATIONS, Context, KVCache, MultiHeadAttention
 from attnlab.nn.norm import RMSNorm
 from attnlab.nn.position import RotaryPositions, rotary_angles, rotate
 
@@ -87,8 +87,8 @@ def test_a_rotary_stack_reads_the_same_sequence_the_same_at_any_offset():
     for kind, same in (("rope", True), ("learned", False)):
         model = gpt(positions=kind)
         x = torch.randn(1, 10, 32)
-        a, _ = model.blocks(model.pos(x), model.pos)
-        b, _ = model.blocks(model.pos(x, 7), model.pos, offset=7)
+        a, _ = model.blocks(model.pos(x), Context(positions=model.pos))
+        b, _ = model.blocks(model.pos(x, 7), Context(positions=model.pos, offset=7))
         assert torch.allclose(a, b, atol=1e-4) == same
 
 

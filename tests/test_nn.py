@@ -16,6 +16,7 @@ from torch import nn
 from attnlab.nn import (
     Block,
     BlockConfig,
+    Context,
     FeedForward,
     KVCache,
     LayerNorm,
@@ -405,7 +406,7 @@ def test_block_kv_cache_matches_full_pass(norm, max_len):
         full, _ = block(x)
         cache, offset, parts = KVCache(max_len=max_len), 0, []
         for n in CHUNKS:
-            out, _ = block(x[:, offset : offset + n], cache=cache, offset=offset)
+            out, _ = block(x[:, offset : offset + n], Context(offset=offset, caches=[cache]))
             parts.append(out)
             offset += n
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
@@ -417,16 +418,12 @@ def test_decoder_block_static_cross_cache():
     block = tiny_block(causal=True, cross_attention=True)
     x, mem = torch.randn(2, sum(CHUNKS), 16), torch.randn(2, 6, 16)
     with torch.no_grad():
-        full, _ = block(x, memory=mem)
+        full, _ = block(x, Context(memory=mem))
         cache, cross_cache, offset, parts = KVCache(max_len=8), KVCache(static=True), 0, []
         for n in CHUNKS:
-            out, _ = block(
-                x[:, offset : offset + n],
-                memory=mem if offset == 0 else None,
-                cache=cache,
-                cross_cache=cross_cache,
-                offset=offset,
-            )
+            first = mem if offset == 0 else None  # the memory's keys/values are made on the first chunk only
+            ctx = Context(offset=offset, caches=[cache], memory=first, cross_caches=[cross_cache])
+            out, _ = block(x[:, offset : offset + n], ctx)
             parts.append(out)
             offset += n
     assert cross_cache.length == 6
@@ -549,7 +546,7 @@ def test_block_formula(norm, cross):
         return b.cross(h, memory=mem)[0]
 
     with torch.no_grad():
-        out, none = block(x, memory=mem)
+        out, none = block(x, Context(memory=mem))
         if norm == "post":
             h = b.norm_attn(x + sa(x))
             if cross:
@@ -560,7 +557,7 @@ def test_block_formula(norm, cross):
             if cross:
                 h = h + ca(b.norm_cross(h))
             expected = h + b.ff(b.norm_ff(h))
-        out_w, weights = block(x, memory=mem, return_weights=True)
+        out_w, weights = block(x, Context(memory=mem, return_weights=True))
     assert none is None
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(out_w, expected, atol=1e-5, rtol=0)

@@ -17,6 +17,7 @@ from attnlab.models.vit import ViT, ViTConfig
 from attnlab.nn import (
     POSITIONS,
     BlockConfig,
+    Context,
     GridPositions,
     LayerNorm,
     Positions,
@@ -243,12 +244,12 @@ def test_a_stack_adds_a_bias_argument_to_the_positions_bias():
     stack = Stack(BlockConfig(d_model=8, n_head=2, d_ff=16, causal=True), 2).eval()
     x = torch.randn(2, 5, 8)
     bias = Distance(5, 8).score_bias(5, 5)
-    by_positions, _ = stack(x, Distance(5, 8))
-    by_argument, _ = stack(x, bias=bias)
+    by_positions, _ = stack(x, Context(positions=Distance(5, 8)))
+    by_argument, _ = stack(x, Context(bias=bias))
     torch.testing.assert_close(by_argument, by_positions, atol=0, rtol=0)
-    _, w = stack(x, bias=bias, return_weights=True)
-    doubled, _ = stack(x, Distance(5, 8), bias=bias)
-    torch.testing.assert_close(doubled, stack(x, bias=2 * bias)[0], atol=1e-6, rtol=0)
+    _, w = stack(x, Context(bias=bias, return_weights=True))
+    doubled, _ = stack(x, Context(bias=bias, positions=Distance(5, 8)))
+    torch.testing.assert_close(doubled, stack(x, Context(bias=2 * bias))[0], atol=1e-6, rtol=0)
     assert len(w["self"]) == 2 and w["cross"] == []
 
 

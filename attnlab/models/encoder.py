@@ -24,7 +24,7 @@ from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool, text_body
 from attnlab.models.protocols import OneSequence, Positioned, WordEmbedded
-from attnlab.nn import LayerNorm, build_norm
+from attnlab.nn import Context, LayerNorm, build_norm
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
 from attnlab.nn.position import Positions
@@ -172,7 +172,7 @@ class Encoder(Checkpointing, OneSequence, WordEmbedded, Positioned, nn.Module):
         if self.token_type is not None:
             x = x + self.token_type.weight[0]  # segment 0 for every token
         x = self.drop(self.embed_norm(self.pos(x)))  # (B, T, C)
-        x, weights = self.blocks(x, self.pos, mask=mask, return_weights=return_weights)
+        x, weights = self.blocks(x, Context(mask=mask, positions=self.pos, return_weights=return_weights))
         return self.norm(x), weights["self"]
 
     def forward(self, ids: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:

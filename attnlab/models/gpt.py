@@ -20,7 +20,7 @@ from attnlab.config import option
 from attnlab.errors import ArgumentTypeError, ArgumentValueError, kind
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
 from attnlab.models.protocols import CausalLM
-from attnlab.nn import KVCache
+from attnlab.nn import Context, KVCache
 from attnlab.nn.moe import inactive_params
 from attnlab.nn.position import Offset, Positions
 
@@ -229,7 +229,8 @@ class GPT(Checkpointing, CausalLM, nn.Module):
         x = self.pos(x, offset)
         if self.training and self.drop.p > 0:  # else dropout is the identity: skip its call
             x = self.drop(x)
-        x, weights = self.blocks(x, self.pos, caches=caches, offset=offset, return_weights=return_weights)
+        ctx = Context(positions=self.pos, offset=offset, caches=caches, return_weights=return_weights)
+        x, weights = self.blocks(x, ctx)
         return self.norm(x), weights["self"]
 
     def bigram_ids(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:

@@ -32,7 +32,7 @@ from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
 from attnlab.models.protocols import Positioned, ReadOut, StepDecoding, WordEmbedded
-from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Stack, TokenEmbedding
+from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Context, Stack, TokenEmbedding
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.position import Positions
 
@@ -161,7 +161,7 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
         encoder's self-attention weights per layer when asked for."""
         x, real = self.source(src)  # (B, S, C), (B, S) or None
         mask = None if real is None else padding_mask(real)
-        x, weights = self.encoder(x, self.src_pos, mask=mask, return_weights=return_weights)
+        x, weights = self.encoder(x, Context(mask=mask, positions=self.src_pos, return_weights=return_weights))
         return self.enc_norm(x), None if real is None else padding_mask(real, queries=False), weights["self"]
 
     def decode(
@@ -171,9 +171,8 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
         if tgt_in.shape[1] > self.cfg.context:
             raise ValueError(f"target of {tgt_in.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self._embed(self.tgt_tok, self.tgt_pos, tgt_in)
-        x, weights = self.decoder(
-            x, self.tgt_pos, memory=memory, memory_mask=memory_mask, return_weights=return_weights
-        )
+        ctx = Context(positions=self.tgt_pos, memory=memory, memory_mask=memory_mask, return_weights=return_weights)
+        x, weights = self.decoder(x, ctx)
         return self.dec_norm(x), weights
 
     def forward(self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
@@ -209,16 +208,16 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
     def _step(self, tokens: Tensor, state: Seq2SeqState, return_weights: bool):
         x = self._embed(self.tgt_tok, self.tgt_pos, tokens[:, None], state.offset)  # (B, 1, C)
         first = state.offset == 0  # the memory's keys/values are projected on the first step only
-        x, weights = self.decoder(
-            x,
-            self.tgt_pos,
+        ctx = Context(
+            positions=self.tgt_pos,
+            offset=state.offset,
+            caches=state.caches,
             memory=state.memory if first else None,
             memory_mask=state.memory_mask,
-            caches=state.caches,
             cross_caches=state.cross,
-            offset=state.offset,
             return_weights=return_weights,
         )
+        x, weights = self.decoder(x, ctx)
         state.offset += 1
         return self.out(self.dec_norm(x))[:, 0], state, weights
 

@@ -33,7 +33,7 @@ from attnlab.models.common import (
     positions,
 )
 from attnlab.models.protocols import Positioned
-from attnlab.nn import Stack
+from attnlab.nn import Context, Stack
 from attnlab.nn.position import Positions
 
 PATCH_PATHS = ("conv", "linear")
@@ -156,7 +156,8 @@ class ViT(Checkpointing, Positioned, nn.Module):
         x = self.patches(images)  # (B, N, D)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)  # (B, T, D)
         x = self.drop(self.pos(x))
-        x, weights = self.blocks(x, self.pos, return_weights=return_weights)  # no mask: every patch sees every patch
+        ctx = Context(positions=self.pos, return_weights=return_weights)  # no mask: every patch sees every patch
+        x, weights = self.blocks(x, ctx)
         return self.norm(x), weights["self"]
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:

@@ -2,6 +2,7 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
 from attnlab.nn.block import Block
+from attnlab.nn.context import Context
 from attnlab.nn.embedding import TokenEmbedding
 from attnlab.nn.feedforward import (
     ACTIVATIONS,
@@ -47,6 +48,7 @@ __all__ = [
     "build_norm",
     "set_grad_checkpoint",
     "Block",
+    "Context",
     "BlockConfig",
     "BlockOptions",
     "add_block_option",

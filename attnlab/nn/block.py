@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from attnlab.nn.attention import KVCache, MultiHeadAttention, QKTransform
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.context import NO_CONTEXT, Context
 from attnlab.nn.feedforward import build_feedforward
 from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import build_norm
@@ -56,53 +57,38 @@ class Block(nn.Module):
         x = x + y  # the residual connection
         return x if self.pre_norm else norm(x)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
-        qk_transform: QKTransform | None = None,
-        offset: int | Tensor = 0,
-        return_weights: bool = False,
-        bias: Tensor | None = None,
-    ) -> tuple[Tensor, dict[str, Tensor] | None]:
-        """x: (B, T, C) -> (B, T, C), and the attention weights when asked for.
-
-        mask: (B|1, 1, T|1, T) self-attention mask (True = may attend), e.g. key padding;
-        the causal mask comes from the config. memory: (B, S, C) encoder output for
-        cross-attention, with memory_mask (B|1, 1, 1|T, S). offset: absolute position of x[:, 0] (or
-        one per row, (B,)).
-        bias: added to the self-attention scores, (1|B, H|1, T, T') (ALiBi, relative positions).
-        """
+    def forward(self, x: Tensor, ctx: Context = NO_CONTEXT, layer: int = 0) -> tuple[Tensor, dict[str, Tensor] | None]:
+        """x (B, T, C) -> (B, T, C), and {"self": (B, H, T, Tk), "cross": (B, H, T, S)} when
+        ctx.return_weights. ctx: the pass's mask, bias, positions, offset, caches and memory
+        (nn/context.py); layer: this block's place in its stack, which picks its caches. The causal
+        mask comes from the config."""
         x = self.hook_resid_pre(x)
         a, w_self = self.attn(
             self._in(x, self.norm_attn),
-            mask=mask,
+            mask=ctx.mask,
             causal=self.cfg.causal,
-            cache=cache,
-            qk_transform=qk_transform,
-            offset=offset,
-            return_weights=return_weights,
-            bias=bias,
+            cache=ctx.cache(layer),
+            qk_transform=ctx.qk_transform,
+            offset=ctx.offset,
+            return_weights=ctx.return_weights,
+            bias=ctx.bias,
         )
         x = self.hook_resid_mid(self._out(x, self.hook_attn_out(a), self.norm_attn))
         w_cross = None
         if self.cfg.cross_attention:
-            if memory is None and not (cross_cache is not None and cross_cache.filled):
+            cross_cache = ctx.cross_cache(layer)
+            if ctx.memory is None and not (cross_cache is not None and cross_cache.filled):
                 raise ValueError("this block has cross-attention: pass memory=")
             c, w_cross = self.cross(
                 self._in(x, self.norm_cross),
-                memory=memory,
-                mask=memory_mask,
+                memory=ctx.memory,
+                mask=ctx.memory_mask,
                 cache=cross_cache,
-                return_weights=return_weights,
+                return_weights=ctx.return_weights,
             )
             x = self.hook_resid_cross(self._out(x, self.hook_cross_out(c), self.norm_cross))
         x = self.hook_resid_post(self._out(x, self.hook_ff_out(self.ff(self._in(x, self.norm_ff))), self.norm_ff))
-        if not return_weights:
+        if not ctx.return_weights:
             return x, None
         weights = {"self": w_self}
         if w_cross is not None:

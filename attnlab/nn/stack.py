@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab.nn.attention import KVCache
 from attnlab.nn.block import Block, BlockConfig
+from attnlab.nn.context import NO_CONTEXT, Context
 from attnlab.nn.norm import build_norm
-from attnlab.nn.position import Offset, Positions
 
 
 class Stack(nn.ModuleList):
@@ -48,57 +48,22 @@ class Stack(nn.ModuleList):
         """One empty key/value cache per block (static: cross-attention's, filled once per source)."""
         return [KVCache(max_len, static=static) for _ in self]
 
-    def forward(
-        self,
-        x: Tensor,
-        positions: Positions | None = None,
-        mask: Tensor | None = None,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        caches: list[KVCache] | None = None,
-        cross_caches: list[KVCache] | None = None,
-        offset: Offset = 0,
-        return_weights: bool = False,
-        bias: Tensor | None = None,
-    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
-        """x (B, T, C) -> (B, T, C) before the final norm, and {"self": [L x (B, H, T, T')],
-        "cross": [...]} when return_weights. positions: the scheme whose hooks act inside
-        attention; mask (B|1, 1, T|1, T'); memory (B, S, C) for cross-attention with memory_mask;
-        bias: added to every self-attention's scores, (1|B, H|1, T, T'), with the positions' own.
-        offset: the position of x[:, 0], or one per row (B,) with caches whose rows differ in length."""
-        t = x.shape[1]
-        tk = t if caches is None else caches[0].keys_after(offset, t)  # with caches: every position so far
-        qk_transform = None if positions is None else positions.qk_transform
-        bias = _add(bias, None if positions is None else positions.score_bias(t, tk, offset))
+    def forward(self, x: Tensor, ctx: Context = NO_CONTEXT) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """x (B, T, C) -> (B, T, C) before the final norm, and {"self": [L x (B, H, T, Tk)], "cross":
+        [L x (B, H, T, S)]} when ctx.return_weights. ctx: the pass's mask, bias, positions, offset,
+        caches and memory (nn/context.py), handed to every block with the block's index."""
+        ctx = ctx.with_score_bias(x.shape[1])  # the positions' bias, made once for every block
         # A recomputed block would append its keys/values to a cache twice: caches mean decoding anyway.
-        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled() and caches is None
+        recompute = self.grad_checkpoint and self.training and torch.is_grad_enabled() and ctx.caches is None
         weights: dict[str, list[Tensor]] = {"self": [], "cross": []}
         for i, block in enumerate(self):
-            kwargs = dict(
-                mask=mask,
-                memory=memory,
-                memory_mask=memory_mask,
-                cache=None if caches is None else caches[i],
-                cross_cache=None if cross_caches is None else cross_caches[i],
-                qk_transform=qk_transform,
-                offset=offset,
-                return_weights=return_weights,
-                bias=bias,
-            )
             if recompute:
-                x, w = checkpoint(block, x, use_reentrant=False, **kwargs)
+                x, w = checkpoint(block, x, ctx, i, use_reentrant=False)
             else:
-                x, w = block(x, **kwargs)
+                x, w = block(x, ctx, i)
             for k, v in (w or {}).items():
                 weights[k].append(v)
         return x, weights
-
-
-def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-    """The sum of two optional score biases (None: nothing to add)."""
-    if a is None or b is None:
-        return b if a is None else a
-    return a + b
 
 
 def stacks_of(model: nn.Module) -> list[Stack]:
