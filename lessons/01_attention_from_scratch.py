@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn import Block, BlockConfig, MultiHeadAttention, attend, causal_mask
+from attnlab.nn import Block, BlockConfig, Context, MultiHeadAttention, attend, causal_mask
 
 torch.manual_seed(0)
 tokens = "the cat sat on the mat because it was warm".split()[: 6 + T_EXTRA] + ["."] * max(0, T_EXTRA - 4)
@@ -183,7 +183,7 @@ def multi_head(x, W_qkv, b_qkv, W_o, b_o, mask=None):
     return joined @ W_o.T + b_o, w
 
 
-mha = MultiHeadAttention(D_MODEL, N_HEAD)
+mha = MultiHeadAttention(D_MODEL, N_HEAD, causal=True)
 with torch.no_grad():
     mha.qkv_proj.weight.copy_(W_qkv)
     mha.qkv_proj.bias.copy_(b_qkv)
@@ -191,7 +191,7 @@ with torch.no_grad():
     mha.out_proj.bias.copy_(b_o)
 
 ours, our_w = multi_head(x, W_qkv, b_qkv, W_o, b_o, causal)
-theirs, their_w = mha(x[None], causal=True, return_weights=True)  # attnlab wants a batch: (1, T, C)
+theirs, their_w = mha(x[None], Context(return_weights=True))  # attnlab wants a batch: (1, T, C)
 assert torch.allclose(ours, theirs[0], atol=1e-5) and torch.allclose(our_w, their_w[0], atol=1e-6)
 print("multi-head attention matches attnlab.nn.MultiHeadAttention")
 

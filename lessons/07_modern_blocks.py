@@ -183,15 +183,15 @@ show()
 # or 1 key/value heads decodes 100 tokens into a `KVCache`; we measure what the cache holds.
 
 # %%
-from attnlab.nn import KVCache, MultiHeadAttention
+from attnlab.nn import Context, KVCache, MultiHeadAttention
 
 tokens = torch.randn(1, 100, 256)  # (B, T, C)
 for kv_heads in (8, 4, 2, 1):
-    attn = MultiHeadAttention(256, n_heads=8, n_kv_heads=kv_heads)
+    attn = MultiHeadAttention(256, n_heads=8, n_kv_heads=kv_heads, causal=True)
     cache = KVCache()
     with torch.no_grad():
         for t in range(tokens.shape[1]):  # one token at a time, as generation does
-            attn(tokens[:, t : t + 1], cache=cache, causal=True, offset=t)
+            attn(tokens[:, t : t + 1], Context(offset=t), cache)
     kv_bytes = (cache.k.numel() + cache.v.numel()) * cache.k.element_size()
     print(
         f"{kv_heads} key/value heads: cache keys {tuple(cache.k.shape)}, {kv_bytes / 1024:.0f} KiB, "

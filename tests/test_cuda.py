@@ -38,6 +38,7 @@ from attnlab.engine.train import TrainRequest
 from attnlab.engine.train import run as run_task
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
+from attnlab.nn.context import Context
 from attnlab.runtime.device import dtype_choice
 from attnlab.tasks import TASKS
 from tests.conftest import TEXT, decode_stepwise, losses, perturb, tiny_chat_base, tiny_train
@@ -164,10 +165,10 @@ def test_fused_attention_is_the_math_path(dtype):
     q4, k4, v4 = qkv(dtype, tq=4)
     same(attend(q4, k4, v4, causal=True)[0], attend(q4, k4, v4, None, True, causal=True)[0], dtype)
     torch.manual_seed(0)
-    mha = MultiHeadAttention(64, 4, n_kv_heads=2).to(DEVICE, dtype).eval()
+    mha = MultiHeadAttention(64, 4, n_kv_heads=2, causal=True).to(DEVICE, dtype).eval()
     x = torch.randn(2, 16, 64, device=DEVICE, dtype=dtype)
     with torch.no_grad():
-        same(mha(x, causal=True)[0], mha(x, causal=True, return_weights=True)[0], dtype)
+        same(mha(x)[0], mha(x, Context(return_weights=True))[0], dtype)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="flash and memory-efficient attention are CUDA kernels")

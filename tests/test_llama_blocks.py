@@ -15,7 +15,7 @@ from attnlab.models.gpt import GPT, PAPER_ACTIVE_PARAMS, PAPER_PARAMS, GPTConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.models.size import estimate
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.nn import POSITIONS, GatedFeedForward, KVCache, MultiHeadAttention, default_width
+from attnlab.nn import POSITIONS, Context, GatedFeedForward, KVCache, MultiHeadAttention, default_width
 from attnlab.nn.position import ALiBiPositions, alibi_slopes
 from tests.conftest import decode_stepwise, perturb, tiny_model
 
@@ -82,14 +82,16 @@ def test_grouped_query_attention_is_mha_with_repeated_key_value_heads():
     x = torch.randn(2, 7, c)
     for causal in (False, True):
         for weights in (False, True):
-            a, wa = gqa(x, causal=causal, return_weights=weights)
-            m, wm = mha(x, causal=causal, return_weights=weights)
+            gqa.causal = mha.causal = causal  # the same weights as a decoder's self-attention and an encoder's
+            a, wa = gqa(x, Context(return_weights=weights))
+            m, wm = mha(x, Context(return_weights=weights))
             torch.testing.assert_close(a, m, atol=1e-5, rtol=1e-5)
             if weights:
                 torch.testing.assert_close(wa, wm)
     # cross-attention: the memory's keys/values through the K/V rows
     mem = torch.randn(2, 5, c)
-    torch.testing.assert_close(gqa(x, memory=mem)[0], mha(x, memory=mem)[0], atol=1e-5, rtol=1e-5)
+    gqa.cross = mha.cross = True
+    torch.testing.assert_close(gqa(x, Context(memory=mem))[0], mha(x, Context(memory=mem))[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

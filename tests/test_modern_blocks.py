@@ -126,22 +126,22 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
     torch.manual_seed(0)
     x = torch.randn(2, 6, 32)
     for qk_norm in (True, False):
-        attn = MultiHeadAttention(32, 4, bias=False, qk_norm=qk_norm).eval()
+        attn = MultiHeadAttention(32, 4, bias=False, qk_norm=qk_norm, causal=True).eval()
         if qk_norm:
             assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (8,)  # one gain per head feature
-        before, _ = attn(x, causal=True)
+        before, _ = attn(x)
         with torch.no_grad():
             attn.qkv_proj.weight[:64] *= 30  # the W_Q and W_K rows
-        after, _ = attn(x, causal=True)
+        after, _ = attn(x)
         assert torch.allclose(before, after, atol=1e-4) == qk_norm
 
 
 def test_qk_norm_in_cross_attention_and_weights_path_agree():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 2, qk_norm=True).eval()
+    attn = MultiHeadAttention(16, 2, qk_norm=True, cross=True).eval()
     x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
-    fast, _ = attn(x, memory=memory)
-    slow, w = attn(x, memory=memory, return_weights=True)
+    fast, _ = attn(x, Context(memory=memory))
+    slow, w = attn(x, Context(memory=memory, return_weights=True))
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     assert w.shape == (2, 2, 3, 5)
 

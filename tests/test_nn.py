@@ -324,7 +324,7 @@ def test_multihead_attention_matches_torch(padding, causal, cross):
     torch.manual_seed(8)
     c, n_h, n_b, t = 16, 4, 2, 5
     s = 7 if cross else t
-    ours = randomize_(MultiHeadAttention(c, n_h)).eval()
+    ours = randomize_(MultiHeadAttention(c, n_h, causal=causal, cross=cross)).eval()
     ref = _torch_copy(ours, c, n_h)
     x = torch.randn(n_b, t, c)
     mem = torch.randn(n_b, s, c) if cross else None
@@ -338,8 +338,9 @@ def test_multihead_attention_matches_torch(padding, causal, cross):
     torch_attn_mask = ~causal_mask(t, s) if causal else None  # torch: True = not allowed
 
     with torch.no_grad():
-        out_w, w = ours(x, memory=mem, mask=our_mask, causal=causal, return_weights=True)
-        out_f, none = ours(x, memory=mem, mask=our_mask, causal=causal)
+        mask = dict(memory_mask=our_mask) if cross else dict(mask=our_mask)
+        out_w, w = ours(x, Context(memory=mem, **mask, return_weights=True))
+        out_f, none = ours(x, Context(memory=mem, **mask))
         ref_out, ref_w = ref(
             x,
             src,
@@ -368,15 +369,13 @@ CHUNKS = (4, 1, 3)
 def test_kv_cache_matches_full_pass(max_len, return_weights):
     """Causal attention over chunks with cached keys/values equals one pass over the whole sequence."""
     torch.manual_seed(9)
-    mha = randomize_(MultiHeadAttention(16, 4)).eval()
+    mha = randomize_(MultiHeadAttention(16, 4, causal=True)).eval()
     x = torch.randn(2, sum(CHUNKS), 16)
     with torch.no_grad():
-        full, _ = mha(x, causal=True)
+        full, _ = mha(x)
         cache, offset, parts = KVCache(max_len=max_len), 0, []
         for n in CHUNKS:
-            out, w = mha(
-                x[:, offset : offset + n], causal=True, cache=cache, offset=offset, return_weights=return_weights
-            )
+            out, w = mha(x[:, offset : offset + n], Context(offset=offset, return_weights=return_weights), cache)
             if return_weights:
                 assert w.shape == (2, 4, n, offset + n)
             parts.append(out)
@@ -540,10 +539,10 @@ def test_block_formula(norm, cross):
     b = block
 
     def sa(h):
-        return b.attn(h, causal=cross)[0]
+        return b.attn(h)[0]  # causal when the block is (its config says)
 
     def ca(h):
-        return b.cross(h, memory=mem)[0]
+        return b.cross(h, Context(memory=mem))[0]
 
     with torch.no_grad():
         out, none = block(x, Context(memory=mem))

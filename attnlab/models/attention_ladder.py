@@ -24,6 +24,7 @@ from attnlab.config import option
 from attnlab.data.batches import PAD_ID
 from attnlab.models.baselines import Baseline, BaselineConfig, masked_mean
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
+from attnlab.nn.context import Context
 
 
 @dataclass
@@ -87,7 +88,7 @@ class QKVAttention(_Mixer):
 
     def mix(self, ids: Tensor, mask: Tensor, return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """(outputs (B, T, E), weights (B, H, T, T) or None)."""
-        return self.attn(self.embed(ids), mask=padding_mask(mask), return_weights=return_weights)
+        return self.attn(self.embed(ids), Context(mask=padding_mask(mask), return_weights=return_weights))
 
 
 LADDER = {

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from attnlab.nn.attention import KVCache
+from attnlab.nn.cache import KVCache
 from attnlab.nn.position import Positions
 
 

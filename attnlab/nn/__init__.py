@@ -1,7 +1,8 @@
 """Building blocks shared by every attnlab model family."""
 
-from attnlab.nn.attention import KVCache, MultiHeadAttention, attend, causal_mask
+from attnlab.nn.attention import MultiHeadAttention, attend, causal_mask
 from attnlab.nn.block import Block
+from attnlab.nn.cache import KVCache
 from attnlab.nn.context import Context
 from attnlab.nn.embedding import TokenEmbedding
 from attnlab.nn.feedforward import (

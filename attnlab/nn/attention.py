@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.cache import KVCache as KVCache  # where callers have long imported it from
+from attnlab.nn.context import NO_CONTEXT, Context
 from attnlab.nn.hooks import Tap
 from attnlab.nn.norm import RMSNorm
 
@@ -156,70 +158,6 @@ def _masked_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
     return torch.where(mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=bias.device))
 
 
-class KVCache:
-    """Keys and values of the positions seen so far, for one attention layer.
-
-    Self-attention appends the new positions' keys/values at each decoding step, so the
-    prefix is never projected again. Cross-attention (`static=True`) stores the encoder's
-    keys/values once per source and reuses them.
-    """
-
-    def __init__(self, max_len: int | None = None, static: bool = False):
-        self.max_len = max_len
-        self.static = static
-        self.k: Tensor | None = None  # (B, H, max_len, Dh) when preallocated
-        self.v: Tensor | None = None
-        self.length = 0
-        # The newest token fed (B, 1), for models whose input looks one token back (bigrams).
-        self.last_token: Tensor | None = None
-
-    def key_bias(self) -> Tensor | None:
-        """What to add to the scores of the keys update() returned, (B, 1, 1, Tk): -inf where a row may
-        not look. None here, where every row has them all; a cache whose rows differ in length
-        (decoding/slots.py) hides each row's positions past its own."""
-        return None
-
-    @property
-    def filled(self) -> bool:
-        return self.length > 0
-
-    def keys_after(self, offset: int | Tensor, t: int) -> int:
-        """How many keys attention sees once t new positions at `offset` are in: every position so far
-        (per-row offsets: as far as the furthest row). A cache that knows it without reading `offset`
-        back from the device says so (decoding/slots.py, decoding/compiled.py)."""
-        return (offset if isinstance(offset, int) else int(offset.max())) + t
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append (B, H, T, Dh) keys/values; return all cached ones, (B, H, length, Dh)."""
-        t = k.shape[2]
-        if self.static:  # the whole source at once, kept as it is
-            self.k, self.v, self.length = k, v, t
-            return k, v
-        if self.max_len is None:
-            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-            self.length += t
-            return self.k, self.v
-        if self.k is None:  # zeroed: a position not yet written may still be read, masked (decoding/compiled.py)
-            b, h, _, dh = k.shape
-            self.k = k.new_zeros(b, h, self.max_len, dh)
-            self.v = v.new_zeros(b, h, self.max_len, v.shape[-1])
-        end = self.length + t
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} positions > max_len {self.max_len}")
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def select(self, rows: Tensor) -> None:
-        """Keep batch rows `rows` (in that order): beam search reorders hypotheses this way."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
-        if self.last_token is not None:
-            self.last_token = self.last_token.index_select(0, rows)
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, as self-attention (memory=None) or cross-attention.
 
@@ -238,6 +176,9 @@ class MultiHeadAttention(nn.Module):
     qk_norm=True RMS-normalizes each head's query and key (over Dh, with a learned gain) before
     positions are applied (Dehghani et al. 2023, "Scaling ViT to 22B"): the scores can then not
     grow without bound as the weights do, which lets training take higher learning rates.
+
+    causal=True lets each query see only the keys up to its own position (a decoder's self-attention);
+    cross=True takes the keys and values from the pass's memory (a decoder block's cross-attention).
     """
 
     def __init__(
@@ -249,6 +190,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         qk_norm: bool = False,
         n_kv_heads: int | None = None,
+        causal: bool = False,
+        cross: bool = False,
     ):
         super().__init__()
         if d_head is None:
@@ -265,7 +208,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj.init_role = "residual_out"  # writes into the residual stream: scaled at init
         if qk_norm:
             self.q_norm, self.k_norm = RMSNorm(d_head), RMSNorm(d_head)
-        self.qk_norm = qk_norm
+        self.qk_norm, self.causal, self.cross = qk_norm, causal, cross
         self.hook_pattern, self.hook_head_out = Tap(heads=n_heads), Tap(heads=n_heads)  # see nn/hooks.py
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
@@ -284,48 +227,54 @@ class MultiHeadAttention(nn.Module):
         return kv if g == 1 else kv.repeat_interleave(g, dim=1)
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        cache: KVCache | None = None,
-        qk_transform: QKTransform | None = None,
-        offset: int | Tensor = 0,
-        return_weights: bool = False,
-        bias: Tensor | None = None,
+        self, x: Tensor, ctx: Context = NO_CONTEXT, cache: KVCache | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, C) queries; memory: (B, S, C) keys/values source (default x); bias: added to
-        the scores, broadcast to (B, H, T, S).
+        """x (B, T, C) queries -> out (B, T, C), and the weights (B, H, T, Tk) when ctx.return_weights.
 
-        Returns (out (B, T, C), weights (B, H, T, S) or None).
+        Self-attention reads ctx's mask, bias, positions and offset; cross-attention (cross=True) its
+        memory (B, S, C) and memory_mask (nn/context.py). cache: this layer's keys/values so far, or
+        for cross-attention the memory's, made on the first call (a static cache).
         """
-        b, t, _ = x.shape
-        inner, h, hkv = self.inner, self.n_heads, self.n_kv_heads
-        if memory is None and not (cache is not None and cache.static):
-            q, k, v = self._heads(self.qkv_proj(x), h, hkv, hkv)  # self-attention: one product; q (B, H, T, Dh)
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            if qk_transform is not None:  # positions applied inside attention (e.g. rotary)
-                q, k = qk_transform(q, k, offset)
-        else:
-            (q,) = self._heads(self._project(x, slice(0, inner)), h)
-            q = self.q_norm(q) if self.qk_norm else q
-            if cache is not None and cache.static and cache.filled:
-                k, v = cache.k, cache.v  # cross-attention: the source's keys/values, computed once
-            else:
-                k, v = self._heads(self._project(memory, slice(inner, None)), hkv, hkv)  # (B, Hkv, S, Dh)
-                k = self.k_norm(k) if self.qk_norm else k
+        q, k, v = self._cross_qkv(x, ctx.memory, cache) if self.cross else self._self_qkv(x, ctx)
+        mask, bias = (ctx.memory_mask, None) if self.cross else (ctx.mask, ctx.bias)
         if cache is not None and not (cache.static and cache.filled):
             k, v = cache.update(k, v)  # (B, Hkv, Tk, Dh): the cache holds the key/value heads only
             if (rows := cache.key_bias()) is not None:  # rows of different lengths: each sees its own keys
                 bias = rows if bias is None else bias + rows
         k, v = self._shared(k), self._shared(v)  # (B, H, Tk, Dh)
+        return self._attend(q, k, v, mask, bias, ctx.return_weights)
+
+    def _self_qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x with one product, positions applied: (B, H|Hkv, T, Dh) each."""
+        q, k, v = self._heads(self.qkv_proj(x), self.n_heads, self.n_kv_heads, self.n_kv_heads)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if (turn := ctx.qk_transform) is not None:  # positions applied inside attention (e.g. rotary)
+            q, k = turn(q, k, ctx.offset)
+        return q, k, v
+
+    def _cross_qkv(self, x: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of x (B, H, T, Dh); keys and values of the memory (B, Hkv, S, Dh), or the cache's."""
+        (q,) = self._heads(self._project(x, slice(0, self.inner)), self.n_heads)
+        q = self.q_norm(q) if self.qk_norm else q
+        if cache is not None and cache.static and cache.filled:
+            return q, cache.k, cache.v  # the source's keys/values, computed once
+        if memory is None:
+            raise ValueError("cross-attention needs the encoder's output: pass Context(memory=...)")
+        k, v = self._heads(self._project(memory, slice(self.inner, None)), self.n_kv_heads, self.n_kv_heads)
+        return q, (self.k_norm(k) if self.qk_norm else k), v
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, return_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Every head's attention, the hooks on its pattern and outputs, the heads concatenated and W_O:
+        q (B, H, T, Dh), k and v (B, H, Tk, Dh) -> (B, T, C), and the weights (B, H, T, Tk) if asked for."""
+        b, _, t, _ = q.shape
         p = self.dropout if self.training else 0.0
         pattern = self.hook_pattern.active  # a hook reads or replaces the probabilities: the math path
-        out, weights = attend(q, k, v, mask, return_weights or pattern, bias=bias, causal=causal, dropout_p=p)
+        out, weights = attend(q, k, v, mask, return_weights or pattern, bias=bias, causal=self.causal, dropout_p=p)
         if pattern and (replaced := self.hook_pattern(weights)) is not weights:
             out, weights = replaced.to(v.dtype) @ v, replaced  # (B, H, T, Dh) from the replaced pattern
         out = self.hook_head_out(out)  # (B, H, T, Dh): each head's output
-        out = out.transpose(1, 2).reshape(b, t, inner)  # (B, T, H*Dh): heads concatenated
+        out = out.transpose(1, 2).reshape(b, t, self.inner)  # (B, T, H*Dh): heads concatenated
         return self.out_proj(out), (weights if return_weights else None)

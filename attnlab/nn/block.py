@@ -32,13 +32,13 @@ class Block(nn.Module):
         self.cfg = cfg
         self.pre_norm = cfg.norm == "pre"
         norm = lambda: build_norm(cfg)
-        attention = lambda: MultiHeadAttention(
-            cfg.d_model, cfg.n_head, cfg.d_head, cfg.bias, cfg.dropout, cfg.qk_norm, cfg.n_kv_head
+        attention = lambda **kind: MultiHeadAttention(
+            cfg.d_model, cfg.n_head, cfg.d_head, cfg.bias, cfg.dropout, cfg.qk_norm, cfg.n_kv_head, **kind
         )
-        self.attn = attention()
+        self.attn = attention(causal=cfg.causal)  # the causal mask comes from the config
         self.norm_attn = norm()
         if cfg.cross_attention:
-            self.cross = attention()
+            self.cross = attention(cross=True)
             self.norm_cross = norm()
         self.ff = build_feedforward(cfg)
         self.norm_ff = norm()
@@ -60,37 +60,16 @@ class Block(nn.Module):
     def forward(self, x: Tensor, ctx: Context = NO_CONTEXT, layer: int = 0) -> tuple[Tensor, dict[str, Tensor] | None]:
         """x (B, T, C) -> (B, T, C), and {"self": (B, H, T, Tk), "cross": (B, H, T, S)} when
         ctx.return_weights. ctx: the pass's mask, bias, positions, offset, caches and memory
-        (nn/context.py); layer: this block's place in its stack, which picks its caches. The causal
-        mask comes from the config."""
+        (nn/context.py); layer: this block's place in its stack, which picks its caches."""
         x = self.hook_resid_pre(x)
-        a, w_self = self.attn(
-            self._in(x, self.norm_attn),
-            mask=ctx.mask,
-            causal=self.cfg.causal,
-            cache=ctx.cache(layer),
-            qk_transform=ctx.qk_transform,
-            offset=ctx.offset,
-            return_weights=ctx.return_weights,
-            bias=ctx.bias,
-        )
+        a, w_self = self.attn(self._in(x, self.norm_attn), ctx, ctx.cache(layer))
         x = self.hook_resid_mid(self._out(x, self.hook_attn_out(a), self.norm_attn))
         w_cross = None
         if self.cfg.cross_attention:
-            cross_cache = ctx.cross_cache(layer)
-            if ctx.memory is None and not (cross_cache is not None and cross_cache.filled):
-                raise ValueError("this block has cross-attention: pass memory=")
-            c, w_cross = self.cross(
-                self._in(x, self.norm_cross),
-                memory=ctx.memory,
-                mask=ctx.memory_mask,
-                cache=cross_cache,
-                return_weights=ctx.return_weights,
-            )
+            c, w_cross = self.cross(self._in(x, self.norm_cross), ctx, ctx.cross_cache(layer))
             x = self.hook_resid_cross(self._out(x, self.hook_cross_out(c), self.norm_cross))
-        x = self.hook_resid_post(self._out(x, self.hook_ff_out(self.ff(self._in(x, self.norm_ff))), self.norm_ff))
+        f = self.ff(self._in(x, self.norm_ff))
+        x = self.hook_resid_post(self._out(x, self.hook_ff_out(f), self.norm_ff))
         if not ctx.return_weights:
             return x, None
-        weights = {"self": w_self}
-        if w_cross is not None:
-            weights["cross"] = w_cross
-        return x, weights
+        return x, {"self": w_self} if w_cross is None else {"self": w_self, "cross": w_cross}

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:  # type hints only: attention.py imports this module
-    from attnlab.nn.attention import KVCache, QKTransform
+    from attnlab.nn.attention import QKTransform
+    from attnlab.nn.cache import KVCache
     from attnlab.nn.position import Offset, Positions
 
 

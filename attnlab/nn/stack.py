@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.nn.attention import KVCache
 from attnlab.nn.block import Block, BlockConfig
+from attnlab.nn.cache import KVCache
 from attnlab.nn.context import NO_CONTEXT, Context
 from attnlab.nn.norm import build_norm
 
