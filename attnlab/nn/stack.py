@@ -9,6 +9,8 @@ The Stack owns what every family used to rebuild: the blocks, the final norm, on
 cache per block for decoding, the position scheme's hooks inside attention (`qk_transform` on
 queries and keys, `score_bias` on the scores), activation checkpointing, and collecting each
 layer's attention weights. A family is then a front end (embeddings, patches) + a Stack + a head.
+What one call needs besides x (mask, bias, positions, offset, caches, memory) comes as one Context
+(nn/context.py) that the family builds and every block is handed with its index.
 
 The blocks are the Stack's own items (it is a ModuleList), so a model that keeps its stack as
 `self.blocks` has the parameter names `blocks.0.attn...` that run directories and the HuggingFace
