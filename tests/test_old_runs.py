@@ -1,0 +1,52 @@
+"""Runs written before issue 52 changed what config.json records (one typed request, adapters as
+converters) still load and resume: tests/data/old_runs/ holds a tiny run of every task, written by
+the code of that time (tests/data/old_runs/make_old_runs.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import losses, run_cli
+
+import attnlab
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+OLD = Path(__file__).parent / "data" / "old_runs"
+TASKS = ("lm", "mlm", "classify", "tag", "translate", "image", "caption", "sft", "dpo", "reward", "grpo", "ppo")
+
+
+def copied(tmp_path: Path) -> Path:
+    """The old runs in tmp_path, their placeholder OLD_RUNS (the folder they were written in) made this one."""
+    root = tmp_path / "old"
+    shutil.copytree(OLD, root, ignore=shutil.ignore_patterns("*.py"))
+    for f in root.rglob("*.json"):
+        f.write_text(f.read_text().replace("OLD_RUNS", str(root)))
+    return root
+
+
+def test_every_task_has_an_old_run() -> None:
+    from attnlab.tasks import TASKS as REGISTERED
+
+    assert set(TASKS) == set(REGISTERED)
+    assert all((OLD / t / "config.json").is_file() for t in TASKS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_an_old_run_loads_and_resumes(task: str, tmp_path: Path, capsys) -> None:
+    root = copied(tmp_path)
+    run = root / task
+    old = json.loads((run / "config.json").read_text())
+    loaded = attnlab.load(run, device="cpu")
+    assert loaded.task.name == task
+    assert loaded.config["model"] == old["model"] and loaded.config["data"] == old["data"]
+    code, _, err = run_cli(["train", task, "--out", run, "--resume", "--max-steps", "3"], capsys)
+    assert code == 0, err
+    assert len(losses(run)) == 3  # two steps then, one now
+    new = json.loads((run / "config.json").read_text())
+    assert new["model"] == old["model"] and new["data"] == old["data"]
+    assert new["train"] == {**old["train"], "max_steps": 3}
+    assert new.get("adapter") == old.get("adapter")
