@@ -12,6 +12,8 @@ import pytest
 from conftest import losses, run_cli
 
 import attnlab
+from attnlab.runs.adapted import adapter_of
+from attnlab.runs.converters import converters_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,4 +51,5 @@ def test_an_old_run_loads_and_resumes(task: str, tmp_path: Path, capsys) -> None
     new = json.loads((run / "config.json").read_text())
     assert new["model"] == old["model"] and new["data"] == old["data"]
     assert new["train"] == {**old["train"], "max_steps": 3}
-    assert new.get("adapter") == old.get("adapter")
+    assert adapter_of(new) == adapter_of(old)  # the old adapter section read as today's converters
+    assert converters_of(new) == converters_of(old)

@@ -81,7 +81,7 @@ class DirectPreference(Adapting):
         reference = build()  # the --init model: adapters start at zero
         show = "reference log-probabilities" if req.progress and d.main else None
         refs = {k: logprobs(reference, v, show) for k, v in pairs.items() if v}
-        beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.get("beta", 0.1)
+        beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.beta
         config = self.run_config(req, e.model, e.adapter)
         config["task"]["beta"] = beta
         state = (tok, template, pairs["test"], refs.get("test"), req.data)

@@ -332,7 +332,7 @@ class ProximalPolicy(SampledAnswers):
         if req.resume:
             saved = {"group": 1, **req.saved["task"]}  # a run stored before --group: one answer a prompt
             return {k: saved[k] for k in SETTINGS}
-        opts = {k: req.options.get(k, getattr(PPOOptions, k)) for k in SETTINGS}
+        opts = {k: getattr(req.options, k) for k in SETTINGS}
         if not opts["reward"]:
             raise AttnlabError("attnlab train ppo needs --reward RUN: a reward model (attnlab train reward)")
         opts["reward"] = str(Path(opts["reward"]).resolve())  # a resumed run finds it from anywhere
