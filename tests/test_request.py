@@ -168,3 +168,9 @@ def test_init_is_resolved_once_a_run(tmp_path, monkeypatch, capsys):
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
     assert len(calls) == 1
+
+
+def test_a_task_without_converters_refuses_lora_settings(tmp_path):
+    (tmp_path / "c.toml").write_text("[lora]\nrank = 4\n")
+    with pytest.raises(AttnlabError, match="takes no \\[lora\\]"):
+        resolve(TASKS["lm"], TrainOptions(out=str(tmp_path / "r"), config=str(tmp_path / "c.toml")), {}, None)

@@ -58,7 +58,7 @@ class TrainOptions:
     preset: str | None = option(None, "a named model size")
     config: str | None = option(
         None,
-        "settings in TOML tables [data], [model], [train], [options] (and [lora], [quantize])",
+        "settings in a TOML file: [data], [model], [train], [options] tables ([lora], [quantize] where taken)",
         metavar="FILE.toml",
     )
 

@@ -52,8 +52,18 @@ def resolve(task: Task, opts: TrainOptions, flags: dict[str, dict[str, Any]], sa
         force=opts.force,
         init=opts.init,
         options=options,
-        converters=() if saved else converters_given(*(_levels(toml, flags, s) for s in ("lora", "quantize"))),
+        converters=() if saved else _converters(task, toml, flags),
     )
+
+
+def _converters(task: Task, toml: dict, flags: dict) -> tuple:
+    """A new run's converters ([lora] and [quantize]), for a task that takes them."""
+    given = {kind: _levels(toml, flags, kind) for kind in ("lora", "quantize")}
+    if not task.converters:
+        if any(given.values()):
+            raise AttnlabError(f"{task.name} trains every weight of its own model: it takes no [lora] or [quantize]")
+        return ()
+    return converters_given(given["lora"], given["quantize"])
 
 
 def _levels(toml: dict, flags: dict, section: str, *between: dict | None) -> dict[str, Any]:
