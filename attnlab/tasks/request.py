@@ -40,7 +40,8 @@ def resolve(task: Task, opts: TrainOptions, flags: dict[str, dict[str, Any]], sa
     preset = opts.preset or toml.get("preset")
     model = opts.model or (task.model_of(saved) if saved else task.default_model)
     task.check_given(opts, flags, preset)
-    named = None if saved or opts.init else preset or task.models[model].default_preset  # a new run's preset
+    choice = task.models.get(model)  # an unknown name: completed() says so, in one line
+    named = None if saved or opts.init else preset or (choice and choice.default_preset)  # a new run's preset
     options = _settings(task.options, toml, saved and saved_options(task, saved), flags, "options")
     return TrainRequest(
         opts.out,
