@@ -81,7 +81,7 @@ def test_a_new_lora_model_computes_its_base_exactly(base, tmp_path):
     task = TASKS["sft"]
     req = task.complete(TrainRequest(tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA))
     model = task.model_config(req)
-    adapted = task.builder(req, model, task.adapter(req))()
+    adapted = task.builder(req, model)()
     assert torch.equal(logits(adapted), logits(build_base(base, "gpt", model)))
     trainable = {n for n, p in adapted.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)

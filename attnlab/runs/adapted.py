@@ -103,12 +103,11 @@ def build_base(
     return net
 
 
-def with_adapters(net: nn.Module, adapter: dict[str, Any]) -> nn.Module:
-    """LoRA adapters (B = 0) on `net` as config.json's adapter section says, and what it trains beside
-    them (`also`: a new head) trainable again."""
-    add_lora(net, LoRAConfig(**adapter["lora"]))
+def with_adapters(net: nn.Module, lora: LoRAConfig, also: Collection[str] = ()) -> nn.Module:
+    """LoRA adapters (B = 0) on `net`, and what trains beside them (`also`: a new head) trainable again."""
+    add_lora(net, lora)
     params = dict(net.named_parameters())
-    for name in adapter.get("also", []):
+    for name in also:
         params[name].requires_grad_(True)
     return net
 
@@ -125,7 +124,7 @@ def build_adapted(config: dict[str, Any], float_base: bool = False) -> nn.Module
         net = build_base(as_run(base), config["family"], config["model"], quantize, adapter.get("also", []))
     except AttnlabError as e:
         raise AttnlabError(f"this LoRA run's base {base} cannot be read: {e}") from None
-    return with_adapters(net, adapter)
+    return with_adapters(net, lora_of(converters_of(config)), adapter["also"])
 
 
 def run_template(run: str | Path) -> ChatTemplate:

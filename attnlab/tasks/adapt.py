@@ -69,7 +69,6 @@ class Encoded:
     tok: Tokenizer
     template: ChatTemplate
     model: dict[str, Any]  # the GPT's config fields
-    adapter: dict[str, Any] | None  # config.json's adapter section (None: every weight trains)
     parts: dict[str, list]  # split -> examples that fit the context
 
 
@@ -189,19 +188,18 @@ class Adapting(Task):
             return dict(req.model_config)
         return dict(read_run_config(req.base)["model"])
 
-    def builder(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None):
-        """The model to train: the base's weights, quantized and adapted as `adapter` says."""
-        base = req.base
+    def builder(self, req: TrainRequest, model: dict[str, Any]):
+        """The model to train: the base's weights, converted as the request says (quantized, LoRA on
+        top); without converters every weight trains."""
+        lora, quantize = lora_of(req.converters), quantized_base(req.converters)
 
         def build() -> nn.Module:
-            if adapter is None:
-                return build_base(base, self.family, model, new=self.new_weights)
-            net = build_base(base, self.family, model, adapter["quantize_base"], new=self.new_weights)
-            return with_adapters(net, adapter)
+            net = build_base(req.base, self.family, model, quantize, new=self.new_weights)
+            return net if lora is None else with_adapters(net, lora, self.new_weights)
 
         return build
 
-    def run_config(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None) -> dict:
+    def run_config(self, req: TrainRequest, model: dict[str, Any]) -> dict:
         config = {
             "family": self.family,
             "model": model,
@@ -210,18 +208,10 @@ class Adapting(Task):
             "task": {"kind": self.name},
             "init": str(req.init),
         }
-        if adapter is not None:
-            config["adapter"] = {"base": str(req.base.resolve()), "also": adapter["also"]}
+        if req.converters:  # the base it adapts, and what trains beside the adapters (a new head)
+            config["adapter"] = {"base": str(req.base.resolve()), "also": list(self.new_weights)}
             config["converters"] = as_records(req.converters)
         return config
-
-    def adapter(self, req: TrainRequest) -> dict[str, Any] | None:
-        """What the builder adapts (LoRA's fields, the quantized base, what trains beside the
-        adapters), from the request's converters; None: every weight trains."""
-        lora = lora_of(req.converters)
-        if lora is None:
-            return None
-        return {"lora": asdict(lora), "quantize_base": quantized_base(req.converters), "also": list(self.new_weights)}
 
     def encode_row(self, row: Any, tok: Tokenizer, template: ChatTemplate, data: Any) -> Any:
         """One row of the data as the model reads it: a preference pair as two examples here, a
@@ -237,10 +227,10 @@ class Adapting(Task):
         """What every prepare starts from: the run's tokenizer and template, the model's settings and
         adapters, and the examples that fit its context (a pair: both rows)."""
         tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
+        model = self.model_config(req)
         # the model reads an example's tokens shifted by one (sft, dpo) or whole (a reward model)
         parts = self.examples(tok, template, req.data, model["context"] - self.reads_whole_rows)
-        return Encoded(tok, template, model, adapter, parts)
+        return Encoded(tok, template, model, parts)
 
     # ---- the request (tasks/request.py) -------------------------------------------------------------
     def check_given(self, opts: TrainOptions, flags: dict[str, dict[str, Any]], preset: str | None) -> None:

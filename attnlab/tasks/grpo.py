@@ -191,12 +191,12 @@ class GroupRelative(SampledAnswers):
         if d.enabled and opts["epochs"] > 1:  # each process would keep its own rollout in the one file
             raise AttnlabError("grpo --epochs above 1 runs in one process: start it without torchrun")
         tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
+        model = self.model_config(req)
         rows = splits(req.data, self.builtin)["train"]
         prompts = self.prompts(rows, tok, template, req, model["context"], opts["max_new_tokens"])
         stops = stop_ids(tok, template)
-        build = self.builder(req, model, adapter)
-        config = self.run_config(req, model, adapter)
+        build = self.builder(req, model)
+        config = self.run_config(req, model)
         reward = self.reward_of(req, opts)
         config["task"].update(opts, reward=reward.spec)  # a callable: its name (config.json holds no code)
         kept = self.held_rollout(req, d.main)

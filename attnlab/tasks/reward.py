@@ -178,8 +178,8 @@ class RewardModelling(Adapting):
             e.parts["train"] = self.on_policy(req, e, k)
         if not req.resume:  # a resumed run keeps its head (an old run's config has none: the last token's)
             e.model["head"] = req.options.head
-        build = self.builder(req, e.model, e.adapter)
-        config = self.run_config(req, e.model, e.adapter)
+        build = self.builder(req, e.model)
+        config = self.run_config(req, e.model)
         config["task"]["sampled_negatives"] = k
         batches = Pairs(e.parts, batch=req.train.batch_size)
         return Prepared(batches, lambda: RewardObjective(build()), config, state=e.parts["test"])
