@@ -4,6 +4,7 @@ the code of that time (tests/data/old_runs/make_old_runs.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from conftest import losses, run_cli
 import attnlab
 from attnlab.runs.adapted import adapter_of
 from attnlab.runs.converters import converters_of
+from attnlab.tasks import TASKS as REGISTERED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,8 +33,6 @@ def copied(tmp_path: Path) -> Path:
 
 
 def test_every_task_has_an_old_run() -> None:
-    from attnlab.tasks import TASKS as REGISTERED
-
     assert set(TASKS) == set(REGISTERED)
     assert all((OLD / t / "config.json").is_file() for t in TASKS)
 
@@ -51,5 +51,8 @@ def test_an_old_run_loads_and_resumes(task: str, tmp_path: Path, capsys) -> None
     new = json.loads((run / "config.json").read_text())
     assert new["model"] == old["model"] and new["data"] == old["data"]
     assert new["train"] == {**old["train"], "max_steps": 3}
+    own = {f.name for f in dataclasses.fields(REGISTERED[task].options)}
+    assert set(new.get("options", {})) == own  # the task's own options, typed, recorded for the next resume
+    assert {k: v for k, v in old.get("task", {}).items() if k in own}.items() <= new.get("options", {}).items()
     assert adapter_of(new) == adapter_of(old)  # the old adapter section read as today's converters
     assert converters_of(new) == converters_of(old)
