@@ -174,3 +174,17 @@ def test_a_task_without_converters_refuses_lora_settings(tmp_path):
     (tmp_path / "c.toml").write_text("[lora]\nrank = 4\n")
     with pytest.raises(AttnlabError, match="takes no \\[lora\\]"):
         resolve(TASKS["lm"], TrainOptions(out=str(tmp_path / "r"), config=str(tmp_path / "c.toml")), {}, None)
+
+
+def test_the_command_line_builds_the_training_settings_once(tmp_path, monkeypatch):
+    """`attnlab train lm --data X`: one TrainConfig between the flags and the engine (once there were two)."""
+    import attnlab.cli.train as cli_train
+    from attnlab.cli.main import main
+
+    made, post_init = [], TrainConfig.__post_init__
+    monkeypatch.setattr(TrainConfig, "__post_init__", lambda self: made.append(self) or post_init(self))
+    monkeypatch.setattr(cli_train, "run", lambda task, req: made.append("run") or {})
+    monkeypatch.setattr(TASKS["lm"], "result_line", lambda result, out: "")
+    (tmp_path / "c.txt").write_text("a b c\n" * 50)
+    assert main(["train", "lm", "--data", str(tmp_path / "c.txt"), "--out", str(tmp_path / "r"), "--lr", "0.01"]) == 0
+    assert len(made) == 2 and made[-1] == "run" and made[0].lr == 0.01
