@@ -157,7 +157,7 @@ def test_a_peft_adapter_folder_reads_as_a_lora_run_once(bases, name, tmp_path, c
     assert "PEFT adapter" in capsys.readouterr().err
     assert as_run(tmp_path / "theirs") == run and capsys.readouterr().err == ""  # the second time: the cache
     config = read_json(run / "config.json")
-    assert config["task"] == {"kind": "sft"} and config["adapter"]["lora"]["rank"] == 4
+    assert config["task"] == {"kind": "sft"} and [(c["kind"], c["rank"]) for c in config["converters"]] == [("lora", 4)]
     ours, base = logits(run), logits(bases[name] / "run")
     with torch.no_grad():
         assert (ours - theirs.eval()(ids()).logits).abs().max() < 1e-4 < (ours - base).abs().max()

@@ -18,9 +18,12 @@ import pytest
 from attnlab.cli.generate import MADE_FROM, Several, add_options, add_section, given, is_list, read_options
 from attnlab.cli.main import build_parser
 from attnlab.config import field_type, from_dict, option
-from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
+from attnlab.nn.lora import LoRAConfig
+from attnlab.runs.converters import lora_of
 from attnlab.tasks import TASKS
+from attnlab.tasks.base import TrainOptions
+from attnlab.tasks.request import SECTIONS, resolve
 
 
 def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -48,8 +51,8 @@ LISTS = list_arguments()
 def test_the_walk_finds_the_list_options_we_know():
     seen = {(path, action.dest) for path, _, action in LISTS}
     known = {
-        (("train", "sft"), "lora_targets"),
-        (("train", "dpo"), "lora_targets"),
+        (("train", "sft"), "lora__targets"),
+        (("train", "dpo"), "lora__targets"),
         (("serve",), "cors_origin"),
         (("serve",), "runs"),
         (("vectors",), "neighbors"),
@@ -66,12 +69,14 @@ def test_the_walk_finds_the_list_options_we_know():
 
 
 WORDS = {int: ["3", "5", "7"], float: ["0.5", "1.5", "2.5"], str: ["a1", "b2", "c3"]}
+VALID = {(LoRAConfig, "targets"): ["q", "v"]}  # values a config's own checks take (LoRAConfig knows its targets)
 
 
 def sample(action: argparse.Action, f: dataclasses.Field, element: type) -> list[str]:
     """Words of a valid value: the field's own choices, else words of its element type."""
     count = action.nargs if isinstance(action.nargs, int) else 2
-    return [str(c) for c in f.metadata.get("choices") or WORDS[element]][:count]
+    cls = getattr(action, MADE_FROM)[0]
+    return [str(c) for c in f.metadata.get("choices") or VALID.get((cls, f.name)) or WORDS[element]][:count]
 
 
 def rest_of(parser: argparse.ArgumentParser, skip: argparse.Action) -> list[str]:
@@ -179,11 +184,9 @@ def test_train_sft_lora_targets_reach_the_lora_config(targets, tmp_path):
     args = build_parser().parse_args(
         ["train", "sft", "--out", str(tmp_path / "run"), "--lora-rank", "4", "--lora-targets", *targets]
     )
-    opts = read_options(args, task.options)
-    flags = {name: given(args, name) for name in ("data", "model", "train")}
-    req = task.request(opts, flags, TrainConfig(), None)
+    req = resolve(task, read_options(args, TrainOptions), {name: given(args, name) for name in SECTIONS}, None)
     wanted = tuple(t.strip() for word in targets for t in word.split(","))
-    assert task.adapter(req)["lora"]["targets"] == wanted
+    assert lora_of(req.converters).targets == wanted
 
 
 def test_an_unknown_lora_target_is_one_line(tmp_path):
@@ -191,6 +194,6 @@ def test_an_unknown_lora_target_is_one_line(tmp_path):
     args = build_parser().parse_args(
         ["train", "sft", "--out", str(tmp_path), "--lora-rank", "4", "--lora-targets", "q", "query"]
     )
-    req = task.request(read_options(args, task.options), {"data": {}, "model": {}, "train": {}}, TrainConfig(), None)
+    flags = {name: given(args, name) for name in SECTIONS}
     with pytest.raises(AttnlabError, match="unknown LoRA target 'query'; choose from q, k, v"):
-        task.adapter(req)
+        resolve(task, read_options(args, TrainOptions), flags, None)

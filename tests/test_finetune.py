@@ -64,7 +64,8 @@ def test_a_lora_run_saves_only_its_adapters_and_loads_as_trained(base, tmp_path)
     tensors, _ = read_safetensors(tmp_path / "s" / "model.safetensors")
     assert tensors and all(".lora_A." in k or ".lora_B." in k for k in tensors)
     config = json.loads((tmp_path / "s" / "config.json").read_text())
-    assert config["adapter"]["lora"]["rank"] == 4 and config["adapter"]["base"] == str(base.resolve())
+    assert [c["kind"] for c in config["converters"]] == ["lora"] and config["converters"][0]["rank"] == 4
+    assert config["adapter"]["base"] == str(base.resolve())
     run = attnlab.load(tmp_path / "s")
     assert any(isinstance(m, LoRALinear) for m in run.model.modules())
     assert any(t.abs().sum() > 0 for k, t in tensors.items() if ".lora_B." in k)  # it trained
@@ -78,9 +79,9 @@ def test_a_lora_run_saves_only_its_adapters_and_loads_as_trained(base, tmp_path)
 
 def test_a_new_lora_model_computes_its_base_exactly(base, tmp_path):
     task = TASKS["sft"]
-    req = TrainRequest(tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA)
+    req = task.complete(TrainRequest(tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA))
     model = task.model_config(req)
-    adapted = task.builder(req, model, task.adapter(req))()
+    adapted = task.builder(req, model)()
     assert torch.equal(logits(adapted), logits(build_base(base, "gpt", model)))
     trainable = {n for n, p in adapted.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
@@ -92,7 +93,8 @@ def test_lora_on_a_quantized_base(base, tmp_path, kind):
     run = attnlab.load(tmp_path / "q")
     quantized = [m for m in run.model.modules() if isinstance(m, QuantizedLinear)]
     assert quantized and all(m.kind == kind for m in quantized)
-    assert json.loads((tmp_path / "q" / "config.json").read_text())["adapter"]["quantize_base"] == kind
+    converters = json.loads((tmp_path / "q" / "config.json").read_text())["converters"]
+    assert [c["kind"] for c in converters] == ["quantize", "lora"] and converters[0]["base"] == kind  # in order
 
 
 def test_a_quantized_base_needs_adapters(base, tmp_path, capsys):
@@ -166,7 +168,7 @@ def test_dpo_reference_is_the_init_model_and_its_accuracy_is_logged(base, tmp_pa
     assert {"preference_accuracy", "exact", "pairs"} <= set(result["test"])
     # the reference log-probabilities the batches carry are the init model's, answer tokens only
     req = TrainRequest(tmp_path / "d", "gpt", {}, tiny_train(), PAIRS, init=sft, options={"beta": 0.1})
-    prepared = TASKS["dpo"].prepare(req, Dist())
+    prepared = TASKS["dpo"].prepare(TASKS["dpo"].complete(req), Dist())
     init = attnlab.load(sft).model
     for (chosen, rejected), ref in list(zip(prepared.batches.pairs["train"], prepared.batches.refs["train"]))[:3]:
         assert ref == pytest.approx([by_loop(init, chosen), by_loop(init, rejected)], abs=1e-4)

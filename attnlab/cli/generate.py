@@ -204,10 +204,12 @@ def add_section(
     title: str,
     skip: frozenset[str] = frozenset(),
     defaults: dict[str, Any] | None = None,
+    prefix: str = "",
 ) -> None:
     """One --flag per field of a settings dataclass, defaulting to None (so we know what was given).
     Several classes: one flag per field name, its help naming the class. `defaults`: the values the
-    command uses in place of the fields' own (a preset, tuned settings), for --help."""
+    command uses in place of the fields' own (a preset, tuned settings), for --help. `prefix`: put
+    before each field's name in its flag (LoRAConfig's rank is --lora-rank)."""
     group = parser.add_argument_group(title)
     classes = cls if isinstance(cls, tuple) else (cls,)
     seen = set(skip) | NOT_FLAGS.get(section, set())
@@ -217,7 +219,8 @@ def add_section(
                 seen.add(f.name)
                 where = f" [{c.__name__}]" if len(classes) > 1 else ""
                 kw = _flag(section, c, f, where, defaults or {})
-                setattr(group.add_argument("--" + f.name.replace("_", "-"), **kw), MADE_FROM, (c, f))
+                flag = "--" + (prefix + f.name).replace("_", "-")
+                setattr(group.add_argument(flag, **kw), MADE_FROM, (c, f))
 
 
 def _flag(section: str, cls: type, f: dataclasses.Field, where: str, defaults: dict) -> dict[str, Any]:

@@ -5,21 +5,24 @@ vectors`. cli/train_tasks.py makes the sub-commands; each is filled here the fir
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from attnlab.cli.commands import speaks
 from attnlab.cli.generate import add_options, add_section, given, read_options
 from attnlab.cli.options import TrainVectorsOptions
 from attnlab.cli.vectors import run_train_vectors
-from attnlab.config import checked
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import run
+from attnlab.runs.converters import CONVERTERS
 from attnlab.runs.folder import check_resumable, read_run_config
 from attnlab.tasks import TASKS, Task
+from attnlab.tasks.base import TrainOptions
+from attnlab.tasks.request import SECTIONS, resolve
 from attnlab.wordvec.config import VectorsConfig
 
-SECTIONS = ("data", "model", "train")
+# The flags' defaults where the settings class's own are not the command's: no LoRA unless a rank is given.
+CONVERTER_DEFAULTS = {"lora": {"rank": 0}}
 
 
 def fill_task(p: argparse.ArgumentParser, name: str) -> None:
@@ -56,10 +59,15 @@ def add_task_flags(p: argparse.ArgumentParser, task: Task) -> None:
             "help": f"which model (default: {task.default_model})",
         },
     }
-    if choice.presets and "preset" not in vars(task.options):  # a task's own --preset help stays
-        overrides["preset"] = {"help": f"preset: {', '.join(choice.presets)} (default: {choice.default_preset})"}
+    if choice.presets:
+        named = f"preset: {', '.join(choice.presets)} (default: {choice.default_preset})"
+        overrides["preset"] = {"help": task.preset_help or named}
     skip = frozenset({"model"} if not several else ()) | frozenset({"preset"} if not choice.presets else ())
-    add_options(p, task.options, overrides, skip)
+    add_options(p, TrainOptions, overrides, skip)
+    if fields(task.options):
+        add_section(p, "options", task.options, f"{task.name} options", defaults=asdict(task.options()))
+    for kind in task.converters:  # --lora-rank, --quantize-base: what turns the --init model into the one trained
+        add_section(p, kind, CONVERTERS[kind], kind, defaults=CONVERTER_DEFAULTS.get(kind), prefix=f"{kind}_")
     add_section(p, "data", task.data_config, "data", defaults=asdict(task.default_data()))
     classes = tuple(dict.fromkeys(m.config for m in task.models.values()))
     title = (
@@ -74,13 +82,11 @@ def add_task_flags(p: argparse.ArgumentParser, task: Task) -> None:
 
 
 def run_train(task: Task, args: argparse.Namespace) -> int:
-    """Any task: its settings (tuned, or the run's own when resuming) < the flags, then the engine."""
-    opts = read_options(args, task.options)
+    """Any task: its one request (tasks/request.py says the order of the settings), then the engine."""
+    opts = read_options(args, TrainOptions)
     flags: dict[str, dict[str, Any]] = {name: given(args, name) for name in SECTIONS}
     saved = read_run_config(check_resumable(opts.out)) if opts.resume else None
-    tuned = saved["train"] if saved else task.train_defaults(opts.model or task.default_model)
-    train = checked(TrainConfig, {**tuned, **flags["train"]}, where="[train]")
-    result = run(task, task.request(opts, flags, train, saved))
+    result = run(task, resolve(task, opts, flags, saved))
     if speaks():
         print(task.result_line(result, opts.out))
     return 0

@@ -54,6 +54,10 @@ class Task(Protocol):
 
     def model_of(self, config: dict[str, Any]) -> str: ...
 
+    def complete(self, req: TrainRequest) -> TrainRequest: ...
+
+    def recorded_options(self, req: TrainRequest) -> dict[str, Any]: ...
+
     def setup(self, req: TrainRequest) -> dict[str, str]: ...
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared: ...
@@ -75,8 +79,10 @@ class TrainRequest:
     force: bool = False
     init: str | Path | None = None  # a run whose weights (and tokenizer) to start from
     progress: bool = True
-    options: dict[str, Any] = field(default_factory=dict)  # task-specific (e.g. word vectors)
+    options: Any = None  # the task's own options (task.options; a dict of them from Python)
     saved: dict[str, Any] | None = None  # resume: the run's config.json
+    converters: tuple = ()  # what turns the --init model into the one trained, in order (quantize, LoRA)
+    base: Path | None = None  # the --init model as a run folder, resolved once (task.complete)
 
 
 @dataclass
@@ -97,20 +103,13 @@ def completed(task: Task, req: TrainRequest) -> TrainRequest:
         train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
         check_more_to_train(Path(req.out), train)  # before the run's config.json takes the new settings
         data = req.data or from_dict(task.data_config, saved["data"], where="data config")
-        return replace(
-            req,
-            model=task.model_of(saved),
-            model_config=dict(saved["model"]),
-            train=train,
-            data=data,
-            init=saved.get("init") or None,
-            saved=saved,
-        )
+        own = {"model": task.model_of(saved), "model_config": dict(saved["model"]), "init": saved.get("init") or None}
+        return task.complete(replace(req, **own, train=train, data=data, saved=saved))
     model = req.model or task.default_model
     if model not in task.models:
         raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(task.models)}")
     train = req.train or TrainConfig(**task.train_defaults(model))
-    return replace(req, model=model, train=train, data=req.data or task.default_data())
+    return task.complete(replace(req, model=model, train=train, data=req.data or task.default_data()))
 
 
 def restartable(out: Path) -> bool:
@@ -155,6 +154,8 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         preset = (req.saved or {}).get("preset") if req.resume else fresh
         if preset is not None:  # what a --preset given again on --resume is compared with
             prepared.config["preset"] = preset
+        if recorded := task.recorded_options(req):  # the task's own options, a resumed run's own
+            prepared.config["options"] = recorded
         s = start(out, prepared.build, prepared.batches, cfg, prepared.config, d, device, req.resume, command=task.name)
         s.trackers = trackers
         if req.resume and d.main:

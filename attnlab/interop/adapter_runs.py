@@ -15,7 +15,6 @@ import hashlib
 import json
 import shutil
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from attnlab.io import build_folder, cache_root, read_safetensors, write_json
 from attnlab.models.gpt import GPTConfig
 from attnlab.nn.lora import LoRAConfig, load_lora_state
 from attnlab.runs.adapted import CHAT_TEMPLATE, READERS, adapter_of, as_run, build_adapted
+from attnlab.runs.converters import as_records
 from attnlab.runs.folder import (
     CONFIG,
     TOKENIZER,
@@ -143,7 +143,8 @@ def peft_run(src: Path) -> Path | None:
         "task": {"kind": "sft"},
         "init": str(base),
         "source": {"peft": str(src)},
-        "adapter": {"base": str(base), "lora": asdict(lora), "quantize_base": None, "also": []},
+        "adapter": {"base": str(base), "also": []},
+        "converters": as_records((lora,)),
     }
     load_lora_state(build_adapted(config), tensors)  # the adapter fits its base, before anything is written
     template = hf_template(src)  # the adapter's own chat template (saved beside it), else its base's

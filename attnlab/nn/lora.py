@@ -55,7 +55,11 @@ FEEDFORWARD_MATRICES: dict[type, tuple[str, ...]] = {
 class LoRAConfig:
     """Low-rank adapters: their rank, scale, dropout and which matrices of each block they adapt."""
 
-    rank: int = option(8, "LoRA rank r: each adapted matrix trains r * (in + out) numbers", at_least=1)
+    rank: int = option(
+        8,
+        "LoRA rank r: each adapted matrix trains r * (in + out) numbers (a fine-tuning without it trains every weight)",
+        at_least=1,
+    )
     alpha: float = option(16.0, "LoRA scale: the update is multiplied by alpha / rank (PEFT's lora_alpha)")
     dropout: float = option(0.0, "dropout on the adapters' input, in [0, 1)")
     targets: tuple[str, ...] = option(

@@ -1,10 +1,10 @@
 """Runs that start from another: a fine-tuned run names its base, and a LoRA run holds only its adapters.
 
     config.json "init":     the run (or HuggingFace folder) it was fine-tuned from
-    config.json "adapter":  {"base": the base run, "lora": LoRAConfig's fields, "quantize_base": null,
-                             "int8" or "nf4", "also": names trained beside the adapters (a new head)}:
-                             the model is the base's weights (quantized as said), LoRA adapters on
-                             top; model.safetensors holds what trains (the adapters, the head)
+    config.json "adapter":  {"base": the base run, "also": names trained beside the adapters (a new
+                             head)}; "converters" (runs/converters.py) say how the base is quantized
+                             and adapted: the model is the base's weights, quantized, LoRA adapters
+                             on top; model.safetensors holds what trains (the adapters, the head)
     chat_template.json:     the template its conversations were rendered with (data/chat.py)
 
 A folder that is not a run (a HuggingFace checkpoint) is read through the readers registered in
@@ -14,6 +14,7 @@ READERS from above (interop converts it once into the cache), so `--init` takes 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from attnlab.lazy import fill_registries
 from attnlab.models import build_model
 from attnlab.nn.lora import LoRAConfig, add_lora, merge_lora
 from attnlab.quant.quantize import quantize_model
+from attnlab.runs.converters import converters_of, lora_of, quantized_base
 from attnlab.runs.folder import WEIGHTS, check_run_dir, is_run, read_run_config
 from attnlab.runs.weights import load_state, load_streamed, load_weights
 
@@ -49,13 +51,23 @@ def as_run(path: str | Path) -> Path:
 
 
 def adapter_of(config: dict[str, Any]) -> dict[str, Any] | None:
-    """config.json's adapter section (None for a run whose weights are the whole model)."""
+    """config.json's adapter section with its converters, as one dict: base, lora (LoRAConfig's
+    fields), quantize_base and also (None for a run whose weights are the whole model)."""
     adapter = config.get(ADAPTER)
     if adapter is None:
         return None
-    if not isinstance(adapter, dict) or not isinstance(adapter.get("base"), str) or "lora" not in adapter:
+    if not isinstance(adapter, dict) or not isinstance(adapter.get("base"), str):
         raise AttnlabError("config.json's adapter section is corrupt: it needs base and lora")
-    return adapter
+    converters = converters_of(config)
+    lora = lora_of(converters)
+    if lora is None:
+        raise AttnlabError("config.json's adapter section is corrupt: it needs base and lora")
+    return {
+        **adapter,
+        "lora": asdict(lora),
+        "quantize_base": quantized_base(converters),
+        "also": adapter.get("also", []),
+    }
 
 
 def merged_weights(base: Path, config: dict[str, Any]) -> dict[str, Tensor]:
@@ -77,9 +89,9 @@ def build_base(
     base: str | Path, family: str, model: dict[str, Any], quantize: str | None = None, new: Collection[str] = ()
 ) -> nn.Module:
     """The model a fine-tuning starts from: `family` built from `model` with the weights of the run
-    `base` (all but those named in `new`: a head the base has not got), its block matrices quantized
-    (int8, nf4) when asked."""
-    path = as_run(base)
+    folder `base` (as_run's: resolved by the caller, once), all but those named in `new` (a head the
+    base has not got), its block matrices quantized (int8, nf4) when asked."""
+    path = Path(base)
     config = read_run_config(path)
     net = build_model(family, model)
     if adapter_of(config) is None:  # a whole weights file: read a tensor at a time
@@ -91,12 +103,11 @@ def build_base(
     return net
 
 
-def with_adapters(net: nn.Module, adapter: dict[str, Any]) -> nn.Module:
-    """LoRA adapters (B = 0) on `net` as config.json's adapter section says, and what it trains beside
-    them (`also`: a new head) trainable again."""
-    add_lora(net, LoRAConfig(**adapter["lora"]))
+def with_adapters(net: nn.Module, lora: LoRAConfig, also: Collection[str] = ()) -> nn.Module:
+    """LoRA adapters (B = 0) on `net`, and what trains beside them (`also`: a new head) trainable again."""
+    add_lora(net, lora)
     params = dict(net.named_parameters())
-    for name in adapter.get("also", []):
+    for name in also:
         params[name].requires_grad_(True)
     return net
 
@@ -110,10 +121,10 @@ def build_adapted(config: dict[str, Any], float_base: bool = False) -> nn.Module
     base = adapter["base"] if Path(adapter["base"]).is_dir() else config.get("init") or adapter["base"]
     quantize = None if float_base else adapter.get("quantize_base")
     try:
-        net = build_base(base, config["family"], config["model"], quantize, adapter.get("also", []))
+        net = build_base(as_run(base), config["family"], config["model"], quantize, adapter.get("also", []))
     except AttnlabError as e:
         raise AttnlabError(f"this LoRA run's base {base} cannot be read: {e}") from None
-    return with_adapters(net, adapter)
+    return with_adapters(net, lora_of(converters_of(config)), adapter["also"])
 
 
 def run_template(run: str | Path) -> ChatTemplate:

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,12 @@ from attnlab.data.finetune import PreferenceData, fitting, held_out, splits
 from attnlab.data.supervised import Example, pair_examples, show, surely_longer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.decoding.chat import right_answers
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
-from attnlab.nn.lora import LoRAConfig
 from attnlab.progress import tqdm
-from attnlab.quant.quantize import KINDS as QUANTIZED
-from attnlab.runs.adapted import CHAT_TEMPLATE, adapter_of, as_run, build_base, run_template, with_adapters
+from attnlab.runs.adapted import CHAT_TEMPLATE, as_run, build_base, run_template, with_adapters
+from attnlab.runs.converters import as_records, converters_given, converters_of, lora_of, quantized_base
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
@@ -48,45 +46,22 @@ TUNED = dict(
 
 
 @dataclass
-class AdaptOptions(TrainOptions):
-    init: str | None = option(
-        None,
-        "the model to adapt: an attnlab GPT run (lm, sft, dpo; a LoRA run's adapters "
-        "are merged in) or a HuggingFace folder (GPT-2, Llama, Mixtral: converted once)",
-        metavar="RUN",
-    )
-    lora_rank: int = option(
-        0, "LoRA rank: train low-rank adapters of this rank on the frozen base (0: train every weight)"
-    )
-    lora_alpha: float = option(16.0, "LoRA scale: the update is multiplied by alpha / rank")
-    lora_dropout: float = option(0.0, "dropout on the adapters' input, in [0, 1)")
-    lora_targets: tuple[str, ...] = option(
-        ("q", "v"),
-        "the block matrices to adapt: q, k, v (attention's query/key/value rows), out, gate, up, down",
-        nargs="+",
-    )
-    quantize_base: str | None = option(
-        None,
-        "keep the frozen base's block matrices quantized: int8 (per channel) "
-        "or nf4 (4-bit NormalFloat in blocks of 64, as QLoRA); needs --lora-rank",
-        QUANTIZED,
-    )
+class AdaptOptions:
+    """The own options of every adapting task (LoRA and a quantized base are converters: runs/converters.py)."""
+
     show_masks: bool = option(False, "print one training example with the tokens the loss reads marked")
 
 
-def adapter_section(options: dict[str, Any], also: tuple[str, ...]) -> dict[str, Any] | None:
-    """config.json's adapter section from the options (None: every weight trains)."""
-    if not options.get("lora_rank"):
-        if options.get("quantize_base"):
-            raise AttnlabError("--quantize-base freezes the base: give --lora-rank too (e.g. --lora-rank 8)")
-        return None
-    lora = LoRAConfig(
-        options["lora_rank"],
-        options.get("lora_alpha", 16.0),
-        options.get("lora_dropout", 0.0),
-        tuple(options.get("lora_targets", ("q", "v"))),
-    )
-    return {"lora": asdict(lora), "quantize_base": options.get("quantize_base"), "also": list(also)}
+# How the Python API names the converters (train(..., lora_rank=8, quantize_base="nf4")); the command
+# line's flags are generated from LoRAConfig and QuantizeConfig.
+PYTHON_CONVERTERS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "lora_targets": "targets"}
+
+
+def python_converters(options: dict[str, Any]) -> tuple:
+    """The converters of the Python API's keywords, taken out of `options`."""
+    lora = {PYTHON_CONVERTERS[k]: options.pop(k) for k in list(options) if k in PYTHON_CONVERTERS}
+    quantize = {"base": options.pop("quantize_base")} if "quantize_base" in options else {}
+    return converters_given(lora, quantize)
 
 
 @dataclass
@@ -94,7 +69,6 @@ class Encoded:
     tok: Tokenizer
     template: ChatTemplate
     model: dict[str, Any]  # the GPT's config fields
-    adapter: dict[str, Any] | None  # config.json's adapter section (None: every weight trains)
     parts: dict[str, list]  # split -> examples that fit the context
 
 
@@ -146,6 +120,9 @@ class Adapting(Task):
     default_model = "gpt"
     set_by_data = frozenset(f.name for f in fields(GPTConfig))  # the --init model's, all of them: no flags
     options = AdaptOptions
+    python_options = frozenset({*PYTHON_CONVERTERS, "quantize_base"})
+    converters = ("lora", "quantize")
+    kept_on_resume = "the run's examples stay as they were"
     generates = True
     endpoint = "/api/generate"
     family = "gpt"  # the family of the runs it writes
@@ -153,7 +130,10 @@ class Adapting(Task):
     unit = "pair"  # what an example is, for messages
     builtin = "preferences"  # the built-in data of the task (finetune.BUILTIN)
     reads_whole_rows = False  # True: the model reads all of an example's tokens (not shifted by one)
-    init_help = AdaptOptions.__dataclass_fields__["init"].metadata.get("help", "")
+    init_help = (
+        "the model to adapt: an attnlab GPT run (lm, sft, dpo; a LoRA run's adapters are merged in) or a "
+        "HuggingFace folder (GPT-2, Llama, Mixtral: converted once)"
+    )
 
     def train_defaults(self, model: str) -> dict[str, Any]:
         return dict(TUNED)
@@ -163,7 +143,7 @@ class Adapting(Task):
 
     # ---- the run's files and model --------------------------------------------------------------
     def setup(self, req: TrainRequest) -> dict[str, str]:
-        init = self.init_run(req.init)
+        init = req.base
         tok, template = load_tokenizer(init), run_template(init)
         room = read_run_config(init)["model"]["context"] - self.reads_whole_rows
         # Every row read and checked here, before the run's folder is made: a row it cannot read fails
@@ -173,7 +153,7 @@ class Adapting(Task):
         if row is None:  # what prepare would find, after encoding them all
             raise AttnlabError(f"every {self.unit} is longer than the model's context of {room} tokens")
         example = self.encode_row(row, tok, template, req.data)
-        if req.options.get("show_masks"):
+        if req.options.show_masks:
             first = example[0] if isinstance(example, tuple) else example
             print(f"one training example, the tokens the loss reads in green:\n{show(first, tok)}", file=sys.stderr)
         return {TOKENIZER: tok.to_json(), CHAT_TEMPLATE: json.dumps(template.to_dict(), ensure_ascii=False)}
@@ -191,24 +171,35 @@ class Adapting(Task):
             raise AttnlabError(f"--init {init} is {kind_of(config).noun} run: {self.name} adapts a language model")
         return path
 
+    def complete(self, req: TrainRequest) -> TrainRequest:
+        """The request's converters (a resumed run's own; from Python, its keywords) and its --init
+        model as a run folder: resolved here, once (a HuggingFace folder is converted the first time)."""
+        options, converters = req.options, req.converters
+        if isinstance(options, dict):
+            options = dict(options)
+            converters = converters or python_converters(options)
+        if req.resume:
+            converters = converters_of(req.saved)
+        req = super().complete(replace(req, options=options, converters=converters))
+        return replace(req, base=self.init_run(req.init))
+
     def model_config(self, req: TrainRequest) -> dict[str, Any]:
         if req.resume:
             return dict(req.model_config)
-        return dict(read_run_config(self.init_run(req.init))["model"])
+        return dict(read_run_config(req.base)["model"])
 
-    def builder(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None):
-        """The model to train: the base's weights, quantized and adapted as `adapter` says."""
-        base = self.init_run(req.init)
+    def builder(self, req: TrainRequest, model: dict[str, Any]):
+        """The model to train: the base's weights, converted as the request says (quantized, LoRA on
+        top); without converters every weight trains."""
+        lora, quantize = lora_of(req.converters), quantized_base(req.converters)
 
         def build() -> nn.Module:
-            if adapter is None:
-                return build_base(base, self.family, model, new=self.new_weights)
-            net = build_base(base, self.family, model, adapter["quantize_base"], new=self.new_weights)
-            return with_adapters(net, adapter)
+            net = build_base(req.base, self.family, model, quantize, new=self.new_weights)
+            return net if lora is None else with_adapters(net, lora, self.new_weights)
 
         return build
 
-    def run_config(self, req: TrainRequest, model: dict[str, Any], adapter: dict[str, Any] | None) -> dict:
+    def run_config(self, req: TrainRequest, model: dict[str, Any]) -> dict:
         config = {
             "family": self.family,
             "model": model,
@@ -217,15 +208,10 @@ class Adapting(Task):
             "task": {"kind": self.name},
             "init": str(req.init),
         }
-        if adapter is not None:
-            config["adapter"] = {"base": str(self.init_run(req.init).resolve()), **adapter}
+        if req.converters:  # the base it adapts, and what trains beside the adapters (a new head)
+            config["adapter"] = {"base": str(req.base.resolve()), "also": list(self.new_weights)}
+            config["converters"] = as_records(req.converters)
         return config
-
-    def adapter(self, req: TrainRequest) -> dict[str, Any] | None:
-        """The run's adapter settings: a resumed run's own, or from the options."""
-        if req.resume:
-            return adapter_of(req.saved)
-        return adapter_section(req.options, self.new_weights)
 
     def encode_row(self, row: Any, tok: Tokenizer, template: ChatTemplate, data: Any) -> Any:
         """One row of the data as the model reads it: a preference pair as two examples here, a
@@ -241,20 +227,19 @@ class Adapting(Task):
         """What every prepare starts from: the run's tokenizer and template, the model's settings and
         adapters, and the examples that fit its context (a pair: both rows)."""
         tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
+        model = self.model_config(req)
         # the model reads an example's tokens shifted by one (sft, dpo) or whole (a reward model)
         parts = self.examples(tok, template, req.data, model["context"] - self.reads_whole_rows)
-        return Encoded(tok, template, model, adapter, parts)
+        return Encoded(tok, template, model, parts)
 
-    # ---- from options, as the command line gives them -------------------------------------------
-    def request(
-        self, opts: AdaptOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
-    ) -> TrainRequest:
-        clash = [f"--{k.replace('_', '-')}" for k in given["model"]] + ["--preset"] * bool(opts.preset)
+    # ---- the request (tasks/request.py) -------------------------------------------------------------
+    def check_given(self, opts: TrainOptions, flags: dict[str, dict[str, Any]], preset: str | None) -> None:
+        clash = [f"--{k.replace('_', '-')}" for k in flags.get("model", {})] + ["--preset"] * bool(opts.preset)
         if clash:
             raise AttnlabError(f"--init decides the model of a fine-tuning: drop {', '.join(clash)}")
-        same = "the run's examples stay as they were"
-        return self.requested(opts, given["data"], self.default_model, {}, train, saved, same)
+
+    def from_init(self, init: str, fields: dict[str, Any], preset: str | None) -> dict[str, Any]:
+        return {}  # the init run's model, read in prepare
 
     # ---- a trained run --------------------------------------------------------------------------
     def next_step(self, out: str) -> str:

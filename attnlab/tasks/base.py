@@ -12,14 +12,13 @@ generated from the task's option dataclasses (`options`, `data_config`, its mode
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from attnlab.config import checked, option
-from attnlab.engine.config import TrainConfig
+from attnlab.config import option
 from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
@@ -46,8 +45,8 @@ class ModelChoice:
 
 @dataclass
 class TrainOptions:
-    """What `attnlab train TASK` takes beside the data, model and training settings (a task adds its
-    own in a subclass: word vectors, a TOML file)."""
+    """What `attnlab train TASK` takes beside its settings (the data, model, training settings and
+    the task's own options, each a dataclass of its own)."""
 
     out: str = option("", "run directory to create (or continue with --resume)", required=True)
     resume: bool = option(False, "continue the run in --out from its last checkpoint")
@@ -57,6 +56,16 @@ class TrainOptions:
     init: str | None = option(None, "start from this run's weights and tokenizer", metavar="RUN")
     model: str | None = option(None, "which model")
     preset: str | None = option(None, "a named model size")
+    config: str | None = option(
+        None,
+        "settings in a TOML file: [data], [model], [train], [options] tables ([lora], [quantize] where taken)",
+        metavar="FILE.toml",
+    )
+
+
+@dataclass
+class NoOptions:
+    """The own options of a task that has none."""
 
 
 class Task(RunKind, Printer):
@@ -67,7 +76,12 @@ class Task(RunKind, Printer):
     models: dict[str, ModelChoice] = {}
     default_model: str = ""
     data_config: type = object
-    options: type = TrainOptions  # the options of `attnlab train NAME`
+    options: type = NoOptions  # the task's own options (a dataclass; config.json records them)
+    preset_help: str = ""  # --preset's help, where the task says more than the presets' names
+    data_fixed_on_resume: tuple[str, ...] | None = None  # data fields --resume keeps (None: every one)
+    kept_on_resume: str = "the run's examples and labels stay as they were"  # why they are kept
+    converters: tuple[str, ...] = ()  # the converters it takes (runs/converters.py): flags and [tables]
+    python_options: frozenset[str] = frozenset()  # train()'s keywords beside its options (lora_rank, ...)
     init_help: str = "start from this run's weights and tokenizer (a run of the same task); fine-tunes on --data"
     tuned: dict[str, dict[str, Any]] = {}  # model name -> its tuned training settings (read-only)
     # Model-config fields that the data decides: never flags.
@@ -129,35 +143,28 @@ class Task(RunKind, Printer):
             self.draw_test(s, prepared, req, test)
         return {"test": test}
 
-    # ---- from options, as the command line gives them -------------------------------------------
-    def request(
-        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
-    ) -> TrainRequest:
-        """A TrainRequest from `attnlab train NAME`'s options and the settings the user gave, by
-        section ("data", "model": {field: value}); `train` is already merged (tuned or saved < given)."""
-        overrides = dict(given["model"])
-        choice = self.models.get(opts.model or self.default_model)
-        if opts.preset:
-            overrides["preset"] = opts.preset
-        elif saved is None and opts.init is None and choice is not None and choice.presets:
-            overrides["preset"] = choice.default_preset  # recorded in config.json, for --resume to compare
-        if saved is not None:
-            self.check_resumed(saved, opts.model, opts.preset, given["model"])
-        same = "the run's examples and labels stay as they were"
-        return self.requested(opts, given["data"], opts.model, overrides, train, saved, same)
+    # ---- the request (tasks/request.py resolves it; these lend a task's values and checks) ----------
+    def preset_training(self, preset: str | None) -> dict[str, Any]:
+        """The training settings a new run's preset brings (over the tuned ones); most bring none."""
+        return {}
 
-    def requested(
-        self, opts: TrainOptions, data: dict, model: str | None, overrides: dict, train: TrainConfig, saved, same: str
-    ) -> TrainRequest:
-        """The request every task's `request` ends with: the data settings `data` read, or on --resume
-        (`saved`: the run's config.json) checked equal to the run's (`same` says why they must be)."""
-        if saved is not None:
-            check_unchanged("data", self.data_config, saved["data"], as_given(data), same)
-        config = None if saved is not None else checked(self.data_config, data, where="[data]")
-        own = own_options(opts)
-        return TrainRequest(
-            opts.out, model, overrides, train, config, resume=opts.resume, force=opts.force, init=opts.init, options=own
-        )
+    def check_given(self, opts: TrainOptions, flags: dict[str, dict[str, Any]], preset: str | None) -> None:
+        """Refuse, in one line, settings given that this task cannot take together (before any work)."""
+
+    def from_init(self, init: str, fields: dict[str, Any], preset: str | None) -> dict[str, Any]:
+        """A new run's model overrides when it starts from --init (model_fields reads the init run's)."""
+        return {**({"preset": preset} if preset else {}), **fields}
+
+    def complete(self, req: TrainRequest) -> TrainRequest:
+        """The request with the task's own options typed (from Python they may come as a dict of them)."""
+        if req.options is None or isinstance(req.options, dict):
+            req = replace(req, options=self.options(**(req.options or {})))
+        return req
+
+    def recorded_options(self, req: TrainRequest) -> dict[str, Any]:
+        """config.json's "options": the task's own options, for --resume (a Python function, which
+        config.json cannot hold, is left out: the task records its name)."""
+        return {k: v for k, v in asdict(req.options).items() if not callable(v)}
 
     def check_resumed(
         self, saved: dict[str, Any], model: str | None, preset: str | None, flags: dict[str, Any]
@@ -196,12 +203,6 @@ class Task(RunKind, Printer):
         derived = self.set_by_data | {k for k, _ in choice.fixed}
         fields = {k: v for k, v in asdict(choice.presets[preset]).items() if k not in derived}
         return as_given(fields, f"--preset {preset}")
-
-
-def own_options(opts: TrainOptions) -> dict[str, Any]:
-    """The options a task's TrainOptions subclass adds (word vectors, ...), for TrainRequest.options."""
-    common = {f.name for f in fields(TrainOptions)}
-    return {f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in common}
 
 
 def load_body(model: nn.Module, init: str | Path, head: tuple[str, ...]) -> None:

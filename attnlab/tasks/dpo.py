@@ -77,12 +77,12 @@ class DirectPreference(Adapting):
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
         tok, template, pairs = e.tok, e.template, e.parts
-        build = self.builder(req, e.model, e.adapter)
+        build = self.builder(req, e.model)
         reference = build()  # the --init model: adapters start at zero
         show = "reference log-probabilities" if req.progress and d.main else None
         refs = {k: logprobs(reference, v, show) for k, v in pairs.items() if v}
-        beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.get("beta", 0.1)
-        config = self.run_config(req, e.model, e.adapter)
+        beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.beta
+        config = self.run_config(req, e.model)
         config["task"]["beta"] = beta
         state = (tok, template, pairs["test"], refs.get("test"), req.data)
         batches = Pairs(pairs, refs, req.train.batch_size)

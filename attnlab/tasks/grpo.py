@@ -191,12 +191,12 @@ class GroupRelative(SampledAnswers):
         if d.enabled and opts["epochs"] > 1:  # each process would keep its own rollout in the one file
             raise AttnlabError("grpo --epochs above 1 runs in one process: start it without torchrun")
         tok, template = load_tokenizer(req.out), run_template(req.out)
-        model, adapter = self.model_config(req), self.adapter(req)
+        model = self.model_config(req)
         rows = splits(req.data, self.builtin)["train"]
         prompts = self.prompts(rows, tok, template, req, model["context"], opts["max_new_tokens"])
         stops = stop_ids(tok, template)
-        build = self.builder(req, model, adapter)
-        config = self.run_config(req, model, adapter)
+        build = self.builder(req, model)
+        config = self.run_config(req, model)
         reward = self.reward_of(req, opts)
         config["task"].update(opts, reward=reward.spec)  # a callable: its name (config.json holds no code)
         kept = self.held_rollout(req, d.main)
@@ -216,7 +216,7 @@ class GroupRelative(SampledAnswers):
         """The run's RL settings: a resumed run's own, or from the options (checked)."""
         if req.resume:  # a run stored before --epochs took one update a rollout
             return {k: req.saved["task"].get(k, 1) if k == "epochs" else req.saved["task"][k] for k in SETTINGS}
-        opts = {k: req.options.get(k, getattr(GRPOOptions, k)) for k in SETTINGS}
+        opts = {k: getattr(req.options, k) for k in SETTINGS}
         if opts["group"] < 2:
             raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
         PolicyLoss(opts["loss"])  # an unknown loss is one line here, before the run's folder fills
@@ -226,7 +226,7 @@ class GroupRelative(SampledAnswers):
 
     def reward_of(self, req: TrainRequest, opts: dict[str, Any]) -> Reward:
         """The run's source of rewards: a resumed run's own (a callable given again), or the option's."""
-        given = req.options.get("reward")
+        given = req.options.reward
         if req.resume and callable(given) and not str(opts["reward"]).startswith(CALLABLE):
             raise AttnlabError(f"this run's reward is {opts['reward']}: resume it without a reward function")
         return reward_source(opts["reward"], given)

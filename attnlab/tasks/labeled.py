@@ -18,12 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab.config import checked, from_dict, option
+from attnlab.config import from_dict, option
 from attnlab.data.batches import IGNORE, Examples
 from attnlab.data.labeled import BUILTIN_TASKS, FORMATS, SPLIT_NAMES, LabeledDataConfig, load_splits
 from attnlab.data.tokenizers import WordPieceTokenizer, WordTokenizer, load_tokenizer
 from attnlab.data.unknown import unknown_share, warn_unknown
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
@@ -38,7 +37,7 @@ from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
+from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.tasks.text_predict import probabilities, words_and_ids
@@ -55,8 +54,7 @@ for _name in [*BASELINES, *LADDER]:
 
 
 @dataclass
-class LabeledOptions(TrainOptions):
-    preset: str | None = option(None, f"encoder preset: {', '.join(ENCODER_PRESETS)}")
+class LabeledOptions:
     word_vectors: str | None = option(None, "GloVe or word2vec text file", metavar="FILE")
     freeze_vectors: bool = option(False, "keep the loaded word vectors fixed")
 
@@ -73,6 +71,7 @@ class Labeled(Task):
     default_model = "encoder"
     data_config = LabeledDataConfig
     options = LabeledOptions
+    preset_help = f"encoder preset: {', '.join(ENCODER_PRESETS)}"
     set_by_data = frozenset({"vocab_size", "n_labels", "task", "head", "context"})
     tuned = TRAIN_DEFAULTS
     init_help = "start the encoder from a masked-LM run (or a converted BERT)"
@@ -93,14 +92,6 @@ class Labeled(Task):
     def default_data(self) -> LabeledDataConfig:
         """The task's own generated data when --data is not given: classify sentiment, tag tagging."""
         return LabeledDataConfig(data=FORMATS[self.name].builtin)
-
-    def request(
-        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
-    ) -> TrainRequest:
-        req = super().request(opts, given, train, saved)
-        if saved is None:  # the flags over this task's default data (the dataclass's own default is classify's)
-            req.data = checked(LabeledDataConfig, {"data": self.default_data().data, **given["data"]}, where="[data]")
-        return req
 
     # ---- what a task of labels says -------------------------------------------------------------
     def labels_of(self, train: list) -> set[str]:
@@ -139,7 +130,7 @@ class Labeled(Task):
         overrides = req.model_config if req.resume else init_overrides(req.init, req.model_config, self.pooled)
         cfg = self.model_config(req.model, tok.vocab_size, len(labels), req.data.max_len, overrides)
         encoded = {name: self.encode(tok, ex, label_ids, req.data.max_len, name) for name, ex in splits.items()}
-        vectors, freeze = req.options.get("word_vectors"), req.options.get("freeze_vectors", False)
+        vectors, freeze = req.options.word_vectors, req.options.freeze_vectors
         if req.saved is not None:  # a frozen embedding stays out of the optimizer, as it was
             freeze = req.saved["task"].get("freeze_vectors", False)
         task_info = {"kind": self.name, "labels": labels, "init": str(req.init or ""), "freeze_vectors": freeze}

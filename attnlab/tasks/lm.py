@@ -8,20 +8,19 @@ a run:   attnlab sample continues text; eval gives nats/token, perplexity and bi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnlab.config import checked, option, read_toml
+from attnlab.config import checked
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
 from attnlab.data.unknown import unknown_share, warn_unknown
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.resume import as_given, check_unchanged
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest, open_session
 from attnlab.errors import AttnlabError
@@ -36,7 +35,6 @@ from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
 from attnlab.tasks.lm_eval import SPLITS, evaluate
 
-SECTIONS = {"model": GPTConfig, "train": TrainConfig, "data": DataConfig}
 FIXED_ON_RESUME = ("tokenizer", "vocab_size", "val_fraction")  # a resumed run keeps its tokens and split
 
 
@@ -96,23 +94,17 @@ def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
     return model
 
 
-@dataclass
-class LMOptions(TrainOptions):
-    preset: str | None = option(
-        None,
-        f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
-        f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the "
-        "flags",
-    )
-    config: str | None = option(None, "settings in [model], [train], [data] tables", metavar="FILE.toml")
-
-
 class LanguageModel(Task):
     name = "lm"
     help = "a GPT language model on text (next-token prediction)"
     description = "Train a GPT on a text file, a folder, or a built-in corpus ('stdlib', 'repeats')."
     models = {"gpt": ModelChoice("gpt", GPTConfig, presets=PRESETS, default_preset="gpt-nano")}
-    options = LMOptions
+    preset_help = (
+        f"model preset: {', '.join(PRESETS)} (default: gpt-nano); "
+        f"{', '.join(PRESET_TRAINING)} also bring their tuned training settings, under the flags"
+    )
+    data_fixed_on_resume = FIXED_ON_RESUME
+    kept_on_resume = "the run's tokens and split stay as they were"
     default_model = "gpt"
     data_config = DataConfig
     set_by_data = frozenset({"vocab_size"})  # the tokenizer's
@@ -205,55 +197,26 @@ class LanguageModel(Task):
         ids = run.tokenizer.encode(text)[-run.model.cfg.context :]  # the last window, as generation reads it
         return [self_attention_view(run, ids)]
 
-    # ---- from options, as the command line gives them ---------------------------------------------
-    def request(
-        self, opts: LMOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
-    ) -> TrainRequest:
-        """defaults < preset < TOML file < the options given (resume: the run's own settings)."""
-        toml = read_sections(opts.config)
-        flags = {name: {**toml.get(name, {}), **given[name]} for name in SECTIONS}
-        preset = opts.preset or toml.get("preset")
-        if saved is not None:
-            self.check_resumed(saved, None, preset, flags["model"])
-            data, model = resumed_data(saved, flags["data"]), {}
-        elif opts.init:
-            model = init_fields(opts.init, flags, preset)
-            data = checked(DataConfig, flags["data"], where="[data]")
-        else:
-            model = {"preset": preset or self.models["gpt"].default_preset, **flags["model"]}
-            data = checked(DataConfig, flags["data"], where="[data]")
-        tuned = PRESET_TRAINING.get(model.get("preset"), {})  # a new run of a preset: its training settings
-        train = checked(
-            TrainConfig, {**asdict(train), **tuned, **toml.get("train", {}), **given["train"]}, where="[train]"
-        )
-        return TrainRequest(opts.out, "gpt", model, train, data, resume=opts.resume, force=opts.force, init=opts.init)
+    # ---- the request (tasks/request.py) -----------------------------------------------------------
+    def preset_training(self, preset: str | None) -> dict[str, Any]:
+        return dict(PRESET_TRAINING.get(preset, {}))  # a new run of a preset: its training settings
 
+    def check_given(self, opts: TrainOptions, flags: dict[str, dict[str, Any]], preset: str | None) -> None:
+        """A new run from --init takes the init run's model and tokenizer: only --dropout may change."""
+        if opts.init is None or opts.resume:
+            return
+        clash = [k for k in flags.get("model", {}) if k != "dropout"]
+        clash += [k for k in flags.get("data", {}) if k in ("tokenizer", "vocab_size")]
+        clash += ["preset"] if preset else []
+        if clash:
+            names = ", ".join("--" + k.replace("_", "-") for k in clash)
+            raise AttnlabError(
+                f"--init takes the model and tokenizer of {opts.init}: drop {names} (only --dropout may change)"
+            )
 
-def read_sections(path: str | None) -> dict[str, Any]:
-    """A TOML file's [model], [train], [data] tables and top-level preset ({} without a file)."""
-    toml = read_toml(path) if path else {}
-    unknown = set(toml) - set(SECTIONS) - {"preset"}
-    if unknown or not all(isinstance(toml.get(name, {}), dict) for name in SECTIONS):
-        raise AttnlabError(f"{path}: use the tables [model], [train], [data] (and a top-level preset)")
-    return toml
-
-
-def resumed_data(saved: dict, given: dict[str, Any]) -> DataConfig:
-    """A resumed run's data settings: its own, with what may change (never its tokens or split)."""
-    fixed = {k: v for k, v in given.items() if k in FIXED_ON_RESUME}
-    check_unchanged("data", DataConfig, saved["data"], as_given(fixed), "the run's tokens and split stay as they were")
-    return checked(DataConfig, {**saved["data"], **given}, where="[data]")
-
-
-def init_fields(init: str, flags: dict[str, dict], preset: str | None) -> dict[str, Any]:
-    """The model fields of a new run from --init: the init run's, of which only dropout may change."""
-    clash = [k for k in flags["model"] if k != "dropout"]
-    clash += [k for k in flags["data"] if k in ("tokenizer", "vocab_size")]
-    clash += ["preset"] if preset else []
-    if clash:
-        names = ", ".join("--" + k.replace("_", "-") for k in clash)
-        raise AttnlabError(f"--init takes the model and tokenizer of {init}: drop {names} (only --dropout may change)")
-    return {**asdict(init_model(init)), **flags["model"]}
+    def from_init(self, init: str, fields: dict[str, Any], preset: str | None) -> dict[str, Any]:
+        """The init run's model fields, of which only dropout may change."""
+        return {**asdict(init_model(init)), **fields}
 
 
 def prepare(

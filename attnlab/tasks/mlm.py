@@ -15,7 +15,6 @@ from attnlab.config import checked
 from attnlab.data import DataConfig
 from attnlab.data.batches import MaskedWindows
 from attnlab.data.tokenizers import WORD_SPECIALS, load_tokenizer
-from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.interpret.views import self_attention_view
@@ -24,7 +23,7 @@ from attnlab.models.encoder import PRESETS, Encoder, EncoderConfig
 from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.runtime.distributed import Dist
-from attnlab.tasks.base import ModelChoice, Task, TrainOptions, load_body
+from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.lm import checked_block_size, corpus_tokenizer, corpus_tokens
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 
@@ -136,15 +135,6 @@ class MaskedLM(Task):
 
         _, ids, _ = words_and_ids(run, text, cls_first=False)
         return [self_attention_view(run, ids)]
-
-    # ---- from options, as the command line gives them -----------------------------------------
-    def request(
-        self, opts: TrainOptions, given: dict[str, dict[str, Any]], train: TrainConfig, saved: dict | None
-    ) -> TrainRequest:
-        req = super().request(opts, given, train, saved)
-        if saved is None:  # the data a masked LM trains on by default (the word tokenizer, which has [MASK])
-            req.data = checked(DataConfig, {**MLM_DATA, **given["data"]}, where="[data]")
-        return req
 
 
 def init_encoder(init: str | Path) -> dict[str, Any]:

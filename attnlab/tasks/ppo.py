@@ -291,7 +291,7 @@ class ProximalPolicy(SampledAnswers):
         opts = self.settings(req)
         out = Path(req.out)
         tok, template = load_tokenizer(out), run_template(out)
-        model, adapter = self.model_config(req), self.adapter(req)
+        model = self.model_config(req)
         parts = splits(req.data, self.builtin)
         prompts = self.prompts(parts["train"], tok, template, req, model["context"], opts["max_new_tokens"])
         answers = req.train.batch_size * opts["group"]
@@ -313,8 +313,8 @@ class ProximalPolicy(SampledAnswers):
             past_evaluations(out, held.step),
             out / METRICS,
         )
-        build = self.builder(req, model, adapter)
-        config = self.run_config(req, model, adapter)
+        build = self.builder(req, model)
+        config = self.run_config(req, model)
         config["task"].update(opts)
 
         def objective() -> PPOObjective:
@@ -332,7 +332,7 @@ class ProximalPolicy(SampledAnswers):
         if req.resume:
             saved = {"group": 1, **req.saved["task"]}  # a run stored before --group: one answer a prompt
             return {k: saved[k] for k in SETTINGS}
-        opts = {k: req.options.get(k, getattr(PPOOptions, k)) for k in SETTINGS}
+        opts = {k: getattr(req.options, k) for k in SETTINGS}
         if not opts["reward"]:
             raise AttnlabError("attnlab train ppo needs --reward RUN: a reward model (attnlab train reward)")
         opts["reward"] = str(Path(opts["reward"]).resolve())  # a resumed run finds it from anywhere

@@ -17,7 +17,7 @@ from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import TrainRequest, run
 from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, kind, path_argument
 from attnlab.runs.kind import KINDS, kind_of
-from attnlab.tasks.base import Task, TrainOptions
+from attnlab.tasks.base import Task
 from attnlab.tasks.caption import Captioning
 from attnlab.tasks.classify import Classify
 from attnlab.tasks.dpo import DirectPreference
@@ -118,9 +118,10 @@ def _check_arguments(t: Task, out: Any, model: Any, train: Any, data: Any, init:
 
 
 def _check_options(t: Task, options: dict[str, Any]) -> None:
-    """train()'s keyword options must be the task's own (its TrainOptions' extra fields): an unknown
+    """train()'s keyword options must be the task's own (its options' fields, and the Python names of
+    its converters: lora_rank, quantize_base): an unknown
     one was silently ignored, and train("runs/x", lr=0.1) trained 2000 steps at the default rate."""
-    own = sorted({f.name for f in fields(t.options)} - {f.name for f in fields(TrainOptions)})
+    own = sorted({f.name for f in fields(t.options)} | t.python_options)
     settings = {f.name for f in fields(TrainConfig)}
     for name in options:
         if name not in own:

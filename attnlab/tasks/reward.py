@@ -168,14 +168,18 @@ class RewardModelling(Adapting):
 
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
-        task = (req.saved or {}).get("task", {}) if req.resume else req.options
-        k = task.get("sampled_negatives", 0)
+        # a resumed run's own (one stored before its options were: its task section)
+        k = (
+            (req.saved or {}).get("task", {}).get("sampled_negatives", 0)
+            if req.resume
+            else req.options.sampled_negatives
+        )
         if k:
             e.parts["train"] = self.on_policy(req, e, k)
         if not req.resume:  # a resumed run keeps its head (an old run's config has none: the last token's)
-            e.model["head"] = req.options.get("head", "mean")
-        build = self.builder(req, e.model, e.adapter)
-        config = self.run_config(req, e.model, e.adapter)
+            e.model["head"] = req.options.head
+        build = self.builder(req, e.model)
+        config = self.run_config(req, e.model)
         config["task"]["sampled_negatives"] = k
         batches = Pairs(e.parts, batch=req.train.batch_size)
         return Prepared(batches, lambda: RewardObjective(build()), config, state=e.parts["test"])

@@ -165,7 +165,7 @@ class SampledAnswers(Adapting):
     def setup(self, req: TrainRequest) -> dict[str, str]:
         if not req.resume:
             self.check_settings(req)
-        if req.options.get("show_masks"):
+        if req.options.show_masks:
             raise AttnlabError(
                 f"--show-masks shows sft's and dpo's examples: {self.name} trains on the answers it samples"
             )

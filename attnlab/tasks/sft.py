@@ -45,8 +45,8 @@ class SupervisedFineTuning(Adapting):
         test = test_split(req.data, self.builtin)
         return Prepared(
             Supervised(e.parts, req.train.batch_size),
-            self.builder(req, e.model, e.adapter),
-            self.run_config(req, e.model, e.adapter),
+            self.builder(req, e.model),
+            self.run_config(req, e.model),
             state=(e.tok, e.template, test),
         )
 
