@@ -102,7 +102,7 @@ _VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def vocabulary(tok: Tokenizer) -> llguidance.LLTokenizer:
-    """llguidance's view of `tok` (its token trie: 0.15 s for GPT-2's 50257 tokens), built once per tokenizer."""
+    """llguidance's view of `tok` (its trie of the tokens' bytes), built once per tokenizer."""
     if tok not in _VOCABS:
         _VOCABS[tok] = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapper(tok)), slices=None)
     return _VOCABS[tok]
