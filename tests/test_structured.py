@@ -229,3 +229,35 @@ def test_the_tokenizers_spell_their_tokens_as_bytes():
     assert b"".join(token_bytes(char)[i] for i in char.encode(text[:-1])) == text[:-1].encode()
     with pytest.raises(AttnlabError, match="char or BPE"):
         token_bytes(WordTokenizer(["a", "b"]))
+
+
+def test_end_of_sequence_rollback_and_half_precision():
+    tok = char_tok()
+    grammar = compile({"type": "integer", "minimum": 0}, tok)
+    matcher = grammar.matcher()
+    for ch in "123":
+        matcher.advance(tok.encode(ch)[0])
+    after_one = grammar.matcher()
+    after_one.advance(tok.encode("1")[0])
+    matcher.rollback(2)  # a verifier took back two drafted tokens: the state after "1" again
+    width = tok.vocab_size
+    assert torch.equal(
+        matcher.allowed(torch.empty(width, dtype=torch.bool)), after_one.allowed(torch.empty(width, dtype=torch.bool))
+    )
+    logits = torch.zeros(2, width, dtype=torch.bfloat16)
+    apply_masks(logits, [matcher, after_one])
+    assert torch.equal(logits[0].isfinite(), after_one.allowed(torch.empty(width, dtype=torch.bool)))
+    matcher.advance(tok.eot_id)  # end-of-sequence once the number is whole: the value is done
+    assert matcher.done and not after_one.done
+
+
+def test_a_schema_nested_thousands_deep_is_a_one_line_error():
+    for depth in (300, 5000):
+        schema: dict = {"type": "array"}
+        inner = schema
+        for _ in range(depth):
+            inner["items"] = {"type": "array"}
+            inner = inner["items"]
+        with pytest.raises(AttnlabError) as e:
+            compile(schema, char_tok())
+        assert "\n" not in str(e.value)

@@ -85,6 +85,11 @@ class Matcher:
         if not self.state.consume_token(int(token)):
             raise AttnlabError(f"token {int(token)} breaks the constraint: {one_line(self.state.get_error())}")
 
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` tokens (drafted tokens the verifier rejected)."""
+        if not self.state.rollback(tokens):
+            raise AttnlabError(f"cannot take back {tokens} tokens: {one_line(self.state.get_error())}")
+
     @property
     def done(self) -> bool:
         """The value has closed: nothing but end-of-sequence may follow."""
@@ -168,12 +173,16 @@ _GRAMMARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def compile(spec: Spec, tokenizer: Tokenizer) -> Grammar:
     """The Grammar of `spec` for `tokenizer`, compiled once per (spec's JSON text, tokenizer)."""
     cache = _GRAMMARS.setdefault(tokenizer, OrderedDict())
-    # The text as given, keys in their order: a schema's property order is the output's.
-    key = f"lark:{spec.text}" if isinstance(spec, Lark) else json.dumps(spec)
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    kind, text = source(spec)
+    try:  # the text as given, keys in their order: a schema's property order is the output's
+        key = f"lark:{spec.text}" if isinstance(spec, Lark) else json.dumps(spec)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        kind, text = source(spec)
+    except RecursionError:  # a hostile request's schema, nested thousands deep
+        raise AttnlabError("the schema nests too deeply to compile") from None
+    except ValueError as e:  # llguidance's reader refuses it (nested past its limit, not JSON)
+        raise AttnlabError(f"this constraint cannot be compiled: {one_line(e)}") from None
     cache[key] = Grammar(vocabulary(tokenizer), text, kind)
     if len(cache) > CACHED:
         cache.popitem(last=False)
