@@ -14,10 +14,12 @@ import random
 
 import pytest
 import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
 
-from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
+from attnlab.data.tokenizers import EOT, BPETokenizer, CharTokenizer, WordTokenizer, tokenizer_from_json
 from attnlab.decoding.structured import Lark, apply_masks, compile, from_response_format
-from attnlab.decoding.structured.vocab import SPECIAL, token_bytes
+from attnlab.decoding.structured.vocab import SPECIAL, ByteTokenizer, token_bytes
 from attnlab.errors import AttnlabError
 
 # Every printable ASCII character, and two accented letters: the character vocabulary of the tests.
@@ -45,7 +47,20 @@ def bpe_tok() -> BPETokenizer:
     return BPETokenizer.train(json_text(), vocab_size=500)
 
 
-TOKENIZERS = {"char": char_tok, "bpe": bpe_tok}
+@functools.cache
+def metaspace_tok() -> BPETokenizer:
+    """A Llama-style BPE: `▁` for a space, every byte as a `<0xNN>` piece, a space put in front of the text."""
+    pieces = ["<unk>", EOT, *(f"<0x{b:02X}>" for b in range(256)), "▁", "a", "▁a", '{"', '":', '▁"', "▁true", "12"]
+    bpe = models.BPE({p: i for i, p in enumerate(pieces)}, [("▁", "a")], byte_fallback=True, unk_token="<unk>")
+    hf = HFTokenizer(bpe)
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    fuse = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    hf.decoder = decoders.Sequence(fuse)
+    hf.add_special_tokens(["<unk>", EOT])
+    return tokenizer_from_json(hf.to_str())
+
+
+TOKENIZERS = {"char": char_tok, "bpe": bpe_tok, "metaspace": metaspace_tok}
 
 
 def sample(grammar, tok, rows: int = 2, seed: int = 0, most: int = 600) -> list[str]:
@@ -113,7 +128,7 @@ def test_the_mask_allows_exactly_the_tokens_that_continue_a_valid_document(name,
     checked = exact = 0
     for doc in sorted(docs)[:6]:  # walk towards several documents, checking the mask at every prefix
         matcher, text = grammar.matcher(), b""
-        for t in tok.encode(doc.decode()):
+        for t in ByteTokenizer(tok)(doc):  # the document's tokens, spelling it byte for byte
             mask = matcher.allowed(torch.empty(tok.vocab_size + 3, dtype=torch.bool))
             expected = [not b.startswith(SPECIAL) and any(d.startswith(text + b) for d in docs) for b in spelled] + [
                 False
@@ -221,11 +236,12 @@ def test_any_json_object_parses():
 
 
 def test_the_tokenizers_spell_their_tokens_as_bytes():
-    bpe, char = bpe_tok(), char_tok()
-    spelled = token_bytes(bpe)
+    bpe, char, meta = bpe_tok(), char_tok(), metaspace_tok()
     text = 'the {"café": [1, null]}\n'
-    assert b"".join(spelled[i] for i in bpe.encode(text)) == text.encode()
-    assert spelled[bpe.eot_id].startswith(SPECIAL)
+    for tok in (bpe, meta):
+        spelled = token_bytes(tok)
+        assert spelled[tok.eot_id].startswith(SPECIAL)
+        assert b"".join(spelled[i] for i in tok.encode(text)).lstrip(b" ") == text.encode()  # Llama's leading space
     assert b"".join(token_bytes(char)[i] for i in char.encode(text[:-1])) == text[:-1].encode()
     with pytest.raises(AttnlabError, match="char or BPE"):
         token_bytes(WordTokenizer(["a", "b"]))

@@ -1,7 +1,8 @@
 """Every response parses and validates: 58 schemas, each sampled from random logits with a character
-and a byte-level BPE tokenizer. Random logits stand in for a model that knows nothing of JSON, so the
-constraint alone must make the text valid; jsonschema, the reference validator, checks it against
-the strict reading of the schema (objects closed).
+tokenizer, a byte-level BPE (GPT-2's kind) and a Metaspace BPE with byte fallback (Llama's kind).
+Random logits stand in for a model that knows nothing of JSON, so the constraint alone must make the
+text valid; jsonschema, the reference validator, checks it against the strict reading of the schema
+(objects closed).
 """
 
 from __future__ import annotations

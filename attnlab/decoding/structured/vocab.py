@@ -81,7 +81,7 @@ def token_bytes(tok: Tokenizer) -> list[bytes]:
     raise AttnlabError(f"structured outputs need a char or BPE tokenizer, not a {tok.kind} one")
 
 
-class _Wrapper:
+class ByteTokenizer:
     """What llguidance's TokenizerWrapper reads from a tokenizer: the tokens' bytes, end-of-sequence,
     and a way to encode bytes (it re-tokenizes forced text, e.g. the rest of a fixed key)."""
 
@@ -93,8 +93,28 @@ class _Wrapper:
         self.eos_token_id = tok.eot_id
         self.special_token_ids = [i for i, b in enumerate(self.tokens) if b.startswith(SPECIAL)]
 
+        self.by_bytes = {b: i for i, b in reversed(list(enumerate(self.tokens))) if b and not b.startswith(SPECIAL)}
+        self.longest = max(map(len, self.by_bytes), default=1)
+
     def __call__(self, text: bytes) -> list[int]:
-        return self.tok.encode(text.decode("utf-8", errors="replace"))
+        ids = self.tok.encode(text.decode("utf-8", errors="replace"))
+        if b"".join(self.tokens[i] for i in ids) == text:
+            return ids
+        # Not spelled byte for byte: a Metaspace tokenizer put a space in front, or the bytes end
+        # inside a character. llguidance needs the bytes exactly, so take the longest token each time.
+        return self.greedy(text)
+
+    def greedy(self, text: bytes) -> list[int]:
+        out, at = [], 0
+        while at < len(text):
+            n = next(
+                (n for n in range(min(self.longest, len(text) - at), 0, -1) if text[at : at + n] in self.by_bytes), 0
+            )
+            if n == 0:  # a byte no token spells (a character vocabulary without it)
+                break
+            out.append(self.by_bytes[text[at : at + n]])
+            at += n
+        return out
 
 
 # One engine-side vocabulary per tokenizer object, dropped with it (a server holds one per run).
@@ -104,5 +124,5 @@ _VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def vocabulary(tok: Tokenizer) -> llguidance.LLTokenizer:
     """llguidance's view of `tok` (its trie of the tokens' bytes), built once per tokenizer."""
     if tok not in _VOCABS:
-        _VOCABS[tok] = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapper(tok)), slices=None)
+        _VOCABS[tok] = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer(tok)), slices=None)
     return _VOCABS[tok]
