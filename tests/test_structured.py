@@ -277,3 +277,12 @@ def test_a_schema_nested_thousands_deep_is_a_one_line_error():
         with pytest.raises(AttnlabError) as e:
             compile(schema, char_tok())
         assert "\n" not in str(e.value)
+
+
+def test_a_value_the_vocabulary_cannot_spell_ends_the_row_with_an_error():
+    tok = CharTokenizer("abc")  # no "{": no object can start
+    matcher = compile("json_object", tok).matcher()
+    mask = matcher.allowed(torch.empty(tok.vocab_size, dtype=torch.bool))
+    assert mask.nonzero().flatten().tolist() == [tok.eot_id]
+    assert matcher.done and matcher.error and "\n" not in matcher.error
+    assert compile("json_object", char_tok()).matcher().error == ""

@@ -96,6 +96,12 @@ class Matcher:
         return self.state.is_stopped()
 
     @property
+    def error(self) -> str:
+        """Why the row cannot go on ("" while it can): a value its vocabulary cannot spell ends in
+        end-of-sequence alone, and the caller reports the text as unfinished."""
+        return one_line(self.state.get_error()) if self.state.is_error() else ""
+
+    @property
     def accepting(self) -> bool:
         """What was drawn so far is a whole value (a number may still grow, an object has closed)."""
         return self.state.is_accepting()
