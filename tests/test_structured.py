@@ -200,6 +200,7 @@ REFUSED = [
     ({"type": "object", "additionalProperties": True}, "additionalProperties", "#/additionalProperties"),
     ({"type": "object", "properties": {"a": {"type": "null"}}, "required": ["b"]}, "'b'", "#/required"),
     ({"anyOf": [{"type": "null"}, {"type": "string", "contentEncoding": "base64"}]}, "contentEncoding", "#/anyOf/1"),
+    ({"type": "object", "properties": {}, "required": "a"}, "property names", "#/required"),
 ]
 
 

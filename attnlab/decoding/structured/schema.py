@@ -71,6 +71,8 @@ def check_value(key: str, value: Any, where: str) -> None:
         raise refuse(f"format {value!r}", where)
     elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
         raise refuse(f"$ref {value!r} (only references inside the schema, '#/...')", where)
+    elif key == "required" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise AttnlabError(f"{where} must be a list of property names")
     elif key == "items" and isinstance(value, list):
         raise refuse("items as a list (write prefixItems)", where)
 
