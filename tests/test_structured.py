@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from attnlab.data.tokenizers import EOT, BPETokenizer, CharTokenizer, WordTokenizer, tokenizer_from_json
-from attnlab.decoding.structured import Lark, apply_masks, compile, from_response_format
+from attnlab.decoding.structured import Lark, advance_rows, apply_masks, compile, from_response_format
 from attnlab.decoding.structured.vocab import SPECIAL, ByteTokenizer, token_bytes
 from attnlab.errors import AttnlabError
 
@@ -287,3 +287,14 @@ def test_a_value_the_vocabulary_cannot_spell_ends_the_row_with_an_error():
     assert mask.nonzero().flatten().tolist() == [tok.eot_id]
     assert matcher.done and matcher.error and "\n" not in matcher.error
     assert compile("json_object", char_tok()).matcher().error == ""
+
+
+def test_rows_advance_together_and_forced_tokens_spell_the_fixed_text():
+    tok = char_tok()
+    grammar = compile({"type": "object", "properties": {"name": {"enum": ["ab"]}}, "required": ["name"]}, tok)
+    rows = [grammar.matcher(), None, grammar.matcher()]
+    assert advance_rows(rows, tok.encode("{x{")) == [False, False, False]
+    assert tok.decode(rows[0].forced()) == '"name": "ab"}'  # everything after "{" is fixed
+    for t in rows[0].forced():
+        closed = advance_rows(rows, [t, 0, t])
+    assert closed == [True, False, True] and rows[0].done

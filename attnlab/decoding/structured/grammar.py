@@ -90,6 +90,11 @@ class Matcher:
         if not self.state.rollback(tokens):
             raise AttnlabError(f"cannot take back {tokens} tokens: {one_line(self.state.get_error())}")
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (the rest of a fixed key, say): an engine may feed them
+        in one forward instead of drawing them one by one; empty when the next token is a choice."""
+        return self.state.compute_ff_tokens()
+
     @property
     def done(self) -> bool:
         """The value has closed: nothing but end-of-sequence may follow."""
@@ -154,6 +159,17 @@ def apply_masks(logits: Tensor, matchers: Sequence[Matcher | None]) -> Tensor:
     if len(rows) == len(matchers):
         return logits.add_(bias)
     return logits.index_add_(0, torch.tensor(rows, device=logits.device), bias)
+
+
+def advance_rows(matchers: Sequence[Matcher | None], tokens: Sequence[int]) -> list[bool]:
+    """Give each constrained row its drawn token; True for the rows whose value has now closed
+    (end-of-sequence drawn, or nothing else may follow), which the engine ends. Free rows: False."""
+    closed = []
+    for m, token in zip(matchers, tokens):
+        if m is not None:
+            m.advance(token)
+        closed.append(m is not None and m.done)
+    return closed
 
 
 def source(spec: Spec) -> tuple[str, str]:
