@@ -91,6 +91,13 @@ class LMDecoder:
             logits = None if self.compiled_rows is None else self.compiled_rows.feed(slots, ids, offsets)
             return logits if logits is not None else self.model(ids, caches=slots.caches, offset=offsets)[:, -1]
 
+    def feed_chunks(self, slots: Slots, ids: Tensor, offsets: Tensor, last: Tensor) -> Tensor:
+        """(B, V) logits at each row's last real token `last` (B,) of prompt chunks ids (B, T), right-padded,
+        each row at its own position (decoding/prefill.py): the head only where it is read."""
+        with autocast(self.device, self.precision):
+            hidden, _ = self.model.hidden(ids, slots.caches, offsets)  # (B, T, C)
+            return self.model.logits(hidden[torch.arange(ids.shape[0], device=ids.device), last])  # (B, V)
+
     def mask(self, logits: Tensor) -> Tensor:
         return logits
 

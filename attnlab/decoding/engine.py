@@ -56,6 +56,7 @@ from attnlab.decoding.adapters import decoder_for
 from attnlab.decoding.draw import Draw, jump_keep, next_tokens
 from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
 from attnlab.decoding.inbox import Inbox
+from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
 from attnlab.decoding.rows import Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
 from attnlab.nn.hooks import hooks, thread_hooks
@@ -70,12 +71,16 @@ __all__ = ["Engine", "Draw", "Step", "engine_for"]
 class Engine:
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
-    def __init__(self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False):
+    def __init__(
+        self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False, prefill: int = BUDGET
+    ):
         self.model, self.max_batch = model, max_batch
         self.decoder = decoder_for(model, dtype, compiled)
         self.device = self.decoder.device
         self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
         self.seats = Seats(self.slots)  # the rows decoded together (seats.py)
+        # Prompts prefilled together, `prefill` tokens a turn (prefill.py); 0: each prompt alone, whole.
+        self.filling = Prefill(self.decoder.slots(max_batch), prefill) if self.decoder.batched else None
         self.rows: list[Row] = []  # every sequence being decoded
         self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
@@ -204,19 +209,69 @@ class Engine:
                 self.batched, self.tolerance = False, FLOOR
 
     def _admit(self) -> None:
-        """Start the waiting sequences that fit (the inbox collected by the caller)."""
+        """Start the waiting sequences that fit (the inbox collected by the caller): alone, or prefilled
+        together in chunks (prefill.py) when other rows or prompts share the turn."""
         self._expire()
-        while self.inbox and len(self.rows) < self.max_batch:
+        filling = self.filling if self.filling is not None and self.filling.budget > 0 and self.batched else None
+        pending = len(filling) if filling is not None else 0
+        while self.inbox and len(self.rows) + pending < self.max_batch:
             row = self.inbox.next()
             if row.cancelled:
                 self._retire(row)
-                continue
-            try:
-                row.state = self.decoder.start(row.source)
-                self._alone(row, row.window, 0)  # the prompt, as stream_rows runs it
-            except Exception as e:  # e.g. out of memory: this request fails, the others go on
+            elif filling is not None and not row.solo and (self.rows or pending or self.inbox):
+                filling.add(row, self.decoder.vocab)
+                pending += 1
+            else:
+                self._start_alone(row)
+        if pending:
+            self._prefill(filling)
+
+    def _start_alone(self, row: Row) -> None:
+        """The prompt run alone, as stream_rows runs it (an encoder-decoder's source encoded first)."""
+        try:
+            row.state = self.decoder.start(row.source)
+            self._alone(row, row.window, 0)
+        except Exception as e:  # e.g. out of memory: this request fails, the others go on
+            self._fail(row, e)
+            return
+        self.rows.append(row)
+
+    def _prefill(self, filling: Prefill) -> None:
+        """One chunk of each prompt the budget reaches; a prompt all in draws its first token now, from the
+        batch's logits where exact.py finds the draw sure, else from its prompt run again alone."""
+        for row in [row for row in filling.rows if row.cancelled]:
+            filling.remove(row)
+            self._retire(row)
+        first = filling.rows[0] if len(filling) == 1 else None
+        if first is not None and filling.fed[id(first)] == 0 and len(first.window) <= filling.budget:
+            row = first  # one whole prompt this turn: alone is exact, at the same cost
+            filling.remove(row)
+            self._start_alone(row)
+            return
+        try:
+            done = filling.step(self.decoder)
+        except Exception as e:  # the pass failed: its prompts hear it, the engine goes on
+            for row in list(filling.rows):
+                filling.remove(row)
                 self._fail(row, e)
+            return
+        self.stats["prefill passes"] += 1
+        picks = (
+            certain_draws(
+                torch.cat([z for _, z in done]),
+                [row.draw for row, _ in done],
+                [row.generator for row, _ in done],
+                self.tolerance,
+            )
+            if done
+            else []
+        )
+        for (row, z), token in zip(done, picks):
+            if token is None:  # in doubt: the prompt again, alone, for the lone logits
+                self.stats["prefill replays"] += 1
+                self._start_alone(row)
                 continue
+            row.exact, row.sure, row.approx = z, token, True
             self.rows.append(row)
 
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
@@ -250,8 +305,9 @@ class Engine:
     def _step(self) -> None:
         lone = len(self.rows) == 1 or not self.batched
         for row in self.rows:
-            if row.exact is None and row.slot is None and not (row.solo or lone):
-                self.seats.enter(row)
+            if row.exact is None and row.slot is None and (row.approx or not (row.solo or lone)):
+                self.seats.enter(row)  # a batched prefill's keys are checked there, as every batched row's
+                row.approx = False
         try:
             batched = self._batched_logits() if self.slotted else None
             for row in self.rows:
@@ -301,6 +357,9 @@ class Engine:
         logits, row.exact = row.exact, None
         if logits is None:  # cancelled before its draw: nothing to draw
             return -1, logits
+        if row.sure is not None:  # drawn when its prompt was prefilled in a batch (_prefill)
+            token, row.sure = row.sure, None
+            return token, logits
         d, logits = row.draw, self.decoder.mask(logits)
         return int(next_tokens(logits, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
 
@@ -354,13 +413,19 @@ class Engine:
     def _expire(self) -> None:
         """Fail the rows (running or waiting) past their deadline."""
         now = time.monotonic()
-        for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now):
+        filling = [] if self.filling is None else [row for row in self.filling.rows if row.overdue(now)]
+        for row in filling:
+            self.filling.remove(row)
+        for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now) + filling:
             self._fail(row, TimeoutError("the generation ran past its time limit"))
 
     def calibrate(self, rows: int = 4, steps: int = 6) -> float:
         """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
         (exact.calibrate), never below FLOOR."""
-        return max(SAFETY * calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps), FLOOR)
+        worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
+        if self.filling is not None:
+            worst = max(worst, prefill_gap(self.decoder, self.filling.slots))
+        return max(SAFETY * worst, FLOOR)
 
 
 # Every model's engine, by its precision: what every caller decodes through (see the module's docstring).

@@ -34,24 +34,28 @@ class SlotTable:
         self.rows = 0  # B, the rows of the current step
         self.positions = torch.zeros(0, dtype=torch.long, device=device)  # (B,)
         self.keys = 0  # L
-        self.bias: Tensor | None = None  # (B, 1, 1, L): 0 for a row's own positions, -inf past them
+        self.bias: Tensor | None = None  # (B, 1, T, L): 0 for a row's own positions, -inf past them
         self.last: Tensor | None = None  # (S, 1): each slot's newest token, for bigram models
 
-    def begin(self, rows: int) -> Tensor:
-        """Start a step over the first `rows` slots; returns their positions (B,), the model's offset."""
+    def begin(self, rows: int, t: int = 1) -> Tensor:
+        """Start a step of `t` tokens a row over the first `rows` slots (t > 1: prompts being prefilled,
+        prefill.py); returns their positions (B,), the model's offset."""
         lengths = self.lengths[:rows]
-        if max(lengths) >= self.context:
-            raise ValueError(f"a slot is full: {max(lengths)} positions of {self.context}")
-        self.rows, self.keys = rows, max(lengths) + 1
+        if max(lengths) + t > self.context:
+            raise ValueError(f"a slot is full: {max(lengths) + t} positions of {self.context}")
+        self.rows, self.keys = rows, max(lengths) + t
         self.positions = torch.tensor(lengths, device=self.device)
-        beyond = torch.arange(self.keys, device=self.device) > self.positions[:, None]  # (B, L)
-        self.bias = torch.zeros(beyond.shape, device=self.device).masked_fill(beyond, float("-inf"))[:, None, None]
+        # Query i of row b sits at positions[b] + i and sees the keys up to there, its own only.
+        queries = self.positions[:, None] + torch.arange(t, device=self.device)  # (B, T)
+        beyond = torch.arange(self.keys, device=self.device) > queries[:, :, None]  # (B, T, L)
+        self.bias = torch.zeros(beyond.shape, device=self.device).masked_fill(beyond, float("-inf"))[:, None]
         return self.positions
 
-    def end(self) -> None:
-        """The step's tokens are in: every row is one longer."""
+    def end(self, counts: list[int] | None = None) -> None:
+        """The step's tokens are in: every row is one longer (or counts[b] longer: a prefill's real
+        tokens, its padding left past the row's length, to be written over)."""
         for b in range(self.rows):
-            self.lengths[b] += 1
+            self.lengths[b] += 1 if counts is None else counts[b]
 
 
 class SlotCache(KVCache):
@@ -82,13 +86,18 @@ class SlotCache(KVCache):
             self.v = like.new_zeros(self.table.slots, h, self.table.room, dh)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the step's (B, Hkv, 1, Dh) keys/values at the rows' positions; return every row's first
+        """Write the step's (B, Hkv, T, Dh) keys/values at the rows' positions; return every row's first
         L positions, (B, Hkv, L, Dh), of which the key mask says which are the row's own."""
-        table, b = self.table, k.shape[0]
+        table, (b, _, t, _) = self.table, k.shape
         self._allocate(k)
         rows = torch.arange(b, device=k.device)
-        self.k[rows, :, table.positions] = k[:, :, 0].to(self.k.dtype)  # (B, Hkv, Dh) at (row, position)
-        self.v[rows, :, table.positions] = v[:, :, 0].to(self.v.dtype)
+        if t == 1:  # a decode step
+            self.k[rows, :, table.positions] = k[:, :, 0].to(self.k.dtype)  # (B, Hkv, Dh) at (row, position)
+            self.v[rows, :, table.positions] = v[:, :, 0].to(self.v.dtype)
+        else:  # a prefill chunk: (B, T, Hkv, Dh) at (row, positions[row] + i)
+            at = table.positions[:, None] + torch.arange(t, device=k.device)  # (B, T)
+            self.k[rows[:, None], :, at] = k.transpose(1, 2).to(self.k.dtype)
+            self.v[rows[:, None], :, at] = v.transpose(1, 2).to(self.v.dtype)
         return self.k[:b, :, : table.keys], self.v[:b, :, : table.keys]
 
     def key_bias(self) -> Tensor | None:
@@ -103,6 +112,11 @@ class SlotCache(KVCache):
         self._allocate(cache.k)
         self.k[slot, :, :n] = cache.k[0, :, :n]
         self.v[slot, :, :n] = cache.v[0, :, :n]
+
+    def take(self, slot: int, cache: KVCache) -> None:
+        """Copy `slot`'s positions into a one-row cache (a fresh one, of the decoder's start())."""
+        n = self.table.lengths[slot]
+        cache.update(self.k[slot : slot + 1, :, :n], self.v[slot : slot + 1, :, :n])
 
     def move(self, src: int, dst: int) -> None:
         if self.k is not None:
@@ -125,6 +139,13 @@ class Slots:
         self.table.lengths[slot] = caches[0].length
         if caches[0].last_token is not None:  # bigram models: the newest token fed
             self._set_last(slot, caches[0].last_token[0])
+
+    def take(self, slot: int, caches: list[KVCache]) -> None:
+        """`slot`'s sequence into its own caches (one row each, fresh): the reverse of put."""
+        for mine, theirs in zip(self.caches, caches, strict=True):
+            mine.take(slot, theirs)
+        if self.table.last is not None:  # bigram models: the newest token fed
+            caches[0].last_token = self.table.last[slot : slot + 1].clone()
 
     def move(self, src: int, dst: int) -> None:
         """The sequence in `src` moves to `dst` (which a finished one left)."""

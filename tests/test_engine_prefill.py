@@ -1,0 +1,90 @@
+"""Prompts prefilled together, in chunks, between the engine's steps (decoding/prefill.py, engine.py):
+a chunk over rows of different lengths computes each row's lone logits and keys, and every request
+admitted so gets the tokens of its prompt prefilled whole, alone (stream_rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.decoding import engine as engines
+from attnlab.decoding.adapters import LMDecoder
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import Engine
+from attnlab.decoding.prefill import Prefill
+from attnlab.decoding.rows import Row
+from tests.test_serve_batching import VOCAB, alone, concurrently, model, requests
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"positions": "rope"}, {"positions": "alibi"}, {"bigram_vocab": 128}, {"n_kv_head": 1}],
+    ids=["learned", "rope", "alibi", "bigram", "gqa"],
+)
+def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits_and_keys(kw):
+    """Prompts of 2, 11, 5 and 16 tokens (the context) fed 6 tokens a turn, so that they are cut at
+    different places and padded: each one's logits at its last token are its lone logits, and a step
+    from the keys it leaves with gives the lone next logits."""
+    decoder = LMDecoder(model(**kw), "float32")
+    prefill = Prefill(decoder.slots(4), budget=6)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(VOCAB, (n,), generator=g).tolist() for n in (2, 11, 5, 16)]
+    for ids in prompts:
+        prefill.add(Row(ids, Draw(), 1, None, lambda step: None, decoder.device), decoder.vocab)
+    done, passes = {}, 0
+    with torch.inference_mode():
+        while len(prefill):
+            for row, logits in prefill.step(decoder):
+                done[tuple(row.window)] = row, logits
+            passes += 1
+        assert passes == 6  # 34 tokens, 6 a turn
+        for ids in prompts:
+            row, logits = done[tuple(ids)]
+            lone = decoder.start(None)
+            want, _ = decoder.feed(lone, ids, 0)
+            torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
+            if len(ids) < decoder.context:  # one more token, from the keys each way
+                step, _ = decoder.feed(row.state, [3], len(ids))
+                torch.testing.assert_close(step, decoder.feed(lone, [3], len(ids))[0], atol=1e-5, rtol=1e-5)
+
+
+def long_requests(n: int) -> list[tuple[list[int], Draw, int]]:
+    """requests() with prompts up to the context (16): longer than the chunks of 5 tokens below."""
+    g = torch.Generator().manual_seed(3)
+    return [
+        (torch.randint(VOCAB, (1 + 5 * i % 16,), generator=g).tolist(), d, k) for i, (_, d, k) in enumerate(requests(n))
+    ]
+
+
+@pytest.mark.parametrize("budget", [5, 64], ids=["chunked", "whole"])
+def test_prefilled_together_every_request_gets_the_tokens_of_its_prompt_alone(budget):
+    """8 requests at once (greedy, temperature, top-k, top-p; prompts of 1 to 16 tokens), their prompts
+    prefilled together 5 tokens a turn (cut across turns) or whole: each gets stream_rows' tokens."""
+    m, reqs = model(), long_requests(8)
+    engine = Engine(m, max_batch=8, dtype="float32", prefill=budget)
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert engine.stats["prefill passes"] > 0
+    assert not engine.rows and not len(engine.filling)
+    engine.close(wait=5)
+
+
+def test_a_prefill_draw_in_doubt_runs_the_prompt_again_alone(monkeypatch):
+    """With every draw from a batched prefill in doubt, each prompt is run again alone: still exact."""
+    sure = engines.certain_draws
+    monkeypatch.setattr(engines, "certain_draws", lambda z, draws, *a: [None] * len(draws))
+    m, reqs = model(positions="rope"), long_requests(4)
+    engine = Engine(m, max_batch=4, dtype="float32", prefill=5)
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert engine.stats["prefill replays"] > 0
+    monkeypatch.setattr(engines, "certain_draws", sure)
+    engine.close(wait=5)
+
+
+def test_budget_zero_admits_each_prompt_alone():
+    m, reqs = model(), long_requests(4)
+    engine = Engine(m, max_batch=4, dtype="float32", prefill=0)
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert engine.stats["prefill passes"] == 0
+    engine.close(wait=5)
