@@ -103,7 +103,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: Path, port: int, log: Path, threads: int | None) -> subprocess.Popen:
+def start_server(run: Path, port: int, log: Path, threads: int | None, prefill: int | None) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -119,6 +119,7 @@ def start_server(run: Path, port: int, log: Path, threads: int | None) -> subpro
         "--max-batch",
         "16",
         *(["--threads", str(threads)] if threads else []),
+        *(["--prefill", str(prefill)] if prefill is not None else []),
     ]
     server = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -155,11 +156,19 @@ def client() -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(socket_options=nodelay), timeout=600)
 
 
-def stream(client: httpx.Client, url: str, seed: int, tokens: int) -> tuple[str, int, float, float]:
+def prompt_of(seed: int, distinct: bool) -> str:
+    """PROMPT, or (distinct) a prompt of the same 16 characters that differs with the seed: a server that
+    computes a prompt once for every request that sends it gains nothing from these."""
+    return f"def load(p{seed % 1000:03d}):\n" if distinct else PROMPT
+
+
+def stream(
+    client: httpx.Client, url: str, seed: int, tokens: int, distinct: bool = False
+) -> tuple[str, int, float, float]:
     """One streamed completion: (text, tokens drawn, seconds to the first text, seconds in all)."""
     body = {
         "model": "run",
-        "prompt": PROMPT,
+        "prompt": prompt_of(seed, distinct),
         "max_tokens": tokens,
         "seed": seed,
         "temperature": 1.0,
@@ -187,7 +196,7 @@ def stream(client: httpx.Client, url: str, seed: int, tokens: int) -> tuple[str,
     return "".join(text), drawn, first if first is not None else float("nan"), time.perf_counter() - t0
 
 
-def phase(url: str, pid: int, streams: int, requests: int, tokens: int) -> tuple[dict, dict[int, str]]:
+def phase(url: str, pid: int, streams: int, requests: int, tokens: int, distinct: bool) -> tuple[dict, dict[int, str]]:
     """`streams` clients, each sending `requests` streamed completions in turn: the figures (with the
     server's CPU time per token, which other work on the machine slows less than the wall clock), and
     the text of each seed."""
@@ -199,7 +208,7 @@ def phase(url: str, pid: int, streams: int, requests: int, tokens: int) -> tuple
             start.wait()
             for r in range(requests):
                 seed = c * requests + r
-                text, drawn, ttft, _ = stream(http, url, seed, tokens)
+                text, drawn, ttft, _ = stream(http, url, seed, tokens, distinct)
                 out.append((seed, text, drawn, ttft))
         return out
 
@@ -245,13 +254,13 @@ def measure(shape: str, args: argparse.Namespace, root: Path) -> dict:
     corpus(data)
     train(run, shape, data, root / "train.log")
     port = free_port()
-    server = start_server(run, port, root / "serve.log", args.server_threads)
+    server = start_server(run, port, root / "serve.log", args.server_threads, args.server_prefill)
     url = f"http://127.0.0.1:{port}"
     try:
         stream(client(), url, 0, 8)  # warm-up: the batcher's thread starts and calibrates
         rows, texts = [], {}
         for c in args.concurrency:
-            figures, texts[c] = phase(url, server.pid, c, args.requests, args.tokens)
+            figures, texts[c] = phase(url, server.pid, c, args.requests, args.tokens, args.distinct_prompts)
             rows.append({"shape": shape, **figures})
         base = rows[0]["tokens_per_s"]
         for row in rows:
@@ -259,7 +268,7 @@ def measure(shape: str, args: argparse.Namespace, root: Path) -> dict:
         # The same seeds at one stream: the reference each batched text must equal.
         top = max(args.concurrency)
         http = client()
-        alone = {seed: stream(http, url, seed, args.tokens)[0] for seed in sorted(texts[top])}
+        alone = {seed: stream(http, url, seed, args.tokens, args.distinct_prompts)[0] for seed in sorted(texts[top])}
         exact = sum(texts[top][s] == alone[s] for s in alone)
         before, after = memory(url, server.pid, args.memory_requests) if args.memory_requests else (None, None)
     finally:
@@ -287,6 +296,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="tokens per completion")
     p.add_argument("--memory-requests", type=int, default=500, help="short completions between the RSS readings")
     p.add_argument("--server-threads", type=int, default=None, help="attnlab serve --threads (default: its own)")
+    p.add_argument(
+        "--server-prefill",
+        type=int,
+        default=None,
+        help="attnlab serve --prefill (0: each prompt alone; default: its own)",
+    )
+    p.add_argument(
+        "--distinct-prompts", action="store_true", help=f"each request's own prompt of {len(PROMPT)} characters"
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
@@ -315,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{machine['cpu']}, {machine['cores']} cores; load average before {load_before[0]:.2f}, "
         f"after {machine['load_after'][0]:.2f}; {args.tokens} tokens per request, {args.requests} requests per "
         f"stream; server: attnlab serve --max-batch 16 --threads {threads}"
+        + ("" if args.server_prefill is None else f" --prefill {args.server_prefill}")
+        + ("; distinct prompts" if args.distinct_prompts else "; one prompt")
     )
     print(format_table([row for r in results.values() for row in r["rows"]], COLUMNS))
     for shape, r in results.items():

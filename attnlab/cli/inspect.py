@@ -45,7 +45,12 @@ def run_serve(opts: ServeOptions) -> int:
     key = opts.api_key or os.environ.get("ATTNLAB_API_KEY") or None
     check_exposure(opts.host, key, opts.insecure_no_key)  # before the runs load: a refusal is instant
     hosts = [h.strip() for h in (opts.allowed_hosts or "").split(",") if h.strip()]
-    limits = Limits(max_streams=opts.max_streams, max_batch=opts.max_batch, request_timeout=opts.request_timeout)
+    limits = Limits(
+        max_streams=opts.max_streams,
+        max_batch=opts.max_batch,
+        request_timeout=opts.request_timeout,
+        prefill=opts.prefill,
+    )
     serve(
         opts.runs,
         host=opts.host,

@@ -21,7 +21,7 @@ from attnlab.cli.choices import (
     architectures,
 )
 from attnlab.config import option
-from attnlab.decoding.settings import COMPILE_HELP, check_sampling
+from attnlab.decoding.settings import COMPILE_HELP, PREFILL_BUDGET, check_sampling
 
 HEADS = "heads (see what they do by taking them out)"
 
@@ -376,6 +376,12 @@ class ServeOptions(Quantizes, OnDevice):
     )
     max_streams: int = option(32, "sequences generated at once over all requests; more get 429")
     max_batch: int = option(16, "sequences of one run decoded in one forward pass; more wait")
+    prefill: int = option(
+        PREFILL_BUDGET,
+        "prompt tokens prefilled together in one forward pass a turn, between the running sequences' steps "
+        "(longer prompts go in over several turns); 0: each prompt alone and whole before it joins",
+        metavar="TOKENS",
+    )
     request_timeout: float = option(300.0, "a generation running longer is stopped with an error", metavar="SECONDS")
     threads: int | None = option(
         None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
@@ -397,6 +403,8 @@ class ServeOptions(Quantizes, OnDevice):
         for name in ("max_streams", "max_batch", "request_timeout", "threads"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
+        if self.prefill < 0:
+            raise ValueError(f"--prefill must be 0 (off) or more tokens, got {self.prefill}")
 
 
 @dataclass

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import copy
 import queue
 import threading
 import time
@@ -210,16 +211,22 @@ class Engine:
 
     def _admit(self) -> None:
         """Start the waiting sequences that fit (the inbox collected by the caller): alone, or prefilled
-        together in chunks (prefill.py) when other rows or prompts share the turn."""
+        together in chunks (prefill.py) when other rows or prompts share the turn; a prompt the same as
+        one being prefilled is its twin, computed once (_spread)."""
         self._expire()
         filling = self.filling if self.filling is not None and self.filling.budget > 0 and self.batched else None
-        pending = len(filling) if filling is not None else 0
+        pending = 0 if filling is None else sum(1 + len(row.twins) for row in filling.rows)
+        leaders = {} if filling is None else {tuple(row.window): row for row in filling.rows}
         while self.inbox and len(self.rows) + pending < self.max_batch:
             row = self.inbox.next()
             if row.cancelled:
                 self._retire(row)
             elif filling is not None and not row.solo and (self.rows or pending or self.inbox):
-                filling.add(row, self.decoder.vocab)
+                if (leader := leaders.get(tuple(row.window))) is not None:
+                    leader.twins.append(row)
+                else:
+                    filling.add(row, self.decoder.vocab)
+                    leaders[tuple(row.window)] = row
                 pending += 1
             else:
                 self._start_alone(row)
@@ -232,30 +239,52 @@ class Engine:
             row.state = self.decoder.start(row.source)
             self._alone(row, row.window, 0)
         except Exception as e:  # e.g. out of memory: this request fails, the others go on
+            for twin in row.twins:
+                self._fail(twin, e)
             self._fail(row, e)
             return
         self.rows.append(row)
+        for twin in self._spread(row):
+            twin.exact, twin.approx = row.exact.clone(), row.approx
+            self.rows.append(twin)
+
+    def _spread(self, row: Row) -> list[Row]:
+        """The row's twins (the same prompt), each with a copy of its caches: the same numbers as their
+        own prompt run the same way, so a burst of one prompt costs one prefill."""
+        twins, row.twins = row.twins, []
+        for twin in twins:
+            twin.state = copy.deepcopy(row.state)
+        self.stats["twins"] += len(twins)
+        return twins
+
+    def _orphan(self, row: Row) -> None:
+        """A prompt leaves the prefill table unfinished: its twins wait at the front of the line again."""
+        self.filling.remove(row)
+        self.inbox.waiting.extendleft(reversed(row.twins))
+        row.twins = []
 
     def _prefill(self, filling: Prefill) -> None:
         """One chunk of each prompt the budget reaches; a prompt all in draws its first token now, from the
         batch's logits where exact.py finds the draw sure, else from its prompt run again alone."""
         for row in [row for row in filling.rows if row.cancelled]:
-            filling.remove(row)
+            self._orphan(row)
             self._retire(row)
         first = filling.rows[0] if len(filling) == 1 else None
         if first is not None and filling.fed[id(first)] == 0 and len(first.window) <= filling.budget:
-            row = first  # one whole prompt this turn: alone is exact, at the same cost
-            filling.remove(row)
-            self._start_alone(row)
+            filling.remove(first)  # one whole prompt this turn: alone is exact, at the same cost
+            self._start_alone(first)
             return
         try:
             done = filling.step(self.decoder)
         except Exception as e:  # the pass failed: its prompts hear it, the engine goes on
             for row in list(filling.rows):
                 filling.remove(row)
+                for twin in row.twins:
+                    self._fail(twin, e)
                 self._fail(row, e)
             return
         self.stats["prefill passes"] += 1
+        done += [(twin, z) for row, z in list(done) for twin in self._spread(row)]
         picks = (
             certain_draws(
                 torch.cat([z for _, z in done]),
@@ -415,7 +444,7 @@ class Engine:
         now = time.monotonic()
         filling = [] if self.filling is None else [row for row in self.filling.rows if row.overdue(now)]
         for row in filling:
-            self.filling.remove(row)
+            self._orphan(row)
         for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now) + filling:
             self._fail(row, TimeoutError("the generation ran past its time limit"))
 
@@ -433,10 +462,17 @@ _ENGINES: weakref.WeakKeyDictionary[nn.Module, dict[str, Engine]] = weakref.Weak
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = None, compiled: bool = False) -> Engine:
+def engine_for(
+    model: nn.Module,
+    dtype: str = "auto",
+    max_batch: int | None = None,
+    compiled: bool = False,
+    prefill: int | None = None,
+) -> Engine:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
     idle engine of another size is replaced. compiled: a lone row's steps compiled
-    (compiled.py); an engine of its own."""
+    (compiled.py); an engine of its own. prefill: the prompt tokens it prefills together a turn
+    (prefill.py; 0: each prompt alone), from its next turn on."""
     with _ENGINES_LOCK:
         engines = _ENGINES.setdefault(model, {})
         key = f"{dtype}|compiled" if compiled else dtype
@@ -447,6 +483,8 @@ def engine_for(model: nn.Module, dtype: str = "auto", max_batch: int | None = No
             stale = True
         if stale:
             engine = engines[key] = Engine(model, max_batch or 16, dtype, compiled)
+        if prefill is not None and engine.filling is not None:
+            engine.filling.budget = prefill
         return engine
 
 

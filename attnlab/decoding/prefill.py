@@ -26,9 +26,8 @@ from torch import Tensor
 
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.rows import Row
+from attnlab.decoding.settings import PREFILL_BUDGET as BUDGET
 from attnlab.decoding.slots import Slots
-
-BUDGET = 256  # prompt tokens a turn prefills by default (measured: docs/serving.md, "Prefill")
 
 
 class Prefill:

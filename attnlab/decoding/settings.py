@@ -26,6 +26,10 @@ def compiling(asked: bool) -> bool:
     return asked and os.environ.get(SWITCH, "1") != "0"
 
 
+# Prompt tokens the decoding engine prefills together a turn, between its rows' steps (decoding/prefill.py;
+# measured: docs/serving.md, "Prefill"). Here, without torch, for the serve command's --prefill.
+PREFILL_BUDGET = 256
+
 # runtime/device.py's DTYPE_NAMES, which names torch's dtypes (tests/test_startup.py holds them equal)
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 

@@ -130,7 +130,7 @@ def create_app(
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say
         if s.run.task.generates:
-            s.engine(limits.max_batch)
+            s.engine(limits.max_batch, limits.prefill)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

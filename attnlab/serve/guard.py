@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from attnlab.decoding.settings import PREFILL_BUDGET
 from attnlab.errors import AttnlabError
 
 OPEN_PATHS = ("/health", "/", "/favicon.ico")  # no key needed: nothing in them but the static page
@@ -60,6 +61,7 @@ class Limits:
 
     max_streams: int = 32  # sequences generated at once over all requests (429 beyond)
     max_batch: int = 16  # sequences of one run decoded in one forward pass (more wait their turn)
+    prefill: int = PREFILL_BUDGET  # prompt tokens prefilled together a turn (decoding/prefill.py; 0: alone)
     request_timeout: float = 300.0  # seconds a generation may run
     header_timeout: float = 10.0  # seconds to send a request's headers
     body_timeout: float = 30.0  # seconds to send its body, once the headers are in

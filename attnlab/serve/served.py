@@ -48,9 +48,9 @@ class Served:
             "graphs": bool(self.transcoders),
         }
 
-    def engine(self, max_batch: int | None = None) -> Engine:
+    def engine(self, max_batch: int | None = None, prefill: int | None = None) -> Engine:
         """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""
-        return engine_for(self.run.model, max_batch=max_batch, compiled=self.compiled)
+        return engine_for(self.run.model, max_batch=max_batch, compiled=self.compiled, prefill=prefill)
 
     @property
     def quantized(self) -> str | None:
