@@ -134,16 +134,18 @@ def test_top_k_and_top_p_filtering():
     assert torch.equal(torch.isfinite(filter_logits(logits[perm], top_p=0.8)), torch.isfinite(p8)[perm])
 
 
-def test_generate_config_fields_match_generate_text():
-    """The CLI builds generation flags from GenerateConfig and passes them to stream_text."""
+def test_generate_config_is_what_stream_text_takes():
+    """The CLI builds generation flags from GenerateConfig (its draw's fields are Draw's) and hands it to
+    stream_text; the same fields as keywords (run.generate's) make the same config, an unknown one is named."""
     import dataclasses
-    import inspect
 
-    from attnlab.decoding.sampling import GenerateConfig, stream_text
+    from attnlab.decoding.sampling import Draw, GenerateConfig, settings_of
 
-    # on_token: a callback; stop_token: an id, which chat passes (the tokenizer's end of text), not a flag
-    params = set(inspect.signature(stream_text).parameters) - {"model", "tokenizer", "on_token", "stop_token"}
-    assert {f.name for f in dataclasses.fields(GenerateConfig)} == params
+    cfg = GenerateConfig(temperature=0.5, top_k=3, top_p=0.9, seed=4, stop="x", max_new_tokens=7, compile=False)
+    assert settings_of(None, dataclasses.asdict(cfg)) == cfg
+    assert Draw.of(cfg) == Draw(0.5, 3, 0.9, 4)
+    with pytest.raises(TypeError, match="unknown generation setting temprature"):
+        settings_of(None, {"temprature": 1.0})
 
 
 def test_preset_override_rederives_widths():

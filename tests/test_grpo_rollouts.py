@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnlab.data.tokenizers import CharTokenizer
+from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.rollouts import answer_token_logprobs, rollouts
 from attnlab.decoding.sampling import stream
@@ -61,7 +62,7 @@ def test_the_recomputed_logprobs_carry_the_gradient_and_training_mode_is_kept(mo
 @pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(top_k=3), dict(top_p=0.9)])
 def test_other_distributions_are_refused(model, kw):
     with pytest.raises(AttnlabError, match="temperature 1"):
-        rollouts(model, [TOK.encode("a")], group=2, max_new_tokens=5, **kw)
+        rollouts(model, [TOK.encode("a")], group=2, max_new_tokens=5, draw=Draw(**{"temperature": 1.0, **kw}))
 
 
 def test_answers_that_cannot_fit_the_context_are_a_one_line_error(model):

@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory):
 
 def lone(model, ids: list[int], n: int, seed: int, temperature: float = 1.0) -> list[int]:
     """The tokens one request draws alone: stream_rows with one row."""
-    return [int(t[0]) for t in stream_rows(model, ids, 1, n, temperature, None, None, seed, dtype="float32")]
+    return [int(t[0]) for t in stream_rows(model, ids, 1, n, Draw(temperature, seed=seed), dtype="float32")]
 
 
 def test_the_explorer_and_v1_are_decoded_in_shared_steps(run_dir, monkeypatch):
@@ -108,7 +108,7 @@ def test_hooks_set_by_the_caller_run_in_the_engine_thread():
     plain = list(stream(model, [1, 2, 3], 12, temperature=0, dtype="float32"))
     with hooks(model, {"blocks.0.attn.hook_head_out": zero_head(0), "blocks.1.attn.hook_head_out": zero_head(1)}):
         removed = list(stream(model, [1, 2, 3], 12, temperature=0, dtype="float32"))
-        lone_removed = [int(t[0]) for t in stream_rows(model, [1, 2, 3], 1, 12, 0.0, dtype="float32")]
+        lone_removed = [int(t[0]) for t in stream_rows(model, [1, 2, 3], 1, 12, Draw(0.0), dtype="float32")]
     assert removed == lone_removed != plain
     assert list(stream(model, [1, 2, 3], 12, temperature=0, dtype="float32")) == plain  # gone with the with-block
 

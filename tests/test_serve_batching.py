@@ -13,7 +13,7 @@ import torch
 
 from attnlab.decoding import engine as batching
 from attnlab.decoding.draw import Draw
-from attnlab.decoding.engine import Engine
+from attnlab.decoding.engine import Ask, Engine
 from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.sampling import next_tokens, stream_rows
 from attnlab.decoding.slots import Slots
@@ -33,7 +33,7 @@ def model(**kw) -> GPT:
 
 def alone(m: GPT, ids: list[int], d: Draw, n: int) -> list[int]:
     """The tokens a lone request draws: stream_rows with one row, as `attnlab sample` decodes."""
-    return [int(t[0]) for t in stream_rows(m, ids, 1, n, d.temperature, d.top_k, d.top_p, d.seed, dtype="float32")]
+    return [int(t[0]) for t in stream_rows(m, ids, 1, n, d, dtype="float32")]
 
 
 def requests(n: int = 8) -> list[tuple[list[int], Draw, int]]:
@@ -175,7 +175,7 @@ def test_cancel_frees_the_row_and_the_others_go_on():
     first = [next(long).token for _ in range(3)]
     long.close()  # the reader goes away: the row is cancelled
     (ids, draw, n), gone = requests(1)[0], threading.Event()
-    row = b.submit([3], Draw(seed=2), 10_000, lambda item: None, on_exit=lambda: (exits.append(1), gone.set()))
+    row = b.submit([3], Draw(seed=2), 10_000, lambda item: None, Ask(on_exit=lambda: (exits.append(1), gone.set())))
     row.cancel()
     assert gone.wait(5) and exits == [1]  # on_exit ran once for the cancelled row
     assert [s.token for s in b.generate(ids, draw, n)] == alone(m, ids, draw, n)
@@ -208,7 +208,7 @@ def timed(b: Engine):
     import queue
 
     steps: queue.Queue = queue.Queue()
-    b.submit([1, 2, 3], Draw(seed=4), 10**9, steps.put, seconds=0.05)
+    b.submit([1, 2, 3], Draw(seed=4), 10**9, steps.put, Ask(seconds=0.05))
     while (item := steps.get(timeout=10)) is not None:
         if isinstance(item, Exception):
             raise item

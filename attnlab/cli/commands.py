@@ -101,7 +101,7 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
             return sample_answers(run, opts, cfg)
         if opts.num_samples == 1:
             print(cfg.prompt, end="", flush=True)
-            for piece in sampling.stream_text(run.model, run.tokenizer, **dataclasses.asdict(cfg)):
+            for piece in sampling.stream_text(run.model, run.tokenizer, cfg.prompt, cfg):
                 print(piece, end="", flush=True)
             print()
             return 0

@@ -21,7 +21,7 @@ from attnlab.cli.choices import (
     architectures,
 )
 from attnlab.config import option
-from attnlab.decoding.settings import COMPILE_HELP, PREFILL_BUDGET, check_sampling
+from attnlab.decoding.settings import COMPILE_HELP, PREFILL_BUDGET, Draw, check_length
 
 HEADS = "heads (see what they do by taking them out)"
 
@@ -159,7 +159,7 @@ class SampleOptions(Quantizes, HeadsOut, ReadsRun):
 
 
 @dataclass
-class ChatOptions(Quantizes, ReadsRun):
+class ChatOptions(Quantizes, ReadsRun, Draw):
     system: str | None = option(
         None, "a system message that opens the conversation (kept when the oldest turns are dropped)", metavar="TEXT"
     )
@@ -173,16 +173,12 @@ class ChatOptions(Quantizes, ReadsRun):
         at_least=1,
         metavar="N",
     )
-    temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
-    top_k: int | None = option(None, "sample only among the k most likely tokens", at_least=1)
-    top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
-    seed: int | None = option(
-        None, "random seed: answer k draws with seed + k, so the same messages give the same conversation"
-    )
     compile: bool = option(True, COMPILE_HELP)
 
     def __post_init__(self):
-        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
+        """How answers draw (Draw's fields, answer k with seed + k) and their length, checked."""
+        Draw.__post_init__(self)
+        check_length(self.max_new_tokens)
 
 
 @dataclass

@@ -79,7 +79,8 @@ def beam_search(
         new_scores = torch.full((len(alive), k), float("-inf"), device=dev)
         rows, next_tokens, still = [], [], []
         for a, src_i in enumerate(alive):
-            kept = _advance(a, src_i, k, v, top_scores[a].tolist(), top_idx[a].tolist(), seqs, finished, step, alpha)
+            candidates = zip(top_scores[a].tolist(), top_idx[a].tolist())
+            kept = _advance(candidates, k, v, seqs[src_i], finished[src_i], length_penalty(step, alpha))
             for j, (_, _, _, seq) in enumerate(kept):
                 seqs[src_i][j] = seq
             if step == max_len or not kept or _done(finished[src_i], k, kept[0][0], max_len, alpha):
@@ -99,17 +100,17 @@ def beam_search(
     return [_best(finished[i], seqs[i], alpha) for i in range(b)]
 
 
-def _advance(a, src_i, k, v, top_scores, top_idx, seqs, finished, step, alpha):
-    """Sort one source's candidates into finished hypotheses and up to K live ones."""
+def _advance(candidates, k: int, v: int, seqs: list[list[int]], done: list, penalty: float) -> list:
+    """Sort one source's candidates, (score, beam * V + token) best first, into its finished hypotheses
+    `done` (scores divided by this step's length `penalty`) and up to K live ones, from its beams `seqs`."""
     kept = []
-    for score, flat in zip(top_scores, top_idx):
+    for score, flat in candidates:
         if score == float("-inf") or len(kept) == k:
             break
         beam_i, tok = divmod(flat, v)
-        seq = seqs[src_i][beam_i]
+        seq = seqs[beam_i]
         if tok == EOS_ID:
-            done = finished[src_i]
-            done.append((score / length_penalty(step, alpha), seq))
+            done.append((score / penalty, seq))
             if len(done) > k:  # keep the k best
                 done.remove(min(done, key=lambda f: f[0]))
         else:

@@ -33,8 +33,7 @@ from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Message
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decoding.chat import stream_answer
-from attnlab.decoding.sampling import seed_of
-from attnlab.decoding.settings import check_sampling
+from attnlab.decoding.sampling import seed_of, settings_of
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 
@@ -86,13 +85,7 @@ class Dialogue:
         **sampling: Any,
     ) -> None:
         sampling.setdefault("max_new_tokens", 256)
-        check_sampling(
-            sampling["max_new_tokens"],
-            sampling.get("temperature", 0.8),
-            sampling.get("top_k"),
-            sampling.get("top_p"),
-            seed,
-        )
+        settings_of(None, {**sampling, "seed": seed})  # a generation's settings, each checked (one line)
         context = model.cfg.context
         self.reserve = min(sampling["max_new_tokens"], context // 2) if reserve is None else reserve
         if not 1 <= self.reserve < context:

@@ -3,26 +3,24 @@
 Legend: B rows, V vocabulary, C the model's context.
 
 Every decoder of attnlab draws with `next_tokens`, whether a sequence is decoded alone (sampling.py
-stream_rows) or in a batch with others (engine.py): a Draw says how, and its seed makes the draws
-of one sequence the same wherever it is decoded.
+stream_rows) or in a batch with others (engine.py): a Draw (settings.py) says how, and its seed
+makes the draws of one sequence the same wherever it is decoded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from attnlab.decoding.settings import Draw
 
-@dataclass(frozen=True)
-class Draw:
-    """How one sequence picks its tokens: next_tokens' settings and the seed of its generator."""
+__all__ = ["Draw", "filter_logits", "jump_keep", "next_token", "next_tokens", "seed_of"]
 
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+
+def seed_of(seed: int | None) -> int:
+    """The seed of a sequence: the given one, or one drawn from torch's random state (so that
+    torch.manual_seed still makes an unseeded generation repeatable)."""
+    return int(torch.randint(0, 2**62, ())) if seed is None else seed
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

@@ -48,7 +48,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +58,7 @@ from attnlab.decoding.draw import Draw, jump_keep, next_tokens
 from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
 from attnlab.decoding.inbox import Inbox
 from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
-from attnlab.decoding.rows import Emit, Row, Step, quietly, step_of
+from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
 from attnlab.nn.hooks import hooks, thread_hooks
 
@@ -66,7 +66,7 @@ REPLAYS = 2  # a row in doubt this often finishes alone
 SAFETY = 32.0  # the tolerance is this many times the largest difference measured
 FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
 
-__all__ = ["Engine", "Draw", "Step", "engine_for"]
+__all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
 
 class Engine:
@@ -96,36 +96,34 @@ class Engine:
     # ---- the requests' side (any thread) ----------------------------------------------------------
 
     def submit(
-        self,
-        ids: list[int],
-        draw: Draw,
-        max_tokens: int,
-        emit: Emit,
-        logprobs: int | None = None,
-        seconds: float | None = None,
-        on_exit: Callable[[], None] | None = None,
-        wake: Callable[[], None] | None = None,
-        attention: bool = False,
-        source: Tensor | None = None,
-        tag: str = "",
-        start: bool = True,
+        self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, ask: Ask | None = None, start: bool = True
     ) -> Row:
         """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
-        exception: TimeoutError after `seconds`). on_exit() runs once when it leaves, however it ends;
-        wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
-        so that a reader can collect a turn's steps in one go. attention: each Step says where its
-        query looked; source: an encoder-decoder's input (1, ...). The hooks the calling thread has set
-        on the model run on the sequence's forward passes. start: run the engine's thread if it does not
-        run yet (generate() steps the engine itself instead). Returns the row, to cancel."""
+        exception: TimeoutError after ask.seconds); `ask`: what else it wants (rows.Ask). The hooks the
+        calling thread has set on the model run on the sequence's forward passes. start: run the
+        engine's thread if it does not run yet (generate() steps the engine itself instead). Returns
+        the row, to cancel."""
         if not ids:
             raise ValueError("generation needs at least one prompt token")
+        ask = ask or Ask()
         row = Row(
-            ids[-self.decoder.context :] if self.decoder.batched else ids, draw, max_tokens, logprobs, emit, self.device
+            ids[-self.decoder.context :] if self.decoder.batched else ids,
+            draw,
+            max_tokens,
+            ask.logprobs,
+            emit,
+            self.device,
         )
-        row.deadline = None if seconds is None else time.monotonic() + seconds
-        row.on_exit, row.wake, row.attention, row.source, row.tag = on_exit, wake, attention, source, tag
+        row.deadline = None if ask.seconds is None else time.monotonic() + ask.seconds
+        row.on_exit, row.wake, row.attention, row.source, row.tag = (
+            ask.on_exit,
+            ask.wake,
+            ask.attention,
+            ask.source,
+            ask.tag,
+        )
         row.hooks = thread_hooks(self.model)
-        row.solo = attention or bool(row.hooks)
+        row.solo = ask.attention or bool(row.hooks)
         if max_tokens <= 0:
             self._finish(row)
             return row
@@ -147,7 +145,7 @@ class Engine:
         the speed in one). Readers in several threads, or several generators read in turn (sample
         --num-samples) share those turns as they share the thread's."""
         steps: queue.SimpleQueue = queue.SimpleQueue()
-        row = self.submit(ids, draw, max_tokens, steps.put, logprobs, start=False, **ask)
+        row = self.submit(ids, draw, max_tokens, steps.put, Ask(logprobs, **ask), start=False)
         try:
             while (item := self._next(steps)) is not None:
                 if isinstance(item, Exception):

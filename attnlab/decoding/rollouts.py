@@ -78,13 +78,13 @@ def rollouts(
     max_new_tokens: int,
     seed: int = 0,
     stops: Sequence[list[int]] = (),
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    draw: Draw | None = None,
 ) -> Rollouts:
     """`group` answers to each prompt (ids), sampled as one batch; row k draws with seed + k. A row ends
-    after max_new_tokens or when its tokens end with one of `stops` (kept: the policy learns to stop)."""
-    if temperature != 1.0 or top_k is not None or top_p is not None:
+    after max_new_tokens or when its tokens end with one of `stops` (kept: the policy learns to stop).
+    draw: temperature 1 without top-k/top-p (the default), the one distribution rollouts draw from."""
+    draw = draw or Draw(temperature=1.0)
+    if draw.temperature != 1.0 or draw.top_k is not None or draw.top_p is not None:
         raise AttnlabError(
             "rollouts draw at temperature 1 without top-k/top-p, so that their log-probabilities "
             "are the policy's own (see decoding/rollouts.py)"
@@ -102,7 +102,7 @@ def rollouts(
     try:
         engine = engine_for(model, "float32", max_batch=min(max(len(rows), 1), MAX_BATCH))
         streams = [
-            _until_stop(engine.generate(p, Draw(1.0, None, None, seed + k), max_new_tokens, logprobs=0), stops)
+            _until_stop(engine.generate(p, Draw(1.0, seed=seed + k), max_new_tokens, logprobs=0), stops)
             for k, p in enumerate(rows)
         ]
         steps = read_in_turn(streams)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.decoding.draw import Draw
+from attnlab.decoding.draw import Draw, seed_of
 
 
 @dataclass
@@ -30,6 +30,23 @@ class Step:
 Emit = Callable[[Step | Exception | None], None]
 
 
+@dataclass
+class Ask:
+    """What a request asks of the engine besides its tokens (Engine.submit): `logprobs` top
+    alternatives with each Step; a failure after `seconds`; on_exit() once when it leaves, however it
+    ends; wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
+    so that a reader can collect a turn's steps in one go; `attention`: each Step says where its query
+    looked; `source`: an encoder-decoder's input (1, ...); `tag`: who asked, for statistics."""
+
+    logprobs: int | None = None
+    seconds: float | None = None
+    on_exit: Callable[[], None] | None = None
+    wake: Callable[[], None] | None = None
+    attention: bool = False
+    source: Tensor | None = None
+    tag: str = ""
+
+
 class Row:
     """One sequence: its window of tokens (as stream_rows keeps it), how it draws, what it asks for
     besides tokens, and where its keys/values are (a slot, or a state of its own)."""
@@ -41,7 +58,7 @@ class Row:
         self.window = list(ids)
         self.base = len(ids)  # tokens run at once at the last (re)fill: a replay starts there
         self.draw, self.left, self.logprobs, self.emit = draw, max_tokens, logprobs, emit
-        self.generator = torch.Generator(device=device).manual_seed(draw.seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed_of(draw.seed))
         self.exact: Tensor | None = None  # (1, V) the next token's logits, computed as alone
         self.sure: int | None = None  # the token drawn from them already (a batched prefill's sure draw)
         self.approx = False  # its own caches are a batched prefill's: decoded in a slot, where draws are checked

@@ -12,22 +12,28 @@ outputs are identical.
 
 A sequence without a seed draws one from torch's random state, so torch.manual_seed still makes it
 repeatable.
+
+How tokens are drawn is a Draw (settings.py), what else a generation asks a GenerateConfig (a Draw
+with the length, stop text, cache, precision and compile switch); these functions take one, or
+their fields as keywords (run.generate(prompt, temperature=0.5, seed=1) as before), turned into one
+by `settings_of`.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.draw import Draw, filter_logits, jump_keep, next_token, next_tokens
+from attnlab.decoding.draw import Draw, filter_logits, jump_keep, next_token, next_tokens, seed_of
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.pieces import TextPieces, first_stop
-from attnlab.decoding.settings import GenerateConfig, check_sampling
+from attnlab.decoding.settings import GenerateConfig, check_length
 from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import autocast, pick_dtype
@@ -35,6 +41,7 @@ from attnlab.runtime.device import autocast, pick_dtype
 T = TypeVar("T")
 
 __all__ = [
+    "Draw",
     "GenerateConfig",
     "TextPieces",
     "filter_logits",
@@ -51,25 +58,38 @@ __all__ = [
 ]
 
 
+def settings_of(config: GenerateConfig | None, settings: dict[str, Any], **defaults: Any) -> GenerateConfig:
+    """The one GenerateConfig of a call: `config` with the keyword settings on top, or the settings
+    alone over `defaults` (each function's own: stream() draws 100 tokens at temperature 1; the Python
+    API compiles nothing unless asked). An unknown keyword is named in one line."""
+    try:
+        return GenerateConfig(**{**defaults, **settings}) if config is None else replace(config, **settings)
+    except TypeError as e:
+        if "unexpected keyword" not in str(e):
+            raise
+        unknown = sorted(set(settings) - set(GenerateConfig.__dataclass_fields__))
+        raise ArgumentTypeError(f"unknown generation setting {', '.join(unknown)}; see GenerateConfig") from None
+
+
 @torch.no_grad()
 def stream_rows(
     model: CausalLM,
     ids: list[int],
     rows: int = 1,
     max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
+    draw: Draw | None = None,
     use_cache: bool = True,
     dtype: str = "auto",
+    **settings: Any,
 ) -> Iterator[Tensor]:
     """Continue the prompt `ids` in `rows` sequences at once, one batched forward per step;
-    yield each step's new tokens, (rows,).
+    yield each step's new tokens, (rows,). draw: how (or Draw's fields as keywords; default
+    temperature 1).
 
     dtype: 'auto' (bf16 autocast where measured faster on a CPU; float32 on a GPU), 'float32' or 'bfloat16'.
     """
-    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
+    draw = draw or Draw(**{"temperature": 1.0, **settings})
+    check_length(max_new_tokens)
     model.eval()
     ctx = model.cfg.context
     device = next(model.parameters()).device
@@ -83,8 +103,8 @@ def stream_rows(
     if not ids:
         raise ValueError("generation needs at least one prompt token")
     gen = None
-    if seed is not None:
-        gen = torch.Generator(device=device).manual_seed(seed)
+    if draw.seed is not None:
+        gen = torch.Generator(device=device).manual_seed(draw.seed)
     # The tokens the model sees, written in place (no new tensor per step): at most a full context,
     # plus the slot of the token being drawn. Every row has the same length.
     window = torch.empty(rows, ctx + 1, dtype=torch.long, device=device)  # (rows, C + 1)
@@ -103,46 +123,34 @@ def stream_rows(
                 fed = t
             else:
                 logits = model(window[:, :t])  # (rows, T, V)
-        token = next_tokens(logits[:, -1], temperature, top_k, top_p, gen)  # (rows,)
+        token = next_tokens(logits[:, -1], draw.temperature, draw.top_k, draw.top_p, gen)  # (rows,)
         window[:, t] = token
         t += 1
         yield token
 
 
-def seed_of(seed: int | None) -> int:
-    """The seed of a sequence: the given one, or one drawn from torch's random state."""
-    return int(torch.randint(0, 2**62, ())) if seed is None else seed
-
-
 def stream(
     model: CausalLM,
     ids: list[int],
-    max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop_token: int | None = None,
-    use_cache: bool = True,
-    dtype: str = "auto",
-    compile: bool = False,
+    max_new_tokens: int | None = None,
+    config: GenerateConfig | None = None,
+    **settings: Any,
 ) -> Iterator[int]:
     """Yield new token ids one by one, continuing the prompt `ids`: decoded by the model's engine (with
     the cache), the tokens stream_rows draws for one row with this seed; without the cache, stream_rows.
-    compile: the engine's one-token steps through torch.compile (decoding/compiled.py)."""
-    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
-    if use_cache:
+    config (or its fields as keywords; defaults: 100 tokens, temperature 1, not compiled): how; its
+    compile: the engine's one-token steps compiled (decoding/compiled.py)."""
+    if max_new_tokens is not None:
+        settings["max_new_tokens"] = max_new_tokens
+    cfg = settings_of(config, settings, max_new_tokens=100, temperature=1.0, compile=False)
+    draw = replace(Draw.of(cfg), seed=seed_of(cfg.seed))
+    if cfg.use_cache:
         ids = _cropped(list(ids), model.cfg.context)
-        engine = engine_for(model, dtype, compiled=compile)
-        steps = engine.generate(ids, Draw(temperature, top_k, top_p, seed_of(seed)), max_new_tokens)
-        tokens = (step.token for step in steps)
+        engine = engine_for(model, cfg.dtype, compiled=cfg.compile)
+        yield from (step.token for step in engine.generate(ids, draw, cfg.max_new_tokens))
     else:
-        rows = stream_rows(model, ids, 1, max_new_tokens, temperature, top_k, top_p, seed_of(seed), False, dtype)
-        tokens = (int(step[0]) for step in rows)
-    for token in tokens:
-        yield token
-        if token == stop_token:
-            return
+        rows = stream_rows(model, ids, 1, cfg.max_new_tokens, draw, False, cfg.dtype)
+        yield from (int(step[0]) for step in rows)
 
 
 def _cropped(ids: list[int], context: int) -> list[int]:
@@ -193,21 +201,16 @@ def stream_text(
     model: CausalLM,
     tokenizer: Tokenizer,
     prompt: str = "",
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: str | None = None,
-    use_cache: bool = True,
-    dtype: str = "auto",
+    config: GenerateConfig | None = None,
     on_token: Callable[[int], None] | None = None,
     stop_token: int | None = None,
-    compile: bool = False,
+    **settings: Any,
 ) -> Iterator[str]:
-    """Yield the continuation's text piece by piece as tokens are produced, until
-    max_new_tokens, the `stop` text or the token `stop_token` (neither included); on_token(id) sees
-    each token first."""
+    """Yield the continuation's text piece by piece as tokens are produced, until max_new_tokens, the
+    `stop` text or the token `stop_token` (neither included); on_token(id) sees each token first.
+    config, or its fields as keywords (max_new_tokens=200, temperature=0.8, top_k, top_p, seed, stop,
+    use_cache, dtype, compile=False): how (GenerateConfig; its prompt is not read: `prompt` is)."""
+    stop = settings.get("stop", None if config is None else config.stop)
     for name, text in (("prompt", prompt), ("stop", stop)):
         if text is not None and not isinstance(text, str):
             raise ArgumentTypeError(f"{name}: expected a text (str), got {kind(text)}")
@@ -216,11 +219,9 @@ def stream_text(
             "an empty prompt starts from the end-of-text token, which this run's tokenizer does not have: give a prompt"
         )
     ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
-    sampling = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, use_cache=use_cache, dtype=dtype, compile=compile
-    )
-    pieces = TextPieces(tokenizer, [stop] if stop else [])
-    for token in stream(model, ids, max_new_tokens, **sampling):
+    cfg = settings_of(config, settings, compile=False)
+    pieces = TextPieces(tokenizer, [cfg.stop] if cfg.stop else [])
+    for token in stream(model, ids, cfg.max_new_tokens, config=cfg):
         if token == stop_token and stop_token is not None:  # the end of a text: not part of it
             break
         if on_token is not None:

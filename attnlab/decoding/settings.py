@@ -1,12 +1,13 @@
-"""The settings of a generation (GenerateConfig: `attnlab sample`'s flags), checked without torch, so
-that `attnlab sample --help` and `attnlab chat --help` are built before torch is imported."""
+"""The settings of a generation: how tokens are drawn (Draw, the one sampling schema) and the rest of
+`attnlab sample`'s flags (GenerateConfig), checked without torch, so that `attnlab sample --help` and
+`attnlab chat --help` are built before torch is imported."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from attnlab.config import check_seed, check_types, option
 from attnlab.errors import ArgumentTypeError, kind
@@ -34,41 +35,58 @@ PREFILL_BUDGET = 256
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
 
 
-def check_sampling(
-    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None
-) -> None:
-    """The settings of a generation, each of its type and range (a library caller's "5" is named)."""
-    for name, value, number in (
-        ("max_new_tokens", max_new_tokens, numbers.Integral),
-        ("temperature", temperature, numbers.Real),
-        ("top_k", top_k, numbers.Integral),
-        ("top_p", top_p, numbers.Real),
-        ("seed", seed, numbers.Integral),
-    ):
-        if value is not None and (not isinstance(value, number) or isinstance(value, bool)):
-            expected = "a whole number" if number is numbers.Integral else "a number"
-            raise ArgumentTypeError(f"{name}: expected {expected}, got {kind(value)}")
-    check_seed("seed", seed)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not (0 <= temperature < math.inf):  # NaN fails this too
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if top_p is not None and not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
 @dataclass
-class GenerateConfig:
-    """Generation settings: kept apart from the model's config, they belong to each call."""
+class Draw:
+    """How one sequence picks its tokens (decoding/draw.py next_tokens: greedy, temperature, top-k,
+    top-p) and the seed of its generator: the one sampling schema. The command line's flags
+    (GenerateConfig, cli ChatOptions), the explorer's request and the engine's rows take these fields
+    from here; the OpenAI wire format maps to it in one place (serve/openai_schema.py Sampling.draw)."""
 
-    prompt: str = option("", "text to continue (default: start of a document)")
-    max_new_tokens: int = option(200, "how many tokens to generate")
     temperature: float = option(0.8, "divide logits by this; 0 = greedy (always the most likely token)")
     top_k: int | None = option(None, "sample only among the k most likely tokens")
     top_p: float | None = option(None, "sample only among the most likely tokens that make up probability p")
-    seed: int | None = option(None, "random seed, for repeatable samples")
+    seed: int | None = option(None, "random seed, for repeatable samples (default: one drawn from torch's state)")
+
+    def __post_init__(self):
+        """Each setting of its type and range, one line each (a library caller's "5" is named)."""
+        for name, number in (("temperature", numbers.Real), ("top_k", numbers.Integral), ("top_p", numbers.Real)):
+            check_number(name, getattr(self, name), number)
+        check_number("seed", self.seed, numbers.Integral)
+        check_seed("seed", self.seed)
+        if not (0 <= self.temperature < math.inf):  # NaN fails this too
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+        if self.top_p is not None and not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def of(cls, settings: object) -> Draw:
+        """The Draw of anything that carries its fields (GenerateConfig, ChatOptions): a Draw only."""
+        return cls(*(getattr(settings, f.name) for f in fields(cls)))
+
+
+def check_number(name: str, value: object, number: type) -> None:
+    """None, or a number of that kind (a bool is not one)."""
+    if value is not None and (not isinstance(value, number) or isinstance(value, bool)):
+        expected = "a whole number" if number is numbers.Integral else "a number"
+        raise ArgumentTypeError(f"{name}: expected {expected}, got {kind(value)}")
+
+
+def check_length(max_new_tokens: int) -> None:
+    """A generation's length in tokens: a whole number >= 0."""
+    check_number("max_new_tokens", max_new_tokens, numbers.Integral)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+
+
+@dataclass
+class GenerateConfig(Draw):
+    """Generation settings: kept apart from the model's config, they belong to each call. The draw's
+    fields come from Draw."""
+
+    prompt: str = option("", "text to continue (default: start of a document)")
+    max_new_tokens: int = option(200, "how many tokens to generate")
     stop: str | None = option(None, "stop when this text is generated")
     use_cache: bool = option(True, "reuse keys/values of past tokens (--no-use-cache recomputes them)")
     dtype: str = option(
@@ -77,7 +95,8 @@ class GenerateConfig:
     compile: bool = option(True, COMPILE_HELP)
 
     def __post_init__(self):
+        super().__post_init__()  # the draw's and the length's own words first ("seed: expected a whole number")
+        check_length(self.max_new_tokens)
         check_types(self)
-        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
         if self.stop:  # typed on a command line, "\n" means a newline
             self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")

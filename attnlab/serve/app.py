@@ -221,12 +221,12 @@ def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits
         release = once(lambda: streams.give(1))
         seed = secrets.randbelow(2**53) if req.seed is None else req.seed  # 2**53: exact as a JavaScript number
         t0 = time.perf_counter()
-        sampling = (req.max_new_tokens, req.temperature, req.top_k, req.top_p, seed, req.stop)
+        cfg = req.config(seed, s.compiled)
         try:
             if req.attention:
-                lines = live_lines(s.run, req.prompt, sampling, s.engine())
+                lines = live_lines(s.run, cfg, s.engine())
             else:
-                texts = stream_text(s.run.model, s.run.tokenizer, req.prompt, *sampling, compile=s.compiled)
+                texts = stream_text(s.run.model, s.run.tokenizer, req.prompt, cfg)
                 lines = ({"text": p} for p in texts)
             # The first line is made here, so that an error before it still gets its status code.
             first = next(lines, None)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.pieces import TextPieces
-from attnlab.decoding.rows import Row, Step
+from attnlab.decoding.rows import Ask, Row, Step
 from attnlab.serve.guard import Limits, StreamLimit
 
 
@@ -73,16 +73,8 @@ class Job:
         def emit(item, i=choice.index):  # called in the batcher's thread
             self.mailbox.post(self.queue, (i, item))
 
-        choice.row = self.batcher.submit(
-            ids,
-            draw,
-            max_tokens,
-            emit,
-            logprobs,
-            self.limits.request_timeout,
-            on_exit=lambda: self.streams.give(1),
-            wake=self.mailbox.wake,
-        )
+        ask = Ask(logprobs, self.limits.request_timeout, on_exit=lambda: self.streams.give(1), wake=self.mailbox.wake)
+        choice.row = self.batcher.submit(ids, draw, max_tokens, emit, ask)
         self.choices.append(choice)
 
     def cancel(self) -> None:

@@ -15,23 +15,23 @@ import numpy as np
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.pieces import TextPieces
+from attnlab.decoding.settings import GenerateConfig
 from attnlab.errors import one_line
 from attnlab.interpret.views import token_labels
 from attnlab.runs.run import Run
 from attnlab.viz.captions import caption_json
 
 
-def live_lines(run: Run, prompt: str, sampling: tuple, engine: Engine) -> Iterator[dict]:
+def live_lines(run: Run, cfg: GenerateConfig, engine: Engine) -> Iterator[dict]:
     """/api/generate's lines with attention: {"prompt_tokens": [...]} first, then per piece {"text",
     "tokens": the tokens it holds, "attention": (L, Tk) the newest query's weights, mean of heads}.
     Decoded by the run's engine (Served.engine) like every generation, alone: it asks for each step's
     attention, which the ordinary forward gives."""
-    max_new_tokens, temperature, top_k, top_p, seed, stop = sampling
     tok = run.tokenizer
-    ids = (tok.encode(prompt) if prompt else [tok.eot_id])[-run.model.cfg.context :]
-    steps = engine.generate(ids, Draw(temperature, top_k, top_p, seed), max_new_tokens, attention=True)
+    ids = (tok.encode(cfg.prompt) if cfg.prompt else [tok.eot_id])[-run.model.cfg.context :]
+    steps = engine.generate(ids, Draw.of(cfg), cfg.max_new_tokens, attention=True)
     yield {"prompt_tokens": token_labels(tok, ids)}
-    pieces, new, seen = TextPieces(tok, [stop] if stop else []), [], []
+    pieces, new, seen = TextPieces(tok, [cfg.stop] if cfg.stop else []), [], []
     for step in steps:
         new.append(step.token)
         seen, piece = step.attention, pieces.add(step.token)

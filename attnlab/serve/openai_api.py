@@ -43,7 +43,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from attnlab.decoding.draw import Draw
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
@@ -93,7 +92,7 @@ class Jobs:
         try:
             for p, (text, ids) in enumerate(prompts):
                 for j in range(req.n):
-                    draw = Draw(req.temperature, req.top_k_or_none(), req.top_p_or_none(), seed + j)
+                    draw = req.draw(seed + j)
                     choice = Choice(
                         p * req.n + j,
                         TextPieces(s.run.tokenizer, stops),

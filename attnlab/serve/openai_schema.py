@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from attnlab.data.conversations import Message as Turn
+from attnlab.decoding.settings import Draw
 from attnlab.errors import AttnlabError
 
 MAX_COMPLETION_TOKENS = 2048
@@ -111,11 +112,11 @@ class Sampling(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return [s for s in stop if s]
 
-    def top_k_or_none(self) -> int | None:
-        return self.top_k if self.top_k > 0 else None
-
-    def top_p_or_none(self) -> float | None:
-        return self.top_p if self.top_p < 1 else None
+    def draw(self, seed: int) -> Draw:
+        """The wire's sampling settings as attnlab's one schema: top_k 0 or -1 and top_p 1 are off."""
+        return Draw(
+            self.temperature, self.top_k if self.top_k > 0 else None, self.top_p if self.top_p < 1 else None, seed
+        )
 
 
 class CompletionRequest(Sampling):
