@@ -268,10 +268,7 @@ def test_the_servers_batched_steps_decode_quantized_rows_as_each_alone():
     quantize_for_inference(model, "int4", every_layer=True)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     draws = [Draw(0.0, seed=1), Draw(1.0, 5, seed=2), Draw(0.8, None, 0.9, seed=3), Draw(1.2, seed=4)]
-    alone = [
-        [int(t[0]) for t in stream_rows(model, p, 1, 24, d)]
-        for p, d in zip(prompts, draws)
-    ]
+    alone = [[int(t[0]) for t in stream_rows(model, p, 1, 24, d)] for p, d in zip(prompts, draws)]
     engine = Engine(model, max_batch=4, dtype="float32")
     got, ended = [[] for _ in prompts], threading.Semaphore(0)
     for i, (p, d) in enumerate(zip(prompts, draws)):  # submit(): the server's way, on the engine's thread

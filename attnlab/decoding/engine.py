@@ -4,15 +4,18 @@ Legend: B rows in a batched step, V vocabulary, C the model's context.
 
 Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
 /api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Engine. A
-request `submit`s a prompt's ids, how to draw (draw.Draw: temperature, top-k, top-p, seed) and how
-many tokens, and receives Steps (a token, with log-probabilities or attention when asked) through a
-callback, then None when done. A thread of the engine's own runs the loop once a submit() starts it
-(the server); until then the readers of generate() (the command line, run.generate) run its turns
-themselves whenever they wait for a step, one at a time; each turn:
+request `submit`s a prompt's ids, how to draw (Draw: temperature, top-k, top-p, seed), how many
+tokens and what else it asks (rows.Ask), and receives Steps (a token, with log-probabilities or
+attention when asked) through a callback, then None when done. A thread of the engine's own runs
+the loop once a submit() starts it (the server); until then the readers of generate() (the command
+line, run.generate) run its turns themselves whenever they wait for a step, one at a time; each turn:
 
-1. admits waiting sequences while there are free slots (`max_batch`): each prompt is run alone,
-   exactly as sampling.stream_rows runs it (an encoder-decoder's source encoded first), giving the
-   first token's logits and the state that goes into a slot (slots.py);
+1. admits waiting sequences while there are free slots (`max_batch`). A prompt with nothing else in
+   the engine is run alone, exactly as sampling.stream_rows runs it (an encoder-decoder's source
+   encoded first), giving the first token's logits and the state that goes into a slot (slots.py).
+   Prompts that arrive together or while rows run are prefilled together (prefill.py): up to a
+   budget of prompt tokens a turn in one forward pass, a longer prompt over several turns, so the
+   running rows keep stepping; the same prompt twice is computed once (its twins copy its keys);
 2. runs one forward pass over every sequence in a slot, each fed its newest token at its own
    position: the pass that makes batching pay, the weights read once for all rows;
 3. draws each row's token with its own generator, hands it over, and retires the rows that are
@@ -22,20 +25,21 @@ Decoded alone instead, in the same turn: a sequence alone in the engine (one req
 costs without one), a row that asks for each step's attention, a row whose caller set hooks on the
 model (nn/hooks.py: they run for it here), and every row of an encoder-decoder (adapters.py).
 
-A seeded request gets the tokens it gets alone (stream_rows with one row): prompts and refills are
-run alone, each row draws from its own generator, and a draw from the batch's logits stands only
-when exact.py finds that the lone request's logits could not change it; otherwise the row is
-replayed: its caches are rebuilt alone from its last refill, a token at a time as stream_rows
-feeds them, and the token is drawn from those logits. A row replayed REPLAYS times finishes alone.
-The tolerance those checks use is measured when the thread starts (`calibrate`: SAFETY times the
-largest difference between batched and lone logits) and raised if a replay ever shows a larger
-one. Should torch's multinomial on the device not be the draw exact.py reproduces, or the batched
-step fail on the model, every row is decoded alone: slower, as exact.
+A seeded request gets the tokens it gets alone (stream_rows with one row): refills are run alone,
+each row draws from its own generator, and a draw from the batch's logits (a step's, or a batched
+prefill's) stands only when exact.py finds that the lone request's logits could not change it;
+otherwise the row is replayed: its caches are rebuilt alone from its last refill (its prompt, run
+whole), a token at a time as stream_rows feeds them, and the token is drawn from those logits. A row
+replayed REPLAYS times finishes alone. The tolerance those checks use is measured when the thread
+starts (`calibrate`: SAFETY times the largest difference between batched and lone logits) and raised
+if a replay ever shows a larger one. Should torch's multinomial on the device not be the draw
+exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower, as
+exact.
 
-Measured (tests/test_serve_batching.py, benchmarks/serve_load.py): the batched logits differ from
-the lone ones by about 1e-6 of their size (float32 on a CPU); of the benchmark's runs' batched
-draws (greedy, temperature, top-k with top-p) 0 to 5 in 10,000 were replayed; the tokens were the
-lone ones in every request checked.
+Measured (tests/test_serve_batching.py, benchmarks/serve_load.py): the batched logits differ from the
+lone ones by about 1e-6 of their size (float32 on a CPU); of the benchmark's runs' batched draws
+(greedy, temperature, top-k with top-p) 0 to 5 in 10,000 were replayed; the tokens were the lone
+ones in every request checked.
 """
 
 from __future__ import annotations

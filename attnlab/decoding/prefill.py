@@ -14,9 +14,8 @@ its next-token logits (at its last real token) and its keys copied into caches o
 engine seats it like a prompt run alone. Those logits and keys are the batch's, not the lone ones:
 its first draw stands only where exact.py says the lone logits could not change it (engine.py).
 
-Measured on a 2-core AMD EPYC, 6 x 384 GPT, one thread: a forward pass over 16 prompts of 16 tokens
-took 106 ms, 16 passes over one prompt each 198 ms (12.4 ms each): batching prompts halves their cost
-here, it cannot make 256 tokens cost one prompt's 16 (prefill on a CPU is compute-bound).
+Prefill on a CPU is compute-bound: batching prompts saves the per-pass cost and reads the weights
+once, it cannot make 16 prompts cost one (docs/serving.md, "Prefill", has the measurements).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ offset = the rows' positions, (B,) (nn/position.py), every layer writes the new 
 positions, and attention reads the first L positions of every row with -inf added to the scores
 of each row's positions past its own (the key bias, nn/attention.py: one additive mask, made once
 per step, is what the fused attention kernel takes at no extra cost). A sequence's prompt is run alone
-into an ordinary KVCache and copied into a free slot (`put`); a finished one leaves by moving the
+into an ordinary KVCache and copied into a free slot (`put`), or prefilled in a table of slots of its
+own, T tokens a row a step (prefill.py), and copied out (`take`); a finished one leaves by moving the
 last row into its slot (`move`), so the rows of a step are always slots 0..B-1.
 
 Slots start zeroed: a masked key still takes part in the arithmetic (its weight is zero), so it
