@@ -12,7 +12,7 @@ from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.prefill import Prefill
-from attnlab.decoding.rows import Row
+from attnlab.decoding.rows import Row, Step
 from tests.test_serve_batching import VOCAB, alone, concurrently, model, requests
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -101,4 +101,38 @@ def test_requests_with_one_prompt_share_its_prefill_and_draw_their_own_tokens(bu
     engine = Engine(m, max_batch=8, dtype="float32", prefill=budget)
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["twins"] > 0
+    engine.close(wait=5)
+
+
+def test_the_twins_of_a_cancelled_prompt_are_still_served():
+    """Three requests with one 14-token prompt, 5 tokens a turn: the first is prefilled, the others wait
+    as its twins; the first is cancelled midway, and the twins still get stream_rows' tokens."""
+    m, ids = model(), list(range(1, 15))
+    engine = Engine(m, max_batch=4, dtype="float32", prefill=5)
+    draws = [Draw(1.0, seed=s) for s in range(3)]
+    got, ended = [[] for _ in draws], []
+
+    def emit(i):
+        return lambda step: got[i].append(step.token) if isinstance(step, Step) else ended.append(i)
+
+    rows = [engine.submit(ids, d, 6, emit(i), start=False) for i, d in enumerate(draws)]
+    engine._step_once()  # the prompt's first chunk
+    assert len(engine.filling) == 1 and len(rows[0].twins) == 2
+    rows[0].cancel()
+    while len(ended) < 2:
+        engine._step_once()
+    assert got[1:] == [alone(m, ids, d, 6) for d in draws[1:]] and not got[0]
+    assert not engine.rows and not len(engine.filling)
+
+
+def test_a_failed_prefill_pass_fails_its_prompts_and_the_engine_goes_on(monkeypatch):
+    m, reqs = model(), long_requests(3)
+    engine = Engine(m, max_batch=4, dtype="float32", prefill=64)
+    with torch.inference_mode():
+        engine._prepare()  # calibrated with the pass that works
+    monkeypatch.setattr(LMDecoder, "feed_chunks", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
+    with pytest.raises(MemoryError, match="no room"):
+        concurrently(engine, reqs)
+    monkeypatch.undo()
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     engine.close(wait=5)

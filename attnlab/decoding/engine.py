@@ -241,9 +241,8 @@ class Engine:
             row.state = self.decoder.start(row.source)
             self._alone(row, row.window, 0)
         except Exception as e:  # e.g. out of memory: this request fails, the others go on
-            for twin in row.twins:
+            for twin in [*row.twins, row]:
                 self._fail(twin, e)
-            self._fail(row, e)
             return
         self.rows.append(row)
         for twin in self._spread(row):
@@ -266,8 +265,7 @@ class Engine:
         row.twins = []
 
     def _prefill(self, filling: Prefill) -> None:
-        """One chunk of each prompt the budget reaches; a prompt all in draws its first token now, from the
-        batch's logits where exact.py finds the draw sure, else from its prompt run again alone."""
+        """One chunk of each prompt the budget reaches (one forward pass); the prompts all in join."""
         for row in [row for row in filling.rows if row.cancelled]:
             self._orphan(row)
             self._retire(row)
@@ -281,28 +279,24 @@ class Engine:
         except Exception as e:  # the pass failed: its prompts hear it, the engine goes on
             for row in list(filling.rows):
                 filling.remove(row)
-                for twin in row.twins:
+                for twin in [*row.twins, row]:
                     self._fail(twin, e)
-                self._fail(row, e)
             return
         self.stats["prefill passes"] += 1
-        done += [(twin, z) for row, z in list(done) for twin in self._spread(row)]
-        picks = (
-            certain_draws(
-                torch.cat([z for _, z in done]),
-                [row.draw for row, _ in done],
-                [row.generator for row, _ in done],
-                self.tolerance,
-            )
-            if done
-            else []
-        )
-        for (row, z), token in zip(done, picks):
+        if done:
+            self._join(done + [(twin, z) for row, z in done for twin in self._spread(row)])
+
+    def _join(self, done: list[tuple[Row, Tensor]]) -> None:
+        """Prefilled rows draw their first token now: from the batch's logits (1, V) where exact.py finds
+        the draw sure, else from their prompt run again alone."""
+        z = torch.cat([z for _, z in done])  # (b, V)
+        picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
+        for (row, logits), token in zip(done, picks):
             if token is None:  # in doubt: the prompt again, alone, for the lone logits
                 self.stats["prefill replays"] += 1
                 self._start_alone(row)
                 continue
-            row.exact, row.sure, row.approx = z, token, True
+            row.exact, row.sure, row.approx = logits, token, True
             self.rows.append(row)
 
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
