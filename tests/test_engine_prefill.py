@@ -90,14 +90,15 @@ def test_budget_zero_admits_each_prompt_alone():
     engine.close(wait=5)
 
 
-@pytest.mark.parametrize("budget", [5, 64], ids=["chunked", "whole"])
-def test_requests_with_one_prompt_share_its_prefill_and_draw_their_own_tokens(budget):
-    """6 requests with the same 12-token prompt and 2 with another, different settings and seeds: the
-    prompt is computed once for its twins, and each request still gets stream_rows' tokens."""
+@pytest.mark.parametrize(("budget", "same"), [(5, 6), (64, 6), (64, 8)], ids=["chunked", "whole", "alone"])
+def test_requests_with_one_prompt_share_its_prefill_and_draw_their_own_tokens(budget, same):
+    """`same` of 8 requests with one 12-token prompt, the others with another, different settings and
+    seeds (all 8 the same: the prompt is run alone, its copies are the lone keys): the prompt is
+    computed once for its twins, and each request still gets stream_rows' tokens."""
     m = model()
     g = torch.Generator().manual_seed(4)
     shared, other = (torch.randint(VOCAB, (12,), generator=g).tolist() for _ in range(2))
-    reqs = [(shared if i < 6 else other, d, k) for i, (_, d, k) in enumerate(requests(8))]
+    reqs = [(shared if i < same else other, d, k) for i, (_, d, k) in enumerate(requests(8))]
     engine = Engine(m, max_batch=8, dtype="float32", prefill=budget)
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["twins"] > 0

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import copy
 import queue
 import threading
 import time
@@ -64,6 +63,7 @@ from attnlab.decoding.inbox import Inbox
 from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
 from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
+from attnlab.decoding.slots import copied
 from attnlab.nn.hooks import hooks, thread_hooks
 
 REPLAYS = 2  # a row in doubt this often finishes alone
@@ -254,7 +254,7 @@ class Engine:
         own prompt run the same way, so a burst of one prompt costs one prefill."""
         twins, row.twins = row.twins, []
         for twin in twins:
-            twin.state = copy.deepcopy(row.state)
+            twin.state = copied(row.state, self.decoder.start(row.source))
         self.stats["twins"] += len(twins)
         return twins
 

@@ -126,6 +126,17 @@ class SlotCache(KVCache):
             self.v[dst, :, :n] = self.v[src, :, :n]
 
 
+def copied(caches: list[KVCache], fresh: list[KVCache]) -> list[KVCache]:
+    """`fresh` (empty caches of the same decoder) holding a copy of `caches`' filled positions: a prompt's
+    keys for its twins (engine.py), without copying the empty rest of their buffers."""
+    for mine, theirs in zip(fresh, caches, strict=True):
+        n = theirs.length
+        mine.update(theirs.k[:, :, :n], theirs.v[:, :, :n])
+        if theirs.last_token is not None:  # bigram models: the newest token fed
+            mine.last_token = theirs.last_token.clone()
+    return fresh
+
+
 class Slots:
     """Every layer's slot cache over one table: what a batched step passes as the model's caches."""
 
