@@ -319,6 +319,7 @@ class Engine:
         """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
         wakes = {row.wake for row in self.rows if row.wake is not None}
         try:
+            self._greet()
             self._step()
         except Exception as e:  # a bug: the rows of this turn hear it, the loop goes on
             for row in list(self.rows):
@@ -326,6 +327,21 @@ class Engine:
         finally:
             for wake in wakes:
                 quietly(wake)
+
+    def _greet(self) -> None:
+        """Hand over at once the tokens drawn from logits the rows already have (a prompt admitted this
+        turn, a refill): a new request's first token need not wait for the running rows' step, which
+        it then joins in the same turn."""
+        greeted = set()
+        for row in [row for row in self.rows if row.exact is not None]:
+            try:
+                self._advance(row, *self._draw_exact(row))
+            except Exception as e:  # as in _step: NaN logits, a reader that cannot take the token
+                self._fail(row, e)
+            if row.wake is not None:
+                greeted.add(row.wake)
+        for wake in greeted:
+            quietly(wake)
 
     def _step(self) -> None:
         lone = len(self.rows) == 1 or not self.batched
