@@ -29,7 +29,7 @@ def compiling(asked: bool) -> bool:
 
 # Prompt tokens the decoding engine prefills together a turn, between its rows' steps (decoding/prefill.py;
 # measured: docs/serving.md, "Prefill"). Here, without torch, for the serve command's --prefill.
-PREFILL_BUDGET = 256
+PREFILL_BUDGET = 64
 
 # runtime/device.py's DTYPE_NAMES, which names torch's dtypes (tests/test_startup.py holds them equal)
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
