@@ -6,7 +6,7 @@ A matrix product over B rows rounds differently from the same product over one r
 libraries pick other kernels by shape), so the logits a row gets in a batch differ from those
 it gets alone by a few units in the last place. A draw uses them only through comparisons, so it
 is the lone request's draw unless two of its candidates are closer than that difference. Given a
-bound delta on |z_batch - z_alone| (`tolerance` x (1 + max |z|), calibrated by the batcher),
+bound delta on |z_batch - z_alone| (`tolerance` x (1 + max |z|), calibrated by the engine),
 each row's draw is accepted when no logits within delta could change it:
 
 - greedy (T = 0): the best logit leads the second by more than 2 delta;
@@ -17,7 +17,7 @@ each row's draw is accepted when no logits within delta could change it:
   (k-th against (k+1)-th logit) and the top-p boundary (the mass before the first dropped token,
   and the order of the tokens on either side of it) must also be further than the bound can move.
 
-A row in doubt gets None, and its generator is put back as it was; the batcher then computes its
+A row in doubt gets None, and its generator is put back as it was; the engine then computes its
 logits exactly as a lone request does and draws from them with next_tokens.
 """
 
@@ -128,7 +128,7 @@ def nucleus_bounds(
 def multinomial_is_a_race(device: torch.device, vocab: int = 50) -> bool:
     """Whether torch.multinomial draws one sample on `device` as exact.py reproduces it (argmax of
     p / q, q ~ Exp(1) from the same generator): true of torch's CPU and CUDA kernels; if a backend
-    differs, the batcher decodes every row alone rather than draw other tokens than a lone request."""
+    differs, the engine decodes every row alone rather than draw other tokens than a lone request."""
     g = torch.Generator().manual_seed(0)
     for seed in range(8):
         p = torch.softmax(torch.randn(1, vocab, generator=g) * 3, -1).to(device)

@@ -1,10 +1,10 @@
-"""A request's sequences in a batcher, seen from the web server's event loop: the batcher's steps
+"""A request's sequences in an engine, seen from the web server's event loop: the engine's steps
 delivered to the loop, and turned into each choice's text.
 
-Legend: a choice = one sequence generated for a request; a step = one token the batcher drew for
+Legend: a choice = one sequence generated for a request; a step = one token the engine drew for
 it (batching.Step); an update = what every choice gained since the last one.
 
-The batcher's thread posts each step to a Mailbox and wakes the loop once at the end of its turn
+The engine's thread posts each step to a Mailbox and wakes the loop once at the end of its turn
 (a wake-up is a write to the loop's socket: one per turn, not one per step). A Job collects its
 choices' steps from its queue; a Choice turns its steps into text with decoding.TextPieces (a
 character split over tokens comes whole, the text ends before a stop text, a possible start of
@@ -60,21 +60,21 @@ class Choice:
 
 
 class Job:
-    """One request's sequences in a batcher, their steps delivered to this event loop."""
+    """One request's sequences in an engine, their steps delivered to this event loop."""
 
-    def __init__(self, batcher: Engine, streams: StreamLimit, limits: Limits):
-        self.batcher, self.streams, self.limits = batcher, streams, limits
+    def __init__(self, engine: Engine, streams: StreamLimit, limits: Limits):
+        self.engine, self.streams, self.limits = engine, streams, limits
         self.loop = asyncio.get_running_loop()
         self.mailbox = mailbox(self.loop)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []
 
     def start(self, choice: Choice, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None) -> None:
-        def emit(item, i=choice.index):  # called in the batcher's thread
+        def emit(item, i=choice.index):  # called in the engine's thread
             self.mailbox.post(self.queue, (i, item))
 
         ask = Ask(logprobs, self.limits.request_timeout, on_exit=lambda: self.streams.give(1), wake=self.mailbox.wake)
-        choice.row = self.batcher.submit(ids, draw, max_tokens, emit, ask)
+        choice.row = self.engine.submit(ids, draw, max_tokens, emit, ask)
         self.choices.append(choice)
 
     def cancel(self) -> None:
@@ -99,7 +99,7 @@ class Job:
             out: dict[int, tuple[str, list[Step]]] = {}
             for i, item in batch:
                 if i not in pending:
-                    continue  # steps drawn after a stop, before the batcher saw the cancel
+                    continue  # steps drawn after a stop, before the engine saw the cancel
                 if isinstance(item, Exception):
                     raise item
                 c = by_index[i]
@@ -117,8 +117,8 @@ class Job:
 
 
 class Mailbox:
-    """Steps from the batcher's thread to one event loop's queues: posted as they come, delivered
-    when the batcher wakes the loop after its turn, so one wake-up (a write to the loop's socket)
+    """Steps from the engine's thread to one event loop's queues: posted as they come, delivered
+    when the engine wakes the loop after its turn, so one wake-up (a write to the loop's socket)
     carries every step of the turn rather than one each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):

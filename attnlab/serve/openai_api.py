@@ -3,7 +3,7 @@ and /health, so that the `openai` package, LangChain or a curl script written fo
 `attnlab serve` as they talk to those servers.
 
 Legend: a choice = one sequence generated for a request (prompt p's choice j is number p * n + j);
-a step = one token drawn for it by the batcher (batching.Step); a chunk = one server-sent event.
+a step = one token drawn for it by the engine (rows.Step); a chunk = one server-sent event.
 
 Answers follow the public OpenAI API reference: ids "cmpl-..." and "chatcmpl-...", object
 "text_completion", "chat.completion" or "chat.completion.chunk", created, model, choices [{index,
@@ -74,7 +74,7 @@ class Jobs:
     def begin(
         self, req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False
     ) -> Job:
-        """Reserve the streams and start every (prompt, choice) sequence in the model's batcher."""
+        """Reserve the streams and start every (prompt, choice) sequence in the model's engine."""
         n, streams = len(prompts) * req.n, self.streams
         if n > streams.limit:
             raise BadField(
