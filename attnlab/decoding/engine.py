@@ -216,14 +216,15 @@ class Engine:
         together in chunks (prefill.py) when other rows or prompts share the turn; a prompt the same as
         one being prefilled is its twin, computed once (_spread)."""
         self._expire()
-        filling = self.filling if self.filling is not None and self.filling.budget > 0 and self.batched else None
+        filling = self.filling if self.filling is not None and self.batched else None
+        prefilling = filling is not None and filling.budget > 0
         pending = 0 if filling is None else sum(1 + len(row.twins) for row in filling.rows)
         leaders = {} if filling is None else {tuple(row.window): row for row in filling.rows}
         while self.inbox and len(self.rows) + pending < self.max_batch:
             row = self.inbox.next()
             if row.cancelled:
                 self._retire(row)
-            elif filling is not None and not row.solo and (self.rows or pending or self.inbox):
+            elif prefilling and not row.solo and (self.rows or pending or self.inbox):
                 if (leader := leaders.get(tuple(row.window))) is not None:
                     leader.twins.append(row)
                 else:
@@ -232,7 +233,7 @@ class Engine:
                 pending += 1
             else:
                 self._start_alone(row)
-        if pending:
+        if filling is not None and len(filling):
             self._prefill(filling)
 
     def _start_alone(self, row: Row) -> None:

@@ -60,7 +60,8 @@ class Prefill:
     def chunks(self) -> list[int]:
         """How many tokens each row takes this turn: the budget spent in slot order (a prefix of the
         rows), every padded position kept inside the context."""
-        out, left, longest, highest = [], self.budget, 0, 0
+        # A budget set to 0 (no more prefill) still lets the prompts already here finish.
+        out, left, longest, highest = [], self.budget if self.budget > 0 else BUDGET, 0, 0
         for row in self.rows:
             fed = self.fed[id(row)]
             n = min(len(row.window) - fed, left)
