@@ -42,6 +42,9 @@ def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits
         assert passes == 6  # 34 tokens, 6 a turn
         for ids in prompts:
             row, logits = done[tuple(ids)]
+            # A model that does not read the previous token gets none (the compiled batched step is traced
+            # without one: compiled_rows.py).
+            assert (row.state[0].last_token is None) == ("bigram_vocab" not in kw)
             lone = decoder.start(None)
             want, _ = decoder.feed(lone, ids, 0)
             torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)

@@ -36,17 +36,20 @@ class Prefill:
         self.slots, self.budget = slots, budget
         self.rows: list[Row] = []  # by slot
         self.fed: dict[int, int] = {}  # id(row): prompt tokens in its slot so far
+        self.start = 0  # the id a bigram model reads before a row's first token (add)
 
     def add(self, row: Row, start: int) -> None:
         """A prompt enters the next free slot; `start` is the id a bigram model reads before a first token."""
-        slot = len(self.rows)
+        slot, self.start = len(self.rows), start
         self.rows.append(row)
         self.fed[id(row)] = 0
         table = self.slots.table
         table.lengths[slot] = 0
-        if table.last is None:
-            table.last = torch.zeros(table.slots, 1, dtype=torch.long, device=table.device)
-        table.last[slot] = start
+        # Only a model that reads the previous token makes table.last (on its first pass, when every row
+        # is new and reads `start` anyway): a row that carried one would make the engine's compiled
+        # batched step trace again with it (compiled_rows.py).
+        if table.last is not None:
+            table.last[slot] = start
 
     def remove(self, row: Row) -> None:
         """The row leaves its slot (done, cancelled or failed); the last row moves into the hole."""
@@ -89,7 +92,11 @@ class Prefill:
         last = torch.tensor([n - 1 for n in counts])  # each row's last real token
         logits = decoder.feed_chunks(self.slots, ids.to(table.device), offsets, last.to(table.device))
         table.end(counts)
-        table.last[: len(rows), 0] = ids[torch.arange(len(rows)), last].to(table.device)  # not the padding
+        if table.last is not None:  # the rows' newest real tokens, not the padding; rows not fed yet: start
+            table.last[: len(rows), 0] = ids[torch.arange(len(rows)), last].to(table.device)
+            for slot in range(len(rows), len(self.rows)):
+                if self.fed[id(self.rows[slot])] == 0:
+                    table.last[slot] = self.start
         done = []
         for b, (row, n) in enumerate(zip(rows, counts)):
             self.fed[id(row)] += n
