@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The most measurement lines allowed under attnlab/: the ones left in packages whose docstrings were
 # being rewritten while the others' moved to the docs (issue 52). Lower it as they move; never raise it.
-CEILING = 3
+CEILING = 0
 
 STRONG = re.compile(
     r"\d(?:[\d,.]*\d)? ?(?:tokens|tok|steps)/s\b|\d ?[KMG]i?B/s\b"  # a throughput

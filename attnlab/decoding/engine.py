@@ -36,10 +36,7 @@ if a replay ever shows a larger one. Should torch's multinomial on the device no
 exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower, as
 exact.
 
-Measured (tests/test_serve_batching.py, benchmarks/serve_load.py): the batched logits differ from the
-lone ones by about 1e-6 of their size (float32 on a CPU); of the benchmark's runs' batched draws
-(greedy, temperature, top-k with top-p) 0 to 5 in 10,000 were replayed; the tokens were the lone
-ones in every request checked.
+How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def encoded_rows(rows: list, encode, room: int | None, unit: str) -> list:
     return fitting(encoded, [room + 2 if e is None else longest(e) for e in encoded], room, unit)
 
 
-SHOWN_FROM = 50_000  # rows: encoding a million takes about 20 s on a 2-core CPU, worth a bar
+SHOWN_FROM = 50_000  # rows: from here encoding lasts long enough to want a bar (docs/log.md, "Data")
 
 
 def _shown(rows: list, unit: str) -> list:
@@ -103,8 +103,8 @@ def _shown(rows: list, unit: str) -> list:
 @contextmanager
 def _collector_skips_what_is_alive() -> Iterator[None]:
     """Python's cycle collector leaves out every object alive now (the rows read: a million rows are
-    millions of objects) while they are encoded: each of its full passes would walk them all again (a
-    million rows: 23 s of CPU, 12.5 s without). What encoding makes is still collected (a template's
+    millions of objects) while they are encoded: each of its full passes would walk them all again
+    (docs/log.md, "Data"). What encoding makes is still collected (a template's
     rendering may leave cycles)."""
     gc.freeze()
     try:

@@ -233,7 +233,7 @@ def decode_all(
 ) -> list[list[int]]:
     """Decoded target ids for each source, batch_size at a time as collate(sources[a:b]) makes them
     (greedy when beam is 1): token id arrays for translation, an image array for captioning.
-    progress: a bar on stderr, source by source (a test set takes 30-50 s on a CPU, beam search more)."""
+    progress: a bar on stderr, source by source (a test set takes long enough on a CPU to want one)."""
     model.eval()
     device = device or next(model.parameters()).device
     out: list[list[int]] = []
