@@ -195,6 +195,12 @@ class Engine:
                 if self.rows:
                     self._turn()
 
+    def warm(self) -> None:
+        """Prepare now, not at the first request's turn: a server calls it before it listens, so that
+        compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
+        with self._turns, torch.inference_mode():
+            self._prepare()
+
     def _prepare(self) -> None:
         """Once, before the first turn: whether rows can be batched exactly, and the tolerance."""
         if self._prepared:

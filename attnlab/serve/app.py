@@ -128,9 +128,9 @@ def create_app(
     served = load_runs(runs, device, quantize, compiled)
     attach_transcoders(served, list(transcoders))
     access, limits = access or Access(), limits or Limits()
-    for s in served.values():  # each generating run's engine, its batch as large as the limits say
-        if s.run.task.generates:
-            s.engine(limits.max_batch, limits.prefill)
+    for s in served.values():  # each generating run's engine, its batch as large as the limits say,
+        if s.run.task.generates:  # its compiled steps built or loaded before the server listens
+            s.engine(limits.max_batch, limits.prefill).warm()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
