@@ -237,21 +237,22 @@ def test_a_failing_compiler_is_one_reason_not_a_crash(unloaded, monkeypatch, tmp
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built is left to load next time
 
 
-@pytest.mark.parametrize(("ratio", "rows"), [(2.0, 8), (0.7, 32), (1.05, 32)])
-def test_bf16_takes_pytorchs_product_for_a_batch_only_where_it_measured_faster(ratio, rows, monkeypatch, tmp_path):
-    """Decided by a measurement kept per CPU, torch and threads, never by the CPU's flags: PyTorch's bf16
-    product measured `ratio` times the operator's speed at 16 rows."""
-    from attnlab.quant import pack_choice, packed
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_a_batchs_rows_keep_float32_activations_so_they_stay_near_their_lone_products(kind):
+    """Through ROW_LIMIT rows every kind is attnlab's operator on float32 activations: a batched row
+    differs from the same row alone by float32's rounding only (PyTorch's bf16 product, which rounds the
+    activations to bf16, once took a batch's bf16 rows, and the engine replayed their draws alone)."""
+    from attnlab.quant.packed import ROW_BATCH, ROW_LIMIT, PackedLinear
 
     if not row_kernels.loaded():
         pytest.skip("attnlab's row operators are not built here")
-    monkeypatch.setitem(packed.ROW_BATCH, "bf16", 32)
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))  # kernels.json of its own
-    timed = []
-    monkeypatch.setattr(pack_choice, "_doubt", lambda m: None)
-    monkeypatch.setattr(pack_choice, "measure", lambda timer: timed.append(1) or type("M", (), {"ratio": ratio})())
-    assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows == packed.ROW_BATCH["bf16"]
-    assert pack_choice.settle_bf16_rows(torch.device("cpu")) == rows and timed == [1]  # kept: measured once
+    torch.manual_seed(0)
+    layer = PackedLinear.from_linear(torch.nn.Linear(256, 96), kind)
+    x = torch.randn(16, 256)
+    with torch.inference_mode():
+        together, alone = layer(x), torch.cat([layer(x[i : i + 1]) for i in range(16)])
+    assert ROW_BATCH[kind] == ROW_LIMIT == 32
+    assert (together - alone).abs().max() <= 1e-5 * (1 + alone.abs().max())
 
 
 def test_the_kernels_are_built_for_the_instructions_pytorch_is_told_to_use(monkeypatch):

@@ -22,12 +22,9 @@ from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
 from attnlab.quant import row_kernels
 from attnlab.quant.packed import (
-    BF16_NATIVE_FROM,
     COMPUTE,
     KERNELS,
     ONE_ROW,
-    ROW_BATCH,
-    ROW_LIMIT,
     ROW_OPS,
     PackedLinear,
 )
@@ -129,46 +126,6 @@ def _measured(timer) -> tuple[float, str | None]:
     if _doubt(again) or again.ratio * MARGIN >= 1:
         return again.ratio, f"float32 {1 / m.ratio:.2g}x faster once, {1 / again.ratio:.2g}x the second time"
     return max(m.ratio, again.ratio), None
-
-
-BATCH_ROWS = 16  # the batch at which bf16's two products are timed
-
-
-def settle_bf16_rows(device: torch.device) -> int:
-    """How many rows bf16's row operator takes here (packed.ROW_BATCH["bf16"], set): all of a batch,
-    unless PyTorch's own bf16 product measured faster than the operator at BATCH_ROWS rows of GPT-2
-    small's 768 x 768 (a CPU that multiplies bf16 natively), then fewer than BF16_NATIVE_FROM. Measured
-    once per CPU, torch and thread count (kept in kernels.json, as the layers' choices)."""
-    if device.type != "cpu" or not _row_op("bf16"):
-        return ROW_BATCH["bf16"]
-    k = f"{_where()}|bf16 rows {BATCH_ROWS}"
-    kept = _read().get(k)
-    if isinstance(kept, dict) and isinstance(kept.get("ratio"), (int, float)):
-        ratio = float(kept["ratio"])
-    else:
-        m = measure(_batch_timer())
-        ratio = 1.0 if _doubt(m) else m.ratio  # not trusted: the operator (its speed is known)
-        if not _doubt(m):
-            _keep(k, ratio)
-    ROW_BATCH["bf16"] = BF16_NATIVE_FROM - 1 if ratio > MARGIN else ROW_LIMIT
-    return ROW_BATCH["bf16"]
-
-
-def _batch_timer():
-    """seconds(side): CALLS products of BATCH_ROWS rows by a bf16 768 x 768 layer, attnlab's operator on
-    the torch.float32 side, PyTorch's bf16 F.linear on the other (ratio: the operator's time over it)."""
-    layer = PackedLinear.from_linear(nn.Linear(768, 768), "bf16")
-    x = torch.randn(BATCH_ROWS, 768)
-    x16, (w16, b16) = x.to(torch.bfloat16), (layer.dequantize().to(torch.bfloat16), None)
-
-    def seconds(side: torch.dtype) -> float:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            for _ in range(CALLS):
-                ROW_OPS["bf16"](x, layer) if side == torch.float32 else F.linear(x16, w16, b16)
-            return time.perf_counter() - start
-
-    return seconds
 
 
 def _doubt(m: Measurement) -> str | None:

@@ -263,13 +263,12 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 # the layer -> (M, O), on the operands the layer made (ROW_PACKERS): int8 codes and the scales rounded to
 # bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
 # batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
-# tuned for it. bf16's limit is measured (quant/pack_choice.settle_bf16_rows, when a model is packed):
-# where the CPU multiplies bf16 natively PyTorch's bf16 product beat the operator from a few rows, so
-# there it stops at BF16_NATIVE_FROM - 1 rows; elsewhere PyTorch's was slower than float32, and the
-# operator takes all ROW_LIMIT (the figures: docs/cpu.md, "Quantized weights for inference").
+# tuned for it. Every kind keeps float32 activations through ROW_LIMIT rows: PyTorch's bf16 product
+# measured faster from a few rows on a CPU with bf16 instructions, but it rounds the activations to
+# bf16, so a batched row's logits moved far from its lone ones and the engine replayed its batched
+# draws alone (docs/log.md, "Serving").
 ROW_LIMIT = 32  # the most rows a row operator takes (csrc: a batch's rows in tiles of 4)
-ROW_BATCH = dict.fromkeys(("int8", "int4", "bf16"), ROW_LIMIT)  # bf16's may be lowered, as measured
-BF16_NATIVE_FROM = 9  # rows from which PyTorch's bf16 product is taken where it measured faster
+ROW_BATCH = dict.fromkeys(("int8", "int4", "bf16"), ROW_LIMIT)
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),

@@ -28,7 +28,7 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM
 from attnlab.nn.lora import has_lora
-from attnlab.quant.pack_choice import choose, settle_bf16_rows
+from attnlab.quant.pack_choice import choose
 from attnlab.quant.packed import GROUP, KINDS, PackedLinear, packable
 from attnlab.quant.quantize import block_linears
 
@@ -94,8 +94,6 @@ def quantize_for_inference(
     quant/pack_choice.py). The model is put in eval mode: packed layers do not train."""
     report = Quantization(check_kind(kind))
     device, tied = next(model.parameters()).device, tied_weights(model)
-    if kind == "bf16" and not every_layer:  # a batch's rows: the operator's or PyTorch's, as measured here
-        settle_bf16_rows(device)
     for name, parent, attr, layer in inference_linears(model):
         if not isinstance(layer, nn.Linear):
             raise AttnlabError(f"quantize: {name} is already {layer.kind}; quantize the float run instead")
