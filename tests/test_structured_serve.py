@@ -130,7 +130,8 @@ def test_batched_requests_each_get_their_lone_text(client, server):
         return constrained(client, a["seed"], a["temperature"])
 
     def free_one(seed):
-        return client.completions.create(model="lm", prompt="Answer: ", max_tokens=40, seed=seed, **FREE).choices[0].text
+        r = client.completions.create(model="lm", prompt="Answer: ", max_tokens=40, seed=seed, **FREE)
+        return r.choices[0].text
 
     alone = [constrained_one(a) for a in asks]
     free_alone = [free_one(s) for s in range(4)]
