@@ -76,6 +76,7 @@ class Jobs:
     ) -> Job:
         """Reserve the streams and start every (prompt, choice) sequence in the model's engine."""
         n, streams = len(prompts) * req.n, self.streams
+        grammar = req.grammar(s.run.tokenizer)  # before streams are taken: a refused schema holds none
         if n > streams.limit:
             raise BadField(
                 f"this request asks for {n} sequences; the server generates at most {streams.limit} at once", "n"
@@ -88,7 +89,6 @@ class Jobs:
             )
         job = Job(self.engines[req.model], streams, self.limits)
         seed = secrets.randbelow(2**62) if req.seed is None else req.seed
-        grammar = req.grammar(s.run.tokenizer)  # compiled once per schema and tokenizer (cached)
         # A structured output's end-of-text is its value's end, never text: kept even with ignore_eos.
         eot = None if req.ignore_eos and grammar is None else s.run.tokenizer.eot_id
         try:
