@@ -18,8 +18,8 @@ from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.rows import Ask
 from attnlab.decoding.structured import compile
-from attnlab.serve.app import create_app, running
 from attnlab.serve.openai_schema import BadField, CompletionRequest
+from tests import test_openai_api
 from tests.conftest import extra, make_run, tiny_model
 
 openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
@@ -43,6 +43,7 @@ SCHEMA = {
 }
 AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
 STRICT = {**SCHEMA, "additionalProperties": False}  # what strict mode validates against
+server, client = test_openai_api.server, test_openai_api.client  # its fixtures: a live server on our run_dir
 FREE = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}
 
 
@@ -50,18 +51,6 @@ FREE = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}
 def run_dir(tmp_path_factory):
     """A 2-layer character GPT with random weights, context 256."""
     return make_run(tmp_path_factory.mktemp("structured") / "lm", tiny_model(context=256), CharTokenizer(CHARS))
-
-
-@pytest.fixture(scope="module")
-def server(run_dir):
-    app = create_app([run_dir])
-    with running(app) as url:
-        yield url, app
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def constrained(client, seed: int, temperature: float = 1.0, fmt=AS_SCHEMA, **kw):
