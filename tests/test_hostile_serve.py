@@ -23,6 +23,7 @@ from tests.conftest import REPEATABLE, extra, short_chat_lm
 from tests.hostile import bounded, one_line
 
 httpx = extra("httpx", "httpx (the client here) is a dev extra")
+UNIQUE = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 SECONDS, MIB = 10.0, 200  # per request; a refusal takes 5-50 ms (the 50 MB body: its sending)
@@ -161,7 +162,11 @@ REFUSED = {  # name: (path, body, what the one line says)
         r"^Unrecognized request argument supplied: 'x0\\n', .* and 45 more$", **{f"x{i}\n": 1 for i in range(50)}
     ),
     "tools": says(r"tools are not supported", tools=[{"type": "function"}]),
-    "response_format json": says(r"response_format: only", response_format={"type": "json_object"}),
+    "response_format xml": says(r"^response_format type 'xml' is not one of text, ", response_format={"type": "xml"}),
+    "response_format uniqueItems": says(
+        r"^JSON-schema keyword 'uniqueItems' at #/properties/a is not supported",
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": UNIQUE}},
+    ),
     "an unknown model": says(r"^the model 'm\\nm\\n.*\.\.\. does not exist; serving: lm$", model="m\n" * 10_000),
     "the body a list": (CHAT, [1, 2], r"Input should be a valid dictionary"),
     "the body not JSON": (CHAT, "{not json", r"the body is not valid JSON \(Expecting property name"),

@@ -9,12 +9,15 @@ makes the draws of one sequence the same wherever it is decoded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from attnlab.decoding.settings import Draw
+from attnlab.decoding.structured import apply_masks
 
-__all__ = ["Draw", "filter_logits", "jump_keep", "next_token", "next_tokens", "seed_of"]
+__all__ = ["Draw", "constrained", "filter_logits", "jump_keep", "next_token", "next_tokens", "seed_of"]
 
 
 def seed_of(seed: int | None) -> int:
@@ -38,6 +41,16 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
         drop = (before >= top_p).scatter(-1, order, before >= top_p)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def constrained(logits: Tensor, matchers: Sequence) -> Tensor:
+    """(B, V) logits with each constrained row's forbidden tokens at -inf (structured outputs: one
+    structured.Matcher or None per row): a copy, so that logprobs stay the model's own; the logits
+    themselves when no row is constrained. Adding 0 or -inf is exact, so a row's masked logits are
+    the same numbers batched or alone, and exact.py's checks hold for them."""
+    if all(m is None for m in matchers):
+        return logits
+    return apply_masks(logits.clone(), matchers)
 
 
 def next_tokens(

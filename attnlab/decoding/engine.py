@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.adapters import decoder_for
-from attnlab.decoding.draw import Draw, jump_keep, next_tokens
+from attnlab.decoding.draw import Draw, constrained, jump_keep, next_tokens
 from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
 from attnlab.decoding.inbox import Inbox
 from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
@@ -116,12 +116,13 @@ class Engine:
             self.device,
         )
         row.deadline = None if ask.seconds is None else time.monotonic() + ask.seconds
-        row.on_exit, row.wake, row.attention, row.source, row.tag = (
+        row.on_exit, row.wake, row.attention, row.source, row.tag, row.matcher = (
             ask.on_exit,
             ask.wake,
             ask.attention,
             ask.source,
             ask.tag,
+            ask.matcher,
         )
         row.hooks = thread_hooks(self.model)
         row.solo = ask.attention or bool(row.hooks)
@@ -293,7 +294,7 @@ class Engine:
     def _join(self, done: list[tuple[Row, Tensor]]) -> None:
         """Prefilled rows draw their first token now: from the batch's logits (1, V) where exact.py finds
         the draw sure, else from their prompt run again alone."""
-        z = torch.cat([z for _, z in done])  # (b, V)
+        z = constrained(torch.cat([z for _, z in done]), [row.matcher for row, _ in done])  # (b, V)
         picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
         for (row, logits), token in zip(done, picks):
             if token is None:  # in doubt: the prompt again, alone, for the lone logits
@@ -388,7 +389,8 @@ class Engine:
         live = [row for row in self.slotted if not row.cancelled]
         index = {id(row): i for i, row in enumerate(self.slotted)}  # before a replay moves any slot
         z = logits[[index[id(row)] for row in live]]  # (b, V)
-        picks = certain_draws(z, [row.draw for row in live], [row.generator for row in live], self.tolerance)
+        masked = constrained(z, [row.matcher for row in live])  # structured outputs: as _draw_exact masks
+        picks = certain_draws(masked, [row.draw for row in live], [row.generator for row in live], self.tolerance)
         out = {}
         for i, (row, token) in enumerate(zip(live, picks)):
             if token is not None:
@@ -406,7 +408,8 @@ class Engine:
             token, row.sure = row.sure, None
             return token, logits
         d, logits = row.draw, self.decoder.mask(logits)
-        return int(next_tokens(logits, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
+        drawn = constrained(logits, [row.matcher])  # the same mask as a batched draw's: the same token
+        return int(next_tokens(drawn, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
 
     def _replay(self, row: Row, batched: Tensor) -> None:
         """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
@@ -428,14 +431,17 @@ class Engine:
             self.seats.reseat(row)
 
     def _advance(self, row: Row, token: int, logits: Tensor | None) -> None:
-        """Hand the token over; retire the row when done, refill it when it outgrows the context."""
+        """Hand the token over; retire the row when done (its length drawn, or its structured value
+        closed), refill it when it outgrows the context."""
         if row.cancelled:
             self._retire(row)
             return
+        if row.matcher is not None:  # before the reader hears of the token: one outside the mask fails the row
+            row.matcher.advance(token)
         row.emit(step_of(token, logits, row.logprobs, row.seen))
         row.window.append(token)
         row.left -= 1
-        if row.left <= 0:
+        if row.left <= 0 or (row.matcher is not None and row.matcher.done):
             self._finish(row)
         elif self.decoder.outgrown(len(row.window)):  # jump ahead as stream_rows does: its last C/2 tokens, alone
             self.seats.leave(row)

@@ -45,7 +45,8 @@ def certain_draws(
     out: list[int | None] = [None] * len(draws)
     for (temperature, top_k, top_p), rows in groups.items():
         z = logits[torch.tensor(rows, device=logits.device)]  # (b, V)
-        delta = tolerance * (1 + z.float().abs().amax(-1))  # (b,) the bound on |z_batch - z_alone|
+        # (b,) the bound on |z_batch - z_alone|; a structured output's -inf (masked, the same both ways) left out
+        delta = tolerance * (1 + z.float().abs().nan_to_num(posinf=0.0).amax(-1))
         if temperature <= 0:
             tokens, sure = greedy(z, delta)
         else:

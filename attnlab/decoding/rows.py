@@ -36,7 +36,9 @@ class Ask:
     alternatives with each Step; a failure after `seconds`; on_exit() once when it leaves, however it
     ends; wake() once after each turn in which it emitted (rows sharing a wake: once for all of them),
     so that a reader can collect a turn's steps in one go; `attention`: each Step says where its query
-    looked; `source`: an encoder-decoder's input (1, ...); `tag`: who asked, for statistics."""
+    looked; `source`: an encoder-decoder's input (1, ...); `tag`: who asked, for statistics;
+    `matcher`: a structured output's constraint (structured.Matcher, one per row): every draw is
+    masked by it, and the row ends when its value closes."""
 
     logprobs: int | None = None
     seconds: float | None = None
@@ -45,6 +47,7 @@ class Ask:
     attention: bool = False
     source: Tensor | None = None
     tag: str = ""
+    matcher: Any = None
 
 
 class Row:
@@ -73,6 +76,7 @@ class Row:
         self.hooks: dict = {}  # hooks its caller set on the model, run on its forward passes (alone)
         self.source: Tensor | None = None  # an encoder-decoder's input (an image), (1, ...)
         self.tag = ""  # who asked (the explorer, /v1, the command line): for statistics
+        self.matcher: Any = None  # structured.Matcher: masks each draw; the row ends when its value closes
 
     def cancel(self) -> None:
         """The reader is gone (or has what it needs): the engine drops the row at its next step."""

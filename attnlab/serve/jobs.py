@@ -52,8 +52,10 @@ class Choice:
         return piece
 
     def end(self) -> str:
-        """max_tokens reached: the text held back (a possible start of a stop text) comes out."""
-        self.finish = self.finish or "length"
+        """The engine ended the row: max_tokens drawn ("length"), or its structured value closed
+        ("stop"); the text held back (a possible start of a stop text) comes out."""
+        closed = self.row is not None and self.row.matcher is not None and self.row.matcher.done
+        self.finish = self.finish or ("stop" if closed else "length")
         piece = self.pieces.flush()
         self.text += piece
         return piece
@@ -69,11 +71,21 @@ class Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []
 
-    def start(self, choice: Choice, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None) -> None:
+    def start(
+        self, choice: Choice, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None, matcher=None
+    ) -> None:
+        """Submit the choice's sequence; `matcher`: its structured output's constraint, or None."""
+
         def emit(item, i=choice.index):  # called in the engine's thread
             self.mailbox.post(self.queue, (i, item))
 
-        ask = Ask(logprobs, self.limits.request_timeout, on_exit=lambda: self.streams.give(1), wake=self.mailbox.wake)
+        ask = Ask(
+            logprobs,
+            self.limits.request_timeout,
+            on_exit=lambda: self.streams.give(1),
+            wake=self.mailbox.wake,
+            matcher=matcher,
+        )
         choice.row = self.engine.submit(ids, draw, max_tokens, emit, ask)
         self.choices.append(choice)
 

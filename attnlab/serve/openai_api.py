@@ -15,8 +15,8 @@ stream_options.include_usage, a chunk with no choices and the usage comes before
 
 What the fields mean here (requests: see openai_schema.py):
 - finish_reason "stop": a stop text (cut from the text; for chat also the end of turn of the run's
-  chat template, openai_schema.py) or the end-of-text token (unless ignore_eos); "length":
-  max_tokens drawn.
+  chat template, openai_schema.py), the end-of-text token (unless ignore_eos), or a structured
+  output's value closed (response_format json_object or json_schema); "length": max_tokens drawn.
 - usage: prompt_tokens are the prompts' tokens by the run's tokenizer (an empty prompt is one
   end-of-text token), each prompt once however many choices; completion_tokens are the tokens drawn,
   a cut stop text's and an end-of-text token included.
@@ -76,6 +76,7 @@ class Jobs:
     ) -> Job:
         """Reserve the streams and start every (prompt, choice) sequence in the model's engine."""
         n, streams = len(prompts) * req.n, self.streams
+        grammar = req.grammar(s.run.tokenizer)  # before streams are taken: a refused schema holds none
         if n > streams.limit:
             raise BadField(
                 f"this request asks for {n} sequences; the server generates at most {streams.limit} at once", "n"
@@ -88,7 +89,8 @@ class Jobs:
             )
         job = Job(self.engines[req.model], streams, self.limits)
         seed = secrets.randbelow(2**62) if req.seed is None else req.seed
-        eot = None if req.ignore_eos else s.run.tokenizer.eot_id
+        # A structured output's end-of-text is its value's end, never text: kept even with ignore_eos.
+        eot = None if req.ignore_eos and grammar is None else s.run.tokenizer.eot_id
         try:
             for p, (text, ids) in enumerate(prompts):
                 for j in range(req.n):
@@ -100,7 +102,8 @@ class Jobs:
                         logprobs is not None,
                         text if echo else "",
                     )
-                    job.start(choice, ids, draw, max_tokens, logprobs)
+                    matcher = None if grammar is None else grammar.matcher()  # one per choice
+                    job.start(choice, ids, draw, max_tokens, logprobs, matcher)
         except Exception:
             job.cancel()
             streams.give(n - len(job.choices))

@@ -8,7 +8,13 @@ temperature (0-2, 0 = greedy), top_p, n, stop (a string or up to 4), seed, strea
 stream_options.include_usage, logprobs (completions: how many alternatives, 0-20; chat: true with
 top_logprobs 0-20), echo. Accepted at their neutral values only (any other is a 400 that says
 so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null, tools
-none, response_format text. `user` is accepted and ignored. Any other field is a 400
+none. `user` is accepted and ignored.
+
+response_format (both endpoints): {"type": "text"}, {"type": "json_object"} (any JSON object) or
+{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: each token is drawn under a
+mask that keeps the text a valid value (decoding/structured, docs/structured-outputs.md), and the
+choice ends, finish_reason "stop", when the value closes. A schema keyword the mask cannot enforce,
+or a run whose tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
 
 Messages: role system, developer (read as system), user or assistant; content a text, a list of
@@ -36,6 +42,7 @@ from pydantic_core import PydanticCustomError
 
 from attnlab.data.conversations import Message as Turn
 from attnlab.decoding.settings import Draw
+from attnlab.decoding.structured import from_response_format
 from attnlab.errors import AttnlabError
 
 MAX_COMPLETION_TOKENS = 2048
@@ -46,6 +53,7 @@ MAX_STOPS = 4
 CHAT_MAX_TOKENS = 256  # a chat reply's default length
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}  # as the template sees it
 TOOL_ROLES = ("tool", "function")
+FORMATS = ("text", "json_object", "json_schema")  # response_format types
 TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")  # a message's fields of tool calling
 
 Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
@@ -77,6 +85,9 @@ class Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, description="not supported: 0 only")
     logit_bias: dict[str, float] | None = Field(None, description="not supported: empty only")
     user: str | None = Field(None, max_length=256, description="ignored")
+    response_format: dict | None = Field(
+        None, description="{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -107,6 +118,19 @@ class Sampling(BaseModel):
             raise BadField("logit_bias is not supported (only empty)", "logit_bias")
         if len(self.stops()) > MAX_STOPS:
             raise BadField(f"stop takes at most {MAX_STOPS} texts", "stop")
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in FORMATS:
+            raise BadField(f"response_format type {clip(kind)} is not one of {', '.join(FORMATS)}", "response_format")
+
+    def grammar(self, tokenizer):
+        """The structured output's compiled constraint (decoding/structured), None for plain text; a
+        keyword it cannot enforce, or a tokenizer it cannot read, is a 400 naming it."""
+        if not self.response_format:
+            return None
+        try:
+            return from_response_format(self.response_format, tokenizer)
+        except AttnlabError as e:
+            raise BadField(str(e), "response_format") from None
 
     def stops(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -204,7 +228,6 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=0, le=MAX_COMPLETION_TOKENS, description="max_tokens' new name")
     logprobs: bool = Field(False, description="log-probabilities of the reply's tokens")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: this many alternatives per token")
-    response_format: dict | None = Field(None, description="only {'type': 'text'}")
     tools: list[dict] | None = Field(None, description="not supported")
     tool_choice: str | dict | None = Field(None, description="not supported: none only")
     parallel_tool_calls: bool | None = None
@@ -232,8 +255,6 @@ class ChatRequest(Sampling):
             raise BadField("tools are not supported: these are base models", "tools")
         if self.tool_choice not in (None, "none"):
             raise BadField("tool_choice is not supported", "tool_choice")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise BadField("response_format: only {'type': 'text'} is supported", "response_format")
 
     def limit(self) -> int:
         given = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
