@@ -87,7 +87,7 @@ CALLS = [
         "train_option_unknown",
         lambda r, tmp: attnlab.train(tmp / "r", lr=0.1),
         TypeError,
-        "unknown option 'lr' for task lm (its own: config); lr is a training setting: pass train=TrainConfig",
+        "unknown option 'lr' for task lm (its own: none); lr is a training setting: pass train=TrainConfig",
     ),
     Call(
         "train_option_mistyped",

@@ -9,7 +9,7 @@ each with Python, dispatch and a thread wake-up around it), and for a small mode
 the step; compiled.py removed it for a lone row, this does the same for the batched step:
 
     traced once       (ids (B, 1), positions (B,), bias (B, 1, 1, L), the slots' k, v buffers
-                      (S, Hkv, C, Dh) each, the previous tokens (B, 1) when the model reads them)
+                      (S, Hkv, C + 1, Dh) each, the previous tokens (B, 1) when the model reads them)
                       -> logits (B, V); B (2..S) and L (2..C) symbolic: one library serves every
                       batch and length; each row's keys/values written at its own position in place
     the same library  as a lone row's step is kept (exported.py: on disk under a key that names
@@ -17,7 +17,8 @@ the step; compiled.py removed it for a lone row, this does the same for the batc
 
 The engine checks every batched draw against the lone row's logits as before (exact.py); the
 tolerance it measures when it starts is measured through this step. A model the export cannot take,
-or a device it does not run on, keeps the ordinary forward (one warning).
+a device it does not run on, or a step under autocast goes through torch.compile instead (B and L
+marked dynamic); one inductor cannot compile keeps the ordinary forward (one warning).
 """
 
 from __future__ import annotations
