@@ -108,10 +108,7 @@ class CompiledStep:
     tensors each step reuses instead of making new ones."""
 
     def __init__(self, model: nn.Module, context: int, device: torch.device):
-        # A code object of its own: torch.compile keeps its compilations per code object, so this step's
-        # are only its own, and skipping their guards (_stance) cannot pick another model's.
-        code = _step.__code__.replace(co_name=f"_step_{id(self):x}")
-        self.own = types.FunctionType(code, _step.__globals__, code.co_name, (model,))
+        self.own = own_copy(_step, model, self)
         self.compiled = None  # torch.compile's step, made when first taken (making it loads TorchDynamo: seconds)
         self.model, self.device = model, device
         if device.type == "cpu":  # the step's trace reads whether attnlab's operators are loaded, it cannot build them
@@ -200,6 +197,14 @@ class CompiledStep:
             return None
         self.row = caches
         return self.exported if self.exported.with_last == (last is not None) else None
+
+
+def own_copy(step, model: nn.Module, owner: object):
+    """`step` with a code object of its own and `model` bound as its last argument's default:
+    torch.compile keeps its compilations per code object, so `owner`'s are only its own, and skipping
+    their guards (_stance) cannot pick another model's."""
+    code = step.__code__.replace(co_name=f"{step.__name__}_{id(owner):x}")
+    return types.FunctionType(code, step.__globals__, code.co_name, (model,))
 
 
 def _reason(e: Exception) -> str:

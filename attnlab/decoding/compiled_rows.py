@@ -23,14 +23,13 @@ marked dynamic); one inductor cannot compile keeps the ordinary forward (one war
 
 from __future__ import annotations
 
-import types
 import warnings
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.decoding import compiled
-from attnlab.decoding.compiled import EXPORT_DEVICES, _reason
+from attnlab.decoding.compiled import EXPORT_DEVICES, _reason, own_copy
 from attnlab.decoding.exported import ExportedStep
 from attnlab.decoding.slots import Slots
 from attnlab.nn.attention import KVCache
@@ -82,8 +81,7 @@ class CompiledRows:
 
     def __init__(self, model: nn.Module, device: torch.device):
         self.model, self.device = model, device
-        code = _rows_step.__code__.replace(co_name=f"_rows_step_{id(self):x}")  # compilations of its own
-        self.own = types.FunctionType(code, _rows_step.__globals__, code.co_name, (model,))
+        self.own = own_copy(_rows_step, model, self)  # compilations of its own
         self.exported: ExportedStep | None = None
         self.export_failed: str | None = None if device.type in EXPORT_DEVICES else f"not on {device.type}"
         self.compiled = None
