@@ -159,7 +159,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.decode_kernels:  # a window's rows as a decode step's: no row count is too many
-        packed.ROW_BATCH = dict.fromkeys(packed.ROW_BATCH, sys.maxsize)
+        packed.ROW_LIMIT = sys.maxsize
     header = f"CPU: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     if not args.json:
         print(header, flush=True)

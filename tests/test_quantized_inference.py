@@ -20,7 +20,7 @@ from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.quant import pack_choice, row_kernels
-from attnlab.quant.packed import COMPUTE, KINDS, ROW_BATCH, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
+from attnlab.quant.packed import COMPUTE, KINDS, ROW_LIMIT, ROW_OPS, PackedLinear, dequantize_int4, quantize_int4
 from attnlab.runs.quantized import FLOAT, quantize_for_inference
 from attnlab.runs.quantized_run import quantize_run
 from attnlab.runtime.timing import Measurement, Timing
@@ -46,7 +46,7 @@ def reference(layer: PackedLinear, x: torch.Tensor, round_x: bool = True) -> tor
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("lead", [(1,), (1, 3), (5, 3), (33, 3)])  # up to ROW_BATCH rows: a decode step's product
+@pytest.mark.parametrize("lead", [(1,), (1, 3), (5, 3), (33, 3)])  # up to ROW_LIMIT rows: a decode step's product
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     torch.manual_seed(0)
@@ -56,7 +56,7 @@ def test_packed_product_is_dequantize_then_multiply(kind, lead, bias):
     with torch.inference_mode():
         y = layer(x)
     assert y.shape == (*lead, 40) and y.dtype == torch.float32
-    if kind in ROW_OPS and x.numel() // 96 <= ROW_BATCH[kind] and row_kernels.loaded():  # attnlab's operator
+    if kind in ROW_OPS and x.numel() // 96 <= ROW_LIMIT and row_kernels.loaded():  # attnlab's operator
         if kind == "int4":  # its activations rounded to int8 per block of 32
             exact = int4_rows_exact(x.reshape(-1, 96), layer.codes, layer.scales, layer.zeros).float()
             ref = (exact if layer.bias is None else exact + layer.bias).view(*lead, 40)

@@ -13,7 +13,7 @@ from conftest import int4_rows_exact
 from torch import nn
 
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import ROW_BATCH, ROW_OPS, PackedLinear, int4_blocks, quantize_int4, unpack_int4
+from attnlab.quant.packed import ROW_LIMIT, ROW_OPS, PackedLinear, int4_blocks, quantize_int4, unpack_int4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -80,7 +80,7 @@ def test_wrong_inputs_are_refused_in_one_line(call, message):
         call()
 
 
-# Rows of x: one, tiles of four and the rest (1, 2, 3), several tiles, a batch's most (ROW_BATCH: 32)
+# Rows of x: one, tiles of four and the rest (1, 2, 3), several tiles, a batch's most (ROW_LIMIT: 32)
 ROWS = [1, 2, 3, 5, 8, 16, 17, 32]
 
 
@@ -159,13 +159,13 @@ def test_int4_blocks_hold_the_portable_codes_scales_and_zeros():
 def test_a_packed_layer_decodes_up_to_a_batch_of_rows_through_the_operator(kind, monkeypatch):
     torch.manual_seed(0)
     layer = PackedLinear.from_linear(nn.Linear(96, 40), kind)
-    x = torch.randn(ROW_BATCH[kind], 1, 96)  # a batched decode step
+    x = torch.randn(ROW_LIMIT, 1, 96)  # a batched decode step
     seen = []
     original = ROW_OPS[kind]
     monkeypatch.setitem(ROW_OPS, kind, lambda *a: seen.append(1) or original(*a))
     with torch.inference_mode():
         y, one = layer(x), layer(x[3])
-        layer(torch.randn(ROW_BATCH[kind] + 1, 96))  # more rows (a prompt): PyTorch's kernel
+        layer(torch.randn(ROW_LIMIT + 1, 96))  # more rows (a prompt): PyTorch's kernel
     assert len(seen) == 2
     assert (y[3] - one).abs().max() <= 1e-6 * one.abs().max()  # the batch's row is the row's alone
     if kind != "int4":  # int4's activations are rounded to int8 (the tests above)
@@ -242,7 +242,7 @@ def test_a_batchs_rows_keep_float32_activations_so_they_stay_near_their_lone_pro
     """Through ROW_LIMIT rows every kind is attnlab's operator on float32 activations: a batched row
     differs from the same row alone by float32's rounding only (PyTorch's bf16 product, which rounds the
     activations to bf16, once took a batch's bf16 rows, and the engine replayed their draws alone)."""
-    from attnlab.quant.packed import ROW_BATCH, ROW_LIMIT, PackedLinear
+    from attnlab.quant.packed import PackedLinear
 
     if not row_kernels.loaded():
         pytest.skip("attnlab's row operators are not built here")
@@ -251,7 +251,7 @@ def test_a_batchs_rows_keep_float32_activations_so_they_stay_near_their_lone_pro
     x = torch.randn(16, 256)
     with torch.inference_mode():
         together, alone = layer(x), torch.cat([layer(x[i : i + 1]) for i in range(16)])
-    assert ROW_BATCH[kind] == ROW_LIMIT == 32
+    assert ROW_LIMIT == 32 and layer._takes_row_op(x)  # the whole batch through the operator
     assert (together - alone).abs().max() <= 1e-5 * (1 + alone.abs().max())
 
 

@@ -18,7 +18,7 @@ with bf16 scale and zero) where 128, torchao's default, would save half a bit bu
 coarsen the steps of 127 others. int8 needs no groups: 256 levels over a whole row moved the demo
 model's held-out loss by +0.004% (int4 by +0.32%; benchmarks/quantize_quality.py, docs/cpu.md).
 
-A decode step's rows on the CPU (1 to ROW_BATCH, 32 or 8: one row, or a batch's) are attnlab's operators
+A decode step's rows on the CPU (1 to ROW_LIMIT, 32: one row, or a batch's) are attnlab's operators
 where they could be built (quant/row_kernels.py, ROW_OPS): int8 and bf16 weights widened in registers
 with float32 activations; int4 (groups of 32) repacked once into blocks (int4_blocks) and multiplied by
 the activations rounded to int8 per block of 32, as integers. Otherwise, and for more rows (a prompt),
@@ -188,11 +188,11 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def _takes_row_op(self, x: Tensor) -> bool:
-        """Whether x is 1..ROW_BATCH rows on the CPU for a kind with a row operator (int4: groups of 32)."""
+        """Whether x is 1..ROW_LIMIT rows on the CPU for a kind with a row operator (int4: groups of 32)."""
         rows = x.numel() // self.in_features
         return (
             self.kind in ROW_OPS
-            and 1 <= rows <= ROW_BATCH[self.kind]
+            and 1 <= rows <= ROW_LIMIT
             and x.device.type == "cpu"
             and (self.kind != "int4" or self.group == GROUP)
         )
@@ -261,14 +261,13 @@ ONE_ROW = {"bf16": 0, "int8": 1 << 20}
 
 # By kind: the row products of quant/row_kernels.py (where that library is loaded), x (M, I) float32 and
 # the layer -> (M, O), on the operands the layer made (ROW_PACKERS): int8 codes and the scales rounded to
-# bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_BATCH[kind] rows: a decode step,
+# bf16, the bf16 weight, int4 blocks (int4_blocks). Taken for 1..ROW_LIMIT rows: a decode step,
 # batched or not. Above that a prefill's matrix is compute's, not memory's, and PyTorch's kernels are
 # tuned for it. Every kind keeps float32 activations through ROW_LIMIT rows: PyTorch's bf16 product
 # measured faster from a few rows on a CPU with bf16 instructions, but it rounds the activations to
 # bf16, so a batched row's logits moved far from its lone ones and the engine replayed its batched
 # draws alone (docs/log.md, "Serving").
 ROW_LIMIT = 32  # the most rows a row operator takes (csrc: a batch's rows in tiles of 4)
-ROW_BATCH = dict.fromkeys(("int8", "int4", "bf16"), ROW_LIMIT)
 ROW_OPS = {
     "int8": lambda x, layer: row_kernels.int8_row(x, *layer.operands("rows")),
     "bf16": lambda x, layer: row_kernels.bf16_row(x, *layer.operands("rows")),
