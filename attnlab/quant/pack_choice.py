@@ -21,13 +21,7 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.io import cache_root, read_json, write_json
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import (
-    COMPUTE,
-    KERNELS,
-    ONE_ROW,
-    ROW_OPS,
-    PackedLinear,
-)
+from attnlab.quant.packed import COMPUTE, KERNELS, ONE_ROW, ROW_OPS, PackedLinear
 from attnlab.runtime.precision import cpu_identity
 from attnlab.runtime.timing import MIN_PAIRS, SPREAD_LIMIT, Measurement, measure
 

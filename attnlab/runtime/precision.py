@@ -76,8 +76,7 @@ def cpu_identity() -> str:
     if not info:
         return cpu_model()
     numbers = " ".join(f"{k} {info[k]}" for k in ("cpu family", "model", "stepping") if k in info)
-    flags = info.get("flags") or info.get("features") or ""
-    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:8]
+    digest = hashlib.sha256(" ".join(sorted(cpu_flags() or ())).encode()).hexdigest()[:8]
     return f"{cpu_model()} ({numbers}, flags {digest})"
 
 
