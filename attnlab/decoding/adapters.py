@@ -78,6 +78,21 @@ class LMDecoder:
         rows = [[round(float(w), DECIMALS) for w in layer[0, :, -1].float().mean(0)] for layer in weights]
         return logits, rows
 
+    def verify(self, state: list, ids: list[int], offset: int) -> Tensor:
+        """(T, V) logits after each of `ids` fed at `offset` alone, one forward pass: how a speculative
+        step checks its drafted tokens (speculate.py)."""
+        x = torch.tensor([ids], device=self.device)  # (1, T)
+        with autocast(self.device, self.precision):
+            return self.model(x, caches=state, offset=offset)[0]
+
+    def rollback(self, state: list, length: int, last: int) -> None:
+        """Keep the first `length` positions of a row's caches (later ones are written over, as the
+        caches are indexed by position); `last`: the newest token kept, which a bigram model reads."""
+        for cache in state:
+            cache.length = length
+        if state[0].last_token is not None:
+            state[0].last_token = torch.tensor([[last]], device=self.device)
+
     def slots(self, max_batch: int) -> Slots:
         # The compiled step reads the first L positions, L symbolic: one more than the context keeps L
         # below the buffers' length, as start() does for a lone row.

@@ -61,6 +61,7 @@ from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
 from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
 from attnlab.decoding.slots import copied
+from attnlab.decoding.speculate import speculated
 from attnlab.nn.hooks import hooks, thread_hooks
 
 REPLAYS = 2  # a row in doubt this often finishes alone
@@ -124,6 +125,7 @@ class Engine:
             ask.tag,
             ask.matcher,
         )
+        row.spec = None if ask.speculate is None else ask.speculate.start()
         row.hooks = thread_hooks(self.model)
         row.solo = ask.attention or bool(row.hooks)
         if max_tokens <= 0:
@@ -357,7 +359,7 @@ class Engine:
         try:
             batched = self._batched_logits() if self.slotted else None
             for row in self.rows:
-                if row.exact is None and row.slot is None:  # alone: its own state
+                if row.exact is None and row.slot is None and not speculated(self, row):  # alone: its own state
                     self._alone(row, row.window[-1:], len(row.window) - 1)
         except Exception as e:  # the whole step failed: every row hears it
             for row in list(self.rows):

@@ -38,7 +38,8 @@ class Ask:
     so that a reader can collect a turn's steps in one go; `attention`: each Step says where its query
     looked; `source`: an encoder-decoder's input (1, ...); `tag`: who asked, for statistics;
     `matcher`: a structured output's constraint (structured.Matcher, one per row): every draw is
-    masked by it, and the row ends when its value closes."""
+    masked by it, and the row ends when its value closes; `speculate`: draft tokens and verify them in
+    one pass when the row is decoded alone (speculate.Speculate)."""
 
     logprobs: int | None = None
     seconds: float | None = None
@@ -48,6 +49,7 @@ class Ask:
     source: Tensor | None = None
     tag: str = ""
     matcher: Any = None
+    speculate: Any = None
 
 
 class Row:
@@ -77,6 +79,7 @@ class Row:
         self.source: Tensor | None = None  # an encoder-decoder's input (an image), (1, ...)
         self.tag = ""  # who asked (the explorer, /v1, the command line): for statistics
         self.matcher: Any = None  # structured.Matcher: masks each draw; the row ends when its value closes
+        self.spec: Any = None  # speculate.Drafting: its drafts and how well they do, when it asked for them
 
     def cancel(self) -> None:
         """The reader is gone (or has what it needs): the engine drops the row at its next step."""
