@@ -27,6 +27,7 @@ from attnlab.data.conversations import Conversation, Preference, conversation, k
 from attnlab.data.finetune import BUILTIN
 from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, next_message, talk
 from attnlab.decoding.settings import compiling
+from attnlab.decoding.speculate import use_draft
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.folder import check_run_dir, read_run_config
@@ -50,6 +51,19 @@ def generating_run(path: str, device: str, command: str, quantize: str | None = 
             f"{path} is not a language model run (it is {run.task.name}): attnlab {command} needs a gpt run"
         )
     return note_quantized(run)
+
+
+def with_draft(run: Run, draft: str | None, speculate: str, compiled: bool = False) -> Run:
+    """The run with its draft model (--draft RUN) paired for speculative decoding (decoding/speculate.py)."""
+    if draft is None:
+        if speculate == "draft":
+            raise AttnlabError("--speculate draft needs a draft model: give --draft RUN (or --speculate prompt)")
+        return run
+    if speculate not in ("draft", "auto"):
+        raise AttnlabError("--draft is read by --speculate draft or auto: give one of them")
+    drafter = generating_run(draft, str(run.device), "--draft")
+    use_draft(run.model, drafter.model, compiled=compiling(compiled), tokenizers=(run.tokenizer, drafter.tokenizer))
+    return run
 
 
 def template_of(run: Run) -> ChatTemplate:
@@ -201,6 +215,7 @@ def terminal() -> Iterator[Callable[[str], None] | None]:
 
 def run_chat(opts: ChatOptions) -> int:
     run = generating_run(opts.run, opts.device, "chat", opts.quantize, opts.compile)
+    with_draft(run, opts.draft, opts.speculate, opts.compile)
     template = template_of(run)
     reserve, said = answer_room(run, template, opts)
     dialogue = Dialogue(
@@ -215,6 +230,8 @@ def run_chat(opts: ChatOptions) -> int:
         top_k=opts.top_k,
         top_p=opts.top_p,
         compile=compiling(opts.compile),
+        speculate=opts.speculate,
+        draft_tokens=opts.draft_tokens,
     )
     print(
         f"[chatting with {run.path.name}, context {run.model.cfg.context} tokens, {said}]\n["

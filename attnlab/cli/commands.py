@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnlab.cli.chat import generating_run, template_of
+from attnlab.cli.chat import generating_run, template_of, with_draft
 from attnlab.cli.demo import run_demo
 from attnlab.cli.demo_chat import run_chat_demo
 from attnlab.cli.options import (
@@ -94,7 +94,9 @@ def run_sample(opts: SampleOptions, gen: dict[str, Any]) -> int:
             "--prompt and --stop"
         )
     cfg = dataclasses.replace(cfg, compile=compiling(cfg.compile))  # on unless --no-compile, ATTNLAB_COMPILE=0
-    run = generating_run(opts.run, opts.device, "sample", opts.quantize, cfg.compile)
+    run = with_draft(
+        generating_run(opts.run, opts.device, "sample", opts.quantize, cfg.compile), opts.draft, cfg.speculate
+    )
     pick_dtype(cfg.dtype, run.device, run.model.cfg.d_model, use="decode")  # says why on stderr before the text
     with heads_removed(run, opts):
         if opts.chat is not None:

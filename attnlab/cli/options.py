@@ -21,7 +21,7 @@ from attnlab.cli.choices import (
     architectures,
 )
 from attnlab.config import option
-from attnlab.decoding.settings import COMPILE_HELP, PREFILL_BUDGET, Draw, check_length
+from attnlab.decoding.settings import COMPILE_HELP, PREFILL_BUDGET, Draw, Speculates, check_length
 
 HEADS = "heads (see what they do by taking them out)"
 
@@ -136,7 +136,17 @@ class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 
 
 @dataclass
-class SampleOptions(Quantizes, HeadsOut, ReadsRun):
+class Drafts:
+    draft: str | None = option(
+        None,
+        "a draft model for --speculate draft or auto: a run with the same tokenizer, small and fast (e.g. 2 "
+        "layers trained on the same data)",
+        metavar="RUN",
+    )
+
+
+@dataclass
+class SampleOptions(Drafts, Quantizes, HeadsOut, ReadsRun):
     num_samples: int = option(
         1, "how many samples, drawn 64 at a time as one batch, each batch printed when done", at_least=1
     )
@@ -159,7 +169,7 @@ class SampleOptions(Quantizes, HeadsOut, ReadsRun):
 
 
 @dataclass
-class ChatOptions(Quantizes, ReadsRun, Draw):
+class ChatOptions(Drafts, Speculates, Quantizes, ReadsRun, Draw):
     system: str | None = option(
         None, "a system message that opens the conversation (kept when the oldest turns are dropped)", metavar="TEXT"
     )
@@ -179,6 +189,7 @@ class ChatOptions(Quantizes, ReadsRun, Draw):
         """How answers draw (Draw's fields, answer k with seed + k) and their length, checked."""
         Draw.__post_init__(self)
         check_length(self.max_new_tokens)
+        self.check_speculation()
 
 
 @dataclass

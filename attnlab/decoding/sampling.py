@@ -34,6 +34,7 @@ from attnlab.decoding.draw import Draw, filter_logits, jump_keep, next_token, ne
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.pieces import TextPieces, first_stop
 from attnlab.decoding.settings import GenerateConfig, check_length
+from attnlab.decoding.speculate import speculation
 from attnlab.errors import ArgumentTypeError, AttnlabError, kind
 from attnlab.models.protocols import CausalLM
 from attnlab.runtime.device import autocast, pick_dtype
@@ -147,7 +148,8 @@ def stream(
     if cfg.use_cache:
         ids = _cropped(list(ids), model.cfg.context)
         engine = engine_for(model, cfg.dtype, compiled=cfg.compile)
-        yield from (step.token for step in engine.generate(ids, draw, cfg.max_new_tokens))
+        ask = speculation(cfg.speculate, cfg.draft_tokens)  # drafts checked in one pass (speculate.py)
+        yield from (step.token for step in engine.generate(ids, draw, cfg.max_new_tokens, speculate=ask))
     else:
         rows = stream_rows(model, ids, 1, cfg.max_new_tokens, draw, False, cfg.dtype)
         yield from (int(step[0]) for step in rows)

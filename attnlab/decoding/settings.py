@@ -80,8 +80,33 @@ def check_length(max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
 
+SPECULATE_MODES = ("off", "prompt", "draft", "auto")  # decoding/speculate.py MODES
+
+
 @dataclass
-class GenerateConfig(Draw):
+class Speculates:
+    """Speculative decoding's switches (decoding/speculate.py), for sample, chat and serve."""
+
+    speculate: str = option(
+        "off",
+        "draft tokens and check them in one forward pass when a sequence is decoded alone: prompt (copies "
+        "from the text so far), draft (the --draft model), auto (prompt where it finds a match, else the "
+        "draft model); greedy output is the same tokens, sampled output the same distribution; drafting "
+        "backs off where it does not pay (docs/cpu.md)",
+        SPECULATE_MODES,
+    )
+    draft_tokens: int = option(4, "--speculate: the most tokens drafted a pass", at_least=1, metavar="K")
+
+    def check_speculation(self) -> None:
+        if self.speculate not in SPECULATE_MODES:
+            raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}, got {self.speculate!r}")
+        check_number("draft_tokens", self.draft_tokens, numbers.Integral)
+        if self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens must be at least 1, got {self.draft_tokens}")
+
+
+@dataclass
+class GenerateConfig(Speculates, Draw):
     """Generation settings: kept apart from the model's config, they belong to each call. The draw's
     fields come from Draw."""
 
@@ -97,6 +122,7 @@ class GenerateConfig(Draw):
     def __post_init__(self):
         super().__post_init__()  # the draw's and the length's own words first ("seed: expected a whole number")
         check_length(self.max_new_tokens)
+        self.check_speculation()
         check_types(self)
         if self.stop:  # typed on a command line, "\n" means a newline
             self.stop = self.stop.replace("\\n", "\n").replace("\\t", "\t")

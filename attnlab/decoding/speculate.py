@@ -250,11 +250,18 @@ _COSTS: weakref.WeakKeyDictionary[LMDecoder, list[float]] = weakref.WeakKeyDicti
 MOST = 8  # verify passes measured up to this many drafts
 
 
-def use_draft(model: nn.Module, draft: nn.Module, dtype: str = "auto", compiled: bool = False) -> None:
+PROBE = "Speculative decoding: def f(x):\n    return x + 1  # 12,345 \u00e9t\u00e9"  # tokenizers that agree on it
+
+
+def use_draft(
+    model: nn.Module, draft: nn.Module, dtype: str = "auto", compiled: bool = False, tokenizers: tuple | None = None
+) -> None:
     """Make `draft` the draft model of `model`'s rows that speculate (draft or auto): a language model
-    with the same vocabulary (the same tokenizer: the caller's to check)."""
+    with the same vocabulary; tokenizers (the model's, the draft's): checked to agree on a probe text."""
     if not isinstance(draft, CausalLM):
         raise AttnlabError(f"a draft model is a language model; this is a {type(draft).__name__}")
+    if tokenizers is not None and tokenizers[0].encode(PROBE) != tokenizers[1].encode(PROBE):
+        raise AttnlabError("the draft run's tokenizer is not the model's: a draft model needs the same tokenizer")
     if draft.cfg.vocab_size != model.cfg.vocab_size:
         raise AttnlabError(
             f"the draft model's vocabulary ({draft.cfg.vocab_size}) is not the model's ({model.cfg.vocab_size}): "

@@ -1,0 +1,189 @@
+"""Speculative decoding (decoding/speculate.py): drafts checked in one pass give a greedy row the tokens
+of plain decoding (across jumps past the context, a stop or the length inside the drafts) and a sampled
+row the same distribution (the rejection rule, chi-square tests); drafting backs off where it fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+from attnlab import load
+from attnlab.cli.main import main
+from attnlab.decoding.drafts import PromptLookup
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import Engine
+from attnlab.decoding.sampling import stream_text
+from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, use_draft
+from attnlab.errors import AttnlabError
+from attnlab.models.gpt import GPT
+from tests.conftest import TEXT, cli_lm, nano_flags, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def __init__(self, x, y):\n", "self.x = x\n", "zq"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 2-layer character LM trained on TEXT and a 1-layer draft trained on the same text."""
+    root = tmp_path_factory.mktemp("speculate")
+    lm = cli_lm(root, [*nano_flags(2, 2, 150), "--warmup-steps", "10"], TEXT * 40, name="lm")
+    draft = cli_lm(root, [*nano_flags(1, 2, 30), "--warmup-steps", "10"], TEXT * 40, name="draft")
+    return lm, draft
+
+
+@pytest.fixture(scope="module")
+def paired(runs):
+    run, draft = load(runs[0], "cpu"), load(runs[1], "cpu")
+    use_draft(run.model, draft.model, "float32", tokenizers=(run.tokenizer, draft.tokenizer))
+    return run
+
+
+def tokens(engine: Engine, ids: list[int], n: int, temperature: float = 0.0, seed: int = 0, **ask) -> list[int]:
+    return [step.token for step in engine.generate(ids, Draw(temperature, seed=seed), n, **ask)]
+
+
+@pytest.mark.parametrize("mode", ["prompt", "draft", "auto"])
+def test_greedy_rows_get_the_tokens_of_plain_decoding(paired, mode):
+    """Four prompts, 80 tokens each through a context of 32 (two jumps ahead), drafts always taken."""
+    engine = Engine(paired.model, dtype="float32")
+    for prompt in PROMPTS:
+        ids = paired.tokenizer.encode(prompt)
+        plain = tokens(engine, ids, 80)
+        assert tokens(engine, ids, 80, speculate=Speculate(mode, 4, backoff=False)) == plain, prompt
+    assert engine.stats["accepted"] > 40, dict(engine.stats)  # drafts were kept, many of them
+    assert engine.stats["accepted"] < engine.stats["drafted"], dict(engine.stats)  # ...and some refused
+
+
+def test_the_length_ends_inside_the_drafts(paired):
+    """max_tokens 1..12: each a prefix of the plain tokens, never a token more."""
+    engine = Engine(paired.model, dtype="float32")
+    ids = paired.tokenizer.encode(TEXT[:40])
+    plain = tokens(engine, ids, 12)
+    for n in range(1, 13):
+        assert tokens(engine, ids, n, speculate=Speculate("auto", 6, backoff=False)) == plain[:n]
+
+
+def test_a_stop_text_inside_accepted_drafts_ends_the_text_where_plain_decoding_does(paired):
+    prompt, kw = TEXT[:30], {"max_new_tokens": 60, "temperature": 0.0, "dtype": "float32"}
+    plain = "".join(stream_text(paired.model, paired.tokenizer, prompt, **kw))
+    stop = plain[20:23]  # text the model copies from the prompt: inside a run of kept drafts
+    cut = "".join(stream_text(paired.model, paired.tokenizer, prompt, stop=stop, **kw))
+    fast = "".join(stream_text(paired.model, paired.tokenizer, prompt, stop=stop, speculate="prompt", **kw))
+    assert fast == cut == plain[: plain.index(stop)]
+
+
+def test_logprobs_come_with_every_kept_draft(paired):
+    engine = Engine(paired.model, dtype="float32")
+    ids = paired.tokenizer.encode(TEXT[:40])
+    plain = list(engine.generate(ids, Draw(0.0), 30, logprobs=2))
+    fast = list(engine.generate(ids, Draw(0.0), 30, logprobs=2, speculate=Speculate("auto", 4, backoff=False)))
+    assert [s.token for s in fast] == [s.token for s in plain]
+    assert engine.stats["accepted"] > 10, dict(engine.stats)
+    for a, b in zip(fast, plain):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_the_rejection_rule_draws_from_the_model_distribution():
+    """accept() on fixed logits, a point-mass draft (prompt lookup) and drafts drawn from a distribution
+    q: the first and second tokens it hands over follow p (chi-square, 6 tokens, 20,000 draws each)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, generator=g) * 1.5  # (k + 1, V), k = 2
+    draw = Draw(0.9, seed=0)
+    p = torch.softmax(logits / 0.9, -1)
+    q = torch.softmax(torch.randn(2, 6, generator=g), -1)
+    for qs in (None, q):
+        gen = torch.Generator().manual_seed(1)
+        first, second = torch.zeros(6), torch.zeros(6)
+        for _ in range(20000):
+            drafts = [2, 4] if qs is None else torch.multinomial(qs, 1, generator=gen)[:, 0].tolist()  # x ~ q
+            kept, token = accept(logits, drafts, qs, draw, gen, None)
+            out = drafts[:kept] + [token]
+            first[out[0]] += 1
+            if len(out) > 1 and out[0] == drafts[0]:  # the second token, given the first draft kept
+                second[out[1]] += 1
+        for counts, probs in ((first, p[0]), (second, p[1])):
+            expected = probs.double() / probs.double().sum() * counts.sum()
+            assert stats.chisquare(counts.double().numpy(), expected.numpy()).pvalue > 1e-3, (counts, expected)
+
+
+def test_sampled_rows_through_the_engine_draw_as_plain_ones():
+    """Tokens 2 to 5 of 400 seeded rows of an 8-token model, with and without a draft model's drafts (a
+    perturbed copy: most drafts kept, some refused): one distribution (two-sample chi-square), though
+    not the same tokens."""
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=8, context=32)).eval()
+    draft = GPT(tiny_model(vocab_size=8, context=32)).eval()
+    draft.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        draft.head.weight.add_(0.02 * torch.randn_like(draft.head.weight))
+    use_draft(model, draft, "float32")
+    engine = Engine(model, dtype="float32")
+    plain, fast = torch.zeros(4, 8), torch.zeros(4, 8)
+    for seed in range(400):
+        for table, ask in ((plain, {}), (fast, {"speculate": Speculate("draft", 3, backoff=False)})):
+            out = tokens(engine, [1, 2, 3, 4], 5, temperature=1.0, seed=seed, **ask)
+            for i, t in enumerate(out[1:]):
+                table[i, t] += 1
+    assert 0.3 * engine.stats["drafted"] < engine.stats["accepted"] < engine.stats["drafted"], dict(engine.stats)
+    for i in range(4):
+        seen = torch.stack([plain[i], fast[i]])
+        seen = seen[:, seen.sum(0) > 0]
+        assert stats.chi2_contingency(seen.numpy()).pvalue > 1e-3, seen
+
+
+def test_drafting_backs_off_where_drafts_fail():
+    """best_length: no drafts at a low acceptance rate, several at a high one; a rate that fell fades
+    back towards the prior, so drafting is tried again later."""
+    costs = [1.0, 1.3, 1.4, 1.5, 1.6]
+    assert best_length(0.1, costs, 4, 0.0) == 0
+    assert best_length(0.9, costs, 4, 0.0) == 4
+    assert best_length(0.9, costs, 4, 1.0) == 0  # a draft model as slow as the model never pays
+    rate = Rate()
+    for _ in range(20):
+        rate.add(4, 0)
+    assert rate.value < 0.2
+    for _ in range(100):
+        rate.fade()
+    assert rate.value > 0.4
+
+
+def test_open_ended_text_drafts_little():
+    """An untrained model's text rarely repeats its prompt: with back-off, few passes draft at all."""
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=64, context=64)).eval()
+    engine = Engine(model, dtype="float32")
+    plain = tokens(engine, list(range(10, 30)), 40, temperature=1.0, seed=3)
+    assert len(plain) == 40
+    fast = tokens(engine, list(range(10, 30)), 40, temperature=1.0, seed=3, speculate=Speculate("prompt", 4))
+    assert len(fast) == 40 and engine.stats["verify passes"] < 20, dict(engine.stats)
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match():
+    lookup = PromptLookup()
+    window = [5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 6, 7]
+    assert lookup.propose(window, 3) == [1, 2, 6]  # (6, 7) last ended before 1
+    window += [1]
+    assert lookup.propose(window, 2) == [2, 6]  # (6, 7, 1): the trigram
+    assert lookup.propose([4, 3, 2], 3) == []  # a new window: nothing repeats
+
+
+def test_a_draft_model_needs_the_same_vocabulary():
+    model, draft = GPT(tiny_model(vocab_size=50)), GPT(tiny_model(vocab_size=60))
+    with pytest.raises(AttnlabError, match="vocabulary"):
+        use_draft(model, draft)
+
+
+def test_sample_speculates_from_the_command_line(runs, capsys):
+    """`attnlab sample --speculate draft --draft RUN`: the greedy text of plain sampling; --speculate
+    draft without a draft run is one line."""
+    lm, draft = map(str, runs)
+    common = [lm, "--prompt", "def add", "--temperature", "0", "--max-new-tokens", "40", "--device", "cpu"]
+    assert main(["sample", *common]) == 0
+    plain = capsys.readouterr().out
+    assert main(["sample", *common, "--speculate", "draft", "--draft", draft, "--draft-tokens", "3"]) == 0
+    assert capsys.readouterr().out == plain
+    assert main(["sample", *common, "--speculate", "draft"]) != 0
+    assert "--draft RUN" in capsys.readouterr().err
