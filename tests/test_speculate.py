@@ -10,6 +10,7 @@ from scipy import stats
 
 from attnlab import load
 from attnlab.cli.main import main
+from attnlab.decoding import speculate
 from attnlab.decoding.drafts import PromptLookup
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
@@ -187,3 +188,32 @@ def test_sample_speculates_from_the_command_line(runs, capsys):
     assert capsys.readouterr().out == plain
     assert main(["sample", *common, "--speculate", "draft"]) != 0
     assert "--draft RUN" in capsys.readouterr().err
+
+
+def test_v1_completions_speculate_when_the_server_says_so(runs, monkeypatch):
+    """`attnlab serve --speculate auto --draft RUN`: a greedy /v1 completion is the text served without
+    it, its drafts verified."""
+    httpx = pytest.importorskip("httpx", reason="httpx, the client here, is a dev extra: pip install -e .[dev]")
+    from attnlab.serve.app import create_app, running  # fastapi: the server's extra
+    from attnlab.serve.guard import Limits
+
+    passes = []
+    monkeypatch.setattr(speculate, "accept", lambda *a: passes.append(1) or accept(*a))
+
+    body = {"model": "lm", "prompt": TEXT[:30], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    texts = []
+    for limits in (Limits(), Limits(speculate=Speculate("auto", 4, backoff=False), draft=str(runs[1]))):
+        with running(create_app([runs[0]], limits=limits)) as url:
+            texts.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and len(texts[0]) > 10
+    assert len(passes) > 3
+
+
+def test_serve_options_pair_speculate_draft_with_a_draft_run():
+    from attnlab.cli.options import ServeOptions
+
+    with pytest.raises(ValueError, match="--draft RUN"):
+        ServeOptions(runs=["lm"], speculate="draft")
+    with pytest.raises(ValueError, match="--draft RUN"):
+        ServeOptions(runs=["lm"], draft="small")
+    assert ServeOptions(runs=["lm"], speculate="auto", draft="small").draft_tokens == 4

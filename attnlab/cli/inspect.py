@@ -10,6 +10,7 @@ import torch
 
 from attnlab.cli.options import AttentionOptions, PlotOptions, ServeOptions
 from attnlab.decoding.settings import compiling
+from attnlab.decoding.speculate import speculation
 from attnlab.errors import AttnlabError
 from attnlab.interpret.plots import plot_run
 from attnlab.interpret.views import write_attention
@@ -50,6 +51,8 @@ def run_serve(opts: ServeOptions) -> int:
         max_batch=opts.max_batch,
         request_timeout=opts.request_timeout,
         prefill=opts.prefill,
+        speculate=speculation(opts.speculate, opts.draft_tokens),
+        draft=opts.draft,
     )
     serve(
         opts.runs,

@@ -352,7 +352,7 @@ class PatchOptions(WritesFiles, Answers, ReadsRun):
 
 
 @dataclass
-class ServeOptions(Quantizes, OnDevice):
+class ServeOptions(Drafts, Speculates, Quantizes, OnDevice):
     runs: list[str] = option(None, "run directories to serve", positional=True, nargs="+", metavar="RUN")
     host: str = option("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = option(8765, "port (0: any free one)")
@@ -412,6 +412,9 @@ class ServeOptions(Quantizes, OnDevice):
                 raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
         if self.prefill < 0:
             raise ValueError(f"--prefill must be 0 (off) or more tokens, got {self.prefill}")
+        self.check_speculation()
+        if (self.speculate == "draft" and self.draft is None) or (self.draft and self.speculate in ("off", "prompt")):
+            raise ValueError("--speculate draft and --draft RUN go together (--draft also serves --speculate auto)")
 
 
 @dataclass

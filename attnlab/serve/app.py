@@ -94,7 +94,7 @@ from attnlab.serve.requests import (
     PredictRequest,
     TextRequest,
 )
-from attnlab.serve.served import Served, load_runs
+from attnlab.serve.served import Served, attach_draft, load_runs
 from attnlab.serve.server import address, listen, running, server_config
 from attnlab.version import __version__
 from attnlab.viz.html import views_json
@@ -128,6 +128,7 @@ def create_app(
     served = load_runs(runs, device, quantize, compiled)
     attach_transcoders(served, list(transcoders))
     access, limits = access or Access(), limits or Limits()
+    attach_draft(served, limits.draft, device, compiled)
     for s in served.values():  # each generating run's engine, its batch as large as the limits say,
         if s.run.task.generates:  # its compiled steps built or loaded before the server listens
             s.engine(limits.max_batch, limits.prefill).warm()

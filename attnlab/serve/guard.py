@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from attnlab.decoding.settings import PREFILL_BUDGET
+from attnlab.decoding.speculate import Speculate
 from attnlab.errors import AttnlabError
 
 OPEN_PATHS = ("/health", "/", "/favicon.ico")  # no key needed: nothing in them but the static page
@@ -67,6 +68,8 @@ class Limits:
     body_timeout: float = 30.0  # seconds to send its body, once the headers are in
     keep_alive: float = 5.0  # seconds an idle connection stays open
     max_header_bytes: int = 16_384
+    speculate: Speculate | None = None  # a lone row's drafts checked in one pass (decoding/speculate.py)
+    draft: str | None = None  # the draft model's run, for speculate draft or auto
 
 
 # ---- start-up checks ---------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class Job:
             on_exit=lambda: self.streams.give(1),
             wake=self.mailbox.wake,
             matcher=matcher,
+            speculate=self.limits.speculate,
         )
         choice.row = self.engine.submit(ids, draw, max_tokens, emit, ask)
         self.choices.append(choice)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from attnlab.data.chat import ChatTemplate
 from attnlab.decoding.engine import Engine, engine_for
+from attnlab.decoding.speculate import use_draft
 from attnlab.errors import AttnlabError, one_line
 from attnlab.nn.counting import count_parameters
 from attnlab.runs.adapted import run_template
@@ -58,6 +59,19 @@ class Served:
         stored = self.run.config.get("quantized")
         asked = self.run.quantization
         return asked.kind if asked is not None else stored.get("kind") if isinstance(stored, dict) else None
+
+
+def attach_draft(served: dict[str, Served], draft: str | None, device: str, compiled: bool) -> None:
+    """--draft RUN: the draft model of every language model served (decoding/speculate.py use_draft)."""
+    if draft is None:
+        return
+    drafter = load_runs([draft], device, compiled=compiled)
+    (run,) = [s.run for s in drafter.values()]
+    if not run.task.generates:
+        raise AttnlabError(f"--draft {draft} is not a language model run (it is {run.task.name})")
+    for s in served.values():
+        if s.run.task.generates:
+            use_draft(s.run.model, run.model, compiled=compiled, tokenizers=(s.run.tokenizer, run.tokenizer))
 
 
 def load_runs(

@@ -1,0 +1,125 @@
+"""Speculative decoding at batch 1 (decoding/speculate.py): tokens/s of plain decoding against prompt
+lookup, a draft model and auto, on prompts that copy from their input and on open-ended ones.
+
+Two tasks, greedy, one sequence at a time through the model's engine (what `attnlab sample` does):
+- grounded: a piece of the standard library's source, a blank line, then the piece's first line
+  again: the continuation copies the piece (an edit or a quotation of a given text);
+- open: the first words of a line of code ("def ", "class ", "    if "...): nothing to copy.
+Each mode decodes every prompt of a task in turn, modes interleaved within a round (a neighbour's burst
+falls on all of them alike); tokens/s = new tokens / wall time of the round (prompts included), the
+median of --repeats rounds after an untimed warm-up round. Every mode's tokens are checked against
+plain decoding's (greedy: they must be the same); accepted/drafted and the verify passes come from the
+engine's counters.
+
+    .venv/bin/python benchmarks/speculative.py --run runs/target --draft runs/draft
+    .venv/bin/python benchmarks/speculative.py --run runs/target --draft runs/draft --no-compile --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import time
+
+from common import cpu_named, format_table
+
+import attnlab
+from attnlab.decoding.draw import Draw
+from attnlab.decoding.engine import engine_for
+from attnlab.decoding.speculate import Speculate, use_draft
+
+SOURCES = ("textwrap:dedent", "json:dumps", "shutil:copyfile", "os.path:relpath", "fnmatch:translate")
+OPEN = ("def ", "class ", "    if ", "import ", "        return ")
+MODES = ("off", "prompt", "draft", "auto")
+COLUMNS = [
+    ("task", "task", ""),
+    ("mode", "mode", ""),
+    ("tokens_per_s", "tokens/s", ",.1f"),
+    ("speedup", "x plain", ".2f"),
+    ("accepted", "accepted/drafted", ""),
+    ("passes", "verify passes", ","),
+    ("same", "same tokens", ""),
+]
+
+
+def grounded_prompts(piece: int) -> list[str]:
+    """A piece of each SOURCES function's code, a blank line, its first line again."""
+    out = []
+    for name in SOURCES:
+        module, function = name.split(":")
+        code = inspect.getsource(getattr(__import__(module, fromlist=["_"]), function))[:piece]
+        out.append(code + "\n\n" + code.splitlines()[0] + "\n")
+    return out
+
+
+def decode(engine, tokenizer, prompts: list[str], mode: str, k: int, n: int) -> tuple[float, list[list[int]]]:
+    """Seconds to decode every prompt greedily (n tokens each) with `mode`, and the tokens."""
+    ask = {} if mode == "off" else {"speculate": Speculate(mode, k)}
+    begin, out = time.perf_counter(), []
+    for prompt in prompts:
+        out.append([s.token for s in engine.generate(tokenizer.encode(prompt), Draw(0.0), n, **ask)])
+    return time.perf_counter() - begin, out
+
+
+def measure(run, prompts: list[str], args) -> list[dict]:
+    """One task: each mode's median tokens/s, its counters and whether its tokens are plain decoding's."""
+    engine = engine_for(run.model, args.dtype, compiled=args.compile)
+    times = {m: [] for m in MODES}
+    counters = {m: {"drafted": 0, "accepted": 0, "verify passes": 0} for m in MODES}
+    tokens = {}
+    for round_ in range(args.repeats + 1):
+        for mode in MODES:
+            before = {key: engine.stats[key] for key in counters[mode]}
+            seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args.draft_tokens, args.new_tokens)
+            if round_:  # the first round warms up (and measures the passes' costs: speculate.costs_of)
+                times[mode].append(seconds)
+                for key in counters[mode]:
+                    counters[mode][key] += engine.stats[key] - before[key]
+    rows = []
+    plain = len(prompts) * args.new_tokens / statistics.median(times["off"])
+    for mode in MODES:
+        speed = len(prompts) * args.new_tokens / statistics.median(times[mode])
+        c = counters[mode]
+        rows.append(
+            {
+                "mode": mode,
+                "tokens_per_s": speed,
+                "speedup": speed / plain,
+                "accepted": f"{c['accepted']}/{c['drafted']}",
+                "passes": c["verify passes"],
+                "same": tokens[mode] == tokens["off"],
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="the served model's run")
+    parser.add_argument("--draft", required=True, help="a draft run with the same tokenizer")
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--piece", type=int, default=140, help="characters of source in a grounded prompt")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    run, draft = attnlab.load(args.run, device="cpu"), attnlab.load(args.draft, device="cpu")
+    use_draft(run.model, draft.model, args.dtype, args.compile, tokenizers=(run.tokenizer, draft.tokenizer))
+    rows = []
+    for task, prompts in (("grounded", grounded_prompts(args.piece)), ("open", list(OPEN))):
+        rows += [{"task": task, **row} for row in measure(run, prompts, args)]
+    load = os.getloadavg()
+    print(f"{cpu_named()}, load {load[0]:.2f}; {args.run} (draft {args.draft}), {args.dtype}, compile {args.compile}")
+    print(format_table(rows, COLUMNS))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load": load, "args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
