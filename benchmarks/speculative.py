@@ -31,7 +31,7 @@ from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
 from attnlab.decoding.speculate import Speculate, use_draft
 
-SOURCES = ("textwrap:dedent", "json:dumps", "shutil:copyfile", "os.path:relpath", "fnmatch:translate")
+SOURCES = ("textwrap:dedent", "json:dumps", "shutil:copyfile", "difflib:get_close_matches", "fnmatch:translate")
 OPEN = ("def ", "class ", "    if ", "import ", "        return ")
 MODES = ("off", "prompt", "draft", "auto")
 COLUMNS = [

@@ -169,6 +169,8 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
     window += [1]
     assert lookup.propose(window, 2) == [2, 6]  # (6, 7, 1): the trigram
     assert lookup.propose([4, 3, 2], 3) == []  # a new window: nothing repeats
+    assert lookup.propose([4, 7, 0, 0, 0], 3) == [0, 0, 0]  # a copy that reads itself: a run goes on
+    assert lookup.propose([1, 2, 1, 2], 3) == [1, 2, 1]
 
 
 def test_a_draft_model_needs_the_same_vocabulary():

@@ -43,8 +43,17 @@ class PromptLookup:
         for n in range(min(NGRAM, len(window)), MIN_NGRAM - 1, -1):
             end = self.ends.get(tuple(window[-n:]))
             if end is not None:
-                return window[end : end + most]
+                return overlapped(window, end, most)
         return []
+
+
+def overlapped(window: list[int], start: int, most: int) -> list[int]:
+    """`most` tokens copied from window[start:] on, a copy that runs past the window's end reading its
+    own tokens (as LZ77 copies): a repeating stretch (indentation, a row of dashes) continues repeating."""
+    out = window[start : start + most]
+    while len(out) < most:
+        out += out[: most - len(out)]  # the copy reads itself: period len(window) - start
+    return out
 
 
 class DraftModel:
