@@ -23,7 +23,9 @@ line, run.generate) run its turns themselves whenever they wait for a step, one 
    stream_rows does (its last C/2 tokens are run again alone, into a fresh state).
 Decoded alone instead, in the same turn: a sequence alone in the engine (one request costs what it
 costs without one), a row that asks for each step's attention, a row whose caller set hooks on the
-model (nn/hooks.py: they run for it here), and every row of an encoder-decoder (adapters.py).
+model (nn/hooks.py: they run for it here), and every row of an encoder-decoder (adapters.py). A row
+alone on its own state that asks for drafts (Ask.speculate) takes speculate.py's step instead: k drafted
+tokens checked in one pass, the kept ones handed over in the same turn.
 
 A seeded request gets the tokens it gets alone (stream_rows with one row): refills are run alone,
 each row draws from its own generator, and a draw from the batch's logits (a step's, or a batched

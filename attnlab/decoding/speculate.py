@@ -277,26 +277,29 @@ def costs_of(decoder: LMDecoder) -> list[float]:
     return _COSTS[decoder]
 
 
-def measure(decoder: LMDecoder, most: int = MOST, repeats: int = 7) -> list[float]:
-    """costs_of's measurement: each pass timed `repeats` times at the same position, rolled back; the
-    fastest of each (a neighbour's burst only ever slows a pass), never less than a shorter pass's."""
+def measure(decoder: LMDecoder, most: int = MOST, repeats: int = 9) -> list[float]:
+    """costs_of's measurement: `repeats` rounds, each timing every pass once in turn at the same position
+    (rolled back), so that a neighbour's burst falls on all of them alike; each pass's fastest time (a
+    burst only ever slows), and a pass never dearer than a longer one (it does no more work)."""
     most = min(most, decoder.context // 2 - 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(decoder.vocab, (min(16, decoder.context // 2),), generator=g).tolist()
     state = decoder.start(None)
     decoder.feed(state, prompt, 0)
     n = len(prompt)
-
-    def timed(call) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first is a warm-up (a compiled step may compile there)
-            begin = time.perf_counter()
+    passes = [lambda: decoder.feed(state, prompt[-1:], n)]
+    passes += [lambda k=k: decoder.verify(state, prompt[-1:] * (k + 1), n) for k in range(1, most + 1)]
+    costs = [float("inf")] * len(passes)
+    # One thread: its CPU time, which a busy machine's other processes do not lengthen (wall times of
+    # the same pass varied 2x at load 6 on 2 cores); several: the wall time (their waits are the cost).
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    for round_ in range(repeats + 1):  # the first round warms up (a compiled step may compile there)
+        for k, call in enumerate(passes):
+            begin = clock()
             call()
-            times.append(time.perf_counter() - begin)
+            if round_:
+                costs[k] = min(costs[k], clock() - begin)
             decoder.rollback(state, n, prompt[-1])
-        return min(times[1:])
-
-    costs = [timed(lambda: decoder.feed(state, prompt[-1:], n))]
-    for k in range(1, most + 1):
-        costs.append(max(costs[-1], timed(lambda k=k: decoder.verify(state, prompt[-1:] * (k + 1), n))))
+    for k in range(most - 1, 0, -1):
+        costs[k] = min(costs[k], costs[k + 1])
     return costs
