@@ -11,11 +11,12 @@ from scipy import stats
 from attnlab import load
 from attnlab.cli.main import main
 from attnlab.decoding import speculate
+from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.drafts import PromptLookup
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.sampling import stream_text
-from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, use_draft
+from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, measure, use_draft
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT
 from tests.conftest import TEXT, cli_lm, nano_flags, tiny_model
@@ -149,6 +150,15 @@ def test_drafting_backs_off_where_drafts_fail():
     for _ in range(100):
         rate.fade()
     assert rate.value > 0.4
+
+
+def test_pass_costs_are_measured_for_every_draft_length():
+    """costs[0] a plain step, costs[k] a pass over k + 1 tokens: positive, a longer pass never cheaper."""
+    decoder = LMDecoder(GPT(tiny_model(vocab_size=50, context=32)).eval(), "float32")
+    with torch.inference_mode():
+        costs = measure(decoder, most=4, repeats=2)
+    assert len(costs) == 5 and all(c > 0 for c in costs)
+    assert costs[1:] == sorted(costs[1:])
 
 
 def test_open_ended_text_drafts_little():
