@@ -1,7 +1,8 @@
 """Speculative decoding at batch 1 (decoding/speculate.py): tokens/s of plain decoding against prompt
 lookup, a draft model and auto, on prompts that copy from their input and on open-ended ones.
 
-Two tasks, greedy, one sequence at a time through the model's engine (what `attnlab sample` does):
+Two tasks, greedy (or --temperature T, seeded), one sequence at a time through the model's engine
+(what `attnlab sample` does):
 - grounded: a piece of the standard library's source, a blank line, then the piece's first line
   again: the continuation copies the piece (an edit or a quotation of a given text);
 - open: the first words of a line of code ("def ", "class ", "    if "...): nothing to copy.
@@ -55,12 +56,13 @@ def grounded_prompts(piece: int) -> list[str]:
     return out
 
 
-def decode(engine, tokenizer, prompts: list[str], mode: str, k: int, n: int) -> tuple[float, list[list[int]]]:
-    """Seconds to decode every prompt greedily (n tokens each) with `mode`, and the tokens."""
-    ask = {} if mode == "off" else {"speculate": Speculate(mode, k)}
+def decode(engine, tokenizer, prompts: list[str], mode: str, args) -> tuple[float, list[list[int]]]:
+    """Seconds to decode every prompt (args.new_tokens each, prompt i with seed i) with `mode`, and the tokens."""
+    ask = {} if mode == "off" else {"speculate": Speculate(mode, args.draft_tokens)}
     begin, out = time.perf_counter(), []
-    for prompt in prompts:
-        out.append([s.token for s in engine.generate(tokenizer.encode(prompt), Draw(0.0), n, **ask)])
+    for i, prompt in enumerate(prompts):
+        draw = Draw(args.temperature, seed=i)
+        out.append([s.token for s in engine.generate(tokenizer.encode(prompt), draw, args.new_tokens, **ask)])
     return time.perf_counter() - begin, out
 
 
@@ -73,7 +75,7 @@ def measure(run, prompts: list[str], args) -> list[dict]:
     for round_ in range(args.repeats + 1):
         for mode in MODES:
             before = {key: engine.stats[key] for key in counters[mode]}
-            seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args.draft_tokens, args.new_tokens)
+            seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args)
             if round_:  # the first round warms up (and measures the passes' costs: speculate.costs_of)
                 times[mode].append(seconds)
                 for key in counters[mode]:
@@ -90,7 +92,7 @@ def measure(run, prompts: list[str], args) -> list[dict]:
                 "speedup": speed / plain,
                 "accepted": f"{c['accepted']}/{c['drafted']}",
                 "passes": c["verify passes"],
-                "same": tokens[mode] == tokens["off"],
+                "same": tokens[mode] == tokens["off"] if args.temperature == 0 else "(sampled)",
             }
         )
     return rows
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=140, help="characters of source in a grounded prompt")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (tokens checked equal)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -114,7 +117,10 @@ def main() -> None:
     for task, prompts in (("grounded", grounded_prompts(args.piece)), ("open", list(OPEN))):
         rows += [{"task": task, **row} for row in measure(run, prompts, args)]
     load = os.getloadavg()
-    print(f"{cpu_named()}, load {load[0]:.2f}; {args.run} (draft {args.draft}), {args.dtype}, compile {args.compile}")
+    print(
+        f"{cpu_named()}, load {load[0]:.2f}; {args.run} (draft {args.draft}), {args.dtype}, compile {args.compile}, "
+        f"temperature {args.temperature}, {args.new_tokens} tokens a prompt, median of {args.repeats} rounds"
+    )
     print(format_table(rows, COLUMNS))
     if args.json:
         with open(args.json, "w") as f:
