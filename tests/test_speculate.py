@@ -15,7 +15,7 @@ from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.drafts import PromptLookup
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
-from attnlab.decoding.sampling import stream_text
+from attnlab.decoding.sampling import read_in_turn, stream_text
 from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, measure, use_draft
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT
@@ -56,6 +56,21 @@ def test_greedy_rows_get_the_tokens_of_plain_decoding(paired, mode):
         assert tokens(engine, ids, 80, speculate=Speculate(mode, 4, backoff=False)) == plain, prompt
     assert engine.stats["accepted"] > 40, dict(engine.stats)  # drafts were kept, many of them
     assert engine.stats["accepted"] < engine.stats["drafted"], dict(engine.stats)  # ...and some refused
+
+
+def test_a_speculating_row_joins_a_batch_and_leaves_it(paired):
+    """A speculating greedy row, then a second row read in turn with it (the two step batched), which
+    ends first: both get the tokens they get alone."""
+    engine = Engine(paired.model, dtype="float32")
+    a, b = (paired.tokenizer.encode(p) for p in PROMPTS[:2])
+    plain_a, plain_b = tokens(engine, a, 70), tokens(engine, b, 20)
+    fast = engine.generate(a, Draw(0.0), 70, speculate=Speculate("auto", 4, backoff=False))
+    first = [next(fast).token for _ in range(10)]  # alone: drafts
+    other = engine.generate(b, Draw(0.0), 20)
+    both = read_in_turn([fast, other])
+    assert first + [s.token for s in both[0]] == plain_a
+    assert [s.token for s in both[1]] == plain_b
+    assert engine.stats["batched rows"] > 0 and engine.stats["accepted"] > 0, dict(engine.stats)
 
 
 def test_the_length_ends_inside_the_drafts(paired):
