@@ -48,6 +48,7 @@ from attnlab.models.protocols import CausalLM
 MODES = ("off", "prompt", "draft", "auto")
 DECAY = 0.9  # a row's acceptance counts fade by this each pass: about the last ten count
 FORGET = 0.97  # ...and by this each plain step while backed off, back to the prior (a later probe)
+PRIOR = 0.75  # the acceptance rate a row's drafter is credited with before it has drafted
 MARGIN = 1.05  # drafts must beat a plain step by this much, for the measurement's noise
 FLOOR = 1e-6  # the least tolerance a greedy check uses (as engine.py's)
 
@@ -77,14 +78,16 @@ def speculation(mode: str, tokens: int = 4) -> Speculate | None:
 
 
 class Rate:
-    """A decaying count of drafts kept and drafts tried, over a prior of one kept in two."""
+    """A decaying count of drafts kept and drafts tried, over a prior of PRIOR kept, worth two drafts:
+    hopeful, so that a drafter is tried at all (at one in two a draft model's drafts never looked
+    worth a pass, so nothing was ever learnt of them)."""
 
     def __init__(self):
         self.kept, self.tried = 0.0, 0.0
 
     @property
     def value(self) -> float:
-        return (self.kept + 1) / (self.tried + 2)
+        return (self.kept + 2 * PRIOR) / (self.tried + 2)
 
     def add(self, drafted: int, kept: int) -> None:
         """One pass: `kept` of `drafted` (the first rejected one ends the count)."""
