@@ -8,9 +8,10 @@ Two tasks, greedy (or --temperature T, seeded), one sequence at a time through t
 - open: the first words of a line of code ("def ", "class ", "    if "...): nothing to copy.
 Each mode decodes every prompt of a task in turn, modes interleaved within a round (a neighbour's burst
 falls on all of them alike); tokens/s = new tokens / wall time of the round (prompts included), the
-median of --repeats rounds after an untimed warm-up round. Every mode's tokens are checked against
-plain decoding's (greedy: they must be the same); accepted/drafted and the verify passes come from the
-engine's counters.
+median of --repeats rounds after an untimed warm-up round; tokens/CPU s the same over the process's CPU
+time, which other processes on a busy machine do not lengthen (one thread: the work itself). Every
+mode's tokens are checked against plain decoding's (greedy: they must be the same); accepted/drafted
+and the verify passes come from the engine's counters.
 
     .venv/bin/python benchmarks/speculative.py --run runs/target --draft runs/draft
     .venv/bin/python benchmarks/speculative.py --run runs/target --draft runs/draft --no-compile --repeats 5
@@ -40,6 +41,8 @@ COLUMNS = [
     ("mode", "mode", ""),
     ("tokens_per_s", "tokens/s", ",.1f"),
     ("speedup", "x plain", ".2f"),
+    ("tokens_per_cpu_s", "tokens/CPU s", ",.1f"),
+    ("cpu_speedup", "x plain (CPU)", ".2f"),
     ("accepted", "accepted/drafted", ""),
     ("passes", "verify passes", ","),
     ("same", "same tokens", ""),
@@ -56,40 +59,42 @@ def grounded_prompts(piece: int) -> list[str]:
     return out
 
 
-def decode(engine, tokenizer, prompts: list[str], mode: str, args) -> tuple[float, list[list[int]]]:
-    """Seconds to decode every prompt (args.new_tokens each, prompt i with seed i) with `mode`, and the tokens."""
+def decode(engine, tokenizer, prompts: list[str], mode: str, args) -> tuple[float, float, list[list[int]]]:
+    """Wall and CPU seconds to decode every prompt (args.new_tokens each, prompt i with seed i) with `mode`,
+    and the tokens."""
     ask = {} if mode == "off" else {"speculate": Speculate(mode, args.draft_tokens)}
-    begin, out = time.perf_counter(), []
+    begin, cpu, out = time.perf_counter(), time.process_time(), []
     for i, prompt in enumerate(prompts):
         draw = Draw(args.temperature, seed=i)
         out.append([s.token for s in engine.generate(tokenizer.encode(prompt), draw, args.new_tokens, **ask)])
-    return time.perf_counter() - begin, out
+    return time.perf_counter() - begin, time.process_time() - cpu, out
 
 
 def measure(run, prompts: list[str], args) -> list[dict]:
     """One task: each mode's median tokens/s, its counters and whether its tokens are plain decoding's."""
     engine = engine_for(run.model, args.dtype, compiled=args.compile)
-    times = {m: [] for m in MODES}
+    times, cpu = {m: [] for m in MODES}, {m: [] for m in MODES}
     counters = {m: {"drafted": 0, "accepted": 0, "verify passes": 0} for m in MODES}
     tokens = {}
     for round_ in range(args.repeats + 1):
         for mode in MODES:
             before = {key: engine.stats[key] for key in counters[mode]}
-            seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args)
+            seconds, cpu_seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args)
             if round_:  # the first round warms up (and measures the passes' costs: speculate.costs_of)
                 times[mode].append(seconds)
+                cpu[mode].append(cpu_seconds)
                 for key in counters[mode]:
                     counters[mode][key] += engine.stats[key] - before[key]
-    rows = []
-    plain = len(prompts) * args.new_tokens / statistics.median(times["off"])
+    rows, n = [], len(prompts) * args.new_tokens
     for mode in MODES:
-        speed = len(prompts) * args.new_tokens / statistics.median(times[mode])
         c = counters[mode]
         rows.append(
             {
                 "mode": mode,
-                "tokens_per_s": speed,
-                "speedup": speed / plain,
+                "tokens_per_s": n / statistics.median(times[mode]),
+                "speedup": statistics.median(times["off"]) / statistics.median(times[mode]),
+                "tokens_per_cpu_s": n / statistics.median(cpu[mode]),
+                "cpu_speedup": statistics.median(cpu["off"]) / statistics.median(cpu[mode]),
                 "accepted": f"{c['accepted']}/{c['drafted']}",
                 "passes": c["verify passes"],
                 "same": tokens[mode] == tokens["off"] if args.temperature == 0 else "(sampled)",
