@@ -112,6 +112,8 @@ class Drafting:
         """(source, drafts, their q or None) for this step; no drafts where none pays (back-off)."""
         costs = costs_of(decoder)
         mode = self.ask.mode
+        if self.ask.backoff and not best_length(1.0, costs, room, 0.0):  # not even drafts all kept would pay
+            return mode, [], None
         if mode in ("prompt", "auto"):
             drafts = self.lookup.propose(row.window, room)
             k = self._worth("prompt", costs, len(drafts), 0.0)
