@@ -53,7 +53,7 @@ def generating_run(path: str, device: str, command: str, quantize: str | None = 
     return note_quantized(run)
 
 
-def with_draft(run: Run, draft: str | None, speculate: str, compiled: bool = False) -> Run:
+def with_draft(run: Run, draft: str | None, speculate: str, compiled: bool = False, command: str = "sample") -> Run:
     """The run with its draft model (--draft RUN) paired for speculative decoding (decoding/speculate.py)."""
     if draft is None:
         if speculate == "draft":
@@ -61,7 +61,7 @@ def with_draft(run: Run, draft: str | None, speculate: str, compiled: bool = Fal
         return run
     if speculate not in ("draft", "auto"):
         raise AttnlabError("--draft is read by --speculate draft or auto: give one of them")
-    drafter = generating_run(draft, str(run.device), "--draft")
+    drafter = generating_run(draft, str(run.device), f"{command} --draft")
     use_draft(run.model, drafter.model, compiled=compiling(compiled), tokenizers=(run.tokenizer, drafter.tokenizer))
     return run
 
@@ -215,7 +215,7 @@ def terminal() -> Iterator[Callable[[str], None] | None]:
 
 def run_chat(opts: ChatOptions) -> int:
     run = generating_run(opts.run, opts.device, "chat", opts.quantize, opts.compile)
-    with_draft(run, opts.draft, opts.speculate, opts.compile)
+    with_draft(run, opts.draft, opts.speculate, opts.compile, "chat")
     template = template_of(run)
     reserve, said = answer_room(run, template, opts)
     dialogue = Dialogue(
