@@ -76,7 +76,7 @@ class Jobs:
     ) -> Job:
         """Reserve the streams and start every (prompt, choice) sequence in the model's engine."""
         n, streams = len(prompts) * req.n, self.streams
-        grammar = req.grammar(s.run.tokenizer)  # before streams are taken: a refused schema holds none
+        grammar = req.constraint(s.run.tokenizer)  # before streams are taken: a refused schema holds none
         if n > streams.limit:
             raise BadField(
                 f"this request asks for {n} sequences; the server generates at most {streams.limit} at once", "n"

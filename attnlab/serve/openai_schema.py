@@ -13,8 +13,11 @@ none. `user` is accepted and ignored.
 response_format (both endpoints): {"type": "text"}, {"type": "json_object"} (any JSON object) or
 {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: each token is drawn under a
 mask that keeps the text a valid value (decoding/structured, docs/structured-outputs.md), and the
-choice ends, finish_reason "stop", when the value closes. A schema keyword the mask cannot enforce,
-or a run whose tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
+choice ends, finish_reason "stop", when the value closes. `grammar` (an extension, as vLLM's
+guided_grammar; both endpoints): a Lark grammar whose `start` rule the reply must match, within the
+subset decoding/structured/lark_subset.py lists (anything outside it a 400 naming it), not together
+with a response_format other than text. A schema keyword the mask cannot enforce, or a run whose
+tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
 
 Messages: role system, developer (read as system), user or assistant; content a text, a list of
@@ -42,7 +45,7 @@ from pydantic_core import PydanticCustomError
 
 from attnlab.data.conversations import Message as Turn
 from attnlab.decoding.settings import Draw
-from attnlab.decoding.structured import from_response_format
+from attnlab.decoding.structured import from_grammar, from_response_format
 from attnlab.errors import AttnlabError
 
 MAX_COMPLETION_TOKENS = 2048
@@ -88,6 +91,9 @@ class Sampling(BaseModel):
     response_format: dict | None = Field(
         None, description="{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
     )
+    grammar: str | None = Field(
+        None, description="(extension) a Lark grammar the reply must match (docs/structured-outputs.md#grammars)"
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -121,16 +127,19 @@ class Sampling(BaseModel):
         kind = (self.response_format or {}).get("type", "text")
         if kind not in FORMATS:
             raise BadField(f"response_format type {clip(kind)} is not one of {', '.join(FORMATS)}", "response_format")
+        if kind != "text" and self.grammar is not None:
+            raise BadField("give a grammar or a response_format other than text, not both", "grammar")
 
-    def grammar(self, tokenizer):
+    def constraint(self, tokenizer):
         """The structured output's compiled constraint (decoding/structured), None for plain text; a
-        keyword it cannot enforce, or a tokenizer it cannot read, is a 400 naming it."""
-        if not self.response_format:
-            return None
+        keyword or grammar feature it cannot enforce, or a tokenizer it cannot read, is a 400 naming it."""
+        field = "grammar" if self.grammar is not None else "response_format"
         try:
-            return from_response_format(self.response_format, tokenizer)
+            if self.grammar is not None:
+                return from_grammar(self.grammar, tokenizer)
+            return from_response_format(self.response_format, tokenizer) if self.response_format else None
         except AttnlabError as e:
-            raise BadField(str(e), "response_format") from None
+            raise BadField(str(e), field) from None
 
     def stops(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
