@@ -7,8 +7,8 @@ strings, token ids or lists of them) or messages, max_tokens (max_completion_tok
 temperature (0-2, 0 = greedy), top_p, n, stop (a string or up to 4), seed, stream,
 stream_options.include_usage, logprobs (completions: how many alternatives, 0-20; chat: true with
 top_logprobs 0-20), echo. Accepted at their neutral values only (any other is a 400 that says
-so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null, tools
-none. `user` is accepted and ignored.
+so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null. `user` is
+accepted and ignored. Chat takes tools, tool_choice and parallel_tool_calls (openai_tools.py).
 
 response_format (both endpoints): {"type": "text"}, {"type": "json_object"} (any JSON object) or
 {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: each token is drawn under a
@@ -20,10 +20,11 @@ with a response_format other than text. A schema keyword the mask cannot enforce
 tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
 
-Messages: role system, developer (read as system), user or assistant; content a text, a list of
-text parts ([{"type": "text", "text": ...}], joined) or null (empty); other fields (name, ...) are
-ignored. Tool roles and tool calls are a 400 that says so, as is content of any other kind (one
-message, not one per form it could have taken). A field given as a string of digits is read as
+Messages: role system, developer (read as system), user, assistant (with tool_calls) or tool
+(openai_tools.py); content a text, a list of text parts ([{"type": "text", "text": ...}], joined)
+or null (empty); other fields (name, ...) are ignored. Role "function" and function_call (the
+deprecated function calling) are a 400 that says so, as is content of any other kind (one message,
+not one per form it could have taken). A field given as a string of digits is read as
 its number, as Pydantic reads it; an error message quotes a client's value clipped and escaped.
 
 Extensions, with the names vLLM uses so that scripts written for it work: top_k (sample among the k
@@ -55,9 +56,9 @@ MAX_PROMPT_CHARS = 100_000
 MAX_STOPS = 4
 CHAT_MAX_TOKENS = 256  # a chat reply's default length
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}  # as the template sees it
-TOOL_ROLES = ("tool", "function")
+TOOL_ROLE = "tool"  # a tool's result (openai_tools.py)
 FORMATS = ("text", "json_object", "json_schema")  # response_format types
-TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")  # a message's fields of tool calling
+OLD_TOOL_FIELDS = ("function_call",)  # the deprecated function calling (tools took its place): refused
 
 Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 StopText = Annotated[str, Field(max_length=100)]
@@ -237,33 +238,21 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=0, le=MAX_COMPLETION_TOKENS, description="max_tokens' new name")
     logprobs: bool = Field(False, description="log-probabilities of the reply's tokens")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: this many alternatives per token")
-    tools: list[dict] | None = Field(None, description="not supported")
-    tool_choice: str | dict | None = Field(None, description="not supported: none only")
-    parallel_tool_calls: bool | None = None
+    tools: list | None = Field(None, description="functions the model may call (openai_tools.py)")
+    tool_choice: str | dict | None = Field(None, description="auto, none, required or {'type': 'function', ...}")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call a reply")
 
     def check(self) -> None:
         super().check()
         for i, m in enumerate(self.messages):
-            if m.role in TOOL_ROLES:
-                raise BadField(
-                    f"messages[{i}].role {m.role!r} is not supported: tool calls are not (these are base "
-                    f"models); use {', '.join(ROLES)}",
-                    f"messages[{i}].role",
-                )
-            if m.role not in ROLES:
-                raise BadField(
-                    f"messages[{i}].role {clip(m.role)} is not one of {', '.join(ROLES)}", f"messages[{i}].role"
-                )
-            used = [f for f in TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
+            if m.role == "function":
+                raise BadField(f"messages[{i}].role 'function' is deprecated: use 'tool'", f"messages[{i}].role")
+            if m.role not in ROLES and m.role != TOOL_ROLE:
+                roles = ", ".join([*ROLES, TOOL_ROLE])
+                raise BadField(f"messages[{i}].role {clip(m.role)} is not one of {roles}", f"messages[{i}].role")
+            used = [f for f in OLD_TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
             if used:
-                raise BadField(
-                    f"messages[{i}].{used[0]}: tool calls are not supported (these are base models)",
-                    f"messages[{i}].{used[0]}",
-                )
-        if self.tools:
-            raise BadField("tools are not supported: these are base models", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise BadField("tool_choice is not supported", "tool_choice")
+                raise BadField(f"messages[{i}].{used[0]} is deprecated: use tool_calls", f"messages[{i}].{used[0]}")
 
     def limit(self) -> int:
         given = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
