@@ -63,16 +63,17 @@ def probe_call(i: int) -> Call:
     return Call(f"{PROBE_NAME}{i}", PROBE_ARGUMENTS, f"call_{i}")
 
 
+def answered(template: ChatTemplate, calls: tuple[Call, ...]) -> str:
+    """The made-up conversation, its answer `calls`, as the template renders it with tools on offer."""
+    tools = [Tool(f"{PROBE_NAME}{i}").spec() for i in (1, 2)]
+    turns = [Turn("user", "Hello.")] + ([Turn("assistant", "", calls)] if calls else [])
+    return template.render_rows([row(t) for t in turns], not calls, tools)
+
+
 def probe(template: ChatTemplate) -> Syntax | None:
     """The template's own syntax for calls, read from renders of made-up ones; None if it has none."""
-    ask = [Turn("user", "Hello.")]
-    tools = [Tool(f"{PROBE_NAME}{i}").spec() for i in (1, 2)]
     try:
-        start = template.render_rows([row(t) for t in ask], True, tools)
-        one, two = (
-            template.render_rows([*map(row, ask), row(Turn("assistant", "", calls))], False, tools)
-            for calls in ((probe_call(1),), (probe_call(1), probe_call(2)))
-        )
+        start, one, end = answered(template, ()), answered(template, (probe_call(1),)), template.end_of_turn()
     except AttnlabError:  # it refuses such a conversation: it does not take tool calls
         return None
     if not one.startswith(start):
@@ -82,14 +83,22 @@ def probe(template: ChatTemplate) -> Syntax | None:
     args_at = reply.find(arguments, at)
     if at <= 0 or args_at < 0:  # no call written, or none before the name to tell a call from text
         return None
-    end = template.end_of_turn()
     rest = reply[args_at + len(arguments) :]
     after = rest[: rest.find(end)] if end and end in rest else rest.rstrip()
     before, between = reply[:at], reply[at + len(name) : args_at]
-    first, second = reply[: args_at + len(arguments)] + after, two[len(start) :]
-    split = second.find(before + probe_call(2).name, len(first))
-    sep = second[len(first) : split] if second.startswith(first) and split >= 0 else None  # None: one call
+    sep = separator(template, start + reply[: args_at + len(arguments)] + after, before)
     return Syntax(before, between, after, sep, native=True)
+
+
+def separator(template: ChatTemplate, first: str, before: str) -> str | None:
+    """What the template writes between two calls of one reply; None when it takes one call a reply
+    (Llama 3.1's refuses two) or writes two in a way this cannot read."""
+    try:
+        two = answered(template, (probe_call(1), probe_call(2)))
+    except AttnlabError:
+        return None
+    split = two.find(before + probe_call(2).name, len(first))
+    return two[len(first) : split] if two.startswith(first) and split >= 0 else None
 
 
 _SYNTAX: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -16,7 +16,8 @@ stream_options.include_usage, a chunk with no choices and the usage comes before
 What the fields mean here (requests: see openai_schema.py):
 - finish_reason "stop": a stop text (cut from the text; for chat also the end of turn of the run's
   chat template, openai_schema.py), the end-of-text token (unless ignore_eos), or a structured
-  output's value closed (response_format json_object or json_schema); "length": max_tokens drawn.
+  output's value closed (response_format json_object or json_schema, a grammar); "tool_calls": a
+  chat reply of tool calls (openai_tools.py); "length": max_tokens drawn.
 - usage: prompt_tokens are the prompts' tokens by the run's tokenizer (an empty prompt is one
   end-of-text token), each prompt once however many choices; completion_tokens are the tokens drawn,
   a cut stop text's and an end-of-text token included.
