@@ -16,12 +16,12 @@ from attnlab.data.chat import ChatTemplate
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding.tool_prompt import Turn, syntax_of, tool_prompt
 from attnlab.decoding.tools import DEFAULT, Call, Syntax, call_grammar, read_calls, tools_of
-from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.runs.adapted import CHAT_TEMPLATE
 from attnlab.runs.marker import record
 from attnlab.serve.app import create_app, running
 from tests.conftest import extra, make_run, tiny_model
+from tests.test_structured_grammar import takes
 
 openai = extra("openai", "the openai client is a dev extra: pip install -e .[dev]")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the reference validator) comes with the dev extra")
@@ -140,23 +140,14 @@ def test_none_answers_in_text_and_auto_may_do_either(client):
         none = ask(client, tool_choice="none", seed=seed, max_tokens=20)
         assert none.finish_reason in ("stop", "length") and none.message.tool_calls is None
         auto = ask(client, seed=seed, max_tokens=20)
-        assert auto.finish_reason == "tool_calls" or not auto.message.content.startswith("<tool_call>")
-    grammar = call_grammar(tools_of(TOOLS), DEFAULT, "auto", True, "<|im_end|>", CharTokenizer(CHARS))
+        assert auto.finish_reason == "tool_calls" or not auto.message.content.startswith(DEFAULT.before)
     tok = CharTokenizer(CHARS)
-
-    def takes(text: str) -> bool:
-        matcher = grammar.matcher()
-        try:
-            for t in tok.encode(text):
-                matcher.advance(t)
-        except AttnlabError:
-            return False
-        return matcher.accepting
-
+    grammar = call_grammar(tools_of(TOOLS), DEFAULT, "auto", True, "<|im_end|>", tok)
     call = DEFAULT.write(Call("add", {"a": 5}))
-    assert takes("It is sunny.") and takes(call) and takes(f"{call}\n{call}")
-    assert takes("<tool_call>\nhello")  # text: it does not start as a call does
-    assert not takes('<tool_call>\n{"name": "hello') and not takes("Done.<|im_end|>") and not takes(call[:-1])
+    for text in ["It is sunny.", call, f"{call}\n{call}", "<tool_call>\nhello"]:  # the last: text, not a call's start
+        assert takes(grammar, tok, text), text
+    for text in ['<tool_call>\n{"name": "hello', "Done.<|im_end|>", call[:-1]]:
+        assert not takes(grammar, tok, text), text
 
 
 def test_a_stream_sends_the_calls_whole_in_its_last_chunk(client):
