@@ -160,6 +160,7 @@ def test_a_stream_sends_the_calls_whole_in_its_last_chunk(client):
         if c.choices
     ]
     assert chunks[-1].finish_reason == "tool_calls" and all(c.delta.content in (None, "") for c in chunks)
+    assert len(chunks) == 2  # the role, then the calls: nothing sent while they were drawn
     streamed = [(d.function.name, d.function.arguments) for d in chunks[-1].delta.tool_calls]
     assert streamed == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
     text = ask(client, tool_choice="none", seed=6, max_tokens=20)

@@ -257,8 +257,10 @@ class Reply:
                 for i, (text, steps) in sorted(update.items()):
                     c = self.job.choices[i]
                     if text or steps or c.finish or i not in started:
-                        yield sse(self.chunk(c, text, steps, i not in started))
+                        chunk = self.chunk(c, text, steps, i not in started)
                         started.add(i)
+                        if not held(chunk["choices"][0]):
+                            yield sse(chunk)
         except Exception as e:  # the status line is long gone: the error is the last event
             yield sse({"error": error_body(e)})
             return
@@ -267,6 +269,11 @@ class Reply:
         if self.include_usage:
             yield sse({**self.head(), "choices": [], "usage": self.usage()})
         yield "data: [DONE]\n\n"
+
+
+def held(body: dict) -> bool:
+    """A chunk with nothing to say: text a tool reply holds back while it may still become a call."""
+    return body.get("delta") == {} and body["finish_reason"] is None and not body["logprobs"]
 
 
 async def respond(reply: Reply, request: Request):

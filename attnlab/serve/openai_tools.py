@@ -51,7 +51,7 @@ def tool_plan(req: ChatRequest, template: ChatTemplate, tokenizer: Tokenizer) ->
     tools = checked(tools_of, req.tools) if req.tools else []  # [] as none, as clients send it
     choice = choice_of(req.tool_choice, tools)
     turns = [turn_of(m, i) for i, m in enumerate(req.messages)]
-    answered(turns)
+    results_follow_calls(turns)
     if not tools and all(t.role in ROLES.values() and not t.calls for t in turns):
         return None
     if choice is not None:
@@ -125,7 +125,7 @@ def call_of(value: Any, where: str) -> Call:
     return Call(f["name"], arguments, value["id"])
 
 
-def answered(turns: list[Turn]) -> None:
+def results_follow_calls(turns: list[Turn]) -> None:
     """Each tool message answers a call made before it."""
     made: set[str] = set()
     for i, t in enumerate(turns):
