@@ -71,7 +71,7 @@ def embed(
 def embedding_model(run_or_model: Run | nn.Module) -> nn.Module:
     """The model of a run (or the model itself) if its family makes text embeddings; else one line."""
     model = run_or_model.model if isinstance(run_or_model, Run) else run_or_model
-    if isinstance(model, TextEmbedding) and model.poolings:
+    if makes_embeddings(model):
         return model
     if isinstance(run_or_model, Run):
         what = f"{run_or_model.path} is a {run_or_model.config.get('family')} run"
@@ -79,6 +79,11 @@ def embedding_model(run_or_model: Run | nn.Module) -> nn.Module:
         what = f"a {type(model).__name__} model"
     families = ", ".join(embedding_families())
     raise AttnlabError(f"{what}: it has no text embedding (embeddings come from {families} runs)")
+
+
+def makes_embeddings(model: nn.Module) -> bool:
+    """Whether the model's family makes text embeddings (a captioner's declares none: it reads images)."""
+    return isinstance(model, TextEmbedding) and bool(model.poolings)
 
 
 def embedding_families() -> list[str]:

@@ -46,6 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
+from attnlab.runs.embed import makes_embeddings
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
 from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, clip, conversation
@@ -132,13 +133,16 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models", summary="the language models served: every GPT run")
+    # Listed: every run /v1 answers for, the language models and the runs /v1/embeddings reads (serve/embeddings.py).
+    listed = [n for n, s in served.items() if n in engines or makes_embeddings(s.run.model)]
+
+    @app.get("/v1/models", summary="the models served: every GPT run, and every run with text embeddings")
     def models() -> dict:
-        return {"object": "list", "data": [model_card(served[n]) for n in engines]}
+        return {"object": "list", "data": [model_card(served[n]) for n in listed]}
 
     @app.get("/v1/models/{name}", summary="one model")
     def model(name: str) -> dict:
-        return model_card(find(name))
+        return model_card(served[name] if name in listed else find(name))
 
     @app.post("/v1/completions", summary="continue a prompt (OpenAI's completions API)")
     async def completions(req: CompletionRequest, request: Request):
