@@ -5,6 +5,7 @@ embedding, or asks for one the family does not offer, is refused in one line."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -12,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.data.tokenizers import WordTokenizer
+from attnlab import load
+from attnlab.data.tokenizers import CharTokenizer, WordTokenizer
 from attnlab.errors import AttnlabError
 from attnlab.models.baselines import BagOfWords, BagOfWordsConfig
 from attnlab.models.encoder import Encoder, EncoderConfig
@@ -20,7 +22,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.runs.embed import TooLong, embed, embedding_families, model_ids
 from attnlab.runs.run import Run
-from tests.conftest import perturb, tiny_captioner
+from tests.conftest import make_run, perturb, run_cli, tiny_captioner, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -160,3 +162,21 @@ def test_what_has_no_embedding_is_refused_in_one_line(tmp_path):
         with pytest.raises(AttnlabError, match=message) as e:
             call()
         assert "\n" not in str(e.value)
+
+
+def test_attnlab_embed_prints_the_library_s_vectors_and_their_similarities(tmp_path, capsys):
+    run = make_run(tmp_path / "lm", tiny_model(), CharTokenizer("abc "))
+    texts = ["abc", "a b c", "cab"]
+    expected = embed(load(run, "cpu"), texts)
+    code, out, _ = run_cli(["embed", run, *texts, "--json"], capsys)
+    answer = json.loads(out)
+    assert code == 0 and answer["pooling"] == "last" and answer["texts"] == texts
+    assert (torch.tensor(answer["embeddings"]) - expected).abs().max() < 1e-6
+    code, out, _ = run_cli(["embed", run, *texts, "--pooling", "mean", "--dimensions", "4"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "mean pooling, 4 dimensions, unit length" and lines[4] == "cosine similarity:"
+    similarity = [[float(x) for x in line.split()[1:]] for line in lines[5:]]
+    short = embed(load(run, "cpu"), texts, pooling="mean", dimensions=4)
+    assert torch.allclose(torch.tensor(similarity), short @ short.T, atol=1e-3)
+    code, _, err = run_cli(["embed", run, "abc", "--pooling", "cls"], capsys)
+    assert code == 2 and "pooling 'cls' does not apply to a GPT" in err and len(err.strip().splitlines()) == 1
