@@ -34,8 +34,8 @@ from torch import Tensor
 from attnlab.errors import AttnlabError, one_line
 from attnlab.runs.embed import TooLong, embed_ids, makes_embeddings, model_ids
 from attnlab.serve.guard import StreamLimit
-from attnlab.serve.openai_api import APIError
-from attnlab.serve.openai_schema import MAX_PROMPT_CHARS, BadField, clip
+from attnlab.serve.openai_api import APIError, model_not_found
+from attnlab.serve.openai_schema import MAX_PROMPT_CHARS, BadField
 
 MAX_INPUTS = 2048  # inputs per request, as OpenAI allows
 
@@ -77,13 +77,7 @@ def add_embedding_routes(app: FastAPI, served: dict, streams: StreamLimit) -> No
 
     def find(name: str):
         if name not in embedders:
-            what = f" ({served[name].run.task.noun} run: it has no text embedding)" if name in served else ""
-            raise APIError(
-                404,
-                f"the model {clip(name)} does not exist{what}; embeddings from: {', '.join(embedders)}",
-                "model_not_found",
-                "model",
-            )
+            raise model_not_found(name, served, embedders, "it has no text embedding")
         return embedders[name]
 
     @app.post("/v1/embeddings", summary="unit-length vectors of texts (OpenAI's embeddings API)")

@@ -120,13 +120,7 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
 
     def find(name: str):
         if name not in engines:
-            what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
-            raise APIError(
-                404,
-                f"the model {clip(name)} does not exist{what}; serving: {', '.join(engines)}",
-                "model_not_found",
-                "model",
-            )
+            raise model_not_found(name, served, engines, "/v1 serves language models")
         return served[name]
 
     @app.get("/health", summary="whether the server is up (no key needed)")
@@ -301,6 +295,14 @@ def error_body(e: Exception) -> dict:
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def model_not_found(name: str, served: dict, offered, why: str) -> APIError:
+    """The 404 for a model a route does not offer: what the run is and `why` if it is served, and
+    the names the route does offer."""
+    what = f" ({served[name].run.task.noun} run: {why})" if name in served else ""
+    message = f"the model {clip(name)} does not exist{what}; serving: {', '.join(offered)}"
+    return APIError(404, message, "model_not_found", "model")
 
 
 def model_card(s) -> dict:
