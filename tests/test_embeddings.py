@@ -21,6 +21,7 @@ from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from attnlab.runs.embed import TooLong, embed, embedding_families, model_ids
+from attnlab.runs.quantized import quantize_for_inference
 from attnlab.runs.run import Run
 from tests.conftest import make_run, perturb, run_cli, tiny_captioner, tiny_model
 
@@ -90,6 +91,21 @@ def test_each_pooling_is_the_head_s_states_and_padding_changes_nothing(name):
             assert (batched[i] - alone).abs().max() < 1e-6, (name, how, i)
             assert (alone - reference(name, ids, how)).abs().max() < 1e-6, (name, how, i)
         assert torch.allclose(batched.norm(dim=-1), torch.ones(len(TEXTS)))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "bf16"])
+def test_quantized_weights_give_a_text_its_vector_alone_or_batched(kind):
+    """A short text alone is few rows, which quantized layers multiply by attnlab's row operators, and
+    batched it is many, which take matrix kernels that round otherwise: embed pads every pass past them."""
+    torch.manual_seed(0)
+    model = perturb(GPT(GPTConfig(**{**SIZE, "d_model": 64}, vocab_size=30)), 0.3)
+    float_vectors = embed(model, TEXTS)
+    quantize_for_inference(model, kind, every_layer=True)
+    batched = embed(model, TEXTS)
+    for i, ids in enumerate(TEXTS):
+        assert (batched[i] - embed(model, ids)[0]).abs().max() < 1e-6, i
+    cosines = (batched * float_vectors).sum(-1)  # quantized, and near the float model's vectors
+    assert (batched - float_vectors).abs().max() > 1e-4 and cosines.min() > 0.9
 
 
 def test_each_family_says_its_default_pooling():

@@ -16,8 +16,9 @@ Other families (images, the baselines, the RNN encoder-decoder) are refused in o
 
 Padding changes no text's vector: a causal model's padding comes after the text, and the encoders
 mask it out of attention, so a text's vector is the same alone or batched with longer ones (tested
-within 1e-6). Vectors are float32 on the CPU, of unit length; `dimensions` keeps the first D and
-normalises again, as OpenAI's text-embedding-3 models do.
+within 1e-6); quantized weights too, whose passes are padded to one kernel's size (least_rows).
+Vectors are float32 on the CPU, of unit length; `dimensions` keeps the first D and normalises
+again, as OpenAI's text-embedding-3 models do.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from attnlab.errors import AttnlabError
 from attnlab.models import FAMILIES
 from attnlab.models.common import pool
 from attnlab.models.protocols import TextEmbedding
+from attnlab.quant.packed import ROW_LIMIT, PackedLinear
 from attnlab.runs.run import Run
 
 POOLINGS = ("auto", "last", "mean", "cls")
@@ -145,18 +147,28 @@ def embed_ids(
     width = model.cfg.d_model
     if dimensions is not None and not 1 <= dimensions <= width:
         raise AttnlabError(f"dimensions must be 1..{width} (this model's width), got {dimensions}")
-    device = next(model.parameters()).device
+    device, floor = next(model.parameters()).device, least_rows(model)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     out = torch.empty(len(ids), dimensions or width)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
+        longest = len(ids[rows[0]])
         lengths = torch.tensor([len(ids[i]) for i in rows], device=device)  # (B,)
-        batch = torch.full((len(rows), int(lengths.max())), PAD_ID, device=device)  # (B, T)
+        spare = max(0, -(-floor // longest) - len(rows))  # all-padding rows, up to `floor` tokens in all
+        batch = torch.full((len(rows) + spare, longest), PAD_ID, device=device)  # (B + spare, T)
         for r, i in enumerate(rows):
             batch[r, : len(ids[i])] = torch.tensor(ids[i], device=device)
-        vectors = pooled(model.embedding_states(batch), lengths, how)[:, :dimensions]  # (B, D)
+        states = model.embedding_states(batch)[: len(rows)]  # (B, T, C)
+        vectors = pooled(states, lengths, how)[:, :dimensions]  # (B, D)
         out[rows] = F.normalize(vectors.float(), dim=-1).cpu()
     return out
+
+
+def least_rows(model: nn.Module) -> int:
+    """The tokens a pass must hold for a text's vector not to depend on its batch. Quantized layers
+    (quant/packed.py) take attnlab's row operators for 1..ROW_LIMIT rows and matrix kernels beyond,
+    which round apart (1e-3 here): past ROW_LIMIT every text takes the kernels, alone or batched."""
+    return ROW_LIMIT + 1 if any(isinstance(m, PackedLinear) for m in model.modules()) else 0
 
 
 def pooling_of(model: nn.Module, pooling: str) -> str:
