@@ -94,7 +94,7 @@ def test_float_and_base64_are_the_library_s_vectors(client, loaded, name):
         assert got.shape == expected.shape and (got - expected).abs().max() < 1e-6, fmt
         assert r.model == name and r.object == "list" and r.data[0].object == "embedding"
         assert r.usage.prompt_tokens == r.usage.total_tokens == sum(map(len, model_ids(run, TEXTS)))
-    lone = vectors(client.embeddings.create(model=name, input=TEXTS[2], encoding_format="float"))
+    lone = vectors(client.embeddings.create(model=name, input=TEXTS[2], extra_body={"encoding_format": None}))
     assert (lone[0] - expected[2]).abs().max() < 1e-6  # alone or beside longer texts: the same vector
 
 
@@ -133,9 +133,17 @@ def test_errors_are_openai_s_error_object(client):
             "dimensions must be 1..32",
         ),
     ]
+    cases.append(
+        (
+            dict(model="lm", input="a", encoding_format="int8"),
+            openai.BadRequestError,
+            "invalid_value",
+            "'float' or 'base64'",
+        )
+    )
     for kw, error, code, words in cases:
         with pytest.raises(error) as e:
-            client.embeddings.create(encoding_format="float", **kw)
+            client.embeddings.create(**{"encoding_format": "float", **kw})
         assert e.value.body["code"] == code and words in e.value.body["message"], e.value.body
         assert "\n" not in e.value.body["message"]
 

@@ -6,9 +6,10 @@ Legend: an input = one text or one list of token ids, embedded as one unit vecto
 
 Request (the public OpenAI API reference): model, input (a text, a list of texts, token ids or
 lists of them: the run's tokenizer's ids; at most MAX_INPUTS, none empty), encoding_format "float"
-(a list of numbers) or "base64" (the vector's float32 bytes, little-endian, as OpenAI sends them),
-dimensions (keep the first D and normalise again, as OpenAI's text-embedding-3 models do), user
-(accepted, ignored). Any other field is a 400 ("Unrecognized request argument").
+(a list of numbers; the default, also when null) or "base64" (the vector's float32 bytes,
+little-endian, as OpenAI sends them), dimensions (keep the first D and normalise again, as OpenAI's
+text-embedding-3 models do), user (accepted, ignored). Any other field is a 400 ("Unrecognized
+request argument").
 
 Answer: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage":
 {"prompt_tokens", "total_tokens"}}: the tokens the model read, its framing included (an encoder's
@@ -46,7 +47,9 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, texts, token ids or lists of them (the run's tokenizer's ids)"
     )
-    encoding_format: Literal["float", "base64"] = Field("float", description="numbers, or float32 bytes in base64")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        None, description="numbers (the default), or float32 bytes in base64"
+    )
     dimensions: int | None = Field(None, ge=1, description="keep the first this many, normalised again")
     user: str | None = Field(None, max_length=256, description="ignored")
 
@@ -119,7 +122,7 @@ def checked_ids(run, inputs) -> list[list[int]]:
         raise BadField(one_line(e), "input") from None
 
 
-def encoded(vector: Tensor, encoding_format: str) -> list[float] | str:
+def encoded(vector: Tensor, encoding_format: str | None) -> list[float] | str:
     """A vector as numbers, or as base64 of its float32 bytes, little-endian (what OpenAI sends)."""
     if encoding_format == "base64":
         return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
