@@ -127,6 +127,18 @@ class PredictOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 
 
 @dataclass
+class EmbedOptions(Answers, ReadsRun):
+    texts: list[str] = option(None, "texts to embed", positional=True, nargs="+", metavar="TEXT")
+    pooling: str = option(
+        "auto",
+        "auto (the family's default: a GPT's last token, an encoder's mean or a [CLS]-trained "
+        "classifier's [CLS]), last, mean or cls, where the family offers it",
+    )
+    dimensions: int | None = option(None, "keep the first N dimensions, normalised again", at_least=1)
+    truncate: bool = option(False, "read a text over the context by its first tokens (else an error)")
+
+
+@dataclass
 class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     text: str = option("", "source text", positional=True)
     beam: int = option(1, "beam width; 1 is greedy decoding", at_least=1)

@@ -34,7 +34,8 @@ are running, 500 anything else (logged; the server keeps serving).
                                  for a mixture of experts experts: {tokens, experts (L, T), gates (L, T), n}
 
 Beside it, the OpenAI-compatible API over the GPT runs (openai_api.py): GET /v1/models, POST
-/v1/completions and /v1/chat/completions, GET /health; its errors are OpenAI's {"error": {"message",
+/v1/completions and /v1/chat/completions, GET /health; and POST /v1/embeddings over every run whose
+family makes text embeddings, encoders included (embeddings.py); its errors are OpenAI's {"error": {"message",
 "type", "code"}}. Who may call, how much and how slowly: guard.py (an API key, the Host check, body
 limits, read timeouts, the number of streams, CORS).
 
@@ -72,6 +73,7 @@ from attnlab.interpret.views import views
 from attnlab.io import read_metrics
 from attnlab.runs.run import Run
 from attnlab.serve.circuits import add_circuit_route, attach_transcoders
+from attnlab.serve.embeddings import add_embedding_routes
 from attnlab.serve.errors import add_error_handlers
 from attnlab.serve.guard import (
     Access,
@@ -162,6 +164,7 @@ def create_app(
     if access.allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=access.allowed_hosts)
     add_openai_routes(app, served, limits, streams)
+    add_embedding_routes(app, served, streams)
     finder = find_in(served)
     add_page_routes(app, served, finder)
     add_generate_route(app, finder, limits, streams)

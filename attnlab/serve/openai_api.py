@@ -47,6 +47,7 @@ from starlette.concurrency import run_in_threadpool
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
+from attnlab.runs.embed import makes_embeddings
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
 from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, clip, conversation
@@ -123,26 +124,23 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
 
     def find(name: str):
         if name not in engines:
-            what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
-            raise APIError(
-                404,
-                f"the model {clip(name)} does not exist{what}; serving: {', '.join(engines)}",
-                "model_not_found",
-                "model",
-            )
+            raise model_not_found(name, served, engines, "/v1 serves language models")
         return served[name]
 
     @app.get("/health", summary="whether the server is up (no key needed)")
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models", summary="the language models served: every GPT run")
+    # Listed: every run /v1 answers for, the language models and the runs /v1/embeddings reads (serve/embeddings.py).
+    listed = [n for n, s in served.items() if n in engines or makes_embeddings(s.run.model)]
+
+    @app.get("/v1/models", summary="the models served: every GPT run, and every run with text embeddings")
     def models() -> dict:
-        return {"object": "list", "data": [model_card(served[n]) for n in engines]}
+        return {"object": "list", "data": [model_card(served[n]) for n in listed]}
 
     @app.get("/v1/models/{name}", summary="one model")
     def model(name: str) -> dict:
-        return model_card(find(name))
+        return model_card(served[name] if name in listed else find(name))
 
     @app.post("/v1/completions", summary="continue a prompt (OpenAI's completions API)")
     async def completions(req: CompletionRequest, request: Request):
@@ -320,6 +318,14 @@ def error_body(e: Exception) -> dict:
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def model_not_found(name: str, served: dict, offered, why: str) -> APIError:
+    """The 404 for a model a route does not offer: what the run is and `why` if it is served, and
+    the names the route does offer."""
+    what = f" ({served[name].run.task.noun} run: {why})" if name in served else ""
+    message = f"the model {clip(name)} does not exist{what}; serving: {', '.join(offered)}"
+    return APIError(404, message, "model_not_found", "model")
 
 
 def model_card(s) -> dict:
