@@ -24,7 +24,7 @@ holds the held-out exact answers, as sft's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,7 @@ from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
-from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
+from attnlab.tasks.rewards import CALLABLE, Reward, as_kept, reward_source
 from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
 from attnlab.tasks.sft import EXACT
 
@@ -179,6 +179,11 @@ class GroupRelative(SampledAnswers):
     noun = "an RL-tuned (grpo)"
     data_config = ChatData
     options = GRPOOptions
+    fixed_options = {
+        "reward": "it is what the run learns to raise",
+        "epochs": "a rollout's updates are counted from the run's first step",
+        "max_new_tokens": "it decides which prompts leave room for an answer",
+    }
 
     def train_defaults(self, model: str) -> dict[str, Any]:
         return dict(GRPO_TRAIN)
@@ -213,9 +218,7 @@ class GroupRelative(SampledAnswers):
         )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
-        """The run's RL settings: a resumed run's own, or from the options (checked)."""
-        if req.resume:  # a run stored before --epochs took one update a rollout
-            return {k: req.saved["task"].get(k, 1) if k == "epochs" else req.saved["task"][k] for k in SETTINGS}
+        """The run's RL settings (a resumed run's own under the flags: tasks/request.py), checked."""
         opts = {k: getattr(req.options, k) for k in SETTINGS}
         if opts["group"] < 2:
             raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
@@ -225,11 +228,23 @@ class GroupRelative(SampledAnswers):
         return opts
 
     def reward_of(self, req: TrainRequest, opts: dict[str, Any]) -> Reward:
-        """The run's source of rewards: a resumed run's own (a callable given again), or the option's."""
-        given = req.options.reward
-        if req.resume and callable(given) and not str(opts["reward"]).startswith(CALLABLE):
-            raise AttnlabError(f"this run's reward is {opts['reward']}: resume it without a reward function")
-        return reward_source(opts["reward"], given)
+        """The run's source of rewards: the option's (a resumed run's own "callable:NAME" needs the
+        function given again)."""
+        return reward_source(opts["reward"])
+
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"epochs": 1}  # a run stored before --epochs took one update a rollout
+
+    def normal_options(self, options: GRPOOptions) -> GRPOOptions:
+        return replace(options, reward=as_kept(options.reward))
+
+    def check_options_resumed(self, saved: dict[str, Any], options: Any) -> None:
+        """A reward function given again on --resume stands for the run's own, which config.json names."""
+        if callable(options.reward):
+            if not str(saved.get("reward")).startswith(CALLABLE):
+                raise AttnlabError(f"this run's reward is {saved.get('reward')}: resume it without a reward function")
+            options = replace(options, reward=saved["reward"])
+        super().check_options_resumed(saved, options)
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state

@@ -46,6 +46,7 @@ from attnlab.tasks.base import ModelChoice, Task, load_body
 from attnlab.tasks.common import build_config, preset_fields
 from attnlab.tasks.labeled import show_scores
 from attnlab.tasks.metrics import confusion, scores, warn_small_split
+from attnlab.tasks.request import python_request
 from attnlab.viz.confusion import plot_confusion
 from attnlab.viz.html import AttentionView
 from attnlab.viz.patches import plot_prediction_grid
@@ -229,7 +230,8 @@ def train_image(out: str | Path, model: str = "vit", model_overrides: dict | Non
     the final losses and the test-set scores. `request`: the other TrainRequest fields (train,
     data, force, init, progress)."""
 
-    return run(ImageClassification(), TrainRequest(out, model, dict(model_overrides or {}), **request))
+    task = ImageClassification()
+    return run(task, python_request(task, out, model, model_overrides, **request))
 
 
 @torch.no_grad()

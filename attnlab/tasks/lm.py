@@ -34,6 +34,7 @@ from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
 from attnlab.tasks.lm_eval import SPLITS, evaluate
+from attnlab.tasks.request import python_request
 
 FIXED_ON_RESUME = ("tokenizer", "vocab_size", "val_fraction")  # a resumed run keeps its tokens and split
 
@@ -228,8 +229,9 @@ def prepare(
 ) -> Session:
     """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model,
     optimizer); `request`: the other TrainRequest fields (resume, force, init, progress)."""
-    req = TrainRequest(out, "gpt", asdict(model) if model is not None else {}, train, data, **request)
-    return open_session(LanguageModel(), req)[0]
+    task = LanguageModel()
+    fields = asdict(model) if model is not None else None
+    return open_session(task, python_request(task, out, "gpt", fields, train, data, **request))[0]
 
 
 __all__ = [

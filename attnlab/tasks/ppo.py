@@ -25,7 +25,7 @@ held-out exact answers and score of the final policy.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from attnlab.runs.folder import METRICS
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
-from attnlab.tasks.rewards import RewardRun
+from attnlab.tasks.rewards import RewardRun, as_kept
 from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
 
 SETTINGS = (
@@ -266,6 +266,12 @@ class ProximalPolicy(SampledAnswers):
     noun = "an RL-tuned (ppo)"
     data_config = ChatData
     options = PPOOptions
+    fixed_options = {
+        "reward": "it is what the run learns to raise",
+        "ppo_epochs": "a rollout's updates are counted from the run's first step",
+        "minibatches": "a rollout's updates are counted from the run's first step",
+        "max_new_tokens": "it decides which prompts leave room for an answer",
+    }
     family = "reward"  # the GPT with a scalar head on its trunk (models/reward.py): here, the value head
     new_weights = ("reward_head.weight", "reward_head.bias")  # zero: every value starts at 0
 
@@ -328,15 +334,19 @@ class ProximalPolicy(SampledAnswers):
         )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
-        """The run's RL settings: a resumed run's own, or from the options (checked)."""
-        if req.resume:
-            saved = {"group": 1, **req.saved["task"]}  # a run stored before --group: one answer a prompt
-            return {k: saved[k] for k in SETTINGS}
+        """The run's RL settings (a resumed run's own under the flags: tasks/request.py), checked."""
         opts = {k: getattr(req.options, k) for k in SETTINGS}
         if not opts["reward"]:
             raise AttnlabError("attnlab train ppo needs --reward RUN: a reward model (attnlab train reward)")
-        opts["reward"] = str(Path(opts["reward"]).resolve())  # a resumed run finds it from anywhere
         return opts
+
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"group": 1}  # a run stored before --group: one answer a prompt
+
+    def normal_options(self, options: PPOOptions) -> PPOOptions:
+        """The reward run's folder absolute: a resumed run finds it from anywhere (and --reward given
+        again, relative, is the same run)."""
+        return replace(options, reward=options.reward and as_kept(options.reward))
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test, rm = prepared.state
