@@ -25,7 +25,8 @@ SECTIONS = ("data", "model", "train", "options", "lora", "quantize")
 
 
 def resolve(task: Task, opts: TrainOptions, flags: dict[str, dict[str, Any]], saved: dict | None) -> TrainRequest:
-    """The request of `attnlab train TASK`: each setting from the highest of, lowest first,
+    """The request of `attnlab train TASK` (and of attnlab.train): each setting from the highest of,
+    lowest first,
 
         1. the field's default (the settings dataclass: TrainConfig, the task's data config, ...)
         2. the task's tuned values (task.train_defaults for the model, task.default_data)
@@ -48,7 +49,7 @@ def resolve(task: Task, opts: TrainOptions, flags: dict[str, dict[str, Any]], sa
         raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(task.models)}")
     task.check_given(opts, flags, preset)
     fresh = not (saved or opts.init or _whole(task, model, toml, flags))
-    named = preset or task.models[model].default_preset if fresh else None  # a new run's preset
+    named = (preset or task.models[model].default_preset) if fresh else None  # a new run's preset
     req = TrainRequest(
         opts.out,
         model,
