@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from attnlab.runs.converters import as_records, lora_of, quantized_base
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
+from attnlab.tasks.common import config_json
 
 # A fine-tuning's training settings: a smaller step than pretraining's (the base knows much already),
 # no weight decay pulling the adapters to zero, and validation often enough to watch a short run.
@@ -180,14 +181,7 @@ class Adapting(Task):
         return build
 
     def run_config(self, req: TrainRequest, model: dict[str, Any]) -> dict:
-        config = {
-            "family": self.family,
-            "model": model,
-            "train": asdict(req.train),
-            "data": asdict(req.data),
-            "task": {"kind": self.name},
-            "init": str(req.init),
-        }
+        config = config_json(req, self.family, model, {"kind": self.name})
         if req.converters:  # the base it adapts, and what trains beside the adapters (a new head)
             config["adapter"] = {"base": str(req.base.resolve()), "also": list(self.new_weights)}
             config["converters"] = as_records(req.converters)

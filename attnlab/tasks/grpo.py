@@ -92,16 +92,12 @@ class Held:
     logged: dict[str, float]  # the rollout's metrics
 
     def save(self, held: HeldRollout, step: int) -> None:
-        b, more = self.batch, {} if self.ref is None else {"ref": self.ref}
-        tensors = dict(
-            ids=b.ids, places=b.places, old=b.old, mask=b.mask, advantages=self.advantages, rewards=self.rewards, **more
-        )
-        held.save(step, tensors, self.logged)
+        more = {} if self.ref is None else {"ref": self.ref}
+        held.save(step, self.batch, {"advantages": self.advantages, "rewards": self.rewards, **more}, self.logged)
 
     @staticmethod
     def read(held: HeldRollout, step: int, device: torch.device) -> Held:
-        t, logged = held.read(step, device)
-        batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
+        batch, t, logged = held.read(step, device)
         return Held(batch, t["advantages"], t.get("ref"), t["rewards"], logged)
 
 

@@ -130,22 +130,12 @@ class Buffer:
         return Buffer(sub, self.values[rows], self.advantages[rows], self.returns[rows], self.seed, self.logged)
 
     def save(self, held: HeldRollout, step: int) -> None:
-        b = self.batch
-        tensors = dict(
-            ids=b.ids,
-            places=b.places,
-            old=b.old,
-            mask=b.mask,
-            values=self.values,
-            advantages=self.advantages,
-            returns=self.returns,
-        )
-        held.save(step, tensors, {"seed": self.seed, "logged": self.logged})
+        more = {"values": self.values, "advantages": self.advantages, "returns": self.returns}
+        held.save(step, self.batch, more, {"seed": self.seed, "logged": self.logged})
 
     @staticmethod
     def read(held: HeldRollout, step: int, device: torch.device) -> Buffer:
-        t, notes = held.read(step, device)
-        batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
+        batch, t, notes = held.read(step, device)
         return Buffer(batch, t["values"], t["advantages"], t["returns"], notes["seed"], notes["logged"])
 
 

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.rollouts import Rollouts, rollouts
+from attnlab.decoding.rollouts import RolloutBatch, Rollouts, rollouts
 from attnlab.engine.resume import saved_progress
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
@@ -112,18 +112,22 @@ class HeldRollout:
         step, self.step = self.step, self.step + 1
         return step, step % cycle
 
-    def save(self, step: int, tensors: dict[str, Tensor], notes: dict[str, Any]) -> None:
+    def save(self, step: int, batch: RolloutBatch, more: dict[str, Tensor], notes: dict[str, Any]) -> None:
+        """The rollout sampled at `step`: its batch, the task's tensors of it (advantages, ...) and notes."""
+        tensors = {**{f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}, **more}
         meta = {"step": str(step), "notes": json.dumps(notes)}
         write_safetensors(self.path, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
 
-    def read(self, step: int, device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        """The tensors (on device) and notes of the rollout sampled at `step`."""
+    def read(self, step: int, device: torch.device) -> tuple[RolloutBatch, dict[str, Tensor], dict[str, Any]]:
+        """The batch, the task's tensors (on device) and notes of the rollout sampled at `step`."""
         if not self.path.is_file():
             raise AttnlabError(f"{self.path} is missing: this run cannot go on mid-rollout; train it again")
         t, meta = read_safetensors(self.path)
         if int(meta["step"]) != step:
             raise AttnlabError(f"{self.path} holds the rollout of step {meta['step']}, not {step}: train the run again")
-        return {k: v.to(device) for k, v in t.items()}, json.loads(meta["notes"])
+        t = {k: v.to(device) for k, v in t.items()}
+        batch = RolloutBatch(**{f.name: t.pop(f.name) for f in fields(RolloutBatch)})
+        return batch, t, json.loads(meta["notes"])
 
 
 @contextmanager
