@@ -102,12 +102,12 @@ GIVEN_AGAIN = ["--group", "3", "--clip", "0.3", "--reward", "exact"]  # exact: t
 def test_a_resumed_run_takes_the_flags_over_its_own_settings(tmp_path, monkeypatch, capsys):
     """An old grpo run (group 2) resumed with --group 3 --clip 0.3: the new step samples groups of 3
     and config.json records the new settings (they were read from the run and the flags ignored)."""
-    import attnlab.tasks.grpo as grpo_module
+    import attnlab.tasks.sampled as sampled
 
     run = copied(tmp_path) / "grpo"
     groups = []
-    real = grpo_module.draw
-    monkeypatch.setattr(grpo_module, "draw", lambda *a: groups.append(a[2]) or real(*a))
+    real = sampled.draw
+    monkeypatch.setattr(sampled, "draw", lambda *a: groups.append(a[2]) or real(*a))
     code, _, err = run_cli(["train", "grpo", "--out", run, "--resume", "--max-steps", "3", *GIVEN_AGAIN], capsys)
     assert code == 0, err
     assert groups == [3]

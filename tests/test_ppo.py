@@ -262,12 +262,12 @@ def test_a_resumed_run_takes_the_flags_over_its_own_settings(tmp_path, monkeypat
     """An old ppo run (group 2, stopped mid-way through its first rollout's 4 updates) resumed with
     --group 3 --hacking-patience 3 and its reward run given again by a relative path: the next
     rollout samples groups of 3, and config.json records the new settings."""
-    import attnlab.tasks.ppo as ppo_module
+    import attnlab.tasks.sampled as sampled
 
     root = copied(tmp_path)
     groups = []
-    real = ppo_module.draw
-    monkeypatch.setattr(ppo_module, "draw", lambda *a: groups.append(a[2]) or real(*a))
+    real = sampled.draw
+    monkeypatch.setattr(sampled, "draw", lambda *a: groups.append(a[2]) or real(*a))
     again = ["--reward", os.path.relpath(root / "reward"), "--group", "3", "--hacking-patience", "3"]
     code, _, err = run_cli(["train", "ppo", "--out", root / "ppo", "--resume", "--max-steps", "5", *again], capsys)
     assert code == 0, err

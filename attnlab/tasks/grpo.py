@@ -38,13 +38,13 @@ from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.nn.objective import Objective, inner
+from attnlab.nn.objective import inner
 from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.rewards import CALLABLE, Reward, as_kept, reward_source
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
+from attnlab.tasks.sampled import HeldRollout, Prompt, Prompts, SampledAnswers, Sampling, as_rolled, stop_ids
 from attnlab.tasks.sft import EXACT
 
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high", "epochs")  # config.json's task
@@ -101,7 +101,7 @@ class Held:
         return Held(batch, t["advantages"], t.get("ref"), t["rewards"], logged)
 
 
-class GRPOObjective(Objective):
+class GRPOObjective(Sampling):
     """Rollouts, rewards and group advantages every --epochs steps; each step one policy-loss update."""
 
     def __init__(
@@ -114,12 +114,10 @@ class GRPOObjective(Objective):
         reference: nn.Module | None,
         kept: HeldRollout,
     ):
-        super().__init__(model)
-        self.prompts, (self.tok, self.stops), self.reward = prompts, chat, reward
+        super().__init__(model, prompts, chat, kept, reference)
+        self.reward, self.held = reward, None
         self.group, self.max_new, self.epochs = opts["group"], opts["max_new_tokens"], opts["epochs"]
         self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
-        self.reference = None if reference is None else Frozen(reference)
-        self.kept, self.held = kept, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
         step, into = self.kept.advance(self.epochs)  # one call per step (grad_accum 1 when --epochs > 1)
@@ -138,8 +136,7 @@ class GRPOObjective(Objective):
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> tuple[Held, float]:
         """G answers to each prompt of the batch, scored, with their group advantages; the seconds
         spent sampling them."""
-        chosen = [self.prompts[i] for i in rows.tolist()]
-        d = draw(self.model, chosen, self.group, self.max_new, seed, (self.tok, self.stops))
+        d = self.sample(rows, self.group, self.max_new, seed)
         r, right = d.rollout, torch.tensor(d.right).float()
         rewards = self.reward.to(device)(d.asked, d.texts, seed)
         advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)

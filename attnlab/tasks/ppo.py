@@ -39,7 +39,7 @@ from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.nn.objective import Objective, inner
+from attnlab.nn.objective import inner
 from attnlab.nn.policy import PolicyLoss, group_advantages, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss, whiten
 from attnlab.runs.adapted import run_template
@@ -48,7 +48,7 @@ from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
 from attnlab.tasks.rewards import RewardRun, as_kept
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
+from attnlab.tasks.sampled import HeldRollout, Prompt, Prompts, SampledAnswers, Sampling, as_rolled, stop_ids
 
 SETTINGS = (
     "reward",
@@ -158,7 +158,7 @@ def last_hidden(model: nn.Module):
         handle.remove()
 
 
-class PPOObjective(Objective):
+class PPOObjective(Sampling):
     """Rollouts every ppo_epochs x minibatches steps; each step one clipped update on a part of one."""
 
     def __init__(
@@ -170,35 +170,31 @@ class PPOObjective(Objective):
         reference: nn.Module,
         rm: RewardRun,
         watch: Watch,
-        held: HeldRollout,
+        kept: HeldRollout,
     ):
-        super().__init__(model)
-        self.prompts, self.opts, self.rm, self.watch = prompts, opts, rm, watch
-        self.tok, self.template, self.stops = chat
-        self.reference = Frozen(reference)
+        super().__init__(model, prompts, chat, kept, reference)
+        self.opts, self.rm, self.watch, self.buffer = opts, rm, watch, None
         self.loss = PolicyLoss("dapo", opts["clip"])  # PPO's mean over every token of the batch
         self.cycle = opts["ppo_epochs"] * opts["minibatches"]
-        self.held, self.buffer = held, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-        step, into = self.held.advance(self.cycle)  # one call per step (grad_accum 1)
+        step, into = self.kept.advance(self.cycle)  # one call per step (grad_accum 1)
         self.last = {}
         if step % self.watch.every == 0:
             self.last.update(self.watch.look(self.model, step))
         device = next(self.model.parameters()).device
         if into == 0:
             self.buffer = self.rollout(rows, int(seed[0]), device)
-            self.buffer.save(self.held, step)
+            self.buffer.save(self.kept, step)
         elif self.buffer is None:  # resumed mid-way through a rollout
-            self.buffer = Buffer.read(self.held, step - into, device)
+            self.buffer = Buffer.read(self.kept, step - into, device)
         loss = self.update(into)
         return loss.detach(), loss
 
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> Buffer:
         """--group answers to each prompt, scored; their values, rewards, advantages and returns."""
         g = self.opts["group"]
-        chosen = [self.prompts[i] for i in rows.tolist()]
-        d = draw(self.model, chosen, g, self.opts["max_new_tokens"], seed, (self.tok, self.stops))
+        d = self.sample(rows, g, self.opts["max_new_tokens"], seed)
         r, right, generate_s = d.rollout, d.right, d.seconds
         scores = self.rm.to(device)(d.asked, d.texts, seed)
         graded = relative_scores(scores, g)
@@ -314,7 +310,7 @@ class ProximalPolicy(SampledAnswers):
         config["task"].update(opts)
 
         def objective() -> PPOObjective:
-            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held)
+            return PPOObjective(build(), prompts, opts, (tok, stops), build(), rm, watch, held)
 
         return Prepared(
             Prompts(prompts, opts["group"], opts["max_new_tokens"]),

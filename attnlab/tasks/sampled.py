@@ -32,6 +32,7 @@ from attnlab.engine.resume import saved_progress
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, write_safetensors
+from attnlab.nn.objective import Objective
 from attnlab.runs.marker import record
 from attnlab.tasks.adapt import Adapting
 from attnlab.tasks.rewards import Asked
@@ -96,6 +97,23 @@ class Frozen:
 
     def __init__(self, model: nn.Module):
         self.model = model.eval().requires_grad_(False)
+
+
+class Sampling(Objective):
+    """What grpo's and ppo's objectives share: the policy samples answers to the prompts (chat: the
+    tokenizer and the ids that end an answer), the rollout between its updates is kept in the run
+    (`kept`), and a frozen reference, where the objective has one, is scored against."""
+
+    def __init__(
+        self, model: nn.Module, prompts: list[Prompt], chat: tuple, kept: HeldRollout, reference: nn.Module | None
+    ):
+        super().__init__(model)
+        self.prompts, (self.tok, self.stops), self.kept = prompts, chat, kept
+        self.reference = None if reference is None else Frozen(reference)
+
+    def sample(self, rows: Tensor, group: int, max_new: int, seed: int) -> Drawn:
+        """`group` answers to each prompt of the batch (`rows`: which prompts)."""
+        return draw(self.model, [self.prompts[i] for i in rows.tolist()], group, max_new, seed, (self.tok, self.stops))
 
 
 class HeldRollout:
