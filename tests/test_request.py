@@ -9,7 +9,6 @@ checked once)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
@@ -241,26 +240,3 @@ def test_the_command_line_and_python_ask_for_the_same_request(name, level, tmp_p
     cli, api = seen
     assert cli == api
     assert (cli.train.max_steps == 5) == (level != "defaults") and cli.resume == resume
-
-
-# Options a resumed run may change, set anew in the run resumed from each side.
-CHANGED = {"dpo": ("beta", 0.2), "grpo": ("group", 3), "ppo": ("hacking_patience", 3)}
-
-
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_a_run_resumed_from_the_command_line_or_python_writes_the_same_config(name, tmp_path, capsys):
-    """Each old run resumed twice, by `attnlab train NAME --resume --max-steps 3` and by
-    attnlab.train(..., resume=True): the two config.json files are equal."""
-    root = copied(tmp_path)
-    shutil.copytree(root / name, root / f"{name}-api")
-    option = CHANGED.get(name)
-    args = ["--max-steps", "3", "--device", "cpu", *(flag_args(*option) if option else [])]
-    code, _, err = run_cli(["train", name, "--out", root / name, "--resume", *args], capsys)
-    assert code == 0, err
-    options = dict([option]) if option else {}
-    train = {"max_steps": 3, "device": "cpu"}
-    attnlab.train(root / f"{name}-api", train=train, task=name, resume=True, **options)
-    cli, api = (json.loads((root / run / "config.json").read_text()) for run in (name, f"{name}-api"))
-    assert cli == api and cli["train"]["max_steps"] == 3
-    if option:
-        assert cli["options"][option[0]] == option[1]
