@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.decoding import engine as engines
+from attnlab.decoding import admission
 from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
@@ -32,7 +32,7 @@ def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(VOCAB, (n,), generator=g).tolist() for n in (2, 11, 5, 16)]
     for ids in prompts:
-        prefill.add(Row(ids, Draw(), 1, None, lambda step: None, decoder.device), decoder.vocab)
+        prefill.add(Row(ids, Draw(), 1, lambda step: None, decoder.device), decoder.vocab)
     done, passes = {}, 0
     with torch.inference_mode():
         while len(prefill):
@@ -75,13 +75,13 @@ def test_prefilled_together_every_request_gets_the_tokens_of_its_prompt_alone(bu
 
 def test_a_prefill_draw_in_doubt_runs_the_prompt_again_alone(monkeypatch):
     """With every draw from a batched prefill in doubt, each prompt is run again alone: still exact."""
-    sure = engines.certain_draws
-    monkeypatch.setattr(engines, "certain_draws", lambda z, draws, *a: [None] * len(draws))
+    sure = admission.certain_draws
+    monkeypatch.setattr(admission, "certain_draws", lambda z, draws, *a: [None] * len(draws))
     m, reqs = model(positions="rope"), long_requests(4)
     engine = Engine(m, max_batch=4, dtype="float32", prefill=5)
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["prefill replays"] > 0
-    monkeypatch.setattr(engines, "certain_draws", sure)
+    monkeypatch.setattr(admission, "certain_draws", sure)
     engine.close(wait=5)
 
 

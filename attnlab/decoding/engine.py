@@ -4,22 +4,17 @@ Legend: B rows in a batched step, V vocabulary, C the model's context.
 
 Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
 /api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Engine. A
-request `submit`s a prompt's ids, how to draw (Draw: temperature, top-k, top-p, seed), how many
-tokens and what else it asks (rows.Ask), and receives Steps (a token, with log-probabilities or
-attention when asked) through a callback, then None when done. A thread of the engine's own runs
-the loop once a submit() starts it (the server); until then the readers of generate() (the command
-line, run.generate) run its turns themselves whenever they wait for a step, one at a time; each turn:
+request `submit`s a prompt's ids, how to draw (Draw), how many tokens and what else it asks
+(rows.Ask), and receives Steps through a callback, then None when done. A thread of the engine's own
+runs the loop once a submit() starts it (the server); until then the readers of generate() (the
+command line, run.generate) run its turns themselves whenever they wait for a step. Each turn:
 
-1. admits waiting sequences while there are free slots (`max_batch`). A prompt with nothing else in
-   the engine is run alone, exactly as sampling.stream_rows runs it (an encoder-decoder's source
-   encoded first), giving the first token's logits and the state that goes into a slot (slots.py).
-   Prompts that arrive together or while rows run are prefilled together (prefill.py): up to a
-   budget of prompt tokens a turn in one forward pass, a longer prompt over several turns, so the
-   running rows keep stepping; the same prompt twice is computed once (its twins copy its keys);
-2. runs one forward pass over every sequence in a slot, each fed its newest token at its own
-   position: the pass that makes batching pay, the weights read once for all rows;
-3. draws each row's token with its own generator, hands it over, and retires the rows that are
-   done or whose reader went away (`cancel`); a row that outgrows the context jumps ahead as
+1. admits waiting sequences while there are free slots (admission.py: alone, or prefilled together
+   in chunks between the running rows' steps, prefill.py);
+2. seats the rows decoded together (seats.py) and runs one forward pass over them, each fed its
+   newest token at its own position: the batched logits, the weights read once for all rows;
+3. draws each row's token with its own generator, and advances: hands it over, retires the rows that
+   are done or whose reader went away (`cancel`); a row that outgrows the context jumps ahead as
    stream_rows does (its last C/2 tokens are run again alone, into a fresh state).
 Decoded alone instead, in the same turn: a sequence alone in the engine (one request costs what it
 costs without one), a row that asks for each step's attention, a row whose caller set hooks on the
@@ -30,13 +25,11 @@ each row draws from its own generator, and a draw from the batch's logits (a ste
 prefill's) stands only when exact.py finds that the lone request's logits could not change it;
 otherwise the row is replayed: its caches are rebuilt alone from its last refill (its prompt, run
 whole), a token at a time as stream_rows feeds them, and the token is drawn from those logits. A row
-replayed REPLAYS times finishes alone. The tolerance those checks use is measured when the thread
-starts (`calibrate`: SAFETY times the largest difference between batched and lone logits) and raised
-if a replay ever shows a larger one. Should torch's multinomial on the device not be the draw
-exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower, as
-exact.
-
-How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
+replayed REPLAYS times finishes alone. The tolerance those checks use is measured before rows are
+first batched (`calibrate`: SAFETY times the largest difference between batched and lone logits)
+and raised if a replay ever shows a larger one. Should torch's multinomial on the device not be the
+draw exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower,
+as exact. How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
 """
 
 from __future__ import annotations
@@ -45,7 +38,6 @@ import atexit
 import collections
 import queue
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -54,23 +46,21 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.adapters import decoder_for
-from attnlab.decoding.draw import Draw, constrained, jump_keep, next_tokens
-from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
+from attnlab.decoding.admission import Admission
+from attnlab.decoding.draw import Draw, jump_keep
+from attnlab.decoding.exact import SAFETY, Replays, calibrate, multinomial_is_a_race
 from attnlab.decoding.inbox import Inbox
 from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
 from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
-from attnlab.decoding.slots import copied
 from attnlab.nn.hooks import hooks, thread_hooks
 
-REPLAYS = 2  # a row in doubt this often finishes alone
-SAFETY = 32.0  # the tolerance is this many times the largest difference measured
 FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
 
 __all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
 
-class Engine:
+class Engine(Admission, Replays):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(
@@ -106,26 +96,10 @@ class Engine:
         the row, to cancel."""
         if not ids:
             raise ValueError("generation needs at least one prompt token")
-        ask = ask or Ask()
-        row = Row(
-            ids[-self.decoder.context :] if self.decoder.batched else ids,
-            draw,
-            max_tokens,
-            ask.logprobs,
-            emit,
-            self.device,
-        )
-        row.deadline = None if ask.seconds is None else time.monotonic() + ask.seconds
-        row.on_exit, row.wake, row.attention, row.source, row.tag, row.matcher = (
-            ask.on_exit,
-            ask.wake,
-            ask.attention,
-            ask.source,
-            ask.tag,
-            ask.matcher,
-        )
+        window = ids[-self.decoder.context :] if self.decoder.batched else ids
+        row = Row(window, draw, max_tokens, emit, self.device, ask)
         row.hooks = thread_hooks(self.model)
-        row.solo = ask.attention or bool(row.hooks)
+        row.solo = row.ask.attention or bool(row.hooks)
         if max_tokens <= 0:
             self._finish(row)
             return row
@@ -215,100 +189,11 @@ class Engine:
                 warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
                 self.batched, self.tolerance = False, FLOOR
 
-    def _admit(self) -> None:
-        """Start the waiting sequences that fit (the inbox collected by the caller): alone, or prefilled
-        together in chunks (prefill.py) when other rows or prompts share the turn; a prompt the same as
-        one being prefilled is its twin, computed once (_spread)."""
-        self._expire()
-        filling = self.filling if self.filling is not None and self.batched else None
-        prefilling = filling is not None and filling.budget > 0
-        pending = 0 if filling is None else sum(1 + len(row.twins) for row in filling.rows)
-        leaders = {} if filling is None else {tuple(row.window): row for row in filling.rows}
-        while self.inbox and len(self.rows) + pending < self.max_batch:
-            row = self.inbox.next()
-            if row.cancelled:
-                self._retire(row)
-            elif prefilling and not row.solo and (self.rows or pending or self.inbox):
-                if (leader := leaders.get(tuple(row.window))) is not None:
-                    leader.twins.append(row)
-                else:
-                    filling.add(row, self.decoder.vocab)
-                    leaders[tuple(row.window)] = row
-                pending += 1
-            else:
-                self._start_alone(row)
-        if filling is not None and len(filling):
-            self._prefill(filling)
-
-    def _start_alone(self, row: Row) -> None:
-        """The prompt run alone, as stream_rows runs it (an encoder-decoder's source encoded first)."""
-        try:
-            row.state = self.decoder.start(row.source)
-            self._alone(row, row.window, 0)
-        except Exception as e:  # e.g. out of memory: this request fails, the others go on
-            for twin in [*row.twins, row]:
-                self._fail(twin, e)
-            return
-        self.rows.append(row)
-        for twin in self._spread(row):
-            twin.exact, twin.approx = row.exact.clone(), row.approx
-            self.rows.append(twin)
-
-    def _spread(self, row: Row) -> list[Row]:
-        """The row's twins (the same prompt), each with a copy of its caches: the same numbers as their
-        own prompt run the same way, so a burst of one prompt costs one prefill."""
-        twins, row.twins = row.twins, []
-        for twin in twins:
-            twin.state = copied(row.state, self.decoder.start(row.source))
-        self.stats["twins"] += len(twins)
-        return twins
-
-    def _orphan(self, row: Row) -> None:
-        """A prompt leaves the prefill table unfinished: its twins wait at the front of the line again."""
-        self.filling.remove(row)
-        self.inbox.waiting.extendleft(reversed(row.twins))
-        row.twins = []
-
-    def _prefill(self, filling: Prefill) -> None:
-        """One chunk of each prompt the budget reaches (one forward pass); the prompts all in join."""
-        for row in [row for row in filling.rows if row.cancelled]:
-            self._orphan(row)
-            self._retire(row)
-        first = filling.rows[0] if len(filling) == 1 else None
-        if first is not None and filling.fed[id(first)] == 0 and len(first.window) <= filling.budget:
-            filling.remove(first)  # one whole prompt this turn: alone is exact, at the same cost
-            self._start_alone(first)
-            return
-        try:
-            done = filling.step(self.decoder)
-        except Exception as e:  # the pass failed: its prompts hear it, the engine goes on
-            for row in list(filling.rows):
-                filling.remove(row)
-                for twin in [*row.twins, row]:
-                    self._fail(twin, e)
-            return
-        self.stats["prefill passes"] += 1
-        if done:
-            self._join(done + [(twin, z) for row, z in done for twin in self._spread(row)])
-
-    def _join(self, done: list[tuple[Row, Tensor]]) -> None:
-        """Prefilled rows draw their first token now: from the batch's logits (1, V) where exact.py finds
-        the draw sure, else from their prompt run again alone."""
-        z = constrained(torch.cat([z for _, z in done]), [row.matcher for row, _ in done])  # (b, V)
-        picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
-        for (row, logits), token in zip(done, picks):
-            if token is None:  # in doubt: the prompt again, alone, for the lone logits
-                self.stats["prefill replays"] += 1
-                self._start_alone(row)
-                continue
-            row.exact, row.sure, row.approx = logits, token, True
-            self.rows.append(row)
-
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
         """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
         with its caller's hooks."""
         with hooks(self.model, row.hooks):
-            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.attention, bool(row.hooks))
+            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.ask.attention, bool(row.hooks))
 
     def _fail(self, row: Row, error: Exception) -> None:
         """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
@@ -322,7 +207,7 @@ class Engine:
 
     def _turn(self) -> None:
         """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
-        wakes = {row.wake for row in self.rows if row.wake is not None}
+        wakes = {row.ask.wake for row in self.rows if row.ask.wake is not None}
         try:
             self._greet()
             self._step()
@@ -343,8 +228,8 @@ class Engine:
                 self._advance(row, *self._draw_exact(row))
             except Exception as e:  # as in _step: NaN logits, a reader that cannot take the token
                 self._fail(row, e)
-            if row.wake is not None:
-                greeted.add(row.wake)
+            if row.ask.wake is not None:
+                greeted.add(row.ask.wake)
         for wake in greeted:
             quietly(wake)
 
@@ -383,53 +268,6 @@ class Engine:
         self.stats["batched rows"] += len(self.slotted)
         return logits
 
-    def _draw_batched(self, logits: Tensor) -> dict[int, tuple[int, Tensor]]:
-        """{id(row): (token, its logits)} for the slotted rows whose draw is sure; the others get their
-        exact logits (a replay), drawn in _draw_exact."""
-        live = [row for row in self.slotted if not row.cancelled]
-        index = {id(row): i for i, row in enumerate(self.slotted)}  # before a replay moves any slot
-        z = logits[[index[id(row)] for row in live]]  # (b, V)
-        masked = constrained(z, [row.matcher for row in live])  # structured outputs: as _draw_exact masks
-        picks = certain_draws(masked, [row.draw for row in live], [row.generator for row in live], self.tolerance)
-        out = {}
-        for i, (row, token) in enumerate(zip(live, picks)):
-            if token is not None:
-                out[id(row)] = (token, z[i : i + 1])
-            else:
-                self._replay(row, z[i : i + 1])
-        return out
-
-    def _draw_exact(self, row: Row) -> tuple[int, Tensor]:
-        """The row's token from logits computed as alone, with next_tokens itself."""
-        logits, row.exact = row.exact, None
-        if logits is None:  # cancelled before its draw: nothing to draw
-            return -1, logits
-        if row.sure is not None:  # drawn when its prompt was prefilled in a batch (_prefill)
-            token, row.sure = row.sure, None
-            return token, logits
-        d, logits = row.draw, self.decoder.mask(logits)
-        drawn = constrained(logits, [row.matcher])  # the same mask as a batched draw's: the same token
-        return int(next_tokens(drawn, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
-
-    def _replay(self, row: Row, batched: Tensor) -> None:
-        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
-        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
-        row.state = self.decoder.start(row.source)
-        self._alone(row, row.window[: row.base], 0)
-        for j in range(row.base, len(row.window)):
-            self._alone(row, row.window[j : j + 1], j)
-        logits = row.exact
-        seen = float((batched.float() - logits.float()).abs().max()) / (1 + float(logits.float().abs().max()))
-        self.tolerance = max(self.tolerance, SAFETY * seen)  # a larger difference than calibrated: widen
-        row.replays += 1
-        self.stats["replays"] += 1
-        if row.replays >= REPLAYS:  # in doubt too often: finish alone, from these exact caches
-            self.seats.leave(row)
-            row.solo = True
-            self.stats["solo rows"] += 1
-        else:  # exact caches from here on
-            self.seats.reseat(row)
-
     def _advance(self, row: Row, token: int, logits: Tensor | None) -> None:
         """Hand the token over; retire the row when done (its length drawn, or its structured value
         closed), refill it when it outgrows the context."""
@@ -438,7 +276,7 @@ class Engine:
             return
         if row.matcher is not None:  # before the reader hears of the token: one outside the mask fails the row
             row.matcher.advance(token)
-        row.emit(step_of(token, logits, row.logprobs, row.seen))
+        row.emit(step_of(token, logits, row.ask.logprobs, row.seen))
         row.window.append(token)
         row.left -= 1
         if row.left <= 0 or (row.matcher is not None and row.matcher.done):
@@ -447,7 +285,7 @@ class Engine:
             self.seats.leave(row)
             keep = jump_keep(self.decoder.context)
             row.window, row.base = row.window[-keep:], keep
-            row.state = self.decoder.start(row.source)
+            row.state = self.decoder.start(row.ask.source)
             self._alone(row, row.window, 0)
 
     # ---- leaving ----------------------------------------------------------------------------------------
@@ -457,18 +295,7 @@ class Engine:
         if row in self.rows:
             self.rows.remove(row)
         row.state = row.exact = None
-        if row.on_exit is not None:
-            exit_, row.on_exit = row.on_exit, None
-            exit_()
-
-    def _expire(self) -> None:
-        """Fail the rows (running or waiting) past their deadline."""
-        now = time.monotonic()
-        filling = [] if self.filling is None else [row for row in self.filling.rows if row.overdue(now)]
-        for row in filling:
-            self._orphan(row)
-        for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now) + filling:
-            self._fail(row, TimeoutError("the generation ran past its time limit"))
+        row.exit()
 
     def calibrate(self, rows: int = 4, steps: int = 6) -> float:
         """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones

@@ -101,7 +101,7 @@ class Prefill:
         for b, (row, n) in enumerate(zip(rows, counts)):
             self.fed[id(row)] += n
             if self.fed[id(row)] == len(row.window):
-                row.state = decoder.start(row.source)
+                row.state = decoder.start(row.ask.source)
                 self.slots.take(b, row.state)
                 done.append((row, logits[b : b + 1]))
         for row, _ in done:
@@ -119,7 +119,7 @@ def prefill_gap(decoder, slots: Slots, lengths: tuple[int, ...] = (3, 17, 9, 30)
     prefill, rows = Prefill(slots, budget=16), []
     for n in lengths[: slots.table.slots]:
         ids = torch.randint(decoder.vocab, (min(n, decoder.context),), generator=g).tolist()
-        rows.append(Row(ids, Draw(), 1, None, lambda step: None, decoder.device))
+        rows.append(Row(ids, Draw(), 1, lambda step: None, decoder.device))
         prefill.add(rows[-1], decoder.vocab)
     worst = 0.0
     while len(prefill):
