@@ -13,6 +13,7 @@ from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.prefill import Prefill
 from attnlab.decoding.rows import Row, Step
+from attnlab.decoding.seats import Seats
 from tests.test_serve_batching import VOCAB, alone, concurrently, model, requests
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -24,11 +25,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
     ids=["learned", "rope", "alibi", "bigram", "gqa"],
 )
 def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits_and_keys(kw):
-    """Prompts of 2, 11, 5 and 16 tokens (the context) fed 6 tokens a turn, so that they are cut at
-    different places and padded: each one's logits at its last token are its lone logits, and a step
-    from the keys it leaves with gives the lone next logits."""
+    """Prompts of 2, 11, 5 and 16 tokens (the context) fed 6 tokens a turn into slots of the one table,
+    so that they are cut at different places and padded: each one's logits at its last token are its
+    lone logits, and once seated where its keys are, a batched step gives the lone next logits."""
     decoder = LMDecoder(model(**kw), "float32")
-    prefill = Prefill(decoder.slots(4), budget=6)
+    seats = Seats(decoder.slots(4))
+    prefill = Prefill(seats, budget=6)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(VOCAB, (n,), generator=g).tolist() for n in (2, 11, 5, 16)]
     for ids in prompts:
@@ -37,20 +39,28 @@ def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits
     with torch.inference_mode():
         while len(prefill):
             for row, logits in prefill.step(decoder):
+                seats.join(row)
                 done[tuple(row.window)] = row, logits
             passes += 1
         assert passes == 6  # 34 tokens, 6 a turn
+        # A model that does not read the previous token gets none (the compiled batched step is traced
+        # without one: compiled_rows.py).
+        assert (seats.slots.table.last is None) == ("bigram_vocab" not in kw)
+        assert [row.slot for row in seats.rows] == list(range(4)) and not seats.held
+        lone = {}
         for ids in prompts:
-            row, logits = done[tuple(ids)]
-            # A model that does not read the previous token gets none (the compiled batched step is traced
-            # without one: compiled_rows.py).
-            assert (row.state[0].last_token is None) == ("bigram_vocab" not in kw)
-            lone = decoder.start(None)
-            want, _ = decoder.feed(lone, ids, 0)
-            torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
-            if len(ids) < decoder.context:  # one more token, from the keys each way
-                step, _ = decoder.feed(row.state, [3], len(ids))
-                torch.testing.assert_close(step, decoder.feed(lone, [3], len(ids))[0], atol=1e-5, rtol=1e-5)
+            lone[tuple(ids)] = decoder.start(None)
+            want, _ = decoder.feed(lone[tuple(ids)], ids, 0)
+            torch.testing.assert_close(done[tuple(ids)][1], want, atol=1e-5, rtol=1e-5)
+        for row in [row for row in list(seats.rows) if len(row.window) == decoder.context]:
+            seats.leave(row)  # full: one more token would not fit
+        short = list(seats.rows)
+        for row in short:
+            row.window.append(3)
+        step = seats.logits(decoder)  # (3, V) one more token of each row, from the keys in the table
+        for row in short:
+            want, _ = decoder.feed(lone[tuple(row.window[:-1])], [3], len(row.window) - 1)
+            torch.testing.assert_close(step[row.slot : row.slot + 1], want, atol=1e-5, rtol=1e-5)
 
 
 def long_requests(n: int) -> list[tuple[list[int], Draw, int]]:

@@ -73,7 +73,7 @@ class Admission:
         """The row's twins (the same prompt), each with a copy of its caches: the same numbers as their
         own prompt run the same way, so a burst of one prompt costs one prefill."""
         twins, row.twins = row.twins, []
-        for twin in twins:
+        for twin in twins:  # a row run alone: its own caches
             twin.state = copied(row.state, self.decoder.start(row.ask.source))
         self.stats["twins"] += len(twins)
         return twins
@@ -104,19 +104,30 @@ class Admission:
             return
         self.stats["prefill passes"] += 1
         if done:
-            self._join(done + [(twin, z) for row, z in done for twin in self._spread(row)])
+            self._join(done)
 
     def _join(self, done: list[tuple[Row, Tensor]]) -> None:
-        """Prefilled rows draw their first token now: from the batch's logits (1, V) where exact.py finds
-        the draw sure, else from their prompt run again alone."""
+        """Prefilled rows (and their twins, given copies of their keys) are seated where their keys are,
+        and draw their first token now: from the batch's logits (1, V) where exact.py finds the draw
+        sure, else from their prompt run again alone."""
+        for row, _ in done:
+            self.seats.join(row)
+        twins = [(twin, z.clone()) for row, z in done for twin in row.twins]
+        for row, _ in done:
+            for twin in row.twins:
+                self.seats.copy(twin, row)
+            self.stats["twins"] += len(row.twins)
+            row.twins = []
+        done = done + twins
         z = constrained(torch.cat([z for _, z in done]), [row.matcher for row, _ in done])  # (b, V)
         picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
         for (row, logits), token in zip(done, picks):
             if token is None:  # in doubt: the prompt again, alone, for the lone logits
                 self.stats["prefill replays"] += 1
+                self.seats.leave(row)
                 self._start_alone(row)
                 continue
-            row.exact, row.sure, row.approx = logits, token, True
+            row.exact, row.sure = logits, token
             self.rows.append(row)
 
     def _expire(self) -> None:

@@ -69,10 +69,10 @@ class Engine(Admission, Replays):
         self.model, self.max_batch = model, max_batch
         self.decoder = decoder_for(model, dtype, compiled)
         self.device = self.decoder.device
-        self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
-        self.seats = Seats(self.slots)  # the rows decoded together (seats.py)
-        # Prompts prefilled together, `prefill` tokens a turn (prefill.py); 0: each prompt alone, whole.
-        self.filling = Prefill(self.decoder.slots(max_batch), prefill) if self.decoder.batched else None
+        self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None  # the one key/value table
+        self.seats = Seats(self.slots)  # who sits where in it: the rows decoded together (seats.py)
+        # Prompts prefilled together into free slots, `prefill` tokens a turn (prefill.py); 0: each alone.
+        self.filling = Prefill(self.seats, prefill) if self.decoder.batched else None
         self.rows: list[Row] = []  # every sequence being decoded
         self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
@@ -302,7 +302,7 @@ class Engine(Admission, Replays):
         (exact.calibrate), never below FLOOR."""
         worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
         if self.filling is not None:
-            worst = max(worst, prefill_gap(self.decoder, self.filling.slots))
+            worst = max(worst, prefill_gap(self.decoder, self.slots))
         return max(SAFETY * worst, FLOOR)
 
 
