@@ -35,7 +35,7 @@ class Admission:
         together in chunks when other rows or prompts share the turn; a prompt the same as one being
         prefilled is its twin, computed once (_spread)."""
         self._expire()
-        filling = self.filling if self.filling is not None and self.batched else None
+        filling = self.filling if self.filling is not None and self.batched and self._prepared else None
         prefilling = filling is not None and filling.budget > 0
         pending = 0 if filling is None else sum(1 + len(row.twins) for row in filling.rows)
         leaders = {} if filling is None else {tuple(row.window): row for row in filling.rows}

@@ -146,11 +146,8 @@ class Engine(Admission, Replays):
     def _step_once(self) -> None:
         """One turn in the calling thread (another reader's turn first, if it holds them)."""
         with self._turns, torch.inference_mode():
-            self._prepare()
             self.inbox.collect(block=False)
-            self._admit()
-            if self.rows:
-                self._turn()
+            self._one_turn()
 
     def close(self, wait: float = 0.0) -> None:
         """Stop the loop after its current turn (waiting up to `wait` seconds for it)."""
@@ -165,19 +162,31 @@ class Engine(Admission, Replays):
         while not self.closed:
             self.inbox.collect(block=not self.rows and not self.inbox)  # idle: wait for a sequence
             with self._turns, torch.inference_mode():  # no autograd bookkeeping at all
-                self._prepare()
-                self._admit()
-                if self.rows:
-                    self._turn()
+                self._one_turn()
+
+    def _one_turn(self) -> None:
+        """Admit, then step every row; batching is prepared when a second row could share the steps."""
+        if not self._prepared and self._crowded():
+            self._prepare()
+        self._admit()
+        if self.rows:
+            self._turn()
+
+    def _crowded(self) -> bool:
+        """Whether two sequences that could be decoded together are in the engine (running or waiting)."""
+        waiting = [*self.rows, *self.inbox.waiting]
+        return self.batched and sum(not row.solo and not row.cancelled for row in waiting) > 1
 
     def warm(self) -> None:
-        """Prepare now, not at the first request's turn: a server calls it before it listens, so that
-        compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
+        """Prepare batching now, not when a second request arrives: a server calls it before it listens,
+        so that compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
         with self._turns, torch.inference_mode():
             self._prepare()
 
     def _prepare(self) -> None:
-        """Once, before the first turn: whether rows can be batched exactly, and the tolerance."""
+        """Once, before rows are first batched: whether they can be exactly, and the tolerance. Until then
+        (one row at a time: `attnlab sample`) the batched step is neither built nor compiled, its
+        table not allocated."""
         if self._prepared:
             return
         self._prepared = True
@@ -234,7 +243,7 @@ class Engine(Admission, Replays):
             quietly(wake)
 
     def _step(self) -> None:
-        lone = len(self.rows) == 1 or not self.batched
+        lone = len(self.rows) == 1 or not (self.batched and self._prepared)
         for row in self.rows:
             if row.exact is None and row.slot is None and (row.approx or not (row.solo or lone)):
                 self.seats.enter(row)  # a batched prefill's keys are checked there, as every batched row's
