@@ -22,6 +22,7 @@ from torch import Tensor
 from attnlab.decoding.draw import constrained
 from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.prefill import Prefill
+from attnlab.decoding.prefix_cache import Block, slot_keys, state_keys, write_state
 from attnlab.decoding.rows import Row
 from attnlab.decoding.slots import copied
 
@@ -49,25 +50,38 @@ class Admission:
                 else:
                     filling.add(row, self.decoder.vocab)
                     leaders[tuple(row.window)] = row
+                    self._reuse_in_slot(filling, row)
                 pending += 1
             else:
                 self._start_alone(row)
         if filling is not None and len(filling):
             self._prefill(filling)
 
-    def _start_alone(self, row: Row) -> None:
-        """The prompt run alone, as stream_rows runs it (an encoder-decoder's source encoded first)."""
+    def _start_alone(self, row: Row, reuse: bool = True) -> None:
+        """The prompt run alone, as stream_rows runs it (an encoder-decoder's source encoded first), after
+        the keys of a prefix seen before where the prefix cache has them (reuse)."""
         try:
             row.state = self.decoder.start(row.ask.source)
-            self._alone(row, row.window, 0)
+            reused = self._reuse_alone(row) if reuse else 0
+            self._alone(row, row.window[reused:], reused)
         except Exception as e:  # e.g. out of memory: this request fails, the others go on
             for twin in [*row.twins, row]:
                 self._fail(twin, e)
             return
-        self.rows.append(row)
-        for twin in self._spread(row):
-            twin.exact, twin.approx = row.exact.clone(), row.approx
-            self.rows.append(twin)
+        if not reused and self.prefix is not None:
+            self._remember(row, state_keys(row.state), row.state[0].last_token)
+        rows = [row, *self._spread(row)]
+        for twin in rows[1:]:
+            twin.exact = row.exact.clone()
+        self.rows.extend(rows)
+        if reused:  # keys of another pass: its caches are checked in a slot, as a batched prefill's
+            for r in rows:
+                r.approx = True
+            for r in self._doubted(rows):
+                self.stats["prefix replays"] += 1
+                self.rows.remove(r)
+                r.approx = False
+                self._start_alone(r, reuse=False)
 
     def _spread(self, row: Row) -> list[Row]:
         """The row's twins (the same prompt), each with a copy of its caches: the same numbers as their
@@ -110,25 +124,67 @@ class Admission:
         """Prefilled rows (and their twins, given copies of their keys) are seated where their keys are,
         and draw their first token now: from the batch's logits (1, V) where exact.py finds the draw
         sure, else from their prompt run again alone."""
-        for row, _ in done:
+        rows = []
+        for row, logits in done:
             self.seats.join(row)
-        twins = [(twin, z.clone()) for row, z in done for twin in row.twins]
-        for row, _ in done:
-            for twin in row.twins:
+            self._remember(row, slot_keys(self.slots, row.slot), self.slots.table.last)
+            row.exact, twins, row.twins = logits, row.twins, []
+            for twin in twins:
                 self.seats.copy(twin, row)
-            self.stats["twins"] += len(row.twins)
-            row.twins = []
-        done = done + twins
-        z = constrained(torch.cat([z for _, z in done]), [row.matcher for row, _ in done])  # (b, V)
-        picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
-        for (row, logits), token in zip(done, picks):
-            if token is None:  # in doubt: the prompt again, alone, for the lone logits
-                self.stats["prefill replays"] += 1
-                self.seats.leave(row)
-                self._start_alone(row)
-                continue
-            row.exact, row.sure = logits, token
-            self.rows.append(row)
+                twin.exact = logits.clone()
+            self.stats["twins"] += len(twins)
+            rows += [row, *twins]
+        doubted = self._doubted(rows)
+        self.rows.extend(row for row in rows if row not in doubted)
+        for row in doubted:  # in doubt: the prompt again, alone, for the lone logits
+            self.stats["prefill replays"] += 1
+            self.seats.leave(row)
+            self._start_alone(row, reuse=False)
+
+    def _doubted(self, rows: list[Row]) -> list[Row]:
+        """Each row's first token drawn from its logits of a batched pass (row.exact, (1, V)) where
+        exact.py finds the draw sure (Row.sure); the rows in doubt, their logits dropped."""
+        z = constrained(torch.cat([row.exact for row in rows]), [row.matcher for row in rows])  # (b, V)
+        picks = certain_draws(z, [row.draw for row in rows], [row.generator for row in rows], self.tolerance)
+        for row, token in zip(rows, picks):
+            row.sure = token
+            if token is None:
+                row.exact = None
+        return [row for row, token in zip(rows, picks) if token is None]
+
+    # ---- the prefix cache (prefix_cache.py) -------------------------------------------------------------
+
+    def _reusable(self, row: Row) -> tuple[int, Block | None]:
+        """The kept prefix of the row's prompt (tokens, keys and values), where its reuse can be checked:
+        rows decoded alone to the end (hooks, attention) run their whole prompt."""
+        if self.prefix is None or row.solo:
+            return 0, None
+        n, kv = self.prefix.lookup(row.window)
+        if n and not self._prepared:  # the first draw is checked against the tolerance
+            self._prepare()
+        return (n, kv) if self.batched else (0, None)
+
+    def _reuse_alone(self, row: Row) -> int:
+        """The kept prefix's keys into the row's fresh caches; how many tokens."""
+        n, kv = self._reusable(row)
+        if n:
+            write_state(row.state, kv)
+        return n
+
+    def _reuse_in_slot(self, filling: Prefill, row: Row) -> None:
+        """The kept prefix's keys into the slot the prompt holds, as if its first chunks were fed."""
+        n, kv = self._reusable(row)
+        if n:
+            self.slots.write(row.slot, *kv)
+            filling.fed[id(row)] = n
+
+    def _remember(self, row: Row, keys_of, last: Tensor | None) -> None:
+        """Keep the prompt's blocks (a model that reads the previous token: never)."""
+        if self.prefix is None or row.solo:
+            return
+        if last is not None:
+            self.prefix.off = "the model reads the previous token"
+        self.prefix.insert(row.window, keys_of)
 
     def _expire(self) -> None:
         """Fail the rows (running, prefilling or waiting) past their deadline."""

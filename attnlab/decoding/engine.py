@@ -51,6 +51,7 @@ from attnlab.decoding.draw import Draw, jump_keep
 from attnlab.decoding.exact import SAFETY, Replays, calibrate, multinomial_is_a_race
 from attnlab.decoding.inbox import Inbox
 from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
+from attnlab.decoding.prefix_cache import PrefixCache
 from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
 from attnlab.nn.hooks import hooks, thread_hooks
@@ -64,7 +65,13 @@ class Engine(Admission, Replays):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(
-        self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False, prefill: int = BUDGET
+        self,
+        model: nn.Module,
+        max_batch: int = 16,
+        dtype: str = "auto",
+        compiled: bool = False,
+        prefill: int = BUDGET,
+        prefix_cache_mb: float = 0,
     ):
         self.model, self.max_batch = model, max_batch
         self.decoder = decoder_for(model, dtype, compiled)
@@ -73,6 +80,8 @@ class Engine(Admission, Replays):
         self.seats = Seats(self.slots)  # who sits where in it: the rows decoded together (seats.py)
         # Prompts prefilled together into free slots, `prefill` tokens a turn (prefill.py); 0: each alone.
         self.filling = Prefill(self.seats, prefill) if self.decoder.batched else None
+        self.prefix: PrefixCache | None = None  # earlier prompts' keys, reused (prefix_cache.py; cache_prefixes)
+        self.cache_prefixes(prefix_cache_mb)
         self.rows: list[Row] = []  # every sequence being decoded
         self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
@@ -83,6 +92,19 @@ class Engine(Admission, Replays):
         self._lock = threading.Lock()
         self._turns = threading.Lock()  # held for each turn: by the engine's thread, or a reader that steps
         self._prepared = False
+
+    def cache_prefixes(self, megabytes: float) -> None:
+        """Keep up to `megabytes` of earlier prompts' keys for requests that share a prefix with them
+        (0: none); a language model's engine only (an encoder-decoder's rows have their own sources)."""
+        size = int(megabytes * 2**20)
+        if self.prefix is not None and self.prefix.max_bytes == size:
+            return
+        self.prefix = PrefixCache(size) if size > 0 and self.decoder.batched else None
+
+    def report(self) -> dict[str, int]:
+        """The engine's counters, with the prefix cache's (hits, misses, tokens reused, bytes ...)."""
+        prefix = {} if self.prefix is None else {f"prefix {k}": v for k, v in self.prefix.report().items()}
+        return {**self.stats, **prefix}
 
     # ---- the requests' side (any thread) ----------------------------------------------------------
 
@@ -326,11 +348,13 @@ def engine_for(
     max_batch: int | None = None,
     compiled: bool = False,
     prefill: int | None = None,
+    prefix_cache_mb: float | None = None,
 ) -> Engine:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
     idle engine of another size is replaced. compiled: a lone row's steps compiled
     (compiled.py); an engine of its own. prefill: the prompt tokens it prefills together a turn
-    (prefill.py; 0: each prompt alone), from its next turn on."""
+    (prefill.py; 0: each prompt alone), from its next turn on. prefix_cache_mb: the memory it keeps
+    earlier prompts' keys in (prefix_cache.py; 0: none)."""
     with _ENGINES_LOCK:
         engines = _ENGINES.setdefault(model, {})
         key = f"{dtype}|compiled" if compiled else dtype
@@ -343,6 +367,8 @@ def engine_for(
             engine = engines[key] = Engine(model, max_batch or 16, dtype, compiled)
         if prefill is not None and engine.filling is not None:
             engine.filling.budget = prefill
+        if prefix_cache_mb is not None:
+            engine.cache_prefixes(prefix_cache_mb)
         return engine
 
 

@@ -65,7 +65,7 @@ class Row:
         self.generator = torch.Generator(device=device).manual_seed(seed_of(draw.seed))
         self.exact: Tensor | None = None  # (1, V) the next token's logits, computed as alone
         self.sure: int | None = None  # the token drawn from them already (a batched prefill's sure draw)
-        self.approx = False  # its own caches are a batched prefill's: decoded in a slot, where draws are checked
+        self.approx = False  # its own caches hold reused keys (prefix_cache.py): decoded in a slot, draws checked
         self.twins: list[Row] = []  # rows with the same prompt, admitted with it: they take copies of its caches
         self.seen: Any = None  # with them, where the query looked (attention rows, when asked)
         self.state: Any = None  # its own caches (or encoded source), while it is not in a slot

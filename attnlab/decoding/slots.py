@@ -189,6 +189,14 @@ class Slots:
         if self.table.last is not None:
             self.table.last[[a, b]] = self.table.last[[b, a]]
 
+    def write(self, slot: int, k: Tensor, v: Tensor) -> None:
+        """Keys and values (L, Hkv, n, Dh) of a sequence's first n positions into `slot` (a reused prefix)."""
+        for layer, cache in enumerate(self.caches):
+            cache._allocate(k[layer][None])
+            cache.k[slot, :, : k.shape[2]] = k[layer]
+            cache.v[slot, :, : v.shape[2]] = v[layer]
+        self.table.lengths[slot] = k.shape[2]
+
     def bytes(self) -> int:
         """The table's key/value bytes (0 until a first row is written)."""
         return sum(c.k.nbytes + c.v.nbytes for c in self.caches if c.k is not None)
