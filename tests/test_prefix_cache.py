@@ -10,6 +10,9 @@ import torch
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.prefix_cache import PrefixCache
+from attnlab.serve.app import create_app, running
+from attnlab.serve.guard import Limits
+from tests.conftest import extra, short_chat_lm
 from tests.test_serve_batching import SETTINGS, VOCAB, alone, concurrently, model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -94,3 +97,23 @@ def test_a_model_that_reads_the_previous_token_keeps_no_prefix():
     for p in prompts(8, 3):
         assert [s.token for s in engine.generate(p, Draw(seed=2), 5)] == alone(m, p, Draw(seed=2), 5)
     assert engine.prefix.off and engine.report()["prefix hits"] == 0
+
+
+def test_the_server_reuses_prefixes_and_counts_them_at_metrics(tmp_path):
+    """`attnlab serve --prefix-cache-mb`: prompts sharing their first 16 characters, asked twice each,
+    seeded: the same text every time, and /metrics counts the hits and the tokens reused."""
+    httpx = extra("httpx", "httpx is a dev extra")
+    app = create_app([short_chat_lm(tmp_path)], limits=Limits(prefix_cache_mb=1))
+    prompts = ["def add(a, b):\n    return", "def add(a, b):\n    print"]
+    body = {"model": "lm", "max_tokens": 8, "seed": 3, "temperature": 1.0, "ignore_eos": True}
+    with running(app) as url:
+        texts = [
+            httpx.post(f"{url}/v1/completions", json={**body, "prompt": p}, timeout=60).json()["choices"][0]["text"]
+            for p in prompts * 2
+        ]
+        metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    assert texts[:2] == texts[2:]
+    counters = dict(line.rsplit(" ", 1) for line in metrics.splitlines())
+    assert int(counters['attnlab_prefix_hits{run="lm"}']) >= 3
+    assert int(counters['attnlab_prefix_tokens_reused{run="lm"}']) >= 48
+    assert int(counters['attnlab_prefix_bytes{run="lm"}']) > 0

@@ -50,6 +50,7 @@ def run_serve(opts: ServeOptions) -> int:
         max_batch=opts.max_batch,
         request_timeout=opts.request_timeout,
         prefill=opts.prefill,
+        prefix_cache_mb=opts.prefix_cache_mb,
     )
     serve(
         opts.runs,

@@ -390,6 +390,12 @@ class ServeOptions(Quantizes, OnDevice):
         "(longer prompts go in over several turns); 0: each prompt alone and whole before it joins",
         metavar="TOKENS",
     )
+    prefix_cache_mb: float = option(
+        0,
+        "memory in MB for the keys of earlier prompts, reused by requests that start the same way (a "
+        "system prompt seen before is not prefilled again); least recently used go first; 0: off",
+        metavar="MB",
+    )
     request_timeout: float = option(300.0, "a generation running longer is stopped with an error", metavar="SECONDS")
     threads: int | None = option(
         None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
@@ -413,6 +419,8 @@ class ServeOptions(Quantizes, OnDevice):
                 raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
         if self.prefill < 0:
             raise ValueError(f"--prefill must be 0 (off) or more tokens, got {self.prefill}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"--prefix-cache-mb must be 0 (off) or more, got {self.prefix_cache_mb}")
 
 
 @dataclass

@@ -68,7 +68,7 @@ class Admission:
             for twin in [*row.twins, row]:
                 self._fail(twin, e)
             return
-        if not reused and self.prefix is not None:
+        if self.prefix is not None:  # its blocks past a reused prefix too (a conversation's next turn)
             self._remember(row, state_keys(row.state), row.state[0].last_token)
         rows = [row, *self._spread(row)]
         for twin in rows[1:]:

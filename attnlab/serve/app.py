@@ -12,6 +12,8 @@ are running, 500 anything else (logged; the server keeps serving).
   GET  /                         the page: inline script and style, nothing from the network
   GET  /api/runs                 [{name, path, family, kind, parameters, step, config}]
   GET  /api/runs/{name}/metrics  the rows of metrics.jsonl: {step, loss, lr, val_loss?, ...}
+  GET  /metrics                  each generating run's engine counters (Prometheus text): steps, batched
+                                 rows, replays, prefill passes, prefix cache hits, misses, tokens reused, bytes
   POST /api/generate             {run, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop}
                                  GPT runs; NDJSON, one line per piece as it is sampled: {"text": piece},
                                  then {"done": true, "tokens": n, "seconds": s, "seed": seed}; with
@@ -132,7 +134,7 @@ def create_app(
     access, limits = access or Access(), limits or Limits()
     for s in served.values():  # each generating run's engine, its batch as large as the limits say,
         if s.run.task.generates:  # its compiled steps built or loaded before the server listens
-            s.engine(limits.max_batch, limits.prefill).warm()
+            s.engine(limits.max_batch, limits.prefill, limits.prefix_cache_mb).warm()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -208,6 +210,16 @@ def add_page_routes(app: FastAPI, served: dict[str, Served], find: Callable[...,
     def metrics(name: str) -> list[dict]:
         s = find(name)
         return [finite(row) for row in read_metrics(s.run.path / "metrics.jsonl", max_rows=MAX_CURVE_ROWS)]
+
+    @app.get("/metrics", summary="the decoding engines' counters, Prometheus' text format")
+    def engine_metrics() -> Response:
+        lines = [
+            f'attnlab_{key.replace(" ", "_")}{{run="{name}"}} {value}'
+            for name, s in served.items()
+            if s.run.task.generates
+            for key, value in sorted(s.engine().report().items())
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
 def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits, streams: StreamLimit) -> None:
