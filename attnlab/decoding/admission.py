@@ -1,4 +1,5 @@
-"""How the engine (engine.py) starts sequences: admission, prefill and its joining, twins, expiry.
+"""How sequences enter the engine (engine.py) and leave it: admission, prefill and its joining, twins,
+the prefix cache, expiry, retirement.
 
 Legend: V vocabulary, b rows joining at once.
 
@@ -22,14 +23,15 @@ from torch import Tensor
 from attnlab.decoding.draw import constrained
 from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.prefill import Prefill
-from attnlab.decoding.prefix_cache import Block, slot_keys, state_keys, write_state
+from attnlab.decoding.prefix_cache import Block, PrefixCache, slot_keys, state_keys, write_state
 from attnlab.decoding.rows import Row
 from attnlab.decoding.slots import copied
 
 
 class Admission:
-    """The half of Engine that starts sequences (see the module's docstring). Engine inherits it: these
-    methods use the engine's rows, inbox, filling (prefill.py), decoder, stats and tolerance."""
+    """The half of Engine that starts and ends sequences (see the module's docstring). Engine inherits it:
+    these methods use the engine's rows, inbox, seats, filling (prefill.py), prefix, decoder, stats and
+    tolerance."""
 
     def _admit(self) -> None:
         """Start the waiting sequences that fit (the inbox collected by the caller): alone, or prefilled
@@ -154,6 +156,14 @@ class Admission:
 
     # ---- the prefix cache (prefix_cache.py) -------------------------------------------------------------
 
+    def cache_prefixes(self, megabytes: float) -> None:
+        """Keep up to `megabytes` of earlier prompts' keys for requests that share a prefix with them
+        (0: none); a language model's engine only (an encoder-decoder's rows have their own sources)."""
+        size = int(megabytes * 2**20)
+        if self.prefix is not None and self.prefix.max_bytes == size:
+            return
+        self.prefix = PrefixCache(size) if size > 0 and self.decoder.batched else None
+
     def _reusable(self, row: Row) -> tuple[int, Block | None]:
         """The kept prefix of the row's prompt (tokens, keys and values), where its reuse can be checked:
         rows decoded alone to the end (hooks, attention) run their whole prompt."""
@@ -194,3 +204,22 @@ class Admission:
             self._orphan(row)
         for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now) + filling:
             self._fail(row, TimeoutError("the generation ran past its time limit"))
+
+    # ---- leaving ----------------------------------------------------------------------------------------
+
+    def _fail(self, row: Row, error: Exception) -> None:
+        """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
+        hears of the end finds its stream freed."""
+        self._retire(row)
+        row.tell(error)
+
+    def _finish(self, row: Row) -> None:
+        self._retire(row)
+        row.tell(None)
+
+    def _retire(self, row: Row) -> None:
+        self.seats.leave(row)
+        if row in self.rows:
+            self.rows.remove(row)
+        row.state = row.exact = None
+        row.exit()

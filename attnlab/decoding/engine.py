@@ -25,8 +25,8 @@ each row draws from its own generator, and a draw from the batch's logits (a ste
 prefill's) stands only when exact.py finds that the lone request's logits could not change it;
 otherwise the row is replayed: its caches are rebuilt alone from its last refill (its prompt, run
 whole), a token at a time as stream_rows feeds them, and the token is drawn from those logits. A row
-replayed REPLAYS times finishes alone. The tolerance those checks use is measured before rows are
-first batched (`calibrate`: SAFETY times the largest difference between batched and lone logits)
+replayed exact.REPLAYS times finishes alone. The tolerance those checks use is measured before rows are
+first batched (`calibrate`: exact.SAFETY times the largest difference between batched and lone logits)
 and raised if a replay ever shows a larger one. Should torch's multinomial on the device not be the
 draw exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower,
 as exact. How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
@@ -38,7 +38,6 @@ import atexit
 import collections
 import queue
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator
 
@@ -48,20 +47,17 @@ from torch import Tensor, nn
 from attnlab.decoding.adapters import decoder_for
 from attnlab.decoding.admission import Admission
 from attnlab.decoding.draw import Draw, jump_keep
-from attnlab.decoding.exact import SAFETY, Replays, calibrate, multinomial_is_a_race
+from attnlab.decoding.exact import Exactness
 from attnlab.decoding.inbox import Inbox
-from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
-from attnlab.decoding.prefix_cache import PrefixCache
+from attnlab.decoding.prefill import BUDGET, Prefill
 from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
 from attnlab.nn.hooks import hooks, thread_hooks
 
-FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
-
 __all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
 
-class Engine(Admission, Replays):
+class Engine(Admission, Exactness):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(
@@ -80,7 +76,7 @@ class Engine(Admission, Replays):
         self.seats = Seats(self.slots)  # who sits where in it: the rows decoded together (seats.py)
         # Prompts prefilled together into free slots, `prefill` tokens a turn (prefill.py); 0: each alone.
         self.filling = Prefill(self.seats, prefill) if self.decoder.batched else None
-        self.prefix: PrefixCache | None = None  # earlier prompts' keys, reused (prefix_cache.py; cache_prefixes)
+        self.prefix = None  # earlier prompts' keys, reused (prefix_cache.py; cache_prefixes)
         self.cache_prefixes(prefix_cache_mb)
         self.rows: list[Row] = []  # every sequence being decoded
         self.inbox = Inbox()  # submitted, not started
@@ -92,14 +88,6 @@ class Engine(Admission, Replays):
         self._lock = threading.Lock()
         self._turns = threading.Lock()  # held for each turn: by the engine's thread, or a reader that steps
         self._prepared = False
-
-    def cache_prefixes(self, megabytes: float) -> None:
-        """Keep up to `megabytes` of earlier prompts' keys for requests that share a prefix with them
-        (0: none); a language model's engine only (an encoder-decoder's rows have their own sources)."""
-        size = int(megabytes * 2**20)
-        if self.prefix is not None and self.prefix.max_bytes == size:
-            return
-        self.prefix = PrefixCache(size) if size > 0 and self.decoder.batched else None
 
     def report(self) -> dict[str, int]:
         """The engine's counters, with the prefix cache's (hits, misses, tokens reused, bytes ...)."""
@@ -199,42 +187,11 @@ class Engine(Admission, Replays):
         waiting = [*self.rows, *self.inbox.waiting]
         return self.batched and sum(not row.solo and not row.cancelled for row in waiting) > 1
 
-    def warm(self) -> None:
-        """Prepare batching now, not when a second request arrives: a server calls it before it listens,
-        so that compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
-        with self._turns, torch.inference_mode():
-            self._prepare()
-
-    def _prepare(self) -> None:
-        """Once, before rows are first batched: whether they can be exactly, and the tolerance. Until then
-        (one row at a time: `attnlab sample`) the batched step is neither built nor compiled, its
-        table not allocated."""
-        if self._prepared:
-            return
-        self._prepared = True
-        if self.batched:
-            try:
-                self.batched = multinomial_is_a_race(self.device)
-                self.tolerance = self.calibrate()
-            except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
-                warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
-                self.batched, self.tolerance = False, FLOOR
-
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
         """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
         with its caller's hooks."""
         with hooks(self.model, row.hooks):
             row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.ask.attention, bool(row.hooks))
-
-    def _fail(self, row: Row, error: Exception) -> None:
-        """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
-        hears of the end finds its stream freed."""
-        self._retire(row)
-        row.tell(error)
-
-    def _finish(self, row: Row) -> None:
-        self._retire(row)
-        row.tell(None)
 
     def _turn(self) -> None:
         """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
@@ -318,23 +275,6 @@ class Engine(Admission, Replays):
             row.window, row.base = row.window[-keep:], keep
             row.state = self.decoder.start(row.ask.source)
             self._alone(row, row.window, 0)
-
-    # ---- leaving ----------------------------------------------------------------------------------------
-
-    def _retire(self, row: Row) -> None:
-        self.seats.leave(row)
-        if row in self.rows:
-            self.rows.remove(row)
-        row.state = row.exact = None
-        row.exit()
-
-    def calibrate(self, rows: int = 4, steps: int = 6) -> float:
-        """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
-        (exact.calibrate), never below FLOOR."""
-        worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
-        if self.filling is not None:
-            worst = max(worst, prefill_gap(self.decoder, self.slots))
-        return max(SAFETY * worst, FLOOR)
 
 
 # Every model's engine, by its precision: what every caller decodes through (see the module's docstring).

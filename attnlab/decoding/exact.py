@@ -23,6 +23,7 @@ logits exactly as a lone request does and draws from them with next_tokens.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -30,12 +31,14 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding.draw import Draw, constrained, filter_logits, next_tokens
+from attnlab.decoding.prefill import prefill_gap
 from attnlab.decoding.rows import Row
 
 ROUNDING = 1e-6  # the draw's own float32 arithmetic (softmax, division, logs): a slack on log p / q
 ULP = 1.2e-7  # float32 rounding of one term of a sum of probabilities
 REPLAYS = 2  # a row in doubt this often finishes alone
 SAFETY = 32.0  # the engine's tolerance is this many times the largest difference measured
+FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
 
 
 def certain_draws(
@@ -174,9 +177,39 @@ def calibrate(decoder, slots, rows: int = 4, steps: int = 6) -> float:
     return worst
 
 
-class Replays:
+class Exactness:
     """The engine's draws (engine.py inherits them): a batched row's token where certain_draws finds it
-    sure, else its caches rebuilt alone (a replay) and its token drawn from the lone logits."""
+    sure, else its caches rebuilt alone (a replay) and its token drawn from the lone logits; and the
+    tolerance those checks use (calibrate), measured once before rows are first batched (_prepare)."""
+
+    def warm(self) -> None:
+        """Prepare batching now, not when a second request arrives: a server calls it before it listens,
+        so that compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
+        with self._turns, torch.inference_mode():
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Once, before rows are first batched: whether they can be exactly, and the tolerance. Until then
+        (one row at a time: `attnlab sample`) the batched step is neither built nor compiled, its
+        table not allocated."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.batched:
+            try:
+                self.batched = multinomial_is_a_race(self.device)
+                self.tolerance = self.calibrate()
+            except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
+                warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
+                self.batched, self.tolerance = False, FLOOR
+
+    def calibrate(self, rows: int = 4, steps: int = 6) -> float:
+        """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
+        (exact.calibrate, prefill.prefill_gap), never below FLOOR."""
+        worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
+        if self.filling is not None:
+            worst = max(worst, prefill_gap(self.decoder, self.slots))
+        return max(SAFETY * worst, FLOOR)
 
     def _draw_batched(self, logits: Tensor) -> dict[int, tuple[int, Tensor]]:
         """{id(row): (token, its logits)} for the slotted rows whose draw is sure; the others get their
