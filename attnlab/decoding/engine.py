@@ -56,6 +56,17 @@ from attnlab.nn.hooks import hooks, thread_hooks
 
 __all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
+COUNTERS = (
+    "steps",
+    "batched rows",
+    "replays",
+    "solo rows",
+    "prefill passes",
+    "prefill replays",
+    "prefix replays",
+    "twins",
+)
+
 
 class Engine(Admission, Exactness):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
@@ -82,7 +93,9 @@ class Engine(Admission, Exactness):
         self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
         self.batched = self.decoder.batched  # False: every row is decoded alone (see _run)
-        self.stats = collections.Counter()  # steps, batched rows, replays, solo rows
+        # Every counter there from the start: /metrics reads them from another thread, and a dict that
+        # never changes size can be copied while the loop counts.
+        self.stats = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.closed = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

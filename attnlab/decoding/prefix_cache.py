@@ -39,7 +39,10 @@ class PrefixCache:
         self.max_bytes, self.block = max_bytes, block
         self.blocks: collections.OrderedDict[int, tuple[tuple[int, ...], int, Block]] = collections.OrderedDict()
         self.bytes = 0
-        self.stats = collections.Counter()  # hits, misses, tokens reused, blocks stored, evicted
+        # Every counter there from the start, so that another thread may copy them (Engine.report).
+        self.stats = collections.Counter(
+            dict.fromkeys(("hits", "misses", "tokens reused", "blocks stored", "evicted"), 0)
+        )
         self.off: str | None = None  # why it is not used (a model that reads the previous token)
 
     def names(self, ids: list[int], blocks: int) -> list[tuple[int, tuple[int, ...], int]]:
