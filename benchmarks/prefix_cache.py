@@ -43,7 +43,7 @@ def first_token_ms(engine: Engine, ids: list[int], seed: int) -> float:
     return ms
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt-tokens", type=int, default=512, help="the system prompt's tokens")
     p.add_argument("--suffix", type=int, default=24, help="each request's own tokens after it")
@@ -51,18 +51,11 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=500, help="requests with distinct suffixes, for the memory")
     p.add_argument("--cache-mb", type=float, default=128, help="the prefix cache's memory")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = GPT(GPT2_SMALL).eval()
-    g = torch.Generator().manual_seed(1)
+    return p.parse_args()
 
-    def tokens(n: int) -> list[int]:
-        return torch.randint(GPT2_SMALL.vocab_size, (n,), generator=g).tolist()
 
-    engine = Engine(model, max_batch=16, dtype="float32", prefix_cache_mb=args.cache_mb)
-    engine.warm()  # the batched step and the tolerance, as a server prepares them before it listens
-    print(f"load average {os.getloadavg()[0]:.2f}; GPT-2 small shape, {args.threads} thread(s)")
+def cold_and_warm(engine: Engine, tokens, args: argparse.Namespace) -> None:
+    """Rounds of a request with a new system prompt, then one with the same system prompt."""
     cold, warm = [], []
     for r in range(args.repeats):
         system = tokens(args.prompt_tokens)
@@ -71,6 +64,10 @@ def main() -> None:
         print(f"round {r}: cold {cold[-1]:7.1f} ms  warm {warm[-1]:6.1f} ms  ({warm[-1] / cold[-1]:.3f}x)")
     c, w = statistics.median(cold), statistics.median(warm)
     print(f"TTFT median: cold {c:.1f} ms, warm {w:.1f} ms: warm / cold {w / c:.3f}")
+
+
+def memory(engine: Engine, tokens, args: argparse.Namespace) -> None:
+    """--requests requests with one system prompt and suffixes of their own: memory every fifth."""
     system, start = tokens(args.prompt_tokens), rss_mb()
     for i in range(args.requests + 1):
         if i % max(1, args.requests // 5) == 0:
@@ -82,6 +79,23 @@ def main() -> None:
             )
         if i < args.requests:
             first_token_ms(engine, system + tokens(args.suffix), i)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = GPT(GPT2_SMALL).eval()
+    g = torch.Generator().manual_seed(1)
+
+    def tokens(n: int) -> list[int]:  # random ids: prompts no earlier request shares by chance
+        return torch.randint(GPT2_SMALL.vocab_size, (n,), generator=g).tolist()
+
+    engine = Engine(model, max_batch=16, dtype="float32", prefix_cache_mb=args.cache_mb)
+    engine.warm()  # the batched step and the tolerance, as a server prepares them before it listens
+    print(f"load average {os.getloadavg()[0]:.2f}; GPT-2 small shape, {args.threads} thread(s)")
+    cold_and_warm(engine, tokens, args)
+    memory(engine, tokens, args)
     print(f"load average {os.getloadavg()[0]:.2f}")
     engine.close()
 

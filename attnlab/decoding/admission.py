@@ -169,10 +169,11 @@ class Admission:
         rows decoded alone to the end (hooks, attention) run their whole prompt."""
         if self.prefix is None or row.solo:
             return 0, None
-        n, kv = self.prefix.lookup(row.window)
-        if n and not self._prepared:  # the first draw is checked against the tolerance
+        if not self._prepared and self.prefix.blocks:  # the first draw is checked against the tolerance
             self._prepare()
-        return (n, kv) if self.batched else (0, None)
+        if not self.batched:  # no checks here (exact.py): every prompt runs whole
+            self.prefix.off = "rows are not batched exactly on this device"
+        return self.prefix.lookup(row.window)
 
     def _reuse_alone(self, row: Row) -> int:
         """The kept prefix's keys into the row's fresh caches; how many tokens."""

@@ -77,7 +77,8 @@ class PrefixCache:
 
     def insert(self, ids: list[int], keys_of: Callable[[int, int], Block]) -> None:
         """Keep ids' full blocks that are not kept yet; keys_of(start, end) gives the keys and values
-        of positions start..end-1, (L, Hkv, end - start, Dh) each."""
+        of positions start..end-1, (L, Hkv, end - start, Dh) each, tensors of their own (kept as
+        they are)."""
         if self.off is not None or self.max_bytes <= 0:
             return
         names = self.names(ids, len(ids) // self.block)
@@ -89,7 +90,7 @@ class PrefixCache:
             if size > self.max_bytes:
                 return
             self._evict(self.max_bytes - size)
-            self.blocks[name] = (tokens, parent, (k.clone(), v.clone()))
+            self.blocks[name] = (tokens, parent, (k, v))
             self.bytes += size
             self.stats["blocks stored"] += 1
         self._touch([name for name, _, _ in names])
@@ -118,7 +119,7 @@ class PrefixCache:
 
 
 def state_keys(state: list) -> Callable[[int, int], Block]:
-    """keys_of for a row's own caches (one KVCache a layer, one row)."""
+    """keys_of for a row's own caches (one KVCache a layer, one row): stacked, so copies."""
     return lambda a, b: (
         torch.stack([cache.k[0, :, a:b] for cache in state]),
         torch.stack([cache.v[0, :, a:b] for cache in state]),
@@ -126,7 +127,7 @@ def state_keys(state: list) -> Callable[[int, int], Block]:
 
 
 def slot_keys(slots, slot: int) -> Callable[[int, int], Block]:
-    """keys_of for a slot of the engine's table (slots.Slots)."""
+    """keys_of for a slot of the engine's table (slots.Slots): stacked, so copies."""
     return lambda a, b: (
         torch.stack([cache.k[slot, :, a:b] for cache in slots.caches]),
         torch.stack([cache.v[slot, :, a:b] for cache in slots.caches]),
