@@ -71,14 +71,30 @@ def long_requests(n: int) -> list[tuple[list[int], Draw, int]]:
     ]
 
 
+def together(engine: Engine, reqs) -> list[list[int]]:
+    """The requests submitted at once and stepped here: the first turn admits them all together."""
+    got, ended = [[] for _ in reqs], []
+
+    def emit(tokens: list[int]):
+        return lambda step: tokens.append(step.token) if isinstance(step, Step) else ended.append(step)
+
+    for (ids, d, n), tokens in zip(reqs, got):
+        engine.submit(ids, d, n, emit(tokens), start=False)
+    while len(ended) < len(reqs):
+        engine._step_once()
+    assert ended == [None] * len(reqs)  # no request failed
+    return got
+
+
 @pytest.mark.parametrize("budget", [5, 64], ids=["chunked", "whole"])
 def test_prefilled_together_every_request_gets_the_tokens_of_its_prompt_alone(budget):
     """8 requests at once (greedy, temperature, top-k, top-p; prompts of 1 to 16 tokens), their prompts
     prefilled together 5 tokens a turn (cut across turns) or whole: each gets stream_rows' tokens."""
     m, reqs = model(), long_requests(8)
     engine = Engine(m, max_batch=8, dtype="float32", prefill=budget)
-    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert together(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["prefill passes"] > 0
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]  # and as threads send them
     assert not engine.rows and not len(engine.filling)
     engine.close(wait=5)
 
@@ -140,13 +156,19 @@ def test_the_twins_of_a_cancelled_prompt_are_still_served():
 
 
 def test_a_failed_prefill_pass_fails_its_prompts_and_the_engine_goes_on(monkeypatch):
+    """Three prompts in one turn, their prefill pass failing: each request hears the error, the slots
+    they held are free again, and the engine serves the next requests their lone tokens."""
     m, reqs = model(), long_requests(3)
     engine = Engine(m, max_batch=4, dtype="float32", prefill=64)
     with torch.inference_mode():
         engine._prepare()  # calibrated with the pass that works
     monkeypatch.setattr(LMDecoder, "feed_chunks", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
-    with pytest.raises(MemoryError, match="no room"):
-        concurrently(engine, reqs)
+    heard = [[] for _ in reqs]
+    for (ids, d, n), got in zip(reqs, heard):  # submitted together, stepped here: one turn admits all three
+        engine.submit(ids, d, n, got.append, start=False)
+    engine._step_once()
+    assert all(len(got) == 1 and isinstance(got[0], MemoryError) for got in heard)
+    assert not engine.rows and not len(engine.filling) and not engine.seats.held
     monkeypatch.undo()
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     engine.close(wait=5)

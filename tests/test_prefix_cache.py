@@ -13,6 +13,7 @@ from attnlab.decoding.prefix_cache import PrefixCache
 from attnlab.serve.app import create_app, running
 from attnlab.serve.guard import Limits
 from tests.conftest import extra, short_chat_lm
+from tests.test_engine_prefill import together
 from tests.test_serve_batching import SETTINGS, VOCAB, alone, concurrently, model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -86,9 +87,9 @@ def test_requests_prefilled_together_reuse_the_prefix_and_get_their_lone_tokens(
     first = (ps[0], Draw(seed=1), 10)
     assert [s.token for s in engine.generate(*first)] == alone(m, *first)
     reqs = [(p, Draw(*SETTINGS[i % len(SETTINGS)], seed=20 + i), 6 + i) for i, p in enumerate(ps[1:])]
-    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert together(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["prefill passes"] > 0 and engine.report()["prefix hits"] >= 6
-    engine.close(wait=5)
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]  # and as threads send them
 
 
 def test_a_model_that_reads_the_previous_token_keeps_no_prefix():
