@@ -235,10 +235,11 @@ class Engine(Admission, Exactness):
             quietly(wake)
 
     def _step(self) -> None:
+        """Seat the rows decoded together, their batched logits (the others' alone), draw, advance."""
         lone = len(self.rows) == 1 or not (self.batched and self._prepared)
         for row in self.rows:
             if row.exact is None and row.slot is None and (row.approx or not (row.solo or lone)):
-                self.seats.enter(row)  # a batched prefill's keys are checked there, as every batched row's
+                self.seats.enter(row)  # reused keys (a prefix's) are checked there, as every batched row's
                 row.approx = False
         try:
             batched = self._batched_logits() if self.slotted else None
