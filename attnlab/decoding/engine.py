@@ -5,9 +5,9 @@ Legend: B rows in a batched step, V vocabulary, C the model's context.
 Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
 /api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Engine. A
 request `submit`s a prompt's ids, how to draw (Draw), how many tokens and what else it asks
-(rows.Ask), and receives Steps through a callback, then None when done. A thread of the engine's own
-runs the loop once a submit() starts it (the server); until then the readers of generate() (the
-command line, run.generate) run its turns themselves whenever they wait for a step. Each turn:
+(rows.Ask), and receives Steps through a callback, then None when done (inbox.py: a thread of the
+engine's own runs the loop once a submit() starts it, the server's; until then the readers of
+generate(), the command line's, run its turns themselves whenever they wait for a step). Each turn:
 
 1. admits waiting sequences while there are free slots (admission.py: alone, or prefilled together
    in chunks between the running rows' steps, prefill.py);
@@ -34,12 +34,9 @@ as exact. How rarely a batched draw is replayed, measured: docs/log.md, "Serving
 
 from __future__ import annotations
 
-import atexit
 import collections
-import queue
 import threading
 import weakref
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -48,11 +45,11 @@ from attnlab.decoding.adapters import decoder_for
 from attnlab.decoding.admission import Admission
 from attnlab.decoding.draw import Draw, jump_keep
 from attnlab.decoding.exact import Exactness
-from attnlab.decoding.inbox import Inbox
+from attnlab.decoding.inbox import Inbox, Requests
 from attnlab.decoding.prefill import BUDGET, Prefill
-from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
+from attnlab.decoding.rows import Ask, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
-from attnlab.nn.hooks import hooks, thread_hooks
+from attnlab.nn.hooks import hooks
 
 __all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
@@ -68,7 +65,7 @@ COUNTERS = (
 )
 
 
-class Engine(Admission, Exactness):
+class Engine(Requests, Admission, Exactness):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(
@@ -106,78 +103,6 @@ class Engine(Admission, Exactness):
         """The engine's counters, with the prefix cache's (hits, misses, tokens reused, bytes ...)."""
         prefix = {} if self.prefix is None else {f"prefix {k}": v for k, v in self.prefix.report().items()}
         return {**self.stats, **prefix}
-
-    # ---- the requests' side (any thread) ----------------------------------------------------------
-
-    def submit(
-        self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, ask: Ask | None = None, start: bool = True
-    ) -> Row:
-        """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
-        exception: TimeoutError after ask.seconds); `ask`: what else it wants (rows.Ask). The hooks the
-        calling thread has set on the model run on the sequence's forward passes. start: run the
-        engine's thread if it does not run yet (generate() steps the engine itself instead). Returns
-        the row, to cancel."""
-        if not ids:
-            raise ValueError("generation needs at least one prompt token")
-        window = ids[-self.decoder.context :] if self.decoder.batched else ids
-        row = Row(window, draw, max_tokens, emit, self.device, ask)
-        row.hooks = thread_hooks(self.model)
-        row.solo = row.ask.attention or bool(row.hooks)
-        if max_tokens <= 0:
-            self._finish(row)
-            return row
-        self.inbox.put(row)
-        with self._lock:
-            if self._thread is None and start:
-                self._thread = threading.Thread(target=self._run, daemon=True, name="attnlab-engine")
-                self._thread.start()
-                _RUNNING.add(self)
-        return row
-
-    def generate(
-        self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None, **ask
-    ) -> Iterator[Step]:
-        """submit() as an iterator of Steps, for code that may block (the command line, tests). While the
-        engine has no thread of its own (no submit() started one), the reader runs the turns itself
-        when it waits for a step: on a CPU a second thread computing costs each step a hand-over, and
-        its own OpenMP team, whose workers then sleep between operations (a 6 x 384 GPT decoded at 2/3
-        the speed in one). Readers in several threads, or several generators read in turn (sample
-        --num-samples) share those turns as they share the thread's."""
-        steps: queue.SimpleQueue = queue.SimpleQueue()
-        row = self.submit(ids, draw, max_tokens, steps.put, Ask(logprobs, **ask), start=False)
-        try:
-            while (item := self._next(steps)) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            row.cancel()
-
-    def _next(self, steps: queue.SimpleQueue) -> Step | Exception | None:
-        """The reader's next item: already there, made by a turn it runs, or waited for from the thread."""
-        while True:
-            try:
-                return steps.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                threaded = self._thread is not None
-            if threaded:
-                return steps.get()
-            self._step_once()
-
-    def _step_once(self) -> None:
-        """One turn in the calling thread (another reader's turn first, if it holds them)."""
-        with self._turns, torch.inference_mode():
-            self.inbox.collect(block=False)
-            self._one_turn()
-
-    def close(self, wait: float = 0.0) -> None:
-        """Stop the loop after its current turn (waiting up to `wait` seconds for it)."""
-        self.closed = True
-        self.inbox.put(None)
-        if wait and self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(wait)
 
     # ---- the loop (its own thread) ------------------------------------------------------------------
 
@@ -324,14 +249,3 @@ def engine_for(
         if prefix_cache_mb is not None:
             engine.cache_prefixes(prefix_cache_mb)
         return engine
-
-
-# Engines whose thread runs. At exit each is stopped and waited for: a thread still inside a torch
-# operation when the interpreter tears down its threads takes the process down with it (abort).
-_RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for engine in list(_RUNNING):
-        engine.close(wait=5.0)
