@@ -3,6 +3,7 @@
 import attnlab
 run = attnlab.load("runs/demo")                 # model, tokenizer, config
 print(run.generate("def ", max_new_tokens=80, temperature=0.8))
+vectors = attnlab.embed(run, ["a text", "another"])  # (2, C), unit length
 attnlab.train("runs/mine", attnlab.GPTConfig.from_preset("gpt-nano"),
               attnlab.TrainConfig(max_steps=500), attnlab.DataConfig(data="stdlib"))
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time they loa
     from attnlab.interpret.trace import Trace, trace
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.nn.hooks import hooks, zero_head
+    from attnlab.runs.embed import embed
     from attnlab.runs.run import Run, load
     from attnlab.tasks import train
 
@@ -39,6 +41,7 @@ LAZY = {
     "hooks": "attnlab.nn.hooks",
     "zero_head": "attnlab.nn.hooks",
     "Run": "attnlab.runs.run",
+    "embed": "attnlab.runs.embed",
     "load": "attnlab.runs.run",
     "train": "attnlab.tasks",
 }
@@ -55,6 +58,7 @@ __all__ = [
     "Run",
     "Trace",
     "TrainConfig",
+    "embed",
     "hooks",
     "load",
     "trace",

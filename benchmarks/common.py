@@ -165,6 +165,17 @@ def describe(device: torch.device) -> str:
     return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
+def columns(spec: str) -> list[tuple[str, str, str]]:
+    """A table's columns from one line of text: "key:header:format; ..." (format_table's triples), the
+    header defaulting to the key and the format to "" (text, left-aligned), so that a table reads as
+    what it shows rather than as ten lines of tuples."""
+    out = []
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        key, header, fmt = (item.split(":") + ["", ""])[:3]
+        out.append((key, header or key, fmt))
+    return out
+
+
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """Rows as an aligned text table. columns: (key, header, format spec) triples; a spec of
     "" leaves the value as text, left-aligned; numbers are right-aligned; None is blank."""

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import gguf
 import torch
-from common import cpu_named, first_difference, format_table
+from common import columns, cpu_named, first_difference, format_table
 from random_run import SHAPES, random_run
 from step_profile import report, step_profile
 
@@ -51,19 +51,11 @@ from attnlab.runs.quantized import inference_linears
 
 DEFAULT, EAGER = "attnlab", "attnlab --no-compile"  # the path a command takes without flags; the eager one
 PAIRS = {"float32": "f32", "bf16": "f16", "int8": "q8_0", "int4": "q4_0"}  # attnlab precision -> llama.cpp type
-COLUMNS = [
-    ("shape", "shape", ""),
-    ("impl", "impl", ""),
-    ("precision", "precision", ""),
-    ("batch", "batch", ","),
-    ("tokens_per_s", "tokens/s", ",.1f"),
-    ("ms_per_token", "ms/token", ",.2f"),
-    ("mb_per_token", "MB/token", ",.1f"),
-    ("bound", "bound tok/s", ",.0f"),
-    ("of_bound", "of bound", ".2f"),
-    ("vs_llamacpp", "vs llama.cpp", ".2f"),
-    ("same_tokens", "tokens as f32", ""),
-]
+COLUMNS = columns(
+    "shape; impl; precision; batch::,; tokens_per_s:tokens/s:,.1f; ms_per_token:ms/token:,.2f; "
+    "mb_per_token:MB/token:,.1f; bound:bound tok/s:,.0f; of_bound:of bound:.2f; "
+    "vs_llamacpp:vs llama.cpp:.2f; same_tokens:tokens as f32;"
+)
 
 
 @functools.cache

@@ -25,23 +25,16 @@ import json
 import time
 
 import torch
-from common import build_pair, first_difference, format_table, peak_mib, release, reset_peak, synchronize
+from common import build_pair, columns, first_difference, format_table, peak_mib, release, reset_peak, synchronize
 from random_run import SHAPES
 
 from attnlab.decoding.sampling import stream, stream_rows
 from attnlab.runtime.device import DTYPES, autocast
 
-COLUMNS = [
-    ("shape", "shape", ""),
-    ("dtype", "dtype", ""),
-    ("impl", "impl", ""),
-    ("batch", "batch", ","),
-    ("tokens_per_s", "tokens/s", ",.1f"),
-    ("ms_per_step", "ms/step", ",.2f"),
-    ("peak_mib", "peak MiB", ",.0f"),
-    ("vs_hf", "vs HF", ".2f"),
-    ("same_tokens", "same tokens as HF", ""),
-]
+COLUMNS = columns(
+    "shape; dtype; impl; batch::,; tokens_per_s:tokens/s:,.1f; ms_per_step:ms/step:,.2f; "
+    "peak_mib:peak MiB:,.0f; vs_hf:vs HF:.2f; same_tokens:same tokens as HF;"
+)
 
 
 def methods(gpt, hf, prompt: list[int], args, dtype: str) -> list[tuple[dict, object]]:

@@ -88,38 +88,10 @@ class Setup:
     quiet: list[str]  # ["--no-progress"] where the CLI has it
 
     def train(self, run: Path) -> list[str]:
-        return [
-            self.attnlab,
-            "train",
-            "lm",
-            "--data",
-            str(self.corpus),
-            "--out",
-            str(run),
-            "--preset",
-            "gpt-nano",
-            "--n-layer",
-            "1",
-            "--d-model",
-            "32",
-            "--n-head",
-            "2",
-            "--context",
-            "32",
-            "--max-steps",
-            str(MAX_STEPS),
-            "--eval-interval",
-            "2",
-            "--eval-batches",
-            "1",
-            "--batch-size",
-            "8",
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            *self.quiet,
-        ]
+        tiny = "--preset gpt-nano --n-layer 1 --d-model 32 --n-head 2 --context 32 --batch-size 8"
+        rest = f"--eval-interval 2 --eval-batches 1 --device cpu --dtype float32 --max-steps {MAX_STEPS}"
+        where = ["--data", str(self.corpus), "--out", str(run)]
+        return [self.attnlab, "train", "lm", *where, *f"{tiny} {rest}".split(), *self.quiet]
 
     def resume(self, run: Path, steps: int) -> list[str]:
         return [self.attnlab, "train", "lm", "--out", str(run), "--resume", "--max-steps", str(steps), *self.quiet]

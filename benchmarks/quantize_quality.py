@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import cpu_name, format_table
+from common import columns, cpu_name, format_table
 
 from attnlab.quant import packed
 from attnlab.quant.packed import KINDS, PackedLinear
@@ -49,17 +49,11 @@ from attnlab.runtime.device import pick_dtype
 
 PRECISIONS = (FLOAT, *KINDS)  # float32, int8, int4, bf16
 TARGET = {"int8": 1.0}  # issue 34: int8 within 1% of float32's held-out loss; the others are reported
-COLUMNS = [
-    ("run", "run", ""),
-    ("precision", "precision", ""),
-    ("packed_text", "packed", ""),
-    ("mb", "MB", ".2f"),
-    ("packed_mb", "packed MB", ".2f"),
-    ("loss", "loss (nats/tok)", ".4f"),
-    ("bits_per_char", "bits/char", ".4f"),
-    ("change_pct", "vs float32 %", "+.3f"),
-    ("seconds", "eval s", ".0f"),
-]
+COLUMNS = columns(
+    "run; precision; packed_text:packed; mb:MB:.2f; packed_mb:packed MB:.2f; "
+    "loss:loss (nats/tok):.4f; bits_per_char:bits/char:.4f; change_pct:vs float32 %:+.3f; "
+    "seconds:eval s:.0f;"
+)
 
 
 def linear_bytes(run: Run) -> tuple[int, int, int, int]:

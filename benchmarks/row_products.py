@@ -21,7 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import cpu_name, format_table
+from common import columns, cpu_name, format_table
 from torch import nn
 
 from attnlab.quant import row_kernels
@@ -109,15 +109,10 @@ def main() -> None:
     print(
         format_table(
             rows,
-            [
-                ("shape", "shape (O x I)", "s"),
-                ("batch", "M", "d"),
-                ("kernel", "kernel", "s"),
-                ("us", "us a product", ".1f"),
-                ("gbs", "GB/s", ".1f"),
-                ("vs", "x f32", ".2f"),
-                ("err", "rel. error", ".1e"),
-            ],
+            columns(
+                "shape:shape (O x I):s; batch:M:d; kernel::s; us:us a product:.1f; "
+                "gbs:GB/s:.1f; vs:x f32:.2f; err:rel. error:.1e"
+            ),
         )
     )
 

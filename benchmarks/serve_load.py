@@ -40,25 +40,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from common import cpu_name, format_table
+from common import columns, cpu_name, format_table
 
 SHAPES = {  # name: attnlab train flags
     "nano": ["--preset", "gpt-nano"],
     "6x384": ["--preset", "gpt-nano", "--n-layer", "6", "--d-model", "384", "--n-head", "6", "--context", "256"],
 }
 PROMPT = "def load(path):\n"
-COLUMNS = [
-    ("shape", "shape", ""),
-    ("streams", "streams", ","),
-    ("requests", "requests", ","),
-    ("tokens", "tokens", ","),
-    ("seconds", "seconds", ",.2f"),
-    ("tokens_per_s", "tokens/s", ",.1f"),
-    ("speedup", "x 1 stream", ".2f"),
-    ("ttft_p50_ms", "TTFT p50 ms", ",.0f"),
-    ("ttft_p95_ms", "TTFT p95 ms", ",.0f"),
-    ("cpu_ms_per_token", "server CPU ms/token", ".2f"),
-]
+COLUMNS = columns(
+    "shape; streams::,; requests::,; tokens::,; seconds::,.2f; tokens_per_s:tokens/s:,.1f; "
+    "speedup:x 1 stream:.2f; ttft_p50_ms:TTFT p50 ms:,.0f; ttft_p95_ms:TTFT p95 ms:,.0f; "
+    "cpu_ms_per_token:server CPU ms/token:.2f;"
+)
 
 
 def corpus(path: Path) -> None:

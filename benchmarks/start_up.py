@@ -25,16 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_named, format_table
+from common import columns, cpu_named, format_table
 from random_run import SHAPES, random_run
 
-COLUMNS = [
-    ("shape", "shape", ""),
-    ("path", "path", ""),
-    ("samples", "samples", ""),
-    ("seconds", "seconds", ".1f"),
-    ("step", "compiling (s)", ""),
-]
+COLUMNS = columns("shape; path; samples; seconds::.1f; step:compiling (s);")
 
 
 def sample(run: Path, args, env: dict, extra: list[str]) -> tuple[float, str]:

@@ -22,7 +22,7 @@ import statistics
 import time
 
 import torch
-from common import cpu_named, format_table
+from common import columns, cpu_named, format_table
 
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 from attnlab.decoding.structured import apply_masks
@@ -62,16 +62,11 @@ TREE = {
     "$ref": "#/$defs/node",
 }
 SPECS = {"json_object": "json_object", "person": PERSON, "tool call": TOOL, "tree ($ref)": TREE}
-COLUMNS = [
-    ("vocab", "vocabulary", ""),
-    ("spec", "constraint", ""),
-    ("compile_ms", "compile (ms)", ".1f"),
-    ("matcher_us", "matcher (µs)", ".1f"),
-    ("fill_us", "fill (µs)", ".0f"),
-    ("mask1_us", "mask B=1 (µs)", ".0f"),
-    ("mask16_us", "mask B=16 (µs/row)", ".0f"),
-    ("p90_us", "B=1 p90 (µs)", ".0f"),
-]
+COLUMNS = columns(
+    "vocab:vocabulary; spec:constraint; compile_ms:compile (ms):.1f; "
+    "matcher_us:matcher (µs):.1f; fill_us:fill (µs):.0f; mask1_us:mask B=1 (µs):.0f; "
+    "mask16_us:mask B=16 (µs/row):.0f; p90_us:B=1 p90 (µs):.0f;"
+)
 
 
 def json_lines(n: int, seed: int = 0) -> list[str]:

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from common import (
     add_common_args,
     build_pair,
+    columns,
     describe,
     dtype_name,
     format_table,
@@ -94,39 +95,20 @@ IMPLS: dict[str, LogitsFn] = {
     "hf-gpt2": lambda model, x: model(input_ids=x, use_cache=False).logits,
 }
 
-COLUMNS = [
-    ("model", "model", ""),
-    ("impl", "impl", ""),
-    ("dtype", "dtype", ""),
-    ("params", "params", ","),
-    ("tokens_per_s", "tokens/s", ",.0f"),
-    ("ms_per_step", "ms/step", ",.1f"),
-    ("loss", "step-1 loss", ".4f"),
-    ("ratio", "attnlab/peer", ".2f"),
-    ("mfu", "MFU", ".3f"),
-    ("peak_mib", "peak MiB", ",.0f"),
-]
+COLUMNS = columns(
+    "model; impl; dtype; params::,; tokens_per_s:tokens/s:,.0f; ms_per_step:ms/step:,.1f; "
+    "loss:step-1 loss:.4f; ratio:attnlab/peer:.2f; mfu:MFU:.3f; peak_mib:peak MiB:,.0f;"
+)
 # Dense bf16 tensor-core peaks (TFLOP/s) when --peak-tflops is not given, by a part of the GPU's name
 # as torch reports it: data-sheet figures without sparsity (the H100's SXM part reports "H100 80GB
 # HBM3", its PCIe part "H100 PCIe"). MFU is left blank for another GPU, and in float32.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4, "A100": 312.0}
 
-E2E_COLUMNS = [
-    ("model", "model", ""),
-    ("dtype", "dtype", ""),
-    ("batch_size", "batch", ""),
-    ("steps", "steps", ""),
-    ("bare_steps_per_s", "bare steps/s", ".2f"),
-    ("e2e_steps_per_s", "e2e steps/s", ".2f"),
-    ("e2e_ratio", "e2e/bare", ".3f"),
-    ("run_ratio", "run/bare", ".3f"),
-    ("steps_s", "steps s", ".1f"),
-    ("val_s", "val s", ".2f"),
-    ("ckpt_s", "ckpt s", ".2f"),
-    ("plot_s", "plot s", ".2f"),
-    ("other_s", "other s", ".2f"),
-    ("start_s", "start s", ".2f"),
-]
+E2E_COLUMNS = columns(
+    "model; dtype; batch_size:batch; steps; bare_steps_per_s:bare steps/s:.2f; e2e_steps_per_s:e2e steps/s:.2f; "
+    "e2e_ratio:e2e/bare:.3f; run_ratio:run/bare:.3f; steps_s:steps s:.1f; val_s:val s:.2f; ckpt_s:ckpt s:.2f; "
+    "plot_s:plot s:.2f; other_s:other s:.2f; start_s:start s:.2f"
+)
 # The parts of the training loop timed in the end-to-end table: (module attribute, column).
 LOOP_PARTS = [
     ("train_step", "steps_s"),

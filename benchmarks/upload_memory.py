@@ -142,31 +142,9 @@ def tail(path: Path, n: int = 20) -> str:
 
 
 def train(attnlab: str, run: Path, log: Path) -> None:
-    cmd = [
-        attnlab,
-        "train",
-        "image",
-        "--data",
-        "digits",
-        "--out",
-        str(run),
-        "--max-steps",
-        "20",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--preset",
-        "vit-nano",
-        "--n-layer",
-        "1",
-        "--d-model",
-        "32",
-        "--n-head",
-        "2",
-        "--eval-batches",
-        "1",
-    ]
+    tiny = "--preset vit-nano --n-layer 1 --d-model 32 --n-head 2 --eval-batches 1"
+    cmd = [attnlab, "train", "image", "--data", "digits", "--out", str(run), *tiny.split()]
+    cmd += "--max-steps 20 --device cpu --dtype float32".split()
     if help_has(attnlab, ["train", "image"], "--no-progress"):
         cmd.append("--no-progress")
     print("$", " ".join(cmd), flush=True)

@@ -71,10 +71,10 @@ CALLS = [
         "train: model must be a model config of task lm (GPTConfig)",
     ),
     Call(
-        "train_train_dict",
-        lambda r, tmp: attnlab.train(tmp / "r", None, {"max_steps": 1}),
+        "train_train_list",
+        lambda r, tmp: attnlab.train(tmp / "r", None, [("max_steps", 1)]),
         TypeError,
-        "train must be a TrainConfig, got {'max_steps': 1} (dict)",
+        "train must be a TrainConfig (or a dict of its fields), got [('max_steps', 1)] (list)",
     ),
     Call(
         "train_data_path",

@@ -34,13 +34,13 @@ from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import ParallelDataConfig
 from attnlab.decoding.sampling import stream
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.train import TrainRequest
 from attnlab.engine.train import run as run_task
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import MultiHeadAttention, attend, padding_mask
 from attnlab.nn.context import Context
 from attnlab.runtime.device import dtype_choice
 from attnlab.tasks import TASKS
+from attnlab.tasks.request import python_request
 from tests.conftest import TEXT, decode_stepwise, losses, perturb, tiny_chat_base, tiny_train
 from tests.test_decode_path import greedy_reference
 
@@ -126,7 +126,7 @@ def test_every_family_trains_in_bf16(task, model, tmp_path, capsys):
     fields, data, extras = family_case(task, model, tmp_path)
     out = tmp_path / "run"
     cfg = tiny(dtype="bfloat16", **FAMILY_TRAIN.get(task, {}))
-    run_task(TASKS[task], TrainRequest(out, model, fields, cfg, data, progress=False, **extras))
+    run_task(TASKS[task], python_request(TASKS[task], out, model, fields, cfg, data, progress=False, **extras))
     said = "".join(capsys.readouterr())
     assert f"| {DEVICE.type} bfloat16 |" in said, said  # announce(): the session's device and dtype
     seen = losses(out)

@@ -123,8 +123,8 @@ def _task_worker(out: str, task: str) -> None:
 def _task_request(out, task: str):
     from attnlab.data.labeled import LabeledDataConfig
     from attnlab.data.parallel import ParallelDataConfig
-    from attnlab.engine.train import TrainRequest
     from attnlab.tasks import TASKS
+    from attnlab.tasks.request import python_request
 
     cfg = tiny_train(max_steps=6, batch_size=8, eval_interval=3)
     if task == "classify":
@@ -132,7 +132,7 @@ def _task_request(out, task: str):
     else:
         model, fields = "transformer", dict(n_layer=1, d_model=16, n_head=2, d_ff=32, dropout=0.0)
         data = ParallelDataConfig(data="reverse", n_train=100, max_len=32, vocab_size=40)
-    return TASKS[task], TrainRequest(out, model, fields, cfg, data, progress=False)
+    return TASKS[task], python_request(TASKS[task], out, model, fields, cfg, data, progress=False)
 
 
 def run_task(task, req):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.decoding import engine as engines
+from attnlab.decoding import admission
 from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.prefill import Prefill
 from attnlab.decoding.rows import Row, Step
+from attnlab.decoding.seats import Seats
 from tests.test_serve_batching import VOCAB, alone, concurrently, model, requests
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -24,33 +25,42 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
     ids=["learned", "rope", "alibi", "bigram", "gqa"],
 )
 def test_chunks_over_prompts_of_different_lengths_give_each_prompt_s_lone_logits_and_keys(kw):
-    """Prompts of 2, 11, 5 and 16 tokens (the context) fed 6 tokens a turn, so that they are cut at
-    different places and padded: each one's logits at its last token are its lone logits, and a step
-    from the keys it leaves with gives the lone next logits."""
+    """Prompts of 2, 11, 5 and 16 tokens (the context) fed 6 tokens a turn into slots of the one table,
+    so that they are cut at different places and padded: each one's logits at its last token are its
+    lone logits, and once seated where its keys are, a batched step gives the lone next logits."""
     decoder = LMDecoder(model(**kw), "float32")
-    prefill = Prefill(decoder.slots(4), budget=6)
+    seats = Seats(decoder.slots(4))
+    prefill = Prefill(seats, budget=6)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(VOCAB, (n,), generator=g).tolist() for n in (2, 11, 5, 16)]
     for ids in prompts:
-        prefill.add(Row(ids, Draw(), 1, None, lambda step: None, decoder.device), decoder.vocab)
+        prefill.add(Row(ids, Draw(), 1, lambda step: None, decoder.device), decoder.vocab)
     done, passes = {}, 0
     with torch.inference_mode():
         while len(prefill):
             for row, logits in prefill.step(decoder):
+                seats.join(row)
                 done[tuple(row.window)] = row, logits
             passes += 1
         assert passes == 6  # 34 tokens, 6 a turn
+        # A model that does not read the previous token gets none (the compiled batched step is traced
+        # without one: compiled_rows.py).
+        assert (seats.slots.table.last is None) == ("bigram_vocab" not in kw)
+        assert [row.slot for row in seats.rows] == list(range(4)) and not seats.held
+        lone = {}
         for ids in prompts:
-            row, logits = done[tuple(ids)]
-            # A model that does not read the previous token gets none (the compiled batched step is traced
-            # without one: compiled_rows.py).
-            assert (row.state[0].last_token is None) == ("bigram_vocab" not in kw)
-            lone = decoder.start(None)
-            want, _ = decoder.feed(lone, ids, 0)
-            torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
-            if len(ids) < decoder.context:  # one more token, from the keys each way
-                step, _ = decoder.feed(row.state, [3], len(ids))
-                torch.testing.assert_close(step, decoder.feed(lone, [3], len(ids))[0], atol=1e-5, rtol=1e-5)
+            lone[tuple(ids)] = decoder.start(None)
+            want, _ = decoder.feed(lone[tuple(ids)], ids, 0)
+            torch.testing.assert_close(done[tuple(ids)][1], want, atol=1e-5, rtol=1e-5)
+        for row in [row for row in list(seats.rows) if len(row.window) == decoder.context]:
+            seats.leave(row)  # full: one more token would not fit
+        short = list(seats.rows)
+        for row in short:
+            row.window.append(3)
+        step = seats.logits(decoder)  # (3, V) one more token of each row, from the keys in the table
+        for row in short:
+            want, _ = decoder.feed(lone[tuple(row.window[:-1])], [3], len(row.window) - 1)
+            torch.testing.assert_close(step[row.slot : row.slot + 1], want, atol=1e-5, rtol=1e-5)
 
 
 def long_requests(n: int) -> list[tuple[list[int], Draw, int]]:
@@ -61,27 +71,43 @@ def long_requests(n: int) -> list[tuple[list[int], Draw, int]]:
     ]
 
 
+def together(engine: Engine, reqs) -> list[list[int]]:
+    """The requests submitted at once and stepped here: the first turn admits them all together."""
+    got, ended = [[] for _ in reqs], []
+
+    def emit(tokens: list[int]):
+        return lambda step: tokens.append(step.token) if isinstance(step, Step) else ended.append(step)
+
+    for (ids, d, n), tokens in zip(reqs, got):
+        engine.submit(ids, d, n, emit(tokens), start=False)
+    while len(ended) < len(reqs):
+        engine._step_once()
+    assert ended == [None] * len(reqs)  # no request failed
+    return got
+
+
 @pytest.mark.parametrize("budget", [5, 64], ids=["chunked", "whole"])
 def test_prefilled_together_every_request_gets_the_tokens_of_its_prompt_alone(budget):
     """8 requests at once (greedy, temperature, top-k, top-p; prompts of 1 to 16 tokens), their prompts
     prefilled together 5 tokens a turn (cut across turns) or whole: each gets stream_rows' tokens."""
     m, reqs = model(), long_requests(8)
     engine = Engine(m, max_batch=8, dtype="float32", prefill=budget)
-    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
+    assert together(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["prefill passes"] > 0
+    assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]  # and as threads send them
     assert not engine.rows and not len(engine.filling)
     engine.close(wait=5)
 
 
 def test_a_prefill_draw_in_doubt_runs_the_prompt_again_alone(monkeypatch):
     """With every draw from a batched prefill in doubt, each prompt is run again alone: still exact."""
-    sure = engines.certain_draws
-    monkeypatch.setattr(engines, "certain_draws", lambda z, draws, *a: [None] * len(draws))
+    sure = admission.certain_draws
+    monkeypatch.setattr(admission, "certain_draws", lambda z, draws, *a: [None] * len(draws))
     m, reqs = model(positions="rope"), long_requests(4)
     engine = Engine(m, max_batch=4, dtype="float32", prefill=5)
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     assert engine.stats["prefill replays"] > 0
-    monkeypatch.setattr(engines, "certain_draws", sure)
+    monkeypatch.setattr(admission, "certain_draws", sure)
     engine.close(wait=5)
 
 
@@ -130,13 +156,19 @@ def test_the_twins_of_a_cancelled_prompt_are_still_served():
 
 
 def test_a_failed_prefill_pass_fails_its_prompts_and_the_engine_goes_on(monkeypatch):
+    """Three prompts in one turn, their prefill pass failing: each request hears the error, the slots
+    they held are free again, and the engine serves the next requests their lone tokens."""
     m, reqs = model(), long_requests(3)
     engine = Engine(m, max_batch=4, dtype="float32", prefill=64)
     with torch.inference_mode():
         engine._prepare()  # calibrated with the pass that works
     monkeypatch.setattr(LMDecoder, "feed_chunks", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
-    with pytest.raises(MemoryError, match="no room"):
-        concurrently(engine, reqs)
+    heard = [[] for _ in reqs]
+    for (ids, d, n), got in zip(reqs, heard):  # submitted together, stepped here: one turn admits all three
+        engine.submit(ids, d, n, got.append, start=False)
+    engine._step_once()
+    assert all(len(got) == 1 and isinstance(got[0], MemoryError) for got in heard)
+    assert not engine.rows and not len(engine.filling) and not engine.seats.held
     monkeypatch.undo()
     assert concurrently(engine, reqs) == [alone(m, *r) for r in reqs]
     engine.close(wait=5)

@@ -19,7 +19,6 @@ from attnlab.data.finetune import ChatData, PreferenceData
 from attnlab.data.instructions import instructions, preferences
 from attnlab.data.supervised import Pairs, pair_examples
 from attnlab.decoding.chat import answers
-from attnlab.engine.train import TrainRequest
 from attnlab.io import read_safetensors
 from attnlab.nn.lora import LoRALinear, adapters_off
 from attnlab.nn.preference import RewardObjective
@@ -27,6 +26,7 @@ from attnlab.quant.quantize import QuantizedLinear
 from attnlab.runs.adapted import build_base
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks import TASKS
+from attnlab.tasks.request import python_request
 from attnlab.tasks.reward import best_of, score_answers
 from tests.conftest import flags, quick_stages, run_cli, tiny_chat_base, tiny_train
 
@@ -79,7 +79,7 @@ def test_a_lora_run_saves_only_its_adapters_and_loads_as_trained(base, tmp_path)
 
 def test_a_new_lora_model_computes_its_base_exactly(base, tmp_path):
     task = TASKS["sft"]
-    req = task.complete(TrainRequest(tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA))
+    req = task.complete(python_request(task, tmp_path / "x", "gpt", {}, tiny_train(), SFT, init=base, options=LORA))
     model = task.model_config(req)
     adapted = task.builder(req, model)()
     assert torch.equal(logits(adapted), logits(build_base(base, "gpt", model)))
@@ -167,7 +167,7 @@ def test_dpo_reference_is_the_init_model_and_its_accuracy_is_logged(base, tmp_pa
     assert all("reward_acc" in r and "margin" in r for r in rows if "loss" in r)
     assert {"preference_accuracy", "exact", "pairs"} <= set(result["test"])
     # the reference log-probabilities the batches carry are the init model's, answer tokens only
-    req = TrainRequest(tmp_path / "d", "gpt", {}, tiny_train(), PAIRS, init=sft, options={"beta": 0.1})
+    req = python_request(TASKS["dpo"], tmp_path / "d", "gpt", {}, tiny_train(), PAIRS, init=sft, options={"beta": 0.1})
     prepared = TASKS["dpo"].prepare(TASKS["dpo"].complete(req), Dist())
     init = attnlab.load(sft).model
     for (chosen, rejected), ref in list(zip(prepared.batches.pairs["train"], prepared.batches.refs["train"]))[:3]:

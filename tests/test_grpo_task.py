@@ -12,6 +12,7 @@ import attnlab
 from attnlab.data.finetune import ChatData
 from attnlab.tasks.sampled import answer_text
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_train
+from tests.test_old_runs import copied
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = ChatData(examples=32, test_examples=4)
@@ -93,3 +94,34 @@ def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, base, monk
     assert logged[1]["reward"] == logged[0]["reward"] and logged[3]["answer_length"] == logged[2]["answer_length"]
     wa, wb = attnlab.load(full).model.state_dict(), attnlab.load(cut).model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+GIVEN_AGAIN = ["--group", "3", "--clip", "0.3", "--reward", "exact"]  # exact: the run's own, given again
+
+
+def test_a_resumed_run_takes_the_flags_over_its_own_settings(tmp_path, monkeypatch, capsys):
+    """An old grpo run (group 2) resumed with --group 3 --clip 0.3: the new step samples groups of 3
+    and config.json records the new settings (they were read from the run and the flags ignored)."""
+    import attnlab.tasks.sampled as sampled
+
+    run = copied(tmp_path) / "grpo"
+    groups = []
+    real = sampled.draw
+    monkeypatch.setattr(sampled, "draw", lambda *a: groups.append(a[2]) or real(*a))
+    code, _, err = run_cli(["train", "grpo", "--out", run, "--resume", "--max-steps", "3", *GIVEN_AGAIN], capsys)
+    assert code == 0, err
+    assert groups == [3]
+    config = json.loads((run / "config.json").read_text())
+    assert (config["options"]["group"], config["options"]["clip"], config["task"]["group"]) == (3, 0.3, 3)
+
+
+@pytest.mark.parametrize(
+    ("flag", "saved"), [("--epochs 2", "1"), ("--reward random", "exact"), ("--max-new-tokens 8", "4")]
+)
+def test_a_resumed_run_refuses_a_setting_that_would_change_what_it_is(flag, saved, tmp_path, capsys):
+    run = copied(tmp_path) / "grpo"
+    before = (run / "metrics.jsonl").read_text()
+    code, _, err = run_cli(["train", "grpo", "--out", run, "--resume", "--max-steps", "3", *flag.split()], capsys)
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{flag} differs from the run's {saved}" in err and f"give {flag.split()[0]} {saved}" in err
+    assert (run / "metrics.jsonl").read_text() == before  # refused before anything was touched

@@ -101,8 +101,8 @@ def completion(message: str, **fields) -> tuple[str, dict, str]:
 
 NUMBER = r"Input should be a finite number"
 REFUSED = {  # name: (path, body, what the one line says)
-    "role tool": messages({"role": "tool", "content": "x"}, message=r"role 'tool' is not supported: tool calls"),
-    "role function": messages({"role": "function", "content": "x", "name": "f"}, message=r"is not supported"),
+    "role tool": messages({"role": "tool", "content": "x"}, message=r"a tool message needs the tool_call_id"),
+    "role function": messages({"role": "function", "content": "x", "name": "f"}, message=r"deprecated: use 'tool'"),
     "role unknown": messages(
         {"role": "wizard\n" * 100, "content": "x"},
         message=r"role 'wizard\\nwiz.*\.\.\. is not one of system, developer, user, assistant",
@@ -112,7 +112,7 @@ REFUSED = {  # name: (path, body, what the one line says)
     "tool_calls": messages(
         HI,
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-        message=r"messages\[1\].tool_calls: tool calls are not supported",
+        message=r"messages\[1\].tool_calls\[0\] must be \{\"id\"",
     ),
     "content a number": content(5, r"^messages.0.content: must be a text, a list of text parts or null, got int$"),
     "content an object": content({"text": "x"}, r"got dict$"),
@@ -161,7 +161,7 @@ REFUSED = {  # name: (path, body, what the one line says)
     "fifty unknown fields": says(
         r"^Unrecognized request argument supplied: 'x0\\n', .* and 45 more$", **{f"x{i}\n": 1 for i in range(50)}
     ),
-    "tools": says(r"tools are not supported", tools=[{"type": "function"}]),
+    "tools": says(r"tools\[0\] must be \{\"type\": \"function\"", tools=[{"type": "function"}]),
     "response_format xml": says(r"^response_format type 'xml' is not one of text, ", response_format={"type": "xml"}),
     "response_format uniqueItems": says(
         r"^JSON-schema keyword 'uniqueItems' at #/properties/a is not supported",

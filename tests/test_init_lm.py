@@ -87,7 +87,7 @@ def test_flags_that_conflict_with_init_are_refused(base, corpus, tmp_path, capsy
 
 
 def test_library_refuses_another_architecture(base, corpus, tmp_path):
-    with pytest.raises(AttnlabError, match=r"only dropout can change\), not n_layer"):
+    with pytest.raises(AttnlabError, match=r"--init takes the model and tokenizer of .*: drop --n-layer"):
         train(tmp_path / "b", tiny_model(n_layer=3), tiny_train(), tiny_data(corpus), progress=False, init=base)
 
 

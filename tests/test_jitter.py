@@ -98,13 +98,13 @@ def test_caption_data_refuses_a_bad_shift(bad):
 
 def test_the_caption_task_moves_training_images_as_its_data_config_says(tmp_path):
     from attnlab.engine.config import TrainConfig
-    from attnlab.engine.train import TrainRequest
     from attnlab.runtime.distributed import Dist
     from attnlab.tasks.caption import Captioning
+    from attnlab.tasks.request import python_request
 
     task = Captioning()
     data = CaptionDataConfig(n_train=40, n_test=8, shift=0.25, shift_share=1.0)
-    req = TrainRequest(out=tmp_path, model="transformer", data=data, train=TrainConfig(max_steps=1))
+    req = python_request(task, tmp_path, "transformer", train=TrainConfig(max_steps=1), data=data)
     for name, text in task.setup(req).items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     batches = task.prepare(req, Dist()).batches

@@ -1,6 +1,6 @@
 """Runs written before issue 52 changed what config.json records (one typed request, adapters as
-converters) still load and resume: tests/data/old_runs/ holds a tiny run of every task, written by
-the code of that time (tests/data/old_runs/make_old_runs.py)."""
+converters) still load and resume, from the command line and from Python alike: tests/data/old_runs/
+holds a tiny run of every task, written by the code of that time (tests/data/old_runs/make_old_runs.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def test_every_task_has_an_old_run() -> None:
 def test_an_old_run_loads_and_resumes(task: str, tmp_path: Path, capsys) -> None:
     root = copied(tmp_path)
     run = root / task
+    shutil.copytree(run, root / f"{task}-api")
     old = json.loads((run / "config.json").read_text())
     loaded = attnlab.load(run, device="cpu")
     assert loaded.task.name == task
@@ -56,3 +57,6 @@ def test_an_old_run_loads_and_resumes(task: str, tmp_path: Path, capsys) -> None
     assert {k: v for k, v in old.get("task", {}).items() if k in own}.items() <= new.get("options", {}).items()
     assert adapter_of(new) == adapter_of(old)  # the old adapter section read as today's converters
     assert converters_of(new) == converters_of(old)
+    # the same resume from Python (the one request: tasks/request.py) writes the same config.json
+    attnlab.train(root / f"{task}-api", train={"max_steps": 3}, task=task, resume=True, progress=False)
+    assert json.loads((root / f"{task}-api" / "config.json").read_text()) == new

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss
 from attnlab.tasks.hacking import reward_hacking
 from attnlab.tasks.ppo import relative_scores
 from tests.conftest import ctrl_c_at, run_cli, tiny_chat_base, tiny_reward_model, tiny_train
+from tests.test_old_runs import copied
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = ChatData(examples=32, test_examples=4)
@@ -254,3 +256,37 @@ def test_the_help_says_what_ppo_takes(capsys):
         "--stop-on-hacking",
     ):
         assert flag in out
+
+
+def test_a_resumed_run_takes_the_flags_over_its_own_settings(tmp_path, monkeypatch, capsys):
+    """An old ppo run (group 2, stopped mid-way through its first rollout's 4 updates) resumed with
+    --group 3 --hacking-patience 3 and its reward run given again by a relative path: the next
+    rollout samples groups of 3, and config.json records the new settings."""
+    import attnlab.tasks.sampled as sampled
+
+    root = copied(tmp_path)
+    groups = []
+    real = sampled.draw
+    monkeypatch.setattr(sampled, "draw", lambda *a: groups.append(a[2]) or real(*a))
+    again = ["--reward", os.path.relpath(root / "reward"), "--group", "3", "--hacking-patience", "3"]
+    code, _, err = run_cli(["train", "ppo", "--out", root / "ppo", "--resume", "--max-steps", "5", *again], capsys)
+    assert code == 0, err
+    assert groups == [3]  # steps 3 and 4 learn from the rollout of step 1; step 5 samples anew
+    config = json.loads((root / "ppo" / "config.json").read_text())
+    assert (config["options"]["group"], config["options"]["hacking_patience"]) == (3, 3)
+    assert config["options"]["reward"] == config["task"]["reward"] == str(root / "reward")
+
+
+@pytest.mark.parametrize("flag", ["--ppo-epochs 3", "--minibatches 1", "--max-new-tokens 8", "--reward OTHER"])
+def test_a_resumed_run_refuses_a_setting_that_would_change_what_it_is(flag, tmp_path, capsys):
+    root = copied(tmp_path)
+    run = root / "ppo"
+    saved = json.loads((run / "config.json").read_text())["task"]
+    name, given = flag.split()
+    given = str(root / "sft") if given == "OTHER" else given  # another run than the reward model
+    before = (run / "metrics.jsonl").read_text()
+    code, _, err = run_cli(["train", "ppo", "--out", run, "--resume", "--max-steps", "3", name, given], capsys)
+    own = saved[name[2:].replace("-", "_")]
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{name} {given} differs from the run's {own}" in err and f"give {name} {own}" in err
+    assert (run / "metrics.jsonl").read_text() == before  # refused before anything was touched

@@ -2,7 +2,9 @@
 
     field defaults < the task's tuned values < the preset < a TOML file < a resumed run's own < flags
 
-and `--init` resolved once per run (a HuggingFace folder is converted once, a run folder checked once)."""
+the command line and the Python API give the same request (and config.json) for what they are asked
+alike, and `--init` is resolved once per run (a HuggingFace folder is converted once, a run folder
+checked once)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from test_old_runs import copied
 
+import attnlab
+import attnlab.cli.train as cli_train
 from attnlab.cli.generate import given, read_options
 from attnlab.cli.main import build_parser
+from attnlab.cli.main import main as cli_main
 from attnlab.engine.config import TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.runs import adapted
-from attnlab.tasks import TASKS
+from attnlab.tasks import TASKS, registry
 from attnlab.tasks import adapt as adapt_module
 from attnlab.tasks.base import TrainOptions
 from attnlab.tasks.request import SECTIONS, resolve
@@ -27,7 +33,7 @@ from attnlab.tasks.request import SECTIONS, resolve
 DATA = {"lm": "vocab_size", "mlm": "vocab_size", "sft": "examples", "dpo": "examples", "reward": "examples"}
 DATA |= {"grpo": "examples", "ppo": "examples"}
 OPTION = {"classify": "word_vectors", "tag": "word_vectors", "sft": "show_masks", "dpo": "beta"}
-OPTION |= {"reward": "sampled_negatives", "grpo": "group", "ppo": "group"}
+OPTION |= {"reward": "show_masks", "grpo": "group", "ppo": "group"}
 LEVELS = ("tuned", "preset", "toml", "saved", "flags")  # above the field's default, lowest first
 
 
@@ -188,3 +194,49 @@ def test_the_command_line_builds_the_training_settings_once(tmp_path, monkeypatc
     (tmp_path / "c.txt").write_text("a b c\n" * 50)
     assert main(["train", "lm", "--data", str(tmp_path / "c.txt"), "--out", str(tmp_path / "r"), "--lr", "0.01"]) == 0
     assert len(made) == 2 and made[-1] == "run" and made[0].lr == 0.01
+
+
+def flag_args(name: str, v: object) -> list[str]:
+    """A setting as the command line gives it (a bool section field: --x or --no-x)."""
+    if isinstance(v, bool):
+        return [f"--{'' if v else 'no-'}{name.replace('_', '-')}"]
+    return [f"--{name.replace('_', '-')}", str(v)]
+
+
+def asked_alike(name: str, level: str) -> tuple[list[str], dict]:
+    """The same settings for `attnlab train NAME` and attnlab.train(task=NAME) at a level: nothing
+    given, or a training setting, a data field and an option given (over a resumed run's own)."""
+    if level == "defaults":
+        return [], {}
+    task = TASKS[name]
+    train = {"lr": 0.004, "max_steps": 5}
+    args = [a for k, v in train.items() for a in flag_args(k, v)]
+    python: dict = {"train": train}
+    if level == "flags":  # a resumed run keeps its data
+        d = DATA.get(name, "data_seed")
+        v = value(field_of(task.data_config, d), 3)
+        args, python["data"] = args + flag_args(d, v), {d: v}
+    if name in OPTION:
+        o = OPTION[name]
+        v = value(field_of(task.options, o), 3)
+        args, python[o] = args + flag_args(o, v), v
+    return args, python
+
+
+@pytest.mark.parametrize("level", ["defaults", "flags", "resumed"])
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_the_command_line_and_python_ask_for_the_same_request(name, level, tmp_path, monkeypatch):
+    """attnlab.train() goes through the command line's resolve(): the same TrainRequest, field by field
+    (the engine is not run), for a new run and for a run resumed (an old run of the task)."""
+    seen = []
+    monkeypatch.setattr(cli_train, "run", lambda task, req: seen.append(req) or {})
+    monkeypatch.setattr(registry, "run", lambda task, req: seen.append(req) or {})
+    monkeypatch.setattr(TASKS[name], "result_line", lambda result, out: "")
+    out = copied(tmp_path) / name if level == "resumed" else tmp_path / "run"
+    args, python = asked_alike(name, level)
+    resume = level == "resumed"
+    assert cli_main(["train", name, "--out", str(out), *args, *(["--resume"] if resume else [])]) == 0
+    attnlab.train(str(out), task=name, resume=resume, **python)
+    cli, api = seen
+    assert cli == api
+    assert (cli.train.max_steps == 5) == (level != "defaults") and cli.resume == resume

@@ -29,6 +29,7 @@ from attnlab.models import FAMILIES, build_model
 from attnlab.runs.marker import owned
 from attnlab.tasks import TASKS, task_of
 from attnlab.tasks.base import ModelChoice, Task
+from attnlab.tasks.request import python_request
 from tests.conftest import flags, run_cli, tiny_chat_base
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -201,7 +202,8 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
     full, cut = tmp_path / "full", tmp_path / "cut"
 
     def request(out, **kw):
-        return TrainRequest(
+        return python_request(
+            TASKS[task],
             out,
             model,
             dict(fields),
@@ -233,9 +235,9 @@ def test_every_task_resumes_exactly(name, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop_mod, "train_step", interrupted)
     with pytest.raises(attnlab.AttnlabError, match="interrupted at step 7"):
-        run_task(TASKS[task], TrainRequest(cut, resume=True, progress=False))
+        run_task(TASKS[task], python_request(TASKS[task], cut, resume=True, progress=False))
     monkeypatch.setattr(loop_mod, "train_step", real_step)
-    result = run_task(TASKS[task], TrainRequest(cut, resume=True, progress=False))
+    result = run_task(TASKS[task], python_request(TASKS[task], cut, resume=True, progress=False))
     a, b = losses(full), losses(cut)
     assert sorted(a) == sorted(b) == list(range(1, 13))
     assert [a[k] for k in a] == [b[k] for k in a]  # bit for bit
@@ -261,11 +263,13 @@ def test_every_task_starts_from_an_init_run(name, tmp_path, monkeypatch):
     base = tmp_path / "base"
     if task == "classify":  # an encoder's body comes from a masked LM
         _, _, mlm_fields, corpus = case("mlm", tmp_path)
-        run_task(TASKS["mlm"], TrainRequest(base, "encoder", mlm_fields, train, corpus, progress=False))
+        run_task(TASKS["mlm"], python_request(TASKS["mlm"], base, "encoder", mlm_fields, train, corpus, progress=False))
         data = LabeledDataConfig(data=str(write_labeled(tmp_path)), max_len=24)
     else:
-        run_task(TASKS[task], TrainRequest(base, model, dict(fields), train, data, progress=False))
-    run_task(TASKS[task], TrainRequest(tmp_path / "ft", model, {}, train, data, init=base, progress=False))
+        run_task(TASKS[task], python_request(TASKS[task], base, model, fields, train, data, progress=False))
+    run_task(
+        TASKS[task], python_request(TASKS[task], tmp_path / "ft", model, {}, train, data, init=base, progress=False)
+    )
     a, b = attnlab.load(base).model.state_dict(), attnlab.load(tmp_path / "ft").model.state_dict()
     body = [k for k in b if k in a and not k.startswith(("out.", "transform"))]
     assert body and all(a[k].shape == b[k].shape for k in body)

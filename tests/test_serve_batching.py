@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from attnlab.decoding import engine as batching
+from attnlab.decoding import exact as batching  # the engine's exactness: its race check and tolerance floor
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Ask, Engine
 from attnlab.decoding.exact import certain_draws

@@ -155,7 +155,7 @@ def test_a_refused_keyword_is_a_400_naming_it(client):
 def test_a_tokenizer_that_cannot_be_constrained_is_a_one_line_error():
     req = CompletionRequest(model="lm", response_format={"type": "json_object"})
     with pytest.raises(BadField, match="^structured outputs need a char or BPE tokenizer, not a word one$"):
-        req.grammar(WordTokenizer.train(["a b c"], 10))
+        req.constraint(WordTokenizer.train(["a b c"], 10))
 
 
 def test_the_engine_masks_a_lone_and_a_batched_row_alike(run_dir):

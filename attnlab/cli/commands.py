@@ -17,6 +17,7 @@ from attnlab.cli.demo import run_demo
 from attnlab.cli.demo_chat import run_chat_demo
 from attnlab.cli.options import (
     DemoOptions,
+    EmbedOptions,
     EvalOptions,
     HeadsOut,
     PredictOptions,
@@ -39,6 +40,7 @@ from attnlab.models.gpt import PRESETS
 from attnlab.models.size import estimate, format_estimate
 from attnlab.models.size import format_table as size_table
 from attnlab.nn.hooks import hooks
+from attnlab.runs.embed import embed, pooling_of
 from attnlab.runs.report import table, write_report
 from attnlab.runs.run import Run, load
 from attnlab.runtime.device import pick_dtype
@@ -67,6 +69,25 @@ def run_predict(opts: PredictOptions) -> int:
     with heads_removed(run, opts):
         result = run.task.predict(run, opts.text, dataclasses.asdict(opts))
     print(json.dumps(result) if opts.json else run.task.show_prediction(result))
+    return 0
+
+
+def run_embed(opts: EmbedOptions) -> int:
+    """Each text's vector (its first values, or all of them with --json) and the cosine similarities."""
+    run = load(opts.run, device=opts.device)
+    vectors = embed(run, opts.texts, opts.pooling, opts.truncate, opts.dimensions)  # (N, D), unit rows
+    how = pooling_of(run.model, opts.pooling)
+    if opts.json:
+        print(json.dumps({"pooling": how, "texts": opts.texts, "embeddings": vectors.tolist()}))
+        return 0
+    print(f"{how} pooling, {vectors.shape[1]} dimensions, unit length")
+    for i, (text, v) in enumerate(zip(opts.texts, vectors), 1):
+        shown = text if len(text) <= 40 else f"{text[:37]}..."
+        print(f"[{i}] {' '.join(f'{x:+.3f}' for x in v[:6].tolist())} ...  {shown!r}")
+    if len(opts.texts) > 1:  # unit vectors: their dot products are the cosine similarities
+        print("cosine similarity:")
+        for i, row in enumerate((vectors @ vectors.T).tolist(), 1):
+            print(f"[{i}] " + " ".join(f"{x:6.3f}" for x in row))
     return 0
 
 

@@ -53,6 +53,7 @@ def run_serve(opts: ServeOptions) -> int:
         prefill=opts.prefill,
         speculate=speculation(opts.speculate, opts.draft_tokens),
         draft=opts.draft,
+        prefix_cache_mb=opts.prefix_cache_mb,
     )
     serve(
         opts.runs,

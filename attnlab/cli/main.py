@@ -135,6 +135,17 @@ COMMANDS = [
         "commands:run_predict",
     ),
     Command(
+        "embed",
+        "unit-length text vectors from a run (a GPT, an encoder, an encoder-decoder), and their similarities",
+        "options:EmbedOptions",
+        "commands:run_embed",
+        "Embed each TEXT as one unit-length vector pooled from the run's final hidden states: a GPT's last "
+        "token (the only one that has seen the whole text), an encoder's mean over its tokens (a classifier "
+        "trained on [CLS]: that position), an encoder-decoder's encoder mean. Prints each text's first "
+        "values and the cosine similarities between the texts; --json: the vectors. The same vectors as "
+        "attnlab.embed(run, texts) and /v1/embeddings of attnlab serve.",
+    ),
+    Command(
         "compare",
         "train several models on one task with one budget; table and bar chart",
         "attnlab.tasks.compare_options:CompareOptions",

@@ -127,6 +127,18 @@ class PredictOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
 
 
 @dataclass
+class EmbedOptions(Answers, ReadsRun):
+    texts: list[str] = option(None, "texts to embed", positional=True, nargs="+", metavar="TEXT")
+    pooling: str = option(
+        "auto",
+        "auto (the family's default: a GPT's last token, an encoder's mean or a [CLS]-trained "
+        "classifier's [CLS]), last, mean or cls, where the family offers it",
+    )
+    dimensions: int | None = option(None, "keep the first N dimensions, normalised again", at_least=1)
+    truncate: bool = option(False, "read a text over the context by its first tokens (else an error)")
+
+
+@dataclass
 class TranslateOptions(WritesFiles, Answers, HeadsOut, ReadsRun):
     text: str = option("", "source text", positional=True)
     beam: int = option(1, "beam width; 1 is greedy decoding", at_least=1)
@@ -389,6 +401,12 @@ class ServeOptions(Drafts, Speculates, Quantizes, OnDevice):
         "(longer prompts go in over several turns); 0: each prompt alone and whole before it joins",
         metavar="TOKENS",
     )
+    prefix_cache_mb: float = option(
+        0,
+        "memory in MB for the keys of earlier prompts, reused by requests that start the same way (a "
+        "system prompt seen before is not prefilled again); least recently used go first; 0: off",
+        metavar="MB",
+    )
     request_timeout: float = option(300.0, "a generation running longer is stopped with an error", metavar="SECONDS")
     threads: int | None = option(
         None, "CPU threads for the model (default: one per core but one, which the HTTP side keeps)"
@@ -412,6 +430,8 @@ class ServeOptions(Drafts, Speculates, Quantizes, OnDevice):
                 raise ValueError(f"--{name.replace('_', '-')} must be above 0, got {getattr(self, name)}")
         if self.prefill < 0:
             raise ValueError(f"--prefill must be 0 (off) or more tokens, got {self.prefill}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"--prefix-cache-mb must be 0 (off) or more, got {self.prefix_cache_mb}")
         self.check_speculation()
         if (self.speculate == "draft" and self.draft is None) or (self.draft and self.speculate in ("off", "prompt")):
             raise ValueError("--speculate draft and --draft RUN go together (--draft also serves --speculate auto)")

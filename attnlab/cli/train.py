@@ -15,10 +15,9 @@ from attnlab.cli.vectors import run_train_vectors
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.train import run
 from attnlab.runs.converters import CONVERTERS
-from attnlab.runs.folder import check_resumable, read_run_config
 from attnlab.tasks import TASKS, Task
 from attnlab.tasks.base import TrainOptions
-from attnlab.tasks.request import SECTIONS, resolve
+from attnlab.tasks.request import SECTIONS, requested
 from attnlab.wordvec.config import VectorsConfig
 
 # The flags' defaults where the settings class's own are not the command's: no LoRA unless a rank is given.
@@ -85,8 +84,7 @@ def run_train(task: Task, args: argparse.Namespace) -> int:
     """Any task: its one request (tasks/request.py says the order of the settings), then the engine."""
     opts = read_options(args, TrainOptions)
     flags: dict[str, dict[str, Any]] = {name: given(args, name) for name in SECTIONS}
-    saved = read_run_config(check_resumable(opts.out)) if opts.resume else None
-    result = run(task, resolve(task, opts, flags, saved))
+    result = run(task, requested(task, opts, flags))
     if speaks():
         print(task.result_line(result, opts.out))
     return 0

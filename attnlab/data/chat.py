@@ -16,6 +16,7 @@ learns to stop). That is quadratic in the turns, so all of one conversation's re
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +115,19 @@ class ChatTemplate:
         """The text of the conversation (and, with add_generation_prompt, the start of the next answer)."""
         try:
             return self._render(messages, add_generation_prompt)
+        except Exception as e:
+            raise self._failure(e) from None
+
+    def render_rows(self, rows: Sequence[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        """render() for messages as dicts with fields past role and content (tool_calls, tool_call_id)
+        and the `tools` a request offers, as HuggingFace's apply_chat_template hands them over."""
+        variables = {"messages": list(rows), "add_generation_prompt": add_generation_prompt, "tools": tools}
+        variables |= {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        chars = len(json.dumps([rows, tools], ensure_ascii=False)) + PER_TURN * len(rows)
+        try:
+            return render_bounded(
+                self.template, variables, chars + len(self.bos_token + self.eos_token), template_limits()
+            )
         except Exception as e:
             raise self._failure(e) from None
 

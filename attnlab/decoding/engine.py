@@ -4,22 +4,17 @@ Legend: B rows in a batched step, V vocabulary, C the model's context.
 
 Every caller decodes through it: `attnlab sample` and run.generate (sampling.stream), the explorer's
 /api/generate and captions, and /v1 (serve/). `engine_for(model)` is the model's one Engine. A
-request `submit`s a prompt's ids, how to draw (Draw: temperature, top-k, top-p, seed), how many
-tokens and what else it asks (rows.Ask), and receives Steps (a token, with log-probabilities or
-attention when asked) through a callback, then None when done. A thread of the engine's own runs
-the loop once a submit() starts it (the server); until then the readers of generate() (the command
-line, run.generate) run its turns themselves whenever they wait for a step, one at a time; each turn:
+request `submit`s a prompt's ids, how to draw (Draw), how many tokens and what else it asks
+(rows.Ask), and receives Steps through a callback, then None when done (inbox.py: a thread of the
+engine's own runs the loop once a submit() starts it, the server's; until then the readers of
+generate(), the command line's, run its turns themselves whenever they wait for a step). Each turn:
 
-1. admits waiting sequences while there are free slots (`max_batch`). A prompt with nothing else in
-   the engine is run alone, exactly as sampling.stream_rows runs it (an encoder-decoder's source
-   encoded first), giving the first token's logits and the state that goes into a slot (slots.py).
-   Prompts that arrive together or while rows run are prefilled together (prefill.py): up to a
-   budget of prompt tokens a turn in one forward pass, a longer prompt over several turns, so the
-   running rows keep stepping; the same prompt twice is computed once (its twins copy its keys);
-2. runs one forward pass over every sequence in a slot, each fed its newest token at its own
-   position: the pass that makes batching pay, the weights read once for all rows;
-3. draws each row's token with its own generator, hands it over, and retires the rows that are
-   done or whose reader went away (`cancel`); a row that outgrows the context jumps ahead as
+1. admits waiting sequences while there are free slots (admission.py: alone, or prefilled together
+   in chunks between the running rows' steps, prefill.py);
+2. seats the rows decoded together (seats.py) and runs one forward pass over them, each fed its
+   newest token at its own position: the batched logits, the weights read once for all rows;
+3. draws each row's token with its own generator, and advances: hands it over, retires the rows that
+   are done or whose reader went away (`cancel`); a row that outgrows the context jumps ahead as
    stream_rows does (its last C/2 tokens are run again alone, into a fresh state).
 Decoded alone instead, in the same turn: a sequence alone in the engine (one request costs what it
 costs without one), a row that asks for each step's attention, a row whose caller set hooks on the
@@ -32,162 +27,89 @@ each row draws from its own generator, and a draw from the batch's logits (a ste
 prefill's) stands only when exact.py finds that the lone request's logits could not change it;
 otherwise the row is replayed: its caches are rebuilt alone from its last refill (its prompt, run
 whole), a token at a time as stream_rows feeds them, and the token is drawn from those logits. A row
-replayed REPLAYS times finishes alone. The tolerance those checks use is measured when the thread
-starts (`calibrate`: SAFETY times the largest difference between batched and lone logits) and raised
-if a replay ever shows a larger one. Should torch's multinomial on the device not be the draw
-exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower, as
-exact.
-
-How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
+replayed exact.REPLAYS times finishes alone. The tolerance those checks use is measured before rows are
+first batched (`calibrate`: exact.SAFETY times the largest difference between batched and lone logits)
+and raised if a replay ever shows a larger one. Should torch's multinomial on the device not be the
+draw exact.py reproduces, or the batched step fail on the model, every row is decoded alone: slower,
+as exact. How rarely a batched draw is replayed, measured: docs/log.md, "Serving".
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import queue
 import threading
-import time
-import warnings
 import weakref
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.adapters import decoder_for
-from attnlab.decoding.draw import Draw, constrained, jump_keep, next_tokens
-from attnlab.decoding.exact import calibrate, certain_draws, multinomial_is_a_race
-from attnlab.decoding.inbox import Inbox
-from attnlab.decoding.prefill import BUDGET, Prefill, prefill_gap
-from attnlab.decoding.rows import Ask, Emit, Row, Step, quietly, step_of
+from attnlab.decoding.admission import Admission
+from attnlab.decoding.draw import Draw, jump_keep
+from attnlab.decoding.exact import Exactness
+from attnlab.decoding.inbox import Inbox, Requests
+from attnlab.decoding.prefill import BUDGET, Prefill
+from attnlab.decoding.rows import Ask, Row, Step, quietly, step_of
 from attnlab.decoding.seats import Seats
-from attnlab.decoding.slots import copied
 from attnlab.decoding.speculate import speculated
-from attnlab.nn.hooks import hooks, thread_hooks
-
-REPLAYS = 2  # a row in doubt this often finishes alone
-SAFETY = 32.0  # the tolerance is this many times the largest difference measured
-FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
+from attnlab.nn.hooks import hooks
 
 __all__ = ["Ask", "Draw", "Engine", "Step", "engine_for"]
 
+COUNTERS = (
+    "steps",
+    "batched rows",
+    "replays",
+    "solo rows",
+    "prefill passes",
+    "prefill replays",
+    "prefix replays",
+    "twins",
+    "verify passes",  # speculate.py's: passes over drafts, drafts made and kept, greedy draws in doubt
+    "drafted",
+    "accepted",
+    "speculative replays",
+)
 
-class Engine:
+
+class Engine(Requests, Admission, Exactness):
     """The decode loop of one model, shared by every request for it (see the module's docstring)."""
 
     def __init__(
-        self, model: nn.Module, max_batch: int = 16, dtype: str = "auto", compiled: bool = False, prefill: int = BUDGET
+        self,
+        model: nn.Module,
+        max_batch: int = 16,
+        dtype: str = "auto",
+        compiled: bool = False,
+        prefill: int = BUDGET,
+        prefix_cache_mb: float = 0,
     ):
         self.model, self.max_batch = model, max_batch
         self.decoder = decoder_for(model, dtype, compiled)
         self.device = self.decoder.device
-        self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None
-        self.seats = Seats(self.slots)  # the rows decoded together (seats.py)
-        # Prompts prefilled together, `prefill` tokens a turn (prefill.py); 0: each prompt alone, whole.
-        self.filling = Prefill(self.decoder.slots(max_batch), prefill) if self.decoder.batched else None
+        self.slots = self.decoder.slots(max_batch) if self.decoder.batched else None  # the one key/value table
+        self.seats = Seats(self.slots)  # who sits where in it: the rows decoded together (seats.py)
+        # Prompts prefilled together into free slots, `prefill` tokens a turn (prefill.py); 0: each alone.
+        self.filling = Prefill(self.seats, prefill) if self.decoder.batched else None
+        self.prefix = None  # earlier prompts' keys, reused (prefix_cache.py; cache_prefixes)
+        self.cache_prefixes(prefix_cache_mb)
         self.rows: list[Row] = []  # every sequence being decoded
         self.inbox = Inbox()  # submitted, not started
         self.tolerance: float | None = None
         self.batched = self.decoder.batched  # False: every row is decoded alone (see _run)
-        self.stats = collections.Counter()  # steps, batched rows, replays, solo rows
+        # Every counter there from the start: /metrics reads them from another thread, and a dict that
+        # never changes size can be copied while the loop counts.
+        self.stats = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.closed = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._turns = threading.Lock()  # held for each turn: by the engine's thread, or a reader that steps
         self._prepared = False
 
-    # ---- the requests' side (any thread) ----------------------------------------------------------
-
-    def submit(
-        self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, ask: Ask | None = None, start: bool = True
-    ) -> Row:
-        """Queue a sequence: `emit` is called from the engine's thread with each Step, then None (or an
-        exception: TimeoutError after ask.seconds); `ask`: what else it wants (rows.Ask). The hooks the
-        calling thread has set on the model run on the sequence's forward passes. start: run the
-        engine's thread if it does not run yet (generate() steps the engine itself instead). Returns
-        the row, to cancel."""
-        if not ids:
-            raise ValueError("generation needs at least one prompt token")
-        ask = ask or Ask()
-        row = Row(
-            ids[-self.decoder.context :] if self.decoder.batched else ids,
-            draw,
-            max_tokens,
-            ask.logprobs,
-            emit,
-            self.device,
-        )
-        row.deadline = None if ask.seconds is None else time.monotonic() + ask.seconds
-        row.on_exit, row.wake, row.attention, row.source, row.tag, row.matcher = (
-            ask.on_exit,
-            ask.wake,
-            ask.attention,
-            ask.source,
-            ask.tag,
-            ask.matcher,
-        )
-        row.spec = None if ask.speculate is None else ask.speculate.start()
-        row.hooks = thread_hooks(self.model)
-        row.solo = ask.attention or bool(row.hooks)
-        if max_tokens <= 0:
-            self._finish(row)
-            return row
-        self.inbox.put(row)
-        with self._lock:
-            if self._thread is None and start:
-                self._thread = threading.Thread(target=self._run, daemon=True, name="attnlab-engine")
-                self._thread.start()
-                _RUNNING.add(self)
-        return row
-
-    def generate(
-        self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None = None, **ask
-    ) -> Iterator[Step]:
-        """submit() as an iterator of Steps, for code that may block (the command line, tests). While the
-        engine has no thread of its own (no submit() started one), the reader runs the turns itself
-        when it waits for a step: on a CPU a second thread computing costs each step a hand-over, and
-        its own OpenMP team, whose workers then sleep between operations (a 6 x 384 GPT decoded at 2/3
-        the speed in one). Readers in several threads, or several generators read in turn (sample
-        --num-samples) share those turns as they share the thread's."""
-        steps: queue.SimpleQueue = queue.SimpleQueue()
-        row = self.submit(ids, draw, max_tokens, steps.put, Ask(logprobs, **ask), start=False)
-        try:
-            while (item := self._next(steps)) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            row.cancel()
-
-    def _next(self, steps: queue.SimpleQueue) -> Step | Exception | None:
-        """The reader's next item: already there, made by a turn it runs, or waited for from the thread."""
-        while True:
-            try:
-                return steps.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                threaded = self._thread is not None
-            if threaded:
-                return steps.get()
-            self._step_once()
-
-    def _step_once(self) -> None:
-        """One turn in the calling thread (another reader's turn first, if it holds them)."""
-        with self._turns, torch.inference_mode():
-            self._prepare()
-            self.inbox.collect(block=False)
-            self._admit()
-            if self.rows:
-                self._turn()
-
-    def close(self, wait: float = 0.0) -> None:
-        """Stop the loop after its current turn (waiting up to `wait` seconds for it)."""
-        self.closed = True
-        self.inbox.put(None)
-        if wait and self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(wait)
+    def report(self) -> dict[str, int]:
+        """The engine's counters, with the prefix cache's (hits, misses, tokens reused, bytes ...)."""
+        prefix = {} if self.prefix is None else {f"prefix {k}": v for k, v in self.prefix.report().items()}
+        return {**self.stats, **prefix}
 
     # ---- the loop (its own thread) ------------------------------------------------------------------
 
@@ -195,138 +117,30 @@ class Engine:
         while not self.closed:
             self.inbox.collect(block=not self.rows and not self.inbox)  # idle: wait for a sequence
             with self._turns, torch.inference_mode():  # no autograd bookkeeping at all
-                self._prepare()
-                self._admit()
-                if self.rows:
-                    self._turn()
+                self._one_turn()
 
-    def warm(self) -> None:
-        """Prepare now, not at the first request's turn: a server calls it before it listens, so that
-        compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
-        with self._turns, torch.inference_mode():
+    def _one_turn(self) -> None:
+        """Admit, then step every row; batching is prepared when a second row could share the steps."""
+        if not self._prepared and self._crowded():
             self._prepare()
+        self._admit()
+        if self.rows:
+            self._turn()
 
-    def _prepare(self) -> None:
-        """Once, before the first turn: whether rows can be batched exactly, and the tolerance."""
-        if self._prepared:
-            return
-        self._prepared = True
-        if self.batched:
-            try:
-                self.batched = multinomial_is_a_race(self.device)
-                self.tolerance = self.calibrate()
-            except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
-                warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
-                self.batched, self.tolerance = False, FLOOR
-
-    def _admit(self) -> None:
-        """Start the waiting sequences that fit (the inbox collected by the caller): alone, or prefilled
-        together in chunks (prefill.py) when other rows or prompts share the turn; a prompt the same as
-        one being prefilled is its twin, computed once (_spread)."""
-        self._expire()
-        filling = self.filling if self.filling is not None and self.batched else None
-        prefilling = filling is not None and filling.budget > 0
-        pending = 0 if filling is None else sum(1 + len(row.twins) for row in filling.rows)
-        leaders = {} if filling is None else {tuple(row.window): row for row in filling.rows}
-        while self.inbox and len(self.rows) + pending < self.max_batch:
-            row = self.inbox.next()
-            if row.cancelled:
-                self._retire(row)
-            elif prefilling and not row.solo and (self.rows or pending or self.inbox):
-                if (leader := leaders.get(tuple(row.window))) is not None:
-                    leader.twins.append(row)
-                else:
-                    filling.add(row, self.decoder.vocab)
-                    leaders[tuple(row.window)] = row
-                pending += 1
-            else:
-                self._start_alone(row)
-        if filling is not None and len(filling):
-            self._prefill(filling)
-
-    def _start_alone(self, row: Row) -> None:
-        """The prompt run alone, as stream_rows runs it (an encoder-decoder's source encoded first)."""
-        try:
-            row.state = self.decoder.start(row.source)
-            self._alone(row, row.window, 0)
-        except Exception as e:  # e.g. out of memory: this request fails, the others go on
-            for twin in [*row.twins, row]:
-                self._fail(twin, e)
-            return
-        self.rows.append(row)
-        for twin in self._spread(row):
-            twin.exact, twin.approx = row.exact.clone(), row.approx
-            self.rows.append(twin)
-
-    def _spread(self, row: Row) -> list[Row]:
-        """The row's twins (the same prompt), each with a copy of its caches: the same numbers as their
-        own prompt run the same way, so a burst of one prompt costs one prefill."""
-        twins, row.twins = row.twins, []
-        for twin in twins:
-            twin.state = copied(row.state, self.decoder.start(row.source))
-        self.stats["twins"] += len(twins)
-        return twins
-
-    def _orphan(self, row: Row) -> None:
-        """A prompt leaves the prefill table unfinished: its twins wait at the front of the line again."""
-        self.filling.remove(row)
-        self.inbox.waiting.extendleft(reversed(row.twins))
-        row.twins = []
-
-    def _prefill(self, filling: Prefill) -> None:
-        """One chunk of each prompt the budget reaches (one forward pass); the prompts all in join."""
-        for row in [row for row in filling.rows if row.cancelled]:
-            self._orphan(row)
-            self._retire(row)
-        first = filling.rows[0] if len(filling) == 1 else None
-        if first is not None and filling.fed[id(first)] == 0 and len(first.window) <= filling.budget:
-            filling.remove(first)  # one whole prompt this turn: alone is exact, at the same cost
-            self._start_alone(first)
-            return
-        try:
-            done = filling.step(self.decoder)
-        except Exception as e:  # the pass failed: its prompts hear it, the engine goes on
-            for row in list(filling.rows):
-                filling.remove(row)
-                for twin in [*row.twins, row]:
-                    self._fail(twin, e)
-            return
-        self.stats["prefill passes"] += 1
-        if done:
-            self._join(done + [(twin, z) for row, z in done for twin in self._spread(row)])
-
-    def _join(self, done: list[tuple[Row, Tensor]]) -> None:
-        """Prefilled rows draw their first token now: from the batch's logits (1, V) where exact.py finds
-        the draw sure, else from their prompt run again alone."""
-        z = constrained(torch.cat([z for _, z in done]), [row.matcher for row, _ in done])  # (b, V)
-        picks = certain_draws(z, [row.draw for row, _ in done], [row.generator for row, _ in done], self.tolerance)
-        for (row, logits), token in zip(done, picks):
-            if token is None:  # in doubt: the prompt again, alone, for the lone logits
-                self.stats["prefill replays"] += 1
-                self._start_alone(row)
-                continue
-            row.exact, row.sure, row.approx = logits, token, True
-            self.rows.append(row)
+    def _crowded(self) -> bool:
+        """Whether two sequences that could be decoded together are in the engine (running or waiting)."""
+        waiting = [*self.rows, *self.inbox.waiting]
+        return self.batched and sum(not row.solo and not row.cancelled for row in waiting) > 1
 
     def _alone(self, row: Row, ids: list[int], offset: int) -> None:
         """The row's next logits (and, asked, where it looked) from `ids` fed at `offset` on its own state,
         with its caller's hooks."""
         with hooks(self.model, row.hooks):
-            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.attention, bool(row.hooks))
-
-    def _fail(self, row: Row, error: Exception) -> None:
-        """Drop the row and tell its reader (if it still listens): dropped first, so that a reader who
-        hears of the end finds its stream freed."""
-        self._retire(row)
-        row.tell(error)
-
-    def _finish(self, row: Row) -> None:
-        self._retire(row)
-        row.tell(None)
+            row.exact, row.seen = self.decoder.feed(row.state, ids, offset, row.ask.attention, bool(row.hooks))
 
     def _turn(self) -> None:
         """One step for every row: logits, draws, hand-over, retirements; then the readers' wake-ups."""
-        wakes = {row.wake for row in self.rows if row.wake is not None}
+        wakes = {row.ask.wake for row in self.rows if row.ask.wake is not None}
         try:
             self._greet()
             self._step()
@@ -347,16 +161,17 @@ class Engine:
                 self._advance(row, *self._draw_exact(row))
             except Exception as e:  # as in _step: NaN logits, a reader that cannot take the token
                 self._fail(row, e)
-            if row.wake is not None:
-                greeted.add(row.wake)
+            if row.ask.wake is not None:
+                greeted.add(row.ask.wake)
         for wake in greeted:
             quietly(wake)
 
     def _step(self) -> None:
-        lone = len(self.rows) == 1 or not self.batched
+        """Seat the rows decoded together, their batched logits (the others' alone), draw, advance."""
+        lone = len(self.rows) == 1 or not (self.batched and self._prepared)
         for row in self.rows:
             if row.exact is None and row.slot is None and (row.approx or not (row.solo or lone)):
-                self.seats.enter(row)  # a batched prefill's keys are checked there, as every batched row's
+                self.seats.enter(row)  # reused keys (a prefix's) are checked there, as every batched row's
                 row.approx = False
         try:
             batched = self._batched_logits() if self.slotted else None
@@ -387,53 +202,6 @@ class Engine:
         self.stats["batched rows"] += len(self.slotted)
         return logits
 
-    def _draw_batched(self, logits: Tensor) -> dict[int, tuple[int, Tensor]]:
-        """{id(row): (token, its logits)} for the slotted rows whose draw is sure; the others get their
-        exact logits (a replay), drawn in _draw_exact."""
-        live = [row for row in self.slotted if not row.cancelled]
-        index = {id(row): i for i, row in enumerate(self.slotted)}  # before a replay moves any slot
-        z = logits[[index[id(row)] for row in live]]  # (b, V)
-        masked = constrained(z, [row.matcher for row in live])  # structured outputs: as _draw_exact masks
-        picks = certain_draws(masked, [row.draw for row in live], [row.generator for row in live], self.tolerance)
-        out = {}
-        for i, (row, token) in enumerate(zip(live, picks)):
-            if token is not None:
-                out[id(row)] = (token, z[i : i + 1])
-            else:
-                self._replay(row, z[i : i + 1])
-        return out
-
-    def _draw_exact(self, row: Row) -> tuple[int, Tensor]:
-        """The row's token from logits computed as alone, with next_tokens itself."""
-        logits, row.exact = row.exact, None
-        if logits is None:  # cancelled before its draw: nothing to draw
-            return -1, logits
-        if row.sure is not None:  # drawn when its prompt was prefilled in a batch (_prefill)
-            token, row.sure = row.sure, None
-            return token, logits
-        d, logits = row.draw, self.decoder.mask(logits)
-        drawn = constrained(logits, [row.matcher])  # the same mask as a batched draw's: the same token
-        return int(next_tokens(drawn, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
-
-    def _replay(self, row: Row, batched: Tensor) -> None:
-        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
-        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
-        row.state = self.decoder.start(row.source)
-        self._alone(row, row.window[: row.base], 0)
-        for j in range(row.base, len(row.window)):
-            self._alone(row, row.window[j : j + 1], j)
-        logits = row.exact
-        seen = float((batched.float() - logits.float()).abs().max()) / (1 + float(logits.float().abs().max()))
-        self.tolerance = max(self.tolerance, SAFETY * seen)  # a larger difference than calibrated: widen
-        row.replays += 1
-        self.stats["replays"] += 1
-        if row.replays >= REPLAYS:  # in doubt too often: finish alone, from these exact caches
-            self.seats.leave(row)
-            row.solo = True
-            self.stats["solo rows"] += 1
-        else:  # exact caches from here on
-            self.seats.reseat(row)
-
     def _advance(self, row: Row, token: int, logits: Tensor | None) -> None:
         """Hand the token over; retire the row when done (its length drawn, or its structured value
         closed), refill it when it outgrows the context."""
@@ -442,7 +210,7 @@ class Engine:
             return
         if row.matcher is not None:  # before the reader hears of the token: one outside the mask fails the row
             row.matcher.advance(token)
-        row.emit(step_of(token, logits, row.logprobs, row.seen))
+        row.emit(step_of(token, logits, row.ask.logprobs, row.seen))
         row.window.append(token)
         row.left -= 1
         if row.left <= 0 or (row.matcher is not None and row.matcher.done):
@@ -451,36 +219,8 @@ class Engine:
             self.seats.leave(row)
             keep = jump_keep(self.decoder.context)
             row.window, row.base = row.window[-keep:], keep
-            row.state = self.decoder.start(row.source)
+            row.state = self.decoder.start(row.ask.source)
             self._alone(row, row.window, 0)
-
-    # ---- leaving ----------------------------------------------------------------------------------------
-
-    def _retire(self, row: Row) -> None:
-        self.seats.leave(row)
-        if row in self.rows:
-            self.rows.remove(row)
-        row.state = row.exact = None
-        if row.on_exit is not None:
-            exit_, row.on_exit = row.on_exit, None
-            exit_()
-
-    def _expire(self) -> None:
-        """Fail the rows (running or waiting) past their deadline."""
-        now = time.monotonic()
-        filling = [] if self.filling is None else [row for row in self.filling.rows if row.overdue(now)]
-        for row in filling:
-            self._orphan(row)
-        for row in [row for row in self.rows if row.overdue(now)] + self.inbox.overdue(now) + filling:
-            self._fail(row, TimeoutError("the generation ran past its time limit"))
-
-    def calibrate(self, rows: int = 4, steps: int = 6) -> float:
-        """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
-        (exact.calibrate), never below FLOOR."""
-        worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
-        if self.filling is not None:
-            worst = max(worst, prefill_gap(self.decoder, self.filling.slots))
-        return max(SAFETY * worst, FLOOR)
 
 
 # Every model's engine, by its precision: what every caller decodes through (see the module's docstring).
@@ -494,11 +234,13 @@ def engine_for(
     max_batch: int | None = None,
     compiled: bool = False,
     prefill: int | None = None,
+    prefix_cache_mb: float | None = None,
 ) -> Engine:
     """The model's engine (made on first use). max_batch: the rows one pass decodes (default 16); an
     idle engine of another size is replaced. compiled: a lone row's steps compiled
     (compiled.py); an engine of its own. prefill: the prompt tokens it prefills together a turn
-    (prefill.py; 0: each prompt alone), from its next turn on."""
+    (prefill.py; 0: each prompt alone), from its next turn on. prefix_cache_mb: the memory it keeps
+    earlier prompts' keys in (prefix_cache.py; 0: none)."""
     with _ENGINES_LOCK:
         engines = _ENGINES.setdefault(model, {})
         key = f"{dtype}|compiled" if compiled else dtype
@@ -511,15 +253,6 @@ def engine_for(
             engine = engines[key] = Engine(model, max_batch or 16, dtype, compiled)
         if prefill is not None and engine.filling is not None:
             engine.filling.budget = prefill
+        if prefix_cache_mb is not None:
+            engine.cache_prefixes(prefix_cache_mb)
         return engine
-
-
-# Engines whose thread runs. At exit each is stopped and waited for: a thread still inside a torch
-# operation when the interpreter tears down its threads takes the process down with it (abort).
-_RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for engine in list(_RUNNING):
-        engine.close(wait=5.0)

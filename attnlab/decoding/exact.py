@@ -23,16 +23,22 @@ logits exactly as a lone request does and draws from them with next_tokens.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from attnlab.decoding.draw import Draw, filter_logits
+from attnlab.decoding.draw import Draw, constrained, filter_logits, next_tokens
+from attnlab.decoding.prefill import prefill_gap
+from attnlab.decoding.rows import Row
 
 ROUNDING = 1e-6  # the draw's own float32 arithmetic (softmax, division, logs): a slack on log p / q
 ULP = 1.2e-7  # float32 rounding of one term of a sum of probabilities
+REPLAYS = 2  # a row in doubt this often finishes alone
+SAFETY = 32.0  # the engine's tolerance is this many times the largest difference measured
+FLOOR = 1e-6  # and never below this (relative to 1 + the largest logit)
 
 
 def certain_draws(
@@ -169,3 +175,85 @@ def calibrate(decoder, slots, rows: int = 4, steps: int = 6) -> float:
     slots.table.lengths = [0] * slots.table.slots
     slots.table.last = None
     return worst
+
+
+class Exactness:
+    """The engine's draws (engine.py inherits them): a batched row's token where certain_draws finds it
+    sure, else its caches rebuilt alone (a replay) and its token drawn from the lone logits; and the
+    tolerance those checks use (calibrate), measured once before rows are first batched (_prepare)."""
+
+    def warm(self) -> None:
+        """Prepare batching now, not when a second request arrives: a server calls it before it listens,
+        so that compiling the decode steps (calibrate runs both) is paid at start, said on stderr."""
+        with self._turns, torch.inference_mode():
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Once, before rows are first batched: whether they can be exactly, and the tolerance. Until then
+        (one row at a time: `attnlab sample`) the batched step is neither built nor compiled, its
+        table not allocated."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.batched:
+            try:
+                self.batched = multinomial_is_a_race(self.device)
+                self.tolerance = self.calibrate()
+            except Exception as e:  # a model the batched step cannot run: decode every row alone, exactly
+                warnings.warn(f"attnlab: batching is off for this model ({type(e).__name__}: {e})", stacklevel=1)
+                self.batched, self.tolerance = False, FLOOR
+
+    def calibrate(self, rows: int = 4, steps: int = 6) -> float:
+        """SAFETY x the largest difference between a batched step's logits and the same rows' lone ones
+        (exact.calibrate, prefill.prefill_gap), never below FLOOR."""
+        worst = calibrate(self.decoder, self.slots, min(rows, self.max_batch), steps)
+        if self.filling is not None:
+            worst = max(worst, prefill_gap(self.decoder, self.slots))
+        return max(SAFETY * worst, FLOOR)
+
+    def _draw_batched(self, logits: Tensor) -> dict[int, tuple[int, Tensor]]:
+        """{id(row): (token, its logits)} for the slotted rows whose draw is sure; the others get their
+        exact logits (a replay), drawn in _draw_exact."""
+        live = [row for row in self.slotted if not row.cancelled]
+        index = {id(row): i for i, row in enumerate(self.slotted)}  # before a replay moves any slot
+        z = logits[[index[id(row)] for row in live]]  # (b, V)
+        masked = constrained(z, [row.matcher for row in live])  # structured outputs: as _draw_exact masks
+        picks = certain_draws(masked, [row.draw for row in live], [row.generator for row in live], self.tolerance)
+        out = {}
+        for i, (row, token) in enumerate(zip(live, picks)):
+            if token is not None:
+                out[id(row)] = (token, z[i : i + 1])
+            else:
+                self._replay(row, z[i : i + 1])
+        return out
+
+    def _draw_exact(self, row: Row) -> tuple[int, Tensor]:
+        """The row's token from logits computed as alone, with next_tokens itself."""
+        logits, row.exact = row.exact, None
+        if logits is None:  # cancelled before its draw: nothing to draw
+            return -1, logits
+        if row.sure is not None:  # drawn when its prompt was prefilled in a batch (_prefill)
+            token, row.sure = row.sure, None
+            return token, logits
+        d, logits = row.draw, self.decoder.mask(logits)
+        drawn = constrained(logits, [row.matcher])  # the same mask as a batched draw's: the same token
+        return int(next_tokens(drawn, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
+
+    def _replay(self, row: Row, batched: Tensor) -> None:
+        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
+        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
+        row.state = self.decoder.start(row.ask.source)
+        self._alone(row, row.window[: row.base], 0)
+        for j in range(row.base, len(row.window)):
+            self._alone(row, row.window[j : j + 1], j)
+        logits = row.exact
+        seen = float((batched.float() - logits.float()).abs().max()) / (1 + float(logits.float().abs().max()))
+        self.tolerance = max(self.tolerance, SAFETY * seen)  # a larger difference than calibrated: widen
+        row.replays += 1
+        self.stats["replays"] += 1
+        if row.replays >= REPLAYS:  # in doubt too often: finish alone, from these exact caches
+            self.seats.leave(row)
+            row.solo = True
+            self.stats["solo rows"] += 1
+        else:  # exact caches from here on
+            self.seats.reseat(row)

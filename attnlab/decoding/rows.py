@@ -5,6 +5,7 @@ Legend: V vocabulary.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,20 +54,20 @@ class Ask:
 
 
 class Row:
-    """One sequence: its window of tokens (as stream_rows keeps it), how it draws, what it asks for
-    besides tokens, and where its keys/values are (a slot, or a state of its own)."""
+    """One sequence: its window of tokens (as stream_rows keeps it), how it draws, what it asked for
+    besides tokens (its Ask, kept whole), and where its keys/values are (a slot, or a state of its own)."""
 
-    def __init__(self, ids: list[int], draw: Draw, max_tokens: int, logprobs: int | None, emit: Emit, device):
-        self.deadline: float | None = None  # time.monotonic() past which the row fails (TimeoutError)
-        self.on_exit: Callable[[], None] | None = None  # called once when the row leaves the engine
-        self.wake: Callable[[], None] | None = None  # called after each turn's emits (see Engine.submit)
+    def __init__(self, ids: list[int], draw: Draw, max_tokens: int, emit: Emit, device, ask: Ask | None = None):
+        self.ask = ask or Ask()
+        # time.monotonic() past which the row fails (TimeoutError)
+        self.deadline = None if self.ask.seconds is None else time.monotonic() + self.ask.seconds
         self.window = list(ids)
         self.base = len(ids)  # tokens run at once at the last (re)fill: a replay starts there
-        self.draw, self.left, self.logprobs, self.emit = draw, max_tokens, logprobs, emit
+        self.draw, self.left, self.emit = draw, max_tokens, emit
         self.generator = torch.Generator(device=device).manual_seed(seed_of(draw.seed))
         self.exact: Tensor | None = None  # (1, V) the next token's logits, computed as alone
         self.sure: int | None = None  # the token drawn from them already (a batched prefill's sure draw)
-        self.approx = False  # its own caches are a batched prefill's: decoded in a slot, where draws are checked
+        self.approx = False  # its own caches hold reused keys (prefix_cache.py): decoded in a slot, draws checked
         self.twins: list[Row] = []  # rows with the same prompt, admitted with it: they take copies of its caches
         self.seen: Any = None  # with them, where the query looked (attention rows, when asked)
         self.state: Any = None  # its own caches (or encoded source), while it is not in a slot
@@ -74,12 +75,15 @@ class Row:
         self.replays = 0
         self.solo = False  # decoded alone to the end
         self.cancelled = False
-        self.attention = False  # each step comes with where its query looked (decoded alone)
+        self.exited = False  # ask.on_exit has run
         self.hooks: dict = {}  # hooks its caller set on the model, run on its forward passes (alone)
-        self.source: Tensor | None = None  # an encoder-decoder's input (an image), (1, ...)
-        self.tag = ""  # who asked (the explorer, /v1, the command line): for statistics
-        self.matcher: Any = None  # structured.Matcher: masks each draw; the row ends when its value closes
-        self.spec: Any = None  # speculate.Drafting: its drafts and how well they do, when it asked for them
+        # speculate.Drafting: the row's drafts and how well they do, when it asked for them
+        self.spec: Any = None if self.ask.speculate is None else self.ask.speculate.start()
+
+    @property
+    def matcher(self) -> Any:
+        """structured.Matcher: masks each draw; the row ends when its value closes (ask.matcher)."""
+        return self.ask.matcher
 
     def cancel(self) -> None:
         """The reader is gone (or has what it needs): the engine drops the row at its next step."""
@@ -88,8 +92,14 @@ class Row:
     def tell(self, end: Exception | None) -> None:
         """The row's end (None, or what stopped it) to its reader, then its wake-up."""
         quietly(lambda: self.emit(end))
-        if self.wake is not None:
-            quietly(self.wake)
+        if self.ask.wake is not None:
+            quietly(self.ask.wake)
+
+    def exit(self) -> None:
+        """ask.on_exit, once, however the row leaves."""
+        if self.ask.on_exit is not None and not self.exited:
+            self.exited = True
+            self.ask.on_exit()
 
     def overdue(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline and not self.cancelled

@@ -162,7 +162,7 @@ def speculated(engine, row) -> bool:
     one pass, the kept ones handed over, the next token left as row.sure with its logits in row.exact;
     or a greedy row's step checked after a verify pass. False: the engine takes its plain step."""
     spec, decoder = row.spec, engine.decoder
-    if spec is None or row.attention or row.hooks or row.matcher is not None or not isinstance(decoder, LMDecoder):
+    if spec is None or row.ask.attention or row.hooks or row.matcher is not None or not isinstance(decoder, LMDecoder):
         return False
     n = len(row.window)
     room = min(spec.ask.tokens, decoder.context - n, row.left - 1)  # no jump ahead, no token past the length
@@ -240,7 +240,7 @@ def _certain(logits: Tensor, tolerance: float | None) -> Tensor:
 def _rebuild(engine, row) -> None:
     """The row's caches alone, as one-token steps write them from its last refill (engine._replay's
     rebuild): its next logits (row.exact) are then exactly the lone ones."""
-    row.state = engine.decoder.start(row.source)
+    row.state = engine.decoder.start(row.ask.source)
     engine._alone(row, row.window[: row.base], 0)
     for j in range(row.base, len(row.window)):
         engine._alone(row, row.window[j : j + 1], j)

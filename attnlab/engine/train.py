@@ -1,7 +1,8 @@
 """One skeleton for every task that trains: `run(task, request)`.
 
-    request (out, model choice and overrides, TrainConfig, the task's data config, resume/force/init)
-    -> resume: the run's own model and data settings, training settings as given or saved
+    request (out, model choice and overrides, TrainConfig, the task's data config, resume/force/init,
+            its options): every setting resolved, once, by tasks/request.py
+    -> task.complete: what the run needs resolved once (the --init model as a run folder)
     -> check the run directory, set up processes (torchrun) and the device
     -> new runs: task.setup (tokenizers, caches: slow work that may fail, so before --force
        replaces an old run), then a fresh directory with the files setup made (rank 0)
@@ -16,13 +17,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
 
-from attnlab.config import from_dict
 from attnlab.data.batches import Batches
 from attnlab.engine.config import TrainConfig
 from attnlab.engine.loop import loop
@@ -32,7 +32,7 @@ from attnlab.engine.tracking import make_trackers
 from attnlab.errors import AttnlabError
 from attnlab.io import write_text
 from attnlab.nn.counting import count_parameters
-from attnlab.runs.folder import STATE, check_dir, check_resumable, discard_unstarted, fresh_dir, is_run, read_run_config
+from attnlab.runs.folder import STATE, check_dir, discard_unstarted, fresh_dir, is_run, read_run_config
 from attnlab.runs.marker import record
 from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
@@ -40,17 +40,10 @@ from attnlab.runtime.shared import check_shared
 
 
 class Task(Protocol):
-    """What the engine asks of a task (tasks/base.py implements it): its name, its models and data,
-    the slow set-up of a new run, the data and model of every run, and what to do once trained."""
+    """What the engine asks of a task (tasks/base.py implements it): its name, the model a saved run
+    names, the slow set-up of a new run, the data and model of every run, and what to do once trained."""
 
     name: str
-    models: dict[str, Any]
-    default_model: str
-    data_config: type
-
-    def train_defaults(self, model: str) -> dict[str, Any]: ...
-
-    def default_data(self) -> Any: ...
 
     def model_of(self, config: dict[str, Any]) -> str: ...
 
@@ -67,19 +60,20 @@ class Task(Protocol):
 
 @dataclass
 class TrainRequest:
-    """What to train: the same for every task; `model_config` are overrides of the chosen model's
-    config fields ("preset" among them), `data` the task's own data config."""
+    """What to train, every setting resolved (tasks/request.py makes it, for the command line and
+    Python alike): the same for every task; `model_config` are overrides of the chosen model's
+    config fields ("preset" among them; a resumed run's own), `data` the task's own data config."""
 
     out: str | Path
-    model: str | None = None  # one of the task's model names; None: its default
-    model_config: dict[str, Any] = field(default_factory=dict)
-    train: TrainConfig | None = None  # None: the settings tuned for the task and model
-    data: Any = None  # None: the task's default data
+    model: str  # one of the task's model names
+    model_config: dict[str, Any]
+    train: TrainConfig
+    data: Any  # the task's data config
     resume: bool = False
     force: bool = False
     init: str | Path | None = None  # a run whose weights (and tokenizer) to start from
     progress: bool = True
-    options: Any = None  # the task's own options (task.options; a dict of them from Python)
+    options: Any = None  # the task's own options (an instance of task.options)
     saved: dict[str, Any] | None = None  # resume: the run's config.json
     converters: tuple = ()  # what turns the --init model into the one trained, in order (quantize, LoRA)
     base: Path | None = None  # the --init model as a run folder, resolved once (task.complete)
@@ -95,21 +89,13 @@ class Prepared:
     state: Any = None  # what task.finish needs (splits, tokenizers, labels)
 
 
-def completed(task: Task, req: TrainRequest) -> TrainRequest:
-    """The request with every default filled in; on resume, the run's own model and data."""
-    if req.resume:
-        saved = read_run_config(check_resumable(req.out))
-        check_same_init(req.init, saved)  # the original command with --resume appended may repeat it
-        train = req.train or from_dict(TrainConfig, saved["train"], where="train config")
-        check_more_to_train(Path(req.out), train)  # before the run's config.json takes the new settings
-        data = req.data or from_dict(task.data_config, saved["data"], where="data config")
-        own = {"model": task.model_of(saved), "model_config": dict(saved["model"]), "init": saved.get("init") or None}
-        return task.complete(replace(req, **own, train=train, data=data, saved=saved))
-    model = req.model or task.default_model
-    if model not in task.models:
-        raise AttnlabError(f"unknown model {model!r}; choose from {', '.join(task.models)}")
-    train = req.train or TrainConfig(**task.train_defaults(model))
-    return task.complete(replace(req, model=model, train=train, data=req.data or task.default_data()))
+def resumed(task: Task, req: TrainRequest, saved: dict[str, Any]) -> TrainRequest:
+    """`req` (its settings resolved: tasks/request.py) for the run in req.out, which goes on: its own
+    model and --init, its config.json at hand."""
+    check_same_init(req.init, saved)  # the original command with --resume appended may repeat it
+    check_more_to_train(Path(req.out), req.train)  # before the run's config.json takes the new settings
+    own = {"model": task.model_of(saved), "model_config": dict(saved["model"]), "init": saved.get("init") or None}
+    return replace(req, **own, resume=True, force=False, saved=saved)
 
 
 def restartable(out: Path) -> bool:
@@ -118,8 +104,9 @@ def restartable(out: Path) -> bool:
 
 
 def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, TrainRequest]:
-    """Everything up to the first step: defaults, run directory, processes, data, model, optimizer."""
-    req = completed(task, req)
+    """Everything up to the first step of a resolved request (tasks/request.py): run directory,
+    processes, data, model, optimizer."""
+    req = task.complete(req)
     out, cfg = Path(req.out), req.train
     trackers = make_trackers([cfg.log] if cfg.log else [])  # a missing library said before anything is written
     world = distributed.world_size()
@@ -138,7 +125,7 @@ def open_session(task: Task, req: TrainRequest) -> tuple[Session, Prepared, Trai
         if not req.resume and restarted and restartable(out):
             # torchrun --max-restarts started the group again with the same command: go on from the
             # checkpoint the failed attempt left (--force replaced the old run on the first attempt).
-            req = completed(task, replace(req, resume=True, force=False))
+            req = resumed(task, req, read_run_config(out))
         check_dir(out, req.resume, req.force)
         distributed.barrier(d)  # every process has looked at `out` before the first one writes into it
         if not req.resume:
@@ -195,4 +182,4 @@ def run(task: Task, req: TrainRequest) -> dict[str, Any]:
         distributed.shutdown(s.dist)
 
 
-__all__ = ["Prepared", "Session", "TrainRequest", "completed", "open_session", "run"]
+__all__ = ["Prepared", "Session", "TrainRequest", "open_session", "resumed", "run"]

@@ -22,7 +22,7 @@ from attnlab.interpret.transcoder import Transcoder, read_mlp_in
 from attnlab.interpret.views import token_labels
 from attnlab.io import write_json, write_text
 from attnlab.runs.run import Run
-from attnlab.viz.html import fill, script_json, static_text
+from attnlab.viz.html import page, script_json, static_text
 
 
 def feature_notes(run: Run, data: dict, tcs: list[Transcoder], tokens: int = 16384, m: int = 4) -> dict:
@@ -70,8 +70,8 @@ def write_circuit(run: Run, data: dict, tcs: list[Transcoder], folder: str | Pat
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "graph.json", data)
     notes = feature_notes(run, data, tcs, context_tokens)
-    page = circuit_page(data, f"attribution graph: {run.path.name}, target {data['target']!r}", notes)
-    write_text(out / "graph.html", page)
+    text = circuit_page(data, f"attribution graph: {run.path.name}, target {data['target']!r}", notes)
+    write_text(out / "graph.html", text)
     return out / "graph.html"
 
 
@@ -79,7 +79,8 @@ def circuit_page(data: dict, title: str, notes: dict | None = None) -> str:
     """The page's text: the graph `data` (graph.json's) drawn, with the features' notes when given."""
     parts = {
         "TITLE": html.escape(title),
+        "STYLE": static_text("page.css") + static_text("circuits.css"),
         "SCRIPT": static_text("circuits.js"),
         "DATA": script_json({**data, "notes": notes or {}}),
     }
-    return fill(static_text("circuits.html"), parts)
+    return page("circuits.html", parts)

@@ -30,7 +30,7 @@ from attnlab.interpret.views import token_labels
 from attnlab.io import write_text
 from attnlab.models.protocols import ReadOut
 from attnlab.runs.run import Run
-from attnlab.viz.html import fill, static_text
+from attnlab.viz.html import page, static_text
 
 LEFT, RIGHT = 24, 6  # tokens shown before and after the one the feature fires on
 
@@ -197,10 +197,8 @@ def write_page(run: Run, saved: SavedSAE, out: str | Path, count: int = 48, toke
     effects = logit_effects(run, saved, features)
     body = "\n".join(_feature_html(run, f, k, tops, density[f], effects) for k, f in enumerate(features))
     title = f"SAE features: {Path(saved.info.get('run', '')).name} {saved.info['hook']}"
-    page = fill(
-        static_text("sae.html"),
-        {"TITLE": html.escape(title), "SUMMARY": _summary_html(saved, len(features)), "FEATURES": body},
-    )
+    summary, style = _summary_html(saved, len(features)), static_text("page.css") + static_text("sae.css")
+    text = page("sae.html", {"TITLE": html.escape(title), "STYLE": style, "SUMMARY": summary, "FEATURES": body})
     path = Path(out)
-    write_text(path, page)
+    write_text(path, text)
     return path

@@ -79,6 +79,7 @@ class Captioner(Seq2Seq):
     """Seq2Seq whose source is an image: see the module docstring."""
 
     cfg: CaptionerConfig
+    poolings = ()  # its source is an image: no text to embed
 
     def source_embedding(self, cfg: CaptionerConfig) -> nn.Module:
         return PatchEmbedding(cfg.channels, cfg.patch, cfg.d_model, cfg.patch_embed, cfg.stem)

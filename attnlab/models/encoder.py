@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, PAD_ID  # padding id; the label of positions with no loss
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, pool, text_body
-from attnlab.models.protocols import OneSequence, Positioned, WordEmbedded
+from attnlab.models.protocols import OneSequence, Positioned, TextEmbedding, WordEmbedded
 from attnlab.nn import Context, LayerNorm, build_norm
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.feedforward import ACTIVATIONS
@@ -142,7 +142,7 @@ PRESETS: dict[str, EncoderConfig] = {
 PAPER_PARAMS = {"bert-base": 110e6, "bert-large": 340e6}
 
 
-class Encoder(Checkpointing, OneSequence, WordEmbedded, Positioned, nn.Module):
+class Encoder(Checkpointing, OneSequence, WordEmbedded, Positioned, TextEmbedding, nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cfg = cfg
@@ -162,6 +162,21 @@ class Encoder(Checkpointing, OneSequence, WordEmbedded, Positioned, nn.Module):
 
     def input_positions(self) -> tuple[Positions, str]:
         return self.pos, ""
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        # A classifier trained on [CLS] made that position its text's summary; any other encoder's is the
+        # mean of the real tokens (a masked LM never asked one position to summarise the rest).
+        return ("cls", "mean") if self.task_head.pooled and self.cfg.pooling == "cls" else ("mean",)
+
+    def embedding_ids(self, ids: list[int], tok) -> list[int]:
+        """[CLS] first where the head pools from it or the tokenizer frames every input (a converted
+        BERT's, [CLS] ... [SEP]): the ids as the run's task frames a text."""
+        first = [tok.cls_id] if self.task_head.pooled or tok.wraps else []
+        return first + list(ids) + [tok.sep_id] * tok.wraps
+
+    def embedding_states(self, ids: Tensor) -> Tensor:
+        return self.hidden(ids)[0]  # padding is masked out of every real position's attention
 
     def hidden(self, ids: Tensor, return_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Final hidden states (B, T, C) of ids (B, T), and each layer's attention (B, H, T, T) if asked."""

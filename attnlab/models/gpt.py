@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnlab.config import option
 from attnlab.errors import ArgumentTypeError, ArgumentValueError, kind
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, text_body
-from attnlab.models.protocols import CausalLM
+from attnlab.models.protocols import CausalLM, TextEmbedding
 from attnlab.nn import Context, KVCache
 from attnlab.nn.moe import inactive_params
 from attnlab.nn.position import Offset, Positions
@@ -172,7 +172,11 @@ PAPER_PARAMS = {
 PAPER_ACTIVE_PARAMS = {"mixtral-8x7b": 12.9e9}
 
 
-class GPT(Checkpointing, CausalLM, nn.Module):
+class GPT(Checkpointing, CausalLM, TextEmbedding, nn.Module):
+    # Its text's summary is the last position's state, the only one that has seen the whole text; the
+    # mean over positions is offered too (the early positions saw only a prefix, so it blurs more).
+    poolings = ("last", "mean")
+
     def __init__(self, cfg: GPTConfig):
         if not isinstance(cfg, GPTConfig):  # GPT("gpt-nano"): named here, not "'str' has no attribute"
             raise ArgumentTypeError(f"GPT: expected a GPTConfig (GPTConfig.from_preset('gpt-nano')), got {kind(cfg)}")
@@ -201,6 +205,9 @@ class GPT(Checkpointing, CausalLM, nn.Module):
 
     def readout(self) -> tuple[str, nn.Module, Callable[[Tensor], Tensor]]:
         return "blocks", self.norm, self.logits
+
+    def embedding_states(self, ids: Tensor) -> Tensor:
+        return self.hidden(ids)[0]  # causal: padding after a text never reaches its positions
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
         """Parameters; non_embedding: without the token, position and bigram tables; active: only

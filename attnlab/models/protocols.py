@@ -10,6 +10,8 @@ attributes. A family inherits the ones it implements.
     CausalLM       a decoder-only language model: next-token logits from a key/value cache (GPT)
     StepDecoding   an encoder-decoder decoded a token at a time from its encoded source (start,
                    step), each step's attention over the source on request (captioners, translation)
+    TextEmbedding  final hidden states that summarise a text as one vector, and the poolings that mean
+                   something for how the family reads (runs/embed.py, /v1/embeddings)
 """
 
 from __future__ import annotations
@@ -79,4 +81,22 @@ class StepDecoding:
 
     def step_weights(self, tokens: Tensor, state) -> tuple[Tensor, object, Tensor]:
         """step, and where the new token's query looked in the source: (B, L, H, S)."""
+        raise NotImplementedError
+
+
+class TextEmbedding:
+    """A model whose final hidden states summarise its text input as one vector (runs/embed.py).
+
+    `embedding_ids(ids, tok)`: the model ids it reads for a text's tokenizer ids (framed as it was
+    trained to read a text); `embedding_states(ids (B, T))` -> (B, T, C) for model ids right-padded with
+    PAD_ID (0), padding changing no real position's state; `poolings` names the summaries that mean
+    something for how the family reads, its default first: "last" (the last real position), "mean"
+    (over the real positions) or "cls" (position 0). Empty: none (a captioner, whose source is an image)."""
+
+    poolings: tuple[str, ...] = ("mean",)
+
+    def embedding_ids(self, ids: list[int], tok) -> list[int]:
+        return list(ids)
+
+    def embedding_states(self, ids: Tensor) -> Tensor:
         raise NotImplementedError

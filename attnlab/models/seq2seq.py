@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnlab.config import names, option
 from attnlab.data.batches import IGNORE, N_SPECIAL, PAD_ID
 from attnlab.models.common import Checkpointing, Presets, TransformerConfig, init_weights, positions
-from attnlab.models.protocols import Positioned, ReadOut, StepDecoding, WordEmbedded
+from attnlab.models.protocols import Positioned, ReadOut, StepDecoding, TextEmbedding, WordEmbedded
 from attnlab.nn import ACTIVATIONS, NORM_PLACES, POSITIONS, Context, Stack, TokenEmbedding
 from attnlab.nn.attention import padding_mask
 from attnlab.nn.position import Positions
@@ -101,7 +101,10 @@ class Seq2SeqState:
         return self
 
 
-class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn.Module):
+class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, TextEmbedding, nn.Module):
+    # A source's summary is the mean of the encoder's states (the memory the decoder reads), which see it whole.
+    poolings = ("mean",)
+
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
         self.cfg = cfg
@@ -151,6 +154,12 @@ class Seq2Seq(Checkpointing, WordEmbedded, Positioned, ReadOut, StepDecoding, nn
     def readout(self) -> tuple[str, nn.Module, Callable[[Tensor], Tensor]]:
         """The decoder's stream (the logit lens needs the source too: trace(model, src, tgt_in))."""
         return "decoder", self.dec_norm, self.out
+
+    def embedding_ids(self, ids: list[int], tok) -> list[int]:
+        return [i + self.token_shift for i in ids]  # above PAD, BOS and EOS, as translation reads a source
+
+    def embedding_states(self, ids: Tensor) -> Tensor:
+        return self.encode(ids)[0]  # the memory (B, S, C); padding is masked out of the encoder
 
     def _embed(self, tok: nn.Embedding, pos: nn.Module, ids: Tensor, offset: int = 0) -> Tensor:
         # Section 3.4: the embeddings are multiplied by sqrt(d_model) before positions are added.

@@ -12,6 +12,8 @@ are running, 500 anything else (logged; the server keeps serving).
   GET  /                         the page: inline script and style, nothing from the network
   GET  /api/runs                 [{name, path, family, kind, parameters, step, config}]
   GET  /api/runs/{name}/metrics  the rows of metrics.jsonl: {step, loss, lr, val_loss?, ...}
+  GET  /metrics                  each generating run's engine counters (Prometheus text): steps, batched
+                                 rows, replays, prefill passes, prefix cache hits, misses, tokens reused, bytes
   POST /api/generate             {run, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop}
                                  GPT runs; NDJSON, one line per piece as it is sampled: {"text": piece},
                                  then {"done": true, "tokens": n, "seconds": s, "seed": seed}; with
@@ -34,7 +36,8 @@ are running, 500 anything else (logged; the server keeps serving).
                                  for a mixture of experts experts: {tokens, experts (L, T), gates (L, T), n}
 
 Beside it, the OpenAI-compatible API over the GPT runs (openai_api.py): GET /v1/models, POST
-/v1/completions and /v1/chat/completions, GET /health; its errors are OpenAI's {"error": {"message",
+/v1/completions and /v1/chat/completions, GET /health; and POST /v1/embeddings over every run whose
+family makes text embeddings, encoders included (embeddings.py); its errors are OpenAI's {"error": {"message",
 "type", "code"}}. Who may call, how much and how slowly: guard.py (an API key, the Host check, body
 limits, read timeouts, the number of streams, CORS).
 
@@ -72,6 +75,7 @@ from attnlab.interpret.views import views
 from attnlab.io import read_metrics
 from attnlab.runs.run import Run
 from attnlab.serve.circuits import add_circuit_route, attach_transcoders
+from attnlab.serve.embeddings import add_embedding_routes
 from attnlab.serve.errors import add_error_handlers
 from attnlab.serve.guard import (
     Access,
@@ -131,7 +135,7 @@ def create_app(
     attach_draft(served, limits.draft, device, compiled)
     for s in served.values():  # each generating run's engine, its batch as large as the limits say,
         if s.run.task.generates:  # its compiled steps built or loaded before the server listens
-            s.engine(limits.max_batch, limits.prefill).warm()
+            s.engine(limits.max_batch, limits.prefill, limits.prefix_cache_mb).warm()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -163,6 +167,7 @@ def create_app(
     if access.allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=access.allowed_hosts)
     add_openai_routes(app, served, limits, streams)
+    add_embedding_routes(app, served, streams)
     finder = find_in(served)
     add_page_routes(app, served, finder)
     add_generate_route(app, finder, limits, streams)
@@ -206,6 +211,16 @@ def add_page_routes(app: FastAPI, served: dict[str, Served], find: Callable[...,
     def metrics(name: str) -> list[dict]:
         s = find(name)
         return [finite(row) for row in read_metrics(s.run.path / "metrics.jsonl", max_rows=MAX_CURVE_ROWS)]
+
+    @app.get("/metrics", summary="the decoding engines' counters, Prometheus' text format")
+    def engine_metrics() -> Response:
+        lines = [
+            f'attnlab_{key.replace(" ", "_")}{{run="{name}"}} {value}'
+            for name, s in served.items()
+            if s.run.task.generates
+            for key, value in sorted(s.engine().report().items())
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
 def add_generate_route(app: FastAPI, find: Callable[..., Served], limits: Limits, streams: StreamLimit) -> None:

@@ -63,6 +63,7 @@ class Limits:
     max_streams: int = 32  # sequences generated at once over all requests (429 beyond)
     max_batch: int = 16  # sequences of one run decoded in one forward pass (more wait their turn)
     prefill: int = PREFILL_BUDGET  # prompt tokens prefilled together a turn (decoding/prefill.py; 0: alone)
+    prefix_cache_mb: float = 0  # earlier prompts' keys kept for reuse (decoding/prefix_cache.py; 0: none)
     request_timeout: float = 300.0  # seconds a generation may run
     header_timeout: float = 10.0  # seconds to send a request's headers
     body_timeout: float = 30.0  # seconds to send its body, once the headers are in

@@ -16,7 +16,8 @@ stream_options.include_usage, a chunk with no choices and the usage comes before
 What the fields mean here (requests: see openai_schema.py):
 - finish_reason "stop": a stop text (cut from the text; for chat also the end of turn of the run's
   chat template, openai_schema.py), the end-of-text token (unless ignore_eos), or a structured
-  output's value closed (response_format json_object or json_schema); "length": max_tokens drawn.
+  output's value closed (response_format json_object or json_schema, a grammar); "tool_calls": a
+  chat reply of tool calls (openai_tools.py); "length": max_tokens drawn.
 - usage: prompt_tokens are the prompts' tokens by the run's tokenizer (an empty prompt is one
   end-of-text token), each prompt once however many choices; completion_tokens are the tokens drawn,
   a cut stop text's and an end-of-text token included.
@@ -46,9 +47,11 @@ from starlette.concurrency import run_in_threadpool
 from attnlab.decoding.rows import Step
 from attnlab.decoding.sampling import TextPieces
 from attnlab.errors import AttnlabError
+from attnlab.runs.embed import makes_embeddings
 from attnlab.serve.guard import Limits, StreamLimit
 from attnlab.serve.jobs import Choice, Job
 from attnlab.serve.openai_schema import BadField, ChatRequest, CompletionRequest, clip, conversation
+from attnlab.serve.openai_tools import ToolReplies, tool_plan
 from attnlab.version import __version__
 
 FINGERPRINT = f"attnlab-{__version__}"
@@ -72,11 +75,13 @@ class Jobs:
         self.engines, self.streams, self.limits = engines, streams, limits
 
     def begin(
-        self, req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False
+        self, req, s, prompts, max_tokens: int, stops: list[str], logprobs: int | None, echo: bool = False, grammar=None
     ) -> Job:
-        """Reserve the streams and start every (prompt, choice) sequence in the model's engine."""
+        """Reserve the streams and start every (prompt, choice) sequence in the model's engine;
+        `grammar`: the constraint of a tool call (else the request's own, if any)."""
         n, streams = len(prompts) * req.n, self.streams
-        grammar = req.grammar(s.run.tokenizer)  # before streams are taken: a refused schema holds none
+        if grammar is None:  # before streams are taken: a refused schema holds none
+            grammar = req.constraint(s.run.tokenizer)
         if n > streams.limit:
             raise BadField(
                 f"this request asks for {n} sequences; the server generates at most {streams.limit} at once", "n"
@@ -119,26 +124,23 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
 
     def find(name: str):
         if name not in engines:
-            what = f" ({served[name].run.task.noun} run: /v1 serves language models)" if name in served else ""
-            raise APIError(
-                404,
-                f"the model {clip(name)} does not exist{what}; serving: {', '.join(engines)}",
-                "model_not_found",
-                "model",
-            )
+            raise model_not_found(name, served, engines, "/v1 serves language models")
         return served[name]
 
     @app.get("/health", summary="whether the server is up (no key needed)")
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models", summary="the language models served: every GPT run")
+    # Listed: every run /v1 answers for, the language models and the runs /v1/embeddings reads (serve/embeddings.py).
+    listed = [n for n, s in served.items() if n in engines or makes_embeddings(s.run.model)]
+
+    @app.get("/v1/models", summary="the models served: every GPT run, and every run with text embeddings")
     def models() -> dict:
-        return {"object": "list", "data": [model_card(served[n]) for n in engines]}
+        return {"object": "list", "data": [model_card(served[n]) for n in listed]}
 
     @app.get("/v1/models/{name}", summary="one model")
     def model(name: str) -> dict:
-        return model_card(find(name))
+        return model_card(served[name] if name in listed else find(name))
 
     @app.post("/v1/completions", summary="continue a prompt (OpenAI's completions API)")
     async def completions(req: CompletionRequest, request: Request):
@@ -157,21 +159,28 @@ def add_openai_routes(app: FastAPI, served: dict, limits: Limits, streams: Strea
         req.check()
         s = find(req.model)
         try:
-            text = s.template.prompt(conversation(req.messages))
+            plan = tool_plan(req, s.template, s.run.tokenizer)
+            text = plan.prompt if plan else s.template.prompt(conversation(req.messages))
+        except BadField:
+            raise
         except AttnlabError as e:  # the template refuses the conversation (e.g. roles that do not alternate)
             raise BadField(str(e), "messages") from None
         prompts = prompt_ids(s.run.tokenizer, text, s.run.model.cfg.context, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
-        job = begin(req, s, prompts, req.limit(), [*req.stops(), s.template.end_of_turn()], k)
-        return await respond(Reply("chatcmpl", "chat.completion", req, s, job, prompts), request)
+        grammar = plan.grammar if plan else None  # a call's grammar ends the reply: no end-of-turn text
+        stops = [] if grammar else [*req.stops(), s.template.end_of_turn()]
+        job = begin(req, s, prompts, req.limit(), stops, k, grammar=grammar)
+        tools = ToolReplies(plan) if grammar else None
+        return await respond(Reply("chatcmpl", "chat.completion", req, s, job, prompts, tools=tools), request)
 
 
 class Reply:
     """The answer to one request, whole or as chunks, in the shape of its endpoint."""
 
-    def __init__(self, prefix, kind, req, s, job, prompts, echo_lp=None):
+    def __init__(self, prefix, kind, req, s, job, prompts, echo_lp=None, tools: ToolReplies | None = None):
         self.id = f"{prefix}-{secrets.token_hex(12)}"
         self.kind, self.req, self.job, self.prompts, self.echo_lp = kind, req, job, prompts, echo_lp
+        self.tools = tools  # a chat whose replies may be tool calls
         self.tok, self.model, self.created = s.run.tokenizer, req.model, int(time.time())
         self.chat = kind == "chat.completion"
 
@@ -212,15 +221,20 @@ class Reply:
         choices = []
         for c in self.job.choices:
             lp = self.logprobs(c, c.steps, 0)
-            message = {"role": "assistant", "content": c.text, "refusal": None}
+            message, finish = {"role": "assistant", "content": c.text, "refusal": None}, c.finish
+            if self.tools:
+                message, finish = self.tools.message(c.text, c.finish)
             body = {"message": message} if self.chat else {"text": c.text}
-            choices.append({"index": c.index, **body, "logprobs": lp, "finish_reason": c.finish})
+            choices.append({"index": c.index, **body, "logprobs": lp, "finish_reason": finish})
         return {**self.head(), "choices": choices, "usage": self.usage()}
 
     def chunk(self, c: Choice, text: str, steps: list[Step], first: bool) -> dict:
         lp = self.logprobs(c, steps, len(c.steps) - len(steps))
         finish = c.finish
-        if self.chat:
+        if self.tools:
+            delta, finish = self.tools.delta(c.index, text, finish, first)
+            body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        elif self.chat:
             delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
             body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
@@ -241,8 +255,10 @@ class Reply:
                 for i, (text, steps) in sorted(update.items()):
                     c = self.job.choices[i]
                     if text or steps or c.finish or i not in started:
-                        yield sse(self.chunk(c, text, steps, i not in started))
+                        chunk = self.chunk(c, text, steps, i not in started)
                         started.add(i)
+                        if not held(chunk["choices"][0]):
+                            yield sse(chunk)
         except Exception as e:  # the status line is long gone: the error is the last event
             yield sse({"error": error_body(e)})
             return
@@ -251,6 +267,11 @@ class Reply:
         if self.include_usage:
             yield sse({**self.head(), "choices": [], "usage": self.usage()})
         yield "data: [DONE]\n\n"
+
+
+def held(body: dict) -> bool:
+    """A chunk with nothing to say: text a tool reply holds back while it may still become a call."""
+    return body.get("delta") == {} and body["finish_reason"] is None and not body["logprobs"]
 
 
 async def respond(reply: Reply, request: Request):
@@ -297,6 +318,14 @@ def error_body(e: Exception) -> dict:
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def model_not_found(name: str, served: dict, offered, why: str) -> APIError:
+    """The 404 for a model a route does not offer: what the run is and `why` if it is served, and
+    the names the route does offer."""
+    what = f" ({served[name].run.task.noun} run: {why})" if name in served else ""
+    message = f"the model {clip(name)} does not exist{what}; serving: {', '.join(offered)}"
+    return APIError(404, message, "model_not_found", "model")
 
 
 def model_card(s) -> dict:

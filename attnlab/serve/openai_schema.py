@@ -7,20 +7,24 @@ strings, token ids or lists of them) or messages, max_tokens (max_completion_tok
 temperature (0-2, 0 = greedy), top_p, n, stop (a string or up to 4), seed, stream,
 stream_options.include_usage, logprobs (completions: how many alternatives, 0-20; chat: true with
 top_logprobs 0-20), echo. Accepted at their neutral values only (any other is a 400 that says
-so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null, tools
-none. `user` is accepted and ignored.
+so): presence_penalty and frequency_penalty 0, logit_bias empty, best_of 1, suffix null. `user` is
+accepted and ignored. Chat takes tools, tool_choice and parallel_tool_calls (openai_tools.py).
 
 response_format (both endpoints): {"type": "text"}, {"type": "json_object"} (any JSON object) or
 {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: each token is drawn under a
 mask that keeps the text a valid value (decoding/structured, docs/structured-outputs.md), and the
-choice ends, finish_reason "stop", when the value closes. A schema keyword the mask cannot enforce,
-or a run whose tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
+choice ends, finish_reason "stop", when the value closes. `grammar` (an extension, as vLLM's
+guided_grammar; both endpoints): a Lark grammar whose `start` rule the reply must match, within the
+subset decoding/structured/lark_subset.py lists (anything outside it a 400 naming it), not together
+with a response_format other than text. A schema keyword the mask cannot enforce, or a run whose
+tokenizer cannot be constrained, is a 400 whose message names it. Any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
 
-Messages: role system, developer (read as system), user or assistant; content a text, a list of
-text parts ([{"type": "text", "text": ...}], joined) or null (empty); other fields (name, ...) are
-ignored. Tool roles and tool calls are a 400 that says so, as is content of any other kind (one
-message, not one per form it could have taken). A field given as a string of digits is read as
+Messages: role system, developer (read as system), user, assistant (with tool_calls) or tool
+(openai_tools.py); content a text, a list of text parts ([{"type": "text", "text": ...}], joined)
+or null (empty); other fields (name, ...) are ignored. Role "function" and function_call (the
+deprecated function calling) are a 400 that says so, as is content of any other kind (one message,
+not one per form it could have taken). A field given as a string of digits is read as
 its number, as Pydantic reads it; an error message quotes a client's value clipped and escaped.
 
 Extensions, with the names vLLM uses so that scripts written for it work: top_k (sample among the k
@@ -42,7 +46,7 @@ from pydantic_core import PydanticCustomError
 
 from attnlab.data.conversations import Message as Turn
 from attnlab.decoding.settings import Draw
-from attnlab.decoding.structured import from_response_format
+from attnlab.decoding.structured import from_grammar, from_response_format
 from attnlab.errors import AttnlabError
 
 MAX_COMPLETION_TOKENS = 2048
@@ -52,9 +56,9 @@ MAX_PROMPT_CHARS = 100_000
 MAX_STOPS = 4
 CHAT_MAX_TOKENS = 256  # a chat reply's default length
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}  # as the template sees it
-TOOL_ROLES = ("tool", "function")
+TOOL_ROLE = "tool"  # a tool's result (openai_tools.py)
 FORMATS = ("text", "json_object", "json_schema")  # response_format types
-TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")  # a message's fields of tool calling
+OLD_TOOL_FIELDS = ("function_call",)  # the deprecated function calling (tools took its place): refused
 
 Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 StopText = Annotated[str, Field(max_length=100)]
@@ -87,6 +91,9 @@ class Sampling(BaseModel):
     user: str | None = Field(None, max_length=256, description="ignored")
     response_format: dict | None = Field(
         None, description="{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
+    )
+    grammar: str | None = Field(
+        None, description="(extension) a Lark grammar the reply must match (docs/structured-outputs.md#grammars)"
     )
 
     @field_validator("stop", mode="before")
@@ -121,16 +128,19 @@ class Sampling(BaseModel):
         kind = (self.response_format or {}).get("type", "text")
         if kind not in FORMATS:
             raise BadField(f"response_format type {clip(kind)} is not one of {', '.join(FORMATS)}", "response_format")
+        if kind != "text" and self.grammar is not None:
+            raise BadField("give a grammar or a response_format other than text, not both", "grammar")
 
-    def grammar(self, tokenizer):
+    def constraint(self, tokenizer):
         """The structured output's compiled constraint (decoding/structured), None for plain text; a
-        keyword it cannot enforce, or a tokenizer it cannot read, is a 400 naming it."""
-        if not self.response_format:
-            return None
+        keyword or grammar feature it cannot enforce, or a tokenizer it cannot read, is a 400 naming it."""
+        field = "grammar" if self.grammar is not None else "response_format"
         try:
-            return from_response_format(self.response_format, tokenizer)
+            if self.grammar is not None:
+                return from_grammar(self.grammar, tokenizer)
+            return from_response_format(self.response_format, tokenizer) if self.response_format else None
         except AttnlabError as e:
-            raise BadField(str(e), "response_format") from None
+            raise BadField(str(e), field) from None
 
     def stops(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -228,33 +238,21 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=0, le=MAX_COMPLETION_TOKENS, description="max_tokens' new name")
     logprobs: bool = Field(False, description="log-probabilities of the reply's tokens")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: this many alternatives per token")
-    tools: list[dict] | None = Field(None, description="not supported")
-    tool_choice: str | dict | None = Field(None, description="not supported: none only")
-    parallel_tool_calls: bool | None = None
+    tools: list | None = Field(None, description="functions the model may call (openai_tools.py)")
+    tool_choice: str | dict | None = Field(None, description="auto, none, required or {'type': 'function', ...}")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call a reply")
 
     def check(self) -> None:
         super().check()
         for i, m in enumerate(self.messages):
-            if m.role in TOOL_ROLES:
-                raise BadField(
-                    f"messages[{i}].role {m.role!r} is not supported: tool calls are not (these are base "
-                    f"models); use {', '.join(ROLES)}",
-                    f"messages[{i}].role",
-                )
-            if m.role not in ROLES:
-                raise BadField(
-                    f"messages[{i}].role {clip(m.role)} is not one of {', '.join(ROLES)}", f"messages[{i}].role"
-                )
-            used = [f for f in TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
+            if m.role == "function":
+                raise BadField(f"messages[{i}].role 'function' is deprecated: use 'tool'", f"messages[{i}].role")
+            if m.role not in ROLES and m.role != TOOL_ROLE:
+                roles = ", ".join([*ROLES, TOOL_ROLE])
+                raise BadField(f"messages[{i}].role {clip(m.role)} is not one of {roles}", f"messages[{i}].role")
+            used = [f for f in OLD_TOOL_FIELDS if (m.model_extra or {}).get(f) is not None]
             if used:
-                raise BadField(
-                    f"messages[{i}].{used[0]}: tool calls are not supported (these are base models)",
-                    f"messages[{i}].{used[0]}",
-                )
-        if self.tools:
-            raise BadField("tools are not supported: these are base models", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise BadField("tool_choice is not supported", "tool_choice")
+                raise BadField(f"messages[{i}].{used[0]} is deprecated: use tool_calls", f"messages[{i}].{used[0]}")
 
     def limit(self) -> int:
         given = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -49,9 +49,17 @@ class Served:
             "graphs": bool(self.transcoders),
         }
 
-    def engine(self, max_batch: int | None = None, prefill: int | None = None) -> Engine:
+    def engine(
+        self, max_batch: int | None = None, prefill: int | None = None, prefix_cache_mb: float | None = None
+    ) -> Engine:
         """The run's one decoding engine, shared by the explorer and /v1 (compiled steps if asked)."""
-        return engine_for(self.run.model, max_batch=max_batch, compiled=self.compiled, prefill=prefill)
+        return engine_for(
+            self.run.model,
+            max_batch=max_batch,
+            compiled=self.compiled,
+            prefill=prefill,
+            prefix_cache_mb=prefix_cache_mb,
+        )
 
     @property
     def quantized(self) -> str | None:

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,11 @@ from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPTConfig
 from attnlab.progress import tqdm
 from attnlab.runs.adapted import CHAT_TEMPLATE, as_run, build_base, run_template, with_adapters
-from attnlab.runs.converters import as_records, converters_given, converters_of, lora_of, quantized_base
+from attnlab.runs.converters import as_records, lora_of, quantized_base
 from attnlab.runs.folder import TOKENIZER, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
+from attnlab.tasks.common import config_json
 
 # A fine-tuning's training settings: a smaller step than pretraining's (the base knows much already),
 # no weight decay pulling the adapters to zero, and validation often enough to watch a short run.
@@ -50,18 +51,6 @@ class AdaptOptions:
     """The own options of every adapting task (LoRA and a quantized base are converters: runs/converters.py)."""
 
     show_masks: bool = option(False, "print one training example with the tokens the loss reads marked")
-
-
-# How the Python API names the converters (train(..., lora_rank=8, quantize_base="nf4")); the command
-# line's flags are generated from LoRAConfig and QuantizeConfig.
-PYTHON_CONVERTERS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "lora_targets": "targets"}
-
-
-def python_converters(options: dict[str, Any]) -> tuple:
-    """The converters of the Python API's keywords, taken out of `options`."""
-    lora = {PYTHON_CONVERTERS[k]: options.pop(k) for k in list(options) if k in PYTHON_CONVERTERS}
-    quantize = {"base": options.pop("quantize_base")} if "quantize_base" in options else {}
-    return converters_given(lora, quantize)
 
 
 @dataclass
@@ -120,7 +109,6 @@ class Adapting(Task):
     default_model = "gpt"
     set_by_data = frozenset(f.name for f in fields(GPTConfig))  # the --init model's, all of them: no flags
     options = AdaptOptions
-    python_options = frozenset({*PYTHON_CONVERTERS, "quantize_base"})
     converters = ("lora", "quantize")
     kept_on_resume = "the run's examples stay as they were"
     generates = True
@@ -172,15 +160,8 @@ class Adapting(Task):
         return path
 
     def complete(self, req: TrainRequest) -> TrainRequest:
-        """The request's converters (a resumed run's own; from Python, its keywords) and its --init
-        model as a run folder: resolved here, once (a HuggingFace folder is converted the first time)."""
-        options, converters = req.options, req.converters
-        if isinstance(options, dict):
-            options = dict(options)
-            converters = converters or python_converters(options)
-        if req.resume:
-            converters = converters_of(req.saved)
-        req = super().complete(replace(req, options=options, converters=converters))
+        """The --init model as a run folder: resolved here, once (a HuggingFace folder is converted
+        the first time)."""
         return replace(req, base=self.init_run(req.init))
 
     def model_config(self, req: TrainRequest) -> dict[str, Any]:
@@ -200,14 +181,7 @@ class Adapting(Task):
         return build
 
     def run_config(self, req: TrainRequest, model: dict[str, Any]) -> dict:
-        config = {
-            "family": self.family,
-            "model": model,
-            "train": asdict(req.train),
-            "data": asdict(req.data),
-            "task": {"kind": self.name},
-            "init": str(req.init),
-        }
+        config = config_json(req, self.family, model, {"kind": self.name})
         if req.converters:  # the base it adapts, and what trains beside the adapters (a new head)
             config["adapter"] = {"base": str(req.base.resolve()), "also": list(self.new_weights)}
             config["converters"] = as_records(req.converters)

@@ -12,7 +12,7 @@ generated from the task's option dataclasses (`options`, `data_config`, its mode
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,9 @@ class Task(RunKind, Printer):
     data_fixed_on_resume: tuple[str, ...] | None = None  # data fields --resume keeps (None: every one)
     kept_on_resume: str = "the run's examples and labels stay as they were"  # why they are kept
     converters: tuple[str, ...] = ()  # the converters it takes (runs/converters.py): flags and [tables]
-    python_options: frozenset[str] = frozenset()  # train()'s keywords beside its options (lora_rank, ...)
+    # Own options a resumed run cannot change without changing what it is (name -> why); the others
+    # follow the flags given on --resume, over the run's own.
+    fixed_options: dict[str, str] = {}
     init_help: str = "start from this run's weights and tokenizer (a run of the same task); fine-tunes on --data"
     tuned: dict[str, dict[str, Any]] = {}  # model name -> its tuned training settings (read-only)
     # Model-config fields that the data decides: never flags.
@@ -155,10 +157,24 @@ class Task(RunKind, Printer):
         """A new run's model overrides when it starts from --init (model_fields reads the init run's)."""
         return {**({"preset": preset} if preset else {}), **fields}
 
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """What a run stored before some of its options were recorded ran with (its config.json)."""
+        return {}
+
+    def normal_options(self, options: Any) -> Any:
+        """The task's options as a run keeps them (ppo: its reward run's folder made absolute)."""
+        return options
+
+    def check_options_resumed(self, saved: dict[str, Any], options: Any) -> None:
+        """On --resume, the options that cannot change (fixed_options) equal to the run's own
+        (`saved`: config.json's), else one line naming the flag and the run's value."""
+        for name, why in self.fixed_options.items():
+            given = {name: (f"--{name.replace('_', '-')}", getattr(options, name))}
+            check_unchanged(self.name, self.options, saved, given, why)
+
     def complete(self, req: TrainRequest) -> TrainRequest:
-        """The request with the task's own options typed (from Python they may come as a dict of them)."""
-        if req.options is None or isinstance(req.options, dict):
-            req = replace(req, options=self.options(**(req.options or {})))
+        """The resolved request with what the engine needs resolved once (adapting tasks: the --init
+        model as a run folder); most need nothing."""
         return req
 
     def recorded_options(self, req: TrainRequest) -> dict[str, Any]:

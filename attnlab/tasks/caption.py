@@ -31,7 +31,6 @@ from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
-from attnlab.errors import AttnlabError
 from attnlab.interpret.word_regions import digit_attention
 from attnlab.models.captioner import PRESETS, CaptionerConfig
 from attnlab.models.rnn_captioner import RNNCaptionerConfig
@@ -39,7 +38,7 @@ from attnlab.runs.folder import TOKENIZER
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task
-from attnlab.tasks.common import build_config, init_builder, preset_fields
+from attnlab.tasks.common import build_config, config_json, decoder_preset, init_builder
 from attnlab.tasks.translate import (
     cross_attention,
     decode_all,
@@ -75,15 +74,11 @@ def model_config(name: str, vocab: int, shape: tuple[int, ...], max_len: int, ov
     overrides = dict(overrides)
     c, h, w = shape
     sizes: dict[str, Any] = {"tgt_vocab": vocab, "channels": c, "image_size": h, "image_width": w}
-    base: dict[str, Any] = {}
-    if h == strips.HEIGHT and w % LINE_PATCH["patch_width"] == 0 and not {"patch_size", "patch_width"} & set(overrides):
+    line = h == strips.HEIGHT and w % LINE_PATCH["patch_width"] == 0
+    base, context = decoder_preset(choice, overrides, max_len, "the RNN")
+    if line and not {"patch_size", "patch_width"} & set(overrides):
         base.update(LINE_PATCH)
-    if choice.presets:  # the Transformer
-        base = {**preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset), **base}
-        sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
-    elif "preset" in overrides:
-        raise AttnlabError("--preset names a Transformer size: it does not apply to the RNN")
-    return build_config(name, choice.config, base, overrides, sizes)
+    return build_config(name, choice.config, base, overrides, {**sizes, **context})
 
 
 def caption_tokens(tok: Tokenizer, caption: str) -> list[str]:
@@ -127,15 +122,7 @@ class Captioning(Task):
         targets = {name: [to_ids(tok, c)[: data.max_len] for c in caps] for name, (_, caps) in splits.items()}
         max_out = min(data.max_len, 2 * max(len(t) for t in targets["train"]) + 2)
         family = self.models[req.model].family
-        config = {
-            "family": family,
-            "model": dataclasses.asdict(cfg),
-            "train": dataclasses.asdict(req.train),
-            "data": dataclasses.asdict(data),
-            "task": {"kind": self.name, "model": req.model, "max_out": max_out},
-        }
-        if req.init is not None:
-            config["init"] = str(req.init)
+        config = config_json(req, family, cfg, {"kind": self.name, "model": req.model, "max_out": max_out})
 
         batches = ImagePairs({k: v[0] for k, v in splits.items()}, targets, data.shift, data.shift_share)
         return Prepared(batches, init_builder(family, cfg, req), config, state=(splits["test"], tok, max_out, data))

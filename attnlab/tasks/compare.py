@@ -20,13 +20,14 @@ from attnlab.data.images import ImageDataConfig
 from attnlab.data.labeled import LabeledDataConfig
 from attnlab.data.parallel import GENERATED, ParallelDataConfig
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.train import TrainRequest, run
+from attnlab.engine.train import run
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.models import FAMILIES
 from attnlab.tasks import TASKS
 from attnlab.tasks.compare_options import LADDER_MODELS, CompareOptions
 from attnlab.tasks.lm_compare import compare_lm, format_lm_table
+from attnlab.tasks.request import python_request
 from attnlab.viz.confusion import CLASSIFY_BARS, plot_comparison
 from attnlab.wordvec import load_vectors
 
@@ -105,19 +106,10 @@ def trainer(task, data, out: Path, force: bool, progress: bool, budget: str | No
 
     def one(name: str, fields: dict | None = None, options: dict | None = None, folder: str | None = None) -> dict:
         train = TrainConfig(**{**task.train_defaults(name), "time_budget": budget}) if budget else None
-        return run(
-            task,
-            TrainRequest(
-                out / (folder or name),
-                name,
-                fields or {},
-                train=train,
-                data=data,
-                force=force,
-                progress=progress,
-                options=options or {},
-            ),
+        req = python_request(
+            task, out / (folder or name), name, fields, train, data, force=force, progress=progress, options=options
         )
+        return run(task, req)
 
     return one
 

@@ -81,7 +81,7 @@ class DirectPreference(Adapting):
         reference = build()  # the --init model: adapters start at zero
         show = "reference log-probabilities" if req.progress and d.main else None
         refs = {k: logprobs(reference, v, show) for k, v in pairs.items() if v}
-        beta = (req.saved or {}).get("task", {}).get("beta") if req.resume else req.options.beta
+        beta = req.options.beta  # a resumed run's own under the flags (tasks/request.py)
         config = self.run_config(req, e.model)
         config["task"]["beta"] = beta
         state = (tok, template, pairs["test"], refs.get("test"), req.data)

@@ -24,7 +24,7 @@ holds the held-out exact answers, as sft's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,13 +38,13 @@ from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.nn.objective import Objective, inner
+from attnlab.nn.objective import inner
 from attnlab.nn.policy import LOSSES, PolicyLoss, group_advantages, policy_loss
 from attnlab.runs.adapted import run_template
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
-from attnlab.tasks.rewards import CALLABLE, Reward, reward_source
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
+from attnlab.tasks.rewards import CALLABLE, Reward, as_kept, reward_source
+from attnlab.tasks.sampled import HeldRollout, Prompt, Prompts, SampledAnswers, Sampling, as_rolled, stop_ids
 from attnlab.tasks.sft import EXACT
 
 SETTINGS = ("group", "loss", "beta", "reward", "max_new_tokens", "clip", "clip_high", "epochs")  # config.json's task
@@ -92,20 +92,16 @@ class Held:
     logged: dict[str, float]  # the rollout's metrics
 
     def save(self, held: HeldRollout, step: int) -> None:
-        b, more = self.batch, {} if self.ref is None else {"ref": self.ref}
-        tensors = dict(
-            ids=b.ids, places=b.places, old=b.old, mask=b.mask, advantages=self.advantages, rewards=self.rewards, **more
-        )
-        held.save(step, tensors, self.logged)
+        more = {} if self.ref is None else {"ref": self.ref}
+        held.save(step, self.batch, {"advantages": self.advantages, "rewards": self.rewards, **more}, self.logged)
 
     @staticmethod
     def read(held: HeldRollout, step: int, device: torch.device) -> Held:
-        t, logged = held.read(step, device)
-        batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
+        batch, t, logged = held.read(step, device)
         return Held(batch, t["advantages"], t.get("ref"), t["rewards"], logged)
 
 
-class GRPOObjective(Objective):
+class GRPOObjective(Sampling):
     """Rollouts, rewards and group advantages every --epochs steps; each step one policy-loss update."""
 
     def __init__(
@@ -118,12 +114,10 @@ class GRPOObjective(Objective):
         reference: nn.Module | None,
         kept: HeldRollout,
     ):
-        super().__init__(model)
-        self.prompts, (self.tok, self.stops), self.reward = prompts, chat, reward
+        super().__init__(model, prompts, chat, kept, reference)
+        self.reward, self.held = reward, None
         self.group, self.max_new, self.epochs = opts["group"], opts["max_new_tokens"], opts["epochs"]
         self.loss = PolicyLoss(opts["loss"], opts["clip"], opts["clip_high"], opts["beta"], self.max_new)
-        self.reference = None if reference is None else Frozen(reference)
-        self.kept, self.held = kept, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
         step, into = self.kept.advance(self.epochs)  # one call per step (grad_accum 1 when --epochs > 1)
@@ -142,8 +136,7 @@ class GRPOObjective(Objective):
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> tuple[Held, float]:
         """G answers to each prompt of the batch, scored, with their group advantages; the seconds
         spent sampling them."""
-        chosen = [self.prompts[i] for i in rows.tolist()]
-        d = draw(self.model, chosen, self.group, self.max_new, seed, (self.tok, self.stops))
+        d = self.sample(rows, self.group, self.max_new, seed)
         r, right = d.rollout, torch.tensor(d.right).float()
         rewards = self.reward.to(device)(d.asked, d.texts, seed)
         advantages = group_advantages(rewards, self.group, self.loss.scale).to(device)
@@ -179,6 +172,11 @@ class GroupRelative(SampledAnswers):
     noun = "an RL-tuned (grpo)"
     data_config = ChatData
     options = GRPOOptions
+    fixed_options = {
+        "reward": "it is what the run learns to raise",
+        "epochs": "a rollout's updates are counted from the run's first step",
+        "max_new_tokens": "it decides which prompts leave room for an answer",
+    }
 
     def train_defaults(self, model: str) -> dict[str, Any]:
         return dict(GRPO_TRAIN)
@@ -213,9 +211,7 @@ class GroupRelative(SampledAnswers):
         )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
-        """The run's RL settings: a resumed run's own, or from the options (checked)."""
-        if req.resume:  # a run stored before --epochs took one update a rollout
-            return {k: req.saved["task"].get(k, 1) if k == "epochs" else req.saved["task"][k] for k in SETTINGS}
+        """The run's RL settings (a resumed run's own under the flags: tasks/request.py), checked."""
         opts = {k: getattr(req.options, k) for k in SETTINGS}
         if opts["group"] < 2:
             raise AttnlabError(f"--group {opts['group']}: a group needs at least 2 answers per prompt to compare them")
@@ -225,11 +221,23 @@ class GroupRelative(SampledAnswers):
         return opts
 
     def reward_of(self, req: TrainRequest, opts: dict[str, Any]) -> Reward:
-        """The run's source of rewards: a resumed run's own (a callable given again), or the option's."""
-        given = req.options.reward
-        if req.resume and callable(given) and not str(opts["reward"]).startswith(CALLABLE):
-            raise AttnlabError(f"this run's reward is {opts['reward']}: resume it without a reward function")
-        return reward_source(opts["reward"], given)
+        """The run's source of rewards: the option's (a resumed run's own "callable:NAME" needs the
+        function given again)."""
+        return reward_source(opts["reward"])
+
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"epochs": 1}  # a run stored before --epochs took one update a rollout
+
+    def normal_options(self, options: GRPOOptions) -> GRPOOptions:
+        return replace(options, reward=as_kept(options.reward))
+
+    def check_options_resumed(self, saved: dict[str, Any], options: Any) -> None:
+        """A reward function given again on --resume stands for the run's own, which config.json names."""
+        if callable(options.reward):
+            if not str(saved.get("reward")).startswith(CALLABLE):
+                raise AttnlabError(f"this run's reward is {saved.get('reward')}: resume it without a reward function")
+            options = replace(options, reward=saved["reward"])
+        super().check_options_resumed(saved, options)
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test = prepared.state

@@ -9,7 +9,6 @@ train_image("runs/digits", "vit", data=ImageDataConfig(data="digits"))
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,10 @@ from attnlab.runs.marker import record
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
-from attnlab.tasks.common import build_config, preset_fields
+from attnlab.tasks.common import build_config, config_json, preset_fields
 from attnlab.tasks.labeled import show_scores
 from attnlab.tasks.metrics import confusion, scores, warn_small_split
+from attnlab.tasks.request import python_request
 from attnlab.viz.confusion import plot_confusion
 from attnlab.viz.html import AttentionView
 from attnlab.viz.patches import plot_prediction_grid
@@ -134,15 +134,7 @@ class ImageClassification(Task):
             "channels": images.channels,
             "background": background(images.splits["train"][0]),
         }  # what predict makes a user's image look like
-        config = {
-            "family": req.model,
-            "model": dataclasses.asdict(cfg),
-            "train": dataclasses.asdict(req.train),
-            "data": dataclasses.asdict(req.data),
-            "task": task,
-        }
-        if req.init is not None:
-            config["init"] = str(req.init)
+        config = config_json(req, req.model, cfg, task)
 
         def build() -> nn.Module:
             net = build_model(req.model, cfg)
@@ -229,7 +221,8 @@ def train_image(out: str | Path, model: str = "vit", model_overrides: dict | Non
     the final losses and the test-set scores. `request`: the other TrainRequest fields (train,
     data, force, init, progress)."""
 
-    return run(ImageClassification(), TrainRequest(out, model, dict(model_overrides or {}), **request))
+    task = ImageClassification()
+    return run(task, python_request(task, out, model, model_overrides, **request))
 
 
 @torch.no_grad()

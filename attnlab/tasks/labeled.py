@@ -38,7 +38,7 @@ from attnlab.runs.marker import record
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
-from attnlab.tasks.common import build_config, preset_fields
+from attnlab.tasks.common import build_config, config_json, preset_fields
 from attnlab.tasks.metrics import confusion, scores, warn_small_split
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 from attnlab.viz.confusion import plot_confusion
@@ -71,6 +71,7 @@ class Labeled(Task):
     default_model = "encoder"
     data_config = LabeledDataConfig
     options = LabeledOptions
+    fixed_options = {"freeze_vectors": "a frozen embedding stays out of the optimizer"}
     preset_help = f"encoder preset: {', '.join(ENCODER_PRESETS)}"
     set_by_data = frozenset({"vocab_size", "n_labels", "task", "head", "context"})
     tuned = TRAIN_DEFAULTS
@@ -130,19 +131,9 @@ class Labeled(Task):
         overrides = req.model_config if req.resume else init_overrides(req.init, req.model_config, self.pooled)
         cfg = self.model_config(req.model, tok.vocab_size, len(labels), req.data.max_len, overrides)
         encoded = {name: self.encode(tok, ex, label_ids, req.data.max_len, name) for name, ex in splits.items()}
-        vectors, freeze = req.options.word_vectors, req.options.freeze_vectors
-        if req.saved is not None:  # a frozen embedding stays out of the optimizer, as it was
-            freeze = req.saved["task"].get("freeze_vectors", False)
+        vectors, freeze = req.options.word_vectors, req.options.freeze_vectors  # a resumed run's own
         task_info = {"kind": self.name, "labels": labels, "init": str(req.init or ""), "freeze_vectors": freeze}
-        config = {
-            "family": req.model,
-            "model": dataclasses.asdict(cfg),
-            "train": dataclasses.asdict(req.train),
-            "data": dataclasses.asdict(req.data),
-            "task": task_info,
-        }
-        if req.init:
-            config["init"] = str(req.init)  # the run it started from, as every task records it
+        config = config_json(req, req.model, cfg, task_info)
 
         def build() -> nn.Module:
             net = build_model(req.model, cfg)

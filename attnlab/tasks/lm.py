@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnlab.config import checked
+from attnlab.config import checked, parse_value
 from attnlab.data import DataConfig, TokenData, build_token_cache, read_texts, resolve_sources, workers_for
 from attnlab.data.batches import Windows
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer, train_tokenizer
@@ -33,9 +33,12 @@ from attnlab.runs.weights import load_weights
 from attnlab.runtime import distributed
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, TrainOptions
+from attnlab.tasks.common import config_json
 from attnlab.tasks.lm_eval import SPLITS, evaluate
+from attnlab.tasks.request import python_request
 
 FIXED_ON_RESUME = ("tokenizer", "vocab_size", "val_fraction")  # a resumed run keeps its tokens and split
+FROM_INIT = ("tokenizer", "vocab_size")  # the data settings an --init run's tokenizer decides
 
 
 def checked_block_size(cfg: TrainConfig, context: int) -> int:
@@ -84,6 +87,11 @@ def init_model(init: str | Path, model_cfg: GPTConfig | None = None) -> GPTConfi
     if changed:
         raise AttnlabError(f"the model of --init {init} is fixed (only dropout can change), not {', '.join(changed)}")
     return replace(base, dropout=model_cfg.dropout)
+
+
+def _differs(name: str, value: Any, own: dict[str, Any]) -> bool:
+    """Whether a GPT field given differs from the init run's (both read as the field's type)."""
+    return parse_value(GPTConfig, name, value) != parse_value(GPTConfig, name, own[name])
 
 
 def _build(model_cfg: GPTConfig, weights: Path | None) -> GPT:
@@ -154,9 +162,7 @@ class LanguageModel(Task):
         block_size = checked_block_size(req.train, model_cfg.context)
         tokens.check(block_size)
         weights = Path(req.init) / WEIGHTS if req.init is not None and not req.resume else None
-        config = {"family": "gpt", "model": asdict(model_cfg), "train": asdict(req.train), "data": asdict(data)}
-        if req.init is not None:
-            config["init"] = str(req.init)  # the run it was fine-tuned from
+        config = config_json(req, "gpt", model_cfg, data=data)  # data: with --init, its tokenizer's
         return Prepared(Windows(tokens, block_size), partial(_build, model_cfg, weights), config)
 
     def next_step(self, out: str) -> str:
@@ -202,11 +208,15 @@ class LanguageModel(Task):
         return dict(PRESET_TRAINING.get(preset, {}))  # a new run of a preset: its training settings
 
     def check_given(self, opts: TrainOptions, flags: dict[str, dict[str, Any]], preset: str | None) -> None:
-        """A new run from --init takes the init run's model and tokenizer: only --dropout may change."""
+        """A new run from --init takes the init run's model and tokenizer: only --dropout may change.
+        A model field equal to the init run's passes (Python's model=GPTConfig(...) gives them all),
+        and so do the data's tokenizer settings at their defaults (a DataConfig gives them all)."""
         if opts.init is None or opts.resume:
             return
-        clash = [k for k in flags.get("model", {}) if k != "dropout"]
-        clash += [k for k in flags.get("data", {}) if k in ("tokenizer", "vocab_size")]
+        own, data = asdict(init_model(opts.init)), DataConfig()
+        given = flags.get("model", {}).items()
+        clash = [k for k, v in given if k in own and k not in ("dropout", "vocab_size") and _differs(k, v, own)]
+        clash += [k for k, v in flags.get("data", {}).items() if k in FROM_INIT and v != getattr(data, k)]
         clash += ["preset"] if preset else []
         if clash:
             names = ", ".join("--" + k.replace("_", "-") for k in clash)
@@ -228,8 +238,9 @@ def prepare(
 ) -> Session:
     """A GPT run ready for `engine.loop.loop` (run directory, tokenizer, token cache, model,
     optimizer); `request`: the other TrainRequest fields (resume, force, init, progress)."""
-    req = TrainRequest(out, "gpt", asdict(model) if model is not None else {}, train, data, **request)
-    return open_session(LanguageModel(), req)[0]
+    task = LanguageModel()
+    fields = asdict(model) if model is not None else None
+    return open_session(task, python_request(task, out, "gpt", fields, train, data, **request))[0]
 
 
 __all__ = [

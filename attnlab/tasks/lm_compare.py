@@ -23,13 +23,14 @@ from typing import Any
 
 from attnlab.data import DataConfig
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.train import TrainRequest, run
+from attnlab.engine.train import run
 from attnlab.errors import AttnlabError
 from attnlab.io import write_json
 from attnlab.models.gpt import PRESET_TRAINING, PRESETS
 from attnlab.runs.run import load
 from attnlab.tasks import TASKS
 from attnlab.tasks.lm_eval import evaluate
+from attnlab.tasks.request import python_request
 from attnlab.viz.ablation import plot_recipes
 
 FAST = "gpt-nano-fast"
@@ -108,7 +109,7 @@ def compare_lm(
             print(f"== {name}")
         folder = out / name.split(" (")[0].replace("- ", "no-").replace(" ", "-").replace("^", "")
         cfg = TrainConfig(**{**train, "time_budget": budget, "max_steps": 10**9})  # the budget ends it
-        req = TrainRequest(folder, "gpt", model, cfg, DataConfig(data), force=force, progress=progress)
+        req = python_request(TASKS["lm"], folder, "gpt", model, cfg, DataConfig(data), force=force, progress=progress)
         result = run(TASKS["lm"], req)
 
         trained = load(folder)

@@ -24,6 +24,7 @@ from attnlab.runs.folder import TOKENIZER, check_run_dir, read_run_config
 from attnlab.runs.kind import kind_of
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task, load_body
+from attnlab.tasks.common import config_json
 from attnlab.tasks.lm import checked_block_size, corpus_tokenizer, corpus_tokens
 from attnlab.tasks.text_predict import probabilities, words_and_ids
 
@@ -79,15 +80,7 @@ class MaskedLM(Task):
         block = checked_block_size(req.train, model.context)
         tokens.check(block)
         batches = MaskedWindows(tokens, block, tok.mask_id, n_special=len(WORD_SPECIALS))
-        config = {
-            "family": "encoder",
-            "model": asdict(model),
-            "train": asdict(req.train),
-            "data": asdict(req.data),
-            "task": {"kind": self.name},
-        }
-        if req.init is not None:
-            config["init"] = str(req.init)
+        config = config_json(req, "encoder", model, {"kind": self.name})
 
         def build() -> Encoder:
             net = Encoder(model)

@@ -25,7 +25,7 @@ held-out exact answers and score of the final policy.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from attnlab.decoding.rollouts import RolloutBatch, answer_token_logprobs
 from attnlab.engine.session import Session
 from attnlab.engine.train import Prepared, TrainRequest
 from attnlab.errors import AttnlabError
-from attnlab.nn.objective import Objective, inner
+from attnlab.nn.objective import inner
 from attnlab.nn.policy import PolicyLoss, group_advantages, policy_loss
 from attnlab.nn.ppo import gae, kl_shaped_rewards, value_loss, whiten
 from attnlab.runs.adapted import run_template
@@ -47,8 +47,8 @@ from attnlab.runs.folder import METRICS
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.adapt import TUNED, AdaptOptions
 from attnlab.tasks.hacking import Watch, held_out, past_evaluations
-from attnlab.tasks.rewards import RewardRun
-from attnlab.tasks.sampled import Frozen, HeldRollout, Prompt, Prompts, SampledAnswers, as_rolled, draw, stop_ids
+from attnlab.tasks.rewards import RewardRun, as_kept
+from attnlab.tasks.sampled import HeldRollout, Prompt, Prompts, SampledAnswers, Sampling, as_rolled, stop_ids
 
 SETTINGS = (
     "reward",
@@ -130,22 +130,12 @@ class Buffer:
         return Buffer(sub, self.values[rows], self.advantages[rows], self.returns[rows], self.seed, self.logged)
 
     def save(self, held: HeldRollout, step: int) -> None:
-        b = self.batch
-        tensors = dict(
-            ids=b.ids,
-            places=b.places,
-            old=b.old,
-            mask=b.mask,
-            values=self.values,
-            advantages=self.advantages,
-            returns=self.returns,
-        )
-        held.save(step, tensors, {"seed": self.seed, "logged": self.logged})
+        more = {"values": self.values, "advantages": self.advantages, "returns": self.returns}
+        held.save(step, self.batch, more, {"seed": self.seed, "logged": self.logged})
 
     @staticmethod
     def read(held: HeldRollout, step: int, device: torch.device) -> Buffer:
-        t, notes = held.read(step, device)
-        batch = RolloutBatch(t["ids"], t["places"], t["old"], t["mask"])
+        batch, t, notes = held.read(step, device)
         return Buffer(batch, t["values"], t["advantages"], t["returns"], notes["seed"], notes["logged"])
 
 
@@ -168,7 +158,7 @@ def last_hidden(model: nn.Module):
         handle.remove()
 
 
-class PPOObjective(Objective):
+class PPOObjective(Sampling):
     """Rollouts every ppo_epochs x minibatches steps; each step one clipped update on a part of one."""
 
     def __init__(
@@ -180,35 +170,31 @@ class PPOObjective(Objective):
         reference: nn.Module,
         rm: RewardRun,
         watch: Watch,
-        held: HeldRollout,
+        kept: HeldRollout,
     ):
-        super().__init__(model)
-        self.prompts, self.opts, self.rm, self.watch = prompts, opts, rm, watch
-        self.tok, self.template, self.stops = chat
-        self.reference = Frozen(reference)
+        super().__init__(model, prompts, chat, kept, reference)
+        self.opts, self.rm, self.watch, self.buffer = opts, rm, watch, None
         self.loss = PolicyLoss("dapo", opts["clip"])  # PPO's mean over every token of the batch
         self.cycle = opts["ppo_epochs"] * opts["minibatches"]
-        self.held, self.buffer = held, None
 
     def forward(self, rows: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-        step, into = self.held.advance(self.cycle)  # one call per step (grad_accum 1)
+        step, into = self.kept.advance(self.cycle)  # one call per step (grad_accum 1)
         self.last = {}
         if step % self.watch.every == 0:
             self.last.update(self.watch.look(self.model, step))
         device = next(self.model.parameters()).device
         if into == 0:
             self.buffer = self.rollout(rows, int(seed[0]), device)
-            self.buffer.save(self.held, step)
+            self.buffer.save(self.kept, step)
         elif self.buffer is None:  # resumed mid-way through a rollout
-            self.buffer = Buffer.read(self.held, step - into, device)
+            self.buffer = Buffer.read(self.kept, step - into, device)
         loss = self.update(into)
         return loss.detach(), loss
 
     def rollout(self, rows: Tensor, seed: int, device: torch.device) -> Buffer:
         """--group answers to each prompt, scored; their values, rewards, advantages and returns."""
         g = self.opts["group"]
-        chosen = [self.prompts[i] for i in rows.tolist()]
-        d = draw(self.model, chosen, g, self.opts["max_new_tokens"], seed, (self.tok, self.stops))
+        d = self.sample(rows, g, self.opts["max_new_tokens"], seed)
         r, right, generate_s = d.rollout, d.right, d.seconds
         scores = self.rm.to(device)(d.asked, d.texts, seed)
         graded = relative_scores(scores, g)
@@ -266,6 +252,12 @@ class ProximalPolicy(SampledAnswers):
     noun = "an RL-tuned (ppo)"
     data_config = ChatData
     options = PPOOptions
+    fixed_options = {
+        "reward": "it is what the run learns to raise",
+        "ppo_epochs": "a rollout's updates are counted from the run's first step",
+        "minibatches": "a rollout's updates are counted from the run's first step",
+        "max_new_tokens": "it decides which prompts leave room for an answer",
+    }
     family = "reward"  # the GPT with a scalar head on its trunk (models/reward.py): here, the value head
     new_weights = ("reward_head.weight", "reward_head.bias")  # zero: every value starts at 0
 
@@ -318,7 +310,7 @@ class ProximalPolicy(SampledAnswers):
         config["task"].update(opts)
 
         def objective() -> PPOObjective:
-            return PPOObjective(build(), prompts, opts, (tok, template, stops), build(), rm, watch, held)
+            return PPOObjective(build(), prompts, opts, (tok, stops), build(), rm, watch, held)
 
         return Prepared(
             Prompts(prompts, opts["group"], opts["max_new_tokens"]),
@@ -328,15 +320,19 @@ class ProximalPolicy(SampledAnswers):
         )
 
     def settings(self, req: TrainRequest) -> dict[str, Any]:
-        """The run's RL settings: a resumed run's own, or from the options (checked)."""
-        if req.resume:
-            saved = {"group": 1, **req.saved["task"]}  # a run stored before --group: one answer a prompt
-            return {k: saved[k] for k in SETTINGS}
+        """The run's RL settings (a resumed run's own under the flags: tasks/request.py), checked."""
         opts = {k: getattr(req.options, k) for k in SETTINGS}
         if not opts["reward"]:
             raise AttnlabError("attnlab train ppo needs --reward RUN: a reward model (attnlab train reward)")
-        opts["reward"] = str(Path(opts["reward"]).resolve())  # a resumed run finds it from anywhere
         return opts
+
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"group": 1}  # a run stored before --group: one answer a prompt
+
+    def normal_options(self, options: PPOOptions) -> PPOOptions:
+        """The reward run's folder absolute: a resumed run finds it from anywhere (and --reward given
+        again, relative, is the same run)."""
+        return replace(options, reward=options.reward and as_kept(options.reward))
 
     def test_scores(self, s: Session, prepared: Prepared, req: TrainRequest) -> dict[str, Any] | None:
         tok, template, test, rm = prepared.state

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.engine.config import TrainConfig
-from attnlab.engine.train import TrainRequest, run
+from attnlab.engine.train import run
 from attnlab.errors import ArgumentTypeError, ArgumentValueError, AttnlabError, kind, path_argument
 from attnlab.runs.kind import KINDS, kind_of
 from attnlab.tasks.base import Task
@@ -26,6 +26,7 @@ from attnlab.tasks.image import ImageClassification
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tasks.mlm import MaskedLM
 from attnlab.tasks.ppo import ProximalPolicy
+from attnlab.tasks.request import python_names, python_request
 from attnlab.tasks.reward import RewardModelling
 from attnlab.tasks.sft import SupervisedFineTuning
 from attnlab.tasks.tag import Tag
@@ -65,7 +66,7 @@ def task_of(config: dict[str, Any]) -> Task:
 def train(
     out: str | Path,
     model: Any = None,
-    train: TrainConfig | None = None,
+    train: TrainConfig | dict[str, Any] | None = None,
     data: Any = None,
     resume: bool = False,
     force: bool = False,
@@ -76,9 +77,13 @@ def train(
 ) -> dict:
     """Train any task into the run directory `out`; returns final losses (and the task's test scores).
 
-    The same dataclasses the command line is generated from: `model` a config of one of the task's
+    The same dataclasses the command line is generated from, and the same request: `attnlab train
+    TASK` with the arguments as flags (tasks/request.py). `model` a config of one of the task's
     models (GPTConfig for "lm", EncoderConfig or a baseline's for "classify", ...; the task's default
-    when None), TrainConfig, and the task's data config. `init`: a run to start from; `resume`:
+    preset when None), TrainConfig, and the task's data config: a config object given is its whole
+    section; `train` and `data` may also be a dict of some fields, over the task's tuned settings
+    (train={"max_steps": 800} is --max-steps 800). `options`: the task's own (group=4, beta=0.1) and
+    its converters' (lora_rank=8, quantize_base="nf4"). `init`: a run to start from; `resume`:
     continue `out` (settings not given are the run's own).
     """
     if not isinstance(task, str) or task not in TASKS:
@@ -93,8 +98,8 @@ def train(
         name = fits[0] if fits else None
         if name is None:
             raise AttnlabError(f"a {type(model).__name__} is not a model of task {task} ({', '.join(t.models)})")
-    req = TrainRequest(
-        out, name, fields, train, data, resume=resume, force=force, init=init, progress=progress, options=options
+    req = python_request(
+        t, out, name, fields, train, data, resume=resume, force=force, init=init, progress=progress, options=options
     )
     return run(t, req)
 
@@ -111,17 +116,20 @@ def _check_arguments(t: Task, out: Any, model: Any, train: Any, data: Any, init:
             f"train: model must be a model config of task {t.name} ({classes}), e.g. "
             f"GPTConfig.from_preset('gpt-nano'); got {kind(model)}"
         )
-    if train is not None and not isinstance(train, TrainConfig):
-        raise ArgumentTypeError(f"train: train must be a TrainConfig, got {kind(train)}")
-    if data is not None and not isinstance(data, t.data_config):
-        raise ArgumentTypeError(f"train: data must be a {t.data_config.__name__} for task {t.name}, got {kind(data)}")
+    if train is not None and not isinstance(train, (TrainConfig, dict)):
+        raise ArgumentTypeError(f"train: train must be a TrainConfig (or a dict of its fields), got {kind(train)}")
+    if data is not None and not isinstance(data, (t.data_config, dict)):
+        raise ArgumentTypeError(
+            f"train: data must be a {t.data_config.__name__} (or a dict of its fields) for task {t.name}, "
+            f"got {kind(data)}"
+        )
 
 
 def _check_options(t: Task, options: dict[str, Any]) -> None:
-    """train()'s keyword options must be the task's own (its options' fields, and the Python names of
-    its converters: lora_rank, quantize_base): an unknown
-    one was silently ignored, and train("runs/x", lr=0.1) trained 2000 steps at the default rate."""
-    own = sorted({f.name for f in fields(t.options)} | t.python_options)
+    """train()'s keyword options must be the task's own (its options' fields, and its converters' as
+    their flags name them: lora_rank, quantize_base): an unknown one was silently ignored, and
+    train("runs/x", lr=0.1) trained 2000 steps at the default rate."""
+    own = sorted({f.name for f in fields(t.options)} | set(python_names(t)))
     settings = {f.name for f in fields(TrainConfig)}
     for name in options:
         if name not in own:

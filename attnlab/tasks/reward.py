@@ -155,6 +155,10 @@ class RewardModelling(Adapting):
     noun = "a reward-model"
     data_config = PreferenceData
     options = RewardOptions
+    fixed_options = {
+        "sampled_negatives": "the run's pairs stay as they were",
+        "head": "the score reads what it was trained to read",
+    }
     models = {"reward": ModelChoice("reward", GPTConfig)}
     default_model = "reward"
     family = "reward"
@@ -166,17 +170,15 @@ class RewardModelling(Adapting):
     def model_of(self, config: dict[str, Any]) -> str:
         return "reward"
 
+    def older_options(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return {"head": saved["model"].get("head", "last")}  # its model's head (a run before heads: the last token)
+
     def prepare(self, req: TrainRequest, d: Dist) -> Prepared:
         e = self.encoded(req)
-        # a resumed run's own (one stored before its options were: its task section)
-        k = (
-            (req.saved or {}).get("task", {}).get("sampled_negatives", 0)
-            if req.resume
-            else req.options.sampled_negatives
-        )
+        k = req.options.sampled_negatives  # a resumed run's own (tasks/request.py)
         if k:
             e.parts["train"] = self.on_policy(req, e, k)
-        if not req.resume:  # a resumed run keeps its head (an old run's config has none: the last token's)
+        if not req.resume:  # a resumed run keeps its model's head (the option checked equal to it)
             e.model["head"] = req.options.head
         build = self.builder(req, e.model)
         config = self.run_config(req, e.model)

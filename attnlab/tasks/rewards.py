@@ -12,7 +12,7 @@
     r = reward(asked, answers, seed)                    # (B,) float32, answer i to asked[i]
 
 config.json records a source's `spec` (exact, random, the reward run's folder, or "callable:NAME"); a
-callable cannot be saved, so a resumed run must be given it again (reward_source(spec, given)).
+callable cannot be saved, so a resumed run must be given it again (tasks/grpo.py checks it is one).
 """
 
 from __future__ import annotations
@@ -119,9 +119,17 @@ class Called(Reward):
         return float(value)
 
 
-def reward_source(spec: str | Callable, given: object = None) -> Reward:
+def as_kept(spec: str | Callable) -> str | Callable:
+    """A --reward as a run keeps it: a reward run's folder absolute (so that a resumed run finds it
+    from anywhere, and the folder given again, relative, is the same reward)."""
+    if callable(spec) or spec in REWARDS or spec.startswith(CALLABLE):
+        return spec
+    return str(Path(spec).resolve())
+
+
+def reward_source(spec: str | Callable) -> Reward:
     """The source `spec` names (a name, a reward run's folder, or a callable); a resumed run's spec
-    "callable:NAME" takes the callable `given` again."""
+    "callable:NAME" is refused: the function has to be given again."""
     if callable(spec):
         return Called(spec)
     if spec == "exact":
@@ -129,13 +137,11 @@ def reward_source(spec: str | Callable, given: object = None) -> Reward:
     if spec == "random":
         return Coin()
     if spec.startswith(CALLABLE):
-        if not callable(given):
-            name = spec.removeprefix(CALLABLE)
-            raise AttnlabError(
-                f"this run's rewards came from the Python function {name}, which config.json "
-                f"cannot hold: resume with attnlab.train(..., resume=True, reward={name})"
-            )
-        return Called(given)
+        name = spec.removeprefix(CALLABLE)
+        raise AttnlabError(
+            f"this run's rewards came from the Python function {name}, which config.json "
+            f"cannot hold: resume with attnlab.train(..., resume=True, reward={name})"
+        )
     if not Path(spec).is_dir():
         raise AttnlabError(f"--reward {spec}: choose exact, random or a reward run's folder (attnlab train reward)")
     return RewardRun(spec)

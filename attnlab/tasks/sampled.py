@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,12 @@ from attnlab.data.batches import rank_slice
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.decoding.rollouts import Rollouts, rollouts
+from attnlab.decoding.rollouts import RolloutBatch, Rollouts, rollouts
 from attnlab.engine.resume import saved_progress
 from attnlab.engine.train import TrainRequest
 from attnlab.errors import AttnlabError
 from attnlab.io import read_safetensors, write_safetensors
+from attnlab.nn.objective import Objective
 from attnlab.runs.marker import record
 from attnlab.tasks.adapt import Adapting
 from attnlab.tasks.rewards import Asked
@@ -98,6 +99,23 @@ class Frozen:
         self.model = model.eval().requires_grad_(False)
 
 
+class Sampling(Objective):
+    """What grpo's and ppo's objectives share: the policy samples answers to the prompts (chat: the
+    tokenizer and the ids that end an answer), the rollout between its updates is kept in the run
+    (`kept`), and a frozen reference, where the objective has one, is scored against."""
+
+    def __init__(
+        self, model: nn.Module, prompts: list[Prompt], chat: tuple, kept: HeldRollout, reference: nn.Module | None
+    ):
+        super().__init__(model)
+        self.prompts, (self.tok, self.stops), self.kept = prompts, chat, kept
+        self.reference = None if reference is None else Frozen(reference)
+
+    def sample(self, rows: Tensor, group: int, max_new: int, seed: int) -> Drawn:
+        """`group` answers to each prompt of the batch (`rows`: which prompts)."""
+        return draw(self.model, [self.prompts[i] for i in rows.tolist()], group, max_new, seed, (self.tok, self.stops))
+
+
 class HeldRollout:
     """The rollout the next updates learn from, in the run's folder (tensors, and notes as JSON), saved
     when it is sampled: a run resumed before its last update reads it instead of sampling anew. It
@@ -112,18 +130,22 @@ class HeldRollout:
         step, self.step = self.step, self.step + 1
         return step, step % cycle
 
-    def save(self, step: int, tensors: dict[str, Tensor], notes: dict[str, Any]) -> None:
+    def save(self, step: int, batch: RolloutBatch, more: dict[str, Tensor], notes: dict[str, Any]) -> None:
+        """The rollout sampled at `step`: its batch, the task's tensors of it (advantages, ...) and notes."""
+        tensors = {**{f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}, **more}
         meta = {"step": str(step), "notes": json.dumps(notes)}
         write_safetensors(self.path, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
 
-    def read(self, step: int, device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        """The tensors (on device) and notes of the rollout sampled at `step`."""
+    def read(self, step: int, device: torch.device) -> tuple[RolloutBatch, dict[str, Tensor], dict[str, Any]]:
+        """The batch, the task's tensors (on device) and notes of the rollout sampled at `step`."""
         if not self.path.is_file():
             raise AttnlabError(f"{self.path} is missing: this run cannot go on mid-rollout; train it again")
         t, meta = read_safetensors(self.path)
         if int(meta["step"]) != step:
             raise AttnlabError(f"{self.path} holds the rollout of step {meta['step']}, not {step}: train the run again")
-        return {k: v.to(device) for k, v in t.items()}, json.loads(meta["notes"])
+        t = {k: v.to(device) for k, v in t.items()}
+        batch = RolloutBatch(**{f.name: t.pop(f.name) for f in fields(RolloutBatch)})
+        return batch, t, json.loads(meta["notes"])
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from attnlab.runs.folder import TOKENIZER
 from attnlab.runs.run import Run
 from attnlab.runtime.distributed import Dist
 from attnlab.tasks.base import ModelChoice, Task
-from attnlab.tasks.common import build_config, init_builder, preset_fields
+from attnlab.tasks.common import build_config, config_json, decoder_preset, init_builder
 from attnlab.viz.alignment import plot_alignment
 from attnlab.viz.html import AttentionView
 
@@ -59,14 +59,10 @@ def model_config(name: str, src_vocab: int, tgt_vocab: int, max_len: int, overri
     choice = Translation.models[name]
     cls, fixed = choice.config, dict(choice.fixed)
     overrides = dict(overrides)
-    base: dict[str, Any] = {}
-    sizes: dict[str, Any] = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed}
-    if choice.presets:  # the Transformer
-        base = preset_fields(choice.presets, overrides.pop("preset", None), choice.default_preset)
-        sizes["context"] = overrides.pop("context", None) or max_len + 1  # + BOS or EOS
+    base, context = decoder_preset(choice, overrides, max_len, "the RNNs")
+    if choice.presets:  # the Transformer: one embedding for both sides where their vocabularies are one
         base["share_embeddings"] = overrides.get("share_embeddings", False) and src_vocab == tgt_vocab
-    elif "preset" in overrides:
-        raise AttnlabError("--preset names a Transformer size: it does not apply to the RNNs")
+    sizes = {"src_vocab": src_vocab, "tgt_vocab": tgt_vocab, **fixed, **context}
     return build_config(name, cls, base, overrides, sizes)
 
 
@@ -151,15 +147,7 @@ class Translation(Task):
         max_out = min(data.max_len, 2 * max(len(t) for t in encoded["train"][1]) + 10)
         task = {"kind": self.name, "model": req.model, "max_out": max_out}
         family = self.models[req.model].family
-        config = {
-            "family": family,
-            "model": dataclasses.asdict(cfg),
-            "train": dataclasses.asdict(req.train),
-            "data": dataclasses.asdict(data),
-            "task": task,
-        }
-        if req.init is not None:
-            config["init"] = str(req.init)
+        config = config_json(req, family, cfg, task)
 
         batches = Pairs({k: v[0] for k, v in encoded.items()}, {k: v[1] for k, v in encoded.items()})
         return Prepared(

@@ -19,7 +19,7 @@ import numpy as np
 
 from attnlab.io import atomic_write
 from attnlab.viz.figures import pyplot, save_figure
-from attnlab.viz.html import fill, script_json, static_text
+from attnlab.viz.html import page, script_json, static_text
 
 
 def upsample(weights: np.ndarray, grid: tuple[int, int], patch: tuple[int, int]) -> np.ndarray:
@@ -106,9 +106,9 @@ def write_caption_html(
 
     parts = {
         "TITLE": html.escape(title or "caption"),
-        "STYLE": static_text("caption.css"),
+        "STYLE": static_text("page.css") + static_text("caption.css"),
         "DATA": script_json(caption_json(image, words, weights, grid, title)),
         "SCRIPT": static_text("caption.js"),
     }
-    text = fill(static_text("caption.html"), parts)
+    text = page("caption.html", parts)
     atomic_write(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))

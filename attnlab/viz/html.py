@@ -121,7 +121,7 @@ def render_attention_html(views: list[AttentionView], title: str = "", experts: 
         "DATA": script_json(views_json(views, experts)),
         "SCRIPT": static_text("views.js"),
     }
-    return fill(static_text("attention.html"), parts)
+    return page("attention.html", parts)
 
 
 def write_attention_html(views: list[AttentionView], path: Path, title: str = "", experts: dict | None = None) -> None:
@@ -189,6 +189,12 @@ def scoped_css(css: str, root: str, ids: list[str]) -> str:
 def static_text(name: str, package: str = "attnlab.viz") -> str:
     """A file of `package`'s static/ folder (package data), read once per process."""
     return (files(package) / "static" / name).read_text(encoding="utf-8")
+
+
+def page(body: str, parts: dict[str, str]) -> str:
+    """A page of its own: page.html's head, style (parts["STYLE"]) and title around the static file
+    `body`, filled in one pass (fill)."""
+    return fill(static_text("page.html").replace("@@BODY@@", static_text(body)), parts)
 
 
 def fill(template: str, parts: dict[str, str]) -> str:

@@ -12,7 +12,17 @@ from attnlab.decoding.structured.grammar import (
     advance_rows,
     apply_masks,
     compile,
+    from_grammar,
     from_response_format,
 )
 
-__all__ = ["Grammar", "Lark", "Matcher", "advance_rows", "apply_masks", "compile", "from_response_format"]
+__all__ = [
+    "Grammar",
+    "Lark",
+    "Matcher",
+    "advance_rows",
+    "apply_masks",
+    "compile",
+    "from_grammar",
+    "from_response_format",
+]

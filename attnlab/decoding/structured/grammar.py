@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data.tokenizers import Tokenizer
+from attnlab.decoding.structured import lark_subset
 from attnlab.decoding.structured import schema as schemas
 from attnlab.decoding.structured.vocab import vocabulary
 from attnlab.errors import AttnlabError, one_line
@@ -229,3 +230,9 @@ def from_response_format(fmt: dict[str, Any], tokenizer: Tokenizer) -> Grammar |
             raise AttnlabError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
         return compile(inner["schema"], tokenizer)
     raise AttnlabError(f"response_format type {kind!r} is not supported: use text, json_object or json_schema")
+
+
+def from_grammar(text: str, tokenizer: Tokenizer) -> Grammar:
+    """A request's `grammar`: Lark text within lark_subset's part of the dialect, compiled for `tokenizer`."""
+    lark_subset.check(text)
+    return compile(Lark(text), tokenizer)
