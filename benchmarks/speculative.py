@@ -29,9 +29,10 @@ import time
 from common import cpu_named, format_table
 
 import attnlab
+from attnlab.decoding.drafts import use_draft
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import engine_for
-from attnlab.decoding.speculate import Speculate, use_draft
+from attnlab.decoding.speculate import Speculate
 
 SOURCES = ("textwrap:dedent", "json:dumps", "shutil:copyfile", "difflib:get_close_matches", "fnmatch:translate")
 OPEN = ("def ", "class ", "    if ", "import ", "        return ")

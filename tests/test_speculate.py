@@ -12,11 +12,11 @@ from attnlab import load
 from attnlab.cli.main import main
 from attnlab.decoding import speculate
 from attnlab.decoding.adapters import LMDecoder
-from attnlab.decoding.drafts import PromptLookup
+from attnlab.decoding.drafts import PromptLookup, use_draft
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
 from attnlab.decoding.sampling import read_in_turn, stream_text
-from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, measure, use_draft
+from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, measure
 from attnlab.errors import AttnlabError
 from attnlab.models.gpt import GPT
 from tests.conftest import TEXT, cli_lm, nano_flags, tiny_model

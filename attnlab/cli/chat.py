@@ -26,8 +26,8 @@ from attnlab.data.chat import ChatTemplate
 from attnlab.data.conversations import Conversation, Preference, conversation, kind_of, preference, rows
 from attnlab.data.finetune import BUILTIN
 from attnlab.decoding.dialogue import BLOCK, COMMANDS, Dialogue, answer_tokens, next_message, talk
+from attnlab.decoding.drafts import use_draft
 from attnlab.decoding.settings import compiling
-from attnlab.decoding.speculate import use_draft
 from attnlab.errors import AttnlabError
 from attnlab.runs.adapted import CHAT_TEMPLATE, run_template
 from attnlab.runs.folder import check_run_dir, read_run_config

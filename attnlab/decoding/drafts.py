@@ -6,6 +6,7 @@ Legend: V vocabulary, k tokens drafted, C a model's context.
     PromptLookup  the tokens that followed the last time the row's newest n tokens (n = NGRAM down to
                   MIN_NGRAM) occurred in its window (prompt and output): free to make, right where an
                   answer copies from its input (a summary, an edit, code that repeats a name)
+    use_draft     a served model's draft model (one per model, as its engine is one per model)
     DraftModel    k tokens the draft model decodes from the row's window on caches of its own, kept
                   between turns and cut back to the tokens the target kept; a sampled row's drafts are
                   drawn from the draft's distribution q, which the rejection rule needs (k, V)
@@ -13,13 +14,44 @@ Legend: V vocabulary, k tokens drafted, C a model's context.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import weakref
 
+import torch
+from torch import Tensor, nn
+
+from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.draw import filter_logits
+from attnlab.errors import AttnlabError
+from attnlab.models.protocols import CausalLM
 
 NGRAM = 3  # the longest suffix looked up
 MIN_NGRAM = 2  # a single token matches nearly everywhere in open-ended text: its drafts mostly fail
+
+
+_DRAFTS: weakref.WeakKeyDictionary[nn.Module, LMDecoder] = weakref.WeakKeyDictionary()
+PROBE = "Speculative decoding: def f(x):\n    return x + 1  # 12,345 \u00e9t\u00e9"  # tokenizers that agree on it
+
+
+def use_draft(
+    model: nn.Module, draft: nn.Module, dtype: str = "auto", compiled: bool = False, tokenizers: tuple | None = None
+) -> None:
+    """Make `draft` the draft model of `model`'s rows that speculate (draft or auto): a language model
+    with the same vocabulary; tokenizers (the model's, the draft's): checked to agree on a probe text."""
+    if not isinstance(draft, CausalLM):
+        raise AttnlabError(f"a draft model is a language model; this is a {type(draft).__name__}")
+    if tokenizers is not None and tokenizers[0].encode(PROBE) != tokenizers[1].encode(PROBE):
+        raise AttnlabError("the draft run's tokenizer is not the model's: a draft model needs the same tokenizer")
+    if draft.cfg.vocab_size != model.cfg.vocab_size:
+        raise AttnlabError(
+            f"the draft model's vocabulary ({draft.cfg.vocab_size}) is not the model's ({model.cfg.vocab_size}): "
+            "a draft model needs the same tokenizer"
+        )
+    _DRAFTS[model] = LMDecoder(draft, dtype, compiled)
+
+
+def draft_of(model: nn.Module) -> LMDecoder | None:
+    """The decoder of `model`'s draft model (use_draft), or None."""
+    return _DRAFTS.get(model)
 
 
 class PromptLookup:

@@ -7,7 +7,7 @@ A row asks for it (rows.Ask.speculate: a Speculate) and the engine does it, in i
 its own state (engine.py `_step`): `speculated` takes that step instead of the one-token one.
 
     draft      prompt lookup or a draft model (drafts.py); `auto`: prompt lookup where the window has
-               a match, else the draft model if the served model has one (use_draft)
+               a match, else the draft model if the served model has one (drafts.use_draft)
     verify     [newest token, d1..dk] fed at the row's position in one pass: the k + 1 next-token
                logits (adapters.LMDecoder.verify)
     accept     greedy: drafts while they are the argmax; sampled: the rejection rule, d_i kept with
@@ -37,13 +37,12 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnlab.decoding.adapters import LMDecoder
-from attnlab.decoding.drafts import DraftModel, PromptLookup
+from attnlab.decoding.drafts import DraftModel, PromptLookup, draft_of
 from attnlab.decoding.draw import Draw, filter_logits
 from attnlab.errors import AttnlabError
-from attnlab.models.protocols import CausalLM
 
 MODES = ("off", "prompt", "draft", "auto")
 DECAY = 0.9  # a row's acceptance counts fade by this each pass: about the last ten count
@@ -121,7 +120,7 @@ class Drafting:
                 return "prompt", drafts[:k], None
             if mode == "prompt":
                 return "prompt", [], None
-        draft = _DRAFTS.get(decoder.model)
+        draft = draft_of(decoder.model)
         if draft is None:
             if mode == "draft":
                 raise AttnlabError("--speculate draft needs a draft model: give --draft RUN")
@@ -247,31 +246,10 @@ def _rebuild(engine, row) -> None:
     row.sure = None
 
 
-# ---- the served model's draft model, and what a pass costs ------------------------------------------
+# ---- what a pass costs ------------------------------------------------------------------------------
 
-_DRAFTS: weakref.WeakKeyDictionary[nn.Module, LMDecoder] = weakref.WeakKeyDictionary()
 _COSTS: weakref.WeakKeyDictionary[LMDecoder, list[float]] = weakref.WeakKeyDictionary()
 MOST = 8  # verify passes measured up to this many drafts
-
-
-PROBE = "Speculative decoding: def f(x):\n    return x + 1  # 12,345 \u00e9t\u00e9"  # tokenizers that agree on it
-
-
-def use_draft(
-    model: nn.Module, draft: nn.Module, dtype: str = "auto", compiled: bool = False, tokenizers: tuple | None = None
-) -> None:
-    """Make `draft` the draft model of `model`'s rows that speculate (draft or auto): a language model
-    with the same vocabulary; tokenizers (the model's, the draft's): checked to agree on a probe text."""
-    if not isinstance(draft, CausalLM):
-        raise AttnlabError(f"a draft model is a language model; this is a {type(draft).__name__}")
-    if tokenizers is not None and tokenizers[0].encode(PROBE) != tokenizers[1].encode(PROBE):
-        raise AttnlabError("the draft run's tokenizer is not the model's: a draft model needs the same tokenizer")
-    if draft.cfg.vocab_size != model.cfg.vocab_size:
-        raise AttnlabError(
-            f"the draft model's vocabulary ({draft.cfg.vocab_size}) is not the model's ({model.cfg.vocab_size}): "
-            "a draft model needs the same tokenizer"
-        )
-    _DRAFTS[model] = LMDecoder(draft, dtype, compiled)
 
 
 def costs_of(decoder: LMDecoder) -> list[float]:

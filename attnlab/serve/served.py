@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.chat import ChatTemplate
+from attnlab.decoding.drafts import use_draft
 from attnlab.decoding.engine import Engine, engine_for
-from attnlab.decoding.speculate import use_draft
 from attnlab.errors import AttnlabError, one_line
 from attnlab.nn.counting import count_parameters
 from attnlab.runs.adapted import run_template
@@ -70,7 +70,7 @@ class Served:
 
 
 def attach_draft(served: dict[str, Served], draft: str | None, device: str, compiled: bool) -> None:
-    """--draft RUN: the draft model of every language model served (decoding/speculate.py use_draft)."""
+    """--draft RUN: the draft model of every language model served (decoding/drafts.py use_draft)."""
     if draft is None:
         return
     drafter = load_runs([draft], device, compiled=compiled)
