@@ -204,6 +204,23 @@ def test_float_rows_take_one_float32_row_through_the_operator_and_leave_the_rest
         assert torch.allclose(traced_one.module()(one), layer(one), rtol=1e-5, atol=1e-6)
 
 
+@needs_library
+def test_float_rows_of_a_batched_step_take_every_float32_product_through_the_operator():
+    """rows > 1 (a batched step's trace, B symbolic): the products of any number of rows are the
+    operator's, and give the layer's numbers."""
+    torch.manual_seed(0)
+    layer = nn.Linear(100, 30)
+    many = torch.randn(5, 1, 100)
+    b = torch.export.Dim("B", min=2, max=16)
+    with torch.no_grad():
+        with row_kernels.FloatRows(16):
+            traced = torch.export.export(layer, (many,), dynamic_shapes=({0: b},), strict=False)
+        assert "attnlab.f32_row_product" in str(traced.graph)
+        for rows in (2, 5, 16):
+            x = torch.randn(rows, 1, 100)
+            assert torch.allclose(traced.module()(x), layer(x), rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def unloaded(monkeypatch):
     """The module as a process that has not loaded the operators sees it: the load itself, uncached."""

@@ -48,7 +48,7 @@ from torch.export.graph_signature import InputKind
 from attnlab.decoding import step_cache
 from attnlab.io import atomic_write
 from attnlab.quant import row_kernels
-from attnlab.quant.packed import PackedLinear
+from attnlab.quant.packed import ROW_LIMIT, PackedLinear
 
 FOLDER = "attnlab-steps"  # under inductor's cache folder
 COLD = (
@@ -124,7 +124,8 @@ class ExportedStep:
                 shapes = ({0: b}, {0: b}, {0: b, 3: keys}, [None] * len(kv), None if last is None else {0: b})
             else:
                 shapes = (None, None, {3: keys}, [None] * len(kv), None)
-            with row_kernels.FloatRows() if rows else contextlib.nullcontext():
+            most = kv[0].shape[0] if self.rows and kv[0].shape[0] <= ROW_LIMIT else 1  # the batch's rows
+            with row_kernels.FloatRows(most) if rows else contextlib.nullcontext():
                 return torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
 
     def _current(self) -> dict[str, Tensor]:
