@@ -69,15 +69,19 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="tokens per row")
     p.add_argument("--repeats", type=int, default=5, help="rounds of each side, alternated")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--no-compile", action="store_true", help="the eager step (default: the compiled one, as serve)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tok = CharTokenizer("".join(chr(c) for c in range(32, 127)))
     model = GPT(GPTConfig(**SHAPES[args.shape], vocab_size=tok.vocab_size)).eval()
-    engine = Engine(model, max_batch=max(int(b) for b in args.batches.split(",")))
+    engine = Engine(model, max_batch=max(int(b) for b in args.batches.split(",")), compiled=not args.no_compile)
     t0 = time.perf_counter()
     grammar = compile(SCHEMA, tok)
-    print(f"{args.shape}, {args.tokens} tokens a row, torch threads {args.threads}, load {os.getloadavg()[0]:.2f}")
+    step = "eager" if args.no_compile else "compiled"
+    print(
+        f"{args.shape}, {step}, {args.tokens} tokens a row, torch threads {args.threads}, load {os.getloadavg()[0]:.2f}"
+    )
     print(f"schema compiled in {(time.perf_counter() - t0) * 1e3:.1f} ms")
     rounds(engine, None, 2, 8, 0)  # warm: the thread, calibration
     print("| batch | free (tokens/s) | schema (tokens/s) | schema / free |")
