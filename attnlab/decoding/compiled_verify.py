@@ -31,20 +31,16 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding import compiled
-from attnlab.decoding.compiled import EXPORT_DEVICES, _reason
+from attnlab.decoding.compiled import EXPORT_DEVICES, StepCache, _reason
 from attnlab.decoding.exported import ExportedStep
 from attnlab.nn.attention import KVCache
 from attnlab.quant import row_kernels
 from attnlab.quant.packed import ROW_LIMIT
 
 
-class VerifyCache(KVCache):
-    """One layer's buffers inside the verify pass: the T new keys/values written at position..position +
-    T - 1, the first L read (the bias's width)."""
-
-    def __init__(self, k: Tensor, v: Tensor, position: Tensor, bias: Tensor):
-        super().__init__(None)
-        self.k, self.v, self.position, self.bias = k, v, position, bias
+class VerifyCache(StepCache):
+    """One layer's buffers inside the verify pass: the lone step's cache (compiled.StepCache) with T new
+    keys/values written at position..position + T - 1."""
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the (1, Hkv, T, Dh) keys/values in place; the first L, (1, Hkv, L, Dh)."""
@@ -53,12 +49,6 @@ class VerifyCache(KVCache):
         self.v[:, :, at] = v.to(self.v.dtype)
         n = self.bias.shape[-1]
         return self.k[:, :, :n], self.v[:, :, :n]
-
-    def key_bias(self) -> Tensor:
-        return self.bias
-
-    def keys_after(self, offset: int | Tensor, t: int) -> int:
-        return self.bias.shape[-1]
 
 
 def _verify(

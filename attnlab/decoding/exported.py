@@ -11,9 +11,12 @@ compiled decode step", has the measurements).
     traced once       the step (compiled._step) over the row's caches: (ids (1, 1), position (1,), bias
                       (1, 1, 1, L), the caches' k, v buffers (1, Hkv, C + 1, Dh) each, the previous
                       token (1, 1) when the model reads it) -> logits (1, V); L symbolic (2..C); the cache
-                      writes are in place, as in the model's forward
+                      writes are in place, as in the model's forward. Two more kinds are traced the
+                      same way, each its own library: the batched rows' step (compiled_rows.py, B rows
+                      symbolic) and a lone row's verify pass (compiled_verify.py, T tokens symbolic)
     its products      a float32 layer's one-row product is attnlab's operator (quant/row_kernels.FloatRows,
-                      active while the step is traced), faster than PyTorch's product for a small
+                      active while the step is traced; every product of at most ROW_LIMIT rows in the
+                      other two kinds), faster than PyTorch's product for a small
                       model and equal for GPT-2 small, whose matrices are read at the memory's speed
                       either way
     the weights       are not in the library: it is handed the model's own tensors by name (parameters,
