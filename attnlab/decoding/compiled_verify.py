@@ -4,10 +4,10 @@ through every block in one call, each weight read once for all of them.
 Legend: Hkv key/value heads, C the context, Dh head size, T tokens fed (2..ROW_LIMIT), o the row's
 position (keys already in its caches), L = o + T keys the pass attends over, V vocabulary.
 
-Speculative decoding pays only if checking k drafts costs about one step. The eager pass over 2-9
-tokens cost 4-6 compiled one-token steps (a 6 x 256 GPT: 3.9-5.2 ms against 0.84 ms): per-operation
-cost, and PyTorch's float32 product, which packs the weight again at every call. torch.compile'd it
-still cost 3-4 steps (its products stayed PyTorch's). Traced as the lone step is (exported.py), with
+Speculative decoding pays only if checking k drafts costs little more than one step. The eager pass
+cost several compiled one-token steps: per-operation cost, and PyTorch's float32 product, which packs
+the weight again at every call; torch.compile'd, its products stayed PyTorch's (docs/serving.md,
+"Speculative decoding", has the measurements). Traced as the lone step is (exported.py), with
 every float32 product through attnlab's row operator (quant/row_kernels.FloatRows: it reads a weight
 once for up to ROW_LIMIT rows, as the packed int8/int4/bf16 layers' operators do), it is one call
 into a library:

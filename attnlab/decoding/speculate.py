@@ -275,8 +275,8 @@ def measure(decoder: LMDecoder, most: int = MOST, repeats: int = 9) -> list[floa
     passes = [lambda: decoder.feed(state, prompt[-1:], n)]
     passes += [lambda k=k: decoder.verify(state, prompt[-1:] * (k + 1), n) for k in range(1, most + 1)]
     costs = [float("inf")] * len(passes)
-    # One thread: its CPU time, which a busy machine's other processes do not lengthen (wall times of
-    # the same pass varied 2x at load 6 on 2 cores); several: the wall time (their waits are the cost).
+    # One thread: its CPU time, which a busy machine's other processes do not lengthen (its wall time
+    # does: docs/serving.md, "Speculative decoding"); several: the wall time (their waits are the cost).
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     for round_ in range(repeats + 1):  # the first round warms up (a compiled step may compile there)
         for k, call in enumerate(passes):

@@ -28,7 +28,8 @@ from attnlab.nn.norm import RMSNorm
 QKTransform = Callable[[Tensor, Tensor, int | Tensor], tuple[Tensor, Tensor]]
 
 
-# At most this many queries a row, inside a compiled step, take _few_queries' sums (a verify pass).
+# At most this many queries a row, inside a compiled step (not training), take _few_queries' sums (a
+# verify pass).
 FEW_QUERIES = 32
 
 
@@ -95,7 +96,8 @@ def attend(
     if tq == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
         return _one_query(q, k, v, mask, bias, scale), None
     mask, live = _visible(mask, causal, tq, tk, q.device)
-    if tq <= FEW_QUERIES and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
+    few = tq <= FEW_QUERIES and not (return_weights or dropout_p or torch.is_grad_enabled())  # no training
+    if few and torch.compiler.is_compiling():
         out = _few_queries(q, k, v, mask, bias, scale)  # a verify pass (decoding/compiled_verify.py)
         return (out if live is None else out * live), None
     if not return_weights:
@@ -131,8 +133,8 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tenso
 
 def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
     """A few queries per row (a verify pass's T) as _one_query's sums, one more loop over the queries:
-    q (..., T, Dh), k and v (..., Tk, Dh) -> (..., T, Dh). Through the fused kernel's extern call a
-    6 x 256 GPT's compiled pass over 2 tokens cost 1.3 ms, with these sums 0.95-1.2."""
+    q (..., T, Dh), k and v (..., Tk, Dh) -> (..., T, Dh). The fused kernel's extern call, with its mask,
+    made a small model's compiled pass a quarter dearer (docs/serving.md, "Speculative decoding")."""
     scores = (stored(q)[..., :, None, :] * k[..., None, :, :]).sum(-1) * scale  # (..., T, Tk)
     if bias is not None:
         scores = scores + bias
