@@ -9,7 +9,9 @@ Two tasks, greedy (or --temperature T, seeded), one sequence at a time through t
 Each mode decodes every prompt of a task in turn, modes interleaved within a round (a neighbour's burst
 falls on all of them alike); tokens/s = new tokens / wall time of the round (prompts included), the
 median of --repeats rounds after an untimed warm-up round; tokens/CPU s the same over the process's CPU
-time, which other processes on a busy machine do not lengthen (one thread: the work itself). Every
+time, which other processes on a busy machine do not lengthen (one thread: the work itself); "decoding
+x" the speedup over the time after each prompt's first token (its prefill left out, the same in every
+mode: a third of the grounded task's time on the compiled step). Every
 mode's tokens are checked against plain decoding's (greedy: they must be the same); accepted/drafted
 and the verify passes come from the engine's counters.
 
@@ -44,6 +46,8 @@ COLUMNS = [
     ("speedup", "x plain", ".2f"),
     ("tokens_per_cpu_s", "tokens/CPU s", ",.1f"),
     ("cpu_speedup", "x plain (CPU)", ".2f"),
+    ("decode_speedup", "decoding x", ".2f"),
+    ("decode_cpu_speedup", "decoding x (CPU)", ".2f"),
     ("accepted", "accepted/drafted", ""),
     ("passes", "verify passes", ","),
     ("same", "same tokens", ""),
@@ -60,42 +64,51 @@ def grounded_prompts(piece: int) -> list[str]:
     return out
 
 
-def decode(engine, tokenizer, prompts: list[str], mode: str, args) -> tuple[float, float, list[list[int]]]:
-    """Wall and CPU seconds to decode every prompt (args.new_tokens each, prompt i with seed i) with `mode`,
-    and the tokens."""
+def decode(engine, tokenizer, prompts: list[str], mode: str, args) -> tuple[list[float], list[list[int]]]:
+    """[wall, CPU, wall after each first token, CPU after it] seconds to decode every prompt
+    (args.new_tokens each, prompt i with seed i) with `mode`, and the tokens."""
     ask = {} if mode == "off" else {"speculate": Speculate(mode, args.draft_tokens)}
-    begin, cpu, out = time.perf_counter(), time.process_time(), []
+    clocks = (time.perf_counter, time.process_time)
+    begin, after, out = [c() for c in clocks], [0.0, 0.0], []
     for i, prompt in enumerate(prompts):
         draw = Draw(args.temperature, seed=i)
-        out.append([s.token for s in engine.generate(tokenizer.encode(prompt), draw, args.new_tokens, **ask)])
-    return time.perf_counter() - begin, time.process_time() - cpu, out
+        tokens = []
+        for step in engine.generate(tokenizer.encode(prompt), draw, args.new_tokens, **ask):
+            if not tokens:  # the prompt is in: the rest is decoding
+                first = [c() for c in clocks]
+            tokens.append(step.token)
+        after = [a + c() - f for a, c, f in zip(after, clocks, first, strict=True)]
+        out.append(tokens)
+    return [c() - b for c, b in zip(clocks, begin, strict=True)] + after, out
 
 
 def measure(run, prompts: list[str], args) -> list[dict]:
     """One task: each mode's median tokens/s, its counters and whether its tokens are plain decoding's."""
     engine = engine_for(run.model, args.dtype, compiled=args.compile)
-    times, cpu = {m: [] for m in MODES}, {m: [] for m in MODES}
+    times = {m: [] for m in MODES}  # each round's [wall, CPU, decoding wall, decoding CPU] seconds
     counters = {m: {"drafted": 0, "accepted": 0, "verify passes": 0} for m in MODES}
     tokens = {}
     for round_ in range(args.repeats + 1):
         for mode in MODES:
             before = {key: engine.stats[key] for key in counters[mode]}
-            seconds, cpu_seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args)
+            seconds, tokens[mode] = decode(engine, run.tokenizer, prompts, mode, args)
             if round_:  # the first round warms up (and measures the passes' costs: speculate.costs_of)
                 times[mode].append(seconds)
-                cpu[mode].append(cpu_seconds)
                 for key in counters[mode]:
                     counters[mode][key] += engine.stats[key] - before[key]
+    median = {m: [statistics.median(r[i] for r in times[m]) for i in range(4)] for m in MODES}
     rows, n = [], len(prompts) * args.new_tokens
     for mode in MODES:
-        c = counters[mode]
+        c, t, off = counters[mode], median[mode], median["off"]
         rows.append(
             {
                 "mode": mode,
-                "tokens_per_s": n / statistics.median(times[mode]),
-                "speedup": statistics.median(times["off"]) / statistics.median(times[mode]),
-                "tokens_per_cpu_s": n / statistics.median(cpu[mode]),
-                "cpu_speedup": statistics.median(cpu["off"]) / statistics.median(cpu[mode]),
+                "tokens_per_s": n / t[0],
+                "speedup": off[0] / t[0],
+                "tokens_per_cpu_s": n / t[1],
+                "cpu_speedup": off[1] / t[1],
+                "decode_speedup": off[2] / t[2],
+                "decode_cpu_speedup": off[3] / t[3],
                 "accepted": f"{c['accepted']}/{c['drafted']}",
                 "passes": c["verify passes"],
                 "same": tokens[mode] == tokens["off"] if args.temperature == 0 else "(sampled)",

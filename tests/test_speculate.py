@@ -244,3 +244,24 @@ def test_serve_options_pair_speculate_draft_with_a_draft_run():
     with pytest.raises(ValueError, match="--draft RUN"):
         ServeOptions(runs=["lm"], draft="small")
     assert ServeOptions(runs=["lm"], speculate="auto", draft="small").draft_tokens == 4
+
+
+@pytest.mark.parametrize("mode", ["prompt", "draft"])
+def test_greedy_rows_on_the_compiled_path_get_the_tokens_of_plain_decoding(runs, compiled_steps, monkeypatch, mode):
+    """The default path: the lone row's step and its verify pass compiled ahead of time (the draft model's
+    too), the pass's costs measured through them; the tokens are plain decoding's."""
+    from attnlab.decoding import compiled
+
+    monkeypatch.setattr(compiled, "EXPORT", True)  # compiled_steps turns the ahead-of-time steps off
+    run, draft = load(runs[0], "cpu"), load(runs[1], "cpu")
+    use_draft(run.model, draft.model, "float32", compiled=True)
+    engine = Engine(run.model, dtype="float32", compiled=True)
+    for prompt in PROMPTS[:2]:
+        ids = run.tokenizer.encode(prompt)
+        plain = tokens(Engine(run.model, dtype="float32"), ids, 60)
+        assert tokens(engine, ids, 60, speculate=Speculate(mode, 4, backoff=False)) == plain, prompt
+    verify = engine.decoder.compiled_verify
+    assert verify.exported is not None, verify.failed
+    assert compiled_steps and engine.stats["accepted"] > 20, dict(engine.stats)
+    costs = speculate.costs_of(engine.decoder)  # the compiled pass over 2 tokens costs less than 3 steps
+    assert costs[1] < 3 * costs[0], costs

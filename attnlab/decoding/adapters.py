@@ -20,6 +20,7 @@ from torch import Tensor
 from attnlab.data.batches import EOS_ID
 from attnlab.decoding.compiled import CompiledStep
 from attnlab.decoding.compiled_rows import CompiledRows
+from attnlab.decoding.compiled_verify import CompiledVerify
 from attnlab.decoding.slots import Slots
 from attnlab.errors import AttnlabError
 from attnlab.models.protocols import CausalLM, StepDecoding
@@ -41,6 +42,7 @@ class LMDecoder:
         # A lone row's one-token steps compiled (compiled.py: ahead of time, else torch.compile), when asked.
         self.compiled = CompiledStep(model, self.context, self.device) if compiled else None
         self.compiled_rows = CompiledRows(model, self.device) if compiled else None  # the batched steps'
+        self.compiled_verify = CompiledVerify(model, self.context, self.device) if compiled else None
 
     def start(self, source: Tensor | None) -> list:
         # A compiled step reads the first L keys of its buffers, L symbolic: one position more than the
@@ -80,7 +82,14 @@ class LMDecoder:
 
     def verify(self, state: list, ids: list[int], offset: int) -> Tensor:
         """(T, V) logits after each of `ids` fed at `offset` alone, one forward pass: how a speculative
-        step checks its drafted tokens (speculate.py)."""
+        step checks its drafted tokens (speculate.py). Compiled where the lone row's step is (its caches
+        made for it: compiled_verify.py), else the eager forward."""
+        step = self.compiled_verify
+        if step is not None and step.usable(state, len(ids), offset):
+            with autocast(self.device, self.precision):
+                logits = step.feed(state, ids)
+            if logits is not None:
+                return logits
         x = torch.tensor([ids], device=self.device)  # (1, T)
         with autocast(self.device, self.precision):
             return self.model(x, caches=state, offset=offset)[0]

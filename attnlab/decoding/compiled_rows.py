@@ -112,7 +112,7 @@ class CompiledRows:
         if compiled.EXPORT and self.export_failed is None and not torch.is_autocast_enabled(self.device.type):
             try:
                 if self.exported is None:
-                    self.exported = ExportedStep(self.model, _rows_step, ids, positions, bias, kv, last, rows=True)
+                    self.exported = ExportedStep(self.model, _rows_step, ids, positions, bias, kv, last, kind="rows")
                 if self.exported.with_last == (last is not None):
                     return self.exported.run(ids, positions, bias, kv, last)
             except Exception as e:  # torch.export or AOTInductor cannot take this model: torch.compile's

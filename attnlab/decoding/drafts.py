@@ -129,7 +129,8 @@ class DraftModel:
 
     def _catch_up(self, view: list[int]) -> Tensor:
         """The draft's logits after the view (1, V): its caches cut back to what they share with the
-        view (at least one token is fed again, for the logits), then the rest fed in one pass."""
+        view (at least one token is fed again, for the logits), then the rest fed in one pass (a few
+        tokens, the target's kept drafts: the draft's compiled verify pass where it has one)."""
         if self.state is None:
             self.state, self.fed = self.decoder.start(None), []
         kept = min(len(self.fed), len(view) - 1)
@@ -139,6 +140,10 @@ class DraftModel:
             self.decoder.rollback(self.state, kept, view[kept - 1])
         else:
             self.state = self.decoder.start(None)
-        logits, _ = self.decoder.feed(self.state, view[kept:], kept)
+        rest = view[kept:]
+        if len(rest) > 1:
+            logits = self.decoder.verify(self.state, rest, kept)[-1:]
+        else:
+            logits, _ = self.decoder.feed(self.state, rest, kept)
         self.fed = list(view)
         return logits

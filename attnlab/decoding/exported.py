@@ -11,9 +11,12 @@ compiled decode step", has the measurements).
     traced once       the step (compiled._step) over the row's caches: (ids (1, 1), position (1,), bias
                       (1, 1, 1, L), the caches' k, v buffers (1, Hkv, C + 1, Dh) each, the previous
                       token (1, 1) when the model reads it) -> logits (1, V); L symbolic (2..C); the cache
-                      writes are in place, as in the model's forward
+                      writes are in place, as in the model's forward. Two more kinds are traced the
+                      same way, each its own library: the batched rows' step (compiled_rows.py, B rows
+                      symbolic) and a lone row's verify pass (compiled_verify.py, T tokens symbolic)
     its products      a float32 layer's one-row product is attnlab's operator (quant/row_kernels.FloatRows,
-                      active while the step is traced), faster than PyTorch's product for a small
+                      active while the step is traced; every product of at most ROW_LIMIT rows in the
+                      other two kinds), faster than PyTorch's product for a small
                       model and equal for GPT-2 small, whose matrices are read at the memory's speed
                       either way
     the weights       are not in the library: it is handed the model's own tensors by name (parameters,
@@ -57,6 +60,10 @@ COLD = (
 )
 
 
+# Each kind of step: what the messages call it (the key names the kind, so each has a library of its own).
+KINDS = {"row": "decode step", "rows": "batched decode step", "verify": "verify pass"}
+
+
 class _Step(nn.Module):
     """The step as a module for torch.export: the model is a submodule, so its tensors have names."""
 
@@ -82,23 +89,22 @@ class ExportedStep:
         bias: Tensor,
         kv: list[Tensor],
         last: Tensor | None,
-        rows: bool = False,
+        kind: str = "row",
     ):
-        """rows: the batched step (compiled_rows.py), its B rows symbolic (2..the slots) beside L."""
+        """kind: which step (KINDS): a lone row's one token, the batched rows' (compiled_rows.py, B rows
+        symbolic, 2..the slots) or a lone row's verify pass (compiled_verify.py, T tokens symbolic)."""
         for layer in model.modules():
             if isinstance(layer, PackedLinear):
                 layer.operands()  # made now, outside the trace: they are the layer's buffers from here on
         self.module = _Step(model, step).eval()
-        self.with_last, self.rows = last is not None, rows
+        self.with_last, self.kind = last is not None, kind
         loaded, folder = row_kernels.ready(), _folder()
-        # the bias's width (and with rows its height) is symbolic in the trace: not part of the key
-        examples = [ids[:1], position[:1], bias[:1, ..., :1]] if rows else [ids, position, bias[..., :1]]
-        key = step_cache.fingerprint(self.module, [*examples, *kv, last], loaded, "rows" if rows else "row")
+        key = step_cache.fingerprint(self.module, [*_examples(kind, ids, position, bias), *kv, last], loaded, kind)
         warm = step_cache.remembered(folder, key)
         if warm is not None:  # made by an earlier process: no trace (step_cache.py)
             self.path, self.lifted = warm
         else:
-            t0, step = time.perf_counter(), "batched decode step" if rows else "decode step"
+            t0, step = time.perf_counter(), KINDS[kind]
             program = self._traced(ids, position, bias, kv, last, loaded)  # seconds: said only if compiled
             self.lifted = _as_buffers(program)
             self.path = _library(program, folder, COLD.format(step=step))
@@ -110,22 +116,28 @@ class ExportedStep:
         self.refresh()
 
     def _traced(
-        self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None, rows: bool
+        self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None, loaded: bool
     ) -> torch.export.ExportedProgram:
-        """torch.export's program of the step, L symbolic (2..C) and with rows B (2..the slots), attnlab's
-        row products in it when loaded."""
+        """torch.export's program of the step, L symbolic (2..C), with rows B (2..the slots), a verify
+        pass T (2..ROW_LIMIT); attnlab's row products in it when loaded."""
         with torch.inference_mode(False), torch.no_grad():
             # Example inputs of the same shapes outside inference mode (the trace writes into them).
             like = lambda t: None if t is None else torch.zeros_like(t)
             example = (like(ids), like(position), like(bias), [like(t) for t in kv], like(last))
-            keys = torch.export.Dim("L", min=2, max=self.module.model.cfg.context)
-            if self.rows:
+            context = self.module.model.cfg.context
+            keys = torch.export.Dim("L", min=2, max=context)
+            fixed = [None] * len(kv)
+            most = 1  # the rows of a product: one in a lone row's step
+            if self.kind == "rows":
                 b = torch.export.Dim("B", min=2, max=kv[0].shape[0])
-                shapes = ({0: b}, {0: b}, {0: b, 3: keys}, [None] * len(kv), None if last is None else {0: b})
+                shapes = ({0: b}, {0: b}, {0: b, 3: keys}, fixed, None if last is None else {0: b})
+                most = kv[0].shape[0] if kv[0].shape[0] <= ROW_LIMIT else 1  # the batch's rows
+            elif self.kind == "verify":
+                t = torch.export.Dim("T", min=2, max=min(ROW_LIMIT, context))
+                shapes, most = ({1: t}, None, {3: keys}, fixed, None), ROW_LIMIT
             else:
-                shapes = (None, None, {3: keys}, [None] * len(kv), None)
-            most = kv[0].shape[0] if self.rows and kv[0].shape[0] <= ROW_LIMIT else 1  # the batch's rows
-            with row_kernels.FloatRows(most) if rows else contextlib.nullcontext():
+                shapes = (None, None, {3: keys}, fixed, None)
+            with row_kernels.FloatRows(most) if loaded else contextlib.nullcontext():
                 return torch.export.export(self.module, example, dynamic_shapes=shapes, strict=False)
 
     def _current(self) -> dict[str, Tensor]:
@@ -145,8 +157,17 @@ class ExportedStep:
             self.tensors = current
 
     def run(self, ids: Tensor, position: Tensor, bias: Tensor, kv: list[Tensor], last: Tensor | None) -> Tensor:
-        """(1, V) logits of one step ((B, V) with rows); the caches are written at `position` in place."""
+        """(1, V) logits of one step ((B, V) of the batched rows', (T, V) of a verify pass); the caches are
+        written at `position` (and on) in place."""
         return self.runner.loader.run([ids, position, bias, *kv, *([last] if self.with_last else [])])[0]
+
+
+def _examples(kind: str, ids: Tensor, position: Tensor, bias: Tensor) -> list[Tensor]:
+    """The step's first inputs as the key reads them: a symbolic size (L; B of the batched rows; T of
+    a verify pass) cut to 1, as it is no part of the key."""
+    if kind == "rows":
+        return [ids[:1], position[:1], bias[:1, ..., :1]]
+    return [ids[:, :1] if kind == "verify" else ids, position, bias[..., :1]]
 
 
 def _as_buffers(program: torch.export.ExportedProgram) -> dict[str, Tensor]:

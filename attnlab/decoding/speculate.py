@@ -9,7 +9,8 @@ its own state (engine.py `_step`): `speculated` takes that step instead of the o
     draft      prompt lookup or a draft model (drafts.py); `auto`: prompt lookup where the window has
                a match, else the draft model if the served model has one (drafts.use_draft)
     verify     [newest token, d1..dk] fed at the row's position in one pass: the k + 1 next-token
-               logits (adapters.LMDecoder.verify)
+               logits (adapters.LMDecoder.verify: compiled ahead of time where the row's one-token
+               steps are, compiled_verify.py, about two steps' cost for 4 drafts; else the eager forward)
     accept     greedy: drafts while they are the argmax; sampled: the rejection rule, d_i kept with
                probability min(1, p(d_i) / q(d_i)), else a token drawn from norm(max(0, p - q)) (prompt
                lookup's q is a point mass: p without d_i); all kept: one more drawn from the last p.
@@ -254,7 +255,8 @@ MOST = 8  # verify passes measured up to this many drafts
 
 def costs_of(decoder: LMDecoder) -> list[float]:
     """Seconds of a plain one-token step (costs[0]) and of a verify pass over k + 1 tokens (costs[k]),
-    medians measured once per decoder on a short sequence."""
+    measured once per decoder on a short sequence, through the step and pass its rows take (compiled
+    where the decoder is)."""
     if decoder not in _COSTS:
         _COSTS[decoder] = measure(decoder)
     return _COSTS[decoder]
@@ -273,8 +275,8 @@ def measure(decoder: LMDecoder, most: int = MOST, repeats: int = 9) -> list[floa
     passes = [lambda: decoder.feed(state, prompt[-1:], n)]
     passes += [lambda k=k: decoder.verify(state, prompt[-1:] * (k + 1), n) for k in range(1, most + 1)]
     costs = [float("inf")] * len(passes)
-    # One thread: its CPU time, which a busy machine's other processes do not lengthen (wall times of
-    # the same pass varied 2x at load 6 on 2 cores); several: the wall time (their waits are the cost).
+    # One thread: its CPU time, which a busy machine's other processes do not lengthen (its wall time
+    # does: docs/serving.md, "Speculative decoding"); several: the wall time (their waits are the cost).
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     for round_ in range(repeats + 1):  # the first round warms up (a compiled step may compile there)
         for k, call in enumerate(passes):

@@ -47,7 +47,7 @@ def source_digest() -> str:
 def fingerprint(module: nn.Module, inputs: list[Tensor | None], rows_loaded: bool, step: str = "row") -> str:
     """The step's key without a trace (the module's docstring): module the _Step being traced (its
     .model a language model with its config), inputs its example tensors in order (None where absent),
-    step which step it is (a lone row's, or the batched rows')."""
+    step which step it is (exported.KINDS: a lone row's, the batched rows', a verify pass)."""
     parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_identity(), step]
     parts += [str(rows_loaded), repr(module), repr(module.model.cfg)]  # the language model's config
     owners: dict[int, str] = {}  # storage -> the first name holding it: tied weights show as such

@@ -249,7 +249,8 @@ class GPT(Checkpointing, CausalLM, TextEmbedding, nn.Module):
         if last is not None and idx.shape[1] == 1:
             prev = last  # a decoding step: the one previous token is the cache's
         else:
-            prev = torch.cat([first, idx[:, :-1]], dim=1)  # (B, T)
+            # (B, T); cut after the join: a (B, T - 1) piece would make a traced T of 2 a constant
+            prev = torch.cat([first, idx], dim=1)[:, :-1]
         if caches is not None:
             caches[0].last_token = idx[:, -1:].clone()  # a copy: idx may be a view of a buffer rewritten later
         return (prev * (v + 1) + idx) % self.cfg.bigram_vocab

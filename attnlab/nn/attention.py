@@ -28,6 +28,11 @@ from attnlab.nn.norm import RMSNorm
 QKTransform = Callable[[Tensor, Tensor, int | Tensor], tuple[Tensor, Tensor]]
 
 
+# At most this many queries a row, inside a compiled step (not training), take _few_queries' sums (a
+# verify pass).
+FEW_QUERIES = 32
+
+
 def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:
     """(Tq, Tk) boolean mask where query i may see key j iff j <= i.
 
@@ -91,6 +96,10 @@ def attend(
     if tq == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
         return _one_query(q, k, v, mask, bias, scale), None
     mask, live = _visible(mask, causal, tq, tk, q.device)
+    few = tq <= FEW_QUERIES and not (return_weights or dropout_p or torch.is_grad_enabled())  # no training
+    if few and torch.compiler.is_compiling():
+        out = _few_queries(q, k, v, mask, bias, scale)  # a verify pass (decoding/compiled_verify.py)
+        return (out if live is None else out * live), None
     if not return_weights:
         # The kernel takes one attn_mask: boolean, or a float one added to the scores. A bias and a
         # mask together become one float mask, -inf where the boolean mask says no.
@@ -120,6 +129,19 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tenso
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = stored(torch.softmax(scores.float(), dim=-1).to(v.dtype))  # (..., 1, Tk)
     return (weights.transpose(-1, -2) * v).sum(-2, keepdim=True)  # (..., 1, Dh)
+
+
+def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
+    """A few queries per row (a verify pass's T) as _one_query's sums, one more loop over the queries:
+    q (..., T, Dh), k and v (..., Tk, Dh) -> (..., T, Dh). The fused kernel's extern call, with its mask,
+    made a small model's compiled pass a quarter dearer (docs/serving.md, "Speculative decoding")."""
+    scores = (stored(q)[..., :, None, :] * k[..., None, :, :]).sum(-1) * scale  # (..., T, Tk)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = stored(torch.softmax(scores.float(), dim=-1).to(v.dtype))  # (..., T, Tk)
+    return (weights[..., :, :, None] * v[..., None, :, :]).sum(-2)  # (..., T, Dh)
 
 
 def _visible(mask: Tensor | None, causal: bool, tq: int, tk: int, device) -> tuple[Tensor | None, Tensor | None]:
