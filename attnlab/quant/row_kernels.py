@@ -205,8 +205,8 @@ class FloatRows(TorchFunctionMode):
     CPU is f32_row plus the bias; any other call is left as it is. rows = 1 (a lone row's step): only
     one-row products; rows > 1 (a batched step of at most `rows` rows, B symbolic): every product,
     whose rows are the step's B. The operator reads each weight once for all the rows where PyTorch's
-    float32 product packs the weight again at every call: 1.4-1.7x faster at 16 rows, 2.4x at 4, 2.4x at
-    one (benchmarks/row_products.py)."""
+    float32 product packs the weight again at every call (docs/cpu.md, "Quantized weights for
+    inference", has the measurements)."""
 
     def __init__(self, rows: int = 1):
         super().__init__()
