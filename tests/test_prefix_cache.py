@@ -4,6 +4,8 @@ request still getting the tokens of its prompt run alone (stream_rows)."""
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 import torch
 
@@ -118,3 +120,44 @@ def test_the_server_reuses_prefixes_and_counts_them_at_metrics(tmp_path):
     assert int(counters['attnlab_prefix_hits{run="lm"}']) >= 3
     assert int(counters['attnlab_prefix_tokens_reused{run="lm"}']) >= 48
     assert int(counters['attnlab_prefix_bytes{run="lm"}']) > 0
+
+
+def test_a_failure_keeping_blocks_turns_the_cache_off_and_the_requests_go_on(monkeypatch):
+    """Out of memory (say) while the cache keeps a prompt's blocks: that request still gets its tokens,
+    the cache says it is off, and the engine's thread serves the next request."""
+    m = model()
+    e = engine_with_cache(m, 8)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(e.prefix, "insert", full)
+    with pytest.warns(UserWarning, match="prefix cache is off after RuntimeError"):
+        first = [s.token for s in e.generate(prompts(8, 1)[0], Draw(0.0), 5)]
+    assert first == alone(m, prompts(8, 1)[0], Draw(0.0), 5) and e.prefix.off.startswith("off after RuntimeError")
+    second = prompts(8, 2)[1]
+    assert [s.token for s in e.generate(second, Draw(0.0), 5)] == alone(m, second, Draw(0.0), 5)
+
+
+def test_a_failure_outside_any_row_fails_every_sequence_and_the_engine_goes_on(monkeypatch):
+    """A bug in admission (outside any one row's work): every sequence in the engine hears it, the
+    engine's own thread lives on and serves the next request."""
+    m = model()
+    e = Engine(m, dtype="float32")
+    real, calls = e._admit, []
+
+    def once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        real()
+
+    monkeypatch.setattr(e, "_admit", once)
+    first = queue.SimpleQueue()
+    e.submit([1, 2, 3], Draw(0.0), 4, first.put)
+    assert isinstance(first.get(timeout=30), RuntimeError)
+    second = queue.SimpleQueue()
+    e.submit([1, 2, 3], Draw(0.0), 4, second.put)
+    got = [second.get(timeout=30) for _ in range(5)]
+    assert [s.token for s in got[:4]] == alone(m, [1, 2, 3], Draw(0.0), 4) and got[4] is None
+    e.close(wait=5)

@@ -15,6 +15,7 @@ from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.drafts import PromptLookup, use_draft
 from attnlab.decoding.draw import Draw
 from attnlab.decoding.engine import Engine
+from attnlab.decoding.rows import Ask
 from attnlab.decoding.sampling import read_in_turn, stream_text
 from attnlab.decoding.speculate import Rate, Speculate, accept, best_length, measure
 from attnlab.errors import AttnlabError
@@ -265,3 +266,24 @@ def test_greedy_rows_on_the_compiled_path_get_the_tokens_of_plain_decoding(runs,
     assert compiled_steps and engine.stats["accepted"] > 20, dict(engine.stats)
     costs = speculate.costs_of(engine.decoder)  # the compiled pass over 2 tokens costs less than 3 steps
     assert costs[1] < 3 * costs[0], costs
+
+
+def test_a_cancelled_speculating_row_leaves_the_others_their_tokens():
+    """Two rows decoded alone (batching off, as on a device without exact batched draws), both
+    speculating; the first is cancelled mid-way: the second still gets plain decoding's tokens (it
+    was skipped once when the first left the list being walked, and drew token -1)."""
+    torch.manual_seed(0)
+    m = GPT(tiny_model(context=64, vocab_size=16)).eval()  # its greedy text repeats: drafts are kept
+    ids = [1, 2, 3, 4] * 4
+    want = tokens(Engine(m, dtype="float32"), ids[::-1], 20)
+    e = Engine(m, dtype="float32")
+    e._prepared, e.batched = True, False
+    got: dict[str, list] = {"a": [], "b": []}
+    ask = dict(speculate=Speculate("prompt", 4, backoff=False))
+    a = e.submit(ids, Draw(0.0), 20, got["a"].append, Ask(**ask), start=False)
+    e.submit(ids[::-1], Draw(0.0), 20, got["b"].append, Ask(**ask), start=False)
+    for turn in range(40):
+        if turn == 3:
+            a.cancel()
+        e._step_once()
+    assert got["b"][-1] is None and [s.token for s in got["b"][:-1]] == want

@@ -16,6 +16,7 @@ otherwise the prompt is run again alone.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from attnlab.decoding.prefill import Prefill
 from attnlab.decoding.prefix_cache import Block, PrefixCache, slot_keys, state_keys, write_state
 from attnlab.decoding.rows import Row
 from attnlab.decoding.slots import copied
+from attnlab.errors import one_line
 
 
 class Admission:
@@ -195,7 +197,11 @@ class Admission:
             return
         if last is not None:
             self.prefix.off = "the model reads the previous token"
-        self.prefix.insert(row.window, keys_of)
+        try:
+            self.prefix.insert(row.window, keys_of)
+        except Exception as e:  # e.g. out of memory keeping the blocks: the cache goes off, the request goes on
+            self.prefix.off = f"off after {type(e).__name__}: {one_line(str(e))}"
+            warnings.warn(f"attnlab: the prefix cache is {self.prefix.off}", stacklevel=1)
 
     def _expire(self) -> None:
         """Fail the rows (running, prefilling or waiting) past their deadline."""

@@ -117,7 +117,21 @@ class Engine(Requests, Admission, Exactness):
         while not self.closed:
             self.inbox.collect(block=not self.rows and not self.inbox)  # idle: wait for a sequence
             with self._turns, torch.inference_mode():  # no autograd bookkeeping at all
-                self._one_turn()
+                try:
+                    self._one_turn()
+                except Exception as e:  # outside any one row's work (admission, the prefix cache): all hear it
+                    self._fail_all(e)
+
+    def _fail_all(self, error: Exception) -> None:
+        """Fail every sequence in the engine (running, being prefilled, waiting); the loop goes on, so
+        that later requests are served and every reader hears why its own ended."""
+        filling = [] if self.filling is None else list(self.filling.rows)
+        for row in filling:
+            self._orphan(row)  # its twins go back to the waiting line, failed below with it
+        waiting = list(self.inbox.waiting)
+        self.inbox.waiting.clear()
+        for row in [*self.rows, *filling, *waiting]:
+            self._fail(row, error)
 
     def _one_turn(self) -> None:
         """Admit, then step every row; batching is prepared when a second row could share the steps."""
@@ -175,13 +189,16 @@ class Engine(Requests, Admission, Exactness):
                 row.approx = False
         try:
             batched = self._batched_logits() if self.slotted else None
-            for row in self.rows:
-                if row.exact is None and row.slot is None and not speculated(self, row):  # alone: its own state
-                    self._alone(row, row.window[-1:], len(row.window) - 1)
-        except Exception as e:  # the whole step failed: every row hears it
+        except Exception as e:  # the batched pass failed: every row hears it
             for row in list(self.rows):
                 self._fail(row, e)
             return
+        for row in list(self.rows):  # a copy: a speculating row may finish (and leave) in its turn
+            try:
+                if row in self.rows and row.exact is None and row.slot is None and not speculated(self, row):
+                    self._alone(row, row.window[-1:], len(row.window) - 1)  # alone: its own state
+            except Exception as e:  # this row's pass failed: it hears it, the others go on
+                self._fail(row, e)
         picks = self._draw_batched(batched) if batched is not None else {}
         for row in list(self.rows):
             try:
