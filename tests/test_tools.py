@@ -15,7 +15,7 @@ import pytest
 from attnlab.data.chat import ChatTemplate
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding.tool_prompt import Turn, syntax_of, tool_prompt
-from attnlab.decoding.tools import DEFAULT, Call, Syntax, call_grammar, read_calls, tools_of
+from attnlab.decoding.tools import DEFAULT, FORCED, Call, Syntax, call_grammar, read_calls, tools_of
 from attnlab.io import write_json
 from attnlab.runs.adapted import CHAT_TEMPLATE
 from attnlab.runs.marker import record
@@ -229,3 +229,16 @@ def test_invalid_tool_fields_are_one_line_400s(client, fields, param, says):
     error = e.value.body
     assert error["param"] == param and "\n" not in error["message"]
     assert re.search(says, error["message"]), error["message"]
+
+
+def test_a_tool_named_auto_or_required_can_be_the_one_called():
+    """A named tool_choice is that tool's call even when the tool is called "auto" or "required" (the
+    words of the other two choices): the grammar takes its call alone, never text or another tool."""
+    tok = CharTokenizer(CHARS)
+    tools = tools_of(
+        [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("auto", "b")]
+    )
+    grammar = call_grammar(tools, DEFAULT, FORCED + "auto", True, "<|im_end|>", tok)
+    assert takes(grammar, tok, DEFAULT.write(Call("auto", {})))
+    for text in ["It is sunny.", DEFAULT.write(Call("b", {}))]:
+        assert not takes(grammar, tok, text), text

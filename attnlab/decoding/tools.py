@@ -34,6 +34,7 @@ from attnlab.errors import AttnlabError
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128
 MAX_CALLS = 8  # calls in one reply, when parallel calls are allowed
+FORCED = "function "  # call_grammar's choice of one named tool: FORCED + its name (no name has a space)
 NO_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -132,12 +133,15 @@ def exact(text: str) -> str:
 def call_grammar(
     tools: Sequence[Tool], syntax: Syntax, choice: str, parallel: bool, end: str, tokenizer: Tokenizer
 ) -> Grammar:
-    """The constraint of a reply: `choice` "required" (calls of any tool), "auto" (calls or text) or a
-    tool's name (one call of it); `parallel`: up to MAX_CALLS calls; `end`: the template's end of
-    turn, which a text reply may not write. Compiled once per text (structured.compile's cache)."""
-    offered = [t for t in tools if choice in ("auto", "required") or t.name == choice]
+    """The constraint of a reply: `choice` "required" (calls of any tool), "auto" (calls or text) or
+    FORCED + a tool's name (one call of it: a tool may be called "auto"); `parallel`: up to MAX_CALLS
+    calls; `end`: the template's end of turn, which a text reply may not write. Compiled once per text
+    (structured.compile's cache)."""
+    forced = choice[len(FORCED) :] if choice.startswith(FORCED) else None
+    choice = "forced" if forced is not None else choice
+    offered = [t for t in tools if forced is None or t.name == forced]
     if not offered:
-        raise AttnlabError(f"tool_choice names {choice!r}, which tools does not list")
+        raise AttnlabError(f"tool_choice names {forced!r}, which tools does not list")
     rules = [
         f"call_{i}: {literal(syntax.before + t.name + syntax.between)} args_{i} {literal(syntax.after)}"
         for i, t in enumerate(offered)

@@ -31,7 +31,7 @@ from attnlab.data.chat import ChatTemplate
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decoding.structured import Grammar
 from attnlab.decoding.tool_prompt import Turn, syntax_of, tool_prompt
-from attnlab.decoding.tools import Call, Reading, Syntax, Tool, call_grammar, read_calls, tools_of
+from attnlab.decoding.tools import FORCED, Call, Reading, Syntax, Tool, call_grammar, read_calls, tools_of
 from attnlab.errors import AttnlabError
 from attnlab.serve.openai_schema import ROLES, BadField, ChatRequest, Message, clip
 
@@ -77,7 +77,7 @@ def checked(f, *args: Any, param: str = "tools") -> Any:
 
 
 def choice_of(value: Any, tools: list[Tool]) -> str | None:
-    """tool_choice as call_grammar takes it ("auto", "required", a tool's name), None for text."""
+    """tool_choice as call_grammar takes it ("auto", "required", FORCED + a tool's name), None for text."""
     if value is None or value == "auto":
         return "auto" if tools else None
     if value == "none":
@@ -91,7 +91,7 @@ def choice_of(value: Any, tools: list[Tool]) -> str | None:
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or name not in {t.name for t in tools}:
             raise BadField(f"tool_choice must name one of the tools, got {clip(value)}", "tool_choice")
-        return name
+        return FORCED + name
     raise BadField(f"tool_choice must be auto, none, required or a function, got {clip(value)}", "tool_choice")
 
 
