@@ -239,13 +239,18 @@ class Exactness:
         drawn = constrained(logits, [row.matcher])  # the same mask as a batched draw's: the same token
         return int(next_tokens(drawn, d.temperature, d.top_k, d.top_p, row.generator)[0]), logits
 
-    def _replay(self, row: Row, batched: Tensor) -> None:
-        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
-        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
+    def _rebuilt(self, row: Row) -> None:
+        """The row's caches alone, as stream_rows fed them since its last refill: its prompt (or refill)
+        at once, then one token at a time; its next logits (row.exact) are then exactly the lone ones."""
         row.state = self.decoder.start(row.ask.source)
         self._alone(row, row.window[: row.base], 0)
         for j in range(row.base, len(row.window)):
             self._alone(row, row.window[j : j + 1], j)
+
+    def _replay(self, row: Row, batched: Tensor) -> None:
+        """Rebuild the row's caches alone, as stream_rows fed them since its last refill: its prompt (or
+        refill) at once, then one token at a time; its next logits are then exactly the lone ones."""
+        self._rebuilt(row)
         logits = row.exact
         seen = float((batched.float() - logits.float()).abs().max()) / (1 + float(logits.float().abs().max()))
         self.tolerance = max(self.tolerance, SAFETY * seen)  # a larger difference than calibrated: widen

@@ -43,6 +43,7 @@ from torch import Tensor
 from attnlab.decoding.adapters import LMDecoder
 from attnlab.decoding.drafts import DraftModel, PromptLookup, draft_of
 from attnlab.decoding.draw import Draw, filter_logits
+from attnlab.decoding.exact import FLOOR, greedy
 from attnlab.errors import AttnlabError
 
 MODES = ("off", "prompt", "draft", "auto")
@@ -50,7 +51,6 @@ DECAY = 0.9  # a row's acceptance counts fade by this each pass: about the last 
 FORGET = 0.97  # ...and by this each plain step while backed off, back to the prior (a later probe)
 PRIOR = 0.75  # the acceptance rate a row's drafter is credited with before it has drafted
 MARGIN = 1.05  # drafts must beat a plain step by this much, for the measurement's noise
-FLOOR = 1e-6  # the least tolerance a greedy check uses (as engine.py's)
 
 
 @dataclass
@@ -235,20 +235,14 @@ def accept(
 def _certain(logits: Tensor, tolerance: float | None) -> Tensor:
     """(T,) whether each row's best logit leads the next by more than twice the bound on how far the
     lone logits may lie (exact.py's greedy rule)."""
-    if logits.shape[-1] < 2:
-        return torch.ones(logits.shape[0], dtype=torch.bool)
     delta = max(tolerance or 0.0, FLOOR) * (1 + logits.abs().nan_to_num(posinf=0.0).amax(-1))
-    top = logits.topk(2, dim=-1).values
-    return top[:, 0] - top[:, 1] > 2 * delta
+    return greedy(logits, delta)[1]
 
 
 def _rebuild(engine, row) -> None:
     """The row's caches alone, as one-token steps write them from its last refill (engine._replay's
     rebuild): its next logits (row.exact) are then exactly the lone ones."""
-    row.state = engine.decoder.start(row.ask.source)
-    engine._alone(row, row.window[: row.base], 0)
-    for j in range(row.base, len(row.window)):
-        engine._alone(row, row.window[j : j + 1], j)
+    engine._rebuilt(row)
     row.sure = None
 
 
