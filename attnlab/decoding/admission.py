@@ -24,7 +24,7 @@ from torch import Tensor
 from attnlab.decoding.draw import constrained
 from attnlab.decoding.exact import certain_draws
 from attnlab.decoding.prefill import Prefill
-from attnlab.decoding.prefix_cache import Block, PrefixCache, slot_keys, state_keys, write_state
+from attnlab.decoding.prefix_cache import Block, PrefixCache, keys_of, write_state
 from attnlab.decoding.rows import Row
 from attnlab.decoding.slots import copied
 from attnlab.errors import one_line
@@ -73,7 +73,7 @@ class Admission:
                 self._fail(twin, e)
             return
         if self.prefix is not None:  # its blocks past a reused prefix too (a conversation's next turn)
-            self._remember(row, state_keys(row.state), row.state[0].last_token)
+            self._remember(row, keys_of(row.state, 0), row.state[0].last_token)
         rows = [row, *self._spread(row)]
         for twin in rows[1:]:
             twin.exact = row.exact.clone()
@@ -131,7 +131,7 @@ class Admission:
         rows = []
         for row, logits in done:
             self.seats.join(row)
-            self._remember(row, slot_keys(self.slots, row.slot), self.slots.table.last)
+            self._remember(row, keys_of(self.slots.caches, row.slot), self.slots.table.last)
             row.exact, twins, row.twins = logits, row.twins, []
             for twin in twins:
                 self.seats.copy(twin, row)

@@ -118,19 +118,12 @@ class PrefixCache:
 # ---- where a row's keys are: its own caches (a row run alone) or a slot of the engine's table ----------
 
 
-def state_keys(state: list) -> Callable[[int, int], Block]:
-    """keys_of for a row's own caches (one KVCache a layer, one row): stacked, so copies."""
+def keys_of(caches: list, row: int) -> Callable[[int, int], Block]:
+    """keys_of for row `row` of one cache a layer: a row's own caches (row 0) or a slot of the engine's
+    table (slots.Slots.caches, row = the slot); stacked, so copies."""
     return lambda a, b: (
-        torch.stack([cache.k[0, :, a:b] for cache in state]),
-        torch.stack([cache.v[0, :, a:b] for cache in state]),
-    )
-
-
-def slot_keys(slots, slot: int) -> Callable[[int, int], Block]:
-    """keys_of for a slot of the engine's table (slots.Slots): stacked, so copies."""
-    return lambda a, b: (
-        torch.stack([cache.k[slot, :, a:b] for cache in slots.caches]),
-        torch.stack([cache.v[slot, :, a:b] for cache in slots.caches]),
+        torch.stack([cache.k[row, :, a:b] for cache in caches]),
+        torch.stack([cache.v[row, :, a:b] for cache in caches]),
     )
 
 
