@@ -172,17 +172,16 @@ def speculated(engine, row) -> bool:
     n = len(row.window)
     room = min(spec.ask.tokens, decoder.context - n, row.left - 1)  # no jump ahead, no token past the length
     source, drafts, q = spec.propose(row, decoder, room) if room > 0 else ("prompt", [], None)
-    tolerance = engine.tolerance
     if not drafts:
         if not (greedy and spec.drifted is row.state):
             return False
         engine._alone(row, row.window[-1:], n - 1)
-        if not _certain(row.exact.float(), tolerance)[0]:
+        if not _certain(row.exact.float(), engine.tolerance)[0]:
             _rebuild(engine, row)
         return True
     fed = [row.window[-1], *drafts]
     logits = decoder.verify(row.state, fed, n - 1).float()  # (k + 1, V)
-    sure = _certain(logits, tolerance) if greedy else None
+    sure = _certain(logits, engine.tolerance) if greedy else None
     kept, token = accept(logits, drafts, q, row.draw, row.generator, sure)
     spec.rates[source].add(len(drafts), kept)
     engine.stats["verify passes"] += 1
